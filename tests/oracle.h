@@ -9,10 +9,19 @@
 #define MIXPREC_ORACLE_H
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct oracle_format { int p, emin, ebits; } oracle_format;
 static const oracle_format ORACLE_F16 = {11, -14, 5};
 static const oracle_format ORACLE_BF16 = {8, -126, 8};
+
+/* 2^k, exactly, for -1022 <= k <= 1023 (the oracle needs |k| < 140). */
+static double oracle_pow2(int k) {
+    uint64_t u = (uint64_t)(1023 + k) << 52;
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
 
 /* Bits of the correctly rounded value of x (NaN gives the canonical quiet
    NaN; the tests check NaN payloads apart). */
@@ -28,7 +37,7 @@ static uint16_t oracle_round(double x, oracle_format f) {
         return (uint16_t)(sign | inf);
     frexp(ax, &e);                 /* ax = m * 2^e, m in [0.5, 1) */
     lead = e - 1 < f.emin ? f.emin : e - 1;  /* exponent of the ulp's binade */
-    q = ax / ldexp(1.0, lead - (f.p - 1)); /* ax in ulps: exact, power-of-two scaling */
+    q = ax * oracle_pow2(f.p - 1 - lead);   /* ax in ulps: exact, power-of-two scaling */
     fl = floor(q);
     rest = q - fl;
     k = (uint64_t)fl;

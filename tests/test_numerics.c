@@ -1,0 +1,332 @@
+/* test_numerics.c - exhaustive checks of mixprec's numeric core, on all cores:
+   - every one of the 2^32 float32 inputs to float16 and to bfloat16: the
+     scalar function against the oracle (tests/oracle.h, written a different
+     way), the SIMD bulk path and the portable bulk path against the scalar
+     one, F16C hardware where the CPU has it, and the cast stats against a
+     per-element count;
+   - every float16 and bfloat16 value to float32, to each other, and back;
+   - float16 add and mul over all 2^32 pairs; float16 sqrt on every value;
+     float16 div, and bfloat16 add, sub, mul, div on every value against a
+     sample of divisors/operands that covers every boundary class; bfloat16
+     sqrt on every value.
+   The oracle for a result is the exact value (or the double-rounded one,
+   which is innocuous at 53 >= 2p+2 bits) rounded by oracle_round. */
+#define _POSIX_C_SOURCE 200112L
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
+#include "oracle.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static float f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static uint32_t bits32(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+
+/* ---- a parallel loop over [0, total) in chunks, with per-thread tallies */
+enum { CHUNK = 1 << 16, MAX_THREADS = 64 };
+typedef struct tally {
+    uint64_t bad[8];      /* mismatches, by kind */
+    uint64_t first[8];    /* first failing input of each kind */
+} tally;
+typedef void (*chunk_fn)(uint64_t begin, tally *t);
+typedef struct worker {
+    chunk_fn fn;
+    uint64_t total, *next;
+    pthread_mutex_t *lock;
+    tally t;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    for (;;) {
+        uint64_t begin;
+        pthread_mutex_lock(w->lock);
+        begin = *w->next;
+        *w->next += CHUNK;
+        pthread_mutex_unlock(w->lock);
+        if (begin >= w->total) return NULL;
+        w->fn(begin, &w->t);
+    }
+}
+
+static void parallel_chunks(uint64_t total, chunk_fn fn, tally *out) {
+    pthread_t th[MAX_THREADS];
+    worker w[MAX_THREADS];
+    pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t next = 0;
+    long n = sysconf(_SC_NPROCESSORS_ONLN), i, k;
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    memset(out, 0, sizeof *out);
+    for (i = 0; i < n; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].fn = fn, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
+        if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0) { n = i; break; }
+    }
+    if (n == 0) { /* no threads to be had: run here */
+        worker one;
+        memset(&one, 0, sizeof one);
+        one.fn = fn, one.total = total, one.next = &next, one.lock = &lock;
+        worker_main(&one);
+        *out = one.t;
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        for (k = 0; k < 8; k++) {
+            if (w[i].t.bad[k] && (!out->bad[k] || w[i].t.first[k] < out->first[k])) out->first[k] = w[i].t.first[k];
+            out->bad[k] += w[i].t.bad[k];
+        }
+    }
+}
+
+static double lap(void) { /* seconds since the last call */
+    static struct timespec last;
+    struct timespec now;
+    double dt;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    dt = last.tv_sec ? (double)(now.tv_sec - last.tv_sec) + (double)(now.tv_nsec - last.tv_nsec) * 1e-9 : 0.0;
+    last = now;
+    return dt;
+}
+
+static void miss(tally *t, int kind, uint64_t input) {
+    if (!t->bad[kind] || input < t->first[kind]) t->first[kind] = input;
+    t->bad[kind]++;
+}
+
+static void report(const char *what, const tally *t, const char *const kinds[8]) {
+    int k, ok = 1;
+    for (k = 0; k < 8 && kinds[k]; k++) {
+        ok &= check_report(t->bad[k] == 0, __FILE__, __LINE__, what);
+        if (t->bad[k])
+            fprintf(stderr, "    %s: %llu mismatches, first at input 0x%llx\n", kinds[k],
+                    (unsigned long long)t->bad[k], (unsigned long long)t->first[k]);
+    }
+    printf("  %-44s %s  (%.1f s)\n", what, ok ? "ok" : "FAILED", lap());
+}
+
+/* ---- float32 -> float16 / bfloat16, all 2^32 inputs */
+enum { K_ORACLE, K_SCALAR_BULK, K_PORTABLE, K_HARDWARE, K_STATS };
+static const char *const narrow_kinds[8] = {"scalar vs oracle", "SIMD bulk vs scalar", "portable bulk vs scalar",
+                                            "F16C hardware vs scalar", "cast stats vs per-element count"};
+
+static int is_f16 = 1; /* which target the sweep below checks */
+
+static uint16_t expected_narrow(uint32_t u) {
+    uint32_t a = u & 0x7FFFFFFFu, sign = u >> 31;
+    if (a > 0x7F800000u) /* the NaN patterns of reference.md */
+        return (uint16_t)(is_f16 ? sign << 15 | 0x7E00u | (a & 0x7FFFFFu) >> 13 : sign << 15 | 0x7FC0u | (a & 0x7FFFFFu) >> 16);
+    return oracle_round((double)f32(u), is_f16 ? ORACLE_F16 : ORACLE_BF16);
+}
+
+static void narrow_chunk(uint64_t begin, tally *t) {
+    static const mp_cast_stats zero;
+    uint32_t src[CHUNK];
+    uint16_t bulk[CHUNK], port[CHUNK];
+    mp_dtype dt = is_f16 ? MP_FLOAT16 : MP_BFLOAT16;
+    uint16_t inf = is_f16 ? 0x7C00u : 0x7F80u, min_normal = is_f16 ? 0x0400u : 0x0080u;
+    mp_cast_stats st = zero;
+    uint64_t nan = 0, infs = 0, over = 0, under = 0, sub = 0;
+    size_t i;
+    for (i = 0; i < CHUNK; i++) src[i] = (uint32_t)(begin + i);
+    mp_convert(bulk, dt, src, MP_FLOAT32, CHUNK, &st);
+    mp_convert_portable(port, dt, src, MP_FLOAT32, CHUNK, NULL);
+    for (i = 0; i < CHUNK; i++) {
+        uint32_t u = src[i], a = u & 0x7FFFFFFFu;
+        uint16_t s = is_f16 ? mp_f16_from_f32(f32(u)).bits : mp_bf16_from_f32(f32(u)).bits;
+        uint16_t r = s & 0x7FFFu;
+        if (s != expected_narrow(u)) miss(t, K_ORACLE, u);
+        if (bulk[i] != s) miss(t, K_SCALAR_BULK, u);
+        if (port[i] != s) miss(t, K_PORTABLE, u);
+#if defined(__F16C__)
+        if (is_f16 && _cvtss_sh(f32(u), _MM_FROUND_TO_NEAREST_INT) != s) miss(t, K_HARDWARE, u);
+#endif
+        nan += a > 0x7F800000u;
+        infs += a == 0x7F800000u;
+        over += a < 0x7F800000u && r == inf;
+        under += a != 0 && a <= 0x7F800000u && r == 0;
+        sub += r != 0 && r < min_normal;
+    }
+    if (st.count != CHUNK || st.nan_in != nan || st.inf_in != infs || st.overflow != over ||
+        st.underflow != under || st.subnormal != sub)
+        miss(t, K_STATS, begin);
+}
+
+static void test_narrow_all_f32(void) {
+    tally t;
+    is_f16 = 1;
+    parallel_chunks(1ull << 32, narrow_chunk, &t);
+    report("all 2^32 float32 -> float16", &t, narrow_kinds);
+    is_f16 = 0;
+    parallel_chunks(1ull << 32, narrow_chunk, &t);
+    report("all 2^32 float32 -> bfloat16", &t, narrow_kinds);
+#if !defined(__F16C__)
+    printf("  (F16C not enabled in this build: hardware comparison skipped)\n");
+#endif
+}
+
+/* ---- every 16-bit value: widening, cross conversion, round trip */
+static uint32_t expected_widen(uint16_t h, int f16) {
+    oracle_format f = f16 ? ORACLE_F16 : ORACLE_BF16;
+    double v = oracle_value(h, f);
+    if (v != v) /* NaN: the payload moves up; float16 signalling NaNs are quieted */
+        return (uint32_t)(h & 0x8000u) << 16 | 0x7F800000u |
+               (f16 ? 0x400000u | (h & 0x3FFu) << 13 : (uint32_t)(h & 0x7Fu) << 16);
+    return bits32((float)v);
+}
+
+static void test_all_16bit(void) {
+    static uint16_t all[65536], cross[65536], back[65536];
+    static float wide[65536], widep[65536];
+    int f16;
+    uint32_t i;
+    for (i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    for (f16 = 1; f16 >= 0; f16--) {
+        mp_dtype self = f16 ? MP_FLOAT16 : MP_BFLOAT16, other = f16 ? MP_BFLOAT16 : MP_FLOAT16;
+        oracle_format of = f16 ? ORACLE_BF16 : ORACLE_F16;
+        uint64_t bad_widen = 0, bad_trip = 0, bad_cross = 0, bad_hw = 0;
+        mp_convert(wide, MP_FLOAT32, all, self, 65536, NULL);
+        mp_convert_portable(widep, MP_FLOAT32, all, self, 65536, NULL);
+        mp_convert(back, self, wide, MP_FLOAT32, 65536, NULL);
+        mp_convert(cross, other, all, self, 65536, NULL);
+        for (i = 0; i < 65536; i++) {
+            uint16_t h = (uint16_t)i;
+            uint32_t w = f16 ? bits32(mp_f16_to_f32(mp_f16_from_bits(h))) : bits32(mp_bf16_to_f32(mp_bf16_from_bits(h)));
+            int nan = (h & 0x7FFFu) > (f16 ? 0x7C00u : 0x7F80u);
+            uint16_t quiet = (uint16_t)(h | (f16 ? 0x200u : 0x40u));
+            uint32_t x = expected_widen(h, f16);
+            uint16_t c = nan ? (uint16_t)(f16 ? (x >> 16 & 0x8000u) | 0x7FC0u | (x & 0x7FFFFFu) >> 16
+                                                : (x >> 16 & 0x8000u) | 0x7E00u | (x & 0x7FFFFFu) >> 13)
+                             : oracle_round(oracle_value(h, f16 ? ORACLE_F16 : ORACLE_BF16), of);
+            bad_widen += w != x || bits32(wide[i]) != x || bits32(widep[i]) != x;
+            bad_trip += back[i] != (nan ? quiet : h);
+            bad_cross += cross[i] != c;
+#if defined(__F16C__)
+            bad_hw += f16 && bits32(_cvtsh_ss(h)) != w;
+#endif
+        }
+        CHECK(bad_widen == 0);
+        CHECK(bad_trip == 0);
+        CHECK(bad_cross == 0);
+        CHECK(bad_hw == 0);
+        printf("  all 65536 %-9s -> float32, round trip, -> %-9s %s\n", mp_dtype_name(self), mp_dtype_name(other),
+               bad_widen + bad_trip + bad_cross + bad_hw ? "FAILED" : "ok");
+    }
+}
+
+/* ---- arithmetic */
+static const char *const op_kinds[8] = {"add", "mul", "sub", "div"};
+
+static int same_result(uint16_t got, double exact, oracle_format f) {
+    uint16_t inf = (uint16_t)(((1u << f.ebits) - 1u) << (f.p - 1));
+    if (exact != exact) return (got & 0x7FFFu) > inf; /* any NaN */
+    return got == oracle_round(exact, f);
+}
+
+/* every 16-bit value decoded once, before the threads start */
+static double f16_values[65536], bf16_values[65536];
+static void decode_all(void) {
+    uint32_t i;
+    for (i = 0; i < 65536; i++) {
+        f16_values[i] = oracle_value((uint16_t)i, ORACLE_F16);
+        bf16_values[i] = oracle_value((uint16_t)i, ORACLE_BF16);
+    }
+}
+static double f16v(uint32_t h) { return f16_values[h & 0xFFFFu]; }
+static double bf16v(uint32_t h) { return bf16_values[h & 0xFFFFu]; }
+
+static void f16_pairs_chunk(uint64_t begin, tally *t) {
+    uint64_t i;
+    for (i = begin; i < begin + CHUNK; i++) {
+        mp_f16 a = mp_f16_from_bits((uint16_t)(i >> 16)), b = mp_f16_from_bits((uint16_t)i);
+        double x = f16v(a.bits), y = f16v(b.bits);
+        if (!same_result(mp_f16_add(a, b).bits, x + y, ORACLE_F16)) miss(t, 0, i); /* exact in double */
+        if (!same_result(mp_f16_mul(a, b).bits, x * y, ORACLE_F16)) miss(t, 1, i); /* 22 bits: exact */
+    }
+}
+
+/* Operands for the sampled tests: every boundary class of a format (zeros,
+   smallest and largest subnormals, smallest normal, one and its neighbours,
+   the largest finite, Inf, NaN) with both signs, and pseudo-random values. */
+static size_t boundary_operands(uint16_t *out, size_t n, int f16) {
+    static const uint16_t f16_edges[] = {0x0000, 0x0001, 0x0002, 0x03FF, 0x0400, 0x0401, 0x3BFF, 0x3C00,
+                                         0x3C01, 0x4000, 0x5BFF, 0x7BFE, 0x7BFF, 0x7C00, 0x7C01, 0x7E00, 0x1400};
+    static const uint16_t bf16_edges[] = {0x0000, 0x0001, 0x0002, 0x007F, 0x0080, 0x0081, 0x3F7F, 0x3F80,
+                                          0x3F81, 0x4000, 0x7F7E, 0x7F7F, 0x7F80, 0x7F81, 0x7FC0, 0x3C00, 0x0100};
+    const uint16_t *e = f16 ? f16_edges : bf16_edges;
+    size_t k = 0, i;
+    uint32_t r = 0x9E3779B9u;
+    for (i = 0; i < 17; i++) {
+        out[k++] = e[i];
+        out[k++] = (uint16_t)(e[i] | 0x8000u);
+    }
+    while (k < n) {
+        r ^= r << 13, r ^= r >> 17, r ^= r << 5;
+        out[k++] = (uint16_t)r;
+    }
+    return k;
+}
+
+enum { NSAMPLE = 1024 };
+static uint16_t operands[NSAMPLE];
+
+static void f16_div_chunk(uint64_t begin, tally *t) { /* begin: 64 samples x 1024 dividends */
+    uint64_t i;
+    for (i = begin; i < begin + CHUNK && i < 65536ull * NSAMPLE; i++) {
+        mp_f16 a = mp_f16_from_bits((uint16_t)(i % 65536)), b = mp_f16_from_bits(operands[i / 65536]);
+        /* a/b in double is double-rounded: innocuous, 53 >= 2 * 11 + 2 */
+        if (!same_result(mp_f16_div(a, b).bits, f16v(a.bits) / f16v(b.bits), ORACLE_F16)) miss(t, 3, i);
+    }
+}
+
+static void bf16_ops_chunk(uint64_t begin, tally *t) {
+    uint64_t i;
+    for (i = begin; i < begin + CHUNK && i < 65536ull * NSAMPLE; i++) {
+        mp_bf16 a = mp_bf16_from_bits((uint16_t)(i % 65536)), b = mp_bf16_from_bits(operands[i / 65536]);
+        double x = bf16v(a.bits), y = bf16v(b.bits);
+        /* sums may round in double (exponents up to 261 apart): innocuous, 53 >= 2 * 8 + 2 */
+        if (!same_result(mp_bf16_add(a, b).bits, x + y, ORACLE_BF16)) miss(t, 0, i);
+        if (!same_result(mp_bf16_mul(a, b).bits, x * y, ORACLE_BF16)) miss(t, 1, i);
+        if (!same_result(mp_bf16_sub(a, b).bits, x - y, ORACLE_BF16)) miss(t, 2, i);
+        if (!same_result(mp_bf16_div(a, b).bits, x / y, ORACLE_BF16)) miss(t, 3, i);
+    }
+}
+
+static void test_arithmetic(void) {
+    tally t;
+    uint64_t bad_sqrt = 0;
+    uint32_t i;
+    parallel_chunks(1ull << 32, f16_pairs_chunk, &t);
+    report("float16 add, mul: all 2^32 pairs", &t, op_kinds);
+    boundary_operands(operands, NSAMPLE, 1);
+    parallel_chunks(65536ull * NSAMPLE, f16_div_chunk, &t);
+    report("float16 div: 65536 x 1024 boundary/random", &t, op_kinds);
+    boundary_operands(operands, NSAMPLE, 0);
+    parallel_chunks(65536ull * NSAMPLE, bf16_ops_chunk, &t);
+    report("bfloat16 add/sub/mul/div: 65536 x 1024", &t, op_kinds);
+    for (i = 0; i < 65536; i++) { /* sqrt in double is correctly rounded, then innocuous */
+        bad_sqrt += !same_result(mp_f16_sqrt(mp_f16_from_bits((uint16_t)i)).bits, sqrt(f16v(i)), ORACLE_F16);
+        bad_sqrt += !same_result(mp_bf16_sqrt(mp_bf16_from_bits((uint16_t)i)).bits, sqrt(bf16v(i)), ORACLE_BF16);
+    }
+    CHECK(bad_sqrt == 0);
+    printf("  float16, bfloat16 sqrt: all 65536 values    %s\n", bad_sqrt ? "FAILED" : "ok");
+}
+
+int main(void) {
+    printf("exhaustive numeric checks (%ld threads)\n", sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+    decode_all();
+    lap();
+    test_all_16bit();
+    test_arithmetic();
+    test_narrow_all_f32();
+    return check_done("test_numerics");
+}
