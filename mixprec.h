@@ -251,6 +251,11 @@ MIXPREC_API mp_policy mp_global_policy(void);
 #define MP__SIMD_X86 1
 #include <immintrin.h>
 #endif
+#if defined(__GNUC__) || defined(__clang__)
+#define MP__HOT static inline __attribute__((always_inline)) /* inner-loop helpers */
+#else
+#define MP__HOT static inline
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -302,10 +307,11 @@ static uint16_t mp__f16_from_f32_bits(uint32_t x) {
     uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
     uint32_t shift = e > 112u ? 14u : e < 95u ? 31u : 126u - e;
     uint32_t sub = (m + (1u << (shift - 1u)) - 1u + ((m >> shift) & 1u)) >> shift;
-    uint32_t r = a > 0x7F800000u ? nan
-               : a >= 0x477FF000u ? 0x7C00u   /* 65520 and up (and Inf): Inf */
-               : a >= 0x38800000u ? normal
-               : sub;
+    /* Select with masks rather than ?: so that compilers if-convert the loop. */
+    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
+    uint32_t is_inf = 0u - (uint32_t)(a >= 0x477FF000u);  /* 65520 and up, Inf, NaN */
+    uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);
+    uint32_t r = (sub & ~is_normal) | (normal & is_normal & ~is_inf) | (0x7C00u & is_inf & ~is_nan) | (nan & is_nan);
     return (uint16_t)(sign | r);
 }
 
@@ -443,12 +449,33 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 }
 
 /* >>bulk casts
-   Rows go through float32 lanes: widen the source exactly, narrow once. The
-   cast runs in blocks that stay in L1, so the optional stats scan re-reads the
-   block from cache rather than memory. */
+   Every row goes through float32 lanes: widen the source exactly, narrow
+   once. mp_convert works in blocks that stay in L1, so the optional stats
+   and the cast read the source from memory once. */
 #define MP__BLOCK 2048
+#define MP__F32_INF 0x7F800000u
 
-typedef void (*mp__row_fn)(void *dst, const void *src, size_t n);
+/* Round to nearest is monotone, so what narrowing does to x depends only on
+   where |x| falls among three thresholds of the target format. As float32
+   bit patterns (which order like magnitudes), with lo inclusive:
+       [1, sub_lo)               underflow: nonzero rounds to zero
+       [sub_lo, normal_lo)       a subnormal result
+       [inf_lo, Inf)             overflow: finite rounds to Inf
+   So the stats need only the source, widened exactly to float32; the
+   results are never re-read. tests/test_numerics.c checks the counts against
+   the actual results of all 2^32 float32 inputs. */
+typedef struct mp__ranges { uint32_t sub_lo, normal_lo, inf_lo; } mp__ranges;
+static const mp__ranges mp__ranges_of[MP_DTYPE_COUNT] = {
+    {0x00000001u, 0x00800000u, 0x7F800000u},  /* float32: nothing narrows */
+    {0x33000001u, 0x387FE000u, 0x477FF000u},  /* float16: 2^-25 ties to 0, 2^-14-2^-25 ties up, 65520 */
+    {0x00008001u, 0x007F8000u, 0x7F7F8000u}}; /* bfloat16: the same points, 16 bits down */
+
+typedef struct mp__scan {
+    uint32_t nan, inf, underflow, subnormal, overflow, max_abs, min_abs; /* magnitudes: float32 bits */
+} mp__scan;
+
+/* A row casts n elements and, if scan is not NULL, classifies the source. */
+typedef void (*mp__row_fn)(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r);
 
 static uint32_t mp__load_f32(const void *p, size_t i) { return mp__f32_bits(((const float *)p)[i]); }
 static uint32_t mp__load_f16(const void *p, size_t i) { return mp__f32_bits_from_f16(((const mp_f16 *)p)[i].bits); }
@@ -456,12 +483,57 @@ static uint32_t mp__load_bf16(const void *p, size_t i) { return mp__f32_bits_fro
 static void mp__store_f32(void *p, size_t i, uint32_t u) { ((float *)p)[i] = mp__f32_from_bits(u); }
 static void mp__store_f16(void *p, size_t i, uint32_t u) { ((mp_f16 *)p)[i].bits = mp__f16_from_f32_bits(u); }
 static void mp__store_bf16(void *p, size_t i, uint32_t u) { ((mp_bf16 *)p)[i].bits = mp__bf16_from_f32_bits(u); }
+typedef float mp__elem_f32;
+typedef mp_f16 mp__elem_f16;
+typedef mp_bf16 mp__elem_bf16;
 
-#define MP__PORTABLE_ROW(SRC, DST)                                                  \
-    static void mp__row_##SRC##_to_##DST(void *dst, const void *src, size_t n) {     \
-        size_t i;                                                                    \
-        for (i = 0; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));    \
+static uint32_t mp__in(uint32_t a, uint32_t lo, uint32_t hi) { return a - lo < hi - lo; } /* lo <= a < hi */
+
+/* The portable scan: local accumulators and mask selects, which compilers
+   vectorise. */
+#define MP__PORTABLE_SCAN(SRC)                                                               \
+    static mp__scan mp__scan_##SRC(const void *src, size_t n, mp__ranges r) {               \
+        uint32_t nan = 0, inf = 0, under = 0, sub = 0, over = 0, hi = 0, lo = 0xFFFFFFFFu;   \
+        size_t i;                                                                            \
+        mp__scan s;                                                                          \
+        for (i = 0; i < n; i++) {                                                            \
+            uint32_t a = mp__load_##SRC(src, i) & 0x7FFFFFFFu;                               \
+            uint32_t finite_nonzero = 0u - mp__in(a, 1u, MP__F32_INF); /* all ones */        \
+            nan += a > MP__F32_INF;                                                          \
+            inf += a == MP__F32_INF;                                                         \
+            under += mp__in(a, 1u, r.sub_lo);                                                \
+            sub += mp__in(a, r.sub_lo, r.normal_lo);                                         \
+            over += mp__in(a, r.inf_lo, MP__F32_INF);                                        \
+            hi = (a & finite_nonzero) > hi ? a & finite_nonzero : hi;                        \
+            lo = (a | ~finite_nonzero) < lo ? a | ~finite_nonzero : lo;                      \
+        }                                                                                    \
+        s.nan = nan, s.inf = inf, s.underflow = under, s.subnormal = sub, s.overflow = over;  \
+        s.max_abs = hi, s.min_abs = lo;                                                      \
+        return s;                                                                            \
     }
+MP__PORTABLE_SCAN(f32)
+MP__PORTABLE_SCAN(f16)
+MP__PORTABLE_SCAN(bf16)
+#undef MP__PORTABLE_SCAN
+
+/* Portable rows: classify first (dst may be src), then cast. A cast to the
+   same dtype is a copy, as in Keras: signalling NaNs pass unchanged. */
+#define MP__PORTABLE_ROW(SRC, DST)                                                           \
+    static void mp__row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                         mp__ranges r) {                                     \
+        size_t i;                                                                            \
+        if (scan) *scan = mp__scan_##SRC(src, n, r);                                         \
+        for (i = 0; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));             \
+    }
+#define MP__COPY_ROW(T)                                                                      \
+    static void mp__row_##T##_to_##T(void *dst, const void *src, size_t n, mp__scan *scan,   \
+                                     mp__ranges r) {                                         \
+        if (scan) *scan = mp__scan_##T(src, n, r);                                           \
+        memmove(dst, src, n * sizeof(mp__elem_##T));                                         \
+    }
+MP__COPY_ROW(f32)
+MP__COPY_ROW(f16)
+MP__COPY_ROW(bf16)
 MP__PORTABLE_ROW(f32, f16)
 MP__PORTABLE_ROW(f32, bf16)
 MP__PORTABLE_ROW(f16, f32)
@@ -469,55 +541,154 @@ MP__PORTABLE_ROW(f16, bf16)
 MP__PORTABLE_ROW(bf16, f32)
 MP__PORTABLE_ROW(bf16, f16)
 #undef MP__PORTABLE_ROW
-
-static void mp__row_copy4(void *dst, const void *src, size_t n) { memmove(dst, src, n * 4); }
-static void mp__row_copy2(void *dst, const void *src, size_t n) { memmove(dst, src, n * 2); }
+#undef MP__COPY_ROW
 
 /* [dst][src], in mp_dtype order: float32, float16, bfloat16 */
 static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_copy4, mp__row_f16_to_f32, mp__row_bf16_to_f32},
-    {mp__row_f32_to_f16, mp__row_copy2, mp__row_bf16_to_f16},
-    {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_copy2}};
+    {mp__row_f32_to_f32, mp__row_f16_to_f32, mp__row_bf16_to_f32},
+    {mp__row_f32_to_f16, mp__row_f16_to_f16, mp__row_bf16_to_f16},
+    {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_bf16_to_bf16}};
 
 #ifdef MP__SIMD_X86
 /* Eight float32 lanes at a time. vcvtps2ph with an explicit rounding
-   immediate ignores MXCSR's rounding mode; its NaN and subnormal results are
-   exactly the scalar ones (tests/test_numerics.c checks all 2^32 inputs). bfloat16
-   narrowing is the scalar integer formula in AVX2; vcvtneps2bf16 is never
-   used because it flushes subnormal inputs to zero. */
-static __m256 mp__x86_load_f32(const void *p, size_t i) { return _mm256_loadu_ps((const float *)p + i); }
-static __m256 mp__x86_load_f16(const void *p, size_t i) {
+   immediate ignores MXCSR; its NaN and subnormal results are exactly the
+   scalar ones (tests/test_numerics.c checks all 2^32 inputs). bfloat16
+   narrowing is the scalar integer formula in AVX2: vcvtneps2bf16 is never
+   used, because it flushes subnormal inputs to zero. */
+MP__HOT __m256 mp__x86_load_f32(const void *p, size_t i) { return _mm256_loadu_ps((const float *)p + i); }
+MP__HOT __m256 mp__x86_load_f16(const void *p, size_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const mp_f16 *)p + i)));
 }
-static __m256 mp__x86_load_bf16(const void *p, size_t i) {
+MP__HOT __m256 mp__x86_load_bf16(const void *p, size_t i) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const mp_bf16 *)p + i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-static void mp__x86_store_f32(void *p, size_t i, __m256 v) { _mm256_storeu_ps((float *)p + i, v); }
-static void mp__x86_store_f16(void *p, size_t i, __m256 v) {
+MP__HOT void mp__x86_store_f32(void *p, size_t i, __m256 v) { _mm256_storeu_ps((float *)p + i, v); }
+MP__HOT void mp__x86_store_f16(void *p, size_t i, __m256 v) {
     _mm_storeu_si128((__m128i *)((mp_f16 *)p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
-static void mp__x86_store_bf16(void *p, size_t i, __m256 v) {
+MP__HOT void mp__x86_store_bf16(void *p, size_t i, __m256 v) {
     __m256i u = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
     __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
-                                        _mm256_set1_epi32(0x7F800000));
+                                        _mm256_set1_epi32((int)MP__F32_INF));
     __m256i r = _mm256_blendv_epi8(rounded, nan, is_nan); /* every lane <= 0xFFFF */
     __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128((__m128i *)((mp_bf16 *)p + i), packed);
 }
 
-#define MP__X86_ROW(SRC, DST)                                                              \
-    static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n) {        \
-        size_t i = 0;                                                                       \
-        for (; i + 16 <= n; i += 16) {                                                      \
-            __m256 a = mp__x86_load_##SRC(src, i), b = mp__x86_load_##SRC(src, i + 8);       \
-            mp__x86_store_##DST(dst, i, a);                                                 \
-            mp__x86_store_##DST(dst, i + 8, b);                                             \
-        }                                                                                   \
-        for (; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));                 \
+/* Stats on eight lanes. The cast loop itself tracks only the extremes of
+   |x| (four operations per vector, hidden under the memory traffic). If
+   they show nothing below normal_lo and nothing at or above inf_lo, no lane
+   can have underflowed, gone subnormal, overflowed or been Inf or NaN, and
+   the counts are all zero: the common case for real tensors. Otherwise the
+   block, still in L1, gets a full classification pass. */
+MP__HOT __m256i mp__x86_abs_bits(__m256 x) {
+    return _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7FFFFFFF));
+}
+
+/* Extremes of |x| in two registers: hi = max |x|, lo = min |x| - 1, where
+   zeros wrap to the top and drop out. Plain locals, not a struct or a
+   pointer: either one sends them to memory on every iteration. */
+#define MP__X86_EXTREMES(hi, lo, a)                                                             \
+    (hi = _mm256_max_epu32(hi, a), lo = _mm256_min_epu32(lo, _mm256_add_epi32(a, _mm256_set1_epi32(-1))))
+
+static uint32_t mp__x86_hsum(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    return (uint32_t)_mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+static uint32_t mp__x86_hmax(__m256i v) {
+    __m128i x = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0x4E));
+    return (uint32_t)_mm_cvtsi128_si32(_mm_max_epu32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+static uint32_t mp__x86_hmin(__m256i v) {
+    __m128i x = _mm_min_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_min_epu32(x, _mm_shuffle_epi32(x, 0x4E));
+    return (uint32_t)_mm_cvtsi128_si32(_mm_min_epu32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+
+/* The full pass: one compare per threshold t counts the lanes with |x| >= t
+   (masks are -1, so subtracting counts); differences of adjacent counts give
+   the ranges. Magnitudes are below 2^31, so AVX2's signed compares order
+   them. The six counts are written out: a loop over them keeps the counters
+   in memory at -O2. */
+#define MP__X86_SCAN(SRC)                                                                     \
+    static mp__scan mp__x86_scan_##SRC(const void *src, size_t n, mp__ranges r) {             \
+        const __m256i t0 = _mm256_set1_epi32(0), t1 = _mm256_set1_epi32((int)r.sub_lo - 1),   \
+                      t2 = _mm256_set1_epi32((int)r.normal_lo - 1),                           \
+                      t3 = _mm256_set1_epi32((int)r.inf_lo - 1),                              \
+                      t4 = _mm256_set1_epi32((int)MP__F32_INF - 1),                           \
+                      t5 = _mm256_set1_epi32((int)MP__F32_INF);                               \
+        __m256i c0 = t0, c1 = t0, c2 = t0, c3 = t0, c4 = t0, c5 = t0;                         \
+        __m256i hi = t0, lo = _mm256_set1_epi32(-1);                                          \
+        mp__scan s, tail;                                                                     \
+        size_t i = 0;                                                                         \
+        for (; i + 8 <= n; i += 8) {                                                          \
+            __m256i a = mp__x86_abs_bits(mp__x86_load_##SRC(src, i));                         \
+            __m256i finite = _mm256_cmpgt_epi32(t5, a);                                       \
+            c0 = _mm256_sub_epi32(c0, _mm256_cmpgt_epi32(a, t0));                             \
+            c1 = _mm256_sub_epi32(c1, _mm256_cmpgt_epi32(a, t1));                             \
+            c2 = _mm256_sub_epi32(c2, _mm256_cmpgt_epi32(a, t2));                             \
+            c3 = _mm256_sub_epi32(c3, _mm256_cmpgt_epi32(a, t3));                             \
+            c4 = _mm256_sub_epi32(c4, _mm256_cmpgt_epi32(a, t4));                             \
+            c5 = _mm256_sub_epi32(c5, _mm256_cmpgt_epi32(a, t5));                             \
+            MP__X86_EXTREMES(hi, lo, _mm256_and_si256(a, finite)); /* Inf, NaN -> 0 */       \
+        }                                                                                     \
+        tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                     \
+        s.underflow = mp__x86_hsum(c0) - mp__x86_hsum(c1) + tail.underflow;                   \
+        s.subnormal = mp__x86_hsum(c1) - mp__x86_hsum(c2) + tail.subnormal;                   \
+        s.overflow = mp__x86_hsum(c3) - mp__x86_hsum(c4) + tail.overflow;                     \
+        s.inf = mp__x86_hsum(c4) - mp__x86_hsum(c5) + tail.inf;                               \
+        s.nan = mp__x86_hsum(c5) + tail.nan;                                                  \
+        mp__x86_extremes_finish(&s, hi, lo, &tail);                                           \
+        return s;                                                                             \
+    }
+
+static void mp__x86_extremes_finish(mp__scan *s, __m256i hi_v, __m256i lo_minus_1_v, const mp__scan *tail) {
+    uint32_t hi = mp__x86_hmax(hi_v), lo = mp__x86_hmin(lo_minus_1_v) + 1u; /* 0: no nonzero lane */
+    s->max_abs = hi > tail->max_abs ? hi : tail->max_abs;
+    s->min_abs = lo && lo < tail->min_abs ? lo : tail->min_abs;
+}
+
+MP__X86_SCAN(f32)
+MP__X86_SCAN(f16)
+MP__X86_SCAN(bf16)
+#undef MP__X86_SCAN
+
+/* In place (dst == src, same element size) the source is gone after the
+   cast, so it is classified first. */
+#define MP__X86_ROW(SRC, DST)                                                                 \
+    static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                             mp__ranges r) {                                  \
+        size_t i = 0, rest;                                                                   \
+        if (scan && dst == src) *scan = mp__x86_scan_##SRC(src, n, r), scan = NULL;            \
+        if (scan) {                                                                           \
+            __m256i hi = _mm256_setzero_si256(), lo = _mm256_set1_epi32(-1);                  \
+            mp__scan tail;                                                                    \
+            for (; i + 16 <= n; i += 16) {                                                    \
+                __m256 a = mp__x86_load_##SRC(src, i), b = mp__x86_load_##SRC(src, i + 8);     \
+                MP__X86_EXTREMES(hi, lo, mp__x86_abs_bits(a));                                \
+                MP__X86_EXTREMES(hi, lo, mp__x86_abs_bits(b));                                \
+                mp__x86_store_##DST(dst, i, a);                                               \
+                mp__x86_store_##DST(dst, i + 8, b);                                           \
+            }                                                                                 \
+            tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                 \
+            *scan = tail; /* the vectors' counts are zero unless their extremes say */        \
+            mp__x86_extremes_finish(scan, hi, lo, &tail);                                     \
+            if (scan->max_abs >= r.inf_lo || (scan->min_abs && scan->min_abs < r.normal_lo))  \
+                *scan = mp__x86_scan_##SRC(src, n, r);                                        \
+        } else {                                                                              \
+            for (; i + 16 <= n; i += 16) {                                                    \
+                __m256 a = mp__x86_load_##SRC(src, i), b = mp__x86_load_##SRC(src, i + 8);     \
+                mp__x86_store_##DST(dst, i, a);                                               \
+                mp__x86_store_##DST(dst, i + 8, b);                                           \
+            }                                                                                 \
+        }                                                                                     \
+        for (rest = i; rest < n; rest++) mp__store_##DST(dst, rest, mp__load_##SRC(src, rest)); \
     }
 MP__X86_ROW(f32, f16)
 MP__X86_ROW(f32, bf16)
@@ -528,69 +699,22 @@ MP__X86_ROW(bf16, f16)
 #undef MP__X86_ROW
 
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_copy4, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
-    {mp__x86_row_f32_to_f16, mp__row_copy2, mp__x86_row_bf16_to_f16},
-    {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_copy2}};
+    {mp__row_f32_to_f32, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
+    {mp__x86_row_f32_to_f16, mp__row_f16_to_f16, mp__x86_row_bf16_to_f16},
+    {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_bf16_to_bf16}};
 #else
 #define mp__rows mp__portable_rows
 #endif
 
-/* Stats: classify the source block and the result block, each on its own.
-   Because NaN stays NaN, Inf stays Inf and zero stays zero, overflow is
-   (Inf out - Inf in) and underflow is (zero out - zero in). Magnitudes are
-   tracked as absolute bit patterns, which order like the values they encode. */
-typedef struct mp__scan {
-    uint32_t zero, inf, nan, subnormal, max_abs, min_abs;
-} mp__scan;
-
-/* inf and min_normal: the format's absolute bit patterns of Inf and 2^emin.
-   Written as plain counting loops over the bits so that compilers vectorise
-   them; LOAD reads element i's bits without breaking type-based aliasing. */
-#define MP__SCAN(NAME, ABS_MASK, LOAD)                                                      \
-    static mp__scan NAME(const void *p, size_t n, uint32_t inf, uint32_t min_normal) {      \
-        mp__scan s = {0, 0, 0, 0, 0, 0xFFFFFFFFu};                                          \
-        size_t i;                                                                           \
-        for (i = 0; i < n; i++) {                                                           \
-            uint32_t a = (LOAD) & (ABS_MASK);                                               \
-            int finite_nonzero = a - 1u < inf - 1u;                                         \
-            s.zero += a == 0;                                                               \
-            s.inf += a == inf;                                                              \
-            s.nan += a > inf;                                                               \
-            s.subnormal += a - 1u < min_normal - 1u;                                        \
-            s.max_abs = finite_nonzero && a > s.max_abs ? a : s.max_abs;                    \
-            s.min_abs = finite_nonzero && a < s.min_abs ? a : s.min_abs;                    \
-        }                                                                                   \
-        return s;                                                                           \
-    }
-MP__SCAN(mp__scan_16, 0x7FFFu, ((const uint16_t *)p)[i])
-MP__SCAN(mp__scan_32, 0x7FFFFFFFu, mp__f32_bits(((const float *)p)[i]))
-#undef MP__SCAN
-
-static const struct { uint32_t inf, min_normal; } mp__limits[MP_DTYPE_COUNT] = {
-    {0x7F800000u, 0x00800000u}, {0x7C00u, 0x0400u}, {0x7F80u, 0x0080u}};
-
-static mp__scan mp__scan_block(const void *p, mp_dtype t, size_t n) {
-    return (mp__dtypes[t].size == 4 ? mp__scan_32 : mp__scan_16)(p, n, mp__limits[t].inf,
-                                                                 mp__limits[t].min_normal);
-}
-
-static float mp__abs_bits_to_f32(uint32_t a, mp_dtype t) {
-    return mp__f32_from_bits(t == MP_FLOAT32 ? a
-                             : t == MP_FLOAT16 ? mp__f32_bits_from_f16((uint16_t)a)
-                                               : mp__f32_bits_from_bf16((uint16_t)a));
-}
-
-static void mp__stats_add(mp_cast_stats *st, const mp__scan *in, mp_dtype src_type,
-                          const mp__scan *out, size_t n) {
+static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {
     st->count += n;
-    st->nan_in += in->nan;
-    st->inf_in += in->inf;
-    st->overflow += out->inf - in->inf;
-    st->underflow += out->zero - in->zero;
-    st->subnormal += out->subnormal;
-    if (in->max_abs) { /* some finite nonzero input in this block */
-        float hi = mp__abs_bits_to_f32(in->max_abs, src_type);
-        float lo = mp__abs_bits_to_f32(in->min_abs, src_type);
+    st->nan_in += s->nan;
+    st->inf_in += s->inf;
+    st->underflow += s->underflow;
+    st->subnormal += s->subnormal;
+    st->overflow += s->overflow;
+    if (s->max_abs) { /* some finite nonzero input in this block */
+        float hi = mp__f32_from_bits(s->max_abs), lo = mp__f32_from_bits(s->min_abs);
         if (hi > st->max_abs) st->max_abs = hi;
         if (st->min_abs == 0.0f || lo < st->min_abs) st->min_abs = lo;
     }
@@ -614,15 +738,10 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
     if (!(dst == src && dsz == ssz) && mp__overlap(dst, n * dsz, src, n * ssz)) return MP_ERR_OVERLAP;
     for (i = 0; i < n; i += MP__BLOCK) {
         size_t len = n - i < MP__BLOCK ? n - i : MP__BLOCK;
-        const char *s = (const char *)src + i * ssz;
-        char *d = (char *)dst + i * dsz;
-        mp__scan in = {0, 0, 0, 0, 0, 0};
-        if (stats) in = mp__scan_block(s, src_type, len); /* before: dst may be src */
-        rows[dst_type][src_type](d, s, len);
-        if (stats) {
-            mp__scan out = mp__scan_block(d, dst_type, len);
-            mp__stats_add(stats, &in, src_type, &out, len);
-        }
+        mp__scan scan;
+        rows[dst_type][src_type]((char *)dst + i * dsz, (const char *)src + i * ssz, len,
+                                 stats ? &scan : NULL, mp__ranges_of[dst_type]);
+        if (stats) mp__stats_add(stats, &scan, len);
     }
     return MP_OK;
 }
@@ -633,7 +752,7 @@ MIXPREC_API mp_status mp_convert(void *dst, mp_dtype dst_type, const void *src, 
 }
 
 MIXPREC_API mp_status mp_convert_portable(void *dst, mp_dtype dst_type, const void *src,
-                                      mp_dtype src_type, size_t n, mp_cast_stats *stats) {
+                                          mp_dtype src_type, size_t n, mp_cast_stats *stats) {
     return mp__convert_with(mp__portable_rows, dst, dst_type, src, src_type, n, stats);
 }
 

@@ -123,8 +123,8 @@ static void test_from_f64(void) {
         if (i & 1) x = ldexp(x, -ilogb(x) + (int)(rng() % 300) - 150); /* near both formats */
         if (mp_f16_from_f64(x).bits != oracle_round(x, ORACLE_F16) ||
             mp_bf16_from_f64(x).bits != oracle_round(x, ORACLE_BF16)) {
-            CHECK(!"f64 conversion differs from the oracle");
-            fprintf(stderr, "    x = %a\n", x);
+            fprintf(stderr, "    f64 conversion differs from the oracle at x = %a\n", x);
+            CHECK(0);
             return;
         }
     }
