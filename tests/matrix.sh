@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# matrix.sh - the build and test matrix behind `make test`. Each build or
+# check counts as one test; each test binary adds its own tally (its line
+# `NAME: N passed, N failed`). A step whose tool is missing prints why it
+# was skipped. The last line is `N passed, N failed[, N skipped]`.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+B=${B:-build}/matrix
+mkdir -p "$B"
+WARN="-std=c99 -Wall -Wextra -Wpedantic -Werror"
+CORE="$WARN -Wconversion -Wdouble-promotion -Wshadow"  # the header itself: strictest
+SAN="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+passed=0 failed=0 skipped=0
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# step NAME CMD...: a build or check that passes or fails as a whole
+step() {
+    local name=$1 out
+    shift
+    if out=$("$@" 2>&1); then
+        passed=$((passed + 1)); echo "ok    $name"
+    else
+        failed=$((failed + 1)); echo "FAIL  $name"; echo "$out" | head -25 | sed 's/^/      /'
+    fi
+}
+
+# run NAME CMD...: a test binary; adds its tally, and one failure if it
+# crashed or exited non-zero without reporting one
+run() {
+    local name=$1 out rc tally p f
+    shift
+    out=$("$@" 2>&1); rc=$?
+    tally=$(echo "$out" | grep -E '^[a-z_]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    p=0 f=0
+    if [ -n "$tally" ]; then
+        p=$(echo "$tally" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
+        f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    passed=$((passed + p)); failed=$((failed + f))
+    if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
+    if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | tail -n 40 | sed 's/^/      /'; fi
+}
+
+skip() { skipped=$((skipped + 1)); echo "skip  $1: $2"; }
+
+# should_fail NAME CMD...: a build that must be refused
+should_fail() {
+    local name=$1
+    shift
+    if "$@" >/dev/null 2>&1; then failed=$((failed + 1)); echo "FAIL  $name (it built)"
+    else passed=$((passed + 1)); echo "ok    $name"; fi
+}
+
+echo "== the header under every compiler and setting"
+step "gcc, strict core warnings (-Wconversion -Wdouble-promotion)" gcc $CORE -O2 -c tests/header_only.c -o $B/h1.o
+step "gcc, strict, SIMD path (-march=native)" gcc $CORE -O2 -march=native -c tests/header_only.c -o $B/h2.o
+step "clang, strict core warnings" clang $CORE -O2 -c tests/header_only.c -o $B/h3.o
+step "clang, strict, SIMD path (-march=native)" clang $CORE -O2 -march=native -c tests/header_only.c -o $B/h4.o
+step "gcc, MIXPREC_STATIC" gcc $CORE -O2 -DMIXPREC_STATIC -c tests/header_only.c -o $B/h5.o
+step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tests/header_only.c -o $B/h6.o
+step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
+step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
+should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
+
+echo "== unit tests (test_core) in every build"
+step "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm
+run "test_core, gcc, SIMD path" $B/core_gcc
+step "build test_core, clang -O2 -march=native" clang $WARN -O2 -march=native tests/test_core.c -o $B/core_clang -lm
+run "test_core, clang, SIMD path" $B/core_clang
+step "build test_core, MIXPREC_NO_SIMD" gcc $WARN -O2 -march=native -DMIXPREC_NO_SIMD tests/test_core.c -o $B/core_nosimd -lm
+run "test_core, portable path only" $B/core_nosimd
+step "build test_core as C++ (g++ -std=c++11)" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ tests/test_core.c -o $B/core_cpp -lm
+run "test_core, as C++" $B/core_cpp
+step "build test_core, gcc ASan+UBSan" gcc $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_gcc -lm
+run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
+step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
+run "test_core, clang ASan+UBSan" $B/core_asan_clang
+
+echo "== examples and benchmarks build"
+step "make examples" make -s examples B=$B/ex
+step "make bench-build" make -s bench-build B=$B/bench
+
+echo "== embedded and big-endian targets"
+if have arm-none-eabi-gcc; then
+    step "Cortex-M4 bare metal (arm-none-eabi-gcc, MIXPREC_NO_STDIO)" arm-none-eabi-gcc -mcpu=cortex-m4 -mthumb \
+        -mfloat-abi=hard -mfpu=fpv4-sp-d16 $CORE -O2 -c tests/embedded.c -o $B/embedded.o
+    # a single-precision FPU: any double arithmetic would call __aeabi_d* routines
+    step "Cortex-M4 object uses no double-precision arithmetic" \
+        bash -c "! arm-none-eabi-nm $B/embedded.o | grep -E ' U __aeabi_(d|[lu]?[il]2d|f2d)'"
+else
+    skip "Cortex-M4 bare metal" "arm-none-eabi-gcc not installed (apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi)"
+fi
+if have s390x-linux-gnu-gcc && have qemu-s390x; then
+    step "build test_core for s390x (big-endian)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_core.c -o $B/core_s390x -lm
+    run "test_core on s390x under qemu-user" qemu-s390x $B/core_s390x
+else
+    skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed (apt-get install gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user)"
+fi
+
+echo "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
+step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
+VERBOSE=1 run "test_numerics" $B/numerics
+
+echo
+if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
+[ "$failed" -eq 0 ]
