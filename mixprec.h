@@ -455,7 +455,8 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
-/* Round to nearest is monotone, so what narrowing does to x depends only on
+/* >>cast stats
+   Round to nearest is monotone, so what narrowing does to x depends only on
    where |x| falls among three thresholds of the target format. As float32
    bit patterns (which order like magnitudes), with lo inclusive:
        [1, sub_lo)               underflow: nonzero rounds to zero
@@ -466,9 +467,12 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
    the actual results of all 2^32 float32 inputs. */
 typedef struct mp__ranges { uint32_t sub_lo, normal_lo, inf_lo; } mp__ranges;
 static const mp__ranges mp__ranges_of[MP_DTYPE_COUNT] = {
+    /* sub_lo: just above half the smallest subnormal (the tie goes to 0);
+       normal_lo: the smallest normal less half an ulp (the tie goes up);
+       inf_lo: the largest finite plus half an ulp (the tie goes to Inf) */
     {0x00000001u, 0x00800000u, 0x7F800000u},  /* float32: nothing narrows */
-    {0x33000001u, 0x387FE000u, 0x477FF000u},  /* float16: 2^-25 ties to 0, 2^-14-2^-25 ties up, 65520 */
-    {0x00008001u, 0x007F8000u, 0x7F7F8000u}}; /* bfloat16: the same points, 16 bits down */
+    {0x33000001u, 0x387FE000u, 0x477FF000u},  /* float16: 2^-25, 2^-14 - 2^-25, 65520 */
+    {0x00008001u, 0x007F8000u, 0x7F7F8000u}}; /* bfloat16: 2^-134, 2^-126 - 2^-134, ~3.39e38 */
 
 typedef struct mp__scan {
     uint32_t nan, inf, underflow, subnormal, overflow, max_abs, min_abs; /* magnitudes: float32 bits */

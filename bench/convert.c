@@ -13,9 +13,13 @@
            bulk divided by that of the other path (> 1: bulk is faster);
        stats_cost_bulk, stats_cost_portable: t(with stats)/t(without) - 1.
 
-   Build (from the repository root):
-       gcc -std=c99 -O2 -mavx2 -mf16c bench/convert.c -o /tmp/convert -lm
-   Run:  /tmp/convert [--n ELEMENTS] [--reps R]          (single-threaded) */
+   Every line names its data set: `typical` (ReLU-like activations, all in
+   float16's normal range) and `wide` (magnitudes 2^-30..2^20, the stats'
+   worst case); see fill_typical and fill_wide.
+
+   Build and run: `make bench` (gcc and clang, -O2 -march=native), or
+       cc -std=c99 -O2 -march=native bench/convert.c -o convert -lm
+       ./convert [--n ELEMENTS] [--reps R]                  (single-threaded) */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
