@@ -599,21 +599,17 @@ MP__HOT __m256i mp__x86_abs_bits(__m256 x) {
 #define MP__X86_EXTREMES(hi, lo, a)                                                             \
     (hi = _mm256_max_epu32(hi, a), lo = _mm256_min_epu32(lo, _mm256_add_epi32(a, _mm256_set1_epi32(-1))))
 
-static uint32_t mp__x86_hsum(__m256i v) {
-    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
-    return (uint32_t)_mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
-}
-static uint32_t mp__x86_hmax(__m256i v) {
-    __m128i x = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0x4E));
-    return (uint32_t)_mm_cvtsi128_si32(_mm_max_epu32(x, _mm_shuffle_epi32(x, 0xB1)));
-}
-static uint32_t mp__x86_hmin(__m256i v) {
-    __m128i x = _mm_min_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    x = _mm_min_epu32(x, _mm_shuffle_epi32(x, 0x4E));
-    return (uint32_t)_mm_cvtsi128_si32(_mm_min_epu32(x, _mm_shuffle_epi32(x, 0xB1)));
-}
+/* Horizontal sum, max and min of eight lanes: fold 256 -> 128 -> 64 -> 32 bits. */
+#define MP__X86_HORIZONTAL(NAME, OP)                                                          \
+    static uint32_t NAME(__m256i v) {                                                         \
+        __m128i x = OP(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));            \
+        x = OP(x, _mm_shuffle_epi32(x, 0x4E));                                                \
+        return (uint32_t)_mm_cvtsi128_si32(OP(x, _mm_shuffle_epi32(x, 0xB1)));                \
+    }
+MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32)
+MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epu32)
+MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32)
+#undef MP__X86_HORIZONTAL
 
 /* The full pass: one compare per threshold t counts the lanes with |x| >= t
    (masks are -1, so subtracting counts); differences of adjacent counts give
