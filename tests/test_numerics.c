@@ -35,9 +35,11 @@ typedef struct tally {
     uint64_t bad[8];      /* mismatches, by kind */
     uint64_t first[8];    /* first failing input of each kind */
 } tally;
-typedef void (*chunk_fn)(uint64_t begin, tally *t);
+/* ctx: what the sweep checks, read-only while the threads run */
+typedef void (*chunk_fn)(uint64_t begin, const void *ctx, tally *t);
 typedef struct worker {
     chunk_fn fn;
+    const void *ctx;
     uint64_t total, *next;
     pthread_mutex_t *lock;
     tally t;
@@ -52,11 +54,11 @@ static void *worker_main(void *arg) {
         *w->next += CHUNK;
         pthread_mutex_unlock(w->lock);
         if (begin >= w->total) return NULL;
-        w->fn(begin, &w->t);
+        w->fn(begin, w->ctx, &w->t);
     }
 }
 
-static void parallel_chunks(uint64_t total, chunk_fn fn, tally *out) {
+static void parallel_chunks(uint64_t total, chunk_fn fn, const void *ctx, tally *out) {
     pthread_t th[MAX_THREADS];
     worker w[MAX_THREADS];
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -67,13 +69,13 @@ static void parallel_chunks(uint64_t total, chunk_fn fn, tally *out) {
     memset(out, 0, sizeof *out);
     for (i = 0; i < n; i++) {
         memset(&w[i], 0, sizeof w[i]);
-        w[i].fn = fn, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
+        w[i].fn = fn, w[i].ctx = ctx, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
         if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0) { n = i; break; }
     }
     if (n == 0) { /* no threads to be had: run here */
         worker one;
         memset(&one, 0, sizeof one);
-        one.fn = fn, one.total = total, one.next = &next, one.lock = &lock;
+        one.fn = fn, one.ctx = ctx, one.total = total, one.next = &next, one.lock = &lock;
         worker_main(&one);
         *out = one.t;
         return;
@@ -118,42 +120,47 @@ enum { K_ORACLE, K_SCALAR_BULK, K_PORTABLE, K_HARDWARE, K_STATS };
 static const char *const narrow_kinds[8] = {"scalar vs oracle", "SIMD bulk vs scalar", "portable bulk vs scalar",
                                             "F16C hardware vs scalar", "cast stats vs per-element count"};
 
-static int is_f16 = 1; /* which target the sweep below checks */
+/* the target of a narrowing sweep */
+typedef struct target {
+    int f16;               /* float16, else bfloat16 */
+    mp_dtype dtype;
+    oracle_format format;
+    uint16_t inf, min_normal;
+} target;
 
-static uint16_t expected_narrow(uint32_t u) {
+static uint16_t expected_narrow(uint32_t u, const target *g) {
     uint32_t a = u & 0x7FFFFFFFu, sign = u >> 31;
     if (a > 0x7F800000u) /* the NaN patterns of reference.md */
-        return (uint16_t)(is_f16 ? sign << 15 | 0x7E00u | (a & 0x7FFFFFu) >> 13 : sign << 15 | 0x7FC0u | (a & 0x7FFFFFu) >> 16);
-    return oracle_round((double)f32(u), is_f16 ? ORACLE_F16 : ORACLE_BF16);
+        return (uint16_t)(g->f16 ? sign << 15 | 0x7E00u | (a & 0x7FFFFFu) >> 13 : sign << 15 | 0x7FC0u | (a & 0x7FFFFFu) >> 16);
+    return oracle_round((double)f32(u), g->format);
 }
 
-static void narrow_chunk(uint64_t begin, tally *t) {
+static void narrow_chunk(uint64_t begin, const void *ctx, tally *t) {
+    const target *g = (const target *)ctx;
     static const mp_cast_stats zero;
     uint32_t src[CHUNK];
     uint16_t bulk[CHUNK], port[CHUNK];
-    mp_dtype dt = is_f16 ? MP_FLOAT16 : MP_BFLOAT16;
-    uint16_t inf = is_f16 ? 0x7C00u : 0x7F80u, min_normal = is_f16 ? 0x0400u : 0x0080u;
     mp_cast_stats st = zero;
     uint64_t nan = 0, infs = 0, over = 0, under = 0, sub = 0;
     size_t i;
     for (i = 0; i < CHUNK; i++) src[i] = (uint32_t)(begin + i);
-    mp_convert(bulk, dt, src, MP_FLOAT32, CHUNK, &st);
-    mp_convert_portable(port, dt, src, MP_FLOAT32, CHUNK, NULL);
+    mp_convert(bulk, g->dtype, src, MP_FLOAT32, CHUNK, &st);
+    mp_convert_portable(port, g->dtype, src, MP_FLOAT32, CHUNK, NULL);
     for (i = 0; i < CHUNK; i++) {
         uint32_t u = src[i], a = u & 0x7FFFFFFFu;
-        uint16_t s = is_f16 ? mp_f16_from_f32(f32(u)).bits : mp_bf16_from_f32(f32(u)).bits;
+        uint16_t s = g->f16 ? mp_f16_from_f32(f32(u)).bits : mp_bf16_from_f32(f32(u)).bits;
         uint16_t r = s & 0x7FFFu;
-        if (s != expected_narrow(u)) miss(t, K_ORACLE, u);
+        if (s != expected_narrow(u, g)) miss(t, K_ORACLE, u);
         if (bulk[i] != s) miss(t, K_SCALAR_BULK, u);
         if (port[i] != s) miss(t, K_PORTABLE, u);
 #if defined(__F16C__)
-        if (is_f16 && _cvtss_sh(f32(u), _MM_FROUND_TO_NEAREST_INT) != s) miss(t, K_HARDWARE, u);
+        if (g->f16 && _cvtss_sh(f32(u), _MM_FROUND_TO_NEAREST_INT) != s) miss(t, K_HARDWARE, u);
 #endif
         nan += a > 0x7F800000u;
         infs += a == 0x7F800000u;
-        over += a < 0x7F800000u && r == inf;
+        over += a < 0x7F800000u && r == g->inf;
         under += a != 0 && a <= 0x7F800000u && r == 0;
-        sub += r != 0 && r < min_normal;
+        sub += r != 0 && r < g->min_normal;
     }
     if (st.count != CHUNK || st.nan_in != nan || st.inf_in != infs || st.overflow != over ||
         st.underflow != under || st.subnormal != sub)
@@ -162,11 +169,11 @@ static void narrow_chunk(uint64_t begin, tally *t) {
 
 static void test_narrow_all_f32(void) {
     tally t;
-    is_f16 = 1;
-    parallel_chunks(1ull << 32, narrow_chunk, &t);
+    target f16 = {1, MP_FLOAT16, ORACLE_F16, 0x7C00u, 0x0400u};
+    target bf16 = {0, MP_BFLOAT16, ORACLE_BF16, 0x7F80u, 0x0080u};
+    parallel_chunks(1ull << 32, narrow_chunk, &f16, &t);
     report("all 2^32 float32 -> float16", &t, narrow_kinds);
-    is_f16 = 0;
-    parallel_chunks(1ull << 32, narrow_chunk, &t);
+    parallel_chunks(1ull << 32, narrow_chunk, &bf16, &t);
     report("all 2^32 float32 -> bfloat16", &t, narrow_kinds);
 #if !defined(__F16C__)
     printf("  (F16C not enabled in this build: hardware comparison skipped)\n");
@@ -243,8 +250,9 @@ static void decode_all(void) {
 static double f16v(uint32_t h) { return f16_values[h & 0xFFFFu]; }
 static double bf16v(uint32_t h) { return bf16_values[h & 0xFFFFu]; }
 
-static void f16_pairs_chunk(uint64_t begin, tally *t) {
+static void f16_pairs_chunk(uint64_t begin, const void *ctx, tally *t) {
     uint64_t i;
+    (void)ctx; /* every pair: nothing to choose */
     for (i = begin; i < begin + CHUNK; i++) {
         mp_f16 a = mp_f16_from_bits((uint16_t)(i >> 16)), b = mp_f16_from_bits((uint16_t)i);
         double x = f16v(a.bits), y = f16v(b.bits);
@@ -276,9 +284,10 @@ static size_t boundary_operands(uint16_t *out, size_t n, int f16) {
 }
 
 enum { NSAMPLE = 1024 };
-static uint16_t operands[NSAMPLE];
 
-static void f16_div_chunk(uint64_t begin, tally *t) { /* begin: 64 samples x 1024 dividends */
+/* ctx: the NSAMPLE second operands; chunk i pairs every value with one of them */
+static void f16_div_chunk(uint64_t begin, const void *ctx, tally *t) {
+    const uint16_t *operands = (const uint16_t *)ctx;
     uint64_t i;
     for (i = begin; i < begin + CHUNK && i < 65536ull * NSAMPLE; i++) {
         mp_f16 a = mp_f16_from_bits((uint16_t)(i % 65536)), b = mp_f16_from_bits(operands[i / 65536]);
@@ -287,7 +296,8 @@ static void f16_div_chunk(uint64_t begin, tally *t) { /* begin: 64 samples x 102
     }
 }
 
-static void bf16_ops_chunk(uint64_t begin, tally *t) {
+static void bf16_ops_chunk(uint64_t begin, const void *ctx, tally *t) {
+    const uint16_t *operands = (const uint16_t *)ctx;
     uint64_t i;
     for (i = begin; i < begin + CHUNK && i < 65536ull * NSAMPLE; i++) {
         mp_bf16 a = mp_bf16_from_bits((uint16_t)(i % 65536)), b = mp_bf16_from_bits(operands[i / 65536]);
@@ -301,16 +311,17 @@ static void bf16_ops_chunk(uint64_t begin, tally *t) {
 }
 
 static void test_arithmetic(void) {
+    static uint16_t f16_operands[NSAMPLE], bf16_operands[NSAMPLE];
     tally t;
     uint64_t bad_sqrt = 0;
     uint32_t i;
-    parallel_chunks(1ull << 32, f16_pairs_chunk, &t);
+    parallel_chunks(1ull << 32, f16_pairs_chunk, NULL, &t);
     report("float16 add, mul: all 2^32 pairs", &t, op_kinds);
-    boundary_operands(operands, NSAMPLE, 1);
-    parallel_chunks(65536ull * NSAMPLE, f16_div_chunk, &t);
+    boundary_operands(f16_operands, NSAMPLE, 1);
+    parallel_chunks(65536ull * NSAMPLE, f16_div_chunk, f16_operands, &t);
     report("float16 div: 65536 x 1024 boundary/random", &t, op_kinds);
-    boundary_operands(operands, NSAMPLE, 0);
-    parallel_chunks(65536ull * NSAMPLE, bf16_ops_chunk, &t);
+    boundary_operands(bf16_operands, NSAMPLE, 0);
+    parallel_chunks(65536ull * NSAMPLE, bf16_ops_chunk, bf16_operands, &t);
     report("bfloat16 add/sub/mul/div: 65536 x 1024", &t, op_kinds);
     for (i = 0; i < 65536; i++) { /* sqrt in double is correctly rounded, then innocuous */
         bad_sqrt += !same_result(mp_f16_sqrt(mp_f16_from_bits((uint16_t)i)).bits, sqrt(f16v(i)), ORACLE_F16);
