@@ -92,7 +92,20 @@ extern "C" {
       "policies")                                                                  \
     X(MP_ERR_OVERLAP, "source and destination buffers overlap")                    \
     X(MP_ERR_ALIGN, "buffer is not aligned to its element size")                  \
-    X(MP_ERR_SIZE, "size overflows size_t or does not fit the buffer")
+    X(MP_ERR_SIZE, "size overflows size_t or does not fit the buffer")            \
+    X(MP_ERR_ALLOC, "memory allocation failed (nothing was changed or leaked)")   \
+    X(MP_ERR_ARG, "an argument is out of range (a count, size, rate or option)")  \
+    X(MP_ERR_SHAPE, "shapes do not match: a layer cannot take the previous "      \
+      "layer's output, or the data does not fit the model")                       \
+    X(MP_ERR_UNKNOWN_NAME, "unknown name: see the valid activations, losses "    \
+      "and optimizers in mixprec.h")                                              \
+    X(MP_ERR_STATE, "call out of order: layers go in before build/compile, "     \
+      "and training needs compile()")                                             \
+    X(MP_ERR_LABEL, "a label is out of range for the model's output classes")    \
+    X(MP_ERR_NONFINITE, "the input data holds NaN or Inf")                        \
+    X(MP_ERR_IO, "the file cannot be opened or read")                             \
+    X(MP_ERR_FORMAT, "the file is corrupt, truncated or not an IDX file of the "  \
+      "expected kind")
 
 typedef enum mp_status {
 #define MP__STATUS_ENUM(code, msg) code,
@@ -222,6 +235,333 @@ MIXPREC_API mp_status mp_set_global_policy(mp_policy policy);
 MIXPREC_API mp_status mp_set_global_policy_name(const char *name);
 MIXPREC_API mp_policy mp_global_policy(void);
 
+/* >>memory
+   Every byte mixprec allocates goes through MIXPREC_MALLOC/MIXPREC_FREE and
+   is counted, like tf.config.experimental.get_memory_info: current and peak
+   bytes in use. The counters are process-wide (documented global state, not
+   synchronised). */
+typedef struct mp_memory_info {
+    size_t current; /* bytes allocated now */
+    size_t peak;    /* most bytes allocated at once since the last reset */
+} mp_memory_info;
+
+MIXPREC_API mp_memory_info mp_get_memory_info(void);
+MIXPREC_API void mp_reset_peak_memory(void); /* peak = current */
+
+/* >>tensors
+   A tensor's storage is in its dtype: a float16 tensor of n elements holds
+   2n bytes. Shapes are row-major (the last axis is contiguous). */
+#define MP_MAX_RANK 4
+typedef struct mp_tensor {
+    mp_dtype dtype;
+    int rank;               /* 1..MP_MAX_RANK */
+    int shape[MP_MAX_RANK]; /* shape[0..rank-1] */
+    void *data;
+} mp_tensor;
+
+/* Allocates zeroed storage through the counted allocator. */
+MIXPREC_API mp_status mp_tensor_alloc(mp_tensor *t, mp_dtype dtype, int rank, const int *shape);
+MIXPREC_API void mp_tensor_free(mp_tensor *t); /* NULL-safe; data becomes NULL */
+MIXPREC_API size_t mp_tensor_count(const mp_tensor *t); /* elements */
+MIXPREC_API size_t mp_tensor_bytes(const mp_tensor *t);
+
+/* >>layers
+   A model is a stack of layers described by mp_layer_desc (zero means the
+   Keras default; the mp_dense(...) style helpers fill one in). A layer takes
+   the global policy when it is added, unless `dtype` names a policy (the
+   guide's Activation('softmax', dtype='float32')) or `policy` points to one. */
+typedef enum mp_activation {
+    MP_LINEAR = 0, /* Keras's default: no activation */
+    MP_RELU,
+    MP_SIGMOID,
+    MP_SOFTMAX, /* over the last axis */
+    MP_TANH,
+    MP_GELU, /* exact: 0.5 x (1 + erf(x / sqrt 2)), Keras's approximate=False */
+    MP_ACTIVATION_COUNT
+} mp_activation;
+
+typedef enum mp_layer_kind {
+    MP_DENSE = 1,
+    MP_ACTIVATION,
+    MP_CONV2D,
+    MP_MAX_POOLING2D,
+    MP_FLATTEN,
+    MP_DROPOUT,
+    MP_LAYER_KIND_COUNT
+} mp_layer_kind;
+
+typedef enum mp_padding { MP_VALID = 0, MP_SAME } mp_padding;
+
+typedef struct mp_layer_desc {
+    mp_layer_kind kind;
+    int units;                /* Dense */
+    int filters;              /* Conv2D */
+    int kernel_size[2];       /* Conv2D, (h, w) */
+    int strides[2];           /* Conv2D: 0 = 1 */
+    int pool_size[2];         /* MaxPooling2D: 0 = 2; strides = pool_size, padding valid */
+    mp_padding padding;       /* Conv2D */
+    mp_activation activation; /* Dense, Conv2D, Activation */
+    int no_bias;              /* Dense, Conv2D: nonzero = use_bias=False */
+    float rate;               /* Dropout: fraction dropped, [0, 1) */
+    uint64_t seed;            /* Dropout: 0 = derived from the model's seed */
+    const char *dtype;        /* policy name override ("float32"), or NULL */
+    const mp_policy *policy;  /* policy override, or NULL */
+    const char *name;         /* NULL = Keras-style automatic name ("dense_1") */
+} mp_layer_desc;
+
+MIXPREC_API mp_layer_desc mp_dense(int units, mp_activation activation);
+MIXPREC_API mp_layer_desc mp_activation_layer(mp_activation activation);
+MIXPREC_API mp_layer_desc mp_conv2d(int filters, int kernel_h, int kernel_w, mp_padding padding,
+                                    mp_activation activation);
+MIXPREC_API mp_layer_desc mp_max_pooling2d(int pool_h, int pool_w);
+MIXPREC_API mp_layer_desc mp_flatten(void);
+MIXPREC_API mp_layer_desc mp_dropout(float rate);
+/* "relu", "sigmoid", "softmax", "tanh", "gelu", "linear" */
+MIXPREC_API mp_status mp_activation_from_name(const char *name, mp_activation *out);
+MIXPREC_API const char *mp_activation_name(mp_activation a); /* NULL if invalid */
+
+/* >>losses, metrics and optimizers (float32, Keras's formulas and defaults) */
+typedef enum mp_loss {
+    MP_LOSS_NONE = 0,
+    MP_SPARSE_CATEGORICAL_CROSSENTROPY, /* int32 labels */
+    MP_CATEGORICAL_CROSSENTROPY,        /* float targets, one row per sample */
+    MP_BINARY_CROSSENTROPY,             /* float targets in [0, 1] */
+    MP_MEAN_SQUARED_ERROR,              /* float targets */
+    MP_LOSS_COUNT
+} mp_loss;
+
+typedef enum mp_optimizer_kind {
+    MP_RMSPROP = 0, /* Keras compile()'s default optimizer */
+    MP_SGD,
+    MP_ADAM,
+    MP_OPTIMIZER_COUNT
+} mp_optimizer_kind;
+
+/* Zero means Keras's default. SGD: learning_rate 0.01, momentum 0, nesterov
+   off. RMSprop: 0.001, rho 0.9, epsilon 1e-7. Adam: 0.001, beta_1 0.9,
+   beta_2 0.999, epsilon 1e-7. */
+typedef struct mp_optimizer_desc {
+    mp_optimizer_kind kind;
+    float learning_rate;
+    float momentum; /* SGD */
+    int nesterov;   /* SGD */
+    float rho;      /* RMSprop */
+    float beta_1, beta_2;
+    float epsilon;
+} mp_optimizer_desc;
+
+/* >>loss scaling (Keras LossScaleOptimizer)
+   Dynamic by default: start at 2^15; after growth_interval (2000)
+   consecutive steps with finite gradients double the scale (only if the
+   result is finite, and not past max_scale); on a step with any Inf/NaN
+   gradient skip the step (weights and optimizer slots untouched), halve the
+   scale (not below min_scale, tf_keras's floor of 1) and reset the counter.
+   hysteresis H > 1 (DeepSpeed's extra) halves only at the H-th overflow since
+   the scale last changed; every overflowing step is still skipped. */
+typedef struct mp_loss_scale_desc {
+    int fixed;            /* nonzero: the scale stays initial_scale; bad steps still skip */
+    float initial_scale;  /* 0 = 32768 (2^15) */
+    int growth_interval;  /* 0 = 2000 */
+    float min_scale;      /* 0 = 1 */
+    float max_scale;      /* 0 = no ceiling but finiteness */
+    int hysteresis;       /* 0 or 1 = halve at the first overflow (Keras) */
+} mp_loss_scale_desc;
+
+typedef struct mp_loss_scale {
+    mp_loss_scale_desc config; /* with defaults filled in */
+    float scale;
+    uint64_t good_steps;    /* consecutive finite steps since the scale last changed */
+    uint64_t skipped_steps; /* steps skipped for Inf/NaN gradients, ever */
+    uint64_t steps;         /* all steps, skipped ones included */
+    int overflows_left;     /* hysteresis: overflows tolerated before halving */
+} mp_loss_scale;
+
+MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc);
+/* One step of the state machine. Returns 1 when the step's gradients are to
+   be applied (they were finite), 0 when the step is skipped. */
+MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite);
+
+typedef enum mp_loss_scale_mode {
+    MP_LOSS_SCALE_AUTO = 0, /* Keras: dynamic under mixed_float16 (and float16), else none */
+    MP_LOSS_SCALE_NONE,
+    MP_LOSS_SCALE_ON        /* always wrap, configured by loss_scale_config */
+} mp_loss_scale_mode;
+
+typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
+
+typedef struct mp_compile_desc {
+    mp_loss loss;              /* required */
+    int from_logits;           /* crossentropy losses: predictions are logits */
+    mp_optimizer_desc optimizer;
+    mp_metric metrics;         /* accuracy: sparse categorical, categorical or binary by loss */
+    mp_loss_scale_mode loss_scale;
+    mp_loss_scale_desc loss_scale_config;
+} mp_compile_desc;
+
+/* >>model
+   A sequential model. Typical use (the TensorFlow guide's model):
+
+       mp_model_desc md = {{784}};               // input shape per sample
+       mp_model *m;
+       mp_set_global_policy_name("mixed_float16");
+       mp_model_create(&m, &md);
+       mp_model_add(m, mp_dense(4096, MP_RELU));
+       mp_model_add(m, mp_dense(4096, MP_RELU));
+       mp_model_add(m, mp_dense(10, MP_LINEAR));
+       mp_layer_desc sm = mp_activation_layer(MP_SOFTMAX);
+       sm.dtype = "float32";                     // the output stays float32
+       mp_model_add(m, sm);
+       mp_compile_desc cd = {MP_SPARSE_CATEGORICAL_CROSSENTROPY};
+       cd.metrics = MP_METRIC_ACCURACY;          // RMSprop is the default
+       mp_model_compile(m, &cd);                 // wraps in LossScaleOptimizer
+       mp_fit_desc fd = {{x, labels, NULL, n}};
+       fd.batch_size = 8192; fd.epochs = 5; fd.validation_split = 0.2f;
+       mp_model_fit(m, &fd);
+
+   On failure a function returns a status and mp_model_error() says what in
+   detail (which layer, which shape). */
+typedef struct mp_model mp_model;
+typedef struct mp_backend mp_backend;
+
+typedef struct mp_model_desc {
+    int input_shape[MP_MAX_RANK - 1]; /* per sample, zero-terminated: {784} or {28, 28, 1} */
+    uint64_t seed;                    /* initialisers, dropout, shuffling; 0 = 1337 */
+    const char *name;                 /* NULL = "sequential" */
+    const mp_backend *backend;        /* NULL = the CPU */
+} mp_model_desc;
+
+MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc);
+MIXPREC_API void mp_model_destroy(mp_model *m); /* NULL-safe */
+MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc layer);
+/* Allocates and initialises the weights (glorot_uniform kernels, zero
+   biases, from the model's seed). compile, fit, get/set_weights build
+   implicitly; no layer can be added after. */
+MIXPREC_API mp_status mp_model_build(mp_model *m);
+MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc);
+MIXPREC_API const char *mp_model_error(const mp_model *m); /* never NULL */
+
+typedef struct mp_layer_info {
+    const char *name;    /* "dense_1" */
+    const char *type;    /* "Dense" */
+    mp_policy policy;
+    int rank;            /* of the output per sample */
+    int output_shape[MP_MAX_RANK - 1];
+    size_t params;
+} mp_layer_info;
+
+MIXPREC_API int mp_model_layer_count(const mp_model *m);
+MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out);
+MIXPREC_API mp_policy mp_model_policy(const mp_model *m); /* the global policy at creation */
+MIXPREC_API size_t mp_model_param_count(const mp_model *m);
+MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* floats per sample */
+MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
+/* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
+MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size);
+/* All weights as float32, layer by layer (kernel then bias): n = param count. */
+MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n);
+MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n);
+
+/* >>fit */
+typedef struct mp_data {
+    const float *x;          /* [n, input shape...] */
+    const int32_t *labels;   /* [n] class indices (sparse crossentropy); never cast */
+    const float *y;          /* [n, outputs] targets (categorical, binary, MSE) */
+    size_t n;
+} mp_data;
+
+typedef struct mp_logs {
+    float loss, accuracy;         /* accuracy: 0 without the metric */
+    float val_loss, val_accuracy; /* 0 without validation data */
+    float seconds;                /* wall time of the epoch */
+    float ms_per_step;
+    size_t steps;
+    float loss_scale;             /* at the end of the epoch (1 without scaling) */
+    uint64_t skipped_steps;       /* since compile */
+} mp_logs;
+
+typedef enum mp_verbose {
+    MP_VERBOSE_AUTO = 0, /* a live bar on a terminal, one line per epoch otherwise */
+    MP_VERBOSE_SILENT,
+    MP_VERBOSE_BAR,
+    MP_VERBOSE_LINES
+} mp_verbose;
+
+typedef struct mp_fit_desc {
+    mp_data data;
+    int batch_size;          /* required: > 0 */
+    int epochs;              /* 0 = 1 */
+    float validation_split;  /* the last fraction of data, before shuffling (as Keras) */
+    int no_shuffle;          /* nonzero: keep the order */
+    uint64_t shuffle_seed;   /* 0 = the model's seed */
+    mp_verbose verbose;
+    mp_logs *history;        /* NULL, or an array of `epochs` entries */
+} mp_fit_desc;
+
+MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
+MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size,
+                                        mp_logs *out);
+/* out: [n, outputs] float32. */
+MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size,
+                                       float *out);
+
+/* >>custom training loop: the guide's train_step, one call per line
+       mp_forward(m, x, batch, 1);                       // predictions = model(x)
+       mp_compute_loss(m, labels, NULL, &loss);          // loss = loss_object(y, predictions)
+       scaled = mp_get_scaled_loss(m, loss);             // optimizer.get_scaled_loss(loss)
+       mp_compute_scaled_gradients(m);                   // tape.gradient(scaled_loss, ...)
+       mp_get_unscaled_gradients(m);                     // optimizer.get_unscaled_gradients
+       mp_apply_gradients(m, &applied);                  // optimizer.apply_gradients
+   Without loss scaling the scale is 1 and the calls are the same. */
+MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training);
+/* The last forward's output, in the last layer's compute dtype. */
+MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out);
+/* The compiled loss (float32, mean over the batch) of the last forward's
+   output; labels or y as the loss needs. *correct gets the number of samples
+   the accuracy metric counts as right (may be NULL). */
+MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const float *y,
+                                      float *loss, size_t *correct);
+MIXPREC_API float mp_get_scaled_loss(const mp_model *m, float loss);
+/* Backpropagates the scaled loss: weight gradients in each layer's compute
+   dtype, activation gradients in the dtype of the activations. */
+MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m);
+/* One fused pass: float32 gradients = scaled gradients * (1 / scale), and
+   whether any is Inf or NaN (checked on the scaled values, as Keras). */
+MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
+/* Applies the float32 gradients to the float32 weights, or skips the step if
+   they were not finite, then updates the loss scale. applied may be NULL. */
+MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
+/* The float32 gradients of the last mp_get_unscaled_gradients, as get_weights. */
+MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
+/* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
+MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
+MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n);
+/* The loss-scale state, or NULL when the optimizer is not wrapped. */
+MIXPREC_API const mp_loss_scale *mp_model_loss_scale(const mp_model *m);
+MIXPREC_API float mp_current_loss_scale(const mp_model *m); /* 1 when not wrapped */
+
+/* >>data: IDX files (the MNIST format) */
+typedef struct mp_dataset {
+    float *x;          /* [n, rows, cols], pixels scaled to [0, 1] */
+    int32_t *labels;   /* [n] */
+    size_t n;
+    int rows, cols;
+    int classes;       /* 1 + the largest label */
+} mp_dataset;
+
+/* Validates an IDX buffer of unsigned bytes: magic 0x0000 08 NN, NN dims of
+   nonzero size, exactly the bytes they say. dims may be NULL. */
+MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint32_t dims[3],
+                                   const uint8_t **data);
+/* Images (rank 3) and labels (rank 1) from two IDX buffers; the counts must
+   agree. out is owned by the caller: mp_dataset_free. */
+MIXPREC_API mp_status mp_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, mp_dataset *out);
+MIXPREC_API void mp_dataset_free(mp_dataset *d);
+#ifndef MIXPREC_NO_STDIO
+MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out);
+MIXPREC_API void mp_model_print_summary(const mp_model *m);
+#endif
+
 #ifdef __cplusplus
 }
 #endif
@@ -246,6 +586,15 @@ MIXPREC_API mp_policy mp_global_policy(void);
 #endif
 #include <string.h>
 #include <math.h>
+#include <float.h>
+#include <stdarg.h>
+#include <time.h>
+#ifndef MIXPREC_NO_STDIO
+#include <stdio.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h> /* isatty: a live progress bar only on a terminal */
+#endif
+#endif
 
 #if !defined(MIXPREC_NO_SIMD) && defined(__F16C__) && defined(__AVX2__)
 #define MP__SIMD_X86 1
@@ -815,6 +1164,2165 @@ MIXPREC_API mp_status mp_set_global_policy_name(const char *name) {
 }
 
 MIXPREC_API mp_policy mp_global_policy(void) { return mp__global_policy; }
+
+/* >>memory
+   Blocks are aligned to 64 bytes (a cache line, an AVX-512 vector) and
+   carry their size in front, so the counters know what each free returns. */
+#define MP__ALIGN 64u
+#define MP__HEADER (2u * sizeof(size_t)) /* size, then offset back to the raw block */
+
+static mp_memory_info mp__memory;
+
+static int mp__mul_ok(size_t a, size_t b, size_t *out) {
+    if (b != 0 && a > SIZE_MAX / b) return 0;
+    *out = a * b;
+    return 1;
+}
+
+static void *mp__alloc(size_t bytes) {
+    size_t pad = MP__ALIGN + MP__HEADER, skew;
+    unsigned char *raw, *p;
+    if (bytes > SIZE_MAX - pad) return NULL;
+    raw = (unsigned char *)MIXPREC_MALLOC(bytes + pad);
+    if (!raw) return NULL;
+    p = raw + MP__HEADER;
+    skew = (size_t)((uintptr_t)p % MP__ALIGN);
+    if (skew) p += MP__ALIGN - skew;
+    memset(p, 0, bytes);
+    memcpy(p - MP__HEADER, &bytes, sizeof bytes);
+    skew = (size_t)(p - raw);
+    memcpy(p - sizeof(size_t), &skew, sizeof skew);
+    mp__memory.current += bytes;
+    if (mp__memory.current > mp__memory.peak) mp__memory.peak = mp__memory.current;
+    return p;
+}
+
+static void mp__free(void *ptr) {
+    unsigned char *p = (unsigned char *)ptr;
+    size_t bytes, offset;
+    if (!p) return;
+    memcpy(&bytes, p - MP__HEADER, sizeof bytes);
+    memcpy(&offset, p - sizeof(size_t), sizeof offset);
+    MIXPREC_ASSERT(mp__memory.current >= bytes);
+    mp__memory.current -= bytes;
+    MIXPREC_FREE(p - offset);
+}
+
+MIXPREC_API mp_memory_info mp_get_memory_info(void) { return mp__memory; }
+MIXPREC_API void mp_reset_peak_memory(void) { mp__memory.peak = mp__memory.current; }
+
+/* A carving plan, as llm.c carves one allocation into tensors: the same
+   function runs twice, first with base NULL to add up the sizes (overflow
+   checked), then to hand out the pointers. */
+typedef struct mp__arena {
+    unsigned char *base;
+    size_t used;
+    int overflow;
+} mp__arena;
+
+static void *mp__carve(mp__arena *a, size_t count, size_t elem) {
+    size_t bytes, start = (a->used + MP__ALIGN - 1) / MP__ALIGN * MP__ALIGN;
+    if (!mp__mul_ok(count, elem, &bytes) || start < a->used || bytes > SIZE_MAX - start) {
+        a->overflow = 1;
+        return NULL;
+    }
+    a->used = start + bytes;
+    return a->base && count ? a->base + start : NULL;
+}
+
+/* >>tensors */
+MIXPREC_API size_t mp_tensor_count(const mp_tensor *t) {
+    size_t n = 1;
+    int i;
+    if (!t || t->rank < 1 || t->rank > MP_MAX_RANK) return 0;
+    for (i = 0; i < t->rank; i++)
+        if (t->shape[i] < 0 || !mp__mul_ok(n, (size_t)t->shape[i], &n)) return 0;
+    return n;
+}
+
+MIXPREC_API size_t mp_tensor_bytes(const mp_tensor *t) {
+    size_t bytes;
+    if (!t || !mp__mul_ok(mp_tensor_count(t), mp_dtype_size(t->dtype), &bytes)) return 0;
+    return bytes;
+}
+
+MIXPREC_API mp_status mp_tensor_alloc(mp_tensor *t, mp_dtype dtype, int rank, const int *shape) {
+    mp_tensor r;
+    size_t n = 1, bytes;
+    int i;
+    if (!t || !shape) return MP_ERR_NULL;
+    if (!mp__dtype_valid(dtype)) return MP_ERR_DTYPE;
+    if (rank < 1 || rank > MP_MAX_RANK) return MP_ERR_ARG;
+    memset(&r, 0, sizeof r);
+    r.dtype = dtype;
+    r.rank = rank;
+    for (i = 0; i < rank; i++) {
+        if (shape[i] <= 0) return MP_ERR_ARG;
+        r.shape[i] = shape[i];
+        if (!mp__mul_ok(n, (size_t)shape[i], &n)) return MP_ERR_SIZE;
+    }
+    if (!mp__mul_ok(n, mp_dtype_size(dtype), &bytes)) return MP_ERR_SIZE;
+    r.data = mp__alloc(bytes);
+    if (!r.data) return MP_ERR_ALLOC;
+    *t = r;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_tensor_free(mp_tensor *t) {
+    if (!t) return;
+    mp__free(t->data);
+    t->data = NULL;
+}
+
+/* >>text: a tiny formatter for summaries, logs and error messages. It needs
+   no stdio and no float64 (printf would promote floats to double). */
+typedef struct mp__text {
+    char *buf;
+    size_t cap, len; /* len may pass cap: the text was cut */
+} mp__text;
+
+static void mp__put(mp__text *t, const char *s) {
+    for (; *s; s++, t->len++)
+        if (t->len + 1 < t->cap) t->buf[t->len] = *s;
+    if (t->cap) t->buf[t->len < t->cap ? t->len : t->cap - 1] = '\0';
+}
+
+static void mp__put_uint(mp__text *t, uint64_t v, int commas) {
+    char d[32];
+    int n = 0, i;
+    do {
+        if (commas && n % 4 == 3) d[n++] = ',';
+        d[n++] = (char)('0' + (int)(v % 10u));
+        v /= 10u;
+    } while (v);
+    for (i = n - 1; i >= 0; i--) {
+        char s[2] = {d[i], 0};
+        mp__put(t, s);
+    }
+}
+
+static void mp__put_int(mp__text *t, long long v) {
+    if (v < 0) mp__put(t, "-");
+    mp__put_uint(t, v < 0 ? (uint64_t)(-(v + 1)) + 1u : (uint64_t)v, 0);
+}
+
+/* Fixed-point with `decimals` digits (at most 6), like printf's %.Nf. */
+static void mp__put_float(mp__text *t, float x, int decimals) {
+    uint32_t scale = 1, frac;
+    float ip;
+    int i;
+    if (x != x) { mp__put(t, "nan"); return; }
+    if (x < 0) { mp__put(t, "-"); x = -x; }
+    if (x > 1e18f) { mp__put(t, "inf"); return; }
+    for (i = 0; i < decimals; i++) scale *= 10u;
+    ip = floorf(x);
+    frac = (uint32_t)((x - ip) * (float)scale + 0.5f);
+    if (frac >= scale) { frac -= scale; ip += 1.0f; }
+    mp__put_uint(t, (uint64_t)ip, 0);
+    if (decimals > 0) {
+        char d[8];
+        mp__put(t, ".");
+        for (i = decimals - 1; i >= 0; i--) { d[i] = (char)('0' + (int)(frac % 10u)); frac /= 10u; }
+        d[decimals] = 0;
+        mp__put(t, d);
+    }
+}
+
+static void mp__pad_to(mp__text *t, size_t column) {
+    while (t->len < column) mp__put(t, " ");
+}
+
+/* printf-like with %s, %d (int) and %z (size_t) only. */
+static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
+    char s[2] = {0, 0};
+    for (; *fmt; fmt++) {
+        if (*fmt != '%' || !fmt[1]) { s[0] = *fmt; mp__put(t, s); continue; }
+        fmt++;
+        if (*fmt == 's') mp__put(t, va_arg(ap, const char *));
+        else if (*fmt == 'd') mp__put_int(t, va_arg(ap, int));
+        else if (*fmt == 'z') mp__put_uint(t, va_arg(ap, size_t), 0);
+        else { s[0] = *fmt; mp__put(t, s); }
+    }
+}
+
+/* >>kernels
+   The operations table: every kernel a layer, loss or optimizer runs goes
+   through one of these, so another backend (CUDA) can take the model
+   without the layers changing. The CPU implementation follows. Kernels work
+   on any mix of float dtypes by widening tiles to float32 (exactly), doing
+   the math in float32 and rounding once on the way out. */
+typedef struct mp__conv_geom {
+    int h, w, c;        /* input image */
+    int kh, kw, sh, sw; /* kernel, strides */
+    int pt, pl;         /* padding before, top and left */
+    int oh, ow;         /* output image */
+} mp__conv_geom;
+
+typedef struct mp__opt_step {
+    mp_optimizer_desc cfg; /* defaults filled in */
+    uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
+} mp__opt_step;
+
+struct mp_backend {
+    const char *name;
+    size_t gemm_workspace_bytes;
+    void (*cast)(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
+    /* C[m x n] (+)= op(A)[m x k] op(B)[k x n], rows contiguous, float32
+       accumulation, one rounding into C's dtype. op(A) = A^T when trans_a
+       (A stored k x m), likewise B (stored n x k). */
+    void (*gemm)(void *ws, int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a,
+                 mp_dtype at, const void *b, mp_dtype bt, void *c, mp_dtype ct, int accumulate);
+    /* y = act(x + bias) over rows x cols (bias may be NULL); y may be x. */
+    void (*bias_act)(void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                     mp_activation act, mp_dtype dt);
+    /* dx = dy * act'(...) from the output y (or the input x, for gelu);
+       dy, y, x in dt, dx in dxt; dx may be dy when the dtypes agree. */
+    void (*act_backward)(void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                         size_t rows, size_t cols, mp_activation act, mp_dtype dt);
+    void (*bias_grad)(void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt);
+    /* Mean loss over rows: adds the sum of per-sample losses to *loss_sum,
+       the samples the accuracy counts right to *correct, and writes the
+       float32 gradient of the mean loss to dpred. */
+    void (*loss)(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                 const float *y, size_t rows, size_t cols, float *dpred, float *loss_sum,
+                 size_t *correct);
+    void (*scale_cast)(void *dst, mp_dtype dt, const float *src, size_t n, float scale);
+    /* The fused pass: dst = src * inv_scale; returns 1 if every src is finite. */
+    int (*unscale_check)(float *dst, const void *src, mp_dtype st, size_t n, float inv_scale);
+    void (*optimizer_update)(const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
+                             size_t n);
+    void (*im2col)(void *col, const void *img, const mp__conv_geom *g, mp_dtype dt);
+    void (*col2im)(float *img, const float *col, const mp__conv_geom *g); /* adds */
+    void (*max_pool)(void *y, const void *x, size_t n, const mp__conv_geom *g, mp_dtype dt);
+    void (*max_pool_backward)(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                              const mp__conv_geom *g, mp_dtype dt);
+    /* y = mask ? x * scale : 0, x in xt, y in yt. */
+    void (*dropout)(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+                    size_t n, float scale);
+};
+
+#define MP__TILE 256 /* floats per tile: a few KiB of stack */
+
+static const void *mp__at(const void *p, mp_dtype t, size_t i) {
+    return (const char *)p + i * mp__dtypes[t].size;
+}
+static void *mp__at_mut(void *p, mp_dtype t, size_t i) { return (char *)p + i * mp__dtypes[t].size; }
+/* Widen n elements to float32 (exact) / narrow from float32 (rounding once). */
+static void mp__load(float *dst, const void *src, mp_dtype t, size_t n) {
+    (void)mp_convert(dst, MP_FLOAT32, src, t, n, NULL);
+}
+static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
+    (void)mp_convert(dst, t, src, MP_FLOAT32, n, NULL);
+}
+static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
+
+static void mp__cpu_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
+    if (dst == src && dt == st) return;
+    (void)mp_convert(dst, dt, src, st, n, NULL);
+}
+
+/* >>gemm: GotoBLAS's loop order in miniature. Panels of op(A) (MC x KC) and
+   op(B) (KC x NC) are widened to float32 while packing, a 4 x 16 register
+   tile sweeps them, and a float32 MC x NC block collects the whole K sum
+   before the single rounding into C. */
+#define MP__MR 4
+#define MP__NR 16
+#define MP__MC 64
+#define MP__KC 256
+#define MP__NC 256
+
+typedef struct mp__gemm_ws {
+    float a[MP__MC * MP__KC];
+    float b[MP__KC * MP__NC];
+    float c[MP__MC * MP__NC];
+    float row[MP__KC];
+} mp__gemm_ws;
+
+/* op(A)[i0.., p0..] -> ap: groups of MR rows, each [kc][MR]; missing rows 0. */
+static void mp__pack_a(float *ap, float *row, int trans, const void *a, mp_dtype t, size_t m, size_t k,
+                       size_t i0, size_t mc, size_t p0, size_t kc) {
+    size_t r, q, groups = (mc + MP__MR - 1) / MP__MR;
+    memset(ap, 0, groups * kc * MP__MR * sizeof(float));
+    if (!trans) {
+        for (r = 0; r < mc; r++) {
+            float *dst = ap + (r / MP__MR) * kc * MP__MR + r % MP__MR;
+            mp__load(row, mp__at(a, t, (i0 + r) * k + p0), t, kc);
+            for (q = 0; q < kc; q++) dst[q * MP__MR] = row[q];
+        }
+    } else {
+        for (q = 0; q < kc; q++) {
+            mp__load(row, mp__at(a, t, (p0 + q) * m + i0), t, mc);
+            for (r = 0; r < mc; r++) ap[(r / MP__MR) * kc * MP__MR + q * MP__MR + r % MP__MR] = row[r];
+        }
+    }
+}
+
+/* op(B)[p0.., j0..] -> bp: groups of NR columns, each [kc][NR]; missing 0. */
+static void mp__pack_b(float *bp, float *row, int trans, const void *b, mp_dtype t, size_t n, size_t k,
+                       size_t j0, size_t nc, size_t p0, size_t kc) {
+    size_t j, q, groups = (nc + MP__NR - 1) / MP__NR;
+    memset(bp, 0, groups * kc * MP__NR * sizeof(float));
+    if (!trans) {
+        for (q = 0; q < kc; q++) {
+            mp__load(row, mp__at(b, t, (p0 + q) * n + j0), t, nc);
+            for (j = 0; j < nc; j++) bp[(j / MP__NR) * kc * MP__NR + q * MP__NR + j % MP__NR] = row[j];
+        }
+    } else {
+        for (j = 0; j < nc; j++) {
+            float *dst = bp + (j / MP__NR) * kc * MP__NR + j % MP__NR;
+            mp__load(row, mp__at(b, t, (j0 + j) * k + p0), t, kc);
+            for (q = 0; q < kc; q++) dst[q * MP__NR] = row[q];
+        }
+    }
+}
+
+/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR] */
+static void mp__micro_kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
+#if defined(MP__SIMD_X86) && defined(__FMA__)
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
+    __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+    size_t q;
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), av;
+        av = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
+    }
+#define MP__ADD_ROW(r, lo, hi)                                                          \
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
+    MP__ADD_ROW(0, c00, c01); MP__ADD_ROW(1, c10, c11); MP__ADD_ROW(2, c20, c21); MP__ADD_ROW(3, c30, c31);
+#undef MP__ADD_ROW
+#else
+    float acc[MP__MR][MP__NR];
+    size_t q, r, j;
+    memset(acc, 0, sizeof acc);
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR)
+        for (r = 0; r < MP__MR; r++)
+            for (j = 0; j < MP__NR; j++) acc[r][j] += a[r] * b[j];
+    for (r = 0; r < MP__MR; r++)
+        for (j = 0; j < MP__NR; j++) c[r * ldc + j] += acc[r][j];
+#endif
+}
+
+static void mp__cpu_gemm(void *workspace, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                         const void *a, mp_dtype at, const void *b, mp_dtype bt, void *c, mp_dtype ct,
+                         int accumulate) {
+    mp__gemm_ws *ws = (mp__gemm_ws *)workspace;
+    size_t i0, j0, p0, r, g, h;
+    for (j0 = 0; j0 < n; j0 += MP__NC) {
+        size_t nc = mp__min(MP__NC, n - j0);
+        for (i0 = 0; i0 < m; i0 += MP__MC) {
+            size_t mc = mp__min(MP__MC, m - i0);
+            memset(ws->c, 0, sizeof ws->c);
+            for (p0 = 0; p0 < k; p0 += MP__KC) {
+                size_t kc = mp__min(MP__KC, k - p0);
+                mp__pack_a(ws->a, ws->row, trans_a, a, at, m, k, i0, mc, p0, kc);
+                mp__pack_b(ws->b, ws->row, trans_b, b, bt, n, k, j0, nc, p0, kc);
+                for (g = 0; g < mc; g += MP__MR)
+                    for (h = 0; h < nc; h += MP__NR)
+                        mp__micro_kernel(kc, ws->a + g * kc, ws->b + h * kc, ws->c + g * MP__NC + h, MP__NC);
+            }
+            for (r = 0; r < mc; r++) {
+                float *acc = ws->c + r * MP__NC;
+                void *out = mp__at_mut(c, ct, (i0 + r) * n + j0);
+                if (accumulate) {
+                    size_t j;
+                    mp__load(ws->row, out, ct, nc);
+                    for (j = 0; j < nc; j++) acc[j] += ws->row[j];
+                }
+                mp__store(out, ct, acc, nc);
+            }
+        }
+    }
+}
+
+/* >>activations (float32 math; Keras's definitions) */
+static float mp__act(mp_activation a, float v) {
+    switch (a) {
+    case MP_RELU: return v > 0.0f || v != v ? v : 0.0f; /* NaN stays NaN */
+    case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case MP_TANH: return tanhf(v);
+    case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
+    default: return v;
+    }
+}
+
+/* d act / d x, from the output y (or the input x for gelu). */
+static float mp__act_grad(mp_activation a, float y, float x) {
+    switch (a) {
+    case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
+    case MP_SIGMOID: return y * (1.0f - y);
+    case MP_TANH: return 1.0f - y * y;
+    case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+    default: return 1.0f;
+    }
+}
+
+/* Softmax over one row of n, in float32 tiles: max, sum of exp, then write. */
+static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, mp_dtype dt) {
+    float t[MP__TILE], b[MP__TILE], mx = -INFINITY, sum = 0.0f;
+    size_t i, j, len;
+    int pass;
+    for (pass = 0; pass < 3; pass++) {
+        for (i = 0; i < n; i += len) {
+            len = mp__min(MP__TILE, n - i);
+            mp__load(t, mp__at(x, dt, i), dt, len);
+            if (bias) {
+                mp__load(b, mp__at(bias, dt, i), dt, len);
+                for (j = 0; j < len; j++) t[j] += b[j];
+            }
+            if (pass == 0) {
+                for (j = 0; j < len; j++) mx = t[j] > mx ? t[j] : mx;
+            } else if (pass == 1) {
+                for (j = 0; j < len; j++) sum += expf(t[j] - mx);
+            } else {
+                for (j = 0; j < len; j++) t[j] = expf(t[j] - mx) / sum;
+                mp__store(mp__at_mut(y, dt, i), dt, t, len);
+            }
+        }
+    }
+}
+
+static void mp__cpu_bias_act(void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                             mp_activation act, mp_dtype dt) {
+    float t[MP__TILE], b[MP__TILE];
+    size_t r, i, j, len;
+    for (r = 0; r < rows; r++) {
+        const void *xr = mp__at(x, dt, r * cols);
+        void *yr = mp__at_mut(y, dt, r * cols);
+        if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
+        for (i = 0; i < cols; i += len) {
+            len = mp__min(MP__TILE, cols - i);
+            mp__load(t, mp__at(xr, dt, i), dt, len);
+            if (bias) {
+                mp__load(b, mp__at(bias, dt, i), dt, len);
+                for (j = 0; j < len; j++) t[j] += b[j];
+            }
+            for (j = 0; j < len; j++) t[j] = mp__act(act, t[j]);
+            mp__store(mp__at_mut(yr, dt, i), dt, t, len);
+        }
+    }
+}
+
+static void mp__cpu_act_backward(void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+    float g[MP__TILE], o[MP__TILE], in[MP__TILE];
+    size_t r, i, j, len;
+    for (r = 0; r < rows; r++) {
+        size_t base = r * cols;
+        float dot = 0.0f; /* softmax: sum(dy * y) over the row */
+        if (act == MP_SOFTMAX)
+            for (i = 0; i < cols; i += len) {
+                len = mp__min(MP__TILE, cols - i);
+                mp__load(g, mp__at(dy, dt, base + i), dt, len);
+                mp__load(o, mp__at(y, dt, base + i), dt, len);
+                for (j = 0; j < len; j++) dot += g[j] * o[j];
+            }
+        for (i = 0; i < cols; i += len) {
+            len = mp__min(MP__TILE, cols - i);
+            mp__load(g, mp__at(dy, dt, base + i), dt, len);
+            if (act != MP_LINEAR) mp__load(o, mp__at(y, dt, base + i), dt, len);
+            if (act == MP_GELU) mp__load(in, mp__at(x, dt, base + i), dt, len);
+            if (act == MP_SOFTMAX)
+                for (j = 0; j < len; j++) g[j] = o[j] * (g[j] - dot);
+            else if (act == MP_GELU)
+                for (j = 0; j < len; j++) g[j] *= mp__act_grad(act, o[j], in[j]);
+            else if (act != MP_LINEAR)
+                for (j = 0; j < len; j++) g[j] *= mp__act_grad(act, o[j], 0.0f);
+            mp__store(mp__at_mut(dx, dxt, base + i), dxt, g, len);
+        }
+    }
+}
+
+static void mp__cpu_bias_grad(void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+    float acc[MP__TILE], t[MP__TILE];
+    size_t r, i, j, len;
+    for (i = 0; i < cols; i += len) {
+        len = mp__min(MP__TILE, cols - i);
+        memset(acc, 0, sizeof acc);
+        for (r = 0; r < rows; r++) {
+            mp__load(t, mp__at(dy, dt, r * cols + i), dt, len);
+            for (j = 0; j < len; j++) acc[j] += t[j];
+        }
+        mp__store(mp__at_mut(db, dt, i), dt, acc, len);
+    }
+}
+
+/* >>loss kernels: Keras 3's formulas in float32. Crossentropy from
+   probabilities renormalises each row to sum 1 and clips to
+   [epsilon, 1 - epsilon] (epsilon 1e-7, keras.backend.epsilon()); a clipped
+   value passes no gradient. */
+#define MP__EPSILON 1e-7f
+
+static size_t mp__argmax(const float *v, size_t n) {
+    size_t i, best = 0;
+    for (i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* The target weight of class j: one-hot from a label, or the target row. */
+static float mp__target(const float *t, int32_t label, size_t j) {
+    return t ? t[j] : (float)((size_t)label == j);
+}
+
+/* Loss of one row; p becomes d loss / d p. */
+static float mp__crossentropy_row(float *p, const float *t, int32_t label, size_t n, int from_logits) {
+    float loss = 0.0f, total = 0.0f, s = 0.0f;
+    size_t j;
+    if (from_logits) { /* log-sum-exp, then softmax - target */
+        float mx = p[mp__argmax(p, n)], lse;
+        for (j = 0; j < n; j++) s += expf(p[j] - mx);
+        lse = mx + logf(s);
+        for (j = 0; j < n; j++) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
+        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
+        return loss;
+    }
+    for (j = 0; j < n; j++) s += p[j];
+    for (j = 0; j < n; j++) { /* q = p / s; L = -sum t log clip(q) */
+        float q = p[j] / s, tw = mp__target(t, label, j);
+        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
+        loss -= tw * logf(q < MP__EPSILON ? MP__EPSILON : q > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : q);
+        if (inside) total += tw;
+    }
+    for (j = 0; j < n; j++) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
+        float q = p[j] / s, tw = mp__target(t, label, j);
+        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
+        p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
+    }
+    return loss;
+}
+
+static float mp__binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float v = p[j], y = t[j];
+        if (from_logits) { /* max(z, 0) - z y + log(1 + exp(-|z|)) */
+            loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
+            p[j] = (1.0f / (1.0f + expf(-v)) - y) * inv_n;
+        } else {
+            float c = v < MP__EPSILON ? MP__EPSILON : v > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : v;
+            int inside = v >= MP__EPSILON && v <= 1.0f - MP__EPSILON;
+            loss -= y * logf(c) + (1.0f - y) * logf(1.0f - c);
+            p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
+        }
+    }
+    return loss * inv_n;
+}
+
+static float mp__mean_squared_error_row(float *p, const float *t, size_t n) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float d = p[j] - t[j];
+        loss += d * d;
+        p[j] = 2.0f * d * inv_n;
+    }
+    return loss * inv_n;
+}
+
+/* Keras's "accuracy" for the loss: argmax for crossentropy; for binary,
+   every output on the right side of 0.5. */
+static int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
+    size_t j;
+    if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == (size_t)label;
+    if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == mp__argmax(t, n);
+    if (kind == MP_BINARY_CROSSENTROPY) {
+        for (j = 0; j < n; j++)
+            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static void mp__cpu_loss(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                         const float *y, size_t rows, size_t cols, float *dpred, float *loss_sum,
+                         size_t *correct) {
+    float inv_rows = 1.0f / (float)rows;
+    size_t r, j;
+    for (r = 0; r < rows; r++) {
+        float *p = dpred + r * cols, l;
+        const float *t = y ? y + r * cols : NULL;
+        int32_t label = labels ? labels[r] : 0;
+        mp__load(p, mp__at(pred, pt, r * cols), pt, cols);
+        *correct += (size_t)mp__row_correct(kind, p, t, label, cols);
+        if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
+        else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
+        else l = mp__crossentropy_row(p, t, label, cols, from_logits);
+        for (j = 0; j < cols; j++) p[j] *= inv_rows;
+        *loss_sum += l;
+    }
+}
+
+/* >>loss-scale kernels */
+static void mp__cpu_scale_cast(void *dst, mp_dtype dt, const float *src, size_t n, float scale) {
+    float t[MP__TILE];
+    size_t i, j, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        for (j = 0; j < len; j++) t[j] = src[i + j] * scale;
+        mp__store(mp__at_mut(dst, dt, i), dt, t, len);
+    }
+}
+
+/* One pass over the scaled gradients: widen, test the exponent bits (no
+   branch, no early exit), multiply by 1/scale. dst may be src (float32). */
+static int mp__cpu_unscale_check(float *dst, const void *src, mp_dtype st, size_t n, float inv_scale) {
+    float t[MP__TILE];
+    uint32_t bad = 0;
+    size_t i, j, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        mp__load(t, mp__at(src, st, i), st, len);
+        for (j = 0; j < len; j++) {
+            bad |= (uint32_t)((mp__f32_bits(t[j]) & MP__F32_INF) == MP__F32_INF);
+            dst[i + j] = t[j] * inv_scale;
+        }
+    }
+    return !bad;
+}
+
+/* >>optimizers: Keras 3's update rules, float32 master weights. */
+static void mp__cpu_optimizer_update(const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
+                                     size_t n) {
+    const mp_optimizer_desc *o = &step->cfg;
+    float lr = o->learning_rate;
+    size_t i;
+    if (o->kind == MP_SGD) {
+        if (o->momentum == 0.0f) {
+            for (i = 0; i < n; i++) w[i] -= lr * g[i];
+        } else { /* m = momentum m - lr g; w += m, or nesterov: w += momentum m - lr g */
+            for (i = 0; i < n; i++) {
+                s1[i] = o->momentum * s1[i] - lr * g[i];
+                w[i] += o->nesterov ? o->momentum * s1[i] - lr * g[i] : s1[i];
+            }
+        }
+    } else if (o->kind == MP_RMSPROP) { /* v = rho v + (1 - rho) g^2; w -= lr g / sqrt(v + eps) */
+        for (i = 0; i < n; i++) {
+            s1[i] = o->rho * s1[i] + (1.0f - o->rho) * g[i] * g[i];
+            w[i] -= lr * g[i] / sqrtf(s1[i] + o->epsilon);
+        }
+    } else { /* Adam: alpha = lr sqrt(1 - b2^t) / (1 - b1^t); w -= alpha m / (sqrt(v) + eps) */
+        float t = (float)step->iteration;
+        float alpha = lr * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
+        for (i = 0; i < n; i++) {
+            s1[i] += (g[i] - s1[i]) * (1.0f - o->beta_1);
+            s2[i] += (g[i] * g[i] - s2[i]) * (1.0f - o->beta_2);
+            w[i] -= alpha * s1[i] / (sqrtf(s2[i]) + o->epsilon);
+        }
+    }
+}
+
+/* >>conv kernels (NHWC, one image; Keras's channels_last) */
+static void mp__cpu_im2col(void *col, const void *img, const mp__conv_geom *g, mp_dtype dt) {
+    size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
+    unsigned char *out = (unsigned char *)col;
+    int oy, ox, ky, kx;
+    for (oy = 0; oy < g->oh; oy++)
+        for (ox = 0; ox < g->ow; ox++)
+            for (ky = 0; ky < g->kh; ky++)
+                for (kx = 0; kx < g->kw; kx++, out += run) {
+                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
+                    else memcpy(out, mp__at(img, dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
+                }
+}
+
+static void mp__cpu_col2im(float *img, const float *col, const mp__conv_geom *g) {
+    int oy, ox, ky, kx, ch;
+    for (oy = 0; oy < g->oh; oy++)
+        for (ox = 0; ox < g->ow; ox++)
+            for (ky = 0; ky < g->kh; ky++)
+                for (kx = 0; kx < g->kw; kx++, col += g->c) {
+                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                    float *px;
+                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                    px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
+                    for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
+                }
+}
+
+/* Max pooling with strides equal to the pool (Keras's default), valid
+   padding; the first maximum of a window wins, NaN propagates. */
+static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img, const mp__conv_geom *g,
+                            int oy, int ox, size_t c0, size_t len, mp_dtype dt) {
+    float t[MP__TILE];
+    size_t j, pos = 0;
+    int ky, kx;
+    for (ky = 0; ky < g->kh; ky++)
+        for (kx = 0; kx < g->kw; kx++, pos++) {
+            size_t iy = (size_t)(oy * g->sh + ky), ix = (size_t)(ox * g->sw + kx);
+            mp__load(t, mp__at(x, dt, ((img * (size_t)g->h + iy) * (size_t)g->w + ix) * (size_t)g->c + c0), dt, len);
+            for (j = 0; j < len; j++)
+                if (pos == 0 || t[j] > best[j] || (t[j] != t[j] && best[j] == best[j])) { best[j] = t[j]; arg[j] = pos; }
+        }
+}
+
+static void mp__cpu_max_pool(void *y, const void *x, size_t n, const mp__conv_geom *g, mp_dtype dt) {
+    float best[MP__TILE];
+    size_t arg[MP__TILE], img, c0, len, c = (size_t)g->c;
+    int oy, ox;
+    for (img = 0; img < n; img++)
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (c0 = 0; c0 < c; c0 += len) {
+                    len = mp__min(MP__TILE, c - c0);
+                    mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
+                    mp__store(mp__at_mut(y, dt, ((img * (size_t)g->oh + (size_t)oy) * (size_t)g->ow + (size_t)ox) * c + c0),
+                              dt, best, len);
+                }
+}
+
+static void mp__cpu_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                                      const mp__conv_geom *g, mp_dtype dt) {
+    float best[MP__TILE], grad[MP__TILE], out[MP__TILE];
+    size_t arg[MP__TILE], img, c0, len, j, pos, c = (size_t)g->c;
+    int oy, ox;
+    memset(dx, 0, n * (size_t)g->h * (size_t)g->w * c * mp__dtypes[dxt].size); /* cells no window covers */
+    for (img = 0; img < n; img++)
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (c0 = 0; c0 < c; c0 += len) {
+                    len = mp__min(MP__TILE, c - c0);
+                    mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
+                    mp__load(grad, mp__at(dy, dt, ((img * (size_t)g->oh + (size_t)oy) * (size_t)g->ow + (size_t)ox) * c + c0),
+                             dt, len);
+                    for (pos = 0; pos < (size_t)(g->kh * g->kw); pos++) {
+                        size_t iy = (size_t)oy * (size_t)g->sh + pos / (size_t)g->kw;
+                        size_t ix = (size_t)ox * (size_t)g->sw + pos % (size_t)g->kw;
+                        for (j = 0; j < len; j++) out[j] = arg[j] == pos ? grad[j] : 0.0f;
+                        mp__store(mp__at_mut(dx, dxt, ((img * (size_t)g->h + iy) * (size_t)g->w + ix) * c + c0), dxt, out, len);
+                    }
+                }
+}
+
+static void mp__cpu_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+                            size_t n, float scale) {
+    float t[MP__TILE];
+    size_t i, j, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        mp__load(t, mp__at(x, xt, i), xt, len);
+        for (j = 0; j < len; j++) t[j] = mask[i + j] ? t[j] * scale : 0.0f;
+        mp__store(mp__at_mut(y, yt, i), yt, t, len);
+    }
+}
+
+static const mp_backend mp__cpu_backend = {
+    "cpu",
+    sizeof(mp__gemm_ws),
+    mp__cpu_cast,
+    mp__cpu_gemm,
+    mp__cpu_bias_act,
+    mp__cpu_act_backward,
+    mp__cpu_bias_grad,
+    mp__cpu_loss,
+    mp__cpu_scale_cast,
+    mp__cpu_unscale_check,
+    mp__cpu_optimizer_update,
+    mp__cpu_im2col,
+    mp__cpu_col2im,
+    mp__cpu_max_pool,
+    mp__cpu_max_pool_backward,
+    mp__cpu_dropout,
+};
+
+/* >>layers
+   Each layer kind has a forward and a backward pass side by side. A layer
+   reads its input in its compute dtype (cast on entry when the incoming
+   activations differ, as Keras autocasts floating inputs), reads its
+   float32 weights as the compute dtype (wc), writes outputs in the compute
+   dtype, writes weight gradients in the compute dtype (gc) and activation
+   gradients (dx) in the dtype of its input activations. Under float32, wc
+   and gc are the float32 weights and gradients themselves. */
+typedef struct mp__layer {
+    mp_layer_desc desc;
+    char name[32];
+    mp_policy policy;
+    mp_dtype dt, xt;          /* compute dtype; dtype of the incoming activations */
+    int in_rank, out_rank;
+    int in_shape[MP_MAX_RANK - 1], out_shape[MP_MAX_RANK - 1];
+    size_t in_size, out_size; /* elements per sample */
+    size_t n_kernel, n_bias;
+    mp__conv_geom geom;       /* Conv2D, MaxPooling2D */
+    float *w, *g;             /* float32 weights and gradients: kernel, then bias */
+    void *wc, *gc;            /* the same in dt (alias w and g under float32) */
+    const void *x;            /* incoming activations, xt */
+    void *xin;                /* x cast to dt, or NULL when x already is dt */
+    void *y, *z;              /* output; pre-activation (gelu only) */
+    unsigned char *mask;      /* Dropout */
+    uint64_t rng;             /* Dropout */
+} mp__layer;
+
+struct mp_model {
+    mp_model_desc desc;
+    const mp_backend *be;
+    mp_policy policy; /* the global policy at creation */
+    int in_rank, in_shape[MP_MAX_RANK - 1];
+    size_t in_size;
+    mp__layer *layers;
+    int n_layers, cap_layers, kind_count[MP_LAYER_KIND_COUNT];
+    /* built: weights, gradients, their dt copies, the GEMM workspace */
+    void *params_block;
+    float *w, *g;
+    size_t n_params;
+    void *gemm_ws;
+    /* compiled: loss, optimizer and its slots, loss scale */
+    int compiled;
+    mp_compile_desc compile;
+    mp__opt_step opt;
+    void *slots_block;
+    float *s1, *s2;
+    size_t slot_count;
+    int has_loss_scale;
+    mp_loss_scale ls;
+    /* activations for up to batch_cap samples */
+    void *act_block;
+    size_t batch_cap, batch;
+    float *input, *dpred, *batch_y;
+    int32_t *batch_labels;
+    void *grad[2];
+    void *col;
+    float *dcol, *img;
+    /* where the custom loop stands */
+    int training, have_loss, have_grads, have_unscaled, grads_finite;
+    int grad_out; /* which grad[] holds the first layer's output gradient */
+    uint64_t rng;
+    char error[256];
+};
+
+static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
+    mp__text t;
+    va_list ap;
+    t.buf = m->error;
+    t.cap = sizeof m->error;
+    t.len = 0;
+    mp__put(&t, mp_status_message(st));
+    mp__put(&t, ": ");
+    va_start(ap, fmt);
+    mp__putv(&t, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static uint64_t mp__splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* uniform in [0, 1) with 24 random bits */
+static float mp__uniform(uint64_t *s) { return (float)(mp__splitmix(s) >> 40) * (1.0f / 16777216.0f); }
+
+static size_t mp__params(const mp__layer *l) { return l->n_kernel + l->n_bias; }
+static const mp__layer *mp__last(const mp_model *m) { return &m->layers[m->n_layers - 1]; }
+
+static const void *mp__bias_c(const mp__layer *l) {
+    return l->n_bias ? mp__at(l->wc, l->dt, l->n_kernel) : NULL;
+}
+
+/* The layer's input in its compute dtype, casting on entry if needed. */
+static const void *mp__layer_input(const mp_model *m, mp__layer *l, size_t batch) {
+    if (!l->xin) return l->x;
+    m->be->cast(l->xin, l->dt, l->x, l->xt, batch * l->in_size);
+    return l->xin;
+}
+static const void *mp__saved_input(const mp__layer *l) { return l->xin ? l->xin : l->x; }
+
+/* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
+static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
+    const void *x = mp__layer_input(m, l, batch);
+    size_t in = l->in_size, units = l->out_size;
+    void *pre = l->z ? l->z : l->y;
+    m->be->gemm(m->gemm_ws, 0, 0, batch, units, in, x, l->dt, l->wc, l->dt, pre, l->dt, 0);
+    if (l->n_bias || (!l->z && l->desc.activation != MP_LINEAR))
+        m->be->bias_act(pre, pre, mp__bias_c(l), batch, units, l->z ? MP_LINEAR : l->desc.activation, l->dt);
+    if (l->z) m->be->bias_act(l->y, l->z, NULL, batch, units, l->desc.activation, l->dt);
+}
+
+static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    size_t in = l->in_size, units = l->out_size;
+    if (l->desc.activation != MP_LINEAR) /* dz = dy * act'(z), in place */
+        m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch, units, l->desc.activation, l->dt);
+    if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
+    /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
+    m->be->gemm(m->gemm_ws, 1, 0, in, units, batch, mp__saved_input(l), l->dt, dy, l->dt, l->gc, l->dt, 0);
+    if (dx) m->be->gemm(m->gemm_ws, 0, 1, batch, in, units, dy, l->dt, l->wc, l->dt, dx, l->xt, 0);
+}
+
+/* Activation: y = act(x) over the last axis */
+static size_t mp__last_axis(const mp__layer *l) { return (size_t)l->in_shape[l->in_rank - 1]; }
+
+static void mp__activation_forward(mp_model *m, mp__layer *l, size_t batch) {
+    const void *x = mp__layer_input(m, l, batch);
+    size_t cols = mp__last_axis(l);
+    m->be->bias_act(l->y, x, NULL, batch * l->in_size / cols, cols, l->desc.activation, l->dt);
+}
+
+static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    size_t cols = mp__last_axis(l);
+    if (dx)
+        m->be->act_backward(dx, l->xt, dy, l->y, mp__saved_input(l), batch * l->in_size / cols, cols,
+                            l->desc.activation, l->dt);
+}
+
+/* Conv2D by im2col + GEMM, one image at a time so the column buffer stays
+   one image big; a 1x1 stride-1 kernel reads the image as its own columns.
+   y_i [OH*OW, F] = col_i [OH*OW, KH*KW*C] W [KH*KW*C, F] */
+static int mp__pointwise(const mp__layer *l) {
+    const mp__conv_geom *g = &l->geom;
+    return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
+}
+
+static const void *mp__columns(mp_model *m, const mp__layer *l, const void *img) {
+    if (mp__pointwise(l)) return img;
+    m->be->im2col(m->col, img, &l->geom, l->dt);
+    return m->col;
+}
+
+static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
+    const void *x = mp__layer_input(m, l, batch);
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
+    size_t patch = l->n_kernel / f;
+    void *pre = l->z ? l->z : l->y;
+    for (i = 0; i < batch; i++)
+        m->be->gemm(m->gemm_ws, 0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)), l->dt,
+                    l->wc, l->dt, mp__at_mut(pre, l->dt, i * l->out_size), l->dt, 0);
+    if (l->n_bias || (!l->z && l->desc.activation != MP_LINEAR))
+        m->be->bias_act(pre, pre, mp__bias_c(l), batch * pixels, f, l->z ? MP_LINEAR : l->desc.activation, l->dt);
+    if (l->z) m->be->bias_act(l->y, l->z, NULL, batch * pixels, f, l->desc.activation, l->dt);
+}
+
+static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    const void *x = mp__saved_input(l);
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
+    size_t patch = l->n_kernel / f;
+    if (l->desc.activation != MP_LINEAR)
+        m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch * pixels, f, l->desc.activation, l->dt);
+    if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
+    /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
+    for (i = 0; i < batch; i++)
+        m->be->gemm(m->gemm_ws, 1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)), l->dt,
+                    mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32, i > 0);
+    m->be->cast(l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel);
+    if (!dx) return;
+    for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
+        const void *dyi = mp__at(dy, l->dt, i * l->out_size);
+        void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
+        if (mp__pointwise(l)) {
+            m->be->gemm(m->gemm_ws, 0, 1, pixels, patch, f, dyi, l->dt, l->wc, l->dt, dxi, l->xt, 0);
+            continue;
+        }
+        m->be->gemm(m->gemm_ws, 0, 1, pixels, patch, f, dyi, l->dt, l->wc, l->dt, m->dcol, MP_FLOAT32, 0);
+        memset(m->img, 0, l->in_size * sizeof(float));
+        m->be->col2im(m->img, m->dcol, &l->geom);
+        m->be->cast(dxi, l->xt, m->img, MP_FLOAT32, l->in_size);
+    }
+}
+
+/* MaxPooling2D */
+static void mp__pool_forward(mp_model *m, mp__layer *l, size_t batch) {
+    m->be->max_pool(l->y, mp__layer_input(m, l, batch), batch, &l->geom, l->dt);
+}
+
+static void mp__pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    if (dx) m->be->max_pool_backward(dx, l->xt, dy, mp__saved_input(l), batch, &l->geom, l->dt);
+}
+
+/* Flatten: the output is the (cast) input itself */
+static void mp__flatten_forward(mp_model *m, mp__layer *l, size_t batch) { (void)mp__layer_input(m, l, batch); }
+
+static void mp__flatten_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    if (dx) m->be->cast(dx, l->xt, dy, l->dt, batch * l->in_size);
+}
+
+/* Dropout: in training keep each value with probability 1 - rate and scale
+   it by 1 / (1 - rate), as Keras; at inference the identity. */
+static float mp__dropout_scale(const mp__layer *l) { return 1.0f / (1.0f - l->desc.rate); }
+
+static void mp__dropout_forward(mp_model *m, mp__layer *l, size_t batch) {
+    const void *x = mp__layer_input(m, l, batch);
+    size_t n = batch * l->in_size, i;
+    if (!m->training) { m->be->cast(l->y, l->dt, x, l->dt, n); return; }
+    for (i = 0; i < n; i++) l->mask[i] = (unsigned char)(mp__uniform(&l->rng) >= l->desc.rate);
+    m->be->dropout(l->y, l->dt, x, l->dt, l->mask, n, mp__dropout_scale(l));
+}
+
+static void mp__dropout_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+    if (dx) m->be->dropout(dx, l->xt, dy, l->dt, l->mask, batch * l->in_size, mp__dropout_scale(l));
+}
+
+typedef struct mp__layer_kind {
+    const char *type, *base_name;
+    void (*forward)(mp_model *m, mp__layer *l, size_t batch);
+    void (*backward)(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx);
+} mp__layer_kind;
+
+static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
+    {NULL, NULL, NULL, NULL},
+    {"Dense", "dense", mp__dense_forward, mp__dense_backward},
+    {"Activation", "activation", mp__activation_forward, mp__activation_backward},
+    {"Conv2D", "conv2d", mp__conv_forward, mp__conv_backward},
+    {"MaxPooling2D", "max_pooling2d", mp__pool_forward, mp__pool_backward},
+    {"Flatten", "flatten", mp__flatten_forward, mp__flatten_backward},
+    {"Dropout", "dropout", mp__dropout_forward, mp__dropout_backward},
+};
+
+/* >>layer descriptions */
+static const char *const mp__activation_names[MP_ACTIVATION_COUNT] = {"linear", "relu", "sigmoid",
+                                                                      "softmax", "tanh", "gelu"};
+
+MIXPREC_API const char *mp_activation_name(mp_activation a) {
+    return (unsigned)a < (unsigned)MP_ACTIVATION_COUNT ? mp__activation_names[a] : NULL;
+}
+
+MIXPREC_API mp_status mp_activation_from_name(const char *name, mp_activation *out) {
+    int a;
+    if (!name || !out) return MP_ERR_NULL;
+    for (a = 0; a < MP_ACTIVATION_COUNT; a++)
+        if (strcmp(name, mp__activation_names[a]) == 0) { *out = (mp_activation)a; return MP_OK; }
+    return MP_ERR_UNKNOWN_NAME;
+}
+
+static mp_layer_desc mp__desc(mp_layer_kind kind) {
+    mp_layer_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = kind;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_dense(int units, mp_activation activation) {
+    mp_layer_desc d = mp__desc(MP_DENSE);
+    d.units = units;
+    d.activation = activation;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_activation_layer(mp_activation activation) {
+    mp_layer_desc d = mp__desc(MP_ACTIVATION);
+    d.activation = activation;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_conv2d(int filters, int kernel_h, int kernel_w, mp_padding padding,
+                                    mp_activation activation) {
+    mp_layer_desc d = mp__desc(MP_CONV2D);
+    d.filters = filters;
+    d.kernel_size[0] = kernel_h;
+    d.kernel_size[1] = kernel_w;
+    d.padding = padding;
+    d.activation = activation;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_max_pooling2d(int pool_h, int pool_w) {
+    mp_layer_desc d = mp__desc(MP_MAX_POOLING2D);
+    d.pool_size[0] = pool_h;
+    d.pool_size[1] = pool_w;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_flatten(void) { return mp__desc(MP_FLATTEN); }
+
+MIXPREC_API mp_layer_desc mp_dropout(float rate) {
+    mp_layer_desc d = mp__desc(MP_DROPOUT);
+    d.rate = rate;
+    return d;
+}
+
+/* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
+MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
+    mp_loss_scale r;
+    if (!ls) return MP_ERR_NULL;
+    memset(&r, 0, sizeof r);
+    if (desc) r.config = *desc;
+    if (r.config.initial_scale == 0.0f) r.config.initial_scale = 32768.0f;
+    if (r.config.growth_interval == 0) r.config.growth_interval = 2000;
+    if (r.config.min_scale == 0.0f) r.config.min_scale = 1.0f;
+    if (r.config.max_scale == 0.0f) r.config.max_scale = FLT_MAX;
+    if (r.config.hysteresis == 0) r.config.hysteresis = 1;
+    if (!(r.config.initial_scale > 0.0f && r.config.initial_scale <= FLT_MAX) || r.config.growth_interval < 0 ||
+        !(r.config.min_scale > 0.0f && r.config.min_scale <= r.config.max_scale) ||
+        !(r.config.max_scale <= FLT_MAX) || r.config.hysteresis < 0)
+        return MP_ERR_ARG;
+    r.scale = r.config.initial_scale;
+    r.overflows_left = r.config.hysteresis;
+    *ls = r;
+    return MP_OK;
+}
+
+MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
+    if (!ls) return 0;
+    ls->steps++;
+    if (!grads_finite) ls->skipped_steps++;
+    if (ls->config.fixed) return grads_finite != 0;
+    if (grads_finite) {
+        if (++ls->good_steps >= (uint64_t)ls->config.growth_interval) {
+            float grown = ls->scale * 2.0f; /* only to a finite value, not past the ceiling */
+            if (grown <= ls->config.max_scale) ls->scale = grown;
+            ls->good_steps = 0;
+            ls->overflows_left = ls->config.hysteresis;
+        }
+        return 1;
+    }
+    ls->good_steps = 0;
+    if (--ls->overflows_left <= 0) {
+        float halved = ls->scale * 0.5f;
+        ls->scale = halved < ls->config.min_scale ? ls->config.min_scale : halved;
+        ls->overflows_left = ls->config.hysteresis;
+    }
+    return 0;
+}
+
+/* >>model */
+static mp_status mp__resolve_policy(mp_model *m, const mp_layer_desc *d, mp_policy *out) {
+    if (d->policy) {
+        if (!mp_policy_name(*d->policy)) return mp__fail(m, MP_ERR_INVALID_POLICY, "layer policy override");
+        *out = *d->policy;
+    } else if (d->dtype) {
+        if (mp_policy_from_name(d->dtype, out) != MP_OK)
+            return mp__fail(m, MP_ERR_UNKNOWN_POLICY, "Cannot convert '%s' to a mixed precision DTypePolicy", d->dtype);
+    } else {
+        *out = mp_global_policy();
+    }
+    return MP_OK;
+}
+
+static void mp__name_layer(mp_model *m, mp__layer *l) {
+    mp__text t;
+    int k = m->kind_count[l->desc.kind]++;
+    t.buf = l->name;
+    t.cap = sizeof l->name;
+    t.len = 0;
+    if (l->desc.name) { mp__put(&t, l->desc.name); return; }
+    mp__put(&t, mp__kinds[l->desc.kind].base_name);
+    if (k) { mp__put(&t, "_"); mp__put_int(&t, k); }
+}
+
+static mp_status mp__size_of(mp_model *m, const mp__layer *l, const int *shape, int rank, size_t *out) {
+    size_t n = 1;
+    int i;
+    for (i = 0; i < rank; i++)
+        if (!mp__mul_ok(n, (size_t)shape[i], &n)) return mp__fail(m, MP_ERR_SIZE, "layer %s: output too large", l->name);
+    *out = n;
+    return MP_OK;
+}
+
+/* Conv2D and MaxPooling2D output sizes; 'same' pads as TensorFlow does
+   (total max((out - 1) stride + kernel - in, 0), the smaller half first). */
+static mp_status mp__conv_shape(mp_model *m, mp__layer *l, int kh, int kw, int sh, int sw, mp_padding pad) {
+    mp__conv_geom *g = &l->geom;
+    if (l->in_rank != 3)
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s (%s) needs an image input (height, width, channels), got rank %d",
+                        l->name, mp__kinds[l->desc.kind].type, l->in_rank);
+    if (kh <= 0 || kw <= 0 || sh <= 0 || sw <= 0)
+        return mp__fail(m, MP_ERR_ARG, "layer %s: kernel, pool and strides must be positive", l->name);
+    g->h = l->in_shape[0]; g->w = l->in_shape[1]; g->c = l->in_shape[2];
+    g->kh = kh; g->kw = kw; g->sh = sh; g->sw = sw;
+    if (pad == MP_SAME) {
+        int ph, pw;
+        g->oh = (g->h + sh - 1) / sh;
+        g->ow = (g->w + sw - 1) / sw;
+        ph = (g->oh - 1) * sh + kh - g->h;
+        pw = (g->ow - 1) * sw + kw - g->w;
+        g->pt = ph > 0 ? ph / 2 : 0;
+        g->pl = pw > 0 ? pw / 2 : 0;
+    } else {
+        if (g->h < kh || g->w < kw)
+            return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d is larger than its %dx%d input", l->name, kh, kw,
+                            g->h, g->w);
+        g->oh = (g->h - kh) / sh + 1;
+        g->ow = (g->w - kw) / sw + 1;
+    }
+    l->out_rank = 3;
+    l->out_shape[0] = g->oh; l->out_shape[1] = g->ow;
+    l->out_shape[2] = l->desc.kind == MP_CONV2D ? l->desc.filters : g->c;
+    return MP_OK;
+}
+
+static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
+    const mp_layer_desc *d = &l->desc;
+    mp_status st = MP_OK;
+    size_t fan;
+    l->out_rank = l->in_rank;
+    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
+    if ((unsigned)d->activation >= (unsigned)MP_ACTIVATION_COUNT || (unsigned)d->padding > (unsigned)MP_SAME)
+        return mp__fail(m, MP_ERR_ARG, "layer %s: invalid activation or padding value", l->name);
+    switch (d->kind) {
+    case MP_DENSE:
+        if (l->in_rank != 1)
+            return mp__fail(m, MP_ERR_SHAPE, "layer %s (Dense) needs a flat input, got rank %d: add a Flatten layer first",
+                            l->name, l->in_rank);
+        if (d->units <= 0) return mp__fail(m, MP_ERR_ARG, "layer %s: units must be positive, got %d", l->name, d->units);
+        l->out_shape[0] = d->units;
+        break;
+    case MP_CONV2D:
+        if (d->filters <= 0) return mp__fail(m, MP_ERR_ARG, "layer %s: filters must be positive", l->name);
+        st = mp__conv_shape(m, l, d->kernel_size[0], d->kernel_size[1], d->strides[0] ? d->strides[0] : 1,
+                            d->strides[1] ? d->strides[1] : 1, d->padding);
+        break;
+    case MP_MAX_POOLING2D: {
+        int ph = d->pool_size[0] ? d->pool_size[0] : 2, pw = d->pool_size[1] ? d->pool_size[1] : 2;
+        st = mp__conv_shape(m, l, ph, pw, ph, pw, MP_VALID);
+        break;
+    }
+    case MP_ACTIVATION: break;
+    case MP_FLATTEN:
+        l->out_rank = 1;
+        l->out_shape[0] = 0;
+        break;
+    case MP_DROPOUT:
+        if (!(d->rate >= 0.0f && d->rate < 1.0f))
+            return mp__fail(m, MP_ERR_ARG, "layer %s: dropout rate must be in [0, 1)", l->name);
+        break;
+    default: return mp__fail(m, MP_ERR_ARG, "unknown layer kind %d", (int)d->kind);
+    }
+    if (st) return st;
+    if ((st = mp__size_of(m, l, l->out_shape, l->out_rank, &l->out_size)) != MP_OK) return st;
+    if (d->kind == MP_FLATTEN) {
+        if (l->in_size > (size_t)INT32_MAX) return mp__fail(m, MP_ERR_SIZE, "layer %s: too many features", l->name);
+        l->out_shape[0] = (int)l->in_size;
+        l->out_size = l->in_size;
+    }
+    if (d->kind == MP_DENSE || d->kind == MP_CONV2D) {
+        fan = d->kind == MP_DENSE ? l->in_size : (size_t)l->geom.kh * (size_t)l->geom.kw * (size_t)l->geom.c;
+        l->n_bias = d->no_bias ? 0 : (size_t)(d->kind == MP_DENSE ? d->units : d->filters);
+        if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel))
+            return mp__fail(m, MP_ERR_SIZE, "layer %s: too many weights", l->name);
+    }
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc) {
+    mp_model *m;
+    int r = 0;
+    if (!out || !desc) return MP_ERR_NULL;
+    *out = NULL;
+    while (r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0) r++;
+    if (r == 0) return MP_ERR_SHAPE;
+    for (; r < MP_MAX_RANK - 1; r++)
+        if (desc->input_shape[r] != 0) return MP_ERR_SHAPE;
+    m = (mp_model *)mp__alloc(sizeof *m);
+    if (!m) return MP_ERR_ALLOC;
+    m->desc = *desc;
+    if (!m->desc.seed) m->desc.seed = 1337;
+    if (!m->desc.name) m->desc.name = "sequential";
+    m->be = desc->backend ? desc->backend : &mp__cpu_backend;
+    m->policy = mp_global_policy();
+    m->rng = m->desc.seed;
+    for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) m->in_shape[r] = desc->input_shape[r];
+    m->in_rank = r;
+    m->in_size = 1;
+    for (r = 0; r < m->in_rank; r++)
+        if (!mp__mul_ok(m->in_size, (size_t)m->in_shape[r], &m->in_size)) { mp__free(m); return MP_ERR_SIZE; }
+    *out = m;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_model_destroy(mp_model *m) {
+    if (!m) return;
+    mp__free(m->act_block);
+    mp__free(m->slots_block);
+    mp__free(m->params_block);
+    mp__free(m->layers);
+    mp__free(m);
+}
+
+MIXPREC_API const char *mp_model_error(const mp_model *m) {
+    if (!m) return "no model (NULL)";
+    return m->error[0] ? m->error : "ok";
+}
+
+static int mp__built(const mp_model *m) { return m->params_block != NULL; }
+
+MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
+    mp__layer l;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (mp__built(m)) return mp__fail(m, MP_ERR_STATE, "the model is built; add every layer before build/compile");
+    if ((unsigned)desc.kind >= (unsigned)MP_LAYER_KIND_COUNT || desc.kind == 0)
+        return mp__fail(m, MP_ERR_ARG, "unknown layer kind %d", (int)desc.kind);
+    memset(&l, 0, sizeof l);
+    l.desc = desc;
+    mp__name_layer(m, &l);
+    l.desc.name = NULL; /* copied: the caller's string need not outlive the model */
+    if ((st = mp__resolve_policy(m, &desc, &l.policy)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
+    l.desc.dtype = NULL;
+    l.desc.policy = NULL;
+    l.dt = l.policy.compute_dtype;
+    if (m->n_layers == 0) {
+        l.in_rank = m->in_rank;
+        memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
+        l.in_size = m->in_size;
+    } else {
+        const mp__layer *prev = mp__last(m);
+        l.in_rank = prev->out_rank;
+        memcpy(l.in_shape, prev->out_shape, sizeof l.in_shape);
+        l.in_size = prev->out_size;
+    }
+    if ((st = mp__infer_shape(m, &l)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
+    if (m->n_layers == m->cap_layers) {
+        int cap = m->cap_layers ? 2 * m->cap_layers : 8;
+        mp__layer *grown = (mp__layer *)mp__alloc((size_t)cap * sizeof *grown);
+        if (!grown) { m->kind_count[desc.kind]--; return mp__fail(m, MP_ERR_ALLOC, "adding layer %s", l.name); }
+        if (m->n_layers) memcpy(grown, m->layers, (size_t)m->n_layers * sizeof *grown);
+        mp__free(m->layers);
+        m->layers = grown;
+        m->cap_layers = cap;
+    }
+    l.rng = m->desc.seed ^ ((uint64_t)0xD1B54A32D192ED03u * (uint64_t)(m->n_layers + 1));
+    if (desc.kind == MP_DROPOUT && desc.seed) l.rng = desc.seed;
+    m->layers[m->n_layers++] = l;
+    return MP_OK;
+}
+
+/* The build-time block: float32 weights and gradients, their copies in
+   each layer's compute dtype, the GEMM workspace. */
+static void mp__plan_params(mp_model *m, mp__arena *a) {
+    int i;
+    m->w = (float *)mp__carve(a, m->n_params, sizeof(float));
+    m->g = (float *)mp__carve(a, m->n_params, sizeof(float));
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        int own = l->dt != MP_FLOAT32 && mp__params(l);
+        l->wc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
+        l->gc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
+    }
+    m->gemm_ws = mp__carve(a, 1, m->be->gemm_workspace_bytes);
+}
+
+/* glorot_uniform: U(-limit, limit), limit = sqrt(6 / (fan_in + fan_out)),
+   with a conv kernel's fans counted over its receptive field. */
+static void mp__init_weights(mp_model *m) {
+    uint64_t rng = m->desc.seed;
+    size_t off = 0, i;
+    int li;
+    for (li = 0; li < m->n_layers; li++) {
+        mp__layer *l = &m->layers[li];
+        l->w = m->w + off;
+        l->g = m->g + off;
+        if (!l->wc) { l->wc = l->w; l->gc = l->g; }
+        if (l->n_kernel) {
+            size_t units = (size_t)(l->desc.kind == MP_DENSE ? l->desc.units : l->desc.filters);
+            float receptive = l->desc.kind == MP_CONV2D ? (float)l->geom.kh * (float)l->geom.kw : 1.0f;
+            float fan_in = (float)(l->n_kernel / units), fan_out = receptive * (float)units;
+            float limit = sqrtf(6.0f / (fan_in + fan_out));
+            for (i = 0; i < l->n_kernel; i++) l->w[i] = (2.0f * mp__uniform(&rng) - 1.0f) * limit;
+        }
+        off += mp__params(l);
+    }
+}
+
+MIXPREC_API mp_status mp_model_build(mp_model *m) {
+    mp__arena a = {NULL, 0, 0};
+    size_t total = 0;
+    int i;
+    if (!m) return MP_ERR_NULL;
+    if (mp__built(m)) return MP_OK;
+    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
+    for (i = 0; i < m->n_layers; i++) {
+        if (total > SIZE_MAX - mp__params(&m->layers[i])) return mp__fail(m, MP_ERR_SIZE, "too many weights");
+        total += mp__params(&m->layers[i]);
+    }
+    m->n_params = total;
+    mp__plan_params(m, &a);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
+    a.base = (unsigned char *)mp__alloc(a.used);
+    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes)", a.used);
+    a.used = 0;
+    m->params_block = a.base;
+    mp__plan_params(m, &a);
+    mp__init_weights(m);
+    return MP_OK;
+}
+
+static int mp__slots_per_weight(const mp_optimizer_desc *o) {
+    if (o->kind == MP_ADAM) return 2;
+    if (o->kind == MP_RMSPROP) return 1;
+    return o->momentum != 0.0f;
+}
+
+/* Keras's defaults for every zero field. */
+static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in, mp_optimizer_desc *o) {
+    *o = *in;
+    if ((unsigned)o->kind >= (unsigned)MP_OPTIMIZER_COUNT)
+        return mp__fail(m, MP_ERR_UNKNOWN_NAME, "optimizer kind %d", (int)o->kind);
+    if (o->learning_rate == 0.0f) o->learning_rate = o->kind == MP_SGD ? 0.01f : 0.001f;
+    if (o->rho == 0.0f) o->rho = 0.9f;
+    if (o->beta_1 == 0.0f) o->beta_1 = 0.9f;
+    if (o->beta_2 == 0.0f) o->beta_2 = 0.999f;
+    if (o->epsilon == 0.0f) o->epsilon = 1e-7f;
+    if (!(o->learning_rate > 0.0f) || !(o->momentum >= 0.0f && o->momentum < 1.0f) || !(o->rho > 0.0f && o->rho < 1.0f) ||
+        !(o->beta_1 > 0.0f && o->beta_1 < 1.0f) || !(o->beta_2 > 0.0f && o->beta_2 < 1.0f) || !(o->epsilon > 0.0f))
+        return mp__fail(m, MP_ERR_ARG, "optimizer hyperparameters out of range");
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc) {
+    mp_optimizer_desc opt;
+    mp_loss_scale ls;
+    mp_status st;
+    const char *policy_name;
+    size_t slots = 0;
+    void *block = NULL;
+    int wrap;
+    if (!m || !desc) return MP_ERR_NULL;
+    if (desc->loss <= MP_LOSS_NONE || desc->loss >= MP_LOSS_COUNT)
+        return mp__fail(m, MP_ERR_ARG, "compile() needs a loss, got %d", (int)desc->loss);
+    if ((unsigned)desc->metrics > (unsigned)MP_METRIC_ACCURACY || (unsigned)desc->loss_scale > (unsigned)MP_LOSS_SCALE_ON)
+        return mp__fail(m, MP_ERR_ARG, "invalid metrics or loss_scale value");
+    if ((st = mp__resolve_optimizer(m, &desc->optimizer, &opt)) != MP_OK) return st;
+    if (mp_loss_scale_init(&ls, &desc->loss_scale_config) != MP_OK)
+        return mp__fail(m, MP_ERR_ARG, "loss_scale_config out of range");
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&opt), &slots) || slots > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
+    if (slots && !(block = mp__alloc(slots * sizeof(float))))
+        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes)", slots * sizeof(float));
+    mp__free(m->slots_block);
+    m->slots_block = block;
+    m->slot_count = slots;
+    m->s1 = (float *)block;
+    m->s2 = slots > m->n_params ? m->s1 + m->n_params : NULL;
+    m->compile = *desc;
+    m->opt.cfg = opt;
+    m->opt.iteration = 0;
+    /* Keras wraps the optimizer by itself only under mixed_float16 */
+    policy_name = mp_policy_name(m->policy);
+    wrap = desc->loss_scale == MP_LOSS_SCALE_ON ||
+           (desc->loss_scale == MP_LOSS_SCALE_AUTO && policy_name && strcmp(policy_name, "mixed_float16") == 0);
+    m->has_loss_scale = wrap;
+    m->ls = ls;
+    m->compiled = 1;
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    return MP_OK;
+}
+
+/* The activation block for `batch` samples: the input, each layer's cast
+   input, output and caches, two gradient buffers used in turn (layer i's
+   dx is layer i-1's dy), the loss gradient and conv scratch. */
+static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
+    size_t grad_bytes = 0, col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
+    const void *prev = NULL;
+    mp_dtype prev_t = MP_FLOAT32;
+    int i;
+    m->input = (float *)mp__carve(a, batch, m->in_size * sizeof(float));
+    m->batch_labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
+    m->batch_y = (float *)mp__carve(a, batch, outs * sizeof(float));
+    m->dpred = (float *)mp__carve(a, batch, outs * sizeof(float));
+    prev = m->input;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        size_t es = mp__dtypes[l->dt].size, out_bytes = 0;
+        int gelu = l->desc.activation == MP_GELU && (l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D);
+        l->x = prev;
+        l->xt = prev_t;
+        l->xin = l->xt != l->dt ? mp__carve(a, batch, l->in_size * es) : NULL;
+        if (l->desc.kind == MP_FLATTEN) l->y = l->xin ? l->xin : (void *)(uintptr_t)l->x;
+        else l->y = mp__carve(a, batch, l->out_size * es);
+        l->z = gelu ? mp__carve(a, batch, l->out_size * es) : NULL;
+        l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
+        if (!mp__mul_ok(l->out_size * es, batch, &out_bytes)) a->overflow = 1;
+        if (out_bytes > grad_bytes) grad_bytes = out_bytes;
+        if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
+            size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
+            if (patches * es > col) col = patches * es;
+            if (patches > dcol) dcol = patches;
+            if (l->in_size > img) img = l->in_size;
+        }
+        prev = l->y;
+        prev_t = l->dt;
+    }
+    m->grad[0] = mp__carve(a, grad_bytes, 1);
+    m->grad[1] = mp__carve(a, grad_bytes, 1);
+    m->col = mp__carve(a, col, 1);
+    m->dcol = (float *)mp__carve(a, dcol, sizeof(float));
+    m->img = (float *)mp__carve(a, img, sizeof(float));
+}
+
+static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
+    mp__arena a = {NULL, 0, 0};
+    if (batch <= m->batch_cap) return MP_OK;
+    /* Activations hold nothing worth keeping between calls: free first, so
+       the peak does not count two blocks. */
+    mp__free(m->act_block);
+    m->act_block = NULL;
+    m->batch_cap = m->batch = 0;
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__plan_activations(m, &a, batch);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
+    a.base = (unsigned char *)mp__alloc(a.used);
+    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "activations for batch %z (%z bytes)", batch, a.used);
+    a.used = 0;
+    m->act_block = a.base;
+    mp__plan_activations(m, &a, batch);
+    m->batch_cap = batch;
+    return MP_OK;
+}
+
+static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
+    size_t i, n = count * m->in_size;
+    for (i = 0; i < n; i++)
+        if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF)
+            return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
+                            x[i] != x[i] ? "NaN" : "Inf");
+    return MP_OK;
+}
+
+static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const float *y, size_t count) {
+    size_t i, classes = mp__last(m)->out_size;
+    if (m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY) {
+        if (!labels) return mp__fail(m, MP_ERR_NULL, "sparse categorical crossentropy needs int32 labels");
+        for (i = 0; i < count; i++)
+            if (labels[i] < 0 || (size_t)labels[i] >= classes)
+                return mp__fail(m, MP_ERR_LABEL, "sample %z has label %d; the model has %z classes", i, (int)labels[i],
+                                classes);
+    } else if (!y) {
+        return mp__fail(m, MP_ERR_NULL, "this loss needs float targets y");
+    }
+    return MP_OK;
+}
+
+static void mp__run_forward(mp_model *m, size_t batch, int training) {
+    int i;
+    m->training = training;
+    m->batch = batch;
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        if (l->wc != l->w) m->be->cast(l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l)); /* AutoCastVariable */
+        mp__kinds[l->desc.kind].forward(m, l, batch);
+    }
+}
+
+static mp_status mp__prepare(mp_model *m, size_t batch) {
+    mp_status st = mp_model_build(m);
+    return st ? st : mp__ensure_batch(m, batch);
+}
+
+MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
+    mp_status st;
+    if (!m || !x) return MP_ERR_NULL;
+    if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
+    if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
+    if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
+    memcpy(m->input, x, (size_t)batch * m->in_size * sizeof(float));
+    mp__run_forward(m, (size_t)batch, training != 0);
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
+    const mp__layer *l;
+    if (!m || !out) return MP_ERR_NULL;
+    if (!m->batch) return MP_ERR_STATE;
+    l = mp__last(m);
+    memset(out, 0, sizeof *out);
+    out->dtype = l->dt;
+    out->rank = l->out_rank + 1;
+    out->shape[0] = (int)m->batch;
+    memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
+    out->data = l->y;
+    return MP_OK;
+}
+
+/* The compiled loss over the last forward's batch: labels for sparse
+   crossentropy, float targets for the rest. */
+static void mp__loss(mp_model *m, const int32_t *labels, const float *y, float *sum, size_t *right) {
+    const mp__layer *l = mp__last(m);
+    int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    m->be->loss(m->compile.loss, m->compile.from_logits, l->y, l->dt, sparse ? labels : NULL, sparse ? NULL : y,
+                m->batch, l->out_size, m->dpred, sum, right);
+}
+
+MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const float *y, float *loss,
+                                      size_t *correct) {
+    float sum = 0.0f;
+    size_t right = 0;
+    mp_status st;
+    if (!m || !loss) return MP_ERR_NULL;
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before computing a loss");
+    if (!m->batch) return mp__fail(m, MP_ERR_STATE, "run mp_forward before mp_compute_loss");
+    if ((st = mp__check_targets(m, labels, y, m->batch)) != MP_OK) return st;
+    mp__loss(m, labels, y, &sum, &right);
+    *loss = sum / (float)m->batch;
+    if (correct) *correct = right;
+    m->have_loss = 1;
+    m->have_grads = m->have_unscaled = 0;
+    return MP_OK;
+}
+
+MIXPREC_API float mp_current_loss_scale(const mp_model *m) {
+    return m && m->compiled && m->has_loss_scale ? m->ls.scale : 1.0f;
+}
+
+MIXPREC_API const mp_loss_scale *mp_model_loss_scale(const mp_model *m) {
+    return m && m->compiled && m->has_loss_scale ? &m->ls : NULL;
+}
+
+MIXPREC_API float mp_get_scaled_loss(const mp_model *m, float loss) { return loss * mp_current_loss_scale(m); }
+
+MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
+    int i, cur = 0;
+    const mp__layer *last;
+    if (!m) return MP_ERR_NULL;
+    if (!m->have_loss || !m->training)
+        return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
+    last = mp__last(m);
+    m->be->scale_cast(m->grad[0], last->dt, m->dpred, m->batch * last->out_size, mp_current_loss_scale(m));
+    for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
+        mp__layer *l = &m->layers[i];
+        mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
+    }
+    m->have_grads = 1;
+    m->have_unscaled = 0;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
+    float inv;
+    int i, finite = 1;
+    if (!m) return MP_ERR_NULL;
+    if (!m->have_grads) return mp__fail(m, MP_ERR_STATE, "run mp_compute_scaled_gradients first");
+    inv = 1.0f / mp_current_loss_scale(m);
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        if (mp__params(l)) finite &= m->be->unscale_check(l->g, l->gc, l->dt, mp__params(l), inv);
+    }
+    m->grads_finite = finite;
+    m->have_grads = 0;
+    m->have_unscaled = 1;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
+    int apply;
+    if (applied) *applied = 0;
+    if (!m) return MP_ERR_NULL;
+    if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
+    /* Without loss scaling the step is applied whatever it holds, as Keras. */
+    apply = m->has_loss_scale ? mp_loss_scale_update(&m->ls, m->grads_finite) : 1;
+    m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
+    if (apply) m->be->optimizer_update(&m->opt, m->w, m->g, m->s1, m->s2, m->n_params);
+    m->have_unscaled = 0;
+    if (applied) *applied = apply;
+    return MP_OK;
+}
+
+/* >>fit */
+typedef struct mp__clock { long sec, nsec; } mp__clock;
+
+static mp__clock mp__now(void) {
+    mp__clock c;
+#if defined(CLOCK_MONOTONIC)
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c.sec = (long)ts.tv_sec;
+    c.nsec = (long)ts.tv_nsec;
+#else /* processor time: the wall time of a single thread */
+    clock_t t = clock();
+    c.sec = (long)(t / CLOCKS_PER_SEC);
+    c.nsec = (long)((t % CLOCKS_PER_SEC) * (1000000000L / CLOCKS_PER_SEC));
+#endif
+    return c;
+}
+
+static float mp__seconds_since(mp__clock start) {
+    mp__clock now = mp__now();
+    return (float)(now.sec - start.sec) + (float)(now.nsec - start.nsec) * 1e-9f;
+}
+
+/* Copies samples idx[0..count) (or first.. when idx is NULL) into the batch buffers. */
+static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
+    size_t i, outs = mp__last(m)->out_size;
+    for (i = 0; i < count; i++) {
+        size_t s = idx ? idx[first + i] : first + i;
+        memcpy(m->input + i * m->in_size, d->x + s * m->in_size, m->in_size * sizeof(float));
+        if (d->labels) m->batch_labels[i] = d->labels[s];
+        if (d->y) memcpy(m->batch_y + i * outs, d->y + s * outs, outs * sizeof(float));
+    }
+}
+
+static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
+    mp_status st;
+    if (!d->x) return mp__fail(m, MP_ERR_NULL, "data.x is NULL");
+    if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
+    if (d->n == 0) return mp__fail(m, MP_ERR_ARG, "the data set is empty");
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model first");
+    if ((st = mp__check_targets(m, d->labels, d->y, d->n)) != MP_OK) return st;
+    return mp__check_finite(m, d->x, 0, d->n);
+}
+
+/* Mean loss and accuracy over samples [first, end) in inference mode. */
+static void mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
+                               float *loss, float *accuracy) {
+    float sum = 0.0f;
+    size_t right = 0, s;
+    for (s = first; s < end; s += batch) {
+        size_t b = mp__min(batch, end - s);
+        mp__gather(m, d, NULL, s, b);
+        mp__run_forward(m, b, 0);
+        mp__loss(m, m->batch_labels, m->batch_y, &sum, &right);
+    }
+    *loss = sum / (float)(end - first);
+    *accuracy = m->compile.metrics ? (float)right / (float)(end - first) : 0.0f;
+}
+
+#ifndef MIXPREC_NO_STDIO
+/* Keras's number format: %.4f, or %.4e for magnitudes up to 1e-3. */
+static void mp__put_metric(mp__text *t, const char *name, float v) {
+    mp__put(t, " - ");
+    mp__put(t, name);
+    mp__put(t, ": ");
+    if (fabsf(v) > 1e-3f || v == 0.0f || v != v) {
+        mp__put_float(t, v, 4);
+    } else {
+        int e = 0;
+        float a = fabsf(v);
+        while (a < 1.0f) { a *= 10.0f; e--; }
+        mp__put_float(t, v < 0 ? -a : a, 4);
+        mp__put(t, e < -9 ? "e-" : "e-0");
+        mp__put_int(t, -e);
+    }
+}
+
+typedef struct mp__progress {
+    int live;        /* a bar redrawn in place (terminal), or one line at the end */
+    size_t total;    /* steps in the epoch */
+    size_t last_len; /* to blank out a longer previous line */
+    mp__clock start;
+} mp__progress;
+
+/* Keras's progress bar: `6/6 [====>.....] - ETA: 1s - loss: ...`, and at
+   the end `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
+static void mp__progress_show(mp__progress *p, size_t step, const mp_logs *lg, int has_acc, int has_val) {
+    char buf[320];
+    mp__text t;
+    size_t width = 30, filled = step * width / p->total, i, digits = 1, d;
+    float elapsed = mp__seconds_since(p->start);
+    int done = step == p->total;
+    t.buf = buf;
+    t.cap = sizeof buf;
+    t.len = 0;
+    if (p->live) mp__put(&t, "\r");
+    for (d = p->total; d >= 10; d /= 10) digits++;
+    for (d = step, i = 1; d >= 10; d /= 10) i++;
+    for (; i < digits; i++) mp__put(&t, " ");
+    mp__put_uint(&t, step, 0);
+    mp__put(&t, "/");
+    mp__put_uint(&t, p->total, 0);
+    mp__put(&t, " [");
+    for (i = 0; i < width; i++) mp__put(&t, i + 1 < filled || (done && i < filled) ? "=" : i + 1 == filled ? ">" : ".");
+    mp__put(&t, "]");
+    if (done) {
+        float per_step = elapsed / (float)p->total;
+        mp__put(&t, " - ");
+        mp__put_float(&t, elapsed, 0);
+        mp__put(&t, "s ");
+        if (per_step >= 1.0f) { mp__put_float(&t, per_step, 0); mp__put(&t, "s/step"); }
+        else if (per_step >= 1e-3f) { mp__put_float(&t, per_step * 1e3f, 0); mp__put(&t, "ms/step"); }
+        else { mp__put_float(&t, per_step * 1e6f, 0); mp__put(&t, "us/step"); }
+    } else {
+        mp__put(&t, " - ETA: ");
+        mp__put_float(&t, elapsed / (float)step * (float)(p->total - step), 0);
+        mp__put(&t, "s");
+    }
+    mp__put_metric(&t, "loss", lg->loss);
+    if (has_acc) mp__put_metric(&t, "accuracy", lg->accuracy);
+    if (done && has_val) {
+        mp__put_metric(&t, "val_loss", lg->val_loss);
+        if (has_acc) mp__put_metric(&t, "val_accuracy", lg->val_accuracy);
+    }
+    d = t.len;
+    while (p->live && t.len < p->last_len) mp__put(&t, " ");
+    p->last_len = d;
+    if (done) mp__put(&t, "\n");
+    fputs(buf, stdout);
+    fflush(stdout);
+}
+
+static int mp__live_bar(mp_verbose v) {
+    if (v == MP_VERBOSE_BAR) return 1;
+#if defined(__unix__) || defined(__APPLE__)
+    if (v == MP_VERBOSE_AUTO) return isatty(1);
+#endif
+    return 0;
+}
+#endif
+
+static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
+    size_t i;
+    for (i = n; i > 1; i--) { /* Fisher-Yates */
+        size_t j = (size_t)(mp__splitmix(rng) % (uint64_t)i), t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* One training step on the gathered batch: the custom loop's six lines. */
+static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *correct) {
+    mp_status st;
+    mp__run_forward(m, batch, 1);
+    if ((st = mp_compute_loss(m, m->batch_labels, m->batch_y, loss, correct)) != MP_OK) return st;
+    if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
+    if ((st = mp_get_unscaled_gradients(m)) != MP_OK) return st;
+    return mp_apply_gradients(m, NULL);
+}
+
+MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
+    mp_fit_desc d;
+    size_t n_train, steps, *idx, batch;
+    uint64_t rng;
+    mp_status st = MP_OK;
+    int epoch, epochs;
+    if (!m || !desc) return MP_ERR_NULL;
+    d = *desc;
+    epochs = d.epochs ? d.epochs : 1;
+    if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
+    if (epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", epochs);
+    if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
+        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
+    n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
+    if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
+    batch = mp__min((size_t)d.batch_size, n_train);
+    if ((st = mp__prepare(m, mp__min((size_t)d.batch_size, d.data.n))) != MP_OK) return st;
+    if (n_train > SIZE_MAX / sizeof(size_t) || !(idx = (size_t *)mp__alloc(n_train * sizeof(size_t))))
+        return mp__fail(m, MP_ERR_ALLOC, "shuffle indices");
+    for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
+    steps = (n_train + batch - 1) / batch;
+    rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
+    for (epoch = 0; epoch < epochs && st == MP_OK; epoch++) {
+        mp_logs lg;
+        float sum = 0.0f;
+        size_t right = 0, seen = 0, s;
+        mp__clock start = mp__now();
+#ifndef MIXPREC_NO_STDIO
+        mp__progress bar;
+        bar.live = mp__live_bar(d.verbose);
+        bar.total = steps;
+        bar.last_len = 0;
+        bar.start = start;
+        if (d.verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", epoch + 1, epochs);
+#endif
+        memset(&lg, 0, sizeof lg);
+        if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
+        for (s = 0; s < steps && st == MP_OK; s++) {
+            size_t b = mp__min(batch, n_train - s * batch), c = 0;
+            float loss = 0.0f;
+            mp__gather(m, &d.data, idx, s * batch, b);
+            st = mp__train_step(m, b, &loss, &c);
+            sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
+            right += c;
+            seen += b;
+            lg.loss = sum / (float)seen;
+            lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
+#ifndef MIXPREC_NO_STDIO
+            if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
+#endif
+        }
+        if (st != MP_OK) break;
+        lg.seconds = mp__seconds_since(start);
+        lg.steps = steps;
+        lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
+        if (n_train < d.data.n)
+            mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy);
+        lg.loss_scale = mp_current_loss_scale(m);
+        lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
+#ifndef MIXPREC_NO_STDIO
+        if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
+#endif
+        if (d.history) d.history[epoch] = lg;
+    }
+    mp__free(idx);
+    return st;
+}
+
+MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size, mp_logs *out) {
+    mp_status st;
+    if (!m || !data || !out) return MP_ERR_NULL;
+    if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
+    if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
+    memset(out, 0, sizeof *out);
+    mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &out->loss, &out->accuracy);
+    out->loss_scale = mp_current_loss_scale(m);
+    out->skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size, float *out) {
+    const mp__layer *l;
+    mp_status st;
+    size_t s, batch;
+    if (!m || !x || !out) return MP_ERR_NULL;
+    if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
+    if (n == 0) return mp__fail(m, MP_ERR_ARG, "no samples to predict");
+    if ((st = mp__check_finite(m, x, 0, n)) != MP_OK) return st;
+    batch = mp__min((size_t)batch_size, n);
+    if ((st = mp__prepare(m, batch)) != MP_OK) return st;
+    l = mp__last(m);
+    for (s = 0; s < n; s += batch) {
+        size_t b = mp__min(batch, n - s);
+        memcpy(m->input, x + s * m->in_size, b * m->in_size * sizeof(float));
+        mp__run_forward(m, b, 0);
+        m->be->cast(out + s * l->out_size, MP_FLOAT32, l->y, l->dt, b * l->out_size);
+    }
+    return MP_OK;
+}
+
+/* >>model queries */
+MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
+MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
+MIXPREC_API size_t mp_model_input_size(const mp_model *m) { return m ? m->in_size : 0; }
+MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_layers ? mp__last(m)->out_size : 0; }
+
+MIXPREC_API size_t mp_model_param_count(const mp_model *m) {
+    size_t n = 0;
+    int i;
+    for (i = 0; m && i < m->n_layers; i++) n += mp__params(&m->layers[i]);
+    return n;
+}
+
+MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out) {
+    const mp__layer *l;
+    if (!m || !out) return MP_ERR_NULL;
+    if (index < 0 || index >= m->n_layers) return MP_ERR_ARG;
+    l = &m->layers[index];
+    memset(out, 0, sizeof *out);
+    out->name = l->name;
+    out->type = mp__kinds[l->desc.kind].type;
+    out->policy = l->policy;
+    out->rank = l->out_rank;
+    memcpy(out->output_shape, l->out_shape, sizeof out->output_shape);
+    out->params = mp__params(l);
+    return MP_OK;
+}
+
+/* Weights and gradients in get_weights order: the float32 vectors as they lie. */
+static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size_t n) {
+    if (n != m->n_params)
+        return mp__fail(m, MP_ERR_SHAPE, "the model has %z weights, the buffer %z", m->n_params, n);
+    memcpy(dst, src, n * sizeof(float));
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
+    mp_status st;
+    if (!m || !dst) return MP_ERR_NULL;
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    return mp__copy_params(m, dst, m->w, n);
+}
+
+MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n) {
+    mp_status st;
+    if (!m || !src) return MP_ERR_NULL;
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    return mp__copy_params(m, m->w, src, n);
+}
+
+MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) {
+    if (!m || !dst) return MP_ERR_NULL;
+    if (!mp__built(m)) return MP_ERR_STATE;
+    if (n != m->n_params) return MP_ERR_SHAPE;
+    memcpy(dst, m->g, n * sizeof(float));
+    return MP_OK;
+}
+
+MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m) { return m ? m->slot_count : 0; }
+
+MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n) {
+    if (!m || (!dst && n)) return MP_ERR_NULL;
+    if (n != m->slot_count) return MP_ERR_SHAPE;
+    if (n) memcpy(dst, m->s1, n * sizeof(float));
+    return MP_OK;
+}
+
+/* >>summary: Keras's model.summary() with a Policy column */
+static void mp__put_shape(mp__text *t, int rank, const int *shape) {
+    int i;
+    mp__put(t, "(None");
+    for (i = 0; i < rank; i++) { mp__put(t, ", "); mp__put_int(t, shape[i]); }
+    mp__put(t, ")");
+}
+
+static void mp__rule(mp__text *t, const char *c) {
+    int i;
+    for (i = 0; i < 80; i++) mp__put(t, c);
+    mp__put(t, "\n");
+}
+
+static void mp__summary(const mp_model *m, mp__text *t) {
+    size_t total = mp_model_param_count(m), line;
+    int i;
+    mp__put(t, "Model: \"");
+    mp__put(t, m->desc.name);
+    mp__put(t, "\"\n");
+    mp__rule(t, "_");
+    mp__put(t, " Layer (type)                Output Shape              Param #    Policy\n");
+    mp__rule(t, "=");
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        const char *policy = mp_policy_name(l->policy);
+        line = t->len;
+        mp__put(t, " ");
+        mp__put(t, l->name);
+        mp__put(t, " (");
+        mp__put(t, mp__kinds[l->desc.kind].type);
+        mp__put(t, ")");
+        mp__pad_to(t, line + 29);
+        mp__put_shape(t, l->out_rank, l->out_shape);
+        mp__pad_to(t, line + 55);
+        mp__put_uint(t, mp__params(l), 0);
+        mp__pad_to(t, line + 66);
+        mp__put(t, policy ? policy : "?");
+        mp__put(t, "\n");
+    }
+    mp__rule(t, "=");
+    mp__put(t, "Total params: ");
+    mp__put_uint(t, total, 1);
+    mp__put(t, "\nTrainable params: ");
+    mp__put_uint(t, total, 1);
+    mp__put(t, "\nNon-trainable params: 0\n");
+    mp__rule(t, "_");
+}
+
+MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size) {
+    mp__text t;
+    if (!m || !buf) return MP_ERR_NULL;
+    if (size == 0) return MP_ERR_SIZE;
+    t.buf = buf;
+    t.cap = size;
+    t.len = 0;
+    buf[0] = '\0';
+    mp__summary(m, &t);
+    return t.len < size ? MP_OK : MP_ERR_SIZE;
+}
+
+#ifndef MIXPREC_NO_STDIO
+MIXPREC_API void mp_model_print_summary(const mp_model *m) {
+    mp__text count = {NULL, 0, 0}, t;
+    char *buf;
+    if (!m) return;
+    mp__summary(m, &count);
+    buf = (char *)MIXPREC_MALLOC(count.len + 1); /* not counted: printing is no model memory */
+    if (!buf) { fputs("mixprec: no memory for the summary\n", stdout); return; }
+    t.buf = buf;
+    t.cap = count.len + 1;
+    t.len = 0;
+    mp__summary(m, &t);
+    fputs(buf, stdout);
+    MIXPREC_FREE(buf);
+}
+#endif
+
+/* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
+   byte), the number of dimensions, then each dimension as a big-endian
+   uint32; then exactly the bytes those dimensions say. */
+MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint32_t dims[3],
+                                   const uint8_t **data) {
+    const uint8_t *b = (const uint8_t *)buf;
+    uint32_t d[3] = {0, 0, 0};
+    size_t count = 1, header;
+    int r, i;
+    if (!buf) return MP_ERR_NULL;
+    if (len < 4 || b[0] != 0 || b[1] != 0 || b[2] != 0x08) return MP_ERR_FORMAT;
+    r = b[3];
+    if (r < 1 || r > 3) return MP_ERR_FORMAT;
+    header = 4 + 4 * (size_t)r;
+    if (len < header) return MP_ERR_FORMAT;
+    for (i = 0; i < r; i++) {
+        const uint8_t *p = b + 4 + 4 * i;
+        d[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        if (d[i] == 0 || !mp__mul_ok(count, d[i], &count)) return MP_ERR_FORMAT;
+    }
+    if (len - header != count) return MP_ERR_FORMAT; /* truncated, or trailing bytes */
+    if (rank) *rank = r;
+    if (dims) memcpy(dims, d, sizeof d);
+    if (data) *data = b + header;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, mp_dataset *out) {
+    const uint8_t *px, *lb;
+    uint32_t di[3], dl[3];
+    int ri, rl;
+    size_t n, pixels, i, floats;
+    mp_dataset d;
+    mp_status st;
+    if (!images || !labels || !out) return MP_ERR_NULL;
+    if ((st = mp_idx_parse(images, images_len, &ri, di, &px)) != MP_OK) return st;
+    if ((st = mp_idx_parse(labels, labels_len, &rl, dl, &lb)) != MP_OK) return st;
+    if (ri != 3 || rl != 1 || di[0] != dl[0] || di[1] > INT32_MAX || di[2] > INT32_MAX) return MP_ERR_FORMAT;
+    memset(&d, 0, sizeof d);
+    n = di[0];
+    pixels = (size_t)di[1] * di[2];
+    if (!mp__mul_ok(n, pixels, &floats) || floats > SIZE_MAX / sizeof(float) || n > SIZE_MAX / sizeof(int32_t))
+        return MP_ERR_SIZE;
+    d.x = (float *)mp__alloc(floats * sizeof(float));
+    d.labels = (int32_t *)mp__alloc(n * sizeof(int32_t));
+    if (!d.x || !d.labels) { mp_dataset_free(&d); return MP_ERR_ALLOC; }
+    for (i = 0; i < floats; i++) d.x[i] = (float)px[i] / 255.0f; /* 255 -> 1.0 exactly */
+    for (i = 0; i < n; i++) {
+        d.labels[i] = lb[i];
+        if (lb[i] + 1 > d.classes) d.classes = lb[i] + 1;
+    }
+    d.n = n;
+    d.rows = (int)di[1];
+    d.cols = (int)di[2];
+    *out = d;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_dataset_free(mp_dataset *d) {
+    if (!d) return;
+    mp__free(d->x);
+    mp__free(d->labels);
+    memset(d, 0, sizeof *d);
+}
+
+#ifndef MIXPREC_NO_STDIO
+/* The whole file through the counted allocator; *len gets its size. */
+static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    size_t cap = 0, n = 0, got;
+    if (!f) return MP_ERR_IO;
+    for (;;) { /* grow by doubling: no fseek/ftell, so pipes work too */
+        if (n == cap) {
+            unsigned char *grown;
+            size_t want = cap ? 2 * cap : 65536;
+            if (want < cap || !(grown = (unsigned char *)mp__alloc(want))) { mp__free(buf); fclose(f); return MP_ERR_ALLOC; }
+            if (n) memcpy(grown, buf, n);
+            mp__free(buf);
+            buf = grown;
+            cap = want;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) { mp__free(buf); fclose(f); return MP_ERR_IO; }
+    fclose(f);
+    *out = buf;
+    *len = n;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
+    unsigned char *img = NULL, *lab = NULL;
+    size_t img_len = 0, lab_len = 0;
+    mp_status st;
+    if (!images_path || !labels_path || !out) return MP_ERR_NULL;
+    st = mp__read_file(images_path, &img, &img_len);
+    if (st == MP_OK) st = mp__read_file(labels_path, &lab, &lab_len);
+    if (st == MP_OK) st = mp_dataset_from_idx(img, img_len, lab, lab_len, out);
+    mp__free(img);
+    mp__free(lab);
+    return st;
+}
+#endif
 
 #ifdef __cplusplus
 }
