@@ -1,5 +1,7 @@
 /* mixprec.h - Keras-style mixed precision for C: exact float16/bfloat16, fast
-   bulk casts with overflow/underflow counts, dtype policies.
+   bulk casts with overflow/underflow counts, dtype policies, and training
+   (layers, losses, optimizers with float32 master weights, dynamic loss
+   scaling, Keras-like fit/evaluate and a custom training loop).
    Single-file (stb-style) library; MIT or public domain, see the end of file.
 
 QUICK START
@@ -21,7 +23,28 @@ QUICK START
         mp_policy_from_name("mixed_float16", &p);          // compute f16, variables f32
         mp_set_global_policy(p);
 
-    Link with -lm (mp_f16_sqrt/mp_bf16_sqrt use sqrtf).
+    Training, the TensorFlow mixed precision guide's model:
+
+        mp_set_global_policy_name("mixed_float16");
+        mp_model_desc md = {{784}};                        // input shape
+        mp_model *m;
+        mp_model_create(&m, &md);
+        mp_model_add(m, mp_dense(4096, MP_RELU));
+        mp_model_add(m, mp_dense(10, MP_LINEAR));
+        mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
+        out.dtype = "float32";                             // keep the output float32
+        mp_model_add(m, out);
+        mp_compile_desc cd = {MP_SPARSE_CATEGORICAL_CROSSENTROPY};
+        cd.metrics = MP_METRIC_ACCURACY;                   // RMSprop by default;
+        mp_model_compile(m, &cd);                          // loss scaling by itself
+        mp_fit_desc fd = {{x, labels, NULL, n}};
+        fd.batch_size = 8192; fd.epochs = 5; fd.validation_split = 0.2f;
+        mp_model_fit(m, &fd);                              // Keras-style progress lines
+        mp_model_destroy(m);
+
+    Link with -lm (sqrtf, expf, ...). Define _POSIX_C_SOURCE 199309L before
+    the includes of the implementation file to time epochs by the wall clock
+    (clock_gettime); otherwise fit reports processor time.
 
 CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_STATIC          make every function static to the including file
@@ -52,9 +75,29 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
       need FTZ/DAZ off (float16 never reaches float32's subnormal range).
     - Comparisons are integer-only: NaN is unordered, -0 == +0.
 
+TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
+    - A layer computes in its policy's compute dtype and keeps float32
+      variables, read as the compute dtype each step. Floating inputs are cast
+      on entry; integer labels are never cast. The loss is float32.
+    - Matrix products (Dense, Conv2D, forward and backward) accumulate in
+      float32 and round once to the output dtype, as Tensor Cores do.
+    - Activation gradients are stored in the dtype of the activations (in
+      float16 they really underflow); weight gradients are rounded to the
+      compute dtype, then unscaled into float32 in one fused pass that also
+      tests them for Inf/NaN.
+    - Dynamic loss scaling: 2^15 at start, x2 after 2000 finite steps (only
+      to a finite value), /2 (floor 1) and the step skipped on Inf/NaN.
+
+MEMORY
+    Every allocation goes through MIXPREC_MALLOC and is counted:
+    mp_get_memory_info() gives current and peak bytes. A model is one
+    allocation for its weights, one for optimizer slots and one for its
+    activations (regrown only for a larger batch).
+
 GLOBAL STATE
-    The global dtype policy (mp_set_global_policy), as in Keras. Nothing else.
-    It is not synchronised: set it before starting threads.
+    The global dtype policy (mp_set_global_policy), as in Keras, and the
+    memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. They
+    are not synchronised: use mixprec from one thread at a time.
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
@@ -382,7 +425,7 @@ MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_
 MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite);
 
 typedef enum mp_loss_scale_mode {
-    MP_LOSS_SCALE_AUTO = 0, /* Keras: dynamic under mixed_float16 (and float16), else none */
+    MP_LOSS_SCALE_AUTO = 0, /* Keras: dynamic under mixed_float16, else none */
     MP_LOSS_SCALE_NONE,
     MP_LOSS_SCALE_ON        /* always wrap, configured by loss_scale_config */
 } mp_loss_scale_mode;
@@ -1425,9 +1468,17 @@ static void mp__cpu_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, s
    op(B) (KC x NC) are widened to float32 while packing, a 4 x 16 register
    tile sweeps them, and a float32 MC x NC block collects the whole K sum
    before the single rounding into C. */
+/* The register tile: MR rows of 16 columns, as many rows as the vector
+   registers hold accumulators for (8 zmm with AVX-512, 12 ymm with AVX2). */
+#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+#define MP__MR 8
+#elif defined(MP__SIMD_X86) && defined(__FMA__)
+#define MP__MR 6
+#else
 #define MP__MR 4
+#endif
 #define MP__NR 16
-#define MP__MC 64
+#define MP__MC 72 /* a multiple of every MR */
 #define MP__KC 256
 #define MP__NC 256
 
@@ -1435,64 +1486,93 @@ typedef struct mp__gemm_ws {
     float a[MP__MC * MP__KC];
     float b[MP__KC * MP__NC];
     float c[MP__MC * MP__NC];
-    float row[MP__KC];
+    float row[MP__KC > MP__MC ? MP__KC : MP__MC];
 } mp__gemm_ws;
 
+/* n elements as float32: the source itself, or widened into tmp. */
+static const float *mp__f32_run(float *tmp, const void *src, mp_dtype t, size_t n) {
+    if (t == MP_FLOAT32) return (const float *)src;
+    mp__load(tmp, src, t, n);
+    return tmp;
+}
+
 /* op(A)[i0.., p0..] -> ap: groups of MR rows, each [kc][MR]; missing rows 0. */
-static void mp__pack_a(float *ap, float *row, int trans, const void *a, mp_dtype t, size_t m, size_t k,
+static void mp__pack_a(float *ap, float *tmp, int trans, const void *a, mp_dtype t, size_t m, size_t k,
                        size_t i0, size_t mc, size_t p0, size_t kc) {
     size_t r, q, groups = (mc + MP__MR - 1) / MP__MR;
     memset(ap, 0, groups * kc * MP__MR * sizeof(float));
     if (!trans) {
         for (r = 0; r < mc; r++) {
             float *dst = ap + (r / MP__MR) * kc * MP__MR + r % MP__MR;
-            mp__load(row, mp__at(a, t, (i0 + r) * k + p0), t, kc);
+            const float *row = mp__f32_run(tmp, mp__at(a, t, (i0 + r) * k + p0), t, kc);
             for (q = 0; q < kc; q++) dst[q * MP__MR] = row[q];
         }
     } else {
         for (q = 0; q < kc; q++) {
-            mp__load(row, mp__at(a, t, (p0 + q) * m + i0), t, mc);
+            const float *row = mp__f32_run(tmp, mp__at(a, t, (p0 + q) * m + i0), t, mc);
             for (r = 0; r < mc; r++) ap[(r / MP__MR) * kc * MP__MR + q * MP__MR + r % MP__MR] = row[r];
         }
     }
 }
 
 /* op(B)[p0.., j0..] -> bp: groups of NR columns, each [kc][NR]; missing 0. */
-static void mp__pack_b(float *bp, float *row, int trans, const void *b, mp_dtype t, size_t n, size_t k,
+static void mp__pack_b(float *bp, float *tmp, int trans, const void *b, mp_dtype t, size_t n, size_t k,
                        size_t j0, size_t nc, size_t p0, size_t kc) {
     size_t j, q, groups = (nc + MP__NR - 1) / MP__NR;
     memset(bp, 0, groups * kc * MP__NR * sizeof(float));
     if (!trans) {
         for (q = 0; q < kc; q++) {
-            mp__load(row, mp__at(b, t, (p0 + q) * n + j0), t, nc);
+            const float *row = mp__f32_run(tmp, mp__at(b, t, (p0 + q) * n + j0), t, nc);
             for (j = 0; j < nc; j++) bp[(j / MP__NR) * kc * MP__NR + q * MP__NR + j % MP__NR] = row[j];
         }
     } else {
         for (j = 0; j < nc; j++) {
             float *dst = bp + (j / MP__NR) * kc * MP__NR + j % MP__NR;
-            mp__load(row, mp__at(b, t, (j0 + j) * k + p0), t, kc);
+            const float *row = mp__f32_run(tmp, mp__at(b, t, (j0 + j) * k + p0), t, kc);
             for (q = 0; q < kc; q++) dst[q * MP__NR] = row[q];
         }
     }
 }
 
-/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR] */
+/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
+   spell out every accumulator: compilers keep an array of vectors in
+   memory, not in registers. */
 static void mp__micro_kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
-#if defined(MP__SIMD_X86) && defined(__FMA__)
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
-    __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     size_t q;
     for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), av;
-        av = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
+        __m512 bv = _mm512_loadu_ps(b);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), bv, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), bv, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2]), bv, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3]), bv, c3);
+        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4]), bv, c4);
+        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5]), bv, c5);
+        c6 = _mm512_fmadd_ps(_mm512_set1_ps(a[6]), bv, c6);
+        c7 = _mm512_fmadd_ps(_mm512_set1_ps(a[7]), bv, c7);
     }
-#define MP__ADD_ROW(r, lo, hi)                                                          \
+#define MP__ADD_ROW(r, v) _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), v))
+    MP__ADD_ROW(0, c0); MP__ADD_ROW(1, c1); MP__ADD_ROW(2, c2); MP__ADD_ROW(3, c3);
+    MP__ADD_ROW(4, c4); MP__ADD_ROW(5, c5); MP__ADD_ROW(6, c6); MP__ADD_ROW(7, c7);
+#undef MP__ADD_ROW
+#elif defined(MP__SIMD_X86) && defined(__FMA__)
+    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
+    __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
+    size_t q;
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#define MP__FMA_ROW(r, lo, hi) \
+    av = _mm256_broadcast_ss(a + r); lo = _mm256_fmadd_ps(av, b0, lo); hi = _mm256_fmadd_ps(av, b1, hi)
+        MP__FMA_ROW(0, l0, h0); MP__FMA_ROW(1, l1, h1); MP__FMA_ROW(2, l2, h2);
+        MP__FMA_ROW(3, l3, h3); MP__FMA_ROW(4, l4, h4); MP__FMA_ROW(5, l5, h5);
+#undef MP__FMA_ROW
+    }
+#define MP__ADD_ROW(r, lo, hi)                                                              \
     _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
     _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
-    MP__ADD_ROW(0, c00, c01); MP__ADD_ROW(1, c10, c11); MP__ADD_ROW(2, c20, c21); MP__ADD_ROW(3, c30, c31);
+    MP__ADD_ROW(0, l0, h0); MP__ADD_ROW(1, l1, h1); MP__ADD_ROW(2, l2, h2);
+    MP__ADD_ROW(3, l3, h3); MP__ADD_ROW(4, l4, h4); MP__ADD_ROW(5, l5, h5);
 #undef MP__ADD_ROW
 #else
     float acc[MP__MR][MP__NR];
