@@ -419,6 +419,7 @@ typedef struct mp_loss_scale {
     int overflows_left;     /* hysteresis: overflows tolerated before halving */
 } mp_loss_scale;
 
+/* desc NULL (or zero fields) means Keras's defaults; MP_ERR_ARG if out of range. */
 MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc);
 /* One step of the state machine. Returns 1 when the step's gradients are to
    be applied (they were finite), 0 when the step is skipped. */
@@ -442,25 +443,8 @@ typedef struct mp_compile_desc {
 } mp_compile_desc;
 
 /* >>model
-   A sequential model. Typical use (the TensorFlow guide's model):
-
-       mp_model_desc md = {{784}};               // input shape per sample
-       mp_model *m;
-       mp_set_global_policy_name("mixed_float16");
-       mp_model_create(&m, &md);
-       mp_model_add(m, mp_dense(4096, MP_RELU));
-       mp_model_add(m, mp_dense(4096, MP_RELU));
-       mp_model_add(m, mp_dense(10, MP_LINEAR));
-       mp_layer_desc sm = mp_activation_layer(MP_SOFTMAX);
-       sm.dtype = "float32";                     // the output stays float32
-       mp_model_add(m, sm);
-       mp_compile_desc cd = {MP_SPARSE_CATEGORICAL_CROSSENTROPY};
-       cd.metrics = MP_METRIC_ACCURACY;          // RMSprop is the default
-       mp_model_compile(m, &cd);                 // wraps in LossScaleOptimizer
-       mp_fit_desc fd = {{x, labels, NULL, n}};
-       fd.batch_size = 8192; fd.epochs = 5; fd.validation_split = 0.2f;
-       mp_model_fit(m, &fd);
-
+   A sequential model: create, add layers, compile, fit (QUICK START above
+   builds the TensorFlow guide's model).
    On failure a function returns a status and mp_model_error() says what in
    detail (which layer, which shape). */
 typedef struct mp_model mp_model;
@@ -515,7 +499,7 @@ typedef struct mp_data {
 typedef struct mp_logs {
     float loss, accuracy;         /* accuracy: 0 without the metric */
     float val_loss, val_accuracy; /* 0 without validation data */
-    float seconds;                /* wall time of the epoch */
+    float seconds;                /* wall time of the epoch, validation included (Keras) */
     float ms_per_step;
     size_t steps;
     float loss_scale;             /* at the end of the epoch (1 without scaling) */
@@ -573,7 +557,9 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
 /* Applies the float32 gradients to the float32 weights, or skips the step if
    they were not finite, then updates the loss scale. applied may be NULL. */
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
-/* The float32 gradients of the last mp_get_unscaled_gradients, as get_weights. */
+/* The float32 gradients of the last mp_get_unscaled_gradients, as get_weights
+   (MP_ERR_STATE before the first). Count mismatches here and in get/set
+   weights and slots are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
@@ -591,8 +577,9 @@ typedef struct mp_dataset {
     int classes;       /* 1 + the largest label */
 } mp_dataset;
 
-/* Validates an IDX buffer of unsigned bytes: magic 0x0000 08 NN, NN dims of
-   nonzero size, exactly the bytes they say. dims may be NULL. */
+/* Validates an IDX buffer of unsigned bytes: magic 0x0000 08 NN, NN (1..3)
+   dims of nonzero size, exactly the bytes they say. rank, dims and data
+   (pointing into buf) may each be NULL. */
 MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint32_t dims[3],
                                    const uint8_t **data);
 /* Images (rank 3) and labels (rank 1) from two IDX buffers; the counts must
@@ -1349,28 +1336,6 @@ static void mp__put_int(mp__text *t, long long v) {
     mp__put_uint(t, v < 0 ? (uint64_t)(-(v + 1)) + 1u : (uint64_t)v, 0);
 }
 
-/* Fixed-point with `decimals` digits (at most 6), like printf's %.Nf. */
-static void mp__put_float(mp__text *t, float x, int decimals) {
-    uint32_t scale = 1, frac;
-    float ip;
-    int i;
-    if (x != x) { mp__put(t, "nan"); return; }
-    if (x < 0) { mp__put(t, "-"); x = -x; }
-    if (x > 1e18f) { mp__put(t, "inf"); return; }
-    for (i = 0; i < decimals; i++) scale *= 10u;
-    ip = floorf(x);
-    frac = (uint32_t)((x - ip) * (float)scale + 0.5f);
-    if (frac >= scale) { frac -= scale; ip += 1.0f; }
-    mp__put_uint(t, (uint64_t)ip, 0);
-    if (decimals > 0) {
-        char d[8];
-        mp__put(t, ".");
-        for (i = decimals - 1; i >= 0; i--) { d[i] = (char)('0' + (int)(frac % 10u)); frac /= 10u; }
-        d[decimals] = 0;
-        mp__put(t, d);
-    }
-}
-
 static void mp__pad_to(mp__text *t, size_t column) {
     while (t->len < column) mp__put(t, " ");
 }
@@ -2069,6 +2034,7 @@ struct mp_model {
     float *dcol, *img;
     /* where the custom loop stands */
     int training, have_loss, have_grads, have_unscaled, grads_finite;
+    int grads_ready; /* mp_get_gradients has something to give */
     int grad_out; /* which grad[] holds the first layer's output gradient */
     uint64_t rng;
     char error[256];
@@ -2482,9 +2448,9 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (!out || !desc) return MP_ERR_NULL;
     *out = NULL;
     while (r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0) r++;
-    if (r == 0) return MP_ERR_SHAPE;
+    if (r == 0) return MP_ERR_ARG; /* no input shape, or a negative dimension */
     for (; r < MP_MAX_RANK - 1; r++)
-        if (desc->input_shape[r] != 0) return MP_ERR_SHAPE;
+        if (desc->input_shape[r] != 0) return MP_ERR_ARG;
     m = (mp_model *)mp__alloc(sizeof *m);
     if (!m) return MP_ERR_ALLOC;
     m->desc = *desc;
@@ -2629,7 +2595,7 @@ static int mp__slots_per_weight(const mp_optimizer_desc *o) {
 static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in, mp_optimizer_desc *o) {
     *o = *in;
     if ((unsigned)o->kind >= (unsigned)MP_OPTIMIZER_COUNT)
-        return mp__fail(m, MP_ERR_UNKNOWN_NAME, "optimizer kind %d", (int)o->kind);
+        return mp__fail(m, MP_ERR_ARG, "unknown optimizer kind %d", (int)o->kind);
     if (o->learning_rate == 0.0f) o->learning_rate = o->kind == MP_SGD ? 0.01f : 0.001f;
     if (o->rho == 0.0f) o->rho = 0.9f;
     if (o->beta_1 == 0.0f) o->beta_1 = 0.9f;
@@ -2649,7 +2615,8 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     size_t slots = 0;
     void *block = NULL;
     int wrap;
-    if (!m || !desc) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!desc) return mp__fail(m, MP_ERR_NULL, "compile() needs a mp_compile_desc");
     if (desc->loss <= MP_LOSS_NONE || desc->loss >= MP_LOSS_COUNT)
         return mp__fail(m, MP_ERR_ARG, "compile() needs a loss, got %d", (int)desc->loss);
     if ((unsigned)desc->metrics > (unsigned)MP_METRIC_ACCURACY || (unsigned)desc->loss_scale > (unsigned)MP_LOSS_SCALE_ON)
@@ -2785,7 +2752,8 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
 
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
     mp_status st;
-    if (!m || !x) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!x) return mp__fail(m, MP_ERR_NULL, "the input x is NULL");
     if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
     if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
@@ -2822,7 +2790,8 @@ MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const 
     float sum = 0.0f;
     size_t right = 0;
     mp_status st;
-    if (!m || !loss) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!loss) return mp__fail(m, MP_ERR_NULL, "the loss output pointer is NULL");
     if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before computing a loss");
     if (!m->batch) return mp__fail(m, MP_ERR_STATE, "run mp_forward before mp_compute_loss");
     if ((st = mp__check_targets(m, labels, y, m->batch)) != MP_OK) return st;
@@ -2872,6 +2841,7 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
         if (mp__params(l)) finite &= m->be->unscale_check(l->g, l->gc, l->dt, mp__params(l), inv);
     }
     m->grads_finite = finite;
+    m->grads_ready = 1;
     m->have_grads = 0;
     m->have_unscaled = 1;
     return MP_OK;
@@ -2951,6 +2921,28 @@ static void mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size
 }
 
 #ifndef MIXPREC_NO_STDIO
+/* Fixed-point with `decimals` digits (at most 6), like printf's %.Nf. */
+static void mp__put_float(mp__text *t, float x, int decimals) {
+    uint32_t scale = 1, frac;
+    float ip;
+    int i;
+    if (x != x) { mp__put(t, "nan"); return; }
+    if (x < 0) { mp__put(t, "-"); x = -x; }
+    if (x > 1e18f) { mp__put(t, "inf"); return; }
+    for (i = 0; i < decimals; i++) scale *= 10u;
+    ip = floorf(x);
+    frac = (uint32_t)((x - ip) * (float)scale + 0.5f);
+    if (frac >= scale) { frac -= scale; ip += 1.0f; }
+    mp__put_uint(t, (uint64_t)ip, 0);
+    if (decimals > 0) {
+        char d[8];
+        mp__put(t, ".");
+        for (i = decimals - 1; i >= 0; i--) { d[i] = (char)('0' + (int)(frac % 10u)); frac /= 10u; }
+        d[decimals] = 0;
+        mp__put(t, d);
+    }
+}
+
 /* Keras's number format: %.4f, or %.4e for magnitudes up to 1e-3. */
 static void mp__put_metric(mp__text *t, const char *name, float v) {
     mp__put(t, " - ");
@@ -3057,7 +3049,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     uint64_t rng;
     mp_status st = MP_OK;
     int epoch, epochs;
-    if (!m || !desc) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
     epochs = d.epochs ? d.epochs : 1;
     if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
@@ -3103,11 +3096,11 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 #endif
         }
         if (st != MP_OK) break;
-        lg.seconds = mp__seconds_since(start);
-        lg.steps = steps;
-        lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
         if (n_train < d.data.n)
             mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy);
+        lg.seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
+        lg.steps = steps;
+        lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
         lg.loss_scale = mp_current_loss_scale(m);
         lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
 #ifndef MIXPREC_NO_STDIO
@@ -3121,7 +3114,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 
 MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size, mp_logs *out) {
     mp_status st;
-    if (!m || !data || !out) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!data || !out) return mp__fail(m, MP_ERR_NULL, "evaluate() needs data and an output mp_logs");
     if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
     if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
     memset(out, 0, sizeof *out);
@@ -3135,7 +3129,8 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     const mp__layer *l;
     mp_status st;
     size_t s, batch;
-    if (!m || !x || !out) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!x || !out) return mp__fail(m, MP_ERR_NULL, "predict() needs x and an output buffer");
     if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
     if (n == 0) return mp__fail(m, MP_ERR_ARG, "no samples to predict");
     if ((st = mp__check_finite(m, x, 0, n)) != MP_OK) return st;
@@ -3189,21 +3184,23 @@ static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size
 
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
     mp_status st;
-    if (!m || !dst) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!dst) return mp__fail(m, MP_ERR_NULL, "get_weights() needs a buffer");
     if ((st = mp_model_build(m)) != MP_OK) return st;
     return mp__copy_params(m, dst, m->w, n);
 }
 
 MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n) {
     mp_status st;
-    if (!m || !src) return MP_ERR_NULL;
+    if (!m) return MP_ERR_NULL;
+    if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
     if ((st = mp_model_build(m)) != MP_OK) return st;
     return mp__copy_params(m, m->w, src, n);
 }
 
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) {
     if (!m || !dst) return MP_ERR_NULL;
-    if (!mp__built(m)) return MP_ERR_STATE;
+    if (!m->grads_ready) return MP_ERR_STATE;
     if (n != m->n_params) return MP_ERR_SHAPE;
     memcpy(dst, m->g, n * sizeof(float));
     return MP_OK;
