@@ -6,10 +6,14 @@ CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang
+# Fashion-MNIST as Debian packages it (dataset-fashion-mnist), and where
+# `make data` puts the uncompressed IDX files the examples read.
+FMNIST_PKG = /usr/share/datasets/fashion-mnist
+FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples demo test bench bench-build clean
+.PHONY: all examples data demo test bench bench-build clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -17,11 +21,31 @@ examples: $(EXAMPLES)
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c mixprec.h | $(B)
+$(B)/%: examples/%.c examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
-demo: $(B)/overflow
+# Uncompress the packaged files once (a .tmp first, so an interrupted run
+# leaves no truncated file). Without the package, say how to get it and
+# succeed: the examples fall back to a synthetic data set.
+data:
+	@if ! ls $(FMNIST_PKG)/*.gz >/dev/null 2>&1; then \
+	    echo "data: $(FMNIST_PKG) is missing: apt-get install dataset-fashion-mnist, then make data"; \
+	    echo "data: the examples will use a synthetic data set instead"; \
+	else \
+	    mkdir -p $(FMNIST) && for gz in $(FMNIST_PKG)/*.gz; do \
+	        f=$(FMNIST)/$$(basename $$gz .gz); \
+	        [ -f $$f ] || { gzip -dc $$gz > $$f.tmp && mv $$f.tmp $$f; } || exit 1; \
+	    done; echo "data: Fashion-MNIST in $(FMNIST)"; \
+	fi
+
+# Every example, sized to finish in about a minute on 2 cores. custom_loop
+# starts its loss scale at 2^24 (Keras: 2^15) so that the demo shows the
+# scale falling, skipping steps, to a value where float16 gradients fit.
+demo: data $(EXAMPLES)
 	./$(B)/overflow
+	./$(B)/mnist_mlp --units 256 --epochs 2 --batch-size 128
+	./$(B)/custom_loop --units 128 --epochs 2 --batch-size 128 --initial-scale 16777216
+	./$(B)/conv_memory --image-size 32 --images 200
 
 test:
 	@bash tests/matrix.sh

@@ -1,0 +1,211 @@
+/* mnist_mlp.c - the TensorFlow mixed precision guide's example, in C: the
+   same MLP trained under float32, mixed_float16 and mixed_bfloat16 from the
+   same initial weights, then compared (test accuracy, speed, memory, loss
+   scale). The guide uses MNIST; Fashion-MNIST has the same format and is
+   packaged by Debian.
+
+       make data && ./build/mnist_mlp --units 256 --epochs 2 --batch-size 128
+
+   Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
+          --units N (4096)  --epochs N (5)  --batch-size N (8192)
+          --data DIR (build/fashion-mnist)  --seed N (1337)
+          --train-limit N (0 = every training image) */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "fashion_mnist.h"
+
+#define MAX_POLICIES 3
+
+typedef struct config {
+    const char *policies[MAX_POLICIES];
+    int n_policies;
+    int units, epochs, batch_size;
+    const char *data_dir;
+    uint64_t seed;
+    size_t train_limit;
+} config;
+
+typedef struct result {
+    const char *policy;
+    float test_accuracy, ms_per_step, loss_scale;
+    size_t peak_bytes;
+    uint64_t skipped_steps;
+} result;
+
+static void usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--units N]\n"
+            "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n",
+            prog);
+    exit(2);
+}
+
+static void set_policies(config *c, const char *name) {
+    static const char *const all[MAX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    mp_policy p;
+    int i;
+    if (strcmp(name, "all") == 0) {
+        for (i = 0; i < MAX_POLICIES; i++) c->policies[i] = all[i];
+        c->n_policies = MAX_POLICIES;
+        return;
+    }
+    if (mp_policy_from_name(name, &p) != MP_OK) { /* any Keras policy name works */
+        fprintf(stderr, "--policy %s: %s\n", name, mp_status_message(MP_ERR_UNKNOWN_POLICY));
+        exit(2);
+    }
+    c->policies[0] = name;
+    c->n_policies = 1;
+}
+
+static config parse_args(int argc, char **argv) {
+    config c;
+    int i;
+    memset(&c, 0, sizeof c);
+    set_policies(&c, "all");
+    c.units = 4096; /* the guide's sizes */
+    c.epochs = 5;
+    c.batch_size = 8192;
+    c.data_dir = "build/fashion-mnist";
+    c.seed = 1337;
+    for (i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) usage(argv[0]);
+        if (strcmp(argv[i], "--policy") == 0) set_policies(&c, argv[i + 1]);
+        else if (strcmp(argv[i], "--units") == 0) c.units = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
+        else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
+        else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
+        else usage(argv[0]);
+    }
+    return c;
+}
+
+/* The guide's model under the current global policy. The softmax is forced
+   to float32: its output feeds the loss, which must stay float32. */
+static mp_model *build_model(const config *c) {
+    mp_model_desc md;
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = FM_PIXELS;
+    md.seed = c->seed;
+    CHECK(mp_model_create(&m, &md), NULL);
+    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
+    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
+    CHECK(mp_model_add(m, mp_dense(FM_CLASSES, MP_LINEAR)), m);
+    softmax.dtype = "float32";
+    CHECK(mp_model_add(m, softmax), m);
+    CHECK(mp_model_build(m), m);
+    return m;
+}
+
+/* Sparse categorical crossentropy, RMSprop with Keras's defaults (all zero
+   fields), accuracy. Under mixed_float16 compile wraps the optimizer in a
+   LossScaleOptimizer, as Keras does. */
+static void compile_model(mp_model *m) {
+    mp_compile_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_RMSPROP;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.loss_scale = MP_LOSS_SCALE_AUTO;
+    CHECK(mp_model_compile(m, &cd), m);
+}
+
+/* The guide's reset: every policy starts from the first model's initial
+   weights, so that the runs differ only in precision. The first call saves
+   them (*initial is NULL), later calls restore them. */
+static void share_initial_weights(mp_model *m, float **initial, size_t *n) {
+    if (!*initial) {
+        *n = mp_model_param_count(m);
+        *initial = malloc(*n * sizeof **initial);
+        if (!*initial) {
+            fprintf(stderr, "out of memory for %zu initial weights\n", *n);
+            exit(1);
+        }
+        CHECK(mp_model_get_weights(m, *initial, *n), m);
+    } else {
+        CHECK(mp_model_set_weights(m, *initial, *n), m);
+    }
+}
+
+static result run_policy(const config *c, const fm_data *d, const char *policy,
+                         float **initial, size_t *n_initial) {
+    mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
+    mp_logs test;
+    mp_fit_desc fd;
+    mp_model *m;
+    size_t baseline;
+    result r;
+
+    if (!history) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    printf("\n=== policy %s ===\n", policy);
+    CHECK(mp_set_global_policy_name(policy), NULL);
+    /* mixprec counts every byte it allocates, the loaded data set included;
+       what the model adds (weights, activations, gradients, slots) is the
+       peak above what is in use before it is built. */
+    mp_reset_peak_memory();
+    baseline = mp_get_memory_info().current;
+    m = build_model(c);
+    share_initial_weights(m, initial, n_initial);
+    compile_model(m);
+    mp_model_print_summary(m);
+
+    memset(&fd, 0, sizeof fd);
+    fd.data = d->train;
+    fd.batch_size = c->batch_size;
+    fd.epochs = c->epochs;
+    fd.validation_split = 0.2f; /* the guide's: the last 20% validate */
+    fd.history = history;
+    CHECK(mp_model_fit(m, &fd), m);
+    CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
+
+    r.policy = policy;
+    r.test_accuracy = test.accuracy;
+    r.ms_per_step = history[c->epochs - 1].ms_per_step; /* the first epoch warms up */
+    r.peak_bytes = mp_get_memory_info().peak - baseline;
+    r.loss_scale = mp_current_loss_scale(m);
+    r.skipped_steps = history[c->epochs - 1].skipped_steps;
+    printf("result policy=%s test_accuracy=%.4f ms_per_step=%.1f peak_bytes=%zu loss_scale=%g "
+           "skipped_steps=%llu\n",
+           r.policy, (double)r.test_accuracy, (double)r.ms_per_step, r.peak_bytes,
+           (double)r.loss_scale, (unsigned long long)r.skipped_steps);
+    mp_model_destroy(m);
+    free(history);
+    return r;
+}
+
+static void print_table(const result *r, int n) {
+    int i;
+    printf("\n%-16s %13s %10s %10s %11s %8s\n", "policy", "test accuracy", "ms/step", "peak MiB",
+           "loss scale", "skipped");
+    for (i = 0; i < n; i++)
+        printf("%-16s %13.4f %10.1f %10.1f %11g %8llu\n", r[i].policy, (double)r[i].test_accuracy,
+               (double)r[i].ms_per_step, (double)r[i].peak_bytes / (1024.0 * 1024.0),
+               (double)r[i].loss_scale, (unsigned long long)r[i].skipped_steps);
+}
+
+int main(int argc, char **argv) {
+    config c = parse_args(argc, argv);
+    result results[MAX_POLICIES];
+    float *initial = NULL;
+    size_t n_initial = 0;
+    fm_data d;
+    int i;
+
+    fm_load(&d, c.data_dir, c.train_limit, c.seed);
+    printf("training on %zu images (the last 20%% validate), testing on %zu; units %d, batch %d, "
+           "%d epochs\n",
+           d.train.n, d.test.n, c.units, c.batch_size, c.epochs);
+    for (i = 0; i < c.n_policies; i++)
+        results[i] = run_policy(&c, &d, c.policies[i], &initial, &n_initial);
+    print_table(results, c.n_policies);
+    free(initial);
+    fm_free(&d);
+    return 0;
+}
