@@ -2548,6 +2548,7 @@ static void mp__init_weights(mp_model *m) {
     int li;
     for (li = 0; li < m->n_layers; li++) {
         mp__layer *l = &m->layers[li];
+        if (!mp__params(l)) continue;
         l->w = m->w + off;
         l->g = m->g + off;
         if (!l->wc) { l->wc = l->w; l->gc = l->g; }
@@ -3178,7 +3179,7 @@ MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer
 static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size_t n) {
     if (n != m->n_params)
         return mp__fail(m, MP_ERR_SHAPE, "the model has %z weights, the buffer %z", m->n_params, n);
-    memcpy(dst, src, n * sizeof(float));
+    if (n) memcpy(dst, src, n * sizeof(float));
     return MP_OK;
 }
 
@@ -3202,7 +3203,7 @@ MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) 
     if (!m || !dst) return MP_ERR_NULL;
     if (!m->grads_ready) return MP_ERR_STATE;
     if (n != m->n_params) return MP_ERR_SHAPE;
-    memcpy(dst, m->g, n * sizeof(float));
+    if (n) memcpy(dst, m->g, n * sizeof(float));
     return MP_OK;
 }
 

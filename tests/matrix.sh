@@ -78,6 +78,36 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
+echo "== training (test_train, test_errors) in every build"
+# name, compiler and flags of each build; the tests are fast enough for all
+TRAIN_BUILDS=(
+    "gcc|gcc $WARN -O2 -march=native"
+    "clang|clang $WARN -O2 -march=native"
+    "portable|gcc $WARN -O2 -march=native -DMIXPREC_NO_SIMD"
+    "cpp|g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++"
+    "asan_gcc|gcc $WARN $SAN -march=native"
+    "asan_clang|clang $WARN $SAN -march=native"
+)
+for build in "${TRAIN_BUILDS[@]}"; do
+    tag=${build%%|*} cc=${build#*|}
+    for t in test_train test_errors; do
+        step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
+        run "$t, $tag" $B/${t}_$tag
+    done
+done
+if have s390x-linux-gnu-gcc && have qemu-s390x; then
+    step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
+    run "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
+fi
+
+echo "== Fashion-MNIST: mixed_float16 against float32 on real data"
+make -s data B=build >/dev/null
+if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
+    VERBOSE=1 run "test_train on Fashion-MNIST" $B/test_train_gcc build/fashion-mnist
+else
+    skip "Fashion-MNIST run" "the data set is missing (apt-get install dataset-fashion-mnist)"
+fi
+
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
 step "make bench-build" make -s bench-build B=$B/bench

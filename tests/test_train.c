@@ -1,0 +1,1617 @@
+/* test_train.c - tests of mixprec's models: finite-difference gradients of
+   every layer, activation and loss in float32; forward passes that follow
+   Keras's layouts and formulas; mixed_float16 and mixed_bfloat16 forward
+   passes against float32; policy semantics (per-layer policies, float32
+   weights read as the compute dtype, integer labels never cast); the
+   loss-scale state machine step by step; a skipped step that touches no
+   weight and no optimizer slot; training to high accuracy with fit under
+   each policy; memory accounting. Runs in a few seconds, also under
+   ASan/UBSan.
+
+   With a directory of uncompressed Fashion-MNIST IDX files as argv[1]
+   (train-images-idx3-ubyte, ...), it also trains a 784-256-256-10 MLP on it
+   under float32 and mixed_float16 (4 epochs each, about 15-30 s); without
+   one, that part prints a `skip:` line. */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ======================================================================== */
+/* Helpers */
+
+static uint64_t rng_state = 0x853C49E6748FEA9Bull;
+static uint64_t rng_next(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
+}
+static float normal(void) { /* Box-Muller */
+    double u1 = ((double)(rng_next() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rng_next() >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+static void fill(float *p, size_t n, float lo, float hi) {
+    size_t i;
+    for (i = 0; i < n; i++) p[i] = uniform(lo, hi);
+}
+static void *zalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) {
+        fprintf(stderr, "test_train: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+static float *floats(size_t n) { return (float *)zalloc(n * sizeof(float)); }
+static float f32_of_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A call that must succeed: one check, and the status and the model's own
+   message when it does not. */
+static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
+    if (check_report(st == MP_OK, file, line, what)) return 1;
+    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
+    return 0;
+}
+#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
+
+/* |got - want| <= abs_tol + rel * |want|; NaN fails. */
+static int near_report(double got, double want, double rel, double abs_tol, const char *file, int line,
+                       const char *what) {
+    int ok = fabs(got - want) <= abs_tol + rel * fabs(want);
+    if (!check_report(ok, file, line, what)) fprintf(stderr, "    got %.9g, want %.9g\n", got, want);
+    return ok;
+}
+#define CHECK_NEAR(got, want, rel, abs_tol) \
+    near_report((got), (want), (rel), (abs_tol), __FILE__, __LINE__, #got " ~ " #want)
+
+/* A check over many values, reported once with the first bad one. */
+static void check_all(int bad, const char *what, const char *detail, int line) {
+    if (!check_report(bad == 0, __FILE__, line, what)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
+}
+
+static int policy_is(mp_policy p, const char *name) {
+    const char *n = mp_policy_name(p);
+    return n && strcmp(n, name) == 0;
+}
+
+static mp_layer_desc with_dtype(mp_layer_desc d, const char *dtype) { d.dtype = dtype; return d; }
+static mp_layer_desc with_strides(mp_layer_desc d, int sh, int sw) {
+    d.strides[0] = sh, d.strides[1] = sw;
+    return d;
+}
+static mp_layer_desc without_bias(mp_layer_desc d) { d.no_bias = 1; return d; }
+
+/* A built model of layers[0..count) whose layers were added under the
+   global policy `policy`; the global policy is float32 again after. NULL on
+   failure (already counted). */
+static mp_model *make_model(const char *policy, const int *shape, const mp_layer_desc *layers, int count) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int i, ok;
+    memset(&md, 0, sizeof md);
+    for (i = 0; i < MP_MAX_RANK - 1 && shape[i]; i++) md.input_shape[i] = shape[i];
+    md.seed = 7;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
+    for (i = 0; ok && i < count; i++) ok = OK(mp_model_add(m, layers[i]), m);
+    if (ok) ok = OK(mp_model_build(m), m);
+    mp_set_global_policy_name("float32");
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int compile(mp_model *m, mp_loss loss, int from_logits, mp_optimizer_kind opt, float lr,
+                   mp_loss_scale_mode mode) {
+    mp_compile_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = loss;
+    cd.from_logits = from_logits;
+    cd.optimizer.kind = opt;
+    cd.optimizer.learning_rate = lr;
+    cd.metrics = loss == MP_MEAN_SQUARED_ERROR ? MP_METRIC_NONE : MP_METRIC_ACCURACY;
+    cd.loss_scale = mode;
+    return OK(mp_model_compile(m, &cd), m);
+}
+
+/* The last forward's output as float32 into a new buffer; *count elements,
+   *dtype its own dtype, shape its shape. NULL on failure. */
+static float *output_f32(const mp_model *m, size_t *count, mp_tensor *shape) {
+    mp_tensor t;
+    float *out;
+    memset(&t, 0, sizeof t);
+    if (!OK(mp_output(m, &t), m)) return NULL;
+    *count = mp_tensor_count(&t);
+    out = floats(*count);
+    if (!OK(mp_convert(out, MP_FLOAT32, t.data, t.dtype, *count, NULL), m)) {
+        free(out);
+        return NULL;
+    }
+    if (shape) *shape = t;
+    return out;
+}
+
+/* A batch of inputs and targets for a compiled model and its loss. */
+typedef struct batch {
+    float *x;
+    int32_t *labels; /* sparse crossentropy */
+    float *y;        /* the other losses */
+    int n;
+    mp_loss loss;
+} batch;
+
+static batch make_batch(const mp_model *m, mp_loss loss, int n) {
+    size_t in = mp_model_input_size(m), k = mp_model_output_size(m), i, j;
+    batch b;
+    b.n = n;
+    b.loss = loss;
+    b.x = floats((size_t)n * in);
+    b.labels = (int32_t *)zalloc((size_t)n * sizeof(int32_t));
+    b.y = floats((size_t)n * k);
+    fill(b.x, (size_t)n * in, -1.0f, 1.0f);
+    for (i = 0; i < (size_t)n; i++) {
+        double sum = 0.0;
+        b.labels[i] = (int32_t)(rng_next() % (k ? k : 1));
+        for (j = 0; j < k; j++) {
+            float *y = &b.y[i * k + j];
+            if (loss == MP_CATEGORICAL_CROSSENTROPY) *y = uniform(0.1f, 1.0f), sum += *y;
+            else if (loss == MP_BINARY_CROSSENTROPY) *y = uniform(0.0f, 1.0f);
+            else *y = uniform(-1.0f, 1.0f);
+        }
+        for (j = 0; sum > 0.0 && j < k; j++) b.y[i * k + j] = (float)(b.y[i * k + j] / sum);
+    }
+    return b;
+}
+
+static void free_batch(batch *b) {
+    free(b->x);
+    free(b->labels);
+    free(b->y);
+}
+
+static const int32_t *labels_of(const batch *b) {
+    return b->loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY ? b->labels : NULL;
+}
+static const float *targets_of(const batch *b) {
+    return b->loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY ? NULL : b->y;
+}
+
+/* The training-mode loss at the model's current weights; NaN on failure. */
+static float loss_of(mp_model *m, const batch *b) {
+    float loss = NAN;
+    if (mp_forward(m, b->x, b->n, 1) != MP_OK) return NAN;
+    if (mp_compute_loss(m, labels_of(b), targets_of(b), &loss, NULL) != MP_OK) return NAN;
+    return loss;
+}
+
+/* One custom-loop pass to the float32 gradients (the guide's train_step
+   without apply_gradients). */
+static int gradients(mp_model *m, const batch *b, float *g, size_t n, float *loss) {
+    float l;
+    return OK(mp_forward(m, b->x, b->n, 1), m) &&
+           OK(mp_compute_loss(m, labels_of(b), targets_of(b), loss ? loss : &l, NULL), m) &&
+           OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
+           OK(mp_get_gradients(m, g, n), m);
+}
+
+/* ======================================================================== */
+/* 1. Finite-difference gradient checks (float32, no loss scaling) */
+
+/* mp_get_gradients against central differences of the loss, weight by
+   weight: |g - fd| <= 2e-2 max(|g|, |fd|) + 3e-4 for every weight; the
+   whole vectors within 2e-2 in relative L2; and a gradient that is not
+   zero (the check is not vacuous). The loss is float32, so the differences
+   carry about 1e-7 |loss| / eps of rounding noise: 3e-4 covers it. */
+static void grad_check(const char *what, mp_model *m, const batch *b, float eps) {
+    size_t n = mp_model_param_count(m), i;
+    float *w = floats(n), *g = floats(n);
+    double diff2 = 0.0, fd2 = 0.0;
+    int bad = 0;
+    char msg[160], detail[160] = "";
+    if (!OK(mp_model_get_weights(m, w, n), m) || !gradients(m, b, g, n, NULL)) goto done;
+    for (i = 0; i < n; i++) {
+        float keep = w[i], hi = keep + eps, lo = keep - eps, lp, lm;
+        double fd, err, tol;
+        w[i] = hi;
+        mp_model_set_weights(m, w, n);
+        lp = loss_of(m, b);
+        w[i] = lo;
+        mp_model_set_weights(m, w, n);
+        lm = loss_of(m, b);
+        w[i] = keep;
+        fd = ((double)lp - (double)lm) / ((double)hi - (double)lo);
+        err = fabs((double)g[i] - fd);
+        tol = 2e-2 * fmax(fabs((double)g[i]), fabs(fd)) + 3e-4;
+        diff2 += ((double)g[i] - fd) * ((double)g[i] - fd);
+        fd2 += fd * fd;
+        if (!(err <= tol) && bad++ == 0)
+            snprintf(detail, sizeof detail, "weight %zu of %zu: gradient %.7g, central difference %.7g", i,
+                     n, (double)g[i], fd);
+    }
+    mp_model_set_weights(m, w, n);
+    snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
+    check_all(bad, msg, detail, __LINE__);
+    snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
+    if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
+        fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));
+    snprintf(msg, sizeof msg, "%s: the loss depends on the weights", what);
+    if (!check_report(sqrt(fd2) > 1e-3, __FILE__, __LINE__, msg)) fprintf(stderr, "    |fd| = %.4g\n", sqrt(fd2));
+done:
+    free(w);
+    free(g);
+}
+
+typedef struct fd_case {
+    char what[96];
+    int shape[4];             /* input per sample, zero-terminated */
+    mp_layer_desc layers[6];
+    int count;
+    mp_loss loss;
+    int from_logits;
+    int batch;
+    float wscale; /* weights uniform in [-wscale, wscale] */
+    int kink;     /* > 0: layers[0..kink) (made linear) feed a relu: kept >= 0.05 from 0 */
+    int pool;     /* > 0: layers[0..pool) feed a 2x2 max-pool: window gaps kept >= 0.03 */
+    float eps;
+} fd_case;
+
+static fd_case fd_base(const char *what, int in0, int in1, int in2) {
+    fd_case c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.what, sizeof c.what, "%s", what);
+    c.shape[0] = in0, c.shape[1] = in1, c.shape[2] = in2;
+    c.loss = MP_MEAN_SQUARED_ERROR;
+    c.batch = 5;
+    c.wscale = 0.8f;
+    c.eps = 1e-2f;
+    return c;
+}
+
+/* The output of the model made of layers[0..k), the last one linear, with
+   the first weights of w, on x: what a relu or a max-pool sees. Counts no
+   check (it may run many times): a failure shows as keep_off_kinks's. */
+static float *prefix_output(const fd_case *c, int k, const float *w, const float *x, size_t *count,
+                            mp_tensor *shape) {
+    mp_layer_desc layers[6];
+    mp_model_desc md;
+    mp_model *p = NULL;
+    mp_tensor t;
+    float *out = NULL;
+    int i, ok;
+    memcpy(layers, c->layers, sizeof layers);
+    layers[k - 1].activation = MP_LINEAR;
+    memset(&md, 0, sizeof md);
+    memset(&t, 0, sizeof t);
+    for (i = 0; i < 3 && c->shape[i]; i++) md.input_shape[i] = c->shape[i];
+    ok = mp_model_create(&p, &md) == MP_OK;
+    for (i = 0; ok && i < k; i++) ok = mp_model_add(p, layers[i]) == MP_OK;
+    ok = ok && mp_model_set_weights(p, w, mp_model_param_count(p)) == MP_OK &&
+         mp_forward(p, x, c->batch, 1) == MP_OK && mp_output(p, &t) == MP_OK;
+    if (ok) {
+        *count = mp_tensor_count(&t);
+        *shape = t;
+        out = floats(*count);
+        ok = mp_convert(out, MP_FLOAT32, t.data, t.dtype, *count, NULL) == MP_OK;
+    }
+    if (!ok) {
+        fprintf(stderr, "    prefix model: %s\n", p ? mp_model_error(p) : "not created");
+        free(out);
+        out = NULL;
+    }
+    mp_model_destroy(p);
+    return out;
+}
+
+/* Smallest gap between the largest and second largest of each 2x2 window
+   of an [n, h, w, c] output. */
+static float pool_gap(const float *o, const mp_tensor *t) {
+    int n = t->shape[0], h = t->shape[1], w = t->shape[2], c = t->shape[3], b, i, j, ch, di;
+    float gap = INFINITY;
+    for (b = 0; b < n; b++)
+        for (i = 0; i + 1 < h; i += 2)
+            for (j = 0; j + 1 < w; j += 2)
+                for (ch = 0; ch < c; ch++) {
+                    float v[4], top = -INFINITY, second = -INFINITY;
+                    for (di = 0; di < 4; di++) {
+                        v[di] = o[(((size_t)b * h + i + di / 2) * w + j + di % 2) * c + ch];
+                        if (v[di] > top) second = top, top = v[di];
+                        else if (v[di] > second) second = v[di];
+                    }
+                    if (top - second < gap) gap = top - second;
+                }
+    return gap;
+}
+
+/* Resamples the inputs until no relu pre-activation sits near its kink and
+   no max-pool window has a near tie. */
+static int keep_off_kinks(const fd_case *c, const float *w, batch *b, size_t in) {
+    int tries;
+    for (tries = 0; tries < 500; tries++) {
+        int fine = 1;
+        size_t count = 0, i;
+        mp_tensor t;
+        float *o;
+        if (c->kink) {
+            if (!(o = prefix_output(c, c->kink, w, b->x, &count, &t))) return 0;
+            for (i = 0; i < count; i++) fine &= fabsf(o[i]) >= 0.05f;
+            free(o);
+        }
+        if (c->pool && fine) {
+            if (!(o = prefix_output(c, c->pool, w, b->x, &count, &t))) return 0;
+            fine = t.rank == 4 && pool_gap(o, &t) >= 0.03f;
+            free(o);
+        }
+        if (fine) return 1;
+        fill(b->x, (size_t)b->n * in, -1.0f, 1.0f);
+    }
+    return 0;
+}
+
+static void run_fd(const fd_case *c) {
+    mp_model *m = make_model("float32", c->shape, c->layers, c->count);
+    size_t n;
+    float *w;
+    batch b;
+    if (!m) return;
+    if (!compile(m, c->loss, c->from_logits, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE)) goto out;
+    n = mp_model_param_count(m);
+    w = floats(n);
+    fill(w, n, -c->wscale, c->wscale);
+    b = make_batch(m, c->loss, c->batch);
+    if (!check_report(keep_off_kinks(c, w, &b, mp_model_input_size(m)), __FILE__, __LINE__, c->what))
+        fprintf(stderr, "    no input kept off the relu kinks / max-pool ties\n");
+    else if (OK(mp_model_set_weights(m, w, n), m))
+        grad_check(c->what, m, &b, c->eps);
+    free_batch(&b);
+    free(w);
+out:
+    mp_model_destroy(m);
+}
+
+static const mp_activation all_activations[] = {MP_LINEAR, MP_RELU, MP_SIGMOID, MP_TANH, MP_GELU, MP_SOFTMAX};
+#define N_ACTIVATIONS (int)(sizeof all_activations / sizeof all_activations[0])
+
+/* Dense with each activation (the activation is the model's output), MSE. */
+static void test_grad_dense_activations(void) {
+    int i;
+    for (i = 0; i < N_ACTIVATIONS; i++) {
+        char what[96];
+        fd_case c;
+        snprintf(what, sizeof what, "Dense(4, %s), MSE", mp_activation_name(all_activations[i]));
+        c = fd_base(what, 3, 0, 0);
+        c.layers[0] = mp_dense(4, all_activations[i]);
+        c.count = 1;
+        c.kink = all_activations[i] == MP_RELU;
+        run_fd(&c);
+    }
+    {   /* use_bias=False, and a deeper chain of activations */
+        fd_case c = fd_base("Dense(4, tanh, no bias), MSE", 3, 0, 0);
+        c.layers[0] = without_bias(mp_dense(4, MP_TANH));
+        c.count = 1;
+        run_fd(&c);
+        c = fd_base("Dense(6, gelu) -> Dense(5, sigmoid) -> Dense(4, softmax), sparse CE", 3, 0, 0);
+        c.layers[0] = mp_dense(6, MP_GELU);
+        c.layers[1] = mp_dense(5, MP_SIGMOID);
+        c.layers[2] = mp_dense(4, MP_SOFTMAX);
+        c.count = 3;
+        c.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        run_fd(&c);
+    }
+}
+
+/* Activation layers between two Dense layers, MSE. */
+static void test_grad_activation_layers(void) {
+    int i;
+    for (i = 0; i < N_ACTIVATIONS; i++) {
+        char what[96];
+        fd_case c;
+        snprintf(what, sizeof what, "Dense(5) -> Activation(%s) -> Dense(3), MSE",
+                 mp_activation_name(all_activations[i]));
+        c = fd_base(what, 3, 0, 0);
+        c.layers[0] = mp_dense(5, MP_LINEAR);
+        c.layers[1] = mp_activation_layer(all_activations[i]);
+        c.layers[2] = mp_dense(3, MP_LINEAR);
+        c.count = 3;
+        c.batch = 4;
+        c.kink = all_activations[i] == MP_RELU ? 1 : 0;
+        run_fd(&c);
+    }
+}
+
+/* Conv2D valid and same, strides 1 and 2 (square and not), MaxPooling2D,
+   Flatten: conv -> [pool] -> Flatten -> Dense(2), MSE. */
+static void test_grad_conv(void) {
+    static const struct {
+        const char *what;
+        int h, w, kh, kw, sh, sw;
+        mp_padding pad;
+        mp_activation act;
+        int pool;
+    } cases[] = {
+        {"Conv2D 3x3 valid stride 1 tanh, 5x5x2", 5, 5, 3, 3, 1, 1, MP_VALID, MP_TANH, 0},
+        {"Conv2D 3x3 same stride 1, 5x5x2", 5, 5, 3, 3, 1, 1, MP_SAME, MP_LINEAR, 0},
+        {"Conv2D 3x3 valid stride 2, 5x5x2", 5, 5, 3, 3, 2, 2, MP_VALID, MP_LINEAR, 0},
+        {"Conv2D 3x3 same stride 2 relu, 6x6x2 (uneven padding)", 6, 6, 3, 3, 2, 2, MP_SAME, MP_RELU, 0},
+        {"Conv2D 2x3 same strides (1,2) sigmoid, 5x6x2", 5, 6, 2, 3, 1, 2, MP_SAME, MP_SIGMOID, 0},
+        {"Conv2D 2x3 valid strides (2,1) gelu, 5x6x2", 5, 6, 2, 3, 2, 1, MP_VALID, MP_GELU, 0},
+        {"Conv2D 3x3 valid -> MaxPooling2D 2x2, 6x6x2", 6, 6, 3, 3, 1, 1, MP_VALID, MP_LINEAR, 1},
+        {"Conv2D 3x3 same -> MaxPooling2D 2x2 (odd size), 5x5x2", 5, 5, 3, 3, 1, 1, MP_SAME, MP_LINEAR, 1},
+    };
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fd_case c = fd_base(cases[i].what, cases[i].h, cases[i].w, 2);
+        int k = 0;
+        c.layers[k++] = with_strides(mp_conv2d(3, cases[i].kh, cases[i].kw, cases[i].pad, cases[i].act),
+                                     cases[i].sh, cases[i].sw);
+        if (cases[i].pool) c.layers[k++] = mp_max_pooling2d(2, 2);
+        c.layers[k++] = mp_flatten();
+        c.layers[k++] = mp_dense(2, MP_LINEAR);
+        c.count = k;
+        c.batch = 2;
+        c.wscale = 0.4f;
+        c.kink = cases[i].act == MP_RELU;
+        c.pool = cases[i].pool;
+        if (cases[i].pool) c.eps = 5e-3f; /* a smaller step keeps each window's winner */
+        run_fd(&c);
+    }
+}
+
+/* Dropout with rate 0 in training is the identity. */
+static void test_grad_dropout_zero(void) {
+    fd_case c = fd_base("Dense(4, tanh) -> Dropout(0) -> Dense(2), training, MSE", 3, 0, 0);
+    c.layers[0] = mp_dense(4, MP_TANH);
+    c.layers[1] = mp_dropout(0.0f);
+    c.layers[2] = mp_dense(2, MP_LINEAR);
+    c.count = 3;
+    run_fd(&c);
+}
+
+/* Every loss, from probabilities and from logits. */
+static void test_grad_losses(void) {
+    static const struct {
+        const char *what;
+        mp_loss loss;
+        int from_logits, units;
+        mp_activation act;
+    } cases[] = {
+        {"sparse categorical CE from softmax probs", MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, 4, MP_SOFTMAX},
+        {"sparse categorical CE from logits", MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, 4, MP_LINEAR},
+        {"categorical CE from softmax probs", MP_CATEGORICAL_CROSSENTROPY, 0, 4, MP_SOFTMAX},
+        {"categorical CE from logits", MP_CATEGORICAL_CROSSENTROPY, 1, 4, MP_LINEAR},
+        {"binary CE from sigmoid probs", MP_BINARY_CROSSENTROPY, 0, 3, MP_SIGMOID},
+        {"binary CE from logits", MP_BINARY_CROSSENTROPY, 1, 3, MP_LINEAR},
+        {"mean squared error", MP_MEAN_SQUARED_ERROR, 0, 3, MP_LINEAR},
+    };
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fd_case c = fd_base(cases[i].what, 3, 0, 0);
+        c.layers[0] = mp_dense(cases[i].units, cases[i].act);
+        c.count = 1;
+        c.loss = cases[i].loss;
+        c.from_logits = cases[i].from_logits;
+        c.batch = 6;
+        run_fd(&c);
+    }
+}
+
+/* Dropout(0.5) in training: every output is 0 or 2x its input (Keras's
+   1/(1 - rate) scaling), about half are dropped, the backward pass uses the
+   same mask and scale, each call draws a new mask, and inference is the
+   identity. Dense(64) on one input feature: its kernel is [1, 64] whatever
+   the layout, so the expected values are plain arithmetic. */
+static void test_dropout_mask(void) {
+    enum { B = 8, U = 64 };
+    static const int shape[] = {1, 0};
+    mp_layer_desc layers[2];
+    float w[2 * U], x[B], y[B * U], g[2 * U], pre[B * U], *out = NULL, *out2 = NULL, *out0 = NULL;
+    double want_loss = 0.0, gw[U] = {0}, gb[U] = {0};
+    float loss = NAN;
+    int b, j, bad = 0, kept = 0, differ = 0, bad0 = 0;
+    char detail[160] = "";
+    size_t count = 0, count2 = 0, count0 = 0;
+    mp_model *m;
+    layers[0] = mp_dense(U, MP_LINEAR);
+    layers[1] = mp_dropout(0.5f);
+    if (!(m = make_model("float32", shape, layers, 2))) return;
+    if (!compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE)) goto out;
+    fill(w, 2 * U, 0.5f, 1.5f); /* kernel then bias: every pre-activation >= 0.75 */
+    fill(x, B, 0.5f, 1.5f);
+    fill(y, B * U, -1.0f, 1.0f);
+    for (b = 0; b < B; b++)
+        for (j = 0; j < U; j++) pre[b * U + j] = x[b] * w[j] + w[U + j];
+    if (!OK(mp_model_set_weights(m, w, 2 * U), m) || !OK(mp_forward(m, x, B, 1), m) ||
+        !(out = output_f32(m, &count, NULL)) || !CHECK(count == B * U))
+        goto out;
+    for (b = 0; b < B * U; b++) {
+        int keep = out[b] != 0.0f;
+        kept += keep;
+        if (keep && !(fabsf(out[b] - 2.0f * pre[b]) <= 1e-5f * pre[b]) && bad++ == 0)
+            snprintf(detail, sizeof detail, "element %d: %.7g, input %.7g", b, (double)out[b], (double)pre[b]);
+        want_loss += ((double)out[b] - y[b]) * ((double)out[b] - y[b]) / (B * U);
+        /* d loss / d pre = 2 (out - y) / (B U) * mask * 2 */
+        if (keep) {
+            double d = 2.0 * ((double)out[b] - y[b]) / (B * U) * 2.0;
+            gw[b % U] += x[b / U] * d;
+            gb[b % U] += d;
+        }
+    }
+    check_all(bad, "Dropout(0.5): kept outputs are 2x their input", detail, __LINE__);
+    CHECK(kept >= B * U * 35 / 100 && kept <= B * U * 65 / 100); /* 256 +- 5.7 sigma */
+    if (OK(mp_compute_loss(m, NULL, y, &loss, NULL), m)) CHECK_NEAR(loss, want_loss, 1e-5, 1e-7);
+    if (OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
+        OK(mp_get_gradients(m, g, 2 * U), m)) {
+        bad = 0;
+        for (j = 0; j < U; j++) {
+            if (!(fabs(g[j] - gw[j]) <= 1e-5 * fabs(gw[j]) + 1e-7) && bad++ == 0)
+                snprintf(detail, sizeof detail, "kernel %d: %.7g, want %.7g", j, (double)g[j], gw[j]);
+            if (!(fabs(g[U + j] - gb[j]) <= 1e-5 * fabs(gb[j]) + 1e-7) && bad++ == 0)
+                snprintf(detail, sizeof detail, "bias %d: %.7g, want %.7g", j, (double)g[U + j], gb[j]);
+        }
+        check_all(bad, "Dropout(0.5): backward applies the forward's mask and scale", detail, __LINE__);
+    }
+    if (OK(mp_forward(m, x, B, 1), m) && (out2 = output_f32(m, &count2, NULL)) && CHECK(count2 == B * U)) {
+        for (b = 0; b < B * U; b++) differ += (out[b] == 0.0f) != (out2[b] == 0.0f);
+        CHECK(differ > 0); /* a new mask every training call */
+    }
+    if (OK(mp_forward(m, x, B, 0), m) && (out0 = output_f32(m, &count0, NULL)) && CHECK(count0 == B * U)) {
+        for (b = 0; b < B * U; b++) bad0 += !(fabsf(out0[b] - pre[b]) <= 1e-6f * pre[b]);
+        check_all(bad0, "Dropout(0.5) at inference is the identity", "an output differs from its input",
+                  __LINE__);
+    }
+out:
+    free(out);
+    free(out2);
+    free(out0);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* Forward passes follow Keras's layouts and formulas (float32) */
+
+/* Keras's loss formulas (tf_keras backend, epsilon 1e-7), in double, from
+   the predictions p [n, k]; *correct gets the accuracy metric's count. */
+static double keras_loss(mp_loss loss, int from_logits, const float *p, const int32_t *labels, const float *y,
+                         int n, int k, size_t *correct) {
+    const double eps = 1e-7;
+    double total = 0.0;
+    int b, j;
+    *correct = 0;
+    for (b = 0; b < n; b++) {
+        const float *z = p + (size_t)b * k, *t = y + (size_t)b * k;
+        double lse = 0.0, zmax = -INFINITY, sum = 0.0, l = 0.0;
+        int arg = 0, targ = 0;
+        for (j = 0; j < k; j++) {
+            if (z[j] > z[arg]) arg = j;
+            if (t[j] > t[targ]) targ = j;
+            zmax = fmax(zmax, z[j]);
+            sum += z[j];
+        }
+        for (j = 0; j < k; j++) lse += exp(z[j] - zmax);
+        lse = zmax + log(lse);
+        switch (loss) {
+        case MP_SPARSE_CATEGORICAL_CROSSENTROPY:
+            l = from_logits ? lse - z[labels[b]] : -log(fmin(fmax(z[labels[b]], eps), 1 - eps));
+            *correct += arg == labels[b];
+            break;
+        case MP_CATEGORICAL_CROSSENTROPY:
+            for (j = 0; j < k; j++)
+                l -= t[j] * (from_logits ? z[j] - lse : log(fmin(fmax(z[j] / sum, eps), 1 - eps)));
+            *correct += arg == targ;
+            break;
+        case MP_BINARY_CROSSENTROPY:
+            for (j = 0; j < k; j++) {
+                double q = fmin(fmax(z[j], eps), 1 - eps);
+                l += from_logits ? fmax(z[j], 0.0) - z[j] * t[j] + log1p(exp(-fabs(z[j])))
+                                 : -(t[j] * log(q + eps) + (1 - t[j]) * log(1 - q + eps));
+                *correct += k == 1 && (z[j] > 0.5f) == (t[j] > 0.5f);
+            }
+            l /= k;
+            break;
+        default:
+            for (j = 0; j < k; j++) l += ((double)z[j] - t[j]) * ((double)z[j] - t[j]);
+            l /= k;
+        }
+        total += l;
+    }
+    return total / n;
+}
+
+/* mp_compute_loss and its accuracy count against Keras's formulas. */
+static void test_loss_values(void) {
+    static const struct {
+        mp_loss loss;
+        int from_logits, units;
+        mp_activation act;
+    } cases[] = {
+        {MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, 5, MP_SOFTMAX}, {MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, 5, MP_LINEAR},
+        {MP_CATEGORICAL_CROSSENTROPY, 0, 5, MP_SOFTMAX},        {MP_CATEGORICAL_CROSSENTROPY, 1, 5, MP_LINEAR},
+        {MP_BINARY_CROSSENTROPY, 0, 1, MP_SIGMOID},             {MP_BINARY_CROSSENTROPY, 0, 3, MP_SIGMOID},
+        {MP_BINARY_CROSSENTROPY, 1, 3, MP_LINEAR},              {MP_MEAN_SQUARED_ERROR, 0, 3, MP_LINEAR},
+    };
+    static const int shape[] = {4, 0};
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mp_layer_desc d = mp_dense(cases[i].units, cases[i].act);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        batch b;
+        float loss = NAN, *p = NULL;
+        size_t count = 0, correct = 0, want_correct;
+        int j;
+        if (!m) continue;
+        b = make_batch(m, cases[i].loss, 16);
+        if (cases[i].loss == MP_BINARY_CROSSENTROPY && cases[i].units == 1) /* hard 0/1 targets */
+            for (j = 0; j < 16; j++) b.y[j] = (float)(rng_next() & 1);
+        if (compile(m, cases[i].loss, cases[i].from_logits, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
+            OK(mp_forward(m, b.x, b.n, 0), m) && (p = output_f32(m, &count, NULL)) &&
+            OK(mp_compute_loss(m, labels_of(&b), targets_of(&b), &loss, &correct), m)) {
+            double want = keras_loss(cases[i].loss, cases[i].from_logits, p, b.labels, b.y, 16, cases[i].units,
+                                     &want_correct);
+            if (!CHECK_NEAR(loss, want, 1e-5, 1e-6)) fprintf(stderr, "    loss case %zu\n", i);
+            if (cases[i].loss != MP_MEAN_SQUARED_ERROR && !(cases[i].loss == MP_BINARY_CROSSENTROPY && cases[i].units > 1))
+                if (!CHECK(correct == want_correct)) fprintf(stderr, "    loss case %zu: %zu, want %zu\n", i, correct, want_correct);
+        }
+        free(p);
+        free_batch(&b);
+        mp_model_destroy(m);
+    }
+}
+
+/* Each activation's forward against its formula (GELU exact, with erf). */
+static void test_activation_values(void) {
+    static const float in[7] = {-3.0f, -1.0f, -0.3f, 0.0f, 0.4f, 1.2f, 2.5f};
+    static const int shape[] = {7, 0};
+    int a, j;
+    for (a = 0; a < N_ACTIVATIONS; a++) {
+        mp_activation act = all_activations[a];
+        mp_layer_desc d = mp_activation_layer(act);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        float *out = NULL;
+        size_t count = 0;
+        double sum = 0.0;
+        int bad = 0;
+        char detail[96] = "";
+        if (!m) continue;
+        for (j = 0; j < 7; j++) sum += exp(in[j]);
+        if (OK(mp_forward(m, in, 1, 0), m) && (out = output_f32(m, &count, NULL)) && CHECK(count == 7)) {
+            for (j = 0; j < 7; j++) {
+                double x = in[j], want = act == MP_RELU      ? fmax(x, 0.0)
+                                         : act == MP_SIGMOID ? 1.0 / (1.0 + exp(-x))
+                                         : act == MP_TANH    ? tanh(x)
+                                         : act == MP_GELU    ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
+                                         : act == MP_SOFTMAX ? exp(x) / sum
+                                                             : x;
+                /* 3e-7: float32's 1 + erf(x / sqrt 2) cancels near x = -3 (Keras's formula too) */
+                if (!(fabs(out[j] - want) <= 2e-6 * fabs(want) + 3e-7) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "%s(%g) = %.9g, want %.9g", mp_activation_name(act), x,
+                             (double)out[j], want);
+            }
+            check_all(bad, "activation values", detail, __LINE__);
+        }
+        free(out);
+        mp_model_destroy(m);
+    }
+}
+
+/* TensorFlow's convolution: NHWC input, kernel [kh][kw][cin][cout] then the
+   bias; SAME pads max((out - 1) s + k - in, 0) in total, the smaller half
+   before (top/left). */
+static void conv_reference(const float *x, int n, int h, int w, int c, const float *k, int kh, int kw, int f,
+                           int sh, int sw, mp_padding pad, float *out, int *oh, int *ow) {
+    int ph, pw, b, i, j, o, di, dj, ci;
+    *oh = pad == MP_SAME ? (h + sh - 1) / sh : (h - kh) / sh + 1;
+    *ow = pad == MP_SAME ? (w + sw - 1) / sw : (w - kw) / sw + 1;
+    ph = pad == MP_SAME ? ((*oh - 1) * sh + kh - h > 0 ? (*oh - 1) * sh + kh - h : 0) / 2 : 0;
+    pw = pad == MP_SAME ? ((*ow - 1) * sw + kw - w > 0 ? (*ow - 1) * sw + kw - w : 0) / 2 : 0;
+    for (b = 0; b < n; b++)
+        for (i = 0; i < *oh; i++)
+            for (j = 0; j < *ow; j++)
+                for (o = 0; o < f; o++) {
+                    double s = k[kh * kw * c * f + o];
+                    for (di = 0; di < kh; di++)
+                        for (dj = 0; dj < kw; dj++)
+                            for (ci = 0; ci < c; ci++) {
+                                int r = i * sh + di - ph, q = j * sw + dj - pw;
+                                if (r < 0 || r >= h || q < 0 || q >= w) continue;
+                                s += (double)x[(((size_t)b * h + r) * w + q) * c + ci] *
+                                     k[((di * kw + dj) * c + ci) * f + o];
+                            }
+                    out[(((size_t)b * *oh + i) * *ow + j) * f + o] = (float)s;
+                }
+}
+
+/* Compares a model's output with want[0..count). */
+static void check_output(mp_model *m, const float *want, size_t count, const char *what) {
+    size_t got_count = 0, i;
+    float *got = output_f32(m, &got_count, NULL);
+    int bad = 0;
+    char detail[128] = "";
+    if (!got) return;
+    if (CHECK(got_count == count)) {
+        for (i = 0; i < count; i++)
+            if (!(fabsf(got[i] - want[i]) <= 1e-5f * fabsf(want[i]) + 1e-6f) && bad++ == 0)
+                snprintf(detail, sizeof detail, "element %zu: %.7g, want %.7g", i, (double)got[i], (double)want[i]);
+        check_all(bad, what, detail, __LINE__);
+    }
+    free(got);
+}
+
+/* Dense is x K + b with K [in, out]; Conv2D as TensorFlow (odd SAME
+   padding included) and its output shape in the layer info; MaxPooling2D
+   2x2 drops the odd last row and column; Flatten keeps the row-major order. */
+static void test_layer_values(void) {
+    static const struct { int h, w, kh, kw, sh, sw; mp_padding pad; } convs[] = {
+        {6, 6, 3, 3, 2, 2, MP_SAME}, {5, 6, 2, 3, 1, 2, MP_SAME}, {5, 6, 2, 3, 2, 1, MP_VALID}, {5, 5, 3, 3, 1, 1, MP_VALID}};
+    enum { B = 2, C = 2, F = 3 };
+    static const int dense_shape[] = {3, 0}, pool_shape[] = {5, 5, 2, 0}, flat_shape[] = {2, 3, 2, 0};
+    float x[B * 6 * 6 * C], k[3 * 3 * C * F + F], want[B * 6 * 6 * F];
+    mp_layer_desc d = mp_dense(4, MP_LINEAR);
+    mp_model *m = make_model("float32", dense_shape, &d, 1);
+    mp_layer_info info;
+    size_t i;
+    int b, j, oh = 0, ow = 0;
+    fill(x, sizeof x / sizeof x[0], -1.0f, 1.0f);
+    fill(k, sizeof k / sizeof k[0], -0.5f, 0.5f);
+    if (m && OK(mp_model_set_weights(m, k, 16), m) && OK(mp_forward(m, x, B, 0), m)) {
+        for (b = 0; b < B; b++)
+            for (j = 0; j < 4; j++)
+                want[b * 4 + j] = x[b * 3] * k[j] + x[b * 3 + 1] * k[4 + j] + x[b * 3 + 2] * k[8 + j] + k[12 + j];
+        check_output(m, want, B * 4, "Dense: x K + b, K is [in, out]");
+    }
+    mp_model_destroy(m);
+    for (i = 0; i < sizeof convs / sizeof convs[0]; i++) {
+        int shape[4] = {convs[i].h, convs[i].w, C, 0};
+        d = with_strides(mp_conv2d(F, convs[i].kh, convs[i].kw, convs[i].pad, MP_LINEAR), convs[i].sh, convs[i].sw);
+        if (!(m = make_model("float32", shape, &d, 1))) continue;
+        conv_reference(x, B, convs[i].h, convs[i].w, C, k, convs[i].kh, convs[i].kw, F, convs[i].sh, convs[i].sw,
+                       convs[i].pad, want, &oh, &ow);
+        if (OK(mp_model_layer_info(m, 0, &info), m) &&
+            !CHECK(info.rank == 3 && info.output_shape[0] == oh && info.output_shape[1] == ow && info.output_shape[2] == F))
+            fprintf(stderr, "    conv %zu: output shape %dx%dx%d, want %dx%dx%d\n", i, info.output_shape[0],
+                    info.output_shape[1], info.output_shape[2], oh, ow, F);
+        CHECK(mp_model_param_count(m) == (size_t)(convs[i].kh * convs[i].kw * C * F + F));
+        if (OK(mp_model_set_weights(m, k, (size_t)(convs[i].kh * convs[i].kw * C * F + F)), m) &&
+            OK(mp_forward(m, x, B, 0), m))
+            check_output(m, want, (size_t)(B * oh * ow * F), "Conv2D as TensorFlow (NHWC, [kh, kw, cin, cout])");
+        mp_model_destroy(m);
+    }
+    d = mp_max_pooling2d(2, 2);
+    if ((m = make_model("float32", pool_shape, &d, 1)) && OK(mp_forward(m, x, B, 0), m)) {
+        for (b = 0; b < B; b++)
+            for (j = 0; j < 2 * 2 * C; j++) {
+                int i0 = j / (2 * C) * 2, j0 = j / C % 2 * 2, c = j % C, di;
+                float best = -INFINITY;
+                for (di = 0; di < 4; di++) best = fmaxf(best, x[((b * 5 + i0 + di / 2) * 5 + j0 + di % 2) * C + c]);
+                want[b * 8 + j] = best;
+            }
+        check_output(m, want, B * 8, "MaxPooling2D 2x2 on 5x5 (valid: the last row and column drop)");
+    }
+    mp_model_destroy(m);
+    d = mp_flatten();
+    if ((m = make_model("float32", flat_shape, &d, 1)) && OK(mp_forward(m, x, B, 0), m)) {
+        CHECK(OK(mp_model_layer_info(m, 0, &info), m) && info.rank == 1 && info.output_shape[0] == 12);
+        check_output(m, x, B * 12, "Flatten keeps the row-major order");
+    }
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 2. Mixed forward passes within a stated tolerance of float32 */
+
+/* The same weights and inputs under `policy` and under float32, inference
+   mode: |mixed - float32| <= tol (1 + |float32|) elementwise. */
+static void compare_forward(const char *policy, const char *what, const int *shape, const mp_layer_desc *layers,
+                            int count, double tol) {
+    enum { B = 6 };
+    mp_model *m32 = make_model("float32", shape, layers, count), *m16 = make_model(policy, shape, layers, count);
+    float *w = NULL, *x = NULL, *a = NULL, *o = NULL;
+    size_t n, na = 0, no = 0, i;
+    int bad = 0;
+    char msg[160], detail[128] = "";
+    if (!m32 || !m16) goto out;
+    n = mp_model_param_count(m32);
+    w = floats(n);
+    x = floats(B * mp_model_input_size(m32));
+    fill(x, B * mp_model_input_size(m32), -1.0f, 1.0f);
+    if (!OK(mp_model_get_weights(m32, w, n), m32) || !OK(mp_model_set_weights(m16, w, n), m16) ||
+        !OK(mp_forward(m32, x, B, 0), m32) || !OK(mp_forward(m16, x, B, 0), m16) ||
+        !(a = output_f32(m16, &na, NULL)) || !(o = output_f32(m32, &no, NULL)) || !CHECK(na == no))
+        goto out;
+    for (i = 0; i < na; i++)
+        if (!(fabs((double)a[i] - o[i]) <= tol * (1.0 + fabs(o[i]))) && bad++ == 0)
+            snprintf(detail, sizeof detail, "element %zu: %.7g, float32 %.7g", i, (double)a[i], (double)o[i]);
+    snprintf(msg, sizeof msg, "%s %s forward within %g (1 + |float32|) of float32", policy, what, tol);
+    check_all(bad, msg, detail, __LINE__);
+out:
+    free(w), free(x), free(a), free(o);
+    mp_model_destroy(m32);
+    mp_model_destroy(m16);
+}
+
+/* Tolerances: float16 keeps 11 significant bits (rounding error up to
+   2^-11 ~ 4.9e-4 per value); inputs, weights and each layer's output are
+   rounded, and sums of up to 36 products carry it through three or four
+   layers: 3e-3 (1 + |y|), about 8x what is seen. bfloat16 keeps 8 bits, 8x
+   coarser: 2.4e-2 (1 + |y|). */
+static void test_mixed_forward(void) {
+    static const int mlp_shape[] = {12, 0}, conv_shape[] = {6, 6, 2, 0};
+    mp_layer_desc mlp[5], conv[5];
+    mlp[0] = mp_dense(16, MP_RELU);
+    mlp[1] = mp_dense(16, MP_GELU);
+    mlp[2] = mp_dense(8, MP_TANH);
+    mlp[3] = mp_dense(5, MP_LINEAR);
+    mlp[4] = with_dtype(mp_activation_layer(MP_SOFTMAX), "float32");
+    conv[0] = mp_conv2d(4, 3, 3, MP_SAME, MP_RELU);
+    conv[1] = mp_max_pooling2d(2, 2);
+    conv[2] = with_strides(mp_conv2d(4, 2, 2, MP_VALID, MP_TANH), 1, 1);
+    conv[3] = mp_flatten();
+    conv[4] = mp_dense(3, MP_SIGMOID);
+    compare_forward("mixed_float16", "MLP", mlp_shape, mlp, 5, 3e-3);
+    compare_forward("mixed_float16", "MLP logits (16-bit output)", mlp_shape, mlp, 4, 3e-3);
+    compare_forward("mixed_float16", "conv net", conv_shape, conv, 5, 3e-3);
+    compare_forward("mixed_bfloat16", "MLP", mlp_shape, mlp, 5, 2.4e-2);
+    compare_forward("mixed_bfloat16", "MLP logits (16-bit output)", mlp_shape, mlp, 4, 2.4e-2);
+    compare_forward("mixed_bfloat16", "conv net", conv_shape, conv, 5, 2.4e-2);
+}
+
+/* The custom loop's gradients under `policy` (loss scale as compile gives
+   it: 2^15 for mixed_float16) against float32's on the same weights and
+   batch: relative L2 error <= tol. The scaled loss is loss * scale. */
+static void compare_gradients(const char *policy, double tol) {
+    enum { B = 16 };
+    static const int shape[] = {10, 0};
+    mp_layer_desc layers[3];
+    mp_model *m32, *m16;
+    size_t n, i;
+    float *w = NULL, *g32 = NULL, *g16 = NULL, l32 = NAN, l16 = NAN;
+    double diff2 = 0.0, ref2 = 0.0;
+    batch b;
+    char msg[128];
+    layers[0] = mp_dense(16, MP_TANH);
+    layers[1] = mp_dense(4, MP_LINEAR);
+    layers[2] = with_dtype(mp_activation_layer(MP_SOFTMAX), "float32");
+    m32 = make_model("float32", shape, layers, 3);
+    m16 = make_model(policy, shape, layers, 3);
+    if (!m32 || !m16 || !compile(m32, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) ||
+        !compile(m16, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_AUTO))
+        goto out;
+    n = mp_model_param_count(m32);
+    w = floats(n), g32 = floats(n), g16 = floats(n);
+    b = make_batch(m32, MP_SPARSE_CATEGORICAL_CROSSENTROPY, B);
+    if (OK(mp_model_get_weights(m32, w, n), m32) && OK(mp_model_set_weights(m16, w, n), m16) &&
+        gradients(m32, &b, g32, n, &l32) && gradients(m16, &b, g16, n, &l16)) {
+        for (i = 0; i < n; i++) {
+            diff2 += ((double)g16[i] - g32[i]) * ((double)g16[i] - g32[i]);
+            ref2 += (double)g32[i] * g32[i];
+        }
+        snprintf(msg, sizeof msg, "%s gradients within %g (relative L2) of float32", policy, tol);
+        if (!check_report(sqrt(diff2) <= tol * sqrt(ref2), __FILE__, __LINE__, msg))
+            fprintf(stderr, "    |g - g32| = %.4g, |g32| = %.4g\n", sqrt(diff2), sqrt(ref2));
+        CHECK_NEAR(l16, l32, tol, 0.0);
+        CHECK(mp_get_scaled_loss(m16, l16) == l16 * (strcmp(policy, "mixed_float16") == 0 ? 32768.0f : 1.0f));
+        CHECK(ref2 > 1e-4);
+    }
+    free_batch(&b);
+out:
+    free(w), free(g32), free(g16);
+    mp_model_destroy(m32);
+    mp_model_destroy(m16);
+}
+
+/* Same tolerances' reasoning as above, for a backward pass as deep as the
+   forward one: 3e-3 for float16 (with the loss scaled by 2^15 and the
+   gradients unscaled), 2.4e-2 for bfloat16. */
+static void test_mixed_gradients(void) {
+    compare_gradients("mixed_float16", 3e-3);
+    compare_gradients("mixed_bfloat16", 2.4e-2);
+}
+
+/* ======================================================================== */
+/* 3. Policy semantics */
+
+/* The guide's model under mixed_float16: the Dense layers are
+   mixed_float16, the overridden softmax float32, a layer given a policy
+   pointer has that one; the model reports the global policy at creation. */
+static void test_layer_policies(void) {
+    static const int shape[] = {6, 0};
+    mp_policy bf;
+    mp_layer_desc layers[4];
+    mp_layer_info info[4];
+    mp_model *m;
+    int i, ok = 1;
+    mp_policy_from_name("mixed_bfloat16", &bf);
+    layers[0] = mp_dense(8, MP_RELU);
+    layers[1] = mp_dense(4, MP_LINEAR);
+    layers[2] = with_dtype(mp_activation_layer(MP_SOFTMAX), "float32");
+    layers[3] = mp_dense(3, MP_LINEAR);
+    layers[3].policy = &bf;
+    if (!(m = make_model("mixed_float16", shape, layers, 4))) return;
+    CHECK(mp_model_layer_count(m) == 4);
+    for (i = 0; i < 4; i++) ok &= OK(mp_model_layer_info(m, i, &info[i]), m);
+    if (ok) {
+        CHECK(policy_is(info[0].policy, "mixed_float16") && policy_is(info[1].policy, "mixed_float16"));
+        CHECK(policy_is(info[2].policy, "float32"));
+        CHECK(policy_is(info[3].policy, "mixed_bfloat16"));
+        CHECK(info[0].type && strcmp(info[0].type, "Dense") == 0);
+        CHECK(info[2].type && strcmp(info[2].type, "Activation") == 0);
+        CHECK(info[0].params == 6 * 8 + 8 && info[2].params == 0);
+        CHECK(info[1].rank == 1 && info[1].output_shape[0] == 4);
+    }
+    CHECK(policy_is(mp_model_policy(m), "mixed_float16"));
+    CHECK(policy_is(mp_global_policy(), "float32")); /* make_model restored it */
+    mp_model_destroy(m);
+}
+
+/* A layer takes the global policy when it is added: one added before
+   mp_set_global_policy keeps float32, one added after is mixed_float16. */
+static void test_policy_at_add_time(void) {
+    static const float x[4] = {0.5f, -0.25f, 1.0f, 0.75f};
+    mp_model_desc md;
+    mp_layer_info a, b;
+    mp_tensor t;
+    mp_model *m = NULL;
+    mp_policy p;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    if (!OK(mp_set_global_policy_name("float32"), NULL) || !OK(mp_model_create(&m, &md), NULL)) return;
+    OK(mp_model_add(m, mp_dense(3, MP_TANH)), m);
+    OK(mp_policy_from_name("mixed_float16", &p), NULL);
+    OK(mp_set_global_policy(p), NULL);
+    OK(mp_model_add(m, mp_dense(2, MP_LINEAR)), m);
+    mp_set_global_policy_name("float32");
+    if (OK(mp_model_layer_info(m, 0, &a), m) && OK(mp_model_layer_info(m, 1, &b), m)) {
+        CHECK(policy_is(a.policy, "float32"));
+        CHECK(policy_is(b.policy, "mixed_float16"));
+    }
+    CHECK(policy_is(mp_model_policy(m), "float32"));
+    memset(&t, 0, sizeof t);
+    if (OK(mp_forward(m, x, 1, 0), m) && OK(mp_output(m, &t), m)) {
+        CHECK(t.dtype == MP_FLOAT16);
+        CHECK(t.rank == 2 && t.shape[0] == 1 && t.shape[1] == 2);
+    }
+    mp_model_destroy(m);
+}
+
+/* Weights live in float32 under mixed policies: get_weights returns the
+   bits set_weights put, which 16 bits could not hold (1 + 2^-20, 1e-30). */
+static void test_weights_stay_float32(void) {
+    static const char *const policies[] = {"mixed_float16", "mixed_bfloat16", "float32"};
+    static const int shape[] = {5, 0};
+    mp_layer_desc d = mp_dense(4, MP_TANH);
+    size_t p;
+    for (p = 0; p < 3; p++) {
+        mp_model *m = make_model(policies[p], shape, &d, 1);
+        float w[24], back[24];
+        int i;
+        if (!m) continue;
+        for (i = 0; i < 24; i++) w[i] = i % 3 == 0 ? 1.0f + f32_of_bits(0x35800000u) /* 2^-20 */
+                                        : i % 3 == 1 ? -1e-30f : uniform(-1.0f, 1.0f);
+        memset(back, 0, sizeof back);
+        if (CHECK(mp_model_param_count(m) == 24) && OK(mp_model_set_weights(m, w, 24), m) &&
+            OK(mp_model_get_weights(m, back, 24), m))
+            if (!CHECK(memcmp(w, back, sizeof w) == 0)) fprintf(stderr, "    policy %s\n", policies[p]);
+        mp_model_destroy(m);
+    }
+}
+
+/* Inside a layer, inputs and float32 weights are read as the compute dtype
+   (Keras's AutoCastVariable). Dense(1, no bias) on three features, v = 1 +
+   0.625 * 2^-10: v casts to 1 + 2^-10 in float16, and the sum of three
+   casts, 3 + 1.5 * 2^-9, is a tie that rounds to even, 3 + 2^-8 (0x4202);
+   the uncast sum 3 + 0.9375 * 2^-9 would round to 3 + 2^-9 (0x4201). (Two
+   equal terms would not tell: round(2v) = 2 round(v).) float32 keeps 3v
+   exactly. The output tensor is float16 without an override and float32
+   with one. */
+static void test_compute_dtype_casts(void) {
+    static const int shape[] = {3, 0};
+    const float v = 1.0f + 5.0f / 8192.0f, one[3] = {1.0f, 1.0f, 1.0f}, vv[3] = {v, v, v};
+    mp_layer_desc layers[2];
+    mp_model *m16, *m32, *mo;
+    mp_tensor t;
+    layers[0] = without_bias(mp_dense(1, MP_LINEAR));
+    layers[1] = with_dtype(mp_activation_layer(MP_LINEAR), "float32");
+    m16 = make_model("mixed_float16", shape, layers, 1);
+    m32 = make_model("float32", shape, layers, 1);
+    mo = make_model("mixed_float16", shape, layers, 2);
+    memset(&t, 0, sizeof t);
+    if (m16 && OK(mp_model_set_weights(m16, vv, 3), m16)) { /* weights cast */
+        if (OK(mp_forward(m16, one, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
+            CHECK_EQ(((const mp_f16 *)t.data)[0].bits, 0x4202u);
+    }
+    if (m16 && OK(mp_model_set_weights(m16, one, 3), m16)) { /* inputs cast */
+        if (OK(mp_forward(m16, vv, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
+            CHECK_EQ(((const mp_f16 *)t.data)[0].bits, 0x4202u);
+    }
+    if (m32 && OK(mp_model_set_weights(m32, vv, 3), m32) && OK(mp_forward(m32, one, 1, 0), m32) &&
+        OK(mp_output(m32, &t), m32) && CHECK(t.dtype == MP_FLOAT32))
+        CHECK(((const float *)t.data)[0] == 3.0f + 15.0f / 8192.0f);
+    if (mo && OK(mp_model_set_weights(mo, vv, 3), mo) && OK(mp_forward(mo, one, 1, 0), mo) &&
+        OK(mp_output(mo, &t), mo) && CHECK(t.dtype == MP_FLOAT32))
+        CHECK(((const float *)t.data)[0] == 3.0f + 1.0f / 256.0f); /* the float16 sum, then float32 */
+    mp_model_destroy(m16);
+    mp_model_destroy(m32);
+    mp_model_destroy(mo);
+}
+
+/* Integer labels are never cast: 4096 classes, labels 2049 (not a float16
+   number: it would round to 2048) and 4095. Logits from one input and a
+   [1, 4096] kernel, exact in float16: 8 for class 2048, 4 for 2049, 0
+   elsewhere. The mixed_float16 loss, accuracy count and gradients must be
+   float32's. */
+static void test_labels_not_cast(void) {
+    enum { K = 4096 };
+    static const int shape[] = {1, 0};
+    static const float x[2] = {1.0f, 1.0f};
+    static const int32_t labels[2] = {2049, 4095};
+    static const char *const policies[] = {"float32", "mixed_float16"};
+    float *w = floats(K), *g = floats(K);
+    double z = (K - 2) + exp(8.0) + exp(4.0), p2048 = exp(8.0) / z, p2049 = exp(4.0) / z, p0 = 1.0 / z;
+    double want = 0.5 * ((log(z) - 4.0) + log(z)); /* labels 2049 and 4095 */
+    int p;
+    w[2048] = 8.0f, w[2049] = 4.0f;
+    for (p = 0; p < 2; p++) {
+        mp_layer_desc d = without_bias(mp_dense(K, MP_LINEAR));
+        mp_model *m = make_model(policies[p], shape, &d, 1);
+        float loss = NAN;
+        size_t correct = 99;
+        if (!m) continue;
+        if (compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
+            OK(mp_model_set_weights(m, w, K), m) && OK(mp_forward(m, x, 2, 1), m) &&
+            OK(mp_compute_loss(m, labels, NULL, &loss, &correct), m)) {
+            if (!CHECK_NEAR(loss, want, 1e-5, 0.0)) fprintf(stderr, "    policy %s\n", policies[p]);
+            CHECK(correct == 0); /* the argmax is 2048: right only if 2049 became 2048 */
+            /* d loss / d w_j = mean over the batch of (softmax_j - onehot_j) x */
+            if (OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
+                OK(mp_get_gradients(m, g, K), m)) {
+                CHECK_NEAR(g[2049], p2049 - 0.5, 2e-3, 1e-4);
+                CHECK_NEAR(g[2048], p2048, 2e-3, 1e-4);
+                CHECK_NEAR(g[4095], p0 - 0.5, 2e-3, 1e-4);
+                CHECK_NEAR(g[7], p0, 2e-2, 1e-5);
+            }
+        }
+        mp_model_destroy(m);
+    }
+    free(w);
+    free(g);
+}
+
+/* ======================================================================== */
+/* 4. The loss-scale state machine */
+
+static mp_loss_scale ls_make(float initial, int interval, float min_scale, float max_scale, int hysteresis,
+                             int fixed) {
+    mp_loss_scale_desc d;
+    mp_loss_scale ls;
+    memset(&d, 0, sizeof d);
+    memset(&ls, 0, sizeof ls);
+    d.initial_scale = initial, d.growth_interval = interval, d.min_scale = min_scale;
+    d.max_scale = max_scale, d.hysteresis = hysteresis, d.fixed = fixed;
+    OK(mp_loss_scale_init(&ls, &d), NULL);
+    return ls;
+}
+
+/* n steps of the same kind; returns how many were applied. */
+static int ls_steps(mp_loss_scale *ls, int n, int finite) {
+    int applied = 0;
+    while (n-- > 0) applied += mp_loss_scale_update(ls, finite);
+    return applied;
+}
+
+/* Keras's defaults: 2^15; an Inf step is skipped, halves and resets the
+   counter; 2000 finite steps in a row double. */
+static void test_loss_scale_defaults(void) {
+    mp_loss_scale ls = ls_make(0, 0, 0, 0, 0, 0);
+    CHECK(ls.scale == 32768.0f && ls.config.initial_scale == 32768.0f);
+    CHECK(ls.config.growth_interval == 2000 && ls.config.min_scale == 1.0f && !ls.config.fixed);
+    CHECK(ls.good_steps == 0 && ls.skipped_steps == 0 && ls.steps == 0);
+    CHECK(mp_loss_scale_update(&ls, 0) == 0);
+    CHECK(ls.scale == 16384.0f && ls.skipped_steps == 1 && ls.steps == 1 && ls.good_steps == 0);
+    CHECK(ls_steps(&ls, 1999, 1) == 1999);
+    CHECK(ls.scale == 16384.0f && ls.good_steps == 1999);
+    CHECK(mp_loss_scale_update(&ls, 1) == 1);
+    CHECK(ls.scale == 32768.0f && ls.good_steps == 0 && ls.steps == 2001 && ls.skipped_steps == 1);
+    /* an overflow in the middle of a run resets the count */
+    ls_steps(&ls, 1000, 1);
+    CHECK(ls.good_steps == 1000);
+    CHECK(mp_loss_scale_update(&ls, 0) == 0);
+    CHECK(ls.scale == 16384.0f && ls.good_steps == 0 && ls.skipped_steps == 2);
+    ls_steps(&ls, 1999, 1);
+    CHECK(ls.scale == 16384.0f);
+    mp_loss_scale_update(&ls, 1);
+    CHECK(ls.scale == 32768.0f && ls.steps == 2001 + 1001 + 2000);
+    /* Inf at chosen steps: 3, 4 and 10 of 12 */
+    ls = ls_make(0, 0, 0, 0, 0, 0);
+    {
+        int step, applied = 0, ok = 1;
+        for (step = 1; step <= 12; step++) {
+            int bad = step == 3 || step == 4 || step == 10;
+            int r = mp_loss_scale_update(&ls, !bad);
+            applied += r;
+            ok &= r == !bad;
+        }
+        CHECK(ok && applied == 9);
+        CHECK(ls.scale == 4096.0f && ls.skipped_steps == 3 && ls.good_steps == 2 && ls.steps == 12);
+    }
+}
+
+/* The edges: no growth to Inf, the floor, fixed mode, hysteresis, the
+   ceiling, a custom interval, and bad configurations. */
+static void test_loss_scale_edges(void) {
+    mp_loss_scale ls;
+    mp_loss_scale_desc bad;
+    float big = f32_of_bits(0x7F000000u); /* 2^127: doubling gives Inf */
+    ls = ls_make(big, 0, 0, 0, 0, 0);
+    ls_steps(&ls, 4000, 1);
+    CHECK(ls.scale == big);
+    ls = ls_make(FLT_MAX, 10, 0, 0, 0, 0);
+    ls_steps(&ls, 25, 1);
+    CHECK(ls.scale == FLT_MAX);
+    /* the floor at min_scale (1 by default; 16 here) */
+    ls = ls_make(4, 0, 0, 0, 0, 0);
+    CHECK(ls_steps(&ls, 5, 0) == 0);
+    CHECK(ls.scale == 1.0f && ls.skipped_steps == 5);
+    ls = ls_make(64, 0, 16, 0, 0, 0);
+    ls_steps(&ls, 3, 0);
+    CHECK(ls.scale == 16.0f);
+    /* fixed: never changes, but bad steps still skip */
+    ls = ls_make(128, 0, 0, 0, 0, 1);
+    CHECK(mp_loss_scale_update(&ls, 0) == 0);
+    CHECK(ls.scale == 128.0f && ls.skipped_steps == 1);
+    CHECK(ls_steps(&ls, 4001, 1) == 4001);
+    CHECK(ls.scale == 128.0f);
+    ls = ls_make(0, 0, 0, 0, 0, 1);
+    CHECK(ls.scale == 32768.0f);
+    /* hysteresis 2: the second overflow since the scale last changed halves */
+    ls = ls_make(1024, 0, 0, 0, 2, 0);
+    CHECK(mp_loss_scale_update(&ls, 0) == 0);
+    CHECK(ls.scale == 1024.0f && ls.skipped_steps == 1 && ls.good_steps == 0);
+    CHECK(ls_steps(&ls, 5, 1) == 5);
+    CHECK(ls.scale == 1024.0f);
+    CHECK(mp_loss_scale_update(&ls, 0) == 0);
+    CHECK(ls.scale == 512.0f && ls.skipped_steps == 2);
+    mp_loss_scale_update(&ls, 0);
+    CHECK(ls.scale == 512.0f);
+    mp_loss_scale_update(&ls, 0);
+    CHECK(ls.scale == 256.0f && ls.skipped_steps == 4);
+    /* the ceiling */
+    ls = ls_make(1024, 10, 0, 2048, 0, 0);
+    ls_steps(&ls, 10, 1);
+    CHECK(ls.scale == 2048.0f);
+    ls_steps(&ls, 30, 1);
+    CHECK(ls.scale == 2048.0f);
+    /* a custom growth interval */
+    ls = ls_make(2, 3, 0, 0, 0, 0);
+    ls_steps(&ls, 2, 1);
+    CHECK(ls.scale == 2.0f);
+    mp_loss_scale_update(&ls, 1);
+    CHECK(ls.scale == 4.0f && ls.good_steps == 0);
+    ls_steps(&ls, 2, 1);
+    mp_loss_scale_update(&ls, 0);
+    CHECK(ls.scale == 2.0f);
+    ls_steps(&ls, 3, 1);
+    CHECK(ls.scale == 4.0f);
+    /* refused: NULL, a negative interval, a negative scale */
+    memset(&bad, 0, sizeof bad);
+    CHECK(mp_loss_scale_init(NULL, &bad) == MP_ERR_NULL);
+    bad.growth_interval = -1;
+    CHECK(mp_loss_scale_init(&ls, &bad) != MP_OK);
+    bad.growth_interval = 0, bad.initial_scale = -2.0f;
+    CHECK(mp_loss_scale_init(&ls, &bad) != MP_OK);
+}
+
+/* compile wraps the optimizer under mixed_float16 only, as Keras (TF >= 2.4
+   tests the policy's name); MP_LOSS_SCALE_NONE does not wrap;
+   MP_LOSS_SCALE_ON always does, with Keras's defaults for zero fields. */
+static void test_loss_scale_wrapping(void) {
+    static const struct { const char *policy; mp_loss_scale_mode mode; float initial, want; } cases[] = {
+        {"mixed_float16", MP_LOSS_SCALE_AUTO, 0, 32768.0f}, {"float16", MP_LOSS_SCALE_AUTO, 0, 0},
+        {"mixed_bfloat16", MP_LOSS_SCALE_AUTO, 0, 0},       {"float32", MP_LOSS_SCALE_AUTO, 0, 0},
+        {"bfloat16", MP_LOSS_SCALE_AUTO, 0, 0},             {"mixed_float16", MP_LOSS_SCALE_NONE, 0, 0},
+        {"float32", MP_LOSS_SCALE_ON, 256.0f, 256.0f},      {"mixed_bfloat16", MP_LOSS_SCALE_ON, 0, 32768.0f},
+    };
+    static const int shape[] = {3, 0};
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mp_layer_desc d = mp_dense(2, MP_LINEAR);
+        mp_model *m = make_model(cases[i].policy, shape, &d, 1);
+        mp_compile_desc cd;
+        const mp_loss_scale *ls;
+        if (!m) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_MEAN_SQUARED_ERROR;
+        cd.loss_scale = cases[i].mode;
+        cd.loss_scale_config.initial_scale = cases[i].initial;
+        if (OK(mp_model_compile(m, &cd), m)) {
+            ls = mp_model_loss_scale(m);
+            if (cases[i].want > 0) {
+                if (CHECK(ls != NULL)) CHECK(ls->scale == cases[i].want);
+                CHECK(mp_current_loss_scale(m) == cases[i].want);
+                CHECK(mp_get_scaled_loss(m, 0.75f) == 0.75f * cases[i].want);
+            } else {
+                if (!CHECK(ls == NULL)) fprintf(stderr, "    case %zu (%s) wrapped\n", i, cases[i].policy);
+                CHECK(mp_current_loss_scale(m) == 1.0f);
+                CHECK(mp_get_scaled_loss(m, 0.75f) == 0.75f);
+            }
+        }
+        mp_model_destroy(m);
+    }
+}
+
+/* ======================================================================== */
+/* 5. A skipped step leaves every weight and optimizer slot bit-identical */
+
+/* One custom-loop step; returns applied (0/1), or -1 on error. */
+static int train_step(mp_model *m, const float *x, const float *y, int n) {
+    float loss;
+    int applied = -1;
+    if (OK(mp_forward(m, x, n, 1), m) && OK(mp_compute_loss(m, NULL, y, &loss, NULL), m) &&
+        OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
+        OK(mp_apply_gradients(m, &applied), m))
+        return applied;
+    return -1;
+}
+
+/* mixed_float16, Adam, dynamic loss scale. After a few real steps (the
+   slots are nonzero), inputs of +-200 make the scaled float16 gradients
+   overflow (the forward pass itself stays finite): the step is skipped,
+   weights and slots keep their bits, the scale halves, skipped_steps counts
+   it. The next normal step applies again. */
+static void test_skipped_step(void) {
+    enum { B = 8, IN = 4 };
+    static const int shape[] = {IN, 0};
+    mp_layer_desc layers[2];
+    mp_model *m;
+    float x[B * IN], big[B * IN], y[B * 2], zero[B * 2] = {0};
+    float *w0 = NULL, *w1 = NULL, *s0 = NULL, *s1 = NULL, *g = NULL;
+    size_t n, ns, i;
+    mp_loss_scale before;
+    int applied = 0, tries, nonzero = 0, finite = 1;
+    layers[0] = mp_dense(8, MP_RELU);
+    layers[1] = mp_dense(2, MP_LINEAR);
+    if (!(m = make_model("mixed_float16", shape, layers, 2))) return;
+    if (!compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_ADAM, 0.01f, MP_LOSS_SCALE_AUTO) || !CHECK(mp_model_loss_scale(m)))
+        goto out;
+    n = mp_model_param_count(m);
+    ns = mp_optimizer_slot_count(m);
+    CHECK(ns >= 2 * n); /* Adam: m and v for every weight */
+    fill(x, B * IN, -0.5f, 0.5f);
+    fill(y, B * 2, -0.5f, 0.5f);
+    for (i = 0; i < B * IN; i++) big[i] = (i / IN) % 2 ? 200.0f : -200.0f; /* some relu is on */
+    for (tries = 0; tries < 40 && applied < 3; tries++) {
+        int r = train_step(m, x, y, B);
+        if (r < 0) goto out;
+        applied += r;
+    }
+    if (!CHECK(applied == 3)) goto out;
+    w0 = floats(n), w1 = floats(n), s0 = floats(ns + 1), s1 = floats(ns + 1), g = floats(n);
+    if (!OK(mp_model_get_weights(m, w0, n), m) || !OK(mp_get_optimizer_slots(m, s0, ns), m)) goto out;
+    for (i = 0; i < ns; i++) nonzero += s0[i] != 0.0f;
+    CHECK(nonzero > (int)n); /* both moments moved */
+    before = *mp_model_loss_scale(m);
+    CHECK(train_step(m, big, zero, B) == 0);
+    if (OK(mp_model_get_weights(m, w1, n), m) && OK(mp_get_optimizer_slots(m, s1, ns), m)) {
+        CHECK(memcmp(w0, w1, n * sizeof *w0) == 0);
+        CHECK(memcmp(s0, s1, ns * sizeof *s0) == 0);
+    }
+    CHECK(mp_model_loss_scale(m)->scale == before.scale / 2);
+    CHECK(mp_model_loss_scale(m)->skipped_steps == before.skipped_steps + 1);
+    CHECK(mp_model_loss_scale(m)->steps == before.steps + 1);
+    CHECK(mp_model_loss_scale(m)->good_steps == 0);
+    if (OK(mp_get_gradients(m, g, n), m)) {
+        for (i = 0; i < n; i++) finite &= isfinite(g[i]) != 0;
+        CHECK(!finite); /* the unscaled gradients of that step carry its Inf/NaN */
+    }
+    CHECK(train_step(m, x, y, B) == 1);
+    if (OK(mp_model_get_weights(m, w1, n), m)) CHECK(memcmp(w0, w1, n * sizeof *w0) != 0);
+out:
+    free(w0), free(w1), free(s0), free(s1), free(g);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 6. Training works: fit, evaluate and predict */
+
+/* Four Gaussian blobs in 8 dimensions: class k centred at 4 e_k with unit
+   variance (the best possible accuracy is about 99%). */
+static void blobs(float *x, int32_t *labels, size_t n) {
+    size_t i, j;
+    for (i = 0; i < n; i++) {
+        int k = (int)(rng_next() % 4);
+        labels[i] = k;
+        for (j = 0; j < 8; j++) x[i * 8 + j] = normal() + (j == (size_t)k ? 4.0f : 0.0f);
+    }
+}
+
+static int is_power_of_two(float s) {
+    int e;
+    return s > 0 && isfinite(s) && frexpf(s, &e) == 0.5f;
+}
+
+/* A small MLP reaches >= 0.95 accuracy with fit (validation_split 0.2,
+   shuffled, silent); the history is filled for every epoch; evaluate and
+   predict agree on accuracy and loss. */
+static void train_blobs(const char *policy) {
+    enum { N = 2000, NT = 1000, EPOCHS = 5, BATCH = 32 };
+    static const int shape[] = {8, 0};
+    float *x = floats(N * 8), *xt = floats(NT * 8), *probs = floats(NT * 4);
+    int32_t *labels = (int32_t *)zalloc(N * 4), *lt = (int32_t *)zalloc(NT * 4);
+    mp_layer_desc layers[3];
+    mp_logs hist[EPOCHS], ev;
+    mp_fit_desc fd;
+    mp_data test;
+    mp_model *m;
+    int e, bad = 0;
+    char msg[128];
+    blobs(x, labels, N);
+    blobs(xt, lt, NT);
+    layers[0] = mp_dense(32, MP_RELU);
+    layers[1] = mp_dense(4, MP_LINEAR);
+    layers[2] = with_dtype(mp_activation_layer(MP_SOFTMAX), "float32");
+    if (!(m = make_model(policy, shape, layers, 3))) goto out;
+    if (!compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_ADAM, 0.005f, MP_LOSS_SCALE_AUTO)) goto out;
+    memset(hist, 0xFF, sizeof hist); /* NaN and all ones until fit fills them */
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+    fd.batch_size = BATCH, fd.epochs = EPOCHS, fd.validation_split = 0.2f, fd.verbose = MP_VERBOSE_SILENT;
+    fd.history = hist;
+    if (!OK(mp_model_fit(m, &fd), m)) goto out;
+    for (e = 0; e < EPOCHS; e++)
+        bad += !(hist[e].steps == 50 && hist[e].loss > 0 && isfinite(hist[e].loss) && hist[e].accuracy >= 0 &&
+                 hist[e].accuracy <= 1 && hist[e].val_loss > 0 && isfinite(hist[e].val_loss) &&
+                 hist[e].val_accuracy >= 0 && hist[e].val_accuracy <= 1 && hist[e].seconds >= 0 &&
+                 isfinite(hist[e].seconds) && hist[e].ms_per_step >= 0 && isfinite(hist[e].ms_per_step) &&
+                 is_power_of_two(hist[e].loss_scale));
+    snprintf(msg, sizeof msg, "%s: fit fills every history entry (50 steps of 1600 samples)", policy);
+    check_all(bad, msg, "see the history", __LINE__);
+    snprintf(msg, sizeof msg, "%s: fit reaches 0.95 (train %.3f, val %.3f; loss %.3f -> %.3f)", policy,
+             (double)hist[EPOCHS - 1].accuracy, (double)hist[EPOCHS - 1].val_accuracy, (double)hist[0].loss,
+             (double)hist[EPOCHS - 1].loss);
+    check_report(hist[EPOCHS - 1].accuracy >= 0.95f && hist[EPOCHS - 1].val_accuracy >= 0.95f &&
+                 hist[EPOCHS - 1].loss < hist[0].loss, __FILE__, __LINE__, msg);
+    if (strcmp(policy, "mixed_float16") == 0) CHECK(hist[EPOCHS - 1].loss_scale <= 32768.0f);
+    else CHECK(hist[EPOCHS - 1].loss_scale == 1.0f && hist[EPOCHS - 1].skipped_steps == 0);
+    memset(&test, 0, sizeof test);
+    test.x = xt, test.labels = lt, test.n = NT;
+    memset(&ev, 0, sizeof ev);
+    if (OK(mp_model_evaluate(m, &test, 128, &ev), m) && OK(mp_model_predict(m, xt, NT, 128, probs), m)) {
+        size_t right = 0, i;
+        int j;
+        double loss = 0.0;
+        for (i = 0; i < NT; i++) {
+            int arg = 0;
+            for (j = 1; j < 4; j++) arg = probs[i * 4 + j] > probs[i * 4 + arg] ? j : arg;
+            right += arg == lt[i];
+            loss -= log(fmin(fmax(probs[i * 4 + lt[i]], 1e-7), 1 - 1e-7)) / NT;
+        }
+        snprintf(msg, sizeof msg, "%s: evaluate's accuracy %.4f >= 0.95", policy, (double)ev.accuracy);
+        check_report(ev.accuracy >= 0.95f, __FILE__, __LINE__, msg);
+        CHECK_NEAR(ev.accuracy, (double)right / NT, 0.0, 0.5 / NT); /* predict's argmax accuracy */
+        CHECK_NEAR(ev.loss, loss, 1e-3, 1e-6);                        /* the mean over all samples */
+    }
+out:
+    mp_model_destroy(m);
+    free(x), free(xt), free(probs), free(labels), free(lt);
+}
+
+static void test_training(void) {
+    train_blobs("float32");
+    train_blobs("mixed_float16");
+    train_blobs("mixed_bfloat16");
+}
+
+/* ======================================================================== */
+/* 7. Memory accounting */
+
+/* A tensor of n elements holds exactly n * size bytes, zeroed; freeing it
+   returns the count; reset_peak sets peak to current. */
+static void test_tensor_memory(void) {
+    static const mp_dtype dtypes[] = {MP_FLOAT16, MP_BFLOAT16, MP_FLOAT32};
+    static const int shape[3] = {4, 32, 32};
+    size_t d;
+    for (d = 0; d < 3; d++) {
+        mp_tensor t;
+        size_t start = mp_get_memory_info().current, i, nonzero = 0;
+        memset(&t, 0, sizeof t);
+        if (!OK(mp_tensor_alloc(&t, dtypes[d], 3, shape), NULL)) continue;
+        CHECK(mp_tensor_count(&t) == 4096 && mp_tensor_bytes(&t) == 4096 * mp_dtype_size(dtypes[d]));
+        CHECK(t.dtype == dtypes[d] && t.rank == 3 && t.shape[0] == 4 && t.shape[1] == 32 && t.shape[2] == 32);
+        if (!CHECK(mp_get_memory_info().current - start == 4096 * mp_dtype_size(dtypes[d])))
+            fprintf(stderr, "    %s: %zu bytes counted\n", mp_dtype_name(dtypes[d]), mp_get_memory_info().current - start);
+        CHECK(mp_get_memory_info().peak >= mp_get_memory_info().current);
+        for (i = 0; i < mp_tensor_bytes(&t); i++) nonzero += ((const unsigned char *)t.data)[i] != 0;
+        CHECK(nonzero == 0);
+        mp_tensor_free(&t);
+        CHECK(t.data == NULL && mp_get_memory_info().current == start);
+        mp_reset_peak_memory();
+        CHECK(mp_get_memory_info().peak == start);
+    }
+}
+
+/* Bytes by which one training forward pass of a batch raises the peak:
+   the activations of a 16-512-512-16 MLP (wide hidden layers, so that the
+   float32 copies of the input and targets weigh little). Also checks the
+   model gives back every byte it took. */
+static size_t forward_growth(const char *policy, const float *x, int batch) {
+    static const int shape[] = {16, 0};
+    size_t start = mp_get_memory_info().current, before, growth = 0;
+    mp_layer_desc layers[3];
+    mp_model *m;
+    layers[0] = mp_dense(512, MP_RELU);
+    layers[1] = mp_dense(512, MP_RELU);
+    layers[2] = mp_dense(16, MP_LINEAR);
+    if (!(m = make_model(policy, shape, layers, 3))) return 0;
+    if (compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE)) {
+        mp_reset_peak_memory();
+        before = mp_get_memory_info().current;
+        if (OK(mp_forward(m, x, batch, 1), m)) growth = mp_get_memory_info().peak - before;
+    }
+    mp_model_destroy(m);
+    if (!CHECK(mp_get_memory_info().current == start)) fprintf(stderr, "    %s model leaked\n", policy);
+    return growth;
+}
+
+/* float16 activations take about half the bytes of float32 ones: the
+   growth ratio lies in [0.4, 0.6]; float32's growth holds at least the
+   three layers' outputs. */
+static void test_activation_memory(void) {
+    enum { B = 1024 };
+    float *x = floats((size_t)B * 16);
+    size_t g32, g16, gbf;
+    fill(x, (size_t)B * 16, -1.0f, 1.0f);
+    g32 = forward_growth("float32", x, B);
+    g16 = forward_growth("mixed_float16", x, B);
+    gbf = forward_growth("mixed_bfloat16", x, B);
+    if (!CHECK(g32 >= (size_t)B * (512 + 512 + 16) * 4)) fprintf(stderr, "    float32 forward: %zu bytes\n", g32);
+    if (!CHECK(g16 >= 0.4 * g32 && g16 <= 0.6 * g32))
+        fprintf(stderr, "    forward growth: float32 %zu bytes, mixed_float16 %zu\n", g32, g16);
+    if (!CHECK(gbf >= 0.4 * g32 && gbf <= 0.6 * g32))
+        fprintf(stderr, "    forward growth: float32 %zu bytes, mixed_bfloat16 %zu\n", g32, gbf);
+    free(x);
+}
+
+/* A model that was compiled, trained, evaluated and used to predict gives
+   back every byte when destroyed. */
+static void test_model_memory(void) {
+    enum { N = 200 };
+    static const int shape[] = {5, 5, 1, 0};
+    size_t start = mp_get_memory_info().current;
+    float *x = floats(N * 25), *p = floats(N * 3);
+    int32_t *labels = (int32_t *)zalloc(N * 4);
+    mp_layer_desc layers[5];
+    mp_model *m;
+    mp_fit_desc fd;
+    mp_logs ev;
+    int i;
+    fill(x, N * 25, 0.0f, 1.0f);
+    for (i = 0; i < N; i++) labels[i] = i % 3;
+    layers[0] = mp_conv2d(4, 3, 3, MP_SAME, MP_RELU);
+    layers[1] = mp_max_pooling2d(2, 2);
+    layers[2] = mp_flatten();
+    layers[3] = mp_dropout(0.25f);
+    layers[4] = mp_dense(3, MP_SOFTMAX);
+    if ((m = make_model("mixed_float16", shape, layers, 5)) &&
+        compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) {
+        memset(&fd, 0, sizeof fd);
+        fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+        fd.batch_size = 32, fd.epochs = 2, fd.validation_split = 0.1f, fd.verbose = MP_VERBOSE_SILENT;
+        OK(mp_model_fit(m, &fd), m);
+        OK(mp_model_evaluate(m, &fd.data, 64, &ev), m);
+        OK(mp_model_predict(m, x, N, 64, p), m);
+        CHECK(mp_get_memory_info().current > start);
+    }
+    mp_model_destroy(m);
+    CHECK(mp_get_memory_info().current == start);
+    free(x), free(p), free(labels);
+}
+
+/* ======================================================================== */
+/* 8. Fashion-MNIST (optional: argv[1] names a directory of its IDX files) */
+
+/* 784-256-256-10 with a float32 softmax, RMSprop (Keras defaults), batch
+   128, EPOCHS epochs on the first TRAIN images; test accuracy. */
+static double fashion_accuracy(const char *policy, const mp_dataset *train, const mp_dataset *test,
+                               double *secs) {
+    enum { EPOCHS = 4, TRAIN = 60000 };
+    static const int shape[] = {784, 0};
+    mp_layer_desc layers[4];
+    mp_model *m;
+    mp_fit_desc fd;
+    mp_data td;
+    mp_logs ev;
+    double t0 = seconds_now(), acc = -1.0;
+    layers[0] = mp_dense(256, MP_RELU);
+    layers[1] = mp_dense(256, MP_RELU);
+    layers[2] = mp_dense(10, MP_LINEAR);
+    layers[3] = with_dtype(mp_activation_layer(MP_SOFTMAX), "float32");
+    if (!(m = make_model(policy, shape, layers, 4))) return -1.0;
+    if (compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) {
+        memset(&fd, 0, sizeof fd);
+        fd.data.x = train->x, fd.data.labels = train->labels;
+        fd.data.n = train->n < (size_t)TRAIN ? train->n : (size_t)TRAIN;
+        fd.batch_size = 128, fd.epochs = EPOCHS, fd.verbose = MP_VERBOSE_SILENT;
+        memset(&td, 0, sizeof td);
+        td.x = test->x, td.labels = test->labels, td.n = test->n;
+        if (OK(mp_model_fit(m, &fd), m) && OK(mp_model_evaluate(m, &td, 1000, &ev), m)) acc = ev.accuracy;
+    }
+    mp_model_destroy(m);
+    *secs = seconds_now() - t0;
+    printf("Fashion-MNIST %-14s test accuracy %.4f (%.1f s)\n", policy, acc, *secs);
+    return acc;
+}
+
+static void test_fashion_mnist(const char *dir) {
+    char ti[1024], tl[1024], vi[1024], vl[1024];
+    mp_dataset train, test;
+    size_t start = mp_get_memory_info().current;
+    double a32, a16, s32, s16;
+    snprintf(ti, sizeof ti, "%s/train-images-idx3-ubyte", dir);
+    snprintf(tl, sizeof tl, "%s/train-labels-idx1-ubyte", dir);
+    snprintf(vi, sizeof vi, "%s/t10k-images-idx3-ubyte", dir);
+    snprintf(vl, sizeof vl, "%s/t10k-labels-idx1-ubyte", dir);
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    if (mp_load_idx(ti, tl, &train) != MP_OK || mp_load_idx(vi, vl, &test) != MP_OK) {
+        printf("skip: Fashion-MNIST: no uncompressed IDX files in %s\n", dir);
+        mp_dataset_free(&train);
+        mp_dataset_free(&test);
+        return;
+    }
+    CHECK(train.n == 60000 && test.n == 10000 && train.rows == 28 && train.cols == 28 && train.classes == 10);
+    a32 = fashion_accuracy("float32", &train, &test, &s32);
+    a16 = fashion_accuracy("mixed_float16", &train, &test, &s16);
+    CHECK(a32 >= 0.85);
+    CHECK(a16 >= 0.85);
+    CHECK(fabs(a16 - a32) <= 0.01);
+    mp_dataset_free(&train);
+    mp_dataset_free(&test);
+    CHECK(mp_get_memory_info().current == start);
+}
+
+int main(int argc, char **argv) {
+    size_t start = mp_get_memory_info().current;
+    test_grad_dense_activations();
+    test_grad_activation_layers();
+    test_grad_conv();
+    test_grad_dropout_zero();
+    test_grad_losses();
+    test_dropout_mask();
+    test_loss_values();
+    test_activation_values();
+    test_layer_values();
+    test_mixed_forward();
+    test_mixed_gradients();
+    test_layer_policies();
+    test_policy_at_add_time();
+    test_weights_stay_float32();
+    test_compute_dtype_casts();
+    test_labels_not_cast();
+    test_loss_scale_defaults();
+    test_loss_scale_edges();
+    test_loss_scale_wrapping();
+    test_skipped_step();
+    test_training();
+    test_tensor_memory();
+    test_activation_memory();
+    test_model_memory();
+    if (argc > 1) test_fashion_mnist(argv[1]);
+    else printf("skip: Fashion-MNIST (give a directory of its uncompressed IDX files as argv[1])\n");
+    CHECK(policy_is(mp_global_policy(), "float32"));
+    CHECK(mp_get_memory_info().current == start); /* nothing leaked */
+    return check_done("test_train");
+}
