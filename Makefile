@@ -21,7 +21,7 @@ examples: $(EXAMPLES)
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c examples/fashion_mnist.h mixprec.h | $(B)
+$(B)/%: examples/%.c examples/example.h examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
 # Uncompress the packaged files once (a .tmp first, so an interrupted run

@@ -15,10 +15,7 @@
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "example.h"
 
 typedef struct config {
     int image_size, images, epochs, batch_size, filters;
@@ -30,14 +27,6 @@ typedef struct result {
     size_t peak_bytes;
 } result;
 
-static void check_status(mp_status st, const mp_model *m, const char *call, int line) {
-    if (st == MP_OK) return;
-    fprintf(stderr, "error at line %d: %s\n  %s: %s\n", line, call, mp_status_name(st),
-            mp_status_message(st));
-    if (m) fprintf(stderr, "  model: %s\n", mp_model_error(m));
-    exit(1);
-}
-#define CHECK(call, model) check_status((call), (model), #call, __LINE__)
 
 static void usage(const char *prog) {
     fprintf(stderr,
@@ -46,35 +35,20 @@ static void usage(const char *prog) {
     exit(2);
 }
 
-static int flag_int(const char *prog, const char *value) {
-    char *end;
-    long v = strtol(value, &end, 10);
-    if (*value == '\0' || *end != '\0' || v < 1 || v > 1000000) usage(prog);
-    return (int)v;
-}
-
 static config parse_args(int argc, char **argv) {
     config c = {32, 200, 1, 50, 128};
     int i;
     for (i = 1; i < argc; i += 2) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-        if (strcmp(argv[i], "--image-size") == 0) c.image_size = flag_int(argv[0], v);
-        else if (strcmp(argv[i], "--images") == 0) c.images = flag_int(argv[0], v);
-        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = flag_int(argv[0], v);
-        else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = flag_int(argv[0], v);
-        else if (strcmp(argv[i], "--filters") == 0) c.filters = flag_int(argv[0], v);
+        int v = (int)flag_long(argc, argv, i, 1);
+        if (strcmp(argv[i], "--image-size") == 0) c.image_size = v;
+        else if (strcmp(argv[i], "--images") == 0) c.images = v;
+        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = v;
+        else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = v;
+        else if (strcmp(argv[i], "--filters") == 0) c.filters = v;
         else usage(argv[0]);
     }
     if (c.image_size < 2) usage(argv[0]); /* the first kernel is 2x2, padding valid */
     return c;
-}
-
-/* splitmix64, for reproducible random images */
-static uint64_t next_u64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 /* The blog's data: uniform random pixels and coin-flip labels. There is
@@ -89,8 +63,8 @@ static void make_data(const config *c, float **x, float **y) {
         fprintf(stderr, "out of memory for %zu pixels\n", pixels);
         exit(1);
     }
-    for (i = 0; i < pixels; i++) (*x)[i] = (float)(next_u64(&rng) >> 40) * (1.0f / 16777216.0f);
-    for (i = 0; i < (size_t)c->images; i++) (*y)[i] = (float)(next_u64(&rng) & 1u);
+    for (i = 0; i < pixels; i++) (*x)[i] = ex_uniform(&rng);
+    for (i = 0; i < (size_t)c->images; i++) (*y)[i] = (float)(ex_next(&rng) & 1u);
 }
 
 /* The blog's model: three convolutions, a single logit and a float32

@@ -68,18 +68,13 @@ static double now_seconds(void) {
 static mp_model *build_model(const config *c) {
     mp_model_desc md;
     mp_compile_desc cd;
-    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
     mp_model *m = NULL;
 
     CHECK(mp_set_global_policy_name("mixed_float16"), NULL);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = FM_PIXELS;
     CHECK(mp_model_create(&m, &md), NULL);
-    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
-    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
-    CHECK(mp_model_add(m, mp_dense(FM_CLASSES, MP_LINEAR)), m);
-    softmax.dtype = "float32";
-    CHECK(mp_model_add(m, softmax), m);
+    fm_add_guide_layers(m, c->units);
 
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
@@ -123,7 +118,7 @@ static float test_accuracy(mp_model *m, const mp_data *test, int batch_size) {
 static void shuffle(size_t *order, size_t n, uint64_t *rng) {
     size_t i;
     for (i = n; i > 1; i--) {
-        size_t j = (size_t)(fm_next(rng) % i), t = order[i - 1];
+        size_t j = (size_t)(ex_next(rng) % i), t = order[i - 1];
         order[i - 1] = order[j];
         order[j] = t;
     }

@@ -1,48 +1,12 @@
-/* fashion_mnist.h - what mnist_mlp.c and custom_loop.c share: error checks,
-   flag parsing, and Fashion-MNIST with a synthetic stand-in, so that the
-   examples run on a machine without the data set too.
+/* fashion_mnist.h - what mnist_mlp.c and custom_loop.c share: Fashion-MNIST
+   with a synthetic stand-in, so that the examples run on a machine without
+   the data set too, and the guide's model.
 
    Include after mixprec.h (the example defines MIXPREC_IMPLEMENTATION). */
 #ifndef FASHION_MNIST_H
 #define FASHION_MNIST_H
 
-#include "../mixprec.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* ------------------------------------------------------------------------ */
-/* Errors: every mp_ call is checked; on failure say which call, the status
-   and, when there is a model, its detailed message, then stop. */
-
-static void check_status(mp_status st, const mp_model *m, const char *call, int line) {
-    if (st == MP_OK) return;
-    fprintf(stderr, "error at line %d: %s\n  %s: %s\n", line, call, mp_status_name(st),
-            mp_status_message(st));
-    if (m) fprintf(stderr, "  model: %s\n", mp_model_error(m));
-    exit(1);
-}
-#define CHECK(call, model) check_status((call), (model), #call, __LINE__)
-
-/* ------------------------------------------------------------------------ */
-/* Flags: `--name value` pairs. */
-
-/* The integer value of flag argv[i] (i + 1 must exist), at least min. */
-static long flag_long(int argc, char **argv, int i, long min) {
-    char *end;
-    long v;
-    if (i + 1 >= argc) {
-        fprintf(stderr, "%s needs a value\n", argv[i]);
-        exit(2);
-    }
-    v = strtol(argv[i + 1], &end, 10);
-    if (*argv[i + 1] == '\0' || *end != '\0' || v < min) {
-        fprintf(stderr, "%s: '%s' is not an integer >= %ld\n", argv[i], argv[i + 1], min);
-        exit(2);
-    }
-    return v;
-}
+#include "example.h"
 
 /* ------------------------------------------------------------------------ */
 /* Data. The IDX loader gives [n, 28, 28] pixels in [0, 1], which is already
@@ -64,18 +28,6 @@ typedef struct fm_data {
     int synthetic;
 } fm_data;
 
-/* splitmix64: a tiny deterministic generator, the same on every platform. */
-static uint64_t fm_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float fm_uniform(uint64_t *state) { /* [0, 1) */
-    return (float)(fm_next(state) >> 40) * (1.0f / 16777216.0f);
-}
-
 /* Ten random 784-pixel "garments", and samples that are half their class's
    prototype and half noise: learnable to high accuracy, but not by copying. */
 static void fm_synthesize(fm_data *d, uint64_t seed) {
@@ -84,7 +36,7 @@ static void fm_synthesize(fm_data *d, uint64_t seed) {
     uint64_t rng = seed;
     int c, p;
     for (c = 0; c < FM_CLASSES; c++)
-        for (p = 0; p < FM_PIXELS; p++) proto[c][p] = fm_uniform(&rng);
+        for (p = 0; p < FM_PIXELS; p++) proto[c][p] = ex_uniform(&rng);
     d->synth_x = malloc(n * FM_PIXELS * sizeof *d->synth_x);
     d->synth_labels = malloc(n * sizeof *d->synth_labels);
     if (!d->synth_x || !d->synth_labels) {
@@ -92,10 +44,10 @@ static void fm_synthesize(fm_data *d, uint64_t seed) {
         exit(1);
     }
     for (i = 0; i < n; i++) {
-        c = (int)(fm_next(&rng) % FM_CLASSES);
+        c = (int)(ex_next(&rng) % FM_CLASSES);
         d->synth_labels[i] = c;
         for (p = 0; p < FM_PIXELS; p++)
-            d->synth_x[i * FM_PIXELS + p] = 0.5f * proto[c][p] + 0.5f * fm_uniform(&rng);
+            d->synth_x[i * FM_PIXELS + p] = 0.5f * proto[c][p] + 0.5f * ex_uniform(&rng);
     }
     d->train.x = d->synth_x;
     d->train.labels = d->synth_labels;
@@ -153,6 +105,17 @@ static void fm_load(fm_data *d, const char *dir, size_t train_limit, uint64_t se
         exit(1);
     }
     if (train_limit > 0 && train_limit < d->train.n) d->train.n = train_limit;
+}
+
+/* The guide's layers: Dense(units, relu) x2, Dense(10), and a softmax kept
+   in float32 because its output feeds the loss, which must stay float32. */
+static void fm_add_guide_layers(mp_model *m, int units) {
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    softmax.dtype = "float32";
+    CHECK(mp_model_add(m, mp_dense(units, MP_RELU)), m);
+    CHECK(mp_model_add(m, mp_dense(units, MP_RELU)), m);
+    CHECK(mp_model_add(m, mp_dense(FM_CLASSES, MP_LINEAR)), m);
+    CHECK(mp_model_add(m, softmax), m);
 }
 
 static void fm_free(fm_data *d) {

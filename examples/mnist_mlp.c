@@ -82,21 +82,15 @@ static config parse_args(int argc, char **argv) {
     return c;
 }
 
-/* The guide's model under the current global policy. The softmax is forced
-   to float32: its output feeds the loss, which must stay float32. */
+/* The guide's model under the current global policy. */
 static mp_model *build_model(const config *c) {
     mp_model_desc md;
-    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = FM_PIXELS;
     md.seed = c->seed;
     CHECK(mp_model_create(&m, &md), NULL);
-    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
-    CHECK(mp_model_add(m, mp_dense(c->units, MP_RELU)), m);
-    CHECK(mp_model_add(m, mp_dense(FM_CLASSES, MP_LINEAR)), m);
-    softmax.dtype = "float32";
-    CHECK(mp_model_add(m, softmax), m);
+    fm_add_guide_layers(m, c->units);
     CHECK(mp_model_build(m), m);
     return m;
 }

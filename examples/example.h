@@ -1,0 +1,58 @@
+/* example.h - what every example shares: checked calls, `--flag value`
+   parsing and a reproducible random generator.
+
+   Include after mixprec.h (the example defines MIXPREC_IMPLEMENTATION). */
+#ifndef EXAMPLE_H
+#define EXAMPLE_H
+
+#include "../mixprec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Errors: every mp_ call is checked; on failure say which call, the status
+   and, when there is a model, its detailed message, then stop. */
+
+static void check_status(mp_status st, const mp_model *m, const char *call, int line) {
+    if (st == MP_OK) return;
+    fprintf(stderr, "error at line %d: %s\n  %s: %s\n", line, call, mp_status_name(st),
+            mp_status_message(st));
+    if (m) fprintf(stderr, "  model: %s\n", mp_model_error(m));
+    exit(1);
+}
+#define CHECK(call, model) check_status((call), (model), #call, __LINE__)
+
+/* ------------------------------------------------------------------------ */
+/* Flags: `--name value` pairs. */
+
+/* The integer value of flag argv[i] (i + 1 must exist), at least min. */
+static long flag_long(int argc, char **argv, int i, long min) {
+    char *end;
+    long v;
+    if (i + 1 >= argc) {
+        fprintf(stderr, "%s needs a value\n", argv[i]);
+        exit(2);
+    }
+    v = strtol(argv[i + 1], &end, 10);
+    if (*argv[i + 1] == '\0' || *end != '\0' || v < min) {
+        fprintf(stderr, "%s: '%s' is not an integer >= %ld\n", argv[i], argv[i + 1], min);
+        exit(2);
+    }
+    return v;
+}
+
+/* splitmix64: a tiny deterministic generator, the same on every platform. */
+static uint64_t ex_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float ex_uniform(uint64_t *state) { /* [0, 1) */
+    return (float)(ex_next(state) >> 40) * (1.0f / 16777216.0f);
+}
+
+#endif /* EXAMPLE_H */
