@@ -1451,7 +1451,7 @@ typedef struct mp__gemm_ws {
     float a[MP__MC * MP__KC];
     float b[MP__KC * MP__NC];
     float c[MP__MC * MP__NC];
-    float row[MP__KC > MP__MC ? MP__KC : MP__MC];
+    float row[MP__KC]; /* one packed run: KC >= MC and KC >= NC */
 } mp__gemm_ws;
 
 /* n elements as float32: the source itself, or widened into tmp. */
@@ -1461,40 +1461,24 @@ static const float *mp__f32_run(float *tmp, const void *src, mp_dtype t, size_t 
     return tmp;
 }
 
-/* op(A)[i0.., p0..] -> ap: groups of MR rows, each [kc][MR]; missing rows 0. */
-static void mp__pack_a(float *ap, float *tmp, int trans, const void *a, mp_dtype t, size_t m, size_t k,
-                       size_t i0, size_t mc, size_t p0, size_t kc) {
-    size_t r, q, groups = (mc + MP__MR - 1) / MP__MR;
-    memset(ap, 0, groups * kc * MP__MR * sizeof(float));
-    if (!trans) {
-        for (r = 0; r < mc; r++) {
-            float *dst = ap + (r / MP__MR) * kc * MP__MR + r % MP__MR;
-            const float *row = mp__f32_run(tmp, mp__at(a, t, (i0 + r) * k + p0), t, kc);
-            for (q = 0; q < kc; q++) dst[q * MP__MR] = row[q];
+/* Packs X[r0 .. r0+rc, q0 .. q0+qc] into panels of `width` rows, each
+   [qc][width], widened to float32; rows past rc are 0. X(r, q) lies at
+   src[r * ld + q] when its rows are contiguous, else at src[q * ld + r].
+   op(A) packs by rows (width MR) and op(B) by columns (width NR). */
+static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
+                     size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
+    size_t r, q;
+    memset(out, 0, (rc + width - 1) / width * width * qc * sizeof(float));
+    if (rows_contiguous) {
+        for (r = 0; r < rc; r++) {
+            float *dst = out + (r / width) * qc * width + r % width;
+            const float *row = mp__f32_run(tmp, mp__at(src, t, (r0 + r) * ld + q0), t, qc);
+            for (q = 0; q < qc; q++) dst[q * width] = row[q];
         }
     } else {
-        for (q = 0; q < kc; q++) {
-            const float *row = mp__f32_run(tmp, mp__at(a, t, (p0 + q) * m + i0), t, mc);
-            for (r = 0; r < mc; r++) ap[(r / MP__MR) * kc * MP__MR + q * MP__MR + r % MP__MR] = row[r];
-        }
-    }
-}
-
-/* op(B)[p0.., j0..] -> bp: groups of NR columns, each [kc][NR]; missing 0. */
-static void mp__pack_b(float *bp, float *tmp, int trans, const void *b, mp_dtype t, size_t n, size_t k,
-                       size_t j0, size_t nc, size_t p0, size_t kc) {
-    size_t j, q, groups = (nc + MP__NR - 1) / MP__NR;
-    memset(bp, 0, groups * kc * MP__NR * sizeof(float));
-    if (!trans) {
-        for (q = 0; q < kc; q++) {
-            const float *row = mp__f32_run(tmp, mp__at(b, t, (p0 + q) * n + j0), t, nc);
-            for (j = 0; j < nc; j++) bp[(j / MP__NR) * kc * MP__NR + q * MP__NR + j % MP__NR] = row[j];
-        }
-    } else {
-        for (j = 0; j < nc; j++) {
-            float *dst = bp + (j / MP__NR) * kc * MP__NR + j % MP__NR;
-            const float *row = mp__f32_run(tmp, mp__at(b, t, (j0 + j) * k + p0), t, kc);
-            for (q = 0; q < kc; q++) dst[q * MP__NR] = row[q];
+        for (q = 0; q < qc; q++) {
+            const float *col = mp__f32_run(tmp, mp__at(src, t, (q0 + q) * ld + r0), t, rc);
+            for (r = 0; r < rc; r++) out[(r / width) * qc * width + q * width + r % width] = col[r];
         }
     }
 }
@@ -1563,8 +1547,8 @@ static void mp__cpu_gemm(void *workspace, int trans_a, int trans_b, size_t m, si
             memset(ws->c, 0, sizeof ws->c);
             for (p0 = 0; p0 < k; p0 += MP__KC) {
                 size_t kc = mp__min(MP__KC, k - p0);
-                mp__pack_a(ws->a, ws->row, trans_a, a, at, m, k, i0, mc, p0, kc);
-                mp__pack_b(ws->b, ws->row, trans_b, b, bt, n, k, j0, nc, p0, kc);
+                mp__pack(ws->a, ws->row, MP__MR, !trans_a, a, at, trans_a ? m : k, i0, mc, p0, kc);
+                mp__pack(ws->b, ws->row, MP__NR, trans_b, b, bt, trans_b ? k : n, j0, nc, p0, kc);
                 for (g = 0; g < mc; g += MP__MR)
                     for (h = 0; h < nc; h += MP__NR)
                         mp__micro_kernel(kc, ws->a + g * kc, ws->b + h * kc, ws->c + g * MP__NC + h, MP__NC);
