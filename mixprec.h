@@ -308,6 +308,31 @@ MIXPREC_API void mp_tensor_free(mp_tensor *t); /* NULL-safe; data becomes NULL *
 MIXPREC_API size_t mp_tensor_count(const mp_tensor *t); /* elements */
 MIXPREC_API size_t mp_tensor_bytes(const mp_tensor *t);
 
+/* >>threads
+   A small persistent pool of worker threads (pthreads). MIXPREC_NO_THREADS,
+   or a platform without POSIX threads, compiles it out: everything then runs
+   on the calling thread. Results never depend on the thread count. */
+typedef struct mp_pool mp_pool;
+
+MIXPREC_API int mp_available_cores(void); /* 1 without threads */
+/* threads: 0 = mp_available_cores(). */
+MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads);
+MIXPREC_API void mp_pool_destroy(mp_pool *pool); /* NULL-safe */
+MIXPREC_API int mp_pool_threads(const mp_pool *pool); /* 1 for NULL */
+
+/* >>matmul
+   C[m x n] = op(A)[m x k] op(B)[k x n], rows contiguous; op(A) = A^T when
+   trans_a (A stored k x m), likewise B (stored n x k). Any mix of float32,
+   float16 and bfloat16: products accumulate in float32 and round once into
+   C's dtype. bfloat16 x bfloat16 uses AVX512_BF16 dot products where the
+   compiler enables them (they read bfloat16 subnormals as zero); float16 is
+   widened with F16C while packing. With MIXPREC_USE_CBLAS, float32 x float32
+   -> float32 goes to the linked CBLAS's cblas_sgemm. pool may be NULL (the
+   calling thread alone). */
+MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                const void *a, mp_dtype a_type, const void *b, mp_dtype b_type, void *c,
+                                mp_dtype c_type);
+
 /* >>layers
    A model is a stack of layers described by mp_layer_desc (zero means the
    Keras default; the mp_dense(...) style helpers fill one in). A layer takes
@@ -455,6 +480,7 @@ typedef struct mp_model_desc {
     uint64_t seed;                    /* initialisers, dropout, shuffling; 0 = 1337 */
     const char *name;                 /* NULL = "sequential" */
     const mp_backend *backend;        /* NULL = the CPU */
+    int threads;                      /* 0 = mp_available_cores() */
 } mp_model_desc;
 
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc);
@@ -479,6 +505,16 @@ typedef struct mp_layer_info {
 MIXPREC_API int mp_model_layer_count(const mp_model *m);
 MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out);
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m); /* the global policy at creation */
+MIXPREC_API int mp_model_threads(const mp_model *m);
+
+/* Where a model's bytes are: float32 weights and gradients with their
+   compute-dtype copies; optimizer slots; activations, their gradients and
+   the batch buffers (for the largest batch so far); the thread pool's GEMM
+   workspaces (packed panels and float32 sums). */
+typedef struct mp_model_memory {
+    size_t weights, optimizer, activations, workspace;
+} mp_model_memory;
+MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
 MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* floats per sample */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
@@ -621,9 +657,16 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #include <time.h>
 #ifndef MIXPREC_NO_STDIO
 #include <stdio.h>
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h> /* isatty: a live progress bar only on a terminal */
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h> /* isatty, sysconf, _POSIX_THREADS */
+#endif
+#if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0
+#define MP__THREADS 1
+#include <pthread.h>
+#endif
+#ifdef MIXPREC_USE_CBLAS
+#include <cblas.h>
 #endif
 
 #if !defined(MIXPREC_NO_SIMD) && defined(__F16C__) && defined(__AVX2__)
@@ -1239,6 +1282,12 @@ static void mp__free(void *ptr) {
 }
 
 MIXPREC_API mp_memory_info mp_get_memory_info(void) { return mp__memory; }
+
+static size_t mp__block_bytes(const void *p) {
+    size_t bytes = 0;
+    if (p) memcpy(&bytes, (const unsigned char *)p - MP__HEADER, sizeof bytes);
+    return bytes;
+}
 MIXPREC_API void mp_reset_peak_memory(void) { mp__memory.peak = mp__memory.current; }
 
 /* A carving plan, as llm.c carves one allocation into tensors: the same
@@ -1371,15 +1420,15 @@ typedef struct mp__opt_step {
     uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
 } mp__opt_step;
 
+typedef struct mp__gemm_args mp__gemm_args;
+
 struct mp_backend {
     const char *name;
-    size_t gemm_workspace_bytes;
     void (*cast)(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
-    /* C[m x n] (+)= op(A)[m x k] op(B)[k x n], rows contiguous, float32
-       accumulation, one rounding into C's dtype. op(A) = A^T when trans_a
-       (A stored k x m), likewise B (stored n x k). */
-    void (*gemm)(void *ws, int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a,
-                 mp_dtype at, const void *b, mp_dtype bt, void *c, mp_dtype ct, int accumulate);
+    /* C (+)= op(A) op(B), float32 accumulation, then bias, activation and
+       one rounding into C's dtype, as mp_matmul (see mp__gemm_args). ctx is
+       the model's thread pool. */
+    void (*gemm)(void *ctx, const mp__gemm_args *g);
     /* y = act(x + bias) over rows x cols (bias may be NULL); y may be x. */
     void (*bias_act)(void *y, const void *x, const void *bias, size_t rows, size_t cols,
                      mp_activation act, mp_dtype dt);
@@ -1427,144 +1476,6 @@ static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 static void mp__cpu_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
     if (dst == src && dt == st) return;
     (void)mp_convert(dst, dt, src, st, n, NULL);
-}
-
-/* >>gemm: GotoBLAS's loop order in miniature. Panels of op(A) (MC x KC) and
-   op(B) (KC x NC) are widened to float32 while packing, a 4 x 16 register
-   tile sweeps them, and a float32 MC x NC block collects the whole K sum
-   before the single rounding into C. */
-/* The register tile: MR rows of 16 columns, as many rows as the vector
-   registers hold accumulators for (8 zmm with AVX-512, 12 ymm with AVX2). */
-#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
-#define MP__MR 8
-#elif defined(MP__SIMD_X86) && defined(__FMA__)
-#define MP__MR 6
-#else
-#define MP__MR 4
-#endif
-#define MP__NR 16
-#define MP__MC 72 /* a multiple of every MR */
-#define MP__KC 256
-#define MP__NC 256
-
-typedef struct mp__gemm_ws {
-    float a[MP__MC * MP__KC];
-    float b[MP__KC * MP__NC];
-    float c[MP__MC * MP__NC];
-    float row[MP__KC]; /* one packed run: KC >= MC and KC >= NC */
-} mp__gemm_ws;
-
-/* n elements as float32: the source itself, or widened into tmp. */
-static const float *mp__f32_run(float *tmp, const void *src, mp_dtype t, size_t n) {
-    if (t == MP_FLOAT32) return (const float *)src;
-    mp__load(tmp, src, t, n);
-    return tmp;
-}
-
-/* Packs X[r0 .. r0+rc, q0 .. q0+qc] into panels of `width` rows, each
-   [qc][width], widened to float32; rows past rc are 0. X(r, q) lies at
-   src[r * ld + q] when its rows are contiguous, else at src[q * ld + r].
-   op(A) packs by rows (width MR) and op(B) by columns (width NR). */
-static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
-                     size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
-    size_t r, q;
-    memset(out, 0, (rc + width - 1) / width * width * qc * sizeof(float));
-    if (rows_contiguous) {
-        for (r = 0; r < rc; r++) {
-            float *dst = out + (r / width) * qc * width + r % width;
-            const float *row = mp__f32_run(tmp, mp__at(src, t, (r0 + r) * ld + q0), t, qc);
-            for (q = 0; q < qc; q++) dst[q * width] = row[q];
-        }
-    } else {
-        for (q = 0; q < qc; q++) {
-            const float *col = mp__f32_run(tmp, mp__at(src, t, (q0 + q) * ld + r0), t, rc);
-            for (r = 0; r < rc; r++) out[(r / width) * qc * width + q * width + r % width] = col[r];
-        }
-    }
-}
-
-/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
-   spell out every accumulator: compilers keep an array of vectors in
-   memory, not in registers. */
-static void mp__micro_kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
-#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-    size_t q;
-    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
-        __m512 bv = _mm512_loadu_ps(b);
-        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), bv, c0);
-        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), bv, c1);
-        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2]), bv, c2);
-        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3]), bv, c3);
-        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4]), bv, c4);
-        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5]), bv, c5);
-        c6 = _mm512_fmadd_ps(_mm512_set1_ps(a[6]), bv, c6);
-        c7 = _mm512_fmadd_ps(_mm512_set1_ps(a[7]), bv, c7);
-    }
-#define MP__ADD_ROW(r, v) _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), v))
-    MP__ADD_ROW(0, c0); MP__ADD_ROW(1, c1); MP__ADD_ROW(2, c2); MP__ADD_ROW(3, c3);
-    MP__ADD_ROW(4, c4); MP__ADD_ROW(5, c5); MP__ADD_ROW(6, c6); MP__ADD_ROW(7, c7);
-#undef MP__ADD_ROW
-#elif defined(MP__SIMD_X86) && defined(__FMA__)
-    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
-    __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
-    size_t q;
-    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#define MP__FMA_ROW(r, lo, hi) \
-    av = _mm256_broadcast_ss(a + r); lo = _mm256_fmadd_ps(av, b0, lo); hi = _mm256_fmadd_ps(av, b1, hi)
-        MP__FMA_ROW(0, l0, h0); MP__FMA_ROW(1, l1, h1); MP__FMA_ROW(2, l2, h2);
-        MP__FMA_ROW(3, l3, h3); MP__FMA_ROW(4, l4, h4); MP__FMA_ROW(5, l5, h5);
-#undef MP__FMA_ROW
-    }
-#define MP__ADD_ROW(r, lo, hi)                                                              \
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
-    MP__ADD_ROW(0, l0, h0); MP__ADD_ROW(1, l1, h1); MP__ADD_ROW(2, l2, h2);
-    MP__ADD_ROW(3, l3, h3); MP__ADD_ROW(4, l4, h4); MP__ADD_ROW(5, l5, h5);
-#undef MP__ADD_ROW
-#else
-    float acc[MP__MR][MP__NR];
-    size_t q, r, j;
-    memset(acc, 0, sizeof acc);
-    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR)
-        for (r = 0; r < MP__MR; r++)
-            for (j = 0; j < MP__NR; j++) acc[r][j] += a[r] * b[j];
-    for (r = 0; r < MP__MR; r++)
-        for (j = 0; j < MP__NR; j++) c[r * ldc + j] += acc[r][j];
-#endif
-}
-
-static void mp__cpu_gemm(void *workspace, int trans_a, int trans_b, size_t m, size_t n, size_t k,
-                         const void *a, mp_dtype at, const void *b, mp_dtype bt, void *c, mp_dtype ct,
-                         int accumulate) {
-    mp__gemm_ws *ws = (mp__gemm_ws *)workspace;
-    size_t i0, j0, p0, r, g, h;
-    for (j0 = 0; j0 < n; j0 += MP__NC) {
-        size_t nc = mp__min(MP__NC, n - j0);
-        for (i0 = 0; i0 < m; i0 += MP__MC) {
-            size_t mc = mp__min(MP__MC, m - i0);
-            memset(ws->c, 0, sizeof ws->c);
-            for (p0 = 0; p0 < k; p0 += MP__KC) {
-                size_t kc = mp__min(MP__KC, k - p0);
-                mp__pack(ws->a, ws->row, MP__MR, !trans_a, a, at, trans_a ? m : k, i0, mc, p0, kc);
-                mp__pack(ws->b, ws->row, MP__NR, trans_b, b, bt, trans_b ? k : n, j0, nc, p0, kc);
-                for (g = 0; g < mc; g += MP__MR)
-                    for (h = 0; h < nc; h += MP__NR)
-                        mp__micro_kernel(kc, ws->a + g * kc, ws->b + h * kc, ws->c + g * MP__NC + h, MP__NC);
-            }
-            for (r = 0; r < mc; r++) {
-                float *acc = ws->c + r * MP__NC;
-                void *out = mp__at_mut(c, ct, (i0 + r) * n + j0);
-                if (accumulate) {
-                    size_t j;
-                    mp__load(ws->row, out, ct, nc);
-                    for (j = 0; j < nc; j++) acc[j] += ws->row[j];
-                }
-                mp__store(out, ct, acc, nc);
-            }
-        }
-    }
 }
 
 /* >>activations (float32 math; Keras's definitions) */
@@ -1677,6 +1588,518 @@ static void mp__cpu_bias_grad(void *db, const void *dy, size_t rows, size_t cols
         }
         mp__store(mp__at_mut(db, dt, i), dt, acc, len);
     }
+}
+
+/* >>threads
+   Workers sleep on a condition variable until the pool's generation moves,
+   run the task with their index, and the last to finish wakes the caller,
+   which runs index 0 itself. */
+typedef void (*mp__task)(void *ctx, int thread, int threads);
+
+/* What one thread packs into and sums in: an A block, a B panel (grown to
+   what the largest product needs), a float32 C block, one widened run. */
+typedef struct mp__gemm_ws {
+    float *a, *b, *c, *tmp;
+    size_t b_cap; /* floats */
+} mp__gemm_ws;
+
+#ifdef MP__THREADS
+typedef struct mp__worker {
+    struct mp_pool *pool;
+    int index;
+} mp__worker;
+#endif
+
+struct mp_pool {
+    int threads;
+    mp__gemm_ws *ws; /* one per thread */
+#ifdef MP__THREADS
+    pthread_t *handles;
+    mp__worker *workers;
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    unsigned long generation;
+    int pending, quit, started;
+    mp__task task;
+    void *ctx;
+#endif
+};
+
+MIXPREC_API int mp_available_cores(void) {
+#if defined(MP__THREADS) && defined(_SC_NPROCESSORS_ONLN)
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+#else
+    return 1;
+#endif
+}
+
+MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threads : 1; }
+
+#ifdef MP__THREADS
+static void *mp__worker_main(void *arg) {
+    mp__worker *w = (mp__worker *)arg;
+    mp_pool *p = w->pool;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->generation == seen && !p->quit) pthread_cond_wait(&p->wake, &p->mu);
+        if (p->quit) break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        p->task(p->ctx, w->index, p->threads);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+#endif
+
+/* Runs task(ctx, t, threads) for every t, the caller taking t = 0. */
+static void mp__pool_run(mp_pool *p, mp__task task, void *ctx, int threads) {
+#ifdef MP__THREADS
+    if (threads > 1) {
+        pthread_mutex_lock(&p->mu);
+        p->task = task;
+        p->ctx = ctx;
+        p->pending = p->threads - 1;
+        p->generation++;
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+        task(ctx, 0, p->threads);
+        pthread_mutex_lock(&p->mu);
+        while (p->pending) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+#endif
+    (void)p;
+    (void)threads;
+    task(ctx, 0, 1);
+}
+
+MIXPREC_API void mp_pool_destroy(mp_pool *p) {
+    int i;
+    if (!p) return;
+#ifdef MP__THREADS
+    if (p->started) {
+        pthread_mutex_lock(&p->mu);
+        p->quit = 1;
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+        for (i = 0; i < p->started; i++) pthread_join(p->handles[i], NULL);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+#endif
+    for (i = 0; i < p->threads; i++) {
+        mp__free(p->ws[i].a);
+        mp__free(p->ws[i].b);
+    }
+    mp__free(p);
+}
+
+/* >>gemm: BLIS's loops. For each panel of NC columns, op(B) is packed once
+   (K x NC, widened to float32, or kept as bfloat16 pairs for the dot-product
+   kernel); for each block of MC rows and each KC slice of K, op(A) is
+   packed and an MR x NR register tile sweeps the pair, adding into a
+   float32 MC x NC block. Once the block holds the whole K sum, the epilogue
+   adds bias, applies the activation and rounds once into C's dtype. Threads
+   split N (or M when it has more tiles) into disjoint ranges: each element
+   is summed in the same order whatever the thread count. */
+#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+#define MP__MR 12 /* 24 zmm accumulators */
+#define MP__NR 32
+#elif defined(MP__SIMD_X86) && defined(__FMA__)
+#define MP__MR 6 /* 12 ymm accumulators */
+#define MP__NR 16
+#else
+#define MP__MR 4
+#define MP__NR 16
+#endif
+#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#define MP__BF16_DOT 1
+#endif
+#define MP__MC 96   /* A block in L2: a multiple of every MR */
+#define MP__KC 256  /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
+#define MP__NC 2048 /* float32 C block MC x NC in L2 */
+#define MP__B_BUDGET (4u << 20) /* floats of B panel per thread before NC narrows */
+#define MP__TMP (MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC) /* widened runs */
+
+struct mp__gemm_args {
+    int trans_a, trans_b;
+    size_t m, n, k;
+    const void *a, *b;
+    mp_dtype at, bt;
+    void *c;
+    mp_dtype ct;
+    int accumulate;      /* C += op(A) op(B) */
+    const void *bias;    /* [n] in ct, or NULL */
+    mp_activation act;   /* elementwise only */
+    void *z;             /* the pre-activation, in ct, or NULL */
+};
+
+static size_t mp__round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+static int mp__gemm_bf16(const mp__gemm_args *g) {
+#ifdef MP__BF16_DOT
+    return g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16;
+#else
+    (void)g;
+    return 0;
+#endif
+}
+
+/* Columns per B panel: all of N up to NC, fewer when K is large. */
+static size_t mp__panel_cols(size_t k, size_t n, size_t b_cap) {
+    size_t cols = mp__min(mp__round_up(n, MP__NR), MP__NC);
+    size_t fit = k ? b_cap / k / MP__NR * MP__NR : cols;
+    return mp__min(cols, fit);
+}
+
+/* What a product needs of a B panel: as many columns as the budget allows. */
+static size_t mp__panel_floats(size_t k, size_t n) {
+    size_t cols = mp__panel_cols(k, n, MP__B_BUDGET);
+    return k * (cols < MP__NR ? MP__NR : cols);
+}
+
+/* Grows every thread's B panel to `floats`. */
+static mp_status mp__pool_reserve(mp_pool *p, size_t floats) {
+    int i;
+    for (i = 0; i < p->threads; i++) {
+        float *b;
+        if (p->ws[i].b_cap >= floats) continue;
+        if (floats > SIZE_MAX / sizeof(float) || !(b = (float *)mp__alloc(floats * sizeof(float)))) return MP_ERR_ALLOC;
+        mp__free(p->ws[i].b);
+        p->ws[i].b = b;
+        p->ws[i].b_cap = floats;
+    }
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
+    size_t fixed = (size_t)MP__MC * MP__KC + (size_t)MP__MC * MP__NC + MP__TMP, head;
+    mp_pool *p;
+    int i;
+    if (!out) return MP_ERR_NULL;
+    *out = NULL;
+    if (threads < 0) return MP_ERR_ARG;
+    if (threads == 0) threads = mp_available_cores();
+#ifndef MP__THREADS
+    threads = 1;
+#endif
+    head = sizeof *p + (size_t)threads * sizeof(mp__gemm_ws);
+#ifdef MP__THREADS
+    head += (size_t)threads * (sizeof(pthread_t) + sizeof(mp__worker));
+#endif
+    if (!(p = (mp_pool *)mp__alloc(head))) return MP_ERR_ALLOC;
+    p->threads = threads;
+    p->ws = (mp__gemm_ws *)(p + 1);
+#ifdef MP__THREADS
+    p->handles = (pthread_t *)(p->ws + threads);
+    p->workers = (mp__worker *)(p->handles + threads);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+#endif
+    for (i = 0; i < threads; i++) {
+        mp__gemm_ws *w = &p->ws[i];
+        if (!(w->a = (float *)mp__alloc(fixed * sizeof(float)))) { mp_pool_destroy(p); return MP_ERR_ALLOC; }
+        w->c = w->a + (size_t)MP__MC * MP__KC;
+        w->tmp = w->c + (size_t)MP__MC * MP__NC;
+    }
+#ifdef MP__THREADS
+    for (i = 1; i < threads; i++) {
+        p->workers[i].pool = p;
+        p->workers[i].index = i;
+        if (pthread_create(&p->handles[p->started], NULL, mp__worker_main, &p->workers[i]) != 0) {
+            mp_pool_destroy(p);
+            return MP_ERR_ALLOC;
+        }
+        p->started++;
+    }
+#endif
+    *out = p;
+    return MP_OK;
+}
+
+/* Packs X[r0 .. r0+rc, q0 .. q0+qc] into panels of `width` rows, each
+   [qc][width], widened to float32; rows past rc are 0. X(r, q) lies at
+   src[r * ld + q] when its rows are contiguous, else at src[q * ld + r].
+   op(A) packs by rows (width MR) and op(B) by columns (width NR). tmp
+   holds width x qc floats. */
+static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
+                     size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
+    size_t g, q, r;
+    for (g = 0; g < rc; g += width, out += width * qc) {
+        size_t w = mp__min(width, rc - g);
+        if (!rows_contiguous) { /* a panel row is a run of the source */
+            for (q = 0; q < qc; q++) {
+                const void *run = mp__at(src, t, (q0 + q) * ld + r0 + g);
+                if (t == MP_FLOAT32) memcpy(out + q * width, run, w * sizeof(float));
+                else mp__load(out + q * width, run, t, w);
+                if (w < width) memset(out + q * width + w, 0, (width - w) * sizeof(float));
+            }
+        } else { /* a transpose: widen the rows first unless they are float32 */
+            const float *rows = (const float *)mp__at(src, t, (r0 + g) * ld + q0);
+            size_t stride = ld;
+            if (t != MP_FLOAT32) {
+                for (r = 0; r < w; r++) mp__load(tmp + r * qc, mp__at(src, t, (r0 + g + r) * ld + q0), t, qc);
+                rows = tmp;
+                stride = qc;
+            }
+            for (q = 0; q < qc; q++) {
+                for (r = 0; r < w; r++) out[q * width + r] = rows[r * stride + q];
+                for (; r < width; r++) out[q * width + r] = 0.0f;
+            }
+        }
+    }
+}
+
+/* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
+   they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
+   pairs a panel; a missing q or row is 0. */
+static void mp__pack_pairs(uint16_t *out, size_t width, int rows_contiguous, const void *src, size_t ld, size_t r0,
+                           size_t rc, size_t q0, size_t qc) {
+    const uint16_t *x = (const uint16_t *)src;
+    size_t g, p, r, pairs = (qc + 1) / 2;
+    for (g = 0; g < rc; g += width, out += 2 * width * pairs) {
+        size_t w = mp__min(width, rc - g);
+        for (p = 0; p < pairs; p++) {
+            uint16_t *dst = out + 2 * p * width;
+            size_t q = q0 + 2 * p;
+            int odd = 2 * p + 1 < qc; /* the pair's second value exists */
+            for (r = 0; r < w; r++) {
+                size_t row = r0 + g + r;
+                dst[2 * r] = rows_contiguous ? x[row * ld + q] : x[q * ld + row];
+                dst[2 * r + 1] = !odd ? 0 : rows_contiguous ? x[row * ld + q + 1] : x[(q + 1) * ld + row];
+            }
+            if (w < width) memset(dst + 2 * w, 0, 2 * (width - w) * sizeof(uint16_t));
+        }
+    }
+}
+
+/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
+   name every accumulator: compilers keep an array of vectors in memory. */
+static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
+#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+    __m512 z = _mm512_setzero_ps();
+    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+    __m512 c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, cA0 = z, cA1 = z, cB0 = z, cB1 = z;
+    size_t q;
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), av;
+#define MP__FMA(r, lo, hi) \
+    av = _mm512_set1_ps(a[r]); lo = _mm512_fmadd_ps(av, b0, lo); hi = _mm512_fmadd_ps(av, b1, hi)
+        MP__FMA(0, c00, c01); MP__FMA(1, c10, c11); MP__FMA(2, c20, c21); MP__FMA(3, c30, c31);
+        MP__FMA(4, c40, c41); MP__FMA(5, c50, c51); MP__FMA(6, c60, c61); MP__FMA(7, c70, c71);
+        MP__FMA(8, c80, c81); MP__FMA(9, c90, c91); MP__FMA(10, cA0, cA1); MP__FMA(11, cB0, cB1);
+#undef MP__FMA
+    }
+#define MP__ADD(r, lo, hi)                                                              \
+    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));         \
+    _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
+    MP__ADD(0, c00, c01); MP__ADD(1, c10, c11); MP__ADD(2, c20, c21); MP__ADD(3, c30, c31);
+    MP__ADD(4, c40, c41); MP__ADD(5, c50, c51); MP__ADD(6, c60, c61); MP__ADD(7, c70, c71);
+    MP__ADD(8, c80, c81); MP__ADD(9, c90, c91); MP__ADD(10, cA0, cA1); MP__ADD(11, cB0, cB1);
+#undef MP__ADD
+#elif defined(MP__SIMD_X86) && defined(__FMA__)
+    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
+    __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
+    size_t q;
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#define MP__FMA(r, lo, hi) \
+    av = _mm256_broadcast_ss(a + r); lo = _mm256_fmadd_ps(av, b0, lo); hi = _mm256_fmadd_ps(av, b1, hi)
+        MP__FMA(0, l0, h0); MP__FMA(1, l1, h1); MP__FMA(2, l2, h2);
+        MP__FMA(3, l3, h3); MP__FMA(4, l4, h4); MP__FMA(5, l5, h5);
+#undef MP__FMA
+    }
+#define MP__ADD(r, lo, hi)                                                              \
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
+    MP__ADD(0, l0, h0); MP__ADD(1, l1, h1); MP__ADD(2, l2, h2);
+    MP__ADD(3, l3, h3); MP__ADD(4, l4, h4); MP__ADD(5, l5, h5);
+#undef MP__ADD
+#else
+    float acc[MP__MR][MP__NR];
+    size_t q, r, j;
+    memset(acc, 0, sizeof acc);
+    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR)
+        for (r = 0; r < MP__MR; r++)
+            for (j = 0; j < MP__NR; j++) acc[r][j] += a[r] * b[j];
+    for (r = 0; r < MP__MR; r++)
+        for (j = 0; j < MP__NR; j++) c[r * ldc + j] += acc[r][j];
+#endif
+}
+
+#ifdef MP__BF16_DOT
+/* The bfloat16 tile: vdpbf16ps adds two products per float32 lane, so a and
+   b hold pairs along k: a[pairs][MR] (32 bits each), b[pairs][NR][2]. */
+static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc) {
+    __m512 z = _mm512_setzero_ps();
+    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+    __m512 c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, cA0 = z, cA1 = z, cB0 = z, cB1 = z;
+    size_t q;
+    for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32), av;
+#define MP__DOT(r, lo, hi)                                   \
+    av = (__m512bh)_mm512_set1_epi32((int)a[r]);            \
+    lo = _mm512_dpbf16_ps(lo, av, b0); hi = _mm512_dpbf16_ps(hi, av, b1)
+        MP__DOT(0, c00, c01); MP__DOT(1, c10, c11); MP__DOT(2, c20, c21); MP__DOT(3, c30, c31);
+        MP__DOT(4, c40, c41); MP__DOT(5, c50, c51); MP__DOT(6, c60, c61); MP__DOT(7, c70, c71);
+        MP__DOT(8, c80, c81); MP__DOT(9, c90, c91); MP__DOT(10, cA0, cA1); MP__DOT(11, cB0, cB1);
+#undef MP__DOT
+    }
+#define MP__ADD(r, lo, hi)                                                              \
+    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));         \
+    _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
+    MP__ADD(0, c00, c01); MP__ADD(1, c10, c11); MP__ADD(2, c20, c21); MP__ADD(3, c30, c31);
+    MP__ADD(4, c40, c41); MP__ADD(5, c50, c51); MP__ADD(6, c60, c61); MP__ADD(7, c70, c71);
+    MP__ADD(8, c80, c81); MP__ADD(9, c90, c91); MP__ADD(10, cA0, cA1); MP__ADD(11, cB0, cB1);
+#undef MP__ADD
+}
+#endif
+
+/* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
+   the activation, one rounding. */
+static void mp__epilogue(const mp__gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
+    size_t j, at = row * g->n + j0;
+    if (g->accumulate) {
+        mp__load(tmp, mp__at(g->c, g->ct, at), g->ct, nc);
+        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+    }
+    if (g->bias) {
+        mp__load(tmp, mp__at(g->bias, g->ct, j0), g->ct, nc);
+        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+    }
+    if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
+    if (g->act != MP_LINEAR)
+        for (j = 0; j < nc; j++) acc[j] = mp__act(g->act, acc[j]);
+    mp__store(mp__at_mut(g->c, g->ct, at), g->ct, acc, nc);
+}
+
+/* C[m0..m1, n0..n1) on one thread. */
+static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
+    int pairs = mp__gemm_bf16(g);
+    size_t kc_max = pairs ? 2 * MP__KC : MP__KC, panel = mp__panel_cols(g->k, n1 - n0, ws->b_cap);
+    size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
+    size_t i0, j0, p0, ir, jr, r;
+    for (j0 = n0; j0 < n1; j0 += panel) {
+        size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
+        for (p0 = 0; p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B), slice by slice */
+            size_t kc = mp__min(kc_max, g->k - p0);
+            float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
+            if (pairs) mp__pack_pairs((uint16_t *)slice, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
+            else mp__pack(slice, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
+        }
+        for (i0 = m0; i0 < m1; i0 += MP__MC) {
+            size_t mc = mp__min(MP__MC, m1 - i0);
+            memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float));
+            for (p0 = 0; p0 < g->k; p0 += kc_max) {
+                size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
+                const float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
+                if (pairs) mp__pack_pairs((uint16_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc);
+                else mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
+                for (jr = 0; jr < ncp; jr += MP__NR)
+                    for (ir = 0; ir < mc; ir += MP__MR) {
+                        float *tile = ws->c + ir * ncp + jr;
+#ifdef MP__BF16_DOT
+                        if (pairs) {
+                            mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
+                                            (const uint16_t *)(slice + jr * depth), tile, ncp);
+                            continue;
+                        }
+#endif
+                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp);
+                    }
+            }
+            for (r = 0; r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
+        }
+    }
+}
+
+typedef struct mp__gemm_job {
+    const mp__gemm_args *g;
+    mp_pool *pool;
+} mp__gemm_job;
+
+/* Each thread takes a disjoint range of whole tiles along the dimension
+   with more of them. */
+static void mp__gemm_task(void *ctx, int t, int threads) {
+    const mp__gemm_job *job = (const mp__gemm_job *)ctx;
+    const mp__gemm_args *g = job->g;
+    size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
+    if (tn >= tm) {
+        size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
+        if (n0 < g->n) mp__gemm_region(g, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
+    } else {
+        size_t per = (tm + T - 1) / T * MP__MR, m0 = (size_t)t * per;
+        if (m0 < g->m) mp__gemm_region(g, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
+    }
+}
+
+#ifdef MIXPREC_USE_CBLAS
+static void mp__gemm_cblas(const mp__gemm_args *g, float *tmp) {
+    size_t r, j0;
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
+                (int)g->m, (int)g->n, (int)g->k, 1.0f, (const float *)g->a, (int)(g->trans_a ? g->m : g->k),
+                (const float *)g->b, (int)(g->trans_b ? g->k : g->n), g->accumulate ? 1.0f : 0.0f, (float *)g->c,
+                (int)g->n);
+    if (!g->bias && !g->z && g->act == MP_LINEAR) return;
+    for (r = 0; r < g->m; r++) /* the epilogue in place, the accumulation done */
+        for (j0 = 0; j0 < g->n; j0 += MP__NC) {
+            mp__gemm_args e = *g;
+            e.accumulate = 0;
+            mp__epilogue(&e, (float *)g->c + r * g->n + j0, tmp, r, j0, mp__min(MP__NC, g->n - j0));
+        }
+}
+#endif
+
+/* Products below this many multiply-adds stay on one thread: waking the
+   others costs more than they save. */
+#define MP__GEMM_PARALLEL (1u << 17)
+
+static void mp__cpu_gemm(void *ctx, const mp__gemm_args *g) {
+    mp_pool *pool = (mp_pool *)ctx;
+    mp__gemm_job job;
+    if (g->m == 0 || g->n == 0) return;
+#ifdef MIXPREC_USE_CBLAS
+    if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[0].tmp); return; }
+#endif
+    job.g = g;
+    job.pool = pool;
+    mp__pool_run(pool, mp__gemm_task, &job, g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads);
+}
+
+MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
+                                const void *a, mp_dtype a_type, const void *b, mp_dtype b_type, void *c,
+                                mp_dtype c_type) {
+    mp__gemm_args g;
+    mp_pool *own = NULL;
+    size_t ignored;
+    mp_status st;
+    if (!a || !b || !c) return MP_ERR_NULL;
+    if (!mp__dtype_valid(a_type) || !mp__dtype_valid(b_type) || !mp__dtype_valid(c_type)) return MP_ERR_DTYPE;
+    if (!mp__mul_ok(m, k, &ignored) || !mp__mul_ok(k, n, &ignored) || !mp__mul_ok(m, n, &ignored) ||
+        !mp__mul_ok(m * n, 4, &ignored) || !mp__mul_ok(k, MP__NC, &ignored))
+        return MP_ERR_SIZE;
+    if (m == 0 || n == 0) return MP_OK;
+    if (!pool && (st = mp_pool_create(&own, 1)) != MP_OK) return st;
+    if ((st = mp__pool_reserve(own ? own : pool, mp__panel_floats(k, n))) == MP_OK) {
+        memset(&g, 0, sizeof g);
+        g.trans_a = trans_a != 0;
+        g.trans_b = trans_b != 0;
+        g.m = m; g.n = n; g.k = k;
+        g.a = a; g.at = a_type;
+        g.b = b; g.bt = b_type;
+        g.c = c; g.ct = c_type;
+        mp__cpu_gemm(own ? own : pool, &g);
+    }
+    mp_pool_destroy(own);
+    return st;
 }
 
 /* >>loss kernels: Keras 3's formulas in float32. Crossentropy from
@@ -1942,7 +2365,6 @@ static void mp__cpu_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, co
 
 static const mp_backend mp__cpu_backend = {
     "cpu",
-    sizeof(mp__gemm_ws),
     mp__cpu_cast,
     mp__cpu_gemm,
     mp__cpu_bias_act,
@@ -1998,7 +2420,7 @@ struct mp_model {
     void *params_block;
     float *w, *g;
     size_t n_params;
-    void *gemm_ws;
+    mp_pool *pool;
     /* compiled: loss, optimizer and its slots, loss scale */
     int compiled;
     mp_compile_desc compile;
@@ -2062,15 +2484,41 @@ static const void *mp__layer_input(const mp_model *m, mp__layer *l, size_t batch
 }
 static const void *mp__saved_input(const mp__layer *l) { return l->xin ? l->xin : l->x; }
 
+/* One product C[m x n] = op(A) op(B), A and B in dt. */
+static mp__gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a, const void *b,
+                                 mp_dtype dt, void *c, mp_dtype ct) {
+    mp__gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.m = m; g.n = n; g.k = k;
+    g.a = a; g.b = b;
+    g.at = g.bt = dt;
+    g.c = c;
+    g.ct = ct;
+    return g;
+}
+
+/* The forward product of Dense or Conv2D with its epilogue: + bias, the
+   activation (softmax, which needs whole rows, runs after); the caller
+   points g.z at where gelu's pre-activation is kept. */
+static void mp__linear_forward(mp_model *m, const mp__layer *l, mp__gemm_args g) {
+    g.bias = mp__bias_c(l);
+    g.act = l->desc.activation == MP_SOFTMAX ? MP_LINEAR : l->desc.activation;
+    m->be->gemm(m->pool, &g);
+}
+
+static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size_t cols) {
+    if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->dt);
+}
+
 /* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    size_t in = l->in_size, units = l->out_size;
-    void *pre = l->z ? l->z : l->y;
-    m->be->gemm(m->gemm_ws, 0, 0, batch, units, in, x, l->dt, l->wc, l->dt, pre, l->dt, 0);
-    if (l->n_bias || (!l->z && l->desc.activation != MP_LINEAR))
-        m->be->bias_act(pre, pre, mp__bias_c(l), batch, units, l->z ? MP_LINEAR : l->desc.activation, l->dt);
-    if (l->z) m->be->bias_act(l->y, l->z, NULL, batch, units, l->desc.activation, l->dt);
+    mp__gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->dt);
+    g.z = l->z;
+    mp__linear_forward(m, l, g);
+    mp__softmax_after(m, l, batch, l->out_size);
 }
 
 static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
@@ -2079,8 +2527,12 @@ static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy
         m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch, units, l->desc.activation, l->dt);
     if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
     /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
-    m->be->gemm(m->gemm_ws, 1, 0, in, units, batch, mp__saved_input(l), l->dt, dy, l->dt, l->gc, l->dt, 0);
-    if (dx) m->be->gemm(m->gemm_ws, 0, 1, batch, in, units, dy, l->dt, l->wc, l->dt, dx, l->xt, 0);
+    mp__gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
+    m->be->gemm(m->pool, &dw);
+    if (dx) {
+        mp__gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx, l->xt);
+        m->be->gemm(m->pool, &dxg);
+    }
 }
 
 /* Activation: y = act(x) over the last axis */
@@ -2117,13 +2569,13 @@ static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
     size_t patch = l->n_kernel / f;
-    void *pre = l->z ? l->z : l->y;
-    for (i = 0; i < batch; i++)
-        m->be->gemm(m->gemm_ws, 0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)), l->dt,
-                    l->wc, l->dt, mp__at_mut(pre, l->dt, i * l->out_size), l->dt, 0);
-    if (l->n_bias || (!l->z && l->desc.activation != MP_LINEAR))
-        m->be->bias_act(pre, pre, mp__bias_c(l), batch * pixels, f, l->z ? MP_LINEAR : l->desc.activation, l->dt);
-    if (l->z) m->be->bias_act(l->y, l->z, NULL, batch * pixels, f, l->desc.activation, l->dt);
+    for (i = 0; i < batch; i++) {
+        mp__gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+                                      l->wc, l->dt, mp__at_mut(l->y, l->dt, i * l->out_size), l->dt);
+        if (l->z) g.z = mp__at_mut(l->z, l->dt, i * l->out_size);
+        mp__linear_forward(m, l, g);
+    }
+    mp__softmax_after(m, l, batch * pixels, f);
 }
 
 static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
@@ -2134,19 +2586,25 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
         m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch * pixels, f, l->desc.activation, l->dt);
     if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
     /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
-    for (i = 0; i < batch; i++)
-        m->be->gemm(m->gemm_ws, 1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)), l->dt,
-                    mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32, i > 0);
+    for (i = 0; i < batch; i++) {
+        mp__gemm_args dw = mp__product(1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+                                       mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32);
+        dw.accumulate = i > 0;
+        m->be->gemm(m->pool, &dw);
+    }
     m->be->cast(l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel);
     if (!dx) return;
     for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
         const void *dyi = mp__at(dy, l->dt, i * l->out_size);
         void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
+        mp__gemm_args dcol = mp__product(0, 1, pixels, patch, f, dyi, l->wc, l->dt, dxi, l->xt);
         if (mp__pointwise(l)) {
-            m->be->gemm(m->gemm_ws, 0, 1, pixels, patch, f, dyi, l->dt, l->wc, l->dt, dxi, l->xt, 0);
+            m->be->gemm(m->pool, &dcol);
             continue;
         }
-        m->be->gemm(m->gemm_ws, 0, 1, pixels, patch, f, dyi, l->dt, l->wc, l->dt, m->dcol, MP_FLOAT32, 0);
+        dcol.c = m->dcol;
+        dcol.ct = MP_FLOAT32;
+        m->be->gemm(m->pool, &dcol);
         memset(m->img, 0, l->in_size * sizeof(float));
         m->be->col2im(m->img, m->dcol, &l->geom);
         m->be->cast(dxi, l->xt, m->img, MP_FLOAT32, l->in_size);
@@ -2432,7 +2890,7 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (!out || !desc) return MP_ERR_NULL;
     *out = NULL;
     while (r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0) r++;
-    if (r == 0) return MP_ERR_ARG; /* no input shape, or a negative dimension */
+    if (r == 0 || desc->threads < 0) return MP_ERR_ARG; /* no input shape, a negative dimension */
     for (; r < MP_MAX_RANK - 1; r++)
         if (desc->input_shape[r] != 0) return MP_ERR_ARG;
     m = (mp_model *)mp__alloc(sizeof *m);
@@ -2454,6 +2912,7 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
 
 MIXPREC_API void mp_model_destroy(mp_model *m) {
     if (!m) return;
+    mp_pool_destroy(m->pool);
     mp__free(m->act_block);
     mp__free(m->slots_block);
     mp__free(m->params_block);
@@ -2521,7 +2980,6 @@ static void mp__plan_params(mp_model *m, mp__arena *a) {
         l->wc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
         l->gc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
     }
-    m->gemm_ws = mp__carve(a, 1, m->be->gemm_workspace_bytes);
 }
 
 /* glorot_uniform: U(-limit, limit), limit = sqrt(6 / (fan_in + fan_out)),
@@ -2561,6 +3019,8 @@ MIXPREC_API mp_status mp_model_build(mp_model *m) {
     m->n_params = total;
     mp__plan_params(m, &a);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
+    if (!m->pool && mp_pool_create(&m->pool, m->desc.threads) != MP_OK)
+        return mp__fail(m, MP_ERR_ALLOC, "the thread pool and its GEMM workspaces");
     a.base = (unsigned char *)mp__alloc(a.used);
     if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes)", a.used);
     a.used = 0;
@@ -2675,6 +3135,30 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     m->img = (float *)mp__carve(a, img, sizeof(float));
 }
 
+/* The B panel the largest of the model's products needs, so that no step
+   allocates: (k, n) of each forward, weight-gradient and input-gradient
+   product. */
+static size_t mp__largest_panel(const mp_model *m, size_t batch) {
+    size_t most = 0, shapes[3][2], i;
+    int li;
+    for (li = 0; li < m->n_layers; li++) {
+        const mp__layer *l = &m->layers[li];
+        size_t f, patch, rows;
+        if (l->desc.kind != MP_DENSE && l->desc.kind != MP_CONV2D) continue;
+        f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
+        patch = l->n_kernel / f;
+        rows = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : batch;
+        shapes[0][0] = patch; shapes[0][1] = f;    /* y = x W */
+        shapes[1][0] = rows;  shapes[1][1] = f;    /* dW = x^T dy */
+        shapes[2][0] = f;     shapes[2][1] = patch; /* dx = dy W^T */
+        for (i = 0; i < 3; i++) {
+            size_t need = mp__panel_floats(shapes[i][0], shapes[i][1]);
+            if (need > most) most = need;
+        }
+    }
+    return most;
+}
+
 static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
     if (batch <= m->batch_cap) return MP_OK;
@@ -2691,6 +3175,11 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     a.used = 0;
     m->act_block = a.base;
     mp__plan_activations(m, &a, batch);
+    if (mp__pool_reserve(m->pool, mp__largest_panel(m, batch)) != MP_OK) {
+        mp__free(m->act_block);
+        m->act_block = NULL;
+        return mp__fail(m, MP_ERR_ALLOC, "GEMM panels for batch %z", batch);
+    }
     m->batch_cap = batch;
     return MP_OK;
 }
@@ -3134,6 +3623,26 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
 /* >>model queries */
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
+static size_t mp__pool_bytes(const mp_pool *p) {
+    size_t bytes = mp__block_bytes(p);
+    int i;
+    for (i = 0; p && i < p->threads; i++) bytes += mp__block_bytes(p->ws[i].a) + mp__block_bytes(p->ws[i].b);
+    return bytes;
+}
+
+MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {
+    if (!m || !out) return MP_ERR_NULL;
+    out->weights = mp__block_bytes(m->params_block);
+    out->optimizer = mp__block_bytes(m->slots_block);
+    out->activations = mp__block_bytes(m->act_block);
+    out->workspace = mp__pool_bytes(m->pool);
+    return MP_OK;
+}
+
+MIXPREC_API int mp_model_threads(const mp_model *m) {
+    if (!m) return 1;
+    return m->pool ? mp_pool_threads(m->pool) : m->desc.threads ? m->desc.threads : mp_available_cores();
+}
 MIXPREC_API size_t mp_model_input_size(const mp_model *m) { return m ? m->in_size : 0; }
 MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_layers ? mp__last(m)->out_size : 0; }
 
