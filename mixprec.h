@@ -1424,7 +1424,7 @@ typedef struct mp__gemm_args mp__gemm_args;
 
 struct mp_backend {
     const char *name;
-    void (*cast)(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
+    void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
     /* C (+)= op(A) op(B), float32 accumulation, then bias, activation and
        one rounding into C's dtype, as mp_matmul (see mp__gemm_args). ctx is
        the model's thread pool. */
@@ -1445,9 +1445,12 @@ struct mp_backend {
                  size_t *correct);
     void (*scale_cast)(void *dst, mp_dtype dt, const float *src, size_t n, float scale);
     /* The fused pass: dst = src * inv_scale; returns 1 if every src is finite. */
-    int (*unscale_check)(float *dst, const void *src, mp_dtype st, size_t n, float inv_scale);
-    void (*optimizer_update)(const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
-                             size_t n);
+    int (*unscale_check)(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, float inv_scale);
+    /* Updates n float32 weights from their float32 gradients and slots; when
+       wc is not NULL, also writes the updated weights to wc in wt (the
+       copy the layer reads), in the same pass. */
+    void (*optimizer_update)(void *ctx, const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
+                             size_t n, void *wc, mp_dtype wt);
     void (*im2col)(void *col, const void *img, const mp__conv_geom *g, mp_dtype dt);
     void (*col2im)(float *img, const float *col, const mp__conv_geom *g); /* adds */
     void (*max_pool)(void *y, const void *x, size_t n, const mp__conv_geom *g, mp_dtype dt);
@@ -1459,6 +1462,7 @@ struct mp_backend {
 };
 
 #define MP__TILE 256 /* floats per tile: a few KiB of stack */
+#define MP__MAX_THREADS 256
 
 static const void *mp__at(const void *p, mp_dtype t, size_t i) {
     return (const char *)p + i * mp__dtypes[t].size;
@@ -1473,10 +1477,6 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
 }
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 
-static void mp__cpu_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
-    if (dst == src && dt == st) return;
-    (void)mp_convert(dst, dt, src, st, n, NULL);
-}
 
 /* >>activations (float32 math; Keras's definitions) */
 static float mp__act(mp_activation a, float v) {
@@ -1787,6 +1787,7 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     *out = NULL;
     if (threads < 0) return MP_ERR_ARG;
     if (threads == 0) threads = mp_available_cores();
+    if (threads > MP__MAX_THREADS) threads = MP__MAX_THREADS;
 #ifndef MP__THREADS
     threads = 1;
 #endif
@@ -1858,28 +1859,44 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
     }
 }
 
+#ifdef MP__BF16_DOT
+/* Two runs of bfloat16 as pairs, lo in the low half. Inlined with a
+   constant n for full panels, so the loop vectorises. */
+MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, size_t n) {
+    size_t r;
+    for (r = 0; r < n; r++) dst[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+}
+
 /* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
    they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
    pairs a panel; a missing q or row is 0. */
-static void mp__pack_pairs(uint16_t *out, size_t width, int rows_contiguous, const void *src, size_t ld, size_t r0,
+static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, const void *src, size_t ld, size_t r0,
                            size_t rc, size_t q0, size_t qc) {
+    static const uint16_t zeros[MP__NR > MP__MR ? MP__NR : MP__MR] = {0};
     const uint16_t *x = (const uint16_t *)src;
     size_t g, p, r, pairs = (qc + 1) / 2;
-    for (g = 0; g < rc; g += width, out += 2 * width * pairs) {
+    for (g = 0; g < rc; g += width, out += width * pairs) {
         size_t w = mp__min(width, rc - g);
         for (p = 0; p < pairs; p++) {
-            uint16_t *dst = out + 2 * p * width;
+            uint32_t *dst = out + p * width;
             size_t q = q0 + 2 * p;
-            int odd = 2 * p + 1 < qc; /* the pair's second value exists */
-            for (r = 0; r < w; r++) {
-                size_t row = r0 + g + r;
-                dst[2 * r] = rows_contiguous ? x[row * ld + q] : x[q * ld + row];
-                dst[2 * r + 1] = !odd ? 0 : rows_contiguous ? x[row * ld + q + 1] : x[(q + 1) * ld + row];
+            int second = 2 * p + 1 < qc;
+            if (!rows_contiguous) { /* rows q and q + 1 are runs of the source */
+                const uint16_t *lo = x + q * ld + r0 + g, *hi = second ? lo + ld : zeros;
+                if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
+                else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
+                else mp__interleave(dst, lo, hi, w);
+            } else if (second) { /* the pair is adjacent in each row: one load (x86 is little-endian) */
+                for (r = 0; r < w; r++) memcpy(&dst[r], x + (r0 + g + r) * ld + q, 4);
+            } else {
+                for (r = 0; r < w; r++) dst[r] = x[(r0 + g + r) * ld + q];
             }
-            if (w < width) memset(dst + 2 * w, 0, 2 * (width - w) * sizeof(uint16_t));
+            for (r = w; r < width; r++) dst[r] = 0;
         }
     }
 }
+
+#endif
 
 /* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
    name every accumulator: compilers keep an array of vectors in memory. */
@@ -1992,8 +2009,11 @@ static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, 
         for (p0 = 0; p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B), slice by slice */
             size_t kc = mp__min(kc_max, g->k - p0);
             float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
-            if (pairs) mp__pack_pairs((uint16_t *)slice, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
-            else mp__pack(slice, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
+#ifdef MP__BF16_DOT
+            if (pairs) mp__pack_pairs((uint32_t *)slice, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
+            else
+#endif
+                mp__pack(slice, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
         }
         for (i0 = m0; i0 < m1; i0 += MP__MC) {
             size_t mc = mp__min(MP__MC, m1 - i0);
@@ -2001,8 +2021,11 @@ static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, 
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
                 const float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
-                if (pairs) mp__pack_pairs((uint16_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc);
-                else mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
+#ifdef MP__BF16_DOT
+                if (pairs) mp__pack_pairs((uint32_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc);
+                else
+#endif
+                    mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
                 for (jr = 0; jr < ncp; jr += MP__NR)
                     for (ir = 0; ir < mc; ir += MP__MR) {
                         float *tile = ws->c + ir * ncp + jr;
@@ -2100,6 +2123,53 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
     }
     mp_pool_destroy(own);
     return st;
+}
+
+/* >>elementwise: long vectors are cut into one contiguous range per thread
+   (elementwise work: the result does not depend on the cut). */
+typedef struct mp__range_job {
+    void (*fn)(void *args, size_t begin, size_t end, int thread);
+    void *args;
+    size_t n;
+} mp__range_job;
+
+static void mp__range_task(void *ctx, int t, int threads) {
+    const mp__range_job *job = (const mp__range_job *)ctx;
+    size_t per = mp__round_up((job->n + (size_t)threads - 1) / (size_t)threads, 64), begin = (size_t)t * per;
+    if (begin < job->n) job->fn(job->args, begin, mp__min(job->n, begin + per), t);
+}
+
+/* Below this many elements one thread does it all. */
+#define MP__RANGE_PARALLEL (1u << 16)
+
+static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
+    mp__range_job job;
+    job.fn = fn;
+    job.args = args;
+    job.n = n;
+    mp__pool_run(pool, mp__range_task, &job, n < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+}
+
+typedef struct mp__cast_args {
+    void *dst;
+    const void *src;
+    mp_dtype dt, st;
+} mp__cast_args;
+
+static void mp__cast_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__cast_args *c = (const mp__cast_args *)args;
+    (void)thread;
+    (void)mp_convert(mp__at_mut(c->dst, c->dt, begin), c->dt, mp__at(c->src, c->st, begin), c->st, end - begin, NULL);
+}
+
+static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
+    mp__cast_args c;
+    if (dst == src && dt == st) return;
+    c.dst = dst;
+    c.src = src;
+    c.dt = dt;
+    c.st = st;
+    mp__parallel_range((mp_pool *)ctx, n, mp__cast_range, &c);
 }
 
 /* >>loss kernels: Keras 3's formulas in float32. Crossentropy from
@@ -2222,50 +2292,166 @@ static void mp__cpu_scale_cast(void *dst, mp_dtype dt, const float *src, size_t 
 
 /* One pass over the scaled gradients: widen, test the exponent bits (no
    branch, no early exit), multiply by 1/scale. dst may be src (float32). */
-static int mp__cpu_unscale_check(float *dst, const void *src, mp_dtype st, size_t n, float inv_scale) {
+typedef struct mp__unscale_args {
+    float *dst;
+    const void *src;
+    mp_dtype st;
+    float inv_scale;
+    uint32_t bad[MP__MAX_THREADS];
+} mp__unscale_args;
+
+static void mp__unscale_range(void *args, size_t begin, size_t end, int thread) {
+    mp__unscale_args *u = (mp__unscale_args *)args;
     float t[MP__TILE];
     uint32_t bad = 0;
     size_t i, j, len;
-    for (i = 0; i < n; i += len) {
-        len = mp__min(MP__TILE, n - i);
-        mp__load(t, mp__at(src, st, i), st, len);
-        for (j = 0; j < len; j++) {
-            bad |= (uint32_t)((mp__f32_bits(t[j]) & MP__F32_INF) == MP__F32_INF);
-            dst[i + j] = t[j] * inv_scale;
+    for (i = begin; i < end; i += len) { /* whole tiles (the tail padded with 0): the loop vectorises */
+        len = mp__min(MP__TILE, end - i);
+        mp__load(t, mp__at(u->src, u->st, i), u->st, len);
+        if (len < MP__TILE) memset(t + len, 0, (MP__TILE - len) * sizeof(float));
+        for (j = 0; j < MP__TILE; j++) {
+            uint32_t bits;
+            memcpy(&bits, &t[j], 4);
+            bad |= (uint32_t)((bits & MP__F32_INF) == MP__F32_INF);
+            t[j] *= u->inv_scale;
         }
+        memcpy(u->dst + i, t, len * sizeof(float));
     }
+    u->bad[thread] |= bad;
+}
+
+static int mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, float inv_scale) {
+    mp__unscale_args u;
+    uint32_t bad = 0;
+    int t;
+    memset(&u, 0, sizeof u);
+    u.dst = dst;
+    u.src = src;
+    u.st = st;
+    u.inv_scale = inv_scale;
+    mp__parallel_range((mp_pool *)ctx, n, mp__unscale_range, &u);
+    for (t = 0; t < MP__MAX_THREADS; t++) bad |= u.bad[t];
     return !bad;
 }
 
-/* >>optimizers: Keras 3's update rules, float32 master weights. */
-static void mp__cpu_optimizer_update(const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
-                                     size_t n) {
-    const mp_optimizer_desc *o = &step->cfg;
-    float lr = o->learning_rate;
-    size_t i;
-    if (o->kind == MP_SGD) {
-        if (o->momentum == 0.0f) {
-            for (i = 0; i < n; i++) w[i] -= lr * g[i];
-        } else { /* m = momentum m - lr g; w += m, or nesterov: w += momentum m - lr g */
-            for (i = 0; i < n; i++) {
-                s1[i] = o->momentum * s1[i] - lr * g[i];
-                w[i] += o->nesterov ? o->momentum * s1[i] - lr * g[i] : s1[i];
-            }
-        }
+/* >>optimizers: Keras 3's update rules on float32 master weights, written
+   once over vectors of MP__VW floats (a scalar when there is no SIMD; the
+   same operations in the same order either way, no fused multiply-add). */
+#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+#define MP__VW 16
+typedef __m512 mp__vf;
+#define mp__vld _mm512_loadu_ps
+#define mp__vst _mm512_storeu_ps
+#define mp__vset _mm512_set1_ps
+#define mp__vadd _mm512_add_ps
+#define mp__vsub _mm512_sub_ps
+#define mp__vmul _mm512_mul_ps
+#define mp__vdiv _mm512_div_ps
+/* the masked form: gcc 12's _mm512_sqrt_ps trips -Wmaybe-uninitialized in C++ */
+#define mp__vsqrt(v) _mm512_maskz_sqrt_ps((__mmask16)0xFFFF, v)
+#elif defined(MP__SIMD_X86)
+#define MP__VW 8
+typedef __m256 mp__vf;
+#define mp__vld _mm256_loadu_ps
+#define mp__vst _mm256_storeu_ps
+#define mp__vset _mm256_set1_ps
+#define mp__vadd _mm256_add_ps
+#define mp__vsub _mm256_sub_ps
+#define mp__vmul _mm256_mul_ps
+#define mp__vdiv _mm256_div_ps
+#define mp__vsqrt _mm256_sqrt_ps
+#else
+#define MP__VW 1
+typedef float mp__vf;
+static float mp__vld(const float *p) { return *p; }
+static void mp__vst(float *p, float v) { *p = v; }
+static float mp__vset(float v) { return v; }
+static float mp__vadd(float a, float b) { return a + b; }
+static float mp__vsub(float a, float b) { return a - b; }
+static float mp__vmul(float a, float b) { return a * b; }
+static float mp__vdiv(float a, float b) { return a / b; }
+static float mp__vsqrt(float a) { return sqrtf(a); }
+#endif
+
+typedef struct mp__opt_args {
+    const mp_optimizer_desc *o;
+    float alpha; /* Adam's step size with both bias corrections */
+    float *w, *s1, *s2;
+    const float *g;
+    void *wc;
+    mp_dtype wt;
+} mp__opt_args;
+
+/* MP__VW weights at w, g, s1, s2. */
+static void mp__opt_block(const mp__opt_args *a, float *w, const float *g, float *s1, float *s2) {
+    const mp_optimizer_desc *o = a->o;
+    mp__vf gv = mp__vld(g), lr_g = mp__vmul(mp__vset(o->learning_rate), gv), wv = mp__vld(w);
+    if (o->kind == MP_SGD && o->momentum == 0.0f) {
+        wv = mp__vsub(wv, lr_g);
+    } else if (o->kind == MP_SGD) { /* m = momentum m - lr g; w += m, or nesterov: w += momentum m - lr g */
+        mp__vf m = mp__vsub(mp__vmul(mp__vset(o->momentum), mp__vld(s1)), lr_g);
+        mp__vst(s1, m);
+        wv = mp__vadd(wv, o->nesterov ? mp__vsub(mp__vmul(mp__vset(o->momentum), m), lr_g) : m);
     } else if (o->kind == MP_RMSPROP) { /* v = rho v + (1 - rho) g^2; w -= lr g / sqrt(v + eps) */
-        for (i = 0; i < n; i++) {
-            s1[i] = o->rho * s1[i] + (1.0f - o->rho) * g[i] * g[i];
-            w[i] -= lr * g[i] / sqrtf(s1[i] + o->epsilon);
-        }
-    } else { /* Adam: alpha = lr sqrt(1 - b2^t) / (1 - b1^t); w -= alpha m / (sqrt(v) + eps) */
-        float t = (float)step->iteration;
-        float alpha = lr * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
-        for (i = 0; i < n; i++) {
-            s1[i] += (g[i] - s1[i]) * (1.0f - o->beta_1);
-            s2[i] += (g[i] * g[i] - s2[i]) * (1.0f - o->beta_2);
-            w[i] -= alpha * s1[i] / (sqrtf(s2[i]) + o->epsilon);
-        }
+        mp__vf v = mp__vadd(mp__vmul(mp__vset(o->rho), mp__vld(s1)), mp__vmul(mp__vset(1.0f - o->rho), mp__vmul(gv, gv)));
+        mp__vst(s1, v);
+        wv = mp__vsub(wv, mp__vdiv(lr_g, mp__vsqrt(mp__vadd(v, mp__vset(o->epsilon)))));
+    } else { /* Adam: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w -= alpha m / (sqrt(v) + eps) */
+        mp__vf m = mp__vld(s1), v = mp__vld(s2);
+        m = mp__vadd(m, mp__vmul(mp__vsub(gv, m), mp__vset(1.0f - o->beta_1)));
+        v = mp__vadd(v, mp__vmul(mp__vsub(mp__vmul(gv, gv), v), mp__vset(1.0f - o->beta_2)));
+        mp__vst(s1, m);
+        mp__vst(s2, v);
+        wv = mp__vsub(wv, mp__vdiv(mp__vmul(mp__vset(a->alpha), m), mp__vadd(mp__vsqrt(v), mp__vset(o->epsilon))));
     }
+    mp__vst(w, wv);
+}
+
+/* Updates [begin, end); the tail goes through one padded block. */
+static void mp__opt_run(const mp__opt_args *a, size_t begin, size_t end) {
+    size_t i, full = begin + (end - begin) / MP__VW * MP__VW;
+    float w[MP__VW], g[MP__VW], s1[MP__VW], s2[MP__VW];
+    for (i = begin; i < full; i += MP__VW)
+        mp__opt_block(a, a->w + i, a->g + i, a->s1 ? a->s1 + i : s1, a->s2 ? a->s2 + i : s2);
+    if (full == end) return;
+    memset(w, 0, sizeof w); memset(g, 0, sizeof g); memset(s1, 0, sizeof s1); memset(s2, 0, sizeof s2);
+    memcpy(w, a->w + full, (end - full) * sizeof(float));
+    memcpy(g, a->g + full, (end - full) * sizeof(float));
+    if (a->s1) memcpy(s1, a->s1 + full, (end - full) * sizeof(float));
+    if (a->s2) memcpy(s2, a->s2 + full, (end - full) * sizeof(float));
+    mp__opt_block(a, w, g, s1, s2);
+    memcpy(a->w + full, w, (end - full) * sizeof(float));
+    if (a->s1) memcpy(a->s1 + full, s1, (end - full) * sizeof(float));
+    if (a->s2) memcpy(a->s2 + full, s2, (end - full) * sizeof(float));
+}
+
+/* In chunks that stay in L1, so the copy in the compute dtype reads the
+   fresh weights from cache (the AutoCastVariable read, done once a step). */
+static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__opt_args *a = (const mp__opt_args *)args;
+    size_t i, len;
+    (void)thread;
+    for (i = begin; i < end; i += len) {
+        len = mp__min(4 * MP__TILE, end - i);
+        mp__opt_run(a, i, i + len);
+        if (a->wc) (void)mp_convert(mp__at_mut(a->wc, a->wt, i), a->wt, a->w + i, MP_FLOAT32, len, NULL);
+    }
+}
+
+static void mp__cpu_optimizer_update(void *ctx, const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
+                                     size_t n, void *wc, mp_dtype wt) {
+    const mp_optimizer_desc *o = &step->cfg;
+    float t = (float)step->iteration;
+    mp__opt_args a;
+    a.o = o;
+    a.alpha = o->kind == MP_ADAM ? o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t)) : 0.0f;
+    a.w = w;
+    a.g = g;
+    a.s1 = s1;
+    a.s2 = s2;
+    a.wc = wc;
+    a.wt = wt;
+    mp__parallel_range((mp_pool *)ctx, n, mp__opt_range, &a);
 }
 
 /* >>conv kernels (NHWC, one image; Keras's channels_last) */
@@ -2441,6 +2627,7 @@ struct mp_model {
     /* where the custom loop stands */
     int training, have_loss, have_grads, have_unscaled, grads_finite;
     int grads_ready; /* mp_get_gradients has something to give */
+    int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int grad_out; /* which grad[] holds the first layer's output gradient */
     uint64_t rng;
     char error[256];
@@ -2479,7 +2666,7 @@ static const void *mp__bias_c(const mp__layer *l) {
 /* The layer's input in its compute dtype, casting on entry if needed. */
 static const void *mp__layer_input(const mp_model *m, mp__layer *l, size_t batch) {
     if (!l->xin) return l->x;
-    m->be->cast(l->xin, l->dt, l->x, l->xt, batch * l->in_size);
+    m->be->cast(m->pool, l->xin, l->dt, l->x, l->xt, batch * l->in_size);
     return l->xin;
 }
 static const void *mp__saved_input(const mp__layer *l) { return l->xin ? l->xin : l->x; }
@@ -2592,7 +2779,7 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
         dw.accumulate = i > 0;
         m->be->gemm(m->pool, &dw);
     }
-    m->be->cast(l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel);
+    m->be->cast(m->pool, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel);
     if (!dx) return;
     for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
         const void *dyi = mp__at(dy, l->dt, i * l->out_size);
@@ -2607,7 +2794,7 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
         m->be->gemm(m->pool, &dcol);
         memset(m->img, 0, l->in_size * sizeof(float));
         m->be->col2im(m->img, m->dcol, &l->geom);
-        m->be->cast(dxi, l->xt, m->img, MP_FLOAT32, l->in_size);
+        m->be->cast(m->pool, dxi, l->xt, m->img, MP_FLOAT32, l->in_size);
     }
 }
 
@@ -2624,7 +2811,7 @@ static void mp__pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
 static void mp__flatten_forward(mp_model *m, mp__layer *l, size_t batch) { (void)mp__layer_input(m, l, batch); }
 
 static void mp__flatten_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->cast(dx, l->xt, dy, l->dt, batch * l->in_size);
+    if (dx) m->be->cast(m->pool, dx, l->xt, dy, l->dt, batch * l->in_size);
 }
 
 /* Dropout: in training keep each value with probability 1 - rate and scale
@@ -2634,7 +2821,7 @@ static float mp__dropout_scale(const mp__layer *l) { return 1.0f / (1.0f - l->de
 static void mp__dropout_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
     size_t n = batch * l->in_size, i;
-    if (!m->training) { m->be->cast(l->y, l->dt, x, l->dt, n); return; }
+    if (!m->training) { m->be->cast(m->pool, l->y, l->dt, x, l->dt, n); return; }
     for (i = 0; i < n; i++) l->mask[i] = (unsigned char)(mp__uniform(&l->rng) >= l->desc.rate);
     m->be->dropout(l->y, l->dt, x, l->dt, l->mask, n, mp__dropout_scale(l));
 }
@@ -3214,9 +3401,11 @@ static void mp__run_forward(mp_model *m, size_t batch, int training) {
     m->have_loss = m->have_grads = m->have_unscaled = 0;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (l->wc != l->w) m->be->cast(l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l)); /* AutoCastVariable */
+        if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
+            m->be->cast(m->pool, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l));
         mp__kinds[l->desc.kind].forward(m, l, batch);
     }
+    m->casts_fresh = 1;
 }
 
 static mp_status mp__prepare(mp_model *m, size_t batch) {
@@ -3312,7 +3501,7 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     inv = 1.0f / mp_current_loss_scale(m);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (mp__params(l)) finite &= m->be->unscale_check(l->g, l->gc, l->dt, mp__params(l), inv);
+        if (mp__params(l)) finite &= m->be->unscale_check(m->pool, l->g, l->gc, l->dt, mp__params(l), inv);
     }
     m->grads_finite = finite;
     m->grads_ready = 1;
@@ -3322,14 +3511,20 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
 }
 
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
-    int apply;
+    int apply, i;
     if (applied) *applied = 0;
     if (!m) return MP_ERR_NULL;
     if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
     /* Without loss scaling the step is applied whatever it holds, as Keras. */
     apply = m->has_loss_scale ? mp_loss_scale_update(&m->ls, m->grads_finite) : 1;
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
-    if (apply) m->be->optimizer_update(&m->opt, m->w, m->g, m->s1, m->s2, m->n_params);
+    for (i = 0; apply && i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
+        mp__layer *l = &m->layers[i];
+        size_t off = (size_t)(l->w - m->w);
+        if (!mp__params(l)) continue;
+        m->be->optimizer_update(m->pool, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
+                                mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt);
+    }
     m->have_unscaled = 0;
     if (applied) *applied = apply;
     return MP_OK;
@@ -3615,7 +3810,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
         size_t b = mp__min(batch, n - s);
         memcpy(m->input, x + s * m->in_size, b * m->in_size * sizeof(float));
         mp__run_forward(m, b, 0);
-        m->be->cast(out + s * l->out_size, MP_FLOAT32, l->y, l->dt, b * l->out_size);
+        m->be->cast(m->pool, out + s * l->out_size, MP_FLOAT32, l->y, l->dt, b * l->out_size);
     }
     return MP_OK;
 }
@@ -3689,6 +3884,7 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
     if (!m) return MP_ERR_NULL;
     if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
     if ((st = mp_model_build(m)) != MP_OK) return st;
+    m->casts_fresh = 0;
     return mp__copy_params(m, m->w, src, n);
 }
 
