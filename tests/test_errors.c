@@ -1081,6 +1081,50 @@ static void run_scenario(size_t k) {
                 (unsigned long)mp_get_memory_info().current, (unsigned long)start);
 }
 
+/* No allocation per step: once a model has seen its batch size, a fit
+   allocates only its shuffle order, whatever the epochs and steps, and the
+   custom loop allocates nothing (the activation block and the GEMM panels
+   are sized up front). A conv net under each policy, 2 threads. */
+static void test_no_allocation_per_step(void) {
+    static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    enum { N = 24, H = 6 };
+    static float img[N * H * H * 2];
+    static int32_t lab[N];
+    size_t p, i, before;
+    for (i = 0; i < N * H * H * 2; i++) img[i] = (float)((i * 13) % 17) / 17.0f;
+    for (i = 0; i < N; i++) lab[i] = (int32_t)(i % 3);
+    for (p = 0; p < 3; p++) {
+        mp_model_desc md = model_desc(H, H, 2);
+        mp_compile_desc cd = compile_desc(MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_ADAM);
+        mp_fit_desc fd = fit_desc(img, lab, N, 4);
+        mp_model *m = NULL;
+        float loss;
+        int applied, step, ok;
+        md.threads = 2;
+        CHECK_ST(mp_set_global_policy_name(policies[p]), MP_OK);
+        ok = mp_model_create(&m, &md) == MP_OK && mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_RELU)) == MP_OK &&
+             mp_model_add(m, mp_max_pooling2d(2, 2)) == MP_OK && mp_model_add(m, mp_flatten()) == MP_OK &&
+             mp_model_add(m, mp_dense(3, MP_SOFTMAX)) == MP_OK && mp_model_compile(m, &cd) == MP_OK &&
+             mp_model_fit(m, &fd) == MP_OK;
+        if (!CHECK(ok)) { mp_model_destroy(m); continue; }
+        before = t_count;
+        fd.epochs = 3; /* 18 steps */
+        CHECK_ST(mp_model_fit(m, &fd), MP_OK);
+        if (!CHECK(t_count - before == 1)) fprintf(stderr, "    %s: fit allocated %zu times\n", policies[p], t_count - before);
+        before = t_count;
+        for (step = 0; step < 5; step++) {
+            mp_forward(m, img, 4, 1);
+            mp_compute_loss(m, lab, NULL, &loss, NULL);
+            mp_compute_scaled_gradients(m);
+            mp_get_unscaled_gradients(m);
+            mp_apply_gradients(m, &applied);
+        }
+        if (!CHECK(t_count == before)) fprintf(stderr, "    %s: the loop allocated %zu times\n", policies[p], t_count - before);
+        mp_model_destroy(m);
+    }
+    CHECK_ST(mp_set_global_policy_name("float32"), MP_OK);
+}
+
 static void test_alloc_failures(void) {
     size_t k;
     CHECK_ST(mp_set_global_policy_name("mixed_float16"), MP_OK);
@@ -1120,6 +1164,7 @@ int main(void) {
     test_idx_fuzz();
     test_idx_files();
     test_tensor_alloc();
+    test_no_allocation_per_step();
     test_alloc_failures();
     CHECK(t_live_blocks == 0 && mp_get_memory_info().current == 0);
     return check_done("test_errors");
