@@ -1784,7 +1784,6 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     mp_pool *p;
     int i;
     if (!out) return MP_ERR_NULL;
-    *out = NULL;
     if (threads < 0) return MP_ERR_ARG;
     if (threads == 0) threads = mp_available_cores();
     if (threads > MP__MAX_THREADS) threads = MP__MAX_THREADS;
@@ -2106,8 +2105,10 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
     mp_status st;
     if (!a || !b || !c) return MP_ERR_NULL;
     if (!mp__dtype_valid(a_type) || !mp__dtype_valid(b_type) || !mp__dtype_valid(c_type)) return MP_ERR_DTYPE;
-    if (!mp__mul_ok(m, k, &ignored) || !mp__mul_ok(k, n, &ignored) || !mp__mul_ok(m, n, &ignored) ||
-        !mp__mul_ok(m * n, 4, &ignored) || !mp__mul_ok(k, MP__NC, &ignored))
+    /* every operand's bytes, and the float32 sums, must be addressable */
+    if (!mp__mul_ok(m, k, &ignored) || !mp__mul_ok(m * k, sizeof(float), &ignored) || !mp__mul_ok(k, n, &ignored) ||
+        !mp__mul_ok(k * n, sizeof(float), &ignored) || !mp__mul_ok(m, n, &ignored) ||
+        !mp__mul_ok(m * n, sizeof(float), &ignored) || !mp__mul_ok(k, MP__NC, &ignored))
         return MP_ERR_SIZE;
     if (m == 0 || n == 0) return MP_OK;
     if (!pool && (st = mp_pool_create(&own, 1)) != MP_OK) return st;

@@ -78,7 +78,7 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
-echo "== training (test_train, test_errors) in every build"
+echo "== training and GEMM (test_train, test_errors, test_gemm) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -87,14 +87,21 @@ TRAIN_BUILDS=(
     "cpp|g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++"
     "asan_gcc|gcc $WARN $SAN -march=native"
     "asan_clang|clang $WARN $SAN -march=native"
+    "nothreads|gcc $WARN -O2 -march=native -DMIXPREC_NO_THREADS"
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors; do
+    for t in test_train test_errors test_gemm; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
 done
+if echo '#include <cblas.h>' | gcc -E - >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ]; then
+    step "build test_gemm, MIXPREC_USE_CBLAS with OpenBLAS" gcc $WARN -O2 -march=native -DMIXPREC_USE_CBLAS tests/test_gemm.c -o $B/gemm_cblas -lopenblas -lm
+    run "test_gemm, float32 products through cblas_sgemm" $B/gemm_cblas
+else
+    skip "MIXPREC_USE_CBLAS" "no CBLAS (apt-get install libopenblas-dev)"
+fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
     step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
     run "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
