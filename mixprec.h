@@ -1468,12 +1468,16 @@ static const void *mp__at(const void *p, mp_dtype t, size_t i) {
     return (const char *)p + i * mp__dtypes[t].size;
 }
 static void *mp__at_mut(void *p, mp_dtype t, size_t i) { return (char *)p + i * mp__dtypes[t].size; }
-/* Widen n elements to float32 (exact) / narrow from float32 (rounding once). */
+/* Widen n elements to float32 (exact) / narrow from float32 (rounding
+   once): mp_convert's row functions without its argument checks, for the
+   short runs kernels convert (a GEMM panel row is 32 values). */
 static void mp__load(float *dst, const void *src, mp_dtype t, size_t n) {
-    (void)mp_convert(dst, MP_FLOAT32, src, t, n, NULL);
+    if (t == MP_FLOAT32) memcpy(dst, src, n * sizeof(float));
+    else mp__rows[MP_FLOAT32][t](dst, src, n, NULL, mp__ranges_of[MP_FLOAT32]);
 }
 static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
-    (void)mp_convert(dst, t, src, MP_FLOAT32, n, NULL);
+    if (t == MP_FLOAT32) memmove(dst, src, n * sizeof(float));
+    else mp__rows[t][MP_FLOAT32](dst, src, n, NULL, mp__ranges_of[t]);
 }
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 
@@ -1481,7 +1485,7 @@ static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 /* >>activations (float32 math; Keras's definitions) */
 static float mp__act(mp_activation a, float v) {
     switch (a) {
-    case MP_RELU: return v > 0.0f || v != v ? v : 0.0f; /* NaN stays NaN */
+    case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
     case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
     case MP_TANH: return tanhf(v);
     case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
@@ -1498,6 +1502,27 @@ static float mp__act_grad(mp_activation a, float y, float x) {
     case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
     default: return 1.0f;
     }
+}
+
+/* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
+   in blocks of 16 with a constant trip count, which compilers vectorise;
+   the rest are dominated by exp, erf and tanh. */
+static void mp__act_run(mp_activation a, float *v, size_t n) {
+    size_t j = 0, k;
+    if (a == MP_LINEAR) return;
+    if (a == MP_RELU)
+        for (; j + 16 <= n; j += 16)
+            for (k = 0; k < 16; k++) v[j + k] = v[j + k] < 0.0f ? 0.0f : v[j + k];
+    for (; j < n; j++) v[j] = mp__act(a, v[j]);
+}
+
+static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
+    size_t j = 0, k;
+    if (a == MP_LINEAR) return;
+    if (a == MP_RELU)
+        for (; j + 16 <= n; j += 16)
+            for (k = 0; k < 16; k++) g[j + k] = y[j + k] > 0.0f ? g[j + k] : 0.0f;
+    for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
 /* Softmax over one row of n, in float32 tiles: max, sum of exp, then write. */
@@ -1540,7 +1565,7 @@ static void mp__cpu_bias_act(void *y, const void *x, const void *bias, size_t ro
                 mp__load(b, mp__at(bias, dt, i), dt, len);
                 for (j = 0; j < len; j++) t[j] += b[j];
             }
-            for (j = 0; j < len; j++) t[j] = mp__act(act, t[j]);
+            mp__act_run(act, t, len);
             mp__store(mp__at_mut(yr, dt, i), dt, t, len);
         }
     }
@@ -1567,10 +1592,8 @@ static void mp__cpu_act_backward(void *dx, mp_dtype dxt, const void *dy, const v
             if (act == MP_GELU) mp__load(in, mp__at(x, dt, base + i), dt, len);
             if (act == MP_SOFTMAX)
                 for (j = 0; j < len; j++) g[j] = o[j] * (g[j] - dot);
-            else if (act == MP_GELU)
-                for (j = 0; j < len; j++) g[j] *= mp__act_grad(act, o[j], in[j]);
-            else if (act != MP_LINEAR)
-                for (j = 0; j < len; j++) g[j] *= mp__act_grad(act, o[j], 0.0f);
+            else
+                mp__act_grad_run(act, g, o, act == MP_GELU ? in : NULL, len);
             mp__store(mp__at_mut(dx, dxt, base + i), dxt, g, len);
         }
     }
@@ -1866,6 +1889,53 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
     for (r = 0; r < n; r++) dst[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
 }
 
+/* g++ 12 sees the `_mm512_undefined` inside these intrinsics as a use of
+   an uninitialised value (a false positive, in C++ only). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+/* v[c] = column c of the 16 x 16 matrix whose row r is v[r] (32-bit
+   elements): pairs within 128-bit lanes, then quads, then the lanes. */
+static void mp__transpose16(__m512i v[16]) {
+    __m512i t[16];
+    int i, j;
+    for (i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (i = 0; i < 16; i += 4) { /* v[i + j], lane k: column 4k + j of rows i .. i+3 */
+        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (j = 0; j < 4; j++) {
+        __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x88), b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xdd);
+        __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x88), d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xdd);
+        t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+        t[8 + j] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        t[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+        t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+    for (i = 0; i < 16; i++) v[i] = t[i];
+}
+
+/* Pairs [0, 16 * blocks) of 16 rows that hold them adjacently (a row's
+   pairs are one 64-byte load), transposed into the panel's columns. */
+static void mp__pack_pair_rows16(uint32_t *out, size_t width, const uint16_t *rows, size_t ld, size_t blocks) {
+    __m512i v[16];
+    size_t b, i;
+    for (b = 0; b < blocks; b++) {
+        for (i = 0; i < 16; i++) v[i] = _mm512_loadu_si512(rows + i * ld + 32 * b);
+        mp__transpose16(v);
+        for (i = 0; i < 16; i++) _mm512_storeu_si512(out + (16 * b + i) * width, v[i]);
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 /* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
    they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
    pairs a panel; a missing q or row is 0. */
@@ -1875,8 +1945,13 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
     const uint16_t *x = (const uint16_t *)src;
     size_t g, p, r, pairs = (qc + 1) / 2;
     for (g = 0; g < rc; g += width, out += width * pairs) {
-        size_t w = mp__min(width, rc - g);
-        for (p = 0; p < pairs; p++) {
+        size_t w = mp__min(width, rc - g), first = 0;
+        if (rows_contiguous && w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
+            for (r = 0; r < width; r += 16)
+                mp__pack_pair_rows16(out + r, width, x + (r0 + g + r) * ld + q0, ld, qc / 32);
+            first = qc / 32 * 16;
+        }
+        for (p = first; p < pairs; p++) {
             uint32_t *dst = out + p * width;
             size_t q = q0 + 2 * p;
             int second = 2 * p + 1 < qc;
@@ -1992,8 +2067,7 @@ static void mp__epilogue(const mp__gemm_args *g, float *acc, float *tmp, size_t 
         for (j = 0; j < nc; j++) acc[j] += tmp[j];
     }
     if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
-    if (g->act != MP_LINEAR)
-        for (j = 0; j < nc; j++) acc[j] = mp__act(g->act, acc[j]);
+    mp__act_run(g->act, acc, nc);
     mp__store(mp__at_mut(g->c, g->ct, at), g->ct, acc, nc);
 }
 
