@@ -7,13 +7,22 @@ WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
 EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory
-BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang
+BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train
+# The GEMM and training benchmarks: gcc, as the issue's figures were taken.
+BENCH_CC ?= gcc
+# OpenBLAS, the GEMM benchmark's reference column: there when a program that
+# calls openblas_set_num_threads (OpenBLAS's own, not any CBLAS's) links.
+# A deferred `=`: only building bench_gemm pays for the probe.
+OPENBLAS = $(shell echo 'int main(void) { openblas_set_num_threads(1); return 0; }' | \
+              $(BENCH_CC) -x c -include cblas.h - -o /dev/null -lopenblas 2>/dev/null && echo 1)
+GEMM_BLAS = $(if $(OPENBLAS),-DBENCH_OPENBLAS)
+GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 # Fashion-MNIST as Debian packages it (dataset-fashion-mnist), and where
 # `make data` puts the uncompressed IDX files the examples read.
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo test bench bench-build clean
+.PHONY: all examples data demo test bench bench-build bench-quick clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -56,10 +65,23 @@ $(B)/bench_convert_%: bench/convert.c mixprec.h | $(B)
 	@if command -v $* >/dev/null; then $* $(WARN) -O2 $(ARCH) $< -o $@ -lm; \
 	else printf '#!/bin/sh\necho "bench=convert cc=$* available=0"\n' > $@; chmod +x $@; fi
 
+$(B)/bench_gemm: bench/gemm.c mixprec.h | $(B)
+	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $(GEMM_BLAS) $< -o $@ $(GEMM_LIBS) -lm
+
+$(B)/bench_train: bench/train.c mixprec.h | $(B)
+	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
 bench-build: $(BENCHES)
 
+# The whole set takes several minutes on 2 cores; bench-quick checks that
+# every benchmark runs, in well under a minute (its figures are rougher).
 bench: bench-build
-	@for b in $(BENCHES); do ./$$b; done
+	@for b in $(BENCHES); do ./$$b || exit 1; done
+
+bench-quick: bench-build
+	@./$(B)/bench_convert_gcc --n 1048576 --reps 2
+	@./$(B)/bench_gemm --quick
+	@./$(B)/bench_train --quick
 
 clean:
 	rm -rf $(B)

@@ -2694,7 +2694,8 @@ struct mp_model {
     /* activations for up to batch_cap samples */
     void *act_block;
     size_t batch_cap, batch;
-    float *input, *dpred, *batch_y;
+    void *input; /* the batch, already in the first layer's compute dtype */
+    float *dpred, *batch_y;
     int32_t *batch_labels;
     void *grad[2];
     void *col;
@@ -3355,15 +3356,16 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     return MP_OK;
 }
 
-/* The activation block for `batch` samples: the input, each layer's cast
+/* The activation block for `batch` samples: the input (in the first
+   layer's compute dtype), each layer's cast
    input, output and caches, two gradient buffers used in turn (layer i's
    dx is layer i-1's dy), the loss gradient and conv scratch. */
 static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     size_t grad_bytes = 0, col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
     const void *prev = NULL;
-    mp_dtype prev_t = MP_FLOAT32;
+    mp_dtype prev_t = m->layers[0].dt; /* the first layer's cast on entry happens as the batch comes in */
     int i;
-    m->input = (float *)mp__carve(a, batch, m->in_size * sizeof(float));
+    m->input = mp__carve(a, batch, m->in_size * mp__dtypes[m->layers[0].dt].size);
     m->batch_labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
     m->batch_y = (float *)mp__carve(a, batch, outs * sizeof(float));
     m->dpred = (float *)mp__carve(a, batch, outs * sizeof(float));
@@ -3495,7 +3497,7 @@ MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int tra
     if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
     if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
-    memcpy(m->input, x, (size_t)batch * m->in_size * sizeof(float));
+    m->be->cast(m->pool, m->input, m->layers[0].dt, x, MP_FLOAT32, (size_t)batch * m->in_size);
     mp__run_forward(m, (size_t)batch, training != 0);
     return MP_OK;
 }
@@ -3633,7 +3635,8 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
     size_t i, outs = mp__last(m)->out_size;
     for (i = 0; i < count; i++) {
         size_t s = idx ? idx[first + i] : first + i;
-        memcpy(m->input + i * m->in_size, d->x + s * m->in_size, m->in_size * sizeof(float));
+        mp__store(mp__at_mut(m->input, m->layers[0].dt, i * m->in_size), m->layers[0].dt, d->x + s * m->in_size,
+                  m->in_size);
         if (d->labels) m->batch_labels[i] = d->labels[s];
         if (d->y) memcpy(m->batch_y + i * outs, d->y + s * outs, outs * sizeof(float));
     }
@@ -3883,7 +3886,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     l = mp__last(m);
     for (s = 0; s < n; s += batch) {
         size_t b = mp__min(batch, n - s);
-        memcpy(m->input, x + s * m->in_size, b * m->in_size * sizeof(float));
+        m->be->cast(m->pool, m->input, m->layers[0].dt, x + s * m->in_size, MP_FLOAT32, b * m->in_size);
         mp__run_forward(m, b, 0);
         m->be->cast(m->pool, out + s * l->out_size, MP_FLOAT32, l->y, l->dt, b * l->out_size);
     }

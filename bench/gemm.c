@@ -1,0 +1,625 @@
+/* bench/gemm.c - GFLOP/s of mp_matmul beside OpenBLAS and the machine's peak.
+
+   One key=value line per measurement:
+       bench=peak      what the cores can do: independent AVX-512 FMAs (float32)
+                       and vdpbf16ps (bfloat16) on 1 and 2 threads; these are
+                       the denominators of every peak_fraction below.
+       bench=gemm impl=mixprec
+                       mp_matmul with A, B and C all in one dtype, on a pool of
+                       1 or 2 threads: square sizes, then the shapes of the
+                       guide's MLP (784-U-U-10) at batch 128 and 8192.
+       bench=gemm impl=openblas
+                       cblas_sgemm at the square sizes, once per
+                       OPENBLAS_CORETYPE setting (see run_openblas).
+       bench=gemm ratio=...
+                       mixprec float32 / the best OpenBLAS, and bfloat16 and
+                       float16 / float32, per shape and thread count.
+       bench=reference source=issue
+                       figures quoted in the issue for this machine class, not
+                       measured here: for comparison only.
+   A time is the best of several timings after a warm-up; each timing repeats
+   the call for >= 0.2 s so that the clock and the pool's wake-up vanish in it.
+   Every product is spot-checked against a float64 dot product (check=ok).
+
+   Build and run: `make bench` (`make bench-quick` for a reduced set), or
+       gcc -std=c99 -O2 -march=native -pthread [-DBENCH_OPENBLAS] bench/gemm.c \
+           -o bench_gemm [-lopenblas] -lm
+       ./bench_gemm [--quick] */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <math.h>
+#include <time.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+
+#if defined(__AVX512F__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_FMA_PROBE 1
+#endif
+#if defined(BENCH_OPENBLAS)
+#include <cblas.h>
+#endif
+
+extern char **environ; /* passed on to the OpenBLAS child, edited */
+
+#define N_THREADS 2 /* thread counts 1 and 2: the machine's two cores */
+
+/* ---- settings ---------------------------------------------------------- */
+static const size_t full_squares[] = {256, 512, 1024, 2048};
+static const size_t quick_squares[] = {256, 1024};
+static const int full_batches[] = {128, 8192}, full_units[] = {1024, 4096};
+static const int quick_batches[] = {128}, quick_units[] = {1024};
+#define COUNT(a) (sizeof a / sizeof a[0])
+#define MAX_SQUARES COUNT(full_squares)
+
+typedef struct settings {
+    const size_t *squares;
+    size_t n_squares;
+    const int *batches, *units;
+    size_t n_batches, n_units;
+    double min_s; /* the length of one timing */
+    int reps;     /* timings per measurement; the best counts */
+    int quick;
+} settings;
+
+static settings S;
+
+static void set_mode(int quick) {
+    S.quick = quick;
+    S.squares = quick ? quick_squares : full_squares;
+    S.n_squares = quick ? COUNT(quick_squares) : COUNT(full_squares);
+    S.batches = quick ? quick_batches : full_batches;
+    S.n_batches = quick ? COUNT(quick_batches) : COUNT(full_batches);
+    S.units = quick ? quick_units : full_units;
+    S.n_units = quick ? COUNT(quick_units) : COUNT(full_units);
+    S.min_s = quick ? 0.05 : 0.2;
+    S.reps = quick ? 2 : 3;
+}
+
+static void die(const char *what, const char *why) {
+    fprintf(stderr, "gemm: %s: %s\n", what, why);
+    exit(1);
+}
+
+/* ---- timing ------------------------------------------------------------ */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef void (*call_fn)(void *ctx);
+
+/* Seconds per call. The warm-up (>= 0.1 s, at least one call) faults the
+   pages in, wakes the pool and the clocks, and sizes the timings. A call
+   over a second gets 2 timings, not S.reps: the largest MLP shapes would
+   otherwise take most of the run. */
+static double time_call(call_fn f, void *ctx) {
+    double t0 = now_s(), once, best = INFINITY;
+    long calls = 0, iters, i;
+    int reps, r;
+    do {
+        f(ctx);
+        calls++;
+    } while (now_s() - t0 < 0.1);
+    once = (now_s() - t0) / (double)calls;
+    iters = once >= S.min_s ? 1 : (long)ceil(S.min_s / once);
+    reps = once > 1.0 ? 2 : S.reps;
+    for (r = 0; r < reps; r++) {
+        double t;
+        t0 = now_s();
+        for (i = 0; i < iters; i++) f(ctx);
+        t = (now_s() - t0) / (double)iters;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+/* ---- the peak probe ---------------------------------------------------- */
+/* 24 independent accumulators: more than latency (4) x issue width (2) needs,
+   so the loop runs at the FMA ports' throughput. Each is spelled out, as a
+   compiler keeps an array of vectors in memory. */
+#define ACC24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
+    X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define PROBE_DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
+#define PROBE_SUM(i) s = _mm512_add_ps(s, c##i);
+
+typedef struct probe {
+    const char *kind;
+    float (*run)(long iters);
+    double flops_per_iter;
+} probe;
+
+#if defined(HAVE_FMA_PROBE)
+/* c = c * 0.999 + 0.001 stays near 1: no overflow, no subnormals. */
+static float probe_fma(long iters) {
+    const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+    __m512 s = _mm512_setzero_ps();
+    long it;
+#define PROBE_FMA(i) c##i = _mm512_fmadd_ps(c##i, x, y);
+    ACC24(PROBE_DECL)
+    for (it = 0; it < iters; it++) { ACC24(PROBE_FMA) }
+    ACC24(PROBE_SUM)
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+#if defined(HAVE_FMA_PROBE) && defined(__AVX512BF16__)
+/* Each vdpbf16ps adds 2 products of 2^-10 per lane: far from overflow. */
+static float probe_dpbf16(long iters) {
+    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0x1p-10f), _mm512_set1_ps(0x1p-10f));
+    __m512 s = _mm512_setzero_ps();
+    long it;
+#define PROBE_DOT(i) c##i = _mm512_dpbf16_ps(c##i, x, x);
+    ACC24(PROBE_DECL)
+    for (it = 0; it < iters; it++) { ACC24(PROBE_DOT) }
+    ACC24(PROBE_SUM)
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+enum { PEAK_F32, PEAK_BF16, N_PEAKS };
+static const probe probes[N_PEAKS] = {
+#if defined(HAVE_FMA_PROBE)
+    {"f32_fma", probe_fma, 24.0 * 16 * 2}, /* 16 lanes, multiply + add */
+#else
+    {"f32_fma", NULL, 0},
+#endif
+#if defined(HAVE_FMA_PROBE) && defined(__AVX512BF16__)
+    {"bf16_dot", probe_dpbf16, 24.0 * 32 * 2}, /* 32 bfloat16 products per zmm */
+#else
+    {"bf16_dot", NULL, 0},
+#endif
+};
+
+static double peak_gflops[N_PEAKS][N_THREADS + 1]; /* [kind][threads]; 0 = unknown */
+static volatile float sink; /* keeps the probes' results observable */
+
+typedef struct probe_job {
+    const probe *p;
+    long iters;
+    float result;
+} probe_job;
+
+static void *probe_thread(void *arg) {
+    probe_job *j = (probe_job *)arg;
+    j->result = j->p->run(j->iters);
+    return NULL;
+}
+
+/* Wall seconds for `threads` threads each running iters of the probe. */
+static double run_probe(const probe *p, long iters, int threads) {
+    pthread_t tid[N_THREADS];
+    probe_job jobs[N_THREADS];
+    double t0 = now_s();
+    int i;
+    for (i = 0; i < threads; i++) {
+        jobs[i].p = p;
+        jobs[i].iters = iters;
+        if (i > 0 && pthread_create(&tid[i], NULL, probe_thread, &jobs[i]) != 0) die("peak", "pthread_create");
+    }
+    probe_thread(&jobs[0]);
+    for (i = 1; i < threads; i++) pthread_join(tid[i], NULL);
+    for (i = 0; i < threads; i++) sink += jobs[i].result;
+    return now_s() - t0;
+}
+
+static void measure_peaks(void) {
+    int k, t, r;
+    for (k = 0; k < N_PEAKS; k++) {
+        const probe *p = &probes[k];
+        long iters;
+        if (!p->run) {
+            printf("bench=peak kind=%s available=0\n", p->kind);
+            continue;
+        }
+        iters = (long)(100000 * (0.25 / run_probe(p, 100000, 1))); /* ~0.25 s per timing */
+        for (t = 1; t <= N_THREADS; t++) {
+            double best = INFINITY;
+            for (r = 0; r < 5; r++) {
+                double s = run_probe(p, iters, t);
+                if (s < best) best = s;
+            }
+            peak_gflops[k][t] = (double)t * (double)iters * p->flops_per_iter / best * 1e-9;
+            printf("bench=peak kind=%s threads=%d gflops=%.1f\n", p->kind, t, peak_gflops[k][t]);
+        }
+    }
+    fflush(stdout);
+}
+
+/* bfloat16 products run on vdpbf16ps where the compiler enables it; float16
+   is widened to float32 and runs on the FMAs. */
+static double peak_for(mp_dtype dt, int threads) {
+    int k = dt == MP_BFLOAT16 && peak_gflops[PEAK_BF16][threads] > 0 ? PEAK_BF16 : PEAK_F32;
+    return peak_gflops[k][threads];
+}
+
+static void print_gflops(double gflops, double peak) {
+    printf(" gflops=%.1f", gflops);
+    if (peak > 0) printf(" peak_fraction=%.3f", gflops / peak);
+}
+
+/* ---- matrices ---------------------------------------------------------- */
+static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
+
+static float uniform_pm1(void) { /* xorshift64, [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)(rng_state >> 40) * 0x1p-23f - 1.0f;
+}
+
+static size_t random_index(size_t n) { /* [0, n) */
+    return (size_t)((double)(uniform_pm1() + 1.0f) * 0.5 * (double)n) % n;
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) die("malloc", "out of memory");
+    memset(p, 0, bytes); /* fault the pages in before timing */
+    return p;
+}
+
+static float *random_f32(size_t count) {
+    float *x = (float *)xmalloc(count * sizeof(float));
+    size_t i;
+    for (i = 0; i < count; i++) x[i] = uniform_pm1();
+    return x;
+}
+
+/* count elements of src in dtype dt (src itself for float32). */
+static void *as_dtype(const float *src, size_t count, mp_dtype dt) {
+    void *dst;
+    if (dt == MP_FLOAT32) return (void *)src;
+    dst = xmalloc(count * mp_dtype_size(dt));
+    if (mp_convert(dst, dt, src, MP_FLOAT32, count, NULL) != MP_OK) die("mp_convert", "failed");
+    return dst;
+}
+
+static const char *dtype_name(mp_dtype dt) {
+    const char *s = mp_dtype_name(dt);
+    return s ? s : "unknown";
+}
+
+static float elem(const void *p, mp_dtype dt, size_t i) {
+    if (dt == MP_FLOAT16) return mp_f16_to_f32(((const mp_f16 *)p)[i]);
+    if (dt == MP_BFLOAT16) return mp_bf16_to_f32(((const mp_bf16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* ---- one product ------------------------------------------------------- */
+typedef struct gemm_job {
+    mp_pool *pool;
+    int trans_a, trans_b;
+    size_t m, n, k;
+    mp_dtype dt;
+    const void *a, *b;
+    void *c;
+} gemm_job;
+
+static double gemm_flops(const gemm_job *j) { return 2.0 * (double)j->m * (double)j->n * (double)j->k; }
+
+static void call_mixprec(void *ctx) {
+    const gemm_job *j = (const gemm_job *)ctx;
+    mp_status s = mp_matmul(j->pool, j->trans_a, j->trans_b, j->m, j->n, j->k, j->a, j->dt, j->b, j->dt,
+                            j->c, j->dt);
+    if (s != MP_OK) die("mp_matmul", mp_status_message(s));
+}
+
+/* op(A)(i, p) and op(B)(p, q) as stored. */
+static float op_a(const gemm_job *j, size_t i, size_t p) {
+    return elem(j->a, j->dt, j->trans_a ? p * j->m + i : i * j->k + p);
+}
+static float op_b(const gemm_job *j, size_t p, size_t q) {
+    return elem(j->b, j->dt, j->trans_b ? q * j->k + p : p * j->n + q);
+}
+
+/* A few entries of C against a float64 dot product. Allowed: float32
+   accumulation's worst case (k ulps of the sum of |products|) plus the
+   final rounding into C's dtype. It catches a wrong tile or a lost K block,
+   not a last-bit difference. */
+static int spot_check(const gemm_job *j) {
+    static const double unit[MP_DTYPE_COUNT] = {0x1p-24, 0x1p-11, 0x1p-8}; /* by mp_dtype */
+    int s;
+    for (s = 0; s < 8; s++) {
+        size_t i = s == 0 ? 0 : s == 1 ? j->m - 1 : random_index(j->m);
+        size_t q = s == 0 ? 0 : s == 1 ? j->n - 1 : random_index(j->n), p;
+        double ref = 0, mag = 0, got = elem(j->c, j->dt, i * j->n + q);
+        for (p = 0; p < j->k; p++) {
+            double prod = (double)op_a(j, i, p) * (double)op_b(j, p, q);
+            ref += prod;
+            mag += fabs(prod);
+        }
+        if (fabs(got - ref) > (double)j->k * 0x1p-24 * mag + unit[j->dt] * fabs(ref) + 1e-30) {
+            fprintf(stderr, "gemm: check failed: %s m=%zu n=%zu k=%zu ta=%d tb=%d C[%zu][%zu]=%g, want %g\n",
+                    dtype_name(j->dt), j->m, j->n, j->k, j->trans_a, j->trans_b, i, q, got, ref);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- OpenBLAS ---------------------------------------------------------- */
+/* The best OpenBLAS GFLOP/s per square size and thread count, over the
+   coretype settings, and which setting gave it. */
+static double blas_best[MAX_SQUARES][N_THREADS + 1];
+static const char *blas_best_setting[MAX_SQUARES][N_THREADS + 1];
+
+#if defined(BENCH_OPENBLAS)
+static void call_openblas(void *ctx) {
+    const gemm_job *j = (const gemm_job *)ctx;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)j->m, (blasint)j->n, (blasint)j->k, 1.0f,
+                (const float *)j->a, (blasint)j->k, (const float *)j->b, (blasint)j->n, 0.0f, (float *)j->c,
+                (blasint)j->n);
+}
+
+/* The child's side: a private protocol of "corename NAME" and
+   "result SIZE THREADS GFLOPS" lines, which the parent turns into rows. */
+static int openblas_child(void) {
+    size_t s;
+    int t;
+    printf("corename %s\n", openblas_get_corename());
+    for (s = 0; s < S.n_squares; s++) {
+        size_t n = S.squares[s];
+        gemm_job j;
+        memset(&j, 0, sizeof j);
+        j.m = j.n = j.k = n;
+        j.a = random_f32(n * n);
+        j.b = random_f32(n * n);
+        j.c = xmalloc(n * n * sizeof(float));
+        for (t = 1; t <= N_THREADS; t++) {
+            openblas_set_num_threads(t);
+            printf("result %zu %d %.3f\n", s, t, gemm_flops(&j) / time_call(call_openblas, &j) * 1e-9);
+            fflush(stdout);
+        }
+        if (!spot_check(&j)) return 1;
+        free((void *)j.a);
+        free((void *)j.b);
+        free(j.c);
+    }
+    return 0;
+}
+
+/* environ without OPENBLAS_CORETYPE, plus OPENBLAS_CORETYPE=value unless
+   value is NULL. The caller frees the array (not the strings). */
+static char **child_env(const char *value, char *slot, size_t slot_size) {
+    size_t n = 0, out = 0, i;
+    char **env;
+    while (environ[n]) n++;
+    env = (char **)xmalloc((n + 2) * sizeof *env);
+    for (i = 0; i < n; i++)
+        if (strncmp(environ[i], "OPENBLAS_CORETYPE=", 18) != 0) env[out++] = environ[i];
+    if (value) {
+        snprintf(slot, slot_size, "OPENBLAS_CORETYPE=%s", value);
+        env[out++] = slot;
+    }
+    env[out] = NULL;
+    return env;
+}
+
+/* Turns one line of the child's protocol into a row; the rows give
+   peak_fraction against the parent's float32 peak. */
+static void child_line(const char *line, const char *setting, const char *coretype, char *corename) {
+    size_t s;
+    int t;
+    double g;
+    if (sscanf(line, "corename %63s", corename) == 1) return;
+    if (sscanf(line, "result %zu %d %lf", &s, &t, &g) != 3 || s >= S.n_squares || t < 1 || t > N_THREADS) {
+        fprintf(stderr, "gemm: unexpected line from the OpenBLAS child: %s", line);
+        return;
+    }
+    printf("bench=gemm impl=openblas setting=%s coretype=%s corename=%s shape=square dtype=float32 "
+           "m=%zu n=%zu k=%zu threads=%d",
+           setting, coretype, corename, S.squares[s], S.squares[s], S.squares[s], t);
+    print_gflops(g, peak_gflops[PEAK_F32][t]);
+    printf("\n");
+    fflush(stdout);
+    if (g > blas_best[s][t]) {
+        blas_best[s][t] = g;
+        blas_best_setting[s][t] = setting;
+    }
+}
+
+/* OpenBLAS reads OPENBLAS_CORETYPE once, when the library loads: each
+   setting needs a fresh process. This binary runs itself with
+   --openblas-child, its stdout on a pipe. */
+static void run_openblas(const char *self, const char *setting, const char *value) {
+    char slot[128], line[256], corename[64] = "?";
+    char *argv[4];
+    char **env = child_env(value, slot, sizeof slot);
+    posix_spawn_file_actions_t fa;
+    int fds[2], status, argc = 0;
+    pid_t pid;
+    FILE *in;
+    argv[argc++] = (char *)self;
+    argv[argc++] = (char *)"--openblas-child";
+    if (S.quick) argv[argc++] = (char *)"--quick";
+    argv[argc] = NULL;
+    if (pipe(fds) != 0) die("openblas", "pipe");
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    posix_spawn_file_actions_addclose(&fa, fds[1]);
+    if (posix_spawnp(&pid, self, &fa, NULL, argv, env) != 0) die("openblas", "cannot run the child");
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (!(in = fdopen(fds[0], "r"))) die("openblas", "fdopen");
+    while (fgets(line, sizeof line, in)) child_line(line, setting, value ? value : "unset", corename);
+    fclose(in);
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        printf("bench=gemm impl=openblas setting=%s error=child_failed\n", setting);
+    free(env);
+}
+
+/* The environment's setting and unset; if the environment leaves it unset,
+   Haswell instead, the setting the issue's first OpenBLAS figures used. */
+static void openblas_all(const char *self) {
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    printf("bench=gemm impl=openblas available=1 coretype_env=%s\n", env ? env : "unset");
+    fflush(stdout);
+    run_openblas(self, "env", env);
+    if (env) run_openblas(self, "unset", NULL);
+    if (!env || strcasecmp(env, "Haswell") != 0) run_openblas(self, "haswell", "Haswell");
+}
+#else
+static int openblas_child(void) { return 1; }
+static void openblas_all(const char *self) {
+    (void)self;
+    printf("bench=gemm impl=openblas available=0\n");
+}
+#endif
+
+/* ---- mixprec ----------------------------------------------------------- */
+static const mp_dtype dtypes[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+#define N_DTYPES COUNT(dtypes)
+
+/* A shape and where it comes from: "square", or a product of the MLP. */
+typedef struct shape {
+    const char *name;
+    int trans_a, trans_b;
+    size_t m, n, k;
+    int batch, units; /* the MLP's, 0 for squares */
+} shape;
+
+static void print_shape(const shape *s) {
+    printf(" shape=%s", s->name);
+    if (s->batch) printf(" batch=%d units=%d", s->batch, s->units);
+    printf(" m=%zu n=%zu k=%zu trans_a=%d trans_b=%d", s->m, s->n, s->k, s->trans_a, s->trans_b);
+}
+
+/* gflops[dtype][threads] for one shape, rows printed as it goes. */
+static void measure_shape(const shape *s, double gflops[N_DTYPES][N_THREADS + 1]) {
+    float *a32 = random_f32(s->m * s->k), *b32 = random_f32(s->k * s->n);
+    size_t d;
+    int t;
+    for (d = 0; d < N_DTYPES; d++) {
+        gemm_job j;
+        memset(&j, 0, sizeof j);
+        j.trans_a = s->trans_a, j.trans_b = s->trans_b;
+        j.m = s->m, j.n = s->n, j.k = s->k;
+        j.dt = dtypes[d];
+        j.a = as_dtype(a32, s->m * s->k, j.dt);
+        j.b = as_dtype(b32, s->k * s->n, j.dt);
+        j.c = xmalloc(s->m * s->n * mp_dtype_size(j.dt));
+        for (t = 1; t <= N_THREADS; t++) {
+            mp_status st = mp_pool_create(&j.pool, t); /* one pool at a time: no idle workers around */
+            int ok;
+            if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
+            gflops[d][t] = gemm_flops(&j) / time_call(call_mixprec, &j) * 1e-9;
+            ok = spot_check(&j);
+            mp_pool_destroy(j.pool);
+            printf("bench=gemm impl=mixprec dtype=%s", dtype_name(j.dt));
+            print_shape(s);
+            printf(" threads=%d", t);
+            print_gflops(gflops[d][t], peak_for(j.dt, t));
+            printf(" check=%s\n", ok ? "ok" : "FAIL");
+            fflush(stdout);
+        }
+        if (j.a != a32) free((void *)j.a);
+        if (j.b != b32) free((void *)j.b);
+        free(j.c);
+    }
+    free(a32);
+    free(b32);
+}
+
+static void print_ratio(const shape *s, int threads, const char *ratio, double value, const char *extra) {
+    printf("bench=gemm ratio=%s", ratio);
+    print_shape(s);
+    printf(" threads=%d value=%.3f%s\n", threads, value, extra);
+}
+
+/* bfloat16 and float16 over float32 (the gain from narrow storage and
+   vdpbf16ps), and for squares mixprec over the best OpenBLAS. */
+static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THREADS + 1]) {
+    int t;
+    char extra[64];
+    for (t = 1; t <= N_THREADS; t++) {
+        if (!s->batch && blas_best[square][t] > 0) {
+            snprintf(extra, sizeof extra, " openblas_setting=%s", blas_best_setting[square][t]);
+            print_ratio(s, t, "mixprec_f32_over_openblas_best", g[0][t] / blas_best[square][t], extra);
+        }
+        print_ratio(s, t, "bf16_over_f32", g[2][t] / g[0][t], "");
+        print_ratio(s, t, "f16_over_f32", g[1][t] / g[0][t], "");
+    }
+    fflush(stdout);
+}
+
+static void squares(void) {
+    size_t i;
+    for (i = 0; i < S.n_squares; i++) {
+        shape s = {"square", 0, 0, 0, 0, 0, 0, 0};
+        double g[N_DTYPES][N_THREADS + 1];
+        s.m = s.n = s.k = S.squares[i];
+        measure_shape(&s, g);
+        print_ratios(&s, i, g);
+    }
+}
+
+/* The guide's MLP, layer by layer: the first layer's forward product,
+   and the hidden U x U layer's forward and both backward products
+   (dW = x^T dz reads x transposed, dx = dz W^T reads W transposed). */
+static void mlp_shapes(int batch, int units) {
+    size_t b = (size_t)batch, u = (size_t)units;
+    const shape shapes[] = {
+        {"mlp_fwd_in", 0, 0, b, u, 784, batch, units},
+        {"mlp_fwd_hidden", 0, 0, b, u, u, batch, units},
+        {"mlp_dw_hidden", 1, 0, u, u, b, batch, units},
+        {"mlp_dx_hidden", 0, 1, b, u, u, batch, units},
+    };
+    size_t i;
+    for (i = 0; i < COUNT(shapes); i++) {
+        double g[N_DTYPES][N_THREADS + 1];
+        measure_shape(&shapes[i], g);
+        print_ratios(&shapes[i], 0, g);
+    }
+}
+
+static void print_references(void) {
+    static const char *const lines[] = {
+        "what=peak_f32_fma threads=1 gflops=225", "what=peak_f32_fma threads=2 gflops=450",
+        "what=peak_bf16_dot threads=1 gflops=455", "what=peak_bf16_dot threads=2 gflops=894",
+        "what=openblas_0.3.21_sgemm coretype=Haswell m=2048 threads=1 gflops=108",
+        "what=openblas_0.3.21_sgemm coretype=Haswell m=2048 threads=2 gflops=210",
+        "what=openblas_0.3.21_sgemm coretype=unset m=2048 threads=1 gflops=208",
+        "what=openblas_0.3.21_sgemm coretype=unset m=2048 threads=2 gflops=401",
+        "what=pytorch_1.13_matmul dtype=bfloat16 m=2048 threads=1 gflops=418",
+        "what=pytorch_1.13_matmul dtype=bfloat16 m=2048 threads=2 gflops=749",
+    };
+    size_t i;
+    for (i = 0; i < COUNT(lines); i++) printf("bench=reference source=issue measured_here=0 %s\n", lines[i]);
+}
+
+int main(int argc, char **argv) {
+    int i, child = 0;
+    set_mode(0);
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) set_mode(1);
+        else if (strcmp(argv[i], "--openblas-child") == 0) child = 1;
+        else {
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (child) return openblas_child();
+    printf("bench=gemm cores=%d quick=%d min_timing_s=%.2f reps=%d\n", mp_available_cores(), S.quick, S.min_s,
+           S.reps);
+    print_references();
+    measure_peaks();
+    openblas_all(argv[0]); /* before any pool exists: its children get the cores to themselves */
+    squares();
+    {
+        size_t bi, ui;
+        for (bi = 0; bi < S.n_batches; bi++)
+            for (ui = 0; ui < S.n_units; ui++) mlp_shapes(S.batches[bi], S.units[ui]);
+    }
+    return 0;
+}

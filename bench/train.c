@@ -1,0 +1,248 @@
+/* bench/train.c - training speed and activation memory of the guide's MLP.
+
+   The TensorFlow mixed precision guide's model, 784-U-U-10 (Dense relu,
+   Dense relu, Dense, a float32 softmax), sparse categorical crossentropy and
+   RMSprop, trained with the custom-loop calls on synthetic data (random
+   pixels and labels: only the speed matters), for U in {1024, 4096}, batch
+   in {128, 8192}, policies float32, mixed_float16 and mixed_bfloat16, on 1
+   and 2 threads (mp_model_desc.threads). One key=value line per run:
+       bench=train ... ms_per_step= images_per_s= gflops= act_mib= workspace_mib= step_peak_mib=
+   where act_mib is mp_model_memory_info's activations (the activations,
+   their gradients and the batch buffers), workspace_mib the thread pool's
+   GEMM panels, and step_peak_mib mp_get_memory_info's peak above the bytes
+   in use after compile (the two together). Then, per shape and thread count:
+       ratio=step_time_over_float32   a mixed policy's ms/step / float32's
+       ratio=act_mem_over_float32     its act_mib / float32's
+   and bench=reference lines: the issue's PyTorch figures on this machine
+   class, not measured here.
+   Each run times whole steps for >= 1 s after 2 warm-up steps (1 when a
+   step takes over a second), at least 2 steps.
+
+   Build and run: `make bench` (`make bench-quick` for a reduced set), or
+       gcc -std=c99 -O2 -march=native -pthread bench/train.c -o bench_train -lm
+       ./bench_train [--quick] */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+
+#define COUNT(a) (sizeof a / sizeof a[0])
+#define INPUTS 784
+#define CLASSES 10
+/* Runs whose activations would need more than this are skipped. */
+#define MEMORY_LIMIT ((double)8 * 1024 * 1024 * 1024)
+
+static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+#define N_POLICIES COUNT(policies)
+#define N_THREADS 2
+
+typedef struct settings {
+    const int *units, *batches;
+    size_t n_units, n_batches;
+    double min_s; /* timed steps last at least this long */
+} settings;
+
+static const int full_units[] = {1024, 4096}, full_batches[] = {128, 8192};
+static const int quick_units[] = {1024}, quick_batches[] = {128};
+static settings S = {full_units, full_batches, COUNT(full_units), COUNT(full_batches), 1.0};
+
+typedef struct run {
+    int units, batch, threads;
+    const char *policy;
+    double step_s;
+    long steps;
+    size_t act_bytes, ws_bytes, peak_bytes;
+    unsigned long long skipped;
+} run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void check(mp_status s, const mp_model *m, const char *what) {
+    if (s == MP_OK) return;
+    fprintf(stderr, "train: %s: %s: %s\n", what, mp_status_message(s), m ? mp_model_error(m) : "");
+    exit(1);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "train: cannot allocate %zu bytes\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- the model --------------------------------------------------------- */
+static mp_model *build_model(const run *r) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = INPUTS;
+    md.threads = r->threads;
+    check(mp_set_global_policy_name(r->policy), NULL, r->policy);
+    check(mp_model_create(&m, &md), NULL, "mp_model_create");
+    check(mp_model_add(m, mp_dense(r->units, MP_RELU)), m, "add");
+    check(mp_model_add(m, mp_dense(r->units, MP_RELU)), m, "add");
+    check(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)), m, "add");
+    softmax.dtype = "float32"; /* the guide: Activation('softmax', dtype='float32') */
+    check(mp_model_add(m, softmax), m, "add");
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY; /* RMSprop with Keras's defaults */
+    check(mp_model_compile(m, &cd), m, "compile");
+    return m;
+}
+
+/* The guide's train_step, one call per line. */
+static void train_step(mp_model *m, const float *x, const int32_t *labels, int batch) {
+    float loss;
+    int applied;
+    check(mp_forward(m, x, batch, 1), m, "mp_forward");
+    check(mp_compute_loss(m, labels, NULL, &loss, NULL), m, "mp_compute_loss");
+    (void)mp_get_scaled_loss(m, loss); /* the scaled loss itself is not needed */
+    check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
+    check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");
+    check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
+}
+
+/* Floating-point operations of one step: every Dense layer's forward
+   product and weight gradient, and the input gradient of all but the first
+   (the data need none): 2 flops per multiply-add. */
+static double step_flops(int units, int batch) {
+    double b = batch, u = units;
+    double fwd = 2 * b * (INPUTS * u + u * u + u * CLASSES);
+    return 2 * fwd + 2 * b * (u * u + u * CLASSES);
+}
+
+/* A generous guess at the bytes a run needs: every activation and its
+   gradient in float32, three times over, and the weights six times
+   (weights, gradients, slots, their compute-dtype copies). */
+static double bytes_needed(int units, int batch) {
+    double b = batch, u = units;
+    double params = INPUTS * u + u * u + u * CLASSES;
+    return b * (INPUTS + 2 * u + 2 * CLASSES) * 4 * 3 + params * 4 * 6;
+}
+
+/* ---- one run ----------------------------------------------------------- */
+static void synthetic_batch(float *x, int32_t *labels, int batch) {
+    unsigned long long s = 0x9E3779B97F4A7C15ull;
+    size_t i;
+    for (i = 0; i < (size_t)batch * INPUTS; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x[i] = (float)(s >> 40) * 0x1p-24f; /* pixels in [0, 1) */
+    }
+    for (i = 0; i < (size_t)batch; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        labels[i] = (int32_t)(s % CLASSES);
+    }
+}
+
+static void time_run(run *r, const float *x, const int32_t *labels) {
+    mp_model *m = build_model(r);
+    size_t baseline = mp_get_memory_info().current;
+    double t0 = now_s(), first;
+    const mp_loss_scale *ls;
+    mp_model_memory mem;
+    mp_reset_peak_memory();
+    train_step(m, x, labels, r->batch); /* allocates the activations */
+    first = now_s() - t0;
+    if (first < 1.0) train_step(m, x, labels, r->batch);
+    r->steps = 0;
+    t0 = now_s();
+    do {
+        train_step(m, x, labels, r->batch);
+        r->steps++;
+    } while (r->steps < 2 || now_s() - t0 < S.min_s);
+    r->step_s = (now_s() - t0) / (double)r->steps;
+    r->peak_bytes = mp_get_memory_info().peak - baseline;
+    if (mp_model_memory_info(m, &mem) == MP_OK) {
+        r->act_bytes = mem.activations;
+        r->ws_bytes = mem.workspace;
+    }
+    ls = mp_model_loss_scale(m);
+    r->skipped = ls ? (unsigned long long)ls->skipped_steps : 0;
+    mp_model_destroy(m);
+}
+
+static void print_run(const run *r) {
+    printf("bench=train model=mlp units=%d batch=%d policy=%s threads=%d steps=%ld ms_per_step=%.2f "
+           "images_per_s=%.0f gflops=%.1f act_mib=%.1f workspace_mib=%.1f step_peak_mib=%.1f skipped_steps=%llu\n",
+           r->units, r->batch, r->policy, r->threads, r->steps, r->step_s * 1e3, r->batch / r->step_s,
+           step_flops(r->units, r->batch) / r->step_s * 1e-9, (double)r->act_bytes / (1024.0 * 1024.0),
+           (double)r->ws_bytes / (1024.0 * 1024.0), (double)r->peak_bytes / (1024.0 * 1024.0), r->skipped);
+    fflush(stdout);
+}
+
+/* runs[p]: the policies at one shape and thread count; runs[0] is float32. */
+static void print_ratios(const run runs[N_POLICIES]) {
+    size_t p;
+    for (p = 1; p < N_POLICIES; p++) {
+        const char *head = "bench=train model=mlp";
+        printf("%s units=%d batch=%d threads=%d ratio=step_time_over_float32 policy=%s value=%.3f\n", head,
+               runs[p].units, runs[p].batch, runs[p].threads, runs[p].policy, runs[p].step_s / runs[0].step_s);
+        printf("%s units=%d batch=%d threads=%d ratio=act_mem_over_float32 policy=%s value=%.3f\n", head,
+               runs[p].units, runs[p].batch, runs[p].threads, runs[p].policy,
+               (double)runs[p].act_bytes / (double)runs[0].act_bytes);
+    }
+    fflush(stdout);
+}
+
+static void bench_shape(int units, int batch) {
+    float *x;
+    int32_t *labels;
+    int t;
+    if (bytes_needed(units, batch) > MEMORY_LIMIT) {
+        printf("bench=train model=mlp units=%d batch=%d skipped=1 reason=memory est_gib=%.1f\n", units, batch,
+               bytes_needed(units, batch) / (1024.0 * 1024.0 * 1024.0));
+        return;
+    }
+    x = (float *)xmalloc((size_t)batch * INPUTS * sizeof *x);
+    labels = (int32_t *)xmalloc((size_t)batch * sizeof *labels);
+    synthetic_batch(x, labels, batch);
+    for (t = 1; t <= N_THREADS; t++) {
+        run runs[N_POLICIES];
+        size_t p;
+        for (p = 0; p < N_POLICIES; p++) {
+            memset(&runs[p], 0, sizeof runs[p]);
+            runs[p].units = units, runs[p].batch = batch, runs[p].threads = t;
+            runs[p].policy = policies[p];
+            time_run(&runs[p], x, labels);
+            print_run(&runs[p]);
+        }
+        print_ratios(runs);
+    }
+    free(x);
+    free(labels);
+}
+
+static void print_references(void) {
+    printf("bench=reference source=issue measured_here=0 what=pytorch_1.13 model=mlp units=1024 batch=128 "
+           "threads=2 policy=float32 images_per_s=14500\n");
+    printf("bench=reference source=issue measured_here=0 what=pytorch_1.13 model=mlp units=1024 batch=128 "
+           "threads=2 policy=bf16_autocast images_per_s=26800\n");
+}
+
+int main(int argc, char **argv) {
+    size_t u, b;
+    if (argc == 2 && strcmp(argv[1], "--quick") == 0) {
+        settings quick = {quick_units, quick_batches, COUNT(quick_units), COUNT(quick_batches), 0.2};
+        S = quick;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+        return 2;
+    }
+    printf("bench=train cores=%d min_timing_s=%.2f\n", mp_available_cores(), S.min_s);
+    print_references();
+    for (u = 0; u < S.n_units; u++)
+        for (b = 0; b < S.n_batches; b++) bench_shape(S.units[u], S.batches[b]);
+    return 0;
+}
