@@ -1848,47 +1848,8 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     return MP_OK;
 }
 
-/* Packs X[r0 .. r0+rc, q0 .. q0+qc] into panels of `width` rows, each
-   [qc][width], widened to float32; rows past rc are 0. X(r, q) lies at
-   src[r * ld + q] when its rows are contiguous, else at src[q * ld + r].
-   op(A) packs by rows (width MR) and op(B) by columns (width NR). tmp
-   holds width x qc floats. */
-static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
-                     size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
-    size_t g, q, r;
-    for (g = 0; g < rc; g += width, out += width * qc) {
-        size_t w = mp__min(width, rc - g);
-        if (!rows_contiguous) { /* a panel row is a run of the source */
-            for (q = 0; q < qc; q++) {
-                const void *run = mp__at(src, t, (q0 + q) * ld + r0 + g);
-                if (t == MP_FLOAT32) memcpy(out + q * width, run, w * sizeof(float));
-                else mp__load(out + q * width, run, t, w);
-                if (w < width) memset(out + q * width + w, 0, (width - w) * sizeof(float));
-            }
-        } else { /* a transpose: widen the rows first unless they are float32 */
-            const float *rows = (const float *)mp__at(src, t, (r0 + g) * ld + q0);
-            size_t stride = ld;
-            if (t != MP_FLOAT32) {
-                for (r = 0; r < w; r++) mp__load(tmp + r * qc, mp__at(src, t, (r0 + g + r) * ld + q0), t, qc);
-                rows = tmp;
-                stride = qc;
-            }
-            for (q = 0; q < qc; q++) {
-                for (r = 0; r < w; r++) out[q * width + r] = rows[r * stride + q];
-                for (; r < width; r++) out[q * width + r] = 0.0f;
-            }
-        }
-    }
-}
-
-#ifdef MP__BF16_DOT
-/* Two runs of bfloat16 as pairs, lo in the low half. Inlined with a
-   constant n for full panels, so the loop vectorises. */
-MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, size_t n) {
-    size_t r;
-    for (r = 0; r < n; r++) dst[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
-}
-
+#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+#define MP__TRANSPOSE16 1
 /* g++ 12 sees the `_mm512_undefined` inside these intrinsics as a use of
    an uninitialised value (a false positive, in C++ only). */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1921,20 +1882,82 @@ static void mp__transpose16(__m512i v[16]) {
     for (i = 0; i < 16; i++) v[i] = t[i];
 }
 
-/* Pairs [0, 16 * blocks) of 16 rows that hold them adjacently (a row's
-   pairs are one 64-byte load), transposed into the panel's columns. */
-static void mp__pack_pair_rows16(uint32_t *out, size_t width, const uint16_t *rows, size_t ld, size_t blocks) {
+/* Columns [0, 16 * blocks) of 16 rows of 32-bit values (floats, or
+   bfloat16 pairs), row i at rows + i * row_bytes, into out[column * width
+   + row]: one 64-byte load a row and block, 16 x 16 transposes. */
+static void mp__transpose_rows16(void *out, size_t width, const void *rows, size_t row_bytes, size_t blocks) {
     __m512i v[16];
     size_t b, i;
     for (b = 0; b < blocks; b++) {
-        for (i = 0; i < 16; i++) v[i] = _mm512_loadu_si512(rows + i * ld + 32 * b);
+        for (i = 0; i < 16; i++) v[i] = _mm512_loadu_si512((const char *)rows + i * row_bytes + 64 * b);
         mp__transpose16(v);
-        for (i = 0; i < 16; i++) _mm512_storeu_si512(out + (16 * b + i) * width, v[i]);
+        for (i = 0; i < 16; i++) _mm512_storeu_si512((uint32_t *)out + (16 * b + i) * width, v[i]);
     }
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+#endif
+
+/* Packs X[r0 .. r0+rc, q0 .. q0+qc] into panels of `width` rows, each
+   [qc][width], widened to float32; rows past rc are 0. X(r, q) lies at
+   src[r * ld + q] when its rows are contiguous, else at src[q * ld + r].
+   op(A) packs by rows (width MR) and op(B) by columns (width NR). tmp
+   holds width x qc floats, and rc. */
+static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
+                     size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
+    size_t g, q, r;
+    if (!rows_contiguous && t != MP_FLOAT32) { /* widen each whole source run once, then cut it into panels */
+        for (q = 0; q < qc; q++) {
+            mp__load(tmp, mp__at(src, t, (q0 + q) * ld + r0), t, rc);
+            for (g = 0; g < rc; g += width) {
+                size_t w = mp__min(width, rc - g);
+                float *dst = out + g * qc + q * width;
+                memcpy(dst, tmp + g, w * sizeof(float));
+                if (w < width) memset(dst + w, 0, (width - w) * sizeof(float));
+            }
+        }
+        return;
+    }
+    for (g = 0; g < rc; g += width, out += width * qc) {
+        size_t w = mp__min(width, rc - g);
+        if (!rows_contiguous) { /* a panel row is a run of the source */
+            for (q = 0; q < qc; q++) {
+                memcpy(out + q * width, mp__at(src, t, (q0 + q) * ld + r0 + g), w * sizeof(float));
+                if (w < width) memset(out + q * width + w, 0, (width - w) * sizeof(float));
+            }
+        } else { /* a transpose: widen the rows first unless they are float32 */
+            const float *rows = (const float *)mp__at(src, t, (r0 + g) * ld + q0);
+            size_t stride = ld;
+            if (t != MP_FLOAT32) {
+                for (r = 0; r < w; r++) mp__load(tmp + r * qc, mp__at(src, t, (r0 + g + r) * ld + q0), t, qc);
+                rows = tmp;
+                stride = qc;
+            }
+            q = 0;
+#ifdef MP__TRANSPOSE16
+            if (w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
+                for (r = 0; r < width; r += 16)
+                    mp__transpose_rows16(out + r, width, rows + r * stride, stride * sizeof(float), qc / 16);
+                q = qc / 16 * 16;
+            }
+#endif
+            for (; q < qc; q++) {
+                for (r = 0; r < w; r++) out[q * width + r] = rows[r * stride + q];
+                for (; r < width; r++) out[q * width + r] = 0.0f;
+            }
+        }
+    }
+}
+
+#ifdef MP__BF16_DOT
+/* Two runs of bfloat16 as pairs, lo in the low half. Inlined with a
+   constant n for full panels, so the loop vectorises. */
+MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *hi, size_t n) {
+    size_t r;
+    for (r = 0; r < n; r++) dst[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
+}
+
 
 /* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
    they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
@@ -1948,7 +1971,7 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
         size_t w = mp__min(width, rc - g), first = 0;
         if (rows_contiguous && w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
             for (r = 0; r < width; r += 16)
-                mp__pack_pair_rows16(out + r, width, x + (r0 + g + r) * ld + q0, ld, qc / 32);
+                mp__transpose_rows16(out + r, width, x + (r0 + g + r) * ld + q0, ld * sizeof(uint16_t), qc / 32);
             first = qc / 32 * 16;
         }
         for (p = first; p < pairs; p++) {
@@ -2122,13 +2145,24 @@ typedef struct mp__gemm_job {
     mp_pool *pool;
 } mp__gemm_job;
 
-/* Each thread takes a disjoint range of whole tiles along the dimension
-   with more of them. */
+/* Each thread takes a disjoint range of whole tiles along N (then every
+   thread packs all of op(A)) or along M (then every thread packs all of
+   op(B)): the split that repeats the cheaper packing, a transposing pack
+   costing about three copies. */
+static int mp__split_n(const mp__gemm_args *g, size_t threads) {
+    size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
+    float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
+    float cost_b = (float)g->k * (float)g->n * (g->trans_b ? 3.0f : 1.0f);
+    if (tm < threads) return 1;
+    if (tn < threads) return 0;
+    return cost_a <= cost_b;
+}
+
 static void mp__gemm_task(void *ctx, int t, int threads) {
     const mp__gemm_job *job = (const mp__gemm_job *)ctx;
     const mp__gemm_args *g = job->g;
     size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
-    if (tn >= tm) {
+    if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
         if (n0 < g->n) mp__gemm_region(g, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
     } else {
