@@ -1775,17 +1775,22 @@ static int mp__gemm_bf16(const mp__gemm_args *g) {
 #endif
 }
 
-/* Columns per B panel: all of N up to NC, fewer when K is large. */
-static size_t mp__panel_cols(size_t k, size_t n, size_t b_cap) {
+/* The rows of op(B) a panel holds: all of K, or one KC slice when the
+   rows of C fit one MC block (each slice is then used once, right after
+   it is packed). A bfloat16 slice of 2 KC values takes KC floats. */
+static size_t mp__panel_depth(size_t rows, size_t k) { return rows <= MP__MC ? mp__min(k, MP__KC) : k; }
+
+/* Columns per B panel: all of N up to NC, fewer when it is deep. */
+static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
     size_t cols = mp__min(mp__round_up(n, MP__NR), MP__NC);
-    size_t fit = k ? b_cap / k / MP__NR * MP__NR : cols;
+    size_t fit = depth ? b_cap / depth / MP__NR * MP__NR : cols;
     return mp__min(cols, fit);
 }
 
 /* What a product needs of a B panel: as many columns as the budget allows. */
-static size_t mp__panel_floats(size_t k, size_t n) {
-    size_t cols = mp__panel_cols(k, n, MP__B_BUDGET);
-    return k * (cols < MP__NR ? MP__NR : cols);
+static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
+    size_t depth = mp__panel_depth(m, k), cols = mp__panel_cols(depth, n, MP__B_BUDGET);
+    return depth * (cols < MP__NR ? MP__NR : cols);
 }
 
 /* Grows every thread's B panel to `floats`. */
@@ -2094,29 +2099,37 @@ static void mp__epilogue(const mp__gemm_args *g, float *acc, float *tmp, size_t 
     mp__store(mp__at_mut(g->c, g->ct, at), g->ct, acc, nc);
 }
 
+/* op(B)[p0 .. p0+kc, j0 .. j0+nc] into panels of NR columns at out. */
+static void mp__pack_b_slice(const mp__gemm_args *g, mp__gemm_ws *ws, float *out, size_t ldb, size_t j0, size_t nc,
+                             size_t p0, size_t kc) {
+#ifdef MP__BF16_DOT
+    if (mp__gemm_bf16(g)) {
+        mp__pack_pairs((uint32_t *)out, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
+        return;
+    }
+#endif
+    mp__pack(out, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
+}
+
 /* C[m0..m1, n0..n1) on one thread. */
 static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
     int pairs = mp__gemm_bf16(g);
-    size_t kc_max = pairs ? 2 * MP__KC : MP__KC, panel = mp__panel_cols(g->k, n1 - n0, ws->b_cap);
+    int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
+    size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
+    size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
-        for (p0 = 0; p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B), slice by slice */
-            size_t kc = mp__min(kc_max, g->k - p0);
-            float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
-#ifdef MP__BF16_DOT
-            if (pairs) mp__pack_pairs((uint32_t *)slice, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
-            else
-#endif
-                mp__pack(slice, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
-        }
+        for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) /* the whole K x nc panel of op(B) */
+            mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, mp__min(kc_max, g->k - p0));
         for (i0 = m0; i0 < m1; i0 += MP__MC) {
             size_t mc = mp__min(MP__MC, m1 - i0);
             memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float));
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
-                const float *slice = ws->b + p0 / kc_max * MP__KC * ncp;
+                const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
+                if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc);
 #ifdef MP__BF16_DOT
                 if (pairs) mp__pack_pairs((uint32_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc);
                 else
@@ -2220,7 +2233,7 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
         return MP_ERR_SIZE;
     if (m == 0 || n == 0) return MP_OK;
     if (!pool && (st = mp_pool_create(&own, 1)) != MP_OK) return st;
-    if ((st = mp__pool_reserve(own ? own : pool, mp__panel_floats(k, n))) == MP_OK) {
+    if ((st = mp__pool_reserve(own ? own : pool, mp__panel_floats(m, k, n))) == MP_OK) {
         memset(&g, 0, sizeof g);
         g.trans_a = trans_a != 0;
         g.trans_b = trans_b != 0;
@@ -3434,10 +3447,10 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
 }
 
 /* The B panel the largest of the model's products needs, so that no step
-   allocates: (k, n) of each forward, weight-gradient and input-gradient
+   allocates: (m, k, n) of each forward, weight-gradient and input-gradient
    product. */
 static size_t mp__largest_panel(const mp_model *m, size_t batch) {
-    size_t most = 0, shapes[3][2], i;
+    size_t most = 0, shapes[3][3], i;
     int li;
     for (li = 0; li < m->n_layers; li++) {
         const mp__layer *l = &m->layers[li];
@@ -3446,11 +3459,11 @@ static size_t mp__largest_panel(const mp_model *m, size_t batch) {
         f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
         patch = l->n_kernel / f;
         rows = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : batch;
-        shapes[0][0] = patch; shapes[0][1] = f;    /* y = x W */
-        shapes[1][0] = rows;  shapes[1][1] = f;    /* dW = x^T dy */
-        shapes[2][0] = f;     shapes[2][1] = patch; /* dx = dy W^T */
+        shapes[0][0] = rows;  shapes[0][1] = patch; shapes[0][2] = f;     /* y = x W */
+        shapes[1][0] = patch; shapes[1][1] = rows;  shapes[1][2] = f;     /* dW = x^T dy */
+        shapes[2][0] = rows;  shapes[2][1] = f;     shapes[2][2] = patch; /* dx = dy W^T */
         for (i = 0; i < 3; i++) {
-            size_t need = mp__panel_floats(shapes[i][0], shapes[i][1]);
+            size_t need = mp__panel_floats(shapes[i][0], shapes[i][1], shapes[i][2]);
             if (need > most) most = need;
         }
     }
