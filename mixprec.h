@@ -2002,28 +2002,35 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
 
 /* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
    name every accumulator: compilers keep an array of vectors in memory. */
+#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+/* The AVX-512 tiles, float32 and bfloat16: 12 rows of two zmm accumulators
+   (cR0 for columns 0-15, cR1 for 16-31), added into c at the end. */
+#define MP__TILE_ZERO                                                                         \
+    __m512 z_ = _mm512_setzero_ps();                                                         \
+    __m512 c00 = z_, c01 = z_, c10 = z_, c11 = z_, c20 = z_, c21 = z_, c30 = z_, c31 = z_;   \
+    __m512 c40 = z_, c41 = z_, c50 = z_, c51 = z_, c60 = z_, c61 = z_, c70 = z_, c71 = z_;   \
+    __m512 c80 = z_, c81 = z_, c90 = z_, c91 = z_, cA0 = z_, cA1 = z_, cB0 = z_, cB1 = z_
+#define MP__TILE_EACH(OP)                                                                     \
+    OP(0, c00, c01); OP(1, c10, c11); OP(2, c20, c21); OP(3, c30, c31); OP(4, c40, c41);     \
+    OP(5, c50, c51); OP(6, c60, c61); OP(7, c70, c71); OP(8, c80, c81); OP(9, c90, c91);     \
+    OP(10, cA0, cA1); OP(11, cB0, cB1)
+#define MP__TILE_ADD(r, lo, hi)                                                               \
+    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));          \
+    _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
+#endif
+
 static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
 #if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
-    __m512 z = _mm512_setzero_ps();
-    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
-    __m512 c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, cA0 = z, cA1 = z, cB0 = z, cB1 = z;
     size_t q;
+    MP__TILE_ZERO;
     for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
         __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), av;
 #define MP__FMA(r, lo, hi) \
     av = _mm512_set1_ps(a[r]); lo = _mm512_fmadd_ps(av, b0, lo); hi = _mm512_fmadd_ps(av, b1, hi)
-        MP__FMA(0, c00, c01); MP__FMA(1, c10, c11); MP__FMA(2, c20, c21); MP__FMA(3, c30, c31);
-        MP__FMA(4, c40, c41); MP__FMA(5, c50, c51); MP__FMA(6, c60, c61); MP__FMA(7, c70, c71);
-        MP__FMA(8, c80, c81); MP__FMA(9, c90, c91); MP__FMA(10, cA0, cA1); MP__FMA(11, cB0, cB1);
+        MP__TILE_EACH(MP__FMA);
 #undef MP__FMA
     }
-#define MP__ADD(r, lo, hi)                                                              \
-    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));         \
-    _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
-    MP__ADD(0, c00, c01); MP__ADD(1, c10, c11); MP__ADD(2, c20, c21); MP__ADD(3, c30, c31);
-    MP__ADD(4, c40, c41); MP__ADD(5, c50, c51); MP__ADD(6, c60, c61); MP__ADD(7, c70, c71);
-    MP__ADD(8, c80, c81); MP__ADD(9, c90, c91); MP__ADD(10, cA0, cA1); MP__ADD(11, cB0, cB1);
-#undef MP__ADD
+    MP__TILE_EACH(MP__TILE_ADD);
 #elif defined(MP__SIMD_X86) && defined(__FMA__)
     __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
     __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
@@ -2058,27 +2065,17 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
 /* The bfloat16 tile: vdpbf16ps adds two products per float32 lane, so a and
    b hold pairs along k: a[pairs][MR] (32 bits each), b[pairs][NR][2]. */
 static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc) {
-    __m512 z = _mm512_setzero_ps();
-    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
-    __m512 c60 = z, c61 = z, c70 = z, c71 = z, c80 = z, c81 = z, c90 = z, c91 = z, cA0 = z, cA1 = z, cB0 = z, cB1 = z;
     size_t q;
+    MP__TILE_ZERO;
     for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32), av;
 #define MP__DOT(r, lo, hi)                                   \
     av = (__m512bh)_mm512_set1_epi32((int)a[r]);            \
     lo = _mm512_dpbf16_ps(lo, av, b0); hi = _mm512_dpbf16_ps(hi, av, b1)
-        MP__DOT(0, c00, c01); MP__DOT(1, c10, c11); MP__DOT(2, c20, c21); MP__DOT(3, c30, c31);
-        MP__DOT(4, c40, c41); MP__DOT(5, c50, c51); MP__DOT(6, c60, c61); MP__DOT(7, c70, c71);
-        MP__DOT(8, c80, c81); MP__DOT(9, c90, c91); MP__DOT(10, cA0, cA1); MP__DOT(11, cB0, cB1);
+        MP__TILE_EACH(MP__DOT);
 #undef MP__DOT
     }
-#define MP__ADD(r, lo, hi)                                                              \
-    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));         \
-    _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
-    MP__ADD(0, c00, c01); MP__ADD(1, c10, c11); MP__ADD(2, c20, c21); MP__ADD(3, c30, c31);
-    MP__ADD(4, c40, c41); MP__ADD(5, c50, c51); MP__ADD(6, c60, c61); MP__ADD(7, c70, c71);
-    MP__ADD(8, c80, c81); MP__ADD(9, c90, c91); MP__ADD(10, cA0, cA1); MP__ADD(11, cB0, cB1);
-#undef MP__ADD
+    MP__TILE_EACH(MP__TILE_ADD);
 }
 #endif
 
