@@ -1525,6 +1525,15 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
     for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
+/* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
+static void mp__load_biased(float *t, float *b, const void *x, const void *bias, size_t i, size_t len, mp_dtype dt) {
+    size_t j;
+    mp__load(t, mp__at(x, dt, i), dt, len);
+    if (!bias) return;
+    mp__load(b, mp__at(bias, dt, i), dt, len);
+    for (j = 0; j < len; j++) t[j] += b[j];
+}
+
 /* Softmax over one row of n, in float32 tiles: max, sum of exp, then write. */
 static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, mp_dtype dt) {
     float t[MP__TILE], b[MP__TILE], mx = -INFINITY, sum = 0.0f;
@@ -1533,11 +1542,7 @@ static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, 
     for (pass = 0; pass < 3; pass++) {
         for (i = 0; i < n; i += len) {
             len = mp__min(MP__TILE, n - i);
-            mp__load(t, mp__at(x, dt, i), dt, len);
-            if (bias) {
-                mp__load(b, mp__at(bias, dt, i), dt, len);
-                for (j = 0; j < len; j++) t[j] += b[j];
-            }
+            mp__load_biased(t, b, x, bias, i, len, dt);
             if (pass == 0) {
                 for (j = 0; j < len; j++) mx = t[j] > mx ? t[j] : mx;
             } else if (pass == 1) {
@@ -1553,18 +1558,14 @@ static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, 
 static void mp__cpu_bias_act(void *y, const void *x, const void *bias, size_t rows, size_t cols,
                              mp_activation act, mp_dtype dt) {
     float t[MP__TILE], b[MP__TILE];
-    size_t r, i, j, len;
+    size_t r, i, len;
     for (r = 0; r < rows; r++) {
         const void *xr = mp__at(x, dt, r * cols);
         void *yr = mp__at_mut(y, dt, r * cols);
         if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
         for (i = 0; i < cols; i += len) {
             len = mp__min(MP__TILE, cols - i);
-            mp__load(t, mp__at(xr, dt, i), dt, len);
-            if (bias) {
-                mp__load(b, mp__at(bias, dt, i), dt, len);
-                for (j = 0; j < len; j++) t[j] += b[j];
-            }
+            mp__load_biased(t, b, xr, bias, i, len, dt);
             mp__act_run(act, t, len);
             mp__store(mp__at_mut(yr, dt, i), dt, t, len);
         }
