@@ -42,8 +42,9 @@ QUICK START
         mp_model_fit(m, &fd);                              // Keras-style progress lines
         mp_model_destroy(m);
 
-    Link with -lm (sqrtf, expf, ...). Define _POSIX_C_SOURCE 199309L before
-    the includes of the implementation file to time epochs by the wall clock
+    Link with -lm (sqrtf, expf, ...) and, for the thread pool on older
+    glibc, -pthread. Define _POSIX_C_SOURCE 199309L before the includes of
+    the implementation file to time epochs by the wall clock
     (clock_gettime); otherwise fit reports processor time.
 
 CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
@@ -54,7 +55,10 @@ CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_ASSERT(x)       internal invariants only, never user input (default assert)
     MIXPREC_NO_STDIO        no <stdio.h>: for bare-metal targets
     MIXPREC_NO_SIMD         portable C only, even where the compiler enables
-                            F16C/AVX2; results are bit-identical either way
+                            F16C/AVX2/AVX-512; casts are bit-identical either
+                            way (GEMM sums may round differently: no FMA)
+    MIXPREC_NO_THREADS      no thread pool (also where POSIX threads are missing)
+    MIXPREC_USE_CBLAS       float32 GEMMs go to the linked CBLAS's cblas_sgemm
 
 NUMERIC RULES (IEEE 754-2008; mixprec follows the x86 hardware where IEEE
 leaves a choice, so that the scalar and SIMD paths agree bit for bit)
