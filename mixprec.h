@@ -562,6 +562,8 @@ typedef struct mp_fit_desc {
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
     mp_logs *history;        /* NULL, or an array of `epochs` entries */
+    const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
+    int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
 } mp_fit_desc;
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
@@ -3740,20 +3742,54 @@ static void mp__put_float(mp__text *t, float x, int decimals) {
 }
 
 /* Keras's number format: %.4f, or %.4e for magnitudes up to 1e-3. */
-static void mp__put_metric(mp__text *t, const char *name, float v) {
-    mp__put(t, " - ");
-    mp__put(t, name);
-    mp__put(t, ": ");
+static void mp__put_number(mp__text *t, float v, int decimals) {
     if (fabsf(v) > 1e-3f || v == 0.0f || v != v) {
-        mp__put_float(t, v, 4);
+        mp__put_float(t, v, decimals);
     } else {
         int e = 0;
         float a = fabsf(v);
         while (a < 1.0f) { a *= 10.0f; e--; }
-        mp__put_float(t, v < 0 ? -a : a, 4);
+        mp__put_float(t, v < 0 ? -a : a, decimals);
         mp__put(t, e < -9 ? "e-" : "e-0");
         mp__put_int(t, -e);
     }
+}
+
+static void mp__put_metric(mp__text *t, const char *name, float v) {
+    mp__put(t, " - ");
+    mp__put(t, name);
+    mp__put(t, ": ");
+    mp__put_number(t, v, 4);
+}
+
+/* The CSV training log: `kind,epoch,step,loss,accuracy,val_loss,
+   val_accuracy,loss_scale,skipped_steps`, a `step` row after every step
+   when asked (running means, as the progress bar shows) and an `epoch` row
+   after every epoch; step counts from the start of the fit. */
+static void mp__csv_row(FILE *f, const char *kind, int epoch, size_t step, const mp_logs *lg, int has_val) {
+    char buf[256];
+    mp__text t;
+    t.buf = buf;
+    t.cap = sizeof buf;
+    t.len = 0;
+    mp__put(&t, kind);
+    mp__put(&t, ",");
+    mp__put_int(&t, epoch);
+    mp__put(&t, ",");
+    mp__put_uint(&t, step, 0);
+    mp__put(&t, ",");
+    mp__put_number(&t, lg->loss, 6);
+    mp__put(&t, ",");
+    mp__put_number(&t, lg->accuracy, 6);
+    mp__put(&t, ",");
+    if (has_val) { mp__put_number(&t, lg->val_loss, 6); mp__put(&t, ","); mp__put_number(&t, lg->val_accuracy, 6); }
+    else mp__put(&t, ",");
+    mp__put(&t, ",");
+    mp__put_number(&t, lg->loss_scale, 1);
+    mp__put(&t, ",");
+    mp__put_uint(&t, lg->skipped_steps, 0);
+    mp__put(&t, "\n");
+    fputs(buf, f);
 }
 
 typedef struct mp__progress {
@@ -3845,6 +3881,9 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     uint64_t rng;
     mp_status st = MP_OK;
     int epoch, epochs;
+#ifndef MIXPREC_NO_STDIO
+    FILE *csv = NULL;
+#endif
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
@@ -3856,9 +3895,19 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
     if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
     batch = mp__min((size_t)d.batch_size, n_train);
+#ifdef MIXPREC_NO_STDIO
+    if (d.csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
+#endif
     if ((st = mp__prepare(m, mp__min((size_t)d.batch_size, d.data.n))) != MP_OK) return st;
     if (n_train > SIZE_MAX / sizeof(size_t) || !(idx = (size_t *)mp__alloc(n_train * sizeof(size_t))))
         return mp__fail(m, MP_ERR_ALLOC, "shuffle indices");
+#ifndef MIXPREC_NO_STDIO
+    if (d.csv_path && !(csv = fopen(d.csv_path, "w"))) {
+        mp__free(idx);
+        return mp__fail(m, MP_ERR_IO, "cannot write the CSV log %s", d.csv_path);
+    }
+    if (csv) fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", csv);
+#endif
     for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
     steps = (n_train + batch - 1) / batch;
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
@@ -3889,6 +3938,11 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
             lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
 #ifndef MIXPREC_NO_STDIO
             if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
+            if (csv && d.csv_per_step && st == MP_OK) {
+                lg.loss_scale = mp_current_loss_scale(m);
+                lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
+                mp__csv_row(csv, "step", epoch + 1, (size_t)epoch * steps + s + 1, &lg, 0);
+            }
 #endif
         }
         if (st != MP_OK) break;
@@ -3901,10 +3955,15 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
 #ifndef MIXPREC_NO_STDIO
         if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
+        if (csv) mp__csv_row(csv, "epoch", epoch + 1, (size_t)(epoch + 1) * steps, &lg, n_train < d.data.n);
 #endif
         if (d.history) d.history[epoch] = lg;
     }
     mp__free(idx);
+#ifndef MIXPREC_NO_STDIO
+    if (csv && (ferror(csv) | fclose(csv)) && st == MP_OK) /* the log is short: say so, the weights stand */
+        return mp__fail(m, MP_ERR_IO, "writing the CSV log %s failed", d.csv_path);
+#endif
     return st;
 }
 

@@ -9,7 +9,9 @@
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
           --units N (4096)  --epochs N (5)  --batch-size N (8192)
           --data DIR (build/fashion-mnist)  --seed N (1337)
-          --train-limit N (0 = every training image) */
+          --train-limit N (0 = every training image)
+          --csv PREFIX: a per-step CSV log per policy, PREFIX_POLICY.csv,
+          for examples/plot_log.gp (loss and loss scale over steps) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
@@ -24,6 +26,7 @@ typedef struct config {
     const char *data_dir;
     uint64_t seed;
     size_t train_limit;
+    const char *csv_prefix;
 } config;
 
 typedef struct result {
@@ -36,7 +39,8 @@ typedef struct result {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--units N]\n"
-            "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n",
+            "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n"
+            "       [--csv PREFIX]\n",
             prog);
     exit(2);
 }
@@ -77,6 +81,7 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
         else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
+        else if (strcmp(argv[i], "--csv") == 0) c.csv_prefix = argv[i + 1];
         else usage(argv[0]);
     }
     return c;
@@ -130,6 +135,7 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
     mp_logs test;
     mp_fit_desc fd;
+    char csv_path[1024];
     mp_model *m;
     size_t baseline;
     result r;
@@ -156,6 +162,11 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     fd.epochs = c->epochs;
     fd.validation_split = 0.2f; /* the guide's: the last 20% validate */
     fd.history = history;
+    if (c->csv_prefix) {
+        snprintf(csv_path, sizeof csv_path, "%s_%s.csv", c->csv_prefix, policy);
+        fd.csv_path = csv_path;
+        fd.csv_per_step = 1;
+    }
     CHECK(mp_model_fit(m, &fd), m);
     CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
 

@@ -1415,6 +1415,76 @@ static void test_training(void) {
     train_blobs("mixed_bfloat16");
 }
 
+/* The CSV log: the header, a step row per step (no validation columns) and
+   an epoch row per epoch whose numbers are the history's; an unwritable
+   path is MP_ERR_IO before any step. */
+static void test_csv_log(void) {
+    enum { N = 500, EPOCHS = 2, BATCH = 50, STEPS = 8 }; /* 400 training samples */
+    static const char path[] = "/tmp/mixprec_test_train_log.csv";
+    static const int shape[] = {8, 0};
+    float *x = floats(N * 8), *w0, *w1;
+    int32_t *labels = (int32_t *)zalloc(N * 4);
+    mp_layer_desc layers[2];
+    mp_logs hist[EPOCHS];
+    mp_fit_desc fd;
+    mp_model *m;
+    char line[512];
+    FILE *f;
+    int steps = 0, epochs = 0, ordered = 1, fields_ok = 1;
+    size_t last_step = 0, n;
+    blobs(x, labels, N);
+    layers[0] = mp_dense(16, MP_RELU);
+    layers[1] = mp_dense(4, MP_SOFTMAX);
+    if (!(m = make_model("mixed_float16", shape, layers, 2))) goto out;
+    if (!compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) goto out;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+    fd.batch_size = BATCH, fd.epochs = EPOCHS, fd.validation_split = 0.2f, fd.verbose = MP_VERBOSE_SILENT;
+    fd.history = hist;
+    fd.csv_path = "/nonexistent-directory/log.csv";
+    n = mp_model_param_count(m);
+    w0 = floats(n), w1 = floats(n);
+    mp_model_get_weights(m, w0, n);
+    CHECK(mp_model_fit(m, &fd) == MP_ERR_IO);
+    mp_model_get_weights(m, w1, n);
+    CHECK(memcmp(w0, w1, n * sizeof *w0) == 0);
+    free(w0), free(w1);
+    fd.csv_path = path;
+    fd.csv_per_step = 1;
+    if (!OK(mp_model_fit(m, &fd), m) || !CHECK((f = fopen(path, "r")) != NULL)) goto out;
+    CHECK(fgets(line, sizeof line, f) &&
+          strcmp(line, "kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n") == 0);
+    while (fgets(line, sizeof line, f)) {
+        char kind[16];
+        int epoch;
+        unsigned long step, skipped;
+        float loss, acc, vl = -1.0f, va = -1.0f, scale;
+        int got = sscanf(line, "%15[a-z],%d,%lu,%f,%f,%f,%f,%f,%lu", kind, &epoch, &step, &loss, &acc, &vl, &va,
+                         &scale, &skipped);
+        ordered &= step >= last_step;
+        last_step = step;
+        if (strcmp(kind, "step") == 0) {
+            steps++;
+            fields_ok &= sscanf(line, "%15[a-z],%d,%lu,%f,%f,,,%f,%lu", kind, &epoch, &step, &loss, &acc, &scale,
+                                &skipped) == 7 && step == (unsigned long)steps;
+        } else if (got == 9 && epoch >= 1 && epoch <= EPOCHS) {
+            const mp_logs *h = &hist[epoch - 1];
+            epochs++;
+            fields_ok &= step == (unsigned long)(epoch * STEPS) && fabsf(loss - h->loss) <= 1e-5f * (1 + h->loss) &&
+                         fabsf(va - h->val_accuracy) <= 1e-5f && scale == h->loss_scale &&
+                         skipped == h->skipped_steps;
+        } else {
+            fields_ok = 0;
+        }
+    }
+    fclose(f);
+    remove(path);
+    CHECK(steps == EPOCHS * STEPS && epochs == EPOCHS && ordered && fields_ok);
+out:
+    mp_model_destroy(m);
+    free(x), free(labels);
+}
+
 /* ======================================================================== */
 /* 7. Memory accounting */
 
@@ -1613,6 +1683,7 @@ int main(int argc, char **argv) {
     test_loss_scale_wrapping();
     test_skipped_step();
     test_training();
+    test_csv_log();
     test_tensor_memory();
     test_activation_memory();
     test_model_memory();
