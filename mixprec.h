@@ -2611,6 +2611,11 @@ static void mp__cpu_col2im(float *img, const float *col, const mp__conv_geom *g)
 
 /* Max pooling with strides equal to the pool (Keras's default), valid
    padding; the first maximum of a window wins, NaN propagates. */
+/* Element index of (img, y, x, channel 0) in an NHWC batch of h x w x c images. */
+static size_t mp__nhwc(size_t img, size_t y, size_t x, int h, int w, int c) {
+    return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
+}
+
 static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img, const mp__conv_geom *g,
                             int oy, int ox, size_t c0, size_t len, mp_dtype dt) {
     float t[MP__TILE];
@@ -2619,7 +2624,7 @@ static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img,
     for (ky = 0; ky < g->kh; ky++)
         for (kx = 0; kx < g->kw; kx++, pos++) {
             size_t iy = (size_t)(oy * g->sh + ky), ix = (size_t)(ox * g->sw + kx);
-            mp__load(t, mp__at(x, dt, ((img * (size_t)g->h + iy) * (size_t)g->w + ix) * (size_t)g->c + c0), dt, len);
+            mp__load(t, mp__at(x, dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), dt, len);
             for (j = 0; j < len; j++)
                 if (pos == 0 || t[j] > best[j] || (t[j] != t[j] && best[j] == best[j])) { best[j] = t[j]; arg[j] = pos; }
         }
@@ -2635,8 +2640,8 @@ static void mp__cpu_max_pool(void *y, const void *x, size_t n, const mp__conv_ge
                 for (c0 = 0; c0 < c; c0 += len) {
                     len = mp__min(MP__TILE, c - c0);
                     mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
-                    mp__store(mp__at_mut(y, dt, ((img * (size_t)g->oh + (size_t)oy) * (size_t)g->ow + (size_t)ox) * c + c0),
-                              dt, best, len);
+                    mp__store(mp__at_mut(y, dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0), dt, best,
+                              len);
                 }
 }
 
@@ -2652,13 +2657,12 @@ static void mp__cpu_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, co
                 for (c0 = 0; c0 < c; c0 += len) {
                     len = mp__min(MP__TILE, c - c0);
                     mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
-                    mp__load(grad, mp__at(dy, dt, ((img * (size_t)g->oh + (size_t)oy) * (size_t)g->ow + (size_t)ox) * c + c0),
-                             dt, len);
+                    mp__load(grad, mp__at(dy, dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0), dt, len);
                     for (pos = 0; pos < (size_t)(g->kh * g->kw); pos++) {
                         size_t iy = (size_t)oy * (size_t)g->sh + pos / (size_t)g->kw;
                         size_t ix = (size_t)ox * (size_t)g->sw + pos % (size_t)g->kw;
                         for (j = 0; j < len; j++) out[j] = arg[j] == pos ? grad[j] : 0.0f;
-                        mp__store(mp__at_mut(dx, dxt, ((img * (size_t)g->h + iy) * (size_t)g->w + ix) * c + c0), dxt, out, len);
+                        mp__store(mp__at_mut(dx, dxt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), dxt, out, len);
                     }
                 }
 }

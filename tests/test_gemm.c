@@ -151,11 +151,7 @@ static float *op_a(const void *a, mp_dtype t, int trans, size_t m, size_t k) {
     return o;
 }
 static float *op_bt(const void *b, mp_dtype t, int trans, size_t n, size_t k) {
-    float *o = (float *)xalloc(n * k * sizeof(float));
-    size_t j, p;
-    for (j = 0; j < n; j++)
-        for (p = 0; p < k; p++) o[j * k + p] = get(b, t, trans ? j * k + p : p * n + j);
-    return o;
+    return op_a(b, t, !trans, n, k); /* op(B)^T is B's transpose exactly when op(B) is B */
 }
 
 /* ======================================================================== */
