@@ -152,7 +152,9 @@ extern "C" {
     X(MP_ERR_NONFINITE, "the input data holds NaN or Inf")                        \
     X(MP_ERR_IO, "the file cannot be opened or read")                             \
     X(MP_ERR_FORMAT, "the file is corrupt, truncated or not an IDX file of the "  \
-      "expected kind")
+      "expected kind")                                                            \
+    X(MP_ERR_BACKEND, "the backend (a GPU, its driver or library) reported an "  \
+      "error; the model's error message names it")
 
 typedef enum mp_status {
 #define MP__STATUS_ENUM(code, msg) code,
@@ -483,7 +485,8 @@ typedef struct mp_model_desc {
     int input_shape[MP_MAX_RANK - 1]; /* per sample, zero-terminated: {784} or {28, 28, 1} */
     uint64_t seed;                    /* initialisers, dropout, shuffling; 0 = 1337 */
     const char *name;                 /* NULL = "sequential" */
-    const mp_backend *backend;        /* NULL = the CPU */
+    const mp_backend *backend;        /* NULL = the CPU (see >>backends) */
+    const void *backend_config;       /* the backend's own options, or NULL */
     int threads;                      /* 0 = mp_available_cores() */
 } mp_model_desc;
 
@@ -517,6 +520,10 @@ MIXPREC_API int mp_model_threads(const mp_model *m);
    workspaces (packed panels and float32 sums). */
 typedef struct mp_model_memory {
     size_t weights, optimizer, activations, workspace;
+    /* all the bytes the model's backend holds now and at most since the
+       model was created: the host's for the CPU, device memory for a GPU */
+    size_t current, peak;
+    const char *backend; /* "cpu", "cuda" */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
@@ -582,7 +589,8 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
        mp_apply_gradients(m, &applied);                  // optimizer.apply_gradients
    Without loss scaling the scale is 1 and the calls are the same. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training);
-/* The last forward's output, in the last layer's compute dtype. */
+/* The last forward's output, in the last layer's compute dtype, where the
+   host can read it (from a GPU: a copy, valid until the next call). */
 MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out);
 /* The compiled loss (float32, mean over the batch) of the last forward's
    output; labels or y as the loss needs. *correct gets the number of samples
@@ -633,6 +641,158 @@ MIXPREC_API void mp_dataset_free(mp_dataset *d);
 MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out);
 MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #endif
+
+/* >>backends
+   A model runs every kernel through one table of operations, the backend,
+   chosen when the model is created (mp_model_desc.backend; NULL = the CPU).
+   The CPU backend is built in; cuda/mixprec_cuda.h adds one for NVIDIA GPUs.
+   A backend owns the memory of the model's tensors: weights, gradients,
+   optimizer slots, activations and a small step state (the loss scale, the
+   found-Inf flag and the batch's metrics) are allocated by it, and on a GPU
+   they stay on the device. The host copies in only the batch and copies out
+   only the step state (a few dozen bytes) and what the user asks for.
+   Pointers an op receives are the backend's unless named host_. Ops are
+   queued in order; `copy` to the host and `sync` wait for what is queued and
+   report the first error a device raised (MP_ERR_BACKEND). */
+#if defined(__CUDACC__)
+#define MIXPREC_HD __host__ __device__ /* shared by host and device code */
+#else
+#define MIXPREC_HD
+#endif
+
+typedef struct mp_gemm_args {
+    int trans_a, trans_b;
+    size_t m, n, k;
+    const void *a, *b;
+    mp_dtype at, bt;
+    void *c;
+    mp_dtype ct;
+    int accumulate;      /* C += op(A) op(B) */
+    const void *bias;    /* [n] in ct, or NULL */
+    mp_activation act;   /* elementwise only */
+    void *z;             /* the pre-activation, in ct, or NULL */
+} mp_gemm_args;
+
+typedef struct mp_conv_geom {
+    int h, w, c;        /* input image */
+    int kh, kw, sh, sw; /* kernel, strides */
+    int pt, pl;         /* padding before, top and left */
+    int oh, ow;         /* output image */
+} mp_conv_geom;
+
+typedef struct mp_opt_step {
+    mp_optimizer_desc cfg; /* defaults filled in */
+    uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
+} mp_opt_step;
+
+typedef enum mp_copy_kind { MP_COPY_TO_BACKEND, MP_COPY_TO_HOST, MP_COPY_WITHIN } mp_copy_kind;
+
+typedef struct mp_backend_memory {
+    size_t current, peak; /* bytes the backend holds for the model now, and at most */
+    size_t workspace;     /* of current: scratch (GEMM panels, cuBLASLt workspace) */
+} mp_backend_memory;
+
+struct mp_backend {
+    const char *name;
+    int device_memory; /* 1: the host cannot read the backend's pointers */
+    int tensor_cores;  /* 1: 16-bit products want sizes in multiples of 8 (a warning names the layers) */
+    /* The model's context (the CPU's thread pool; a GPU's stream, handles
+       and workspace). config: the model's backend_config, may be NULL. */
+    mp_status (*create)(void **ctx, int threads, const void *config);
+    void (*destroy)(void *ctx);
+    int (*threads)(void *ctx);
+    void *(*alloc)(void *ctx, size_t bytes); /* NULL on failure; aligned to 64 (CPU) or 256 bytes (GPU) */
+    void (*free)(void *ctx, void *p);        /* NULL-safe */
+    void (*memory)(void *ctx, mp_backend_memory *out);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind);
+    void (*zero)(void *ctx, void *p, size_t bytes);
+    mp_status (*sync)(void *ctx);
+    const char *(*last_error)(void *ctx); /* what failed first, for the model's error message */
+    /* Reserves scratch for products up to these sizes, so no step allocates. */
+    mp_status (*gemm_reserve)(void *ctx, size_t m, size_t n, size_t k);
+    /* The batch in: n host float32 values cast into dst (dt). */
+    void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n);
+    /* dst = src cast from st to dt (a copy when they agree); stats, a host
+       pointer or NULL, get the narrowing counts added as mp_convert's. */
+    void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats);
+    /* C (+)= op(A) op(B), float32 accumulation, then bias, activation and
+       one rounding into C's dtype, as mp_matmul. */
+    void (*gemm)(void *ctx, const mp_gemm_args *g);
+    /* y = act(x + bias) over rows x cols (bias may be NULL); y may be x. */
+    void (*bias_act)(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                     mp_activation act, mp_dtype dt);
+    /* dx = dy * act'(...) from the output y (or the input x, for gelu);
+       dy, y, x in dt, dx in dxt; dx may be dy when the dtypes agree. */
+    void (*act_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                         size_t rows, size_t cols, mp_activation act, mp_dtype dt);
+    void (*bias_grad)(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt);
+    /* The loss over rows (softmax and crossentropy fused from logits):
+       metrics[0] = the sum of per-sample losses, metrics[1] = the samples
+       the accuracy counts right; dpred = the float32 gradient of the mean. */
+    void (*loss)(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                 const float *y, size_t rows, size_t cols, float *dpred, float *metrics);
+    /* dst = src * *scale (scale NULL: 1), rounded into dt. */
+    void (*scale_cast)(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale);
+    /* The fused pass: dst = src * (1 / *scale) (scale NULL: 1); *found_inf
+       |= 1 if any src is Inf or NaN. */
+    void (*unscale_check)(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, const float *scale,
+                          int *found_inf);
+    /* One step of the loss-scale state machine (mp_loss_scale_update). */
+    void (*loss_scale_update)(void *ctx, mp_loss_scale *ls, const int *found_inf);
+    /* Unless found_inf (may be NULL) is set: updates n float32 weights from
+       their gradients and slots and, when wc is not NULL, writes them to wc
+       in wt (the copy the layer reads) in the same pass. */
+    void (*optimizer_update)(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
+                             size_t n, void *wc, mp_dtype wt, const int *found_inf);
+    void (*im2col)(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt);
+    void (*col2im)(void *ctx, float *img, const float *col, const mp_conv_geom *g); /* overwrites img */
+    void (*max_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
+    void (*max_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                              const mp_conv_geom *g, mp_dtype dt);
+    /* mask[i] = 1 with probability 1 - rate, from mp_dropout_keep(seed, i). */
+    void (*dropout_mask)(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed);
+    /* y = mask ? x * scale : 0, x in xt, y in yt. */
+    void (*dropout)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+                    size_t n, float scale);
+};
+
+MIXPREC_API const mp_backend *mp_cpu_backend(void);
+
+/* The rules every backend shares, defined here so that device code
+   compiles the same lines. The loss-scale state machine (see >>loss
+   scaling): returns 1 when the step's gradients are applied. */
+static MIXPREC_HD inline int mp_loss_scale_step(mp_loss_scale *ls, int grads_finite) {
+    ls->steps++;
+    if (!grads_finite) ls->skipped_steps++;
+    if (ls->config.fixed) return grads_finite != 0;
+    if (grads_finite) {
+        if (++ls->good_steps >= (uint64_t)ls->config.growth_interval) {
+            float grown = ls->scale * 2.0f; /* only to a finite value, not past the ceiling */
+            if (grown <= ls->config.max_scale) ls->scale = grown;
+            ls->good_steps = 0;
+            ls->overflows_left = ls->config.hysteresis;
+        }
+        return 1;
+    }
+    ls->good_steps = 0;
+    if (--ls->overflows_left <= 0) {
+        float halved = ls->scale * 0.5f;
+        ls->scale = halved < ls->config.min_scale ? ls->config.min_scale : halved;
+        ls->overflows_left = ls->config.hysteresis;
+    }
+    return 0;
+}
+
+/* Dropout keeps element i when this uniform [0, 1) draw is >= rate: a
+   counter-based hash (splitmix64's finaliser of seed + i), so that any
+   backend and any thread count draw the same mask. */
+static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
+    uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15u;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
 
 #ifdef __cplusplus
 }
@@ -1305,8 +1465,9 @@ typedef struct mp__arena {
     int overflow;
 } mp__arena;
 
+#define MP__CARVE_ALIGN 256 /* what cuBLASLt assumes of a device tensor */
 static void *mp__carve(mp__arena *a, size_t count, size_t elem) {
-    size_t bytes, start = (a->used + MP__ALIGN - 1) / MP__ALIGN * MP__ALIGN;
+    size_t bytes, start = (a->used + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN;
     if (!mp__mul_ok(count, elem, &bytes) || start < a->used || bytes > SIZE_MAX - start) {
         a->overflow = 1;
         return NULL;
@@ -1409,64 +1570,10 @@ static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
 }
 
 /* >>kernels
-   The operations table: every kernel a layer, loss or optimizer runs goes
-   through one of these, so another backend (CUDA) can take the model
-   without the layers changing. The CPU implementation follows. Kernels work
+   The CPU backend (the operations table is declared under >>backends):
+   every kernel a layer, loss or optimizer runs is one of its ops. Kernels work
    on any mix of float dtypes by widening tiles to float32 (exactly), doing
    the math in float32 and rounding once on the way out. */
-typedef struct mp__conv_geom {
-    int h, w, c;        /* input image */
-    int kh, kw, sh, sw; /* kernel, strides */
-    int pt, pl;         /* padding before, top and left */
-    int oh, ow;         /* output image */
-} mp__conv_geom;
-
-typedef struct mp__opt_step {
-    mp_optimizer_desc cfg; /* defaults filled in */
-    uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
-} mp__opt_step;
-
-typedef struct mp__gemm_args mp__gemm_args;
-
-struct mp_backend {
-    const char *name;
-    void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
-    /* C (+)= op(A) op(B), float32 accumulation, then bias, activation and
-       one rounding into C's dtype, as mp_matmul (see mp__gemm_args). ctx is
-       the model's thread pool. */
-    void (*gemm)(void *ctx, const mp__gemm_args *g);
-    /* y = act(x + bias) over rows x cols (bias may be NULL); y may be x. */
-    void (*bias_act)(void *y, const void *x, const void *bias, size_t rows, size_t cols,
-                     mp_activation act, mp_dtype dt);
-    /* dx = dy * act'(...) from the output y (or the input x, for gelu);
-       dy, y, x in dt, dx in dxt; dx may be dy when the dtypes agree. */
-    void (*act_backward)(void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
-                         size_t rows, size_t cols, mp_activation act, mp_dtype dt);
-    void (*bias_grad)(void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt);
-    /* Mean loss over rows: adds the sum of per-sample losses to *loss_sum,
-       the samples the accuracy counts right to *correct, and writes the
-       float32 gradient of the mean loss to dpred. */
-    void (*loss)(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
-                 const float *y, size_t rows, size_t cols, float *dpred, float *loss_sum,
-                 size_t *correct);
-    void (*scale_cast)(void *dst, mp_dtype dt, const float *src, size_t n, float scale);
-    /* The fused pass: dst = src * inv_scale; returns 1 if every src is finite. */
-    int (*unscale_check)(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, float inv_scale);
-    /* Updates n float32 weights from their float32 gradients and slots; when
-       wc is not NULL, also writes the updated weights to wc in wt (the
-       copy the layer reads), in the same pass. */
-    void (*optimizer_update)(void *ctx, const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
-                             size_t n, void *wc, mp_dtype wt);
-    void (*im2col)(void *col, const void *img, const mp__conv_geom *g, mp_dtype dt);
-    void (*col2im)(float *img, const float *col, const mp__conv_geom *g); /* adds */
-    void (*max_pool)(void *y, const void *x, size_t n, const mp__conv_geom *g, mp_dtype dt);
-    void (*max_pool_backward)(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
-                              const mp__conv_geom *g, mp_dtype dt);
-    /* y = mask ? x * scale : 0, x in xt, y in yt. */
-    void (*dropout)(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
-                    size_t n, float scale);
-};
-
 #define MP__TILE 256 /* floats per tile: a few KiB of stack */
 #define MP__MAX_THREADS 256
 
@@ -1561,10 +1668,11 @@ static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, 
     }
 }
 
-static void mp__cpu_bias_act(void *y, const void *x, const void *bias, size_t rows, size_t cols,
+static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
                              mp_activation act, mp_dtype dt) {
     float t[MP__TILE], b[MP__TILE];
     size_t r, i, len;
+    (void)ctx;
     for (r = 0; r < rows; r++) {
         const void *xr = mp__at(x, dt, r * cols);
         void *yr = mp__at_mut(y, dt, r * cols);
@@ -1578,10 +1686,11 @@ static void mp__cpu_bias_act(void *y, const void *x, const void *bias, size_t ro
     }
 }
 
-static void mp__cpu_act_backward(void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
                                  size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
     size_t r, i, j, len;
+    (void)ctx;
     for (r = 0; r < rows; r++) {
         size_t base = r * cols;
         float dot = 0.0f; /* softmax: sum(dy * y) over the row */
@@ -1606,9 +1715,10 @@ static void mp__cpu_act_backward(void *dx, mp_dtype dxt, const void *dy, const v
     }
 }
 
-static void mp__cpu_bias_grad(void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
     float acc[MP__TILE], t[MP__TILE];
     size_t r, i, j, len;
+    (void)ctx;
     for (i = 0; i < cols; i += len) {
         len = mp__min(MP__TILE, cols - i);
         memset(acc, 0, sizeof acc);
@@ -1731,6 +1841,14 @@ MIXPREC_API void mp_pool_destroy(mp_pool *p) {
     mp__free(p);
 }
 
+/* The CPU backend's context: the model's thread pool and the bytes the
+   model holds through the backend (the global counters see them too). */
+typedef struct mp__cpu {
+    mp_pool *pool;
+    size_t current, peak;
+} mp__cpu;
+static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
+
 /* >>gemm: BLIS's loops. For each panel of NC columns, op(B) is packed once
    (K x NC, widened to float32, or kept as bfloat16 pairs for the dot-product
    kernel); for each block of MC rows and each KC slice of K, op(A) is
@@ -1758,22 +1876,10 @@ MIXPREC_API void mp_pool_destroy(mp_pool *p) {
 #define MP__B_BUDGET (4u << 20) /* floats of B panel per thread before NC narrows */
 #define MP__TMP (MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC) /* widened runs */
 
-struct mp__gemm_args {
-    int trans_a, trans_b;
-    size_t m, n, k;
-    const void *a, *b;
-    mp_dtype at, bt;
-    void *c;
-    mp_dtype ct;
-    int accumulate;      /* C += op(A) op(B) */
-    const void *bias;    /* [n] in ct, or NULL */
-    mp_activation act;   /* elementwise only */
-    void *z;             /* the pre-activation, in ct, or NULL */
-};
 
 static size_t mp__round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-static int mp__gemm_bf16(const mp__gemm_args *g) {
+static int mp__gemm_bf16(const mp_gemm_args *g) {
 #ifdef MP__BF16_DOT
     return g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16;
 #else
@@ -1806,8 +1912,10 @@ static mp_status mp__pool_reserve(mp_pool *p, size_t floats) {
     for (i = 0; i < p->threads; i++) {
         float *b;
         if (p->ws[i].b_cap >= floats) continue;
+        mp__free(p->ws[i].b); /* a panel holds nothing between products: free first, for the peak */
+        p->ws[i].b = NULL;
+        p->ws[i].b_cap = 0;
         if (floats > SIZE_MAX / sizeof(float) || !(b = (float *)mp__alloc(floats * sizeof(float)))) return MP_ERR_ALLOC;
-        mp__free(p->ws[i].b);
         p->ws[i].b = b;
         p->ws[i].b_cap = floats;
     }
@@ -2088,7 +2196,7 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
 
 /* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
    the activation, one rounding. */
-static void mp__epilogue(const mp__gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
+static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
     size_t j, at = row * g->n + j0;
     if (g->accumulate) {
         mp__load(tmp, mp__at(g->c, g->ct, at), g->ct, nc);
@@ -2104,7 +2212,7 @@ static void mp__epilogue(const mp__gemm_args *g, float *acc, float *tmp, size_t 
 }
 
 /* op(B)[p0 .. p0+kc, j0 .. j0+nc] into panels of NR columns at out. */
-static void mp__pack_b_slice(const mp__gemm_args *g, mp__gemm_ws *ws, float *out, size_t ldb, size_t j0, size_t nc,
+static void mp__pack_b_slice(const mp_gemm_args *g, mp__gemm_ws *ws, float *out, size_t ldb, size_t j0, size_t nc,
                              size_t p0, size_t kc) {
 #ifdef MP__BF16_DOT
     if (mp__gemm_bf16(g)) {
@@ -2116,7 +2224,7 @@ static void mp__pack_b_slice(const mp__gemm_args *g, mp__gemm_ws *ws, float *out
 }
 
 /* C[m0..m1, n0..n1) on one thread. */
-static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
+static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
     int pairs = mp__gemm_bf16(g);
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
@@ -2158,7 +2266,7 @@ static void mp__gemm_region(const mp__gemm_args *g, mp__gemm_ws *ws, size_t m0, 
 }
 
 typedef struct mp__gemm_job {
-    const mp__gemm_args *g;
+    const mp_gemm_args *g;
     mp_pool *pool;
 } mp__gemm_job;
 
@@ -2166,7 +2274,7 @@ typedef struct mp__gemm_job {
    thread packs all of op(A)) or along M (then every thread packs all of
    op(B)): the split that repeats the cheaper packing, a transposing pack
    costing about three copies. */
-static int mp__split_n(const mp__gemm_args *g, size_t threads) {
+static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
     float cost_b = (float)g->k * (float)g->n * (g->trans_b ? 3.0f : 1.0f);
@@ -2177,7 +2285,7 @@ static int mp__split_n(const mp__gemm_args *g, size_t threads) {
 
 static void mp__gemm_task(void *ctx, int t, int threads) {
     const mp__gemm_job *job = (const mp__gemm_job *)ctx;
-    const mp__gemm_args *g = job->g;
+    const mp_gemm_args *g = job->g;
     size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
@@ -2189,7 +2297,7 @@ static void mp__gemm_task(void *ctx, int t, int threads) {
 }
 
 #ifdef MIXPREC_USE_CBLAS
-static void mp__gemm_cblas(const mp__gemm_args *g, float *tmp) {
+static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
     size_t r, j0;
     cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
                 (int)g->m, (int)g->n, (int)g->k, 1.0f, (const float *)g->a, (int)(g->trans_a ? g->m : g->k),
@@ -2198,7 +2306,7 @@ static void mp__gemm_cblas(const mp__gemm_args *g, float *tmp) {
     if (!g->bias && !g->z && g->act == MP_LINEAR) return;
     for (r = 0; r < g->m; r++) /* the epilogue in place, the accumulation done */
         for (j0 = 0; j0 < g->n; j0 += MP__NC) {
-            mp__gemm_args e = *g;
+            mp_gemm_args e = *g;
             e.accumulate = 0;
             mp__epilogue(&e, (float *)g->c + r * g->n + j0, tmp, r, j0, mp__min(MP__NC, g->n - j0));
         }
@@ -2209,8 +2317,7 @@ static void mp__gemm_cblas(const mp__gemm_args *g, float *tmp) {
    others costs more than they save. */
 #define MP__GEMM_PARALLEL (1u << 17)
 
-static void mp__cpu_gemm(void *ctx, const mp__gemm_args *g) {
-    mp_pool *pool = (mp_pool *)ctx;
+static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
     if (g->m == 0 || g->n == 0) return;
 #ifdef MIXPREC_USE_CBLAS
@@ -2224,7 +2331,7 @@ static void mp__cpu_gemm(void *ctx, const mp__gemm_args *g) {
 MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
                                 const void *a, mp_dtype a_type, const void *b, mp_dtype b_type, void *c,
                                 mp_dtype c_type) {
-    mp__gemm_args g;
+    mp_gemm_args g;
     mp_pool *own = NULL;
     size_t ignored;
     mp_status st;
@@ -2245,7 +2352,7 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
         g.a = a; g.at = a_type;
         g.b = b; g.bt = b_type;
         g.c = c; g.ct = c_type;
-        mp__cpu_gemm(own ? own : pool, &g);
+        mp__gemm_run(own ? own : pool, &g);
     }
     mp_pool_destroy(own);
     return st;
@@ -2288,14 +2395,19 @@ static void mp__cast_range(void *args, size_t begin, size_t end, int thread) {
     (void)mp_convert(mp__at_mut(c->dst, c->dt, begin), c->dt, mp__at(c->src, c->st, begin), c->st, end - begin, NULL);
 }
 
-static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
+static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n,
+                         mp_cast_stats *stats) {
     mp__cast_args c;
+    if (stats) { /* the counting path: one thread */
+        (void)mp_convert(dst, dt, src, st, n, stats);
+        return;
+    }
     if (dst == src && dt == st) return;
     c.dst = dst;
     c.src = src;
     c.dt = dt;
     c.st = st;
-    mp__parallel_range((mp_pool *)ctx, n, mp__cast_range, &c);
+    mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
 /* >>loss kernels: Keras 3's formulas in float32. Crossentropy from
@@ -2386,29 +2498,34 @@ static int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t
     return 0;
 }
 
-static void mp__cpu_loss(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
-                         const float *y, size_t rows, size_t cols, float *dpred, float *loss_sum,
-                         size_t *correct) {
-    float inv_rows = 1.0f / (float)rows;
-    size_t r, j;
+static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt,
+                         const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
+                         float *metrics) {
+    float inv_rows = 1.0f / (float)rows, loss_sum = 0.0f;
+    size_t r, j, correct = 0;
+    (void)ctx;
     for (r = 0; r < rows; r++) {
         float *p = dpred + r * cols, l;
         const float *t = y ? y + r * cols : NULL;
         int32_t label = labels ? labels[r] : 0;
         mp__load(p, mp__at(pred, pt, r * cols), pt, cols);
-        *correct += (size_t)mp__row_correct(kind, p, t, label, cols);
+        correct += (size_t)mp__row_correct(kind, p, t, label, cols);
         if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
         else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
         else l = mp__crossentropy_row(p, t, label, cols, from_logits);
         for (j = 0; j < cols; j++) p[j] *= inv_rows;
-        *loss_sum += l;
+        loss_sum += l;
     }
+    metrics[0] = loss_sum;
+    metrics[1] = (float)correct;
 }
 
 /* >>loss-scale kernels */
-static void mp__cpu_scale_cast(void *dst, mp_dtype dt, const float *src, size_t n, float scale) {
-    float t[MP__TILE];
+static void mp__cpu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n,
+                               const float *scale_ptr) {
+    float t[MP__TILE], scale = scale_ptr ? *scale_ptr : 1.0f;
     size_t i, j, len;
+    (void)ctx;
     for (i = 0; i < n; i += len) {
         len = mp__min(MP__TILE, n - i);
         for (j = 0; j < len; j++) t[j] = src[i + j] * scale;
@@ -2446,7 +2563,8 @@ static void mp__unscale_range(void *args, size_t begin, size_t end, int thread) 
     u->bad[thread] |= bad;
 }
 
-static int mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, float inv_scale) {
+static void mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, const float *scale,
+                                  int *found_inf) {
     mp__unscale_args u;
     uint32_t bad = 0;
     int t;
@@ -2454,10 +2572,15 @@ static int mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dtyp
     u.dst = dst;
     u.src = src;
     u.st = st;
-    u.inv_scale = inv_scale;
-    mp__parallel_range((mp_pool *)ctx, n, mp__unscale_range, &u);
+    u.inv_scale = scale ? 1.0f / *scale : 1.0f;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__unscale_range, &u);
     for (t = 0; t < MP__MAX_THREADS; t++) bad |= u.bad[t];
-    return !bad;
+    *found_inf |= bad != 0;
+}
+
+static void mp__cpu_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *found_inf) {
+    (void)ctx;
+    (void)mp_loss_scale_step(ls, !*found_inf);
 }
 
 /* >>optimizers: Keras 3's update rules on float32 master weights, written
@@ -2564,11 +2687,12 @@ static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
     }
 }
 
-static void mp__cpu_optimizer_update(void *ctx, const mp__opt_step *step, float *w, const float *g, float *s1, float *s2,
-                                     size_t n, void *wc, mp_dtype wt) {
+static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
+                                     size_t n, void *wc, mp_dtype wt, const int *found_inf) {
     const mp_optimizer_desc *o = &step->cfg;
     float t = (float)step->iteration;
     mp__opt_args a;
+    if (found_inf && *found_inf) return; /* the skipped step (LossScaleOptimizer) */
     a.o = o;
     a.alpha = o->kind == MP_ADAM ? o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t)) : 0.0f;
     a.w = w;
@@ -2577,14 +2701,15 @@ static void mp__cpu_optimizer_update(void *ctx, const mp__opt_step *step, float 
     a.s2 = s2;
     a.wc = wc;
     a.wt = wt;
-    mp__parallel_range((mp_pool *)ctx, n, mp__opt_range, &a);
+    mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
 }
 
 /* >>conv kernels (NHWC, one image; Keras's channels_last) */
-static void mp__cpu_im2col(void *col, const void *img, const mp__conv_geom *g, mp_dtype dt) {
+static void mp__cpu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
     size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
     unsigned char *out = (unsigned char *)col;
     int oy, ox, ky, kx;
+    (void)ctx;
     for (oy = 0; oy < g->oh; oy++)
         for (ox = 0; ox < g->ow; ox++)
             for (ky = 0; ky < g->kh; ky++)
@@ -2595,8 +2720,10 @@ static void mp__cpu_im2col(void *col, const void *img, const mp__conv_geom *g, m
                 }
 }
 
-static void mp__cpu_col2im(float *img, const float *col, const mp__conv_geom *g) {
+static void mp__cpu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
     int oy, ox, ky, kx, ch;
+    (void)ctx;
+    memset(img, 0, (size_t)g->h * (size_t)g->w * (size_t)g->c * sizeof(float));
     for (oy = 0; oy < g->oh; oy++)
         for (ox = 0; ox < g->ow; ox++)
             for (ky = 0; ky < g->kh; ky++)
@@ -2616,7 +2743,7 @@ static size_t mp__nhwc(size_t img, size_t y, size_t x, int h, int w, int c) {
     return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
 }
 
-static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img, const mp__conv_geom *g,
+static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img, const mp_conv_geom *g,
                             int oy, int ox, size_t c0, size_t len, mp_dtype dt) {
     float t[MP__TILE];
     size_t j, pos = 0;
@@ -2630,10 +2757,11 @@ static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img,
         }
 }
 
-static void mp__cpu_max_pool(void *y, const void *x, size_t n, const mp__conv_geom *g, mp_dtype dt) {
+static void mp__cpu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     float best[MP__TILE];
     size_t arg[MP__TILE], img, c0, len, c = (size_t)g->c;
     int oy, ox;
+    (void)ctx;
     for (img = 0; img < n; img++)
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
@@ -2645,11 +2773,12 @@ static void mp__cpu_max_pool(void *y, const void *x, size_t n, const mp__conv_ge
                 }
 }
 
-static void mp__cpu_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
-                                      const mp__conv_geom *g, mp_dtype dt) {
+static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                                      const mp_conv_geom *g, mp_dtype dt) {
     float best[MP__TILE], grad[MP__TILE], out[MP__TILE];
     size_t arg[MP__TILE], img, c0, len, j, pos, c = (size_t)g->c;
     int oy, ox;
+    (void)ctx;
     memset(dx, 0, n * (size_t)g->h * (size_t)g->w * c * mp__dtypes[dxt].size); /* cells no window covers */
     for (img = 0; img < n; img++)
         for (oy = 0; oy < g->oh; oy++)
@@ -2667,10 +2796,17 @@ static void mp__cpu_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, co
                 }
 }
 
-static void mp__cpu_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    size_t i;
+    (void)ctx;
+    for (i = 0; i < n; i++) mask[i] = (unsigned char)(mp_dropout_draw(seed, i) >= rate);
+}
+
+static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                             size_t n, float scale) {
     float t[MP__TILE];
     size_t i, j, len;
+    (void)ctx;
     for (i = 0; i < n; i += len) {
         len = mp__min(MP__TILE, n - i);
         mp__load(t, mp__at(x, xt, i), xt, len);
@@ -2679,23 +2815,98 @@ static void mp__cpu_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, co
     }
 }
 
+/* The rest of the CPU backend: memory is the host's (64-byte aligned,
+   zeroed, counted), copies are memcpy, the context is the thread pool. */
+static mp_status mp__cpu_create(void **ctx, int threads, const void *config) {
+    mp__cpu *c = (mp__cpu *)mp__alloc(sizeof *c);
+    (void)config;
+    if (!c) return MP_ERR_ALLOC;
+    if (mp_pool_create(&c->pool, threads) != MP_OK) {
+        mp__free(c);
+        return MP_ERR_ALLOC;
+    }
+    *ctx = c;
+    return MP_OK;
+}
+
+static void mp__cpu_destroy(void *ctx) {
+    if (!ctx) return;
+    mp_pool_destroy(mp__pool_of(ctx));
+    mp__free(ctx);
+}
+
+static int mp__cpu_threads(void *ctx) { return mp_pool_threads(mp__pool_of(ctx)); }
+
+static void *mp__cpu_alloc(void *ctx, size_t bytes) {
+    mp__cpu *c = (mp__cpu *)ctx;
+    void *p = mp__alloc(bytes);
+    if (p) c->current += bytes;
+    if (c->current > c->peak) c->peak = c->current;
+    return p;
+}
+
+static void mp__cpu_free(void *ctx, void *p) {
+    ((mp__cpu *)ctx)->current -= mp__block_bytes(p);
+    mp__free(p);
+}
+
+static size_t mp__pool_bytes(const mp_pool *p) {
+    size_t bytes = mp__block_bytes(p);
+    int i;
+    for (i = 0; p && i < p->threads; i++) bytes += mp__block_bytes(p->ws[i].a) + mp__block_bytes(p->ws[i].b);
+    return bytes;
+}
+
+static void mp__cpu_memory(void *ctx, mp_backend_memory *out) {
+    const mp__cpu *c = (const mp__cpu *)ctx;
+    out->workspace = mp__pool_bytes(c->pool);
+    out->current = c->current + out->workspace;
+    out->peak = c->peak + out->workspace; /* panels are reserved once and kept */
+}
+
+static void mp__cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind) {
+    (void)ctx;
+    (void)kind;
+    if (bytes) memmove(dst, src, bytes);
+}
+
+static void mp__cpu_zero(void *ctx, void *p, size_t bytes) {
+    (void)ctx;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static mp_status mp__cpu_sync(void *ctx) {
+    (void)ctx;
+    return MP_OK;
+}
+
+static const char *mp__cpu_last_error(void *ctx) {
+    (void)ctx;
+    return "no error"; /* the CPU's ops cannot fail */
+}
+
+static mp_status mp__cpu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
+    return mp__pool_reserve(mp__pool_of(ctx), mp__panel_floats(m, k, n));
+}
+
+static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+    mp__cpu_cast(ctx, dst, dt, host_src, MP_FLOAT32, n, NULL);
+}
+
+static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) { mp__gemm_run(mp__pool_of(ctx), g); }
+
 static const mp_backend mp__cpu_backend = {
-    "cpu",
-    mp__cpu_cast,
-    mp__cpu_gemm,
-    mp__cpu_bias_act,
-    mp__cpu_act_backward,
-    mp__cpu_bias_grad,
-    mp__cpu_loss,
-    mp__cpu_scale_cast,
-    mp__cpu_unscale_check,
-    mp__cpu_optimizer_update,
-    mp__cpu_im2col,
-    mp__cpu_col2im,
-    mp__cpu_max_pool,
-    mp__cpu_max_pool_backward,
-    mp__cpu_dropout,
+    "cpu", 0, 0,
+    mp__cpu_create, mp__cpu_destroy, mp__cpu_threads,
+    mp__cpu_alloc, mp__cpu_free, mp__cpu_memory, mp__cpu_copy, mp__cpu_zero, mp__cpu_sync, mp__cpu_last_error,
+    mp__cpu_gemm_reserve, mp__cpu_cast_in, mp__cpu_cast, mp__cpu_gemm,
+    mp__cpu_bias_act, mp__cpu_act_backward, mp__cpu_bias_grad, mp__cpu_loss,
+    mp__cpu_scale_cast, mp__cpu_unscale_check, mp__cpu_loss_scale_update, mp__cpu_optimizer_update,
+    mp__cpu_im2col, mp__cpu_col2im, mp__cpu_max_pool, mp__cpu_max_pool_backward,
+    mp__cpu_dropout_mask, mp__cpu_dropout,
 };
+
+MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
 
 /* >>layers
    Each layer kind has a forward and a backward pass side by side. A layer
@@ -2714,7 +2925,7 @@ typedef struct mp__layer {
     int in_shape[MP_MAX_RANK - 1], out_shape[MP_MAX_RANK - 1];
     size_t in_size, out_size; /* elements per sample */
     size_t n_kernel, n_bias;
-    mp__conv_geom geom;       /* Conv2D, MaxPooling2D */
+    mp_conv_geom geom;       /* Conv2D, MaxPooling2D */
     float *w, *g;             /* float32 weights and gradients: kernel, then bias */
     void *wc, *gc;            /* the same in dt (alias w and g under float32) */
     const void *x;            /* incoming activations, xt */
@@ -2724,28 +2935,40 @@ typedef struct mp__layer {
     uint64_t rng;             /* Dropout */
 } mp__layer;
 
+/* What a step leaves in the backend's memory for the host to read (one
+   small copy): the loss scale, which stays with the backend, the found-Inf
+   flag of the fused unscale, and the batch's metrics. */
+typedef struct mp__step_state {
+    mp_loss_scale ls;
+    float metrics[2]; /* sum of the batch's losses, samples counted right */
+    int found_inf;
+} mp__step_state;
+
 struct mp_model {
     mp_model_desc desc;
     const mp_backend *be;
+    void *ctx;        /* the backend's context for this model */
     mp_policy policy; /* the global policy at creation */
     int in_rank, in_shape[MP_MAX_RANK - 1];
     size_t in_size;
     mp__layer *layers;
     int n_layers, cap_layers, kind_count[MP_LAYER_KIND_COUNT];
-    /* built: weights, gradients, their dt copies, the GEMM workspace */
+    /* built: weights, gradients, their dt copies, the step state; every
+       block is the backend's memory */
     void *params_block;
     float *w, *g;
     size_t n_params;
-    mp_pool *pool;
+    mp__step_state *state;
+    mp__step_state seen; /* the host's copy of *state, as of the last read */
+    size_t params_bytes, slots_bytes, act_bytes;
     /* compiled: loss, optimizer and its slots, loss scale */
     int compiled;
     mp_compile_desc compile;
-    mp__opt_step opt;
+    mp_opt_step opt;
     void *slots_block;
     float *s1, *s2;
     size_t slot_count;
     int has_loss_scale;
-    mp_loss_scale ls;
     /* activations for up to batch_cap samples */
     void *act_block;
     size_t batch_cap, batch;
@@ -2755,12 +2978,11 @@ struct mp_model {
     void *grad[2];
     void *col;
     float *dcol, *img;
+    unsigned char *stage; /* host memory for a batch on its way to a device backend */
     /* where the custom loop stands */
-    int training, have_loss, have_grads, have_unscaled, grads_finite;
+    int training, have_loss, have_grads, have_unscaled;
     int grads_ready; /* mp_get_gradients has something to give */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
-    int grad_out; /* which grad[] holds the first layer's output gradient */
-    uint64_t rng;
     char error[256];
 };
 
@@ -2797,15 +3019,15 @@ static const void *mp__bias_c(const mp__layer *l) {
 /* The layer's input in its compute dtype, casting on entry if needed. */
 static const void *mp__layer_input(const mp_model *m, mp__layer *l, size_t batch) {
     if (!l->xin) return l->x;
-    m->be->cast(m->pool, l->xin, l->dt, l->x, l->xt, batch * l->in_size);
+    m->be->cast(m->ctx, l->xin, l->dt, l->x, l->xt, batch * l->in_size, NULL);
     return l->xin;
 }
 static const void *mp__saved_input(const mp__layer *l) { return l->xin ? l->xin : l->x; }
 
 /* One product C[m x n] = op(A) op(B), A and B in dt. */
-static mp__gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a, const void *b,
+static mp_gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a, const void *b,
                                  mp_dtype dt, void *c, mp_dtype ct) {
-    mp__gemm_args g;
+    mp_gemm_args g;
     memset(&g, 0, sizeof g);
     g.trans_a = trans_a;
     g.trans_b = trans_b;
@@ -2820,20 +3042,20 @@ static mp__gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, s
 /* The forward product of Dense or Conv2D with its epilogue: + bias, the
    activation (softmax, which needs whole rows, runs after); the caller
    points g.z at where gelu's pre-activation is kept. */
-static void mp__linear_forward(mp_model *m, const mp__layer *l, mp__gemm_args g) {
+static void mp__linear_forward(mp_model *m, const mp__layer *l, mp_gemm_args g) {
     g.bias = mp__bias_c(l);
     g.act = l->desc.activation == MP_SOFTMAX ? MP_LINEAR : l->desc.activation;
-    m->be->gemm(m->pool, &g);
+    m->be->gemm(m->ctx, &g);
 }
 
 static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size_t cols) {
-    if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->dt);
+    if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(m->ctx, l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->dt);
 }
 
 /* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    mp__gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->dt);
+    mp_gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->dt);
     g.z = l->z;
     mp__linear_forward(m, l, g);
     mp__softmax_after(m, l, batch, l->out_size);
@@ -2842,14 +3064,14 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
 static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
     size_t in = l->in_size, units = l->out_size;
     if (l->desc.activation != MP_LINEAR) /* dz = dy * act'(z), in place */
-        m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch, units, l->desc.activation, l->dt);
-    if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
+        m->be->act_backward(m->ctx, dy, l->dt, dy, l->y, l->z, batch, units, l->desc.activation, l->dt);
+    if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
     /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
-    mp__gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
-    m->be->gemm(m->pool, &dw);
+    mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
+    m->be->gemm(m->ctx, &dw);
     if (dx) {
-        mp__gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx, l->xt);
-        m->be->gemm(m->pool, &dxg);
+        mp_gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx, l->xt);
+        m->be->gemm(m->ctx, &dxg);
     }
 }
 
@@ -2859,13 +3081,13 @@ static size_t mp__last_axis(const mp__layer *l) { return (size_t)l->in_shape[l->
 static void mp__activation_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
     size_t cols = mp__last_axis(l);
-    m->be->bias_act(l->y, x, NULL, batch * l->in_size / cols, cols, l->desc.activation, l->dt);
+    m->be->bias_act(m->ctx, l->y, x, NULL, batch * l->in_size / cols, cols, l->desc.activation, l->dt);
 }
 
 static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
     size_t cols = mp__last_axis(l);
     if (dx)
-        m->be->act_backward(dx, l->xt, dy, l->y, mp__saved_input(l), batch * l->in_size / cols, cols,
+        m->be->act_backward(m->ctx, dx, l->xt, dy, l->y, mp__saved_input(l), batch * l->in_size / cols, cols,
                             l->desc.activation, l->dt);
 }
 
@@ -2873,13 +3095,13 @@ static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, voi
    one image big; a 1x1 stride-1 kernel reads the image as its own columns.
    y_i [OH*OW, F] = col_i [OH*OW, KH*KW*C] W [KH*KW*C, F] */
 static int mp__pointwise(const mp__layer *l) {
-    const mp__conv_geom *g = &l->geom;
+    const mp_conv_geom *g = &l->geom;
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
 }
 
 static const void *mp__columns(mp_model *m, const mp__layer *l, const void *img) {
     if (mp__pointwise(l)) return img;
-    m->be->im2col(m->col, img, &l->geom, l->dt);
+    m->be->im2col(m->ctx, m->col, img, &l->geom, l->dt);
     return m->col;
 }
 
@@ -2888,7 +3110,7 @@ static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
     size_t patch = l->n_kernel / f;
     for (i = 0; i < batch; i++) {
-        mp__gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+        mp_gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
                                       l->wc, l->dt, mp__at_mut(l->y, l->dt, i * l->out_size), l->dt);
         if (l->z) g.z = mp__at_mut(l->z, l->dt, i * l->out_size);
         mp__linear_forward(m, l, g);
@@ -2901,48 +3123,47 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
     size_t patch = l->n_kernel / f;
     if (l->desc.activation != MP_LINEAR)
-        m->be->act_backward(dy, l->dt, dy, l->y, l->z, batch * pixels, f, l->desc.activation, l->dt);
-    if (l->n_bias) m->be->bias_grad(mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
+        m->be->act_backward(m->ctx, dy, l->dt, dy, l->y, l->z, batch * pixels, f, l->desc.activation, l->dt);
+    if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
     /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
     for (i = 0; i < batch; i++) {
-        mp__gemm_args dw = mp__product(1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+        mp_gemm_args dw = mp__product(1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
                                        mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32);
         dw.accumulate = i > 0;
-        m->be->gemm(m->pool, &dw);
+        m->be->gemm(m->ctx, &dw);
     }
-    m->be->cast(m->pool, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel);
+    m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
     if (!dx) return;
     for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
         const void *dyi = mp__at(dy, l->dt, i * l->out_size);
         void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
-        mp__gemm_args dcol = mp__product(0, 1, pixels, patch, f, dyi, l->wc, l->dt, dxi, l->xt);
+        mp_gemm_args dcol = mp__product(0, 1, pixels, patch, f, dyi, l->wc, l->dt, dxi, l->xt);
         if (mp__pointwise(l)) {
-            m->be->gemm(m->pool, &dcol);
+            m->be->gemm(m->ctx, &dcol);
             continue;
         }
         dcol.c = m->dcol;
         dcol.ct = MP_FLOAT32;
-        m->be->gemm(m->pool, &dcol);
-        memset(m->img, 0, l->in_size * sizeof(float));
-        m->be->col2im(m->img, m->dcol, &l->geom);
-        m->be->cast(m->pool, dxi, l->xt, m->img, MP_FLOAT32, l->in_size);
+        m->be->gemm(m->ctx, &dcol);
+        m->be->col2im(m->ctx, m->img, m->dcol, &l->geom);
+        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, l->in_size, NULL);
     }
 }
 
 /* MaxPooling2D */
 static void mp__pool_forward(mp_model *m, mp__layer *l, size_t batch) {
-    m->be->max_pool(l->y, mp__layer_input(m, l, batch), batch, &l->geom, l->dt);
+    m->be->max_pool(m->ctx, l->y, mp__layer_input(m, l, batch), batch, &l->geom, l->dt);
 }
 
 static void mp__pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->max_pool_backward(dx, l->xt, dy, mp__saved_input(l), batch, &l->geom, l->dt);
+    if (dx) m->be->max_pool_backward(m->ctx, dx, l->xt, dy, mp__saved_input(l), batch, &l->geom, l->dt);
 }
 
 /* Flatten: the output is the (cast) input itself */
 static void mp__flatten_forward(mp_model *m, mp__layer *l, size_t batch) { (void)mp__layer_input(m, l, batch); }
 
 static void mp__flatten_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->cast(m->pool, dx, l->xt, dy, l->dt, batch * l->in_size);
+    if (dx) m->be->cast(m->ctx, dx, l->xt, dy, l->dt, batch * l->in_size, NULL);
 }
 
 /* Dropout: in training keep each value with probability 1 - rate and scale
@@ -2951,14 +3172,14 @@ static float mp__dropout_scale(const mp__layer *l) { return 1.0f / (1.0f - l->de
 
 static void mp__dropout_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    size_t n = batch * l->in_size, i;
-    if (!m->training) { m->be->cast(m->pool, l->y, l->dt, x, l->dt, n); return; }
-    for (i = 0; i < n; i++) l->mask[i] = (unsigned char)(mp__uniform(&l->rng) >= l->desc.rate);
-    m->be->dropout(l->y, l->dt, x, l->dt, l->mask, n, mp__dropout_scale(l));
+    size_t n = batch * l->in_size;
+    if (!m->training) { m->be->cast(m->ctx, l->y, l->dt, x, l->dt, n, NULL); return; }
+    m->be->dropout_mask(m->ctx, l->mask, n, l->desc.rate, mp__splitmix(&l->rng)); /* a fresh mask each step */
+    m->be->dropout(m->ctx, l->y, l->dt, x, l->dt, l->mask, n, mp__dropout_scale(l));
 }
 
 static void mp__dropout_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->dropout(dx, l->xt, dy, l->dt, l->mask, batch * l->in_size, mp__dropout_scale(l));
+    if (dx) m->be->dropout(m->ctx, dx, l->xt, dy, l->dt, l->mask, batch * l->in_size, mp__dropout_scale(l));
 }
 
 typedef struct mp__layer_kind {
@@ -3061,26 +3282,7 @@ MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_
 }
 
 MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
-    if (!ls) return 0;
-    ls->steps++;
-    if (!grads_finite) ls->skipped_steps++;
-    if (ls->config.fixed) return grads_finite != 0;
-    if (grads_finite) {
-        if (++ls->good_steps >= (uint64_t)ls->config.growth_interval) {
-            float grown = ls->scale * 2.0f; /* only to a finite value, not past the ceiling */
-            if (grown <= ls->config.max_scale) ls->scale = grown;
-            ls->good_steps = 0;
-            ls->overflows_left = ls->config.hysteresis;
-        }
-        return 1;
-    }
-    ls->good_steps = 0;
-    if (--ls->overflows_left <= 0) {
-        float halved = ls->scale * 0.5f;
-        ls->scale = halved < ls->config.min_scale ? ls->config.min_scale : halved;
-        ls->overflows_left = ls->config.hysteresis;
-    }
-    return 0;
+    return ls ? mp_loss_scale_step(ls, grads_finite) : 0;
 }
 
 /* >>model */
@@ -3120,7 +3322,7 @@ static mp_status mp__size_of(mp_model *m, const mp__layer *l, const int *shape, 
 /* Conv2D and MaxPooling2D output sizes; 'same' pads as TensorFlow does
    (total max((out - 1) stride + kernel - in, 0), the smaller half first). */
 static mp_status mp__conv_shape(mp_model *m, mp__layer *l, int kh, int kw, int sh, int sw, mp_padding pad) {
-    mp__conv_geom *g = &l->geom;
+    mp_conv_geom *g = &l->geom;
     if (l->in_rank != 3)
         return mp__fail(m, MP_ERR_SHAPE, "layer %s (%s) needs an image input (height, width, channels), got rank %d",
                         l->name, mp__kinds[l->desc.kind].type, l->in_rank);
@@ -3204,6 +3406,7 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
 
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc) {
     mp_model *m;
+    mp_status st;
     int r = 0;
     if (!out || !desc) return MP_ERR_NULL;
     *out = NULL;
@@ -3218,7 +3421,10 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (!m->desc.name) m->desc.name = "sequential";
     m->be = desc->backend ? desc->backend : &mp__cpu_backend;
     m->policy = mp_global_policy();
-    m->rng = m->desc.seed;
+    if ((st = m->be->create(&m->ctx, desc->threads, desc->backend_config)) != MP_OK) {
+        mp__free(m);
+        return st;
+    }
     for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) m->in_shape[r] = desc->input_shape[r];
     m->in_rank = r;
     m->in_size = 1;
@@ -3230,10 +3436,11 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
 
 MIXPREC_API void mp_model_destroy(mp_model *m) {
     if (!m) return;
-    mp_pool_destroy(m->pool);
-    mp__free(m->act_block);
-    mp__free(m->slots_block);
-    mp__free(m->params_block);
+    m->be->free(m->ctx, m->act_block);
+    m->be->free(m->ctx, m->slots_block);
+    m->be->free(m->ctx, m->params_block);
+    m->be->destroy(m->ctx);
+    mp__free(m->stage);
     mp__free(m->layers);
     mp__free(m);
 }
@@ -3292,6 +3499,7 @@ static void mp__plan_params(mp_model *m, mp__arena *a) {
     int i;
     m->w = (float *)mp__carve(a, m->n_params, sizeof(float));
     m->g = (float *)mp__carve(a, m->n_params, sizeof(float));
+    m->state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         int own = l->dt != MP_FLOAT32 && mp__params(l);
@@ -3304,7 +3512,8 @@ static void mp__plan_params(mp_model *m, mp__arena *a) {
    with a conv kernel's fans counted over its receptive field. */
 static void mp__init_weights(mp_model *m) {
     uint64_t rng = m->desc.seed;
-    size_t off = 0, i;
+    size_t off = 0, i, j, len;
+    float chunk[MP__TILE];
     int li;
     for (li = 0; li < m->n_layers; li++) {
         mp__layer *l = &m->layers[li];
@@ -3317,7 +3526,11 @@ static void mp__init_weights(mp_model *m) {
             float receptive = l->desc.kind == MP_CONV2D ? (float)l->geom.kh * (float)l->geom.kw : 1.0f;
             float fan_in = (float)(l->n_kernel / units), fan_out = receptive * (float)units;
             float limit = sqrtf(6.0f / (fan_in + fan_out));
-            for (i = 0; i < l->n_kernel; i++) l->w[i] = (2.0f * mp__uniform(&rng) - 1.0f) * limit;
+            for (i = 0; i < l->n_kernel; i += len) { /* made on the host, a tile at a time */
+                len = mp__min(MP__TILE, l->n_kernel - i);
+                for (j = 0; j < len; j++) chunk[j] = (2.0f * mp__uniform(&rng) - 1.0f) * limit;
+                m->be->copy(m->ctx, l->w + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
+            }
         }
         off += mp__params(l);
     }
@@ -3337,10 +3550,9 @@ MIXPREC_API mp_status mp_model_build(mp_model *m) {
     m->n_params = total;
     mp__plan_params(m, &a);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
-    if (!m->pool && mp_pool_create(&m->pool, m->desc.threads) != MP_OK)
-        return mp__fail(m, MP_ERR_ALLOC, "the thread pool and its GEMM workspaces");
-    a.base = (unsigned char *)mp__alloc(a.used);
-    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes)", a.used);
+    a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
+    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes on %s)", a.used, m->be->name);
+    m->params_bytes = a.used;
     a.used = 0;
     m->params_block = a.base;
     mp__plan_params(m, &a);
@@ -3390,10 +3602,11 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     if ((st = mp_model_build(m)) != MP_OK) return st;
     if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&opt), &slots) || slots > SIZE_MAX / sizeof(float))
         return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
-    if (slots && !(block = mp__alloc(slots * sizeof(float))))
-        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes)", slots * sizeof(float));
-    mp__free(m->slots_block);
+    if (slots && !(block = m->be->alloc(m->ctx, slots * sizeof(float))))
+        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes on %s)", slots * sizeof(float), m->be->name);
+    m->be->free(m->ctx, m->slots_block);
     m->slots_block = block;
+    m->slots_bytes = slots * sizeof(float);
     m->slot_count = slots;
     m->s1 = (float *)block;
     m->s2 = slots > m->n_params ? m->s1 + m->n_params : NULL;
@@ -3405,7 +3618,9 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     wrap = desc->loss_scale == MP_LOSS_SCALE_ON ||
            (desc->loss_scale == MP_LOSS_SCALE_AUTO && policy_name && strcmp(policy_name, "mixed_float16") == 0);
     m->has_loss_scale = wrap;
-    m->ls = ls;
+    memset(&m->seen, 0, sizeof m->seen);
+    m->seen.ls = ls;
+    m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
     m->compiled = 1;
     m->have_loss = m->have_grads = m->have_unscaled = 0;
     return MP_OK;
@@ -3454,50 +3669,85 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     m->img = (float *)mp__carve(a, img, sizeof(float));
 }
 
-/* The B panel the largest of the model's products needs, so that no step
-   allocates: (m, k, n) of each forward, weight-gradient and input-gradient
-   product. */
-static size_t mp__largest_panel(const mp_model *m, size_t batch) {
-    size_t most = 0, shapes[3][3], i;
+/* Every product the model runs, (m, n, k) of each forward, weight-gradient
+   and input-gradient product, so that the backend sizes its scratch once
+   and no step allocates. */
+static mp_status mp__reserve_products(mp_model *m, size_t batch) {
+    mp_status st = MP_OK;
     int li;
-    for (li = 0; li < m->n_layers; li++) {
+    for (li = 0; li < m->n_layers && st == MP_OK; li++) {
         const mp__layer *l = &m->layers[li];
         size_t f, patch, rows;
         if (l->desc.kind != MP_DENSE && l->desc.kind != MP_CONV2D) continue;
         f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
         patch = l->n_kernel / f;
         rows = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : batch;
-        shapes[0][0] = rows;  shapes[0][1] = patch; shapes[0][2] = f;     /* y = x W */
-        shapes[1][0] = patch; shapes[1][1] = rows;  shapes[1][2] = f;     /* dW = x^T dy */
-        shapes[2][0] = rows;  shapes[2][1] = f;     shapes[2][2] = patch; /* dx = dy W^T */
-        for (i = 0; i < 3; i++) {
-            size_t need = mp__panel_floats(shapes[i][0], shapes[i][1], shapes[i][2]);
-            if (need > most) most = need;
-        }
+        if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
+            (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
+            st = m->be->gemm_reserve(m->ctx, rows, patch, f);                   /* dx = dy W^T */
     }
-    return most;
+    return st;
+}
+
+/* A device backend's batch passes through host memory: the gathered
+   inputs and targets on the way in, the output on the way out. */
+typedef struct mp__stage {
+    float *x, *y, *out;
+    int32_t *labels;
+} mp__stage;
+
+static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__stage *st) {
+    size_t outs = mp__last(m)->out_size;
+    st->x = (float *)mp__carve(a, batch, m->in_size * sizeof(float));
+    st->y = (float *)mp__carve(a, batch, outs * sizeof(float));
+    st->out = (float *)mp__carve(a, batch, outs * sizeof(float));
+    st->labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
+}
+
+static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
+    mp__arena a = {NULL, 0, 0};
+    mp__stage st;
+    if (!m->be->device_memory) return MP_OK;
+    mp__free(m->stage);
+    m->stage = NULL;
+    mp__plan_stage(m, &a, batch, &st);
+    if (a.overflow || !(m->stage = (unsigned char *)mp__alloc(a.used)))
+        return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
+    return MP_OK;
+}
+
+static mp__stage mp__stage_of(const mp_model *m) {
+    mp__arena a = {NULL, 0, 0};
+    mp__stage st;
+    a.base = m->stage;
+    mp__plan_stage(m, &a, m->batch_cap, &st);
+    return st;
 }
 
 static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
+    mp_status st;
     if (batch <= m->batch_cap) return MP_OK;
     /* Activations hold nothing worth keeping between calls: free first, so
        the peak does not count two blocks. */
-    mp__free(m->act_block);
+    m->be->free(m->ctx, m->act_block);
     m->act_block = NULL;
-    m->batch_cap = m->batch = 0;
+    m->act_bytes = m->batch_cap = m->batch = 0;
     m->have_loss = m->have_grads = m->have_unscaled = 0;
     mp__plan_activations(m, &a, batch);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
-    a.base = (unsigned char *)mp__alloc(a.used);
-    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "activations for batch %z (%z bytes)", batch, a.used);
+    a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
+    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "activations for batch %z (%z bytes on %s)", batch, a.used, m->be->name);
+    m->act_bytes = a.used;
     a.used = 0;
     m->act_block = a.base;
     mp__plan_activations(m, &a, batch);
-    if (mp__pool_reserve(m->pool, mp__largest_panel(m, batch)) != MP_OK) {
-        mp__free(m->act_block);
+    if ((st = mp__reserve_products(m, batch)) == MP_OK) st = mp__ensure_stage(m, batch);
+    if (st != MP_OK) {
+        m->be->free(m->ctx, m->act_block);
         m->act_block = NULL;
-        return mp__fail(m, MP_ERR_ALLOC, "GEMM panels for batch %z", batch);
+        m->act_bytes = 0;
+        return st == MP_ERR_ALLOC ? mp__fail(m, st, "GEMM scratch or staging for batch %z", batch) : st;
     }
     m->batch_cap = batch;
     return MP_OK;
@@ -3534,7 +3784,7 @@ static void mp__run_forward(mp_model *m, size_t batch, int training) {
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
-            m->be->cast(m->pool, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l));
+            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l), NULL);
         mp__kinds[l->desc.kind].forward(m, l, batch);
     }
     m->casts_fresh = 1;
@@ -3545,6 +3795,39 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
     return st ? st : mp__ensure_batch(m, batch);
 }
 
+/* The batch in: count samples of d from `first` (through idx when
+   shuffled) into the input, labels and targets. A device backend gets them
+   gathered on the host and sent in one copy each. */
+static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labels, const float *y, size_t count) {
+    size_t outs = mp__last(m)->out_size;
+    mp_dtype dt = m->layers[0].dt;
+    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size);
+    if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
+}
+
+static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
+    size_t i, outs = mp__last(m)->out_size, in = m->in_size;
+    if (!idx) {
+        mp__send(m, 0, d->x + first * in, d->labels ? d->labels + first : NULL, d->y ? d->y + first * outs : NULL,
+                 count);
+    } else if (!m->be->device_memory) {
+        for (i = 0; i < count; i++) {
+            size_t s = idx[first + i];
+            mp__send(m, i, d->x + s * in, d->labels ? d->labels + s : NULL, d->y ? d->y + s * outs : NULL, 1);
+        }
+    } else {
+        mp__stage st = mp__stage_of(m);
+        for (i = 0; i < count; i++) {
+            size_t s = idx[first + i];
+            memcpy(st.x + i * in, d->x + s * in, in * sizeof(float));
+            if (d->labels) st.labels[i] = d->labels[s];
+            if (d->y) memcpy(st.y + i * outs, d->y + s * outs, outs * sizeof(float));
+        }
+        mp__send(m, 0, st.x, d->labels ? st.labels : NULL, d->y ? st.y : NULL, count);
+    }
+}
+
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
@@ -3552,9 +3835,20 @@ MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int tra
     if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
     if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
-    m->be->cast(m->pool, m->input, m->layers[0].dt, x, MP_FLOAT32, (size_t)batch * m->in_size);
+    mp__send(m, 0, x, NULL, NULL, (size_t)batch);
     mp__run_forward(m, (size_t)batch, training != 0);
     return MP_OK;
+}
+
+/* The last output where the host can read it: the activations themselves
+   on the CPU, a copy in the staging buffer from a device. */
+static const void *mp__host_output(const mp_model *m) {
+    const mp__layer *l = mp__last(m);
+    float *out;
+    if (!m->be->device_memory) return l->y;
+    out = mp__stage_of(m).out;
+    m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->dt].size, MP_COPY_TO_HOST);
+    return out;
 }
 
 MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
@@ -3567,17 +3861,36 @@ MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
     out->rank = l->out_rank + 1;
     out->shape[0] = (int)m->batch;
     memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
-    out->data = l->y;
+    out->data = (void *)(uintptr_t)mp__host_output(m);
     return MP_OK;
 }
 
-/* The compiled loss over the last forward's batch: labels for sparse
+/* Waits for the backend; its first error becomes the model's. */
+static mp_status mp__sync(mp_model *m) {
+    if (m->be->sync(m->ctx) == MP_OK) return MP_OK;
+    return mp__fail(m, MP_ERR_BACKEND, "the %s backend failed: %s", m->be->name, m->be->last_error(m->ctx));
+}
+
+/* The host's copy of the step state: the metrics out, and the loss scale. */
+static mp_status mp__read_state(mp_model *m) {
+    m->be->copy(m->ctx, &m->seen, m->state, sizeof m->seen, MP_COPY_TO_HOST);
+    return mp__sync(m);
+}
+
+/* The compiled loss over the batch in place: labels for sparse
    crossentropy, float targets for the rest. */
-static void mp__loss(mp_model *m, const int32_t *labels, const float *y, float *sum, size_t *right) {
+static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     const mp__layer *l = mp__last(m);
     int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    m->be->loss(m->compile.loss, m->compile.from_logits, l->y, l->dt, sparse ? labels : NULL, sparse ? NULL : y,
-                m->batch, l->out_size, m->dpred, sum, right);
+    mp_status st;
+    m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits, l->y, l->dt, sparse ? m->batch_labels : NULL,
+                sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, m->state->metrics);
+    if ((st = mp__read_state(m)) != MP_OK) return st;
+    *sum += m->seen.metrics[0];
+    *right += (size_t)m->seen.metrics[1];
+    m->have_loss = 1;
+    m->have_grads = m->have_unscaled = 0;
+    return MP_OK;
 }
 
 MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const float *y, float *loss,
@@ -3585,28 +3898,33 @@ MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const 
     float sum = 0.0f;
     size_t right = 0;
     mp_status st;
+    int sparse;
     if (!m) return MP_ERR_NULL;
     if (!loss) return mp__fail(m, MP_ERR_NULL, "the loss output pointer is NULL");
     if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before computing a loss");
     if (!m->batch) return mp__fail(m, MP_ERR_STATE, "run mp_forward before mp_compute_loss");
     if ((st = mp__check_targets(m, labels, y, m->batch)) != MP_OK) return st;
-    mp__loss(m, labels, y, &sum, &right);
+    sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    if (sparse) m->be->copy(m->ctx, m->batch_labels, labels, m->batch * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    else m->be->copy(m->ctx, m->batch_y, y, m->batch * mp__last(m)->out_size * sizeof(float), MP_COPY_TO_BACKEND);
+    if ((st = mp__loss(m, &sum, &right)) != MP_OK) return st;
     *loss = sum / (float)m->batch;
     if (correct) *correct = right;
-    m->have_loss = 1;
-    m->have_grads = m->have_unscaled = 0;
     return MP_OK;
 }
 
 MIXPREC_API float mp_current_loss_scale(const mp_model *m) {
-    return m && m->compiled && m->has_loss_scale ? m->ls.scale : 1.0f;
+    return m && m->compiled && m->has_loss_scale ? m->seen.ls.scale : 1.0f;
 }
 
 MIXPREC_API const mp_loss_scale *mp_model_loss_scale(const mp_model *m) {
-    return m && m->compiled && m->has_loss_scale ? &m->ls : NULL;
+    return m && m->compiled && m->has_loss_scale ? &m->seen.ls : NULL;
 }
 
 MIXPREC_API float mp_get_scaled_loss(const mp_model *m, float loss) { return loss * mp_current_loss_scale(m); }
+
+/* The loss scale where the backend reads it; NULL without scaling (1). */
+static const float *mp__scale(const mp_model *m) { return m->has_loss_scale ? &m->state->ls.scale : NULL; }
 
 MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     int i, cur = 0;
@@ -3615,7 +3933,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     if (!m->have_loss || !m->training)
         return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
     last = mp__last(m);
-    m->be->scale_cast(m->grad[0], last->dt, m->dpred, m->batch * last->out_size, mp_current_loss_scale(m));
+    m->be->scale_cast(m->ctx, m->grad[0], last->dt, m->dpred, m->batch * last->out_size, mp__scale(m));
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
         mp__layer *l = &m->layers[i];
         mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
@@ -3626,16 +3944,15 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
 }
 
 MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
-    float inv;
-    int i, finite = 1;
+    int i;
     if (!m) return MP_ERR_NULL;
     if (!m->have_grads) return mp__fail(m, MP_ERR_STATE, "run mp_compute_scaled_gradients first");
-    inv = 1.0f / mp_current_loss_scale(m);
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (mp__params(l)) finite &= m->be->unscale_check(m->pool, l->g, l->gc, l->dt, mp__params(l), inv);
+        if (mp__params(l))
+            m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
     }
-    m->grads_finite = finite;
     m->grads_ready = 1;
     m->have_grads = 0;
     m->have_unscaled = 1;
@@ -3643,22 +3960,27 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
 }
 
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
-    int apply, i;
+    const int *skip;
+    mp_status st;
+    int i;
     if (applied) *applied = 0;
     if (!m) return MP_ERR_NULL;
     if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
-    /* Without loss scaling the step is applied whatever it holds, as Keras. */
-    apply = m->has_loss_scale ? mp_loss_scale_update(&m->ls, m->grads_finite) : 1;
+    /* Without loss scaling the step is applied whatever it holds, as Keras;
+       with it, the backend decides from its found-Inf flag. */
+    skip = m->has_loss_scale ? &m->state->found_inf : NULL;
+    if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip);
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
-    for (i = 0; apply && i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
+    for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
         size_t off = (size_t)(l->w - m->w);
         if (!mp__params(l)) continue;
-        m->be->optimizer_update(m->pool, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
-                                mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt);
+        m->be->optimizer_update(m->ctx, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
+                                mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
     }
     m->have_unscaled = 0;
-    if (applied) *applied = apply;
+    if ((st = mp__read_state(m)) != MP_OK) return st;
+    if (applied) *applied = !skip || !m->seen.found_inf;
     return MP_OK;
 }
 
@@ -3685,18 +4007,6 @@ static float mp__seconds_since(mp__clock start) {
     return (float)(now.sec - start.sec) + (float)(now.nsec - start.nsec) * 1e-9f;
 }
 
-/* Copies samples idx[0..count) (or first.. when idx is NULL) into the batch buffers. */
-static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
-    size_t i, outs = mp__last(m)->out_size;
-    for (i = 0; i < count; i++) {
-        size_t s = idx ? idx[first + i] : first + i;
-        mp__store(mp__at_mut(m->input, m->layers[0].dt, i * m->in_size), m->layers[0].dt, d->x + s * m->in_size,
-                  m->in_size);
-        if (d->labels) m->batch_labels[i] = d->labels[s];
-        if (d->y) memcpy(m->batch_y + i * outs, d->y + s * outs, outs * sizeof(float));
-    }
-}
-
 static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
     mp_status st;
     if (!d->x) return mp__fail(m, MP_ERR_NULL, "data.x is NULL");
@@ -3708,18 +4018,20 @@ static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
 }
 
 /* Mean loss and accuracy over samples [first, end) in inference mode. */
-static void mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
-                               float *loss, float *accuracy) {
+static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
+                                    float *loss, float *accuracy) {
     float sum = 0.0f;
     size_t right = 0, s;
-    for (s = first; s < end; s += batch) {
+    mp_status st = MP_OK;
+    for (s = first; s < end && st == MP_OK; s += batch) {
         size_t b = mp__min(batch, end - s);
         mp__gather(m, d, NULL, s, b);
         mp__run_forward(m, b, 0);
-        mp__loss(m, m->batch_labels, m->batch_y, &sum, &right);
+        st = mp__loss(m, &sum, &right);
     }
     *loss = sum / (float)(end - first);
     *accuracy = m->compile.metrics ? (float)right / (float)(end - first) : 0.0f;
+    return st;
 }
 
 #ifndef MIXPREC_NO_STDIO
@@ -3872,8 +4184,10 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
 /* One training step on the gathered batch: the custom loop's six lines. */
 static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *correct) {
     mp_status st;
+    float sum = 0.0f;
     mp__run_forward(m, batch, 1);
-    if ((st = mp_compute_loss(m, m->batch_labels, m->batch_y, loss, correct)) != MP_OK) return st;
+    if ((st = mp__loss(m, &sum, correct)) != MP_OK) return st;
+    *loss = sum / (float)batch;
     if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
     if ((st = mp_get_unscaled_gradients(m)) != MP_OK) return st;
     return mp_apply_gradients(m, NULL);
@@ -3944,19 +4258,20 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
             if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
             if (csv && d.csv_per_step && st == MP_OK) {
                 lg.loss_scale = mp_current_loss_scale(m);
-                lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
+                lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
                 mp__csv_row(csv, "step", epoch + 1, (size_t)epoch * steps + s + 1, &lg, 0);
             }
 #endif
         }
         if (st != MP_OK) break;
-        if (n_train < d.data.n)
-            mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy);
+        if (n_train < d.data.n &&
+            (st = mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy)) != MP_OK)
+            break;
         lg.seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
         lg.steps = steps;
         lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
         lg.loss_scale = mp_current_loss_scale(m);
-        lg.skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
+        lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
 #ifndef MIXPREC_NO_STDIO
         if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
         if (csv) mp__csv_row(csv, "epoch", epoch + 1, (size_t)(epoch + 1) * steps, &lg, n_train < d.data.n);
@@ -3978,10 +4293,10 @@ MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int ba
     if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
     if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
     memset(out, 0, sizeof *out);
-    mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &out->loss, &out->accuracy);
+    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &out->loss, &out->accuracy);
     out->loss_scale = mp_current_loss_scale(m);
-    out->skipped_steps = m->has_loss_scale ? m->ls.skipped_steps : 0;
-    return MP_OK;
+    out->skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    return st;
 }
 
 MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size, float *out) {
@@ -3998,36 +4313,31 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     l = mp__last(m);
     for (s = 0; s < n; s += batch) {
         size_t b = mp__min(batch, n - s);
-        m->be->cast(m->pool, m->input, m->layers[0].dt, x + s * m->in_size, MP_FLOAT32, b * m->in_size);
+        mp__send(m, 0, x + s * m->in_size, NULL, NULL, b);
         mp__run_forward(m, b, 0);
-        m->be->cast(m->pool, out + s * l->out_size, MP_FLOAT32, l->y, l->dt, b * l->out_size);
+        (void)mp_convert(out + s * l->out_size, MP_FLOAT32, mp__host_output(m), l->dt, b * l->out_size, NULL);
     }
-    return MP_OK;
+    return mp__sync(m);
 }
 
 /* >>model queries */
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
-static size_t mp__pool_bytes(const mp_pool *p) {
-    size_t bytes = mp__block_bytes(p);
-    int i;
-    for (i = 0; p && i < p->threads; i++) bytes += mp__block_bytes(p->ws[i].a) + mp__block_bytes(p->ws[i].b);
-    return bytes;
-}
-
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {
+    mp_backend_memory bm;
     if (!m || !out) return MP_ERR_NULL;
-    out->weights = mp__block_bytes(m->params_block);
-    out->optimizer = mp__block_bytes(m->slots_block);
-    out->activations = mp__block_bytes(m->act_block);
-    out->workspace = mp__pool_bytes(m->pool);
+    m->be->memory(m->ctx, &bm);
+    out->weights = m->params_bytes;
+    out->optimizer = m->slots_bytes;
+    out->activations = m->act_bytes;
+    out->workspace = bm.workspace;
+    out->current = bm.current;
+    out->peak = bm.peak;
+    out->backend = m->be->name;
     return MP_OK;
 }
 
-MIXPREC_API int mp_model_threads(const mp_model *m) {
-    if (!m) return 1;
-    return m->pool ? mp_pool_threads(m->pool) : m->desc.threads ? m->desc.threads : mp_available_cores();
-}
+MIXPREC_API int mp_model_threads(const mp_model *m) { return m ? m->be->threads(m->ctx) : 1; }
 MIXPREC_API size_t mp_model_input_size(const mp_model *m) { return m ? m->in_size : 0; }
 MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_layers ? mp__last(m)->out_size : 0; }
 
@@ -4053,12 +4363,13 @@ MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer
     return MP_OK;
 }
 
-/* Weights and gradients in get_weights order: the float32 vectors as they lie. */
-static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size_t n) {
+/* Weights and gradients in get_weights order: the float32 vectors as they
+   lie, copied to or from the backend. */
+static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size_t n, mp_copy_kind kind) {
     if (n != m->n_params)
         return mp__fail(m, MP_ERR_SHAPE, "the model has %z weights, the buffer %z", m->n_params, n);
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return MP_OK;
+    m->be->copy(m->ctx, dst, src, n * sizeof(float), kind);
+    return mp__sync(m);
 }
 
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
@@ -4066,7 +4377,7 @@ MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
     if (!m) return MP_ERR_NULL;
     if (!dst) return mp__fail(m, MP_ERR_NULL, "get_weights() needs a buffer");
     if ((st = mp_model_build(m)) != MP_OK) return st;
-    return mp__copy_params(m, dst, m->w, n);
+    return mp__copy_params(m, dst, m->w, n, MP_COPY_TO_HOST);
 }
 
 MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n) {
@@ -4075,15 +4386,15 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
     if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
     if ((st = mp_model_build(m)) != MP_OK) return st;
     m->casts_fresh = 0;
-    return mp__copy_params(m, m->w, src, n);
+    return mp__copy_params(m, m->w, src, n, MP_COPY_TO_BACKEND);
 }
 
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) {
     if (!m || !dst) return MP_ERR_NULL;
     if (!m->grads_ready) return MP_ERR_STATE;
     if (n != m->n_params) return MP_ERR_SHAPE;
-    if (n) memcpy(dst, m->g, n * sizeof(float));
-    return MP_OK;
+    m->be->copy(m->ctx, dst, m->g, n * sizeof(float), MP_COPY_TO_HOST);
+    return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m) { return m ? m->slot_count : 0; }
@@ -4091,8 +4402,8 @@ MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m) { return m ? m->sl
 MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n) {
     if (!m || (!dst && n)) return MP_ERR_NULL;
     if (n != m->slot_count) return MP_ERR_SHAPE;
-    if (n) memcpy(dst, m->s1, n * sizeof(float));
-    return MP_OK;
+    m->be->copy(m->ctx, dst, m->s1, n * sizeof(float), MP_COPY_TO_HOST);
+    return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
 /* >>summary: Keras's model.summary() with a Policy column */
