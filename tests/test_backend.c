@@ -1,0 +1,283 @@
+/* test_backend.c - the backend interface, on a CPU-only machine. A "remote"
+   backend runs the CPU's kernels on memory the host must not touch: every
+   pointer it hands out is shifted by a large offset (an address that is not
+   mapped), and every op shifts it back before calling the CPU op. So any
+   place in the model code that reads or writes a tensor directly instead of
+   through the backend crashes here, as it would on a GPU. The backend also
+   counts the bytes copied each way, which shows what a training step moves
+   between host and device: the batch in, the step state out, nothing else.
+   A model trained on it must end bit-identical to one on the CPU backend. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
+
+/* >>the remote backend */
+#define OFFSET ((uintptr_t)1 << 46) /* far above any x86-64 user mapping */
+
+static const mp_backend *cpu;
+static size_t bytes_in, bytes_out, copies_in, copies_out, casts_in, cast_in_values;
+
+static void *real(const void *p) { return p ? (void *)((uintptr_t)p - OFFSET) : NULL; }
+static void *fake(void *p) { return p ? (void *)((uintptr_t)p + OFFSET) : NULL; }
+
+static mp_status r_create(void **ctx, int threads, const void *config) { return cpu->create(ctx, threads, config); }
+static void r_destroy(void *ctx) { cpu->destroy(ctx); }
+static int r_threads(void *ctx) { return cpu->threads(ctx); }
+static void *r_alloc(void *ctx, size_t bytes) { return fake(cpu->alloc(ctx, bytes)); }
+static void r_free(void *ctx, void *p) { cpu->free(ctx, real(p)); }
+static void r_memory(void *ctx, mp_backend_memory *out) { cpu->memory(ctx, out); }
+static void r_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind) {
+    if (kind == MP_COPY_TO_BACKEND) { dst = real(dst); bytes_in += bytes; copies_in++; }
+    else if (kind == MP_COPY_TO_HOST) { src = real(src); bytes_out += bytes; copies_out++; }
+    else { dst = real(dst); src = real(src); }
+    cpu->copy(ctx, dst, src, bytes, kind);
+}
+static void r_zero(void *ctx, void *p, size_t bytes) { cpu->zero(ctx, real(p), bytes); }
+static mp_status r_sync(void *ctx) { return cpu->sync(ctx); }
+static const char *r_last_error(void *ctx) { return cpu->last_error(ctx); }
+static mp_status r_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) { return cpu->gemm_reserve(ctx, m, n, k); }
+static void r_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+    casts_in++;
+    cast_in_values += n;
+    cpu->cast_in(ctx, real(dst), dt, host_src, n);
+}
+static void r_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats) {
+    cpu->cast(ctx, real(dst), dt, real(src), st, n, stats);
+}
+static void r_gemm(void *ctx, const mp_gemm_args *g) {
+    mp_gemm_args h = *g;
+    h.a = real(g->a);
+    h.b = real(g->b);
+    h.c = real(g->c);
+    h.bias = real(g->bias);
+    h.z = real(g->z);
+    cpu->gemm(ctx, &h);
+}
+static void r_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                       mp_activation act, mp_dtype dt) {
+    cpu->bias_act(ctx, real(y), real(x), real(bias), rows, cols, act, dt);
+}
+static void r_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                           size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+    cpu->act_backward(ctx, real(dx), dxt, real(dy), real(y), real(x), rows, cols, act, dt);
+}
+static void r_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+    cpu->bias_grad(ctx, real(db), real(dy), rows, cols, dt);
+}
+static void r_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                   const float *y, size_t rows, size_t cols, float *dpred, float *metrics) {
+    cpu->loss(ctx, kind, from_logits, real(pred), pt, (const int32_t *)real(labels), (const float *)real(y), rows,
+              cols, (float *)real(dpred), (float *)real(metrics));
+}
+static void r_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {
+    cpu->scale_cast(ctx, real(dst), dt, (const float *)real(src), n, (const float *)real(scale));
+}
+static void r_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, const float *scale,
+                            int *found_inf) {
+    cpu->unscale_check(ctx, (float *)real(dst), real(src), st, n, (const float *)real(scale), (int *)real(found_inf));
+}
+static void r_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *found_inf) {
+    cpu->loss_scale_update(ctx, (mp_loss_scale *)real(ls), (const int *)real(found_inf));
+}
+static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
+                               size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+    cpu->optimizer_update(ctx, step, (float *)real(w), (const float *)real(g), (float *)real(s1), (float *)real(s2),
+                          n, real(wc), wt, (const int *)real(found_inf));
+}
+static void r_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
+    cpu->im2col(ctx, real(col), real(img), g, dt);
+}
+static void r_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+    cpu->col2im(ctx, (float *)real(img), (const float *)real(col), g);
+}
+static void r_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    cpu->max_pool(ctx, real(y), real(x), n, g, dt);
+}
+static void r_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                                const mp_conv_geom *g, mp_dtype dt) {
+    cpu->max_pool_backward(ctx, real(dx), dxt, real(dy), real(x), n, g, dt);
+}
+static void r_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    cpu->dropout_mask(ctx, (unsigned char *)real(mask), n, rate, seed);
+}
+static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+                      size_t n, float scale) {
+    cpu->dropout(ctx, real(y), yt, real(x), xt, (const unsigned char *)real(mask), n, scale);
+}
+
+static const mp_backend remote = {
+    "remote", 1, 1,
+    r_create, r_destroy, r_threads, r_alloc, r_free, r_memory, r_copy, r_zero, r_sync, r_last_error,
+    r_gemm_reserve, r_cast_in, r_cast, r_gemm, r_bias_act, r_act_backward, r_bias_grad, r_loss,
+    r_scale_cast, r_unscale_check, r_loss_scale_update, r_optimizer_update,
+    r_im2col, r_col2im, r_max_pool, r_max_pool_backward, r_dropout_mask, r_dropout,
+};
+
+static void reset_counts(void) { bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = 0; }
+
+/* >>data and models */
+#define N 96
+#define CLASSES 4
+static float xs[N * 8 * 8 * 2];
+static int32_t labels[N];
+
+static void make_data(void) {
+    uint64_t s = 42;
+    size_t i;
+    for (i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+        s = s * 6364136223846793005u + 1442695040888963407u;
+        xs[i] = (float)(s >> 40) / 16777216.0f - 0.5f;
+    }
+    for (i = 0; i < N; i++) labels[i] = (int32_t)(i * 7 % CLASSES);
+}
+
+/* A small conv net with every layer kind: the model code's every path. */
+static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer_kind opt) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 8;
+    md.input_shape[1] = 8;
+    md.input_shape[2] = 2;
+    md.seed = 7;
+    md.backend = be;
+    md.threads = 2;
+    if (!CHECK(mp_set_global_policy_name(policy) == MP_OK)) return NULL;
+    if (!CHECK(mp_model_create(&m, &md) == MP_OK)) return NULL;
+    mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_RELU));
+    mp_model_add(m, mp_max_pooling2d(2, 2));
+    mp_model_add(m, mp_conv2d(6, 2, 2, MP_VALID, MP_GELU));
+    mp_model_add(m, mp_flatten());
+    mp_model_add(m, mp_dropout(0.25f));
+    mp_model_add(m, mp_dense(16, MP_TANH));
+    mp_model_add(m, mp_dense(CLASSES, MP_LINEAR));
+    mp_model_add(m, mp_activation_layer(MP_SOFTMAX));
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = opt;
+    cd.metrics = MP_METRIC_ACCURACY;
+    /* a scale that overflows float16 at first: skipped steps, halvings */
+    cd.loss_scale_config.initial_scale = 1e30f;
+    CHECK(mp_model_compile(m, &cd) == MP_OK);
+    mp_set_global_policy_name("float32");
+    return m;
+}
+
+static float *weights_of(mp_model *m) {
+    size_t n = mp_model_param_count(m);
+    float *w = (float *)malloc(n * sizeof(float));
+    if (w && !CHECK(mp_model_get_weights(m, w, n) == MP_OK)) { free(w); return NULL; }
+    return w;
+}
+
+/* >>tests */
+static void test_same_training(const char *policy, mp_optimizer_kind opt) {
+    mp_model *a = conv_net(mp_cpu_backend(), policy, opt), *b = conv_net(&remote, policy, opt);
+    mp_fit_desc fd;
+    mp_logs ha[2], hb[2];
+    float *wa, *wb;
+    size_t n;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = N;
+    fd.batch_size = 16;
+    fd.epochs = 2;
+    fd.validation_split = 0.25f;
+    fd.verbose = MP_VERBOSE_SILENT;
+    fd.history = ha;
+    CHECK(mp_model_fit(a, &fd) == MP_OK);
+    fd.history = hb;
+    if (!CHECK(mp_model_fit(b, &fd) == MP_OK)) fprintf(stderr, "    %s\n", mp_model_error(b));
+    CHECK(memcmp(&ha[1].loss, &hb[1].loss, sizeof(float)) == 0);
+    CHECK(memcmp(&ha[1].val_accuracy, &hb[1].val_accuracy, sizeof(float)) == 0);
+    CHECK(ha[1].loss_scale == hb[1].loss_scale && ha[1].skipped_steps == hb[1].skipped_steps);
+    if (!strcmp(policy, "mixed_float16")) CHECK(hb[1].skipped_steps > 0 && hb[1].loss_scale < 1e30f);
+    wa = weights_of(a);
+    wb = weights_of(b);
+    n = mp_model_param_count(a);
+    CHECK(wa && wb && memcmp(wa, wb, n * sizeof(float)) == 0); /* the same kernels: bit-identical */
+    free(wa);
+    free(wb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+/* What one training step moves: the batch in (the input cast in once, the
+   labels copied once), the step state out twice (after the loss, after the
+   update). The weights, gradients, slots and loss scale never travel. */
+static void test_step_traffic(void) {
+    mp_model *m = conv_net(&remote, "mixed_float16", MP_ADAM);
+    mp_fit_desc fd;
+    mp_model_memory mem;
+    size_t steps = 6, batch = 16;
+    if (!m) return;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = steps * batch;
+    fd.batch_size = (int)batch;
+    fd.verbose = MP_VERBOSE_SILENT;
+    CHECK(mp_model_fit(m, &fd) == MP_OK); /* the first fit sizes everything */
+    reset_counts();
+    CHECK(mp_model_fit(m, &fd) == MP_OK);
+    CHECK_EQ(casts_in, steps);
+    CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
+    CHECK_EQ(copies_in, steps); /* the labels */
+    CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
+    CHECK_EQ(copies_out, 2 * steps);
+    CHECK(copies_out && bytes_out % copies_out == 0 && bytes_out / copies_out <= 128); /* one small record */
+    CHECK(mp_model_memory_info(m, &mem) == MP_OK);
+    CHECK(!strcmp(mem.backend, "remote") && mem.current > 0 && mem.peak >= mem.current);
+    CHECK(mem.current >= mem.weights + mem.optimizer + mem.activations);
+    mp_model_destroy(m);
+}
+
+/* The custom loop, predict and get_weights read through the backend. */
+static void test_reads(void) {
+    mp_model *a = conv_net(mp_cpu_backend(), "mixed_bfloat16", MP_SGD), *b = conv_net(&remote, "mixed_bfloat16", MP_SGD);
+    float la = 1.0f, lb = 2.0f, pa[8 * CLASSES], pb[8 * CLASSES];
+    float *ga, *gb;
+    mp_tensor ta, tb;
+    int applied_a = -1, applied_b = -2;
+    size_t n;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    n = mp_model_param_count(a);
+    CHECK(mp_forward(a, xs, 8, 1) == MP_OK && mp_forward(b, xs, 8, 1) == MP_OK);
+    CHECK(mp_output(a, &ta) == MP_OK && mp_output(b, &tb) == MP_OK);
+    CHECK(tb.dtype == ta.dtype && memcmp(ta.data, tb.data, mp_tensor_bytes(&ta)) == 0);
+    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(la == lb);
+    CHECK(mp_compute_scaled_gradients(a) == MP_OK && mp_compute_scaled_gradients(b) == MP_OK);
+    CHECK(mp_get_unscaled_gradients(a) == MP_OK && mp_get_unscaled_gradients(b) == MP_OK);
+    CHECK(mp_apply_gradients(a, &applied_a) == MP_OK && mp_apply_gradients(b, &applied_b) == MP_OK);
+    CHECK(applied_a == applied_b);
+    ga = (float *)malloc(n * sizeof(float));
+    gb = (float *)malloc(n * sizeof(float));
+    CHECK(ga && gb && mp_get_gradients(a, ga, n) == MP_OK && mp_get_gradients(b, gb, n) == MP_OK &&
+          memcmp(ga, gb, n * sizeof(float)) == 0);
+    free(ga);
+    free(gb);
+    CHECK(mp_model_predict(a, xs, 8, 3, pa) == MP_OK && mp_model_predict(b, xs, 8, 3, pb) == MP_OK);
+    CHECK(memcmp(pa, pb, sizeof pa) == 0);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+int main(void) {
+    size_t start = mp_get_memory_info().current;
+    cpu = mp_cpu_backend();
+    make_data();
+    test_same_training("float32", MP_RMSPROP);
+    test_same_training("mixed_float16", MP_ADAM);
+    test_same_training("mixed_bfloat16", MP_SGD);
+    test_step_traffic();
+    test_reads();
+    CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
+    return check_done("test_backend");
+}
