@@ -98,6 +98,13 @@ MEMORY
     allocation for its weights, one for optimizer slots and one for its
     activations (regrown only for a larger batch).
 
+BACKENDS
+    A model runs on the backend it is created with (mp_model_desc.backend):
+    the CPU by default, or a GPU through cuda/mixprec_cuda.h (built by
+    `make cuda`). The backend holds the model's tensors and runs every
+    kernel through one table of operations (see >>backends); the rest of the
+    API is the same. mp_model_memory_info reports the backend's bytes.
+
 GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
     memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. They
