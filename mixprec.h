@@ -150,7 +150,7 @@ extern "C" {
       "and training needs compile()")                                             \
     X(MP_ERR_LABEL, "a label is out of range for the model's output classes")    \
     X(MP_ERR_NONFINITE, "NaN or Inf where finite numbers are needed: in the "     \
-      "input data, or (check-numerics) in a layer's output")                      \
+      "input data, or (check-numerics) in what a layer computed")                 \
     X(MP_ERR_IO, "the file cannot be opened or read")                             \
     X(MP_ERR_FORMAT, "the file is corrupt, truncated or not an IDX file of the "  \
       "expected kind")
@@ -692,8 +692,9 @@ typedef struct mp_numerics_desc {
    outputs (weight and input gradients) only without loss scaling: under
    loss scaling, gradients overflowing is how the scale is found (the step
    is skipped and the scale halved), so they are counted, not stopped at.
-   MP_ERR_ARG for a negative count or a bad target, MP_ERR_IO when the CSV
-   file cannot be created. */
+   MP_ERR_ARG for a negative count or a bad target (or for print or a CSV
+   file under MIXPREC_NO_STDIO), MP_ERR_IO when the CSV file cannot be
+   created; on error the diagnostics stay as they were. */
 MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc *desc);
 /* A layer's statistics of the latest step that took them (all zero for a
    tensor the layer does not have). MP_ERR_STATE before the first such step,
@@ -3675,6 +3676,7 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
         if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
             m->be->cast(m->pool, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l));
         mp__kinds[l->desc.kind].forward(m, l, batch);
+        /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
         if (m->num && st == MP_OK) st = mp__numerics_forward(m, i);
     }
     m->casts_fresh = 1;
@@ -4561,13 +4563,16 @@ static void mp__hist_row(mp__text *t, const char *layer, const char *tensor, con
     static const char levels[] = " .:-=+*#%@";
     size_t line = t->len;
     uint64_t most = 0;
-    int b;
-    for (b = 0; b < MP_HIST_BINS; b++) most = s->hist[b] > most ? s->hist[b] : most;
+    int b, end = 0; /* up to the last nonempty bin: no trailing blanks */
+    for (b = 0; b < MP_HIST_BINS; b++) {
+        most = s->hist[b] > most ? s->hist[b] : most;
+        end = s->hist[b] ? b + 1 : end;
+    }
     mp__put(t, layer);
     mp__column(t, line, mp__numerics_cols[0]);
     mp__put(t, tensor);
     mp__column(t, line, mp__numerics_cols[1]);
-    for (b = 0; b < MP_HIST_BINS; b++) {
+    for (b = 0; b < end; b++) {
         char c[2] = {levels[s->hist[b] ? 1 + (int)(s->hist[b] * 8u / most) : 0], 0};
         mp__put(t, c);
     }

@@ -78,7 +78,7 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
-echo "== training and GEMM (test_train, test_errors, test_gemm) in every build"
+echo "== training, GEMM and diagnostics (test_train, test_errors, test_gemm, test_diagnostics) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"

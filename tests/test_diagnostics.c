@@ -10,14 +10,22 @@
    untouched; the advisor on 784-1000-10 and a conv net; errors. Runs in
    well under a second, also under ASan/UBSan. */
 #define _POSIX_C_SOURCE 200112L /* getpid: a CSV path of its own per process */
-#define MIXPREC_IMPLEMENTATION
-#include "../mixprec.h"
-#include "check.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* An allocator that can be told to fail its next call. */
+static int fail_next_alloc;
+static void *test_malloc(size_t n) {
+    if (fail_next_alloc) { fail_next_alloc = 0; return NULL; }
+    return malloc(n);
+}
+#define MIXPREC_MALLOC(sz) test_malloc(sz)
+#define MIXPREC_FREE(p) free(p)
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
 
 /* ======================================================================== */
 /* Helpers */
@@ -546,9 +554,11 @@ static void test_fit_every(void) {
     /* the report and the advice */
     OK(mp_numerics_report(m, report, sizeof report), m);
     CHECK(strncmp(report, "Numerics at step 6 ", 19) == 0);
-    CHECK(strstr(report, "\nlayer            tensor        min|x|     max|x|     zero%   over%   under%  sub%    inf     nan\n") != NULL);
+    CHECK(strstr(report, "\nlayer            tensor        min|x|     max|x|     zero%   over%   under%  sub%    "
+                         "inf     nan\n") != NULL);
     CHECK(strstr(report, "\ndense_2          grads         ") != NULL);
-    CHECK(strstr(report, "\nfloat16                        00000000000000000000000000sssssssssss------------------------------IIIII\n") != NULL);
+    CHECK(strstr(report, "\nfloat16                        00000000000000000000000000sssssssssss"
+                         "------------------------------IIIII\n") != NULL);
     CHECK(strstr(report, "Recommended loss scale: 2^") != NULL);
     OK(mp_model_recommend_loss_scale(m, &adv), m);
     CHECK(adv.scale >= 1.0f && adv.max_abs * adv.scale <= 32752.0f && adv.max_abs * adv.scale * 2.0f > 32752.0f);
@@ -577,6 +587,7 @@ static void test_check_forward(void) {
     mp_fit_desc fd = fit_desc(NULL);
     mp_tensor_stats s;
     char want[256], report[4096];
+    const char *detail;
     size_t n, i;
     float *w, *after;
     if (!m) return;
@@ -606,7 +617,8 @@ static void test_check_forward(void) {
     CHECK_EQ(s.count, 0); /* the layers after it took nothing */
     /* the report: the stop and the last 2 layers that ran */
     OK(mp_numerics_report(m, report, sizeof report), m);
-    CHECK(strncmp(report, want + strlen(mp_status_message(MP_ERR_NONFINITE)) + 2, strlen(want) - strlen(mp_status_message(MP_ERR_NONFINITE)) - 2) == 0);
+    detail = want + strlen(mp_status_message(MP_ERR_NONFINITE)) + 2; /* after "message: " */
+    CHECK(strncmp(report, detail, strlen(detail)) == 0);
     CHECK(strstr(report, "\ndense            activations") != NULL);
     CHECK(strstr(report, "\ndense_1          activations") != NULL);
     CHECK(strstr(report, "\ndense_1          weights") != NULL);
@@ -691,6 +703,15 @@ static void test_set_errors(void) {
     CHECK(strstr(mp_model_error(m), "/nonexistent-dir/for/numerics.csv") != NULL);
     CHECK_EQ(mp_get_memory_info().current, before.current); /* nothing kept */
     CHECK_EQ(mp_model_numerics_step(m), 0);
+    /* no memory: the diagnostics stay as they were (here: every step) */
+    nd.csv_path = NULL;
+    OK(mp_model_set_numerics(m, &nd), m);
+    fail_next_alloc = 1;
+    nd.every = 5;
+    CHECK_EQ(mp_model_set_numerics(m, &nd), MP_ERR_ALLOC);
+    CHECK(strstr(mp_model_error(m), "numerics statistics") != NULL);
+    OK(mp_forward(m, data_x, BATCH, 1), m);
+    CHECK_EQ(mp_model_numerics_step(m), 1);
     mp_model_destroy(m);
 }
 
