@@ -156,7 +156,8 @@ extern "C" {
     X(MP_ERR_STATE, "call out of order: layers go in before build/compile, "     \
       "and training needs compile()")                                             \
     X(MP_ERR_LABEL, "a label is out of range for the model's output classes")    \
-    X(MP_ERR_NONFINITE, "the input data holds NaN or Inf")                        \
+    X(MP_ERR_NONFINITE, "NaN or Inf where finite numbers are needed: in the "     \
+      "input data, or (check-numerics) in what a layer computed")                 \
     X(MP_ERR_IO, "the file cannot be opened or read")                             \
     X(MP_ERR_FORMAT, "the file is corrupt, truncated or not an IDX file of the "  \
       "expected kind")                                                            \
@@ -624,6 +625,136 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
 /* The loss-scale state, or NULL when the optimizer is not wrapped. */
 MIXPREC_API const mp_loss_scale *mp_model_loss_scale(const mp_model *m);
 MIXPREC_API float mp_current_loss_scale(const mp_model *m); /* 1 when not wrapped */
+
+/* >>numerics diagnostics
+   What the numbers of a model do in float16 (or bfloat16), per layer: the
+   statistics of its activations, weights and gradients every N training
+   steps, printed as a table and appended to a CSV file; a loss scale
+   recommended from the gradients' magnitudes; a check-numerics mode that
+   stops at the first layer producing Inf or NaN (as Hugging Face's
+   DebugUnderflowOverflow); and a Tensor Core advisor. All of it runs on the
+   CPU, in float32 math, from the tensors' bits.
+
+   A log2-magnitude histogram, one bin per power of two, read off float32's
+   exponent field: bin 0 holds finite nonzero |x| below 2^MP_HIST_MIN_EXP,
+   bin b (1 .. MP_HIST_BINS - 2) holds [2^(MP_HIST_MIN_EXP + b - 1),
+   2^(MP_HIST_MIN_EXP + b)), the last bin 2^MP_HIST_MAX_EXP and up. The range
+   takes in float16's (2^-24 .. 65504) with room for a loss scale of up to
+   2^24 on either side: whatever lands in bin 0 underflows float16 even
+   scaled by 2^24. */
+#define MP_HIST_MIN_EXP (-50)
+#define MP_HIST_MAX_EXP 20
+#define MP_HIST_BINS (MP_HIST_MAX_EXP - MP_HIST_MIN_EXP + 2) /* 72 */
+
+/* Counts refer to a target format (float16 unless said otherwise): what a
+   cast to it would do, by the thresholds mp_convert's stats use. */
+typedef struct mp_tensor_stats {
+    uint64_t count;              /* elements */
+    uint64_t zeros;              /* +0 and -0 */
+    uint64_t nan, inf;           /* NaN and +-Inf elements, apart */
+    uint64_t overflow;           /* finite elements the cast would make Inf */
+    uint64_t underflow;          /* nonzero elements the cast would make zero */
+    uint64_t subnormal;          /* nonzero elements the cast would make subnormal */
+    float min_abs, max_abs;      /* smallest and largest finite nonzero |x|; 0 if none */
+    uint64_t hist[MP_HIST_BINS]; /* finite nonzero elements by power of two of |x| */
+} mp_tensor_stats;
+
+/* The statistics of n elements of x (in `type`) against `target`'s range.
+   ADDS to out, as mp_convert adds to its stats: zero it first, and one
+   mp_tensor_stats can take many tensors. MP_ERR_DTYPE for a bad dtype. */
+MIXPREC_API mp_status mp_tensor_stats_compute(const void *x, mp_dtype type, size_t n, mp_dtype target,
+                                              mp_tensor_stats *out);
+
+/* What a layer's statistics are of. Gradients are taken each training step:
+   weight gradients as the backward pass produced them (multiplied by the
+   loss scale, in the layer's compute dtype) and as the optimizer gets them
+   (unscaled, float32); the input gradient is the one the layer passes back
+   (scaled, in the dtype of the activations it received; none for the first
+   layer): the activation gradients of Micikevicius et al.'s figure. */
+typedef enum mp_numerics_kind {
+    MP_NUMERICS_ACTIVATIONS = 0, /* the layer's output, in its compute dtype */
+    MP_NUMERICS_WEIGHTS,         /* the float32 weights (kernel, then bias) */
+    MP_NUMERICS_SCALED_GRADIENTS,
+    MP_NUMERICS_GRADIENTS,
+    MP_NUMERICS_INPUT_GRADIENTS,
+    MP_NUMERICS_KIND_COUNT
+} mp_numerics_kind;
+
+/* "activations", "weights", "scaled_grads", "grads", "input_grads"; NULL if invalid */
+MIXPREC_API const char *mp_numerics_kind_name(mp_numerics_kind kind);
+
+/* A step is counted as the optimizer counts it (Keras's iterations): the
+   step in progress is 1 + the steps applied or skipped since compile. */
+typedef struct mp_numerics_desc {
+    int every;            /* statistics at steps every, 2 every, ...; 0 = none */
+    int print;            /* nonzero: print the report then, and at a check-numerics stop */
+    const char *csv_path; /* NULL, or a CSV file: created (header) now, a row per layer
+                             and tensor appended at those steps (needs stdio) */
+    int check;            /* nonzero: check-numerics, see mp_model_set_numerics */
+    int history;          /* layers a check-numerics stop shows; 0 = 3 */
+    mp_dtype target;      /* the range counted against: 0 = float16, or MP_BFLOAT16 */
+} mp_numerics_desc;
+
+/* Turns diagnostics on for fit and the custom loop alike (desc NULL, or
+   every and check both 0: off). Builds the model. Statistics are taken in
+   training forward and backward passes (fit's, or mp_forward with training
+   set), never in evaluate or predict.
+   check-numerics takes the statistics at every step and tests each layer's
+   output after its forward pass: the first Inf or NaN stops the step (no
+   loss, no gradients, weights untouched) with MP_ERR_NONFINITE, and
+   mp_model_error says e.g. "check-numerics: layer dense_1 (Dense) produced
+   3 Inf and 0 NaN in its forward pass at step 17". It tests the backward
+   outputs (weight and input gradients) only without loss scaling: under
+   loss scaling, gradients overflowing is how the scale is found (the step
+   is skipped and the scale halved), so they are counted, not stopped at.
+   MP_ERR_ARG for a negative count or a bad target (or for print or a CSV
+   file under MIXPREC_NO_STDIO), MP_ERR_IO when the CSV file cannot be
+   created; on error the diagnostics stay as they were. */
+MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc *desc);
+/* A layer's statistics of the latest step that took them (all zero for a
+   tensor the layer does not have). MP_ERR_STATE before the first such step,
+   MP_ERR_ARG for a bad layer or kind. */
+MIXPREC_API mp_status mp_model_numerics(const mp_model *m, int layer, mp_numerics_kind what,
+                                        mp_tensor_stats *out);
+/* The step those statistics are of; 0 before the first. */
+MIXPREC_API uint64_t mp_model_numerics_step(const mp_model *m);
+/* The report of that step into buf (NUL-terminated; MP_ERR_SIZE if cut):
+   a table (layer, tensor, min|x|, max|x|, % zero, % that would overflow,
+   underflow or be subnormal, Inf and NaN counts), a histogram line per
+   gradient against the target's ranges, and the recommended loss scale.
+   After a check-numerics stop: the message and the last `history` layers. */
+MIXPREC_API mp_status mp_numerics_report(const mp_model *m, char *buf, size_t size);
+
+/* A loss scale for float16 from the true (unscaled) gradient magnitudes. */
+typedef struct mp_loss_scale_advice {
+    float scale;              /* a power of two; see mp_recommend_loss_scale */
+    float max_abs;            /* the largest finite |gradient| */
+    float underflow_unscaled; /* fraction of the finite nonzero gradients float16 makes zero */
+    float underflow_scaled;   /* the same, multiplied by scale first */
+} mp_loss_scale_advice;
+
+/* Over the statistics of n unscaled gradient tensors: the largest power of
+   two S with max|g| S <= 65504 / 2 (a factor 2 of headroom for the next
+   steps' gradients), at most 2^24 (Apex's ceiling); below 1 when the
+   gradients alone exceed 32752; 1 when there is no finite nonzero gradient.
+   The underflow fractions are read off the histograms (to the bin: a value
+   exactly 2^-25 after scaling is counted as kept, float16 rounds it to 0).
+   Zeros are not counted: a gradient the step already flushed to zero cannot
+   be told from a true zero. */
+MIXPREC_API mp_status mp_recommend_loss_scale(const mp_tensor_stats *grads, int n, mp_loss_scale_advice *out);
+/* The same over every layer's unscaled float32 weight gradients of the
+   latest step that took statistics (MP_ERR_STATE before one). */
+MIXPREC_API mp_status mp_model_recommend_loss_scale(const mp_model *m, mp_loss_scale_advice *out);
+
+/* Tensor Cores run float16/bfloat16 products at full speed when every
+   dimension is a multiple of 8 (NVIDIA's cuBLAS and cuDNN guidance). Lists,
+   into buf, each Dense layer's units and input features, each Conv2D
+   layer's filters and input channels, and batch_size (0: not checked) that
+   are not, with the next multiple of 8 to pad to; float32 layers are
+   listed as advice for when they switch. *issues (may be NULL) gets the
+   number of findings. MP_ERR_SIZE if buf is too small. */
+MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_size, char *buf, size_t size,
+                                                  int *issues);
 
 /* >>data: IDX files (the MNIST format) */
 typedef struct mp_dataset {
@@ -2990,8 +3121,17 @@ struct mp_model {
     int training, have_loss, have_grads, have_unscaled;
     int grads_ready; /* mp_get_gradients has something to give */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
+    int tensor_core_warned;
+    struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
     char error[256];
 };
+
+/* The diagnostics' hooks (>>numerics diagnostics): after each layer's
+   forward and backward pass, and after unscaling. */
+static mp_status mp__numerics_forward(mp_model *m, int layer);
+static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx);
+static mp_status mp__numerics_unscaled(mp_model *m);
+static void mp__numerics_free(struct mp__numerics *nu);
 
 static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
     mp__text t;
@@ -3449,6 +3589,7 @@ MIXPREC_API void mp_model_destroy(mp_model *m) {
     m->be->destroy(m->ctx);
     mp__free(m->stage);
     mp__free(m->layers);
+    mp__numerics_free(m->num);
     mp__free(m);
 }
 
@@ -3731,6 +3872,22 @@ static mp__stage mp__stage_of(const mp_model *m) {
     return st;
 }
 
+/* A backend with Tensor Cores: once per model, the sizes that keep its
+   16-bit products off them, with the padding that fixes each (the mixed
+   precision guide's advice: multiples of 8). */
+static void mp__warn_tensor_cores(mp_model *m, size_t batch) {
+#ifndef MIXPREC_NO_STDIO
+    char text[2048];
+    int issues = 0, i, low = 0;
+    for (i = 0; i < m->n_layers; i++) low |= m->layers[i].dt != MP_FLOAT32 && mp__params(&m->layers[i]);
+    if (low && batch <= 65536 && mp_model_tensor_core_advice(m, (int)batch, text, sizeof text, &issues) != MP_ERR_NULL &&
+        issues)
+        fprintf(stderr, "WARNING: mixprec: the %s backend: %s", m->be->name, text);
+#endif
+    (void)batch;
+    m->tensor_core_warned = 1;
+}
+
 static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
     mp_status st;
@@ -3757,6 +3914,7 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
         return st == MP_ERR_ALLOC ? mp__fail(m, st, "GEMM scratch or staging for batch %z", batch) : st;
     }
     m->batch_cap = batch;
+    if (m->be->tensor_cores && !m->tensor_core_warned) mp__warn_tensor_cores(m, batch);
     return MP_OK;
 }
 
@@ -3783,7 +3941,8 @@ static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const flo
     return MP_OK;
 }
 
-static void mp__run_forward(mp_model *m, size_t batch, int training) {
+static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
+    mp_status st = MP_OK;
     int i;
     m->training = training;
     m->batch = batch;
@@ -3793,8 +3952,11 @@ static void mp__run_forward(mp_model *m, size_t batch, int training) {
         if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
             m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l), NULL);
         mp__kinds[l->desc.kind].forward(m, l, batch);
+        /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
+        if (m->num && st == MP_OK) st = mp__numerics_forward(m, i);
     }
     m->casts_fresh = 1;
+    return st;
 }
 
 static mp_status mp__prepare(mp_model *m, size_t batch) {
@@ -3843,8 +4005,7 @@ MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int tra
     if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
     mp__send(m, 0, x, NULL, NULL, (size_t)batch);
-    mp__run_forward(m, (size_t)batch, training != 0);
-    return MP_OK;
+    return mp__run_forward(m, (size_t)batch, training != 0);
 }
 
 /* The last output where the host can read it: the activations themselves
@@ -3936,6 +4097,7 @@ static const float *mp__scale(const mp_model *m) { return m->has_loss_scale ? &m
 MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     int i, cur = 0;
     const mp__layer *last;
+    mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!m->have_loss || !m->training)
         return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
@@ -3944,6 +4106,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
         mp__layer *l = &m->layers[i];
         mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
+        if (m->num && (st = mp__numerics_backward(m, i, i ? m->grad[cur ^ 1] : NULL)) != MP_OK) return st;
     }
     m->have_grads = 1;
     m->have_unscaled = 0;
@@ -3963,7 +4126,7 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     m->grads_ready = 1;
     m->have_grads = 0;
     m->have_unscaled = 1;
-    return MP_OK;
+    return m->num ? mp__numerics_unscaled(m) : MP_OK;
 }
 
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
@@ -4041,7 +4204,6 @@ static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first,
     return st;
 }
 
-#ifndef MIXPREC_NO_STDIO
 /* Fixed-point with `decimals` digits (at most 6), like printf's %.Nf. */
 static void mp__put_float(mp__text *t, float x, int decimals) {
     uint32_t scale = 1, frac;
@@ -4064,6 +4226,7 @@ static void mp__put_float(mp__text *t, float x, int decimals) {
     }
 }
 
+#ifndef MIXPREC_NO_STDIO
 /* Keras's number format: %.4f, or %.4e for magnitudes up to 1e-3. */
 static void mp__put_number(mp__text *t, float v, int decimals) {
     if (fabsf(v) > 1e-3f || v == 0.0f || v != v) {
@@ -4192,7 +4355,7 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
 static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *correct) {
     mp_status st;
     float sum = 0.0f;
-    mp__run_forward(m, batch, 1);
+    if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
     if ((st = mp__loss(m, &sum, correct)) != MP_OK) return st;
     *loss = sum / (float)batch;
     if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
@@ -4475,21 +4638,677 @@ MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size
 }
 
 #ifndef MIXPREC_NO_STDIO
-MIXPREC_API void mp_model_print_summary(const mp_model *m) {
+/* Prints what `write` writes: measured first, then written in one buffer. */
+static void mp__print_text(const mp_model *m, void (*write)(const mp_model *m, mp__text *t)) {
     mp__text count = {NULL, 0, 0}, t;
     char *buf;
-    if (!m) return;
-    mp__summary(m, &count);
+    write(m, &count);
     buf = (char *)MIXPREC_MALLOC(count.len + 1); /* not counted: printing is no model memory */
-    if (!buf) { fputs("mixprec: no memory for the summary\n", stdout); return; }
+    if (!buf) { fputs("mixprec: no memory for the text\n", stdout); return; }
     t.buf = buf;
     t.cap = count.len + 1;
     t.len = 0;
-    mp__summary(m, &t);
+    write(m, &t);
     fputs(buf, stdout);
     MIXPREC_FREE(buf);
 }
+
+MIXPREC_API void mp_model_print_summary(const mp_model *m) {
+    if (m) mp__print_text(m, mp__summary);
+}
 #endif
+
+/* >>numerics diagnostics (see the declaration). Statistics are taken by the
+   cast-stats scan (>>cast stats) with no output written, plus a histogram
+   read off float32's exponent bits; the hooks in mp__run_forward,
+   mp_compute_scaled_gradients and mp_get_unscaled_gradients call in here
+   only when diagnostics are on (m->num). */
+typedef mp__scan (*mp__scan_fn)(const void *src, size_t n, mp__ranges r);
+#ifdef MP__SIMD_X86
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__x86_scan_f32, mp__x86_scan_f16, mp__x86_scan_bf16};
+#else
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32, mp__scan_f16, mp__scan_bf16};
+#endif
+
+static int mp__exponent(uint32_t magnitude) { return (int)(magnitude >> 23) - 127; } /* float32 bits */
+static uint32_t mp__pow2_bits(int e) { return (uint32_t)(e + 127) << 23; }            /* -126 <= e <= 127 */
+
+/* Adds the finite nonzero magnitudes of n elements to hist; returns how many. */
+static uint64_t mp__hist_add(uint64_t *hist, const void *x, mp_dtype t, size_t n) {
+    float tile[MP__TILE];
+    uint64_t nonzero = 0;
+    size_t i, j, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        mp__load(tile, mp__at(x, t, i), t, len);
+        for (j = 0; j < len; j++) {
+            uint32_t a = mp__f32_bits(tile[j]) & 0x7FFFFFFFu;
+            int b = mp__exponent(a) - MP_HIST_MIN_EXP + 1; /* float32 subnormals go below bin 0 */
+            if (a - 1u >= MP__F32_INF - 1u) continue;       /* zero, Inf, NaN */
+            hist[b < 0 ? 0 : b >= MP_HIST_BINS ? MP_HIST_BINS - 1 : b]++;
+            nonzero++;
+        }
+    }
+    return nonzero;
+}
+
+static void mp__stats_merge(mp_tensor_stats *into, const mp_tensor_stats *s) {
+    int b;
+    into->count += s->count;
+    into->zeros += s->zeros;
+    into->nan += s->nan;
+    into->inf += s->inf;
+    into->overflow += s->overflow;
+    into->underflow += s->underflow;
+    into->subnormal += s->subnormal;
+    if (s->max_abs > into->max_abs) into->max_abs = s->max_abs;
+    if (s->min_abs != 0.0f && (into->min_abs == 0.0f || s->min_abs < into->min_abs)) into->min_abs = s->min_abs;
+    for (b = 0; b < MP_HIST_BINS; b++) into->hist[b] += s->hist[b];
+}
+
+MIXPREC_API mp_status mp_tensor_stats_compute(const void *x, mp_dtype type, size_t n, mp_dtype target,
+                                              mp_tensor_stats *out) {
+    mp_cast_stats c;
+    mp_tensor_stats s;
+    uint64_t nonzero = 0;
+    size_t i;
+    if (!out || (!x && n)) return MP_ERR_NULL;
+    if (!mp__dtype_valid(type) || !mp__dtype_valid(target)) return MP_ERR_DTYPE;
+    if ((uintptr_t)x % mp__dtypes[type].size) return MP_ERR_ALIGN;
+    memset(&c, 0, sizeof c);
+    memset(&s, 0, sizeof s);
+    for (i = 0; i < n; i += MP__BLOCK) { /* block by block: the histogram reads it from L1 */
+        size_t len = mp__min(MP__BLOCK, n - i);
+        const void *p = mp__at(x, type, i);
+        mp__scan scan = mp__scans[type](p, len, mp__ranges_of[target]);
+        mp__stats_add(&c, &scan, len);
+        nonzero += mp__hist_add(s.hist, p, type, len);
+    }
+    s.count = c.count;
+    s.nan = c.nan_in;
+    s.inf = c.inf_in;
+    s.overflow = c.overflow;
+    s.underflow = c.underflow;
+    s.subnormal = c.subnormal;
+    s.min_abs = c.min_abs;
+    s.max_abs = c.max_abs;
+    s.zeros = c.count - c.nan_in - c.inf_in - nonzero;
+    mp__stats_merge(out, &s);
+    return MP_OK;
+}
+
+static const char *const mp__numerics_kind_names[MP_NUMERICS_KIND_COUNT] = {
+    "activations", "weights", "scaled_grads", "grads", "input_grads"};
+
+MIXPREC_API const char *mp_numerics_kind_name(mp_numerics_kind kind) {
+    return (unsigned)kind < (unsigned)MP_NUMERICS_KIND_COUNT ? mp__numerics_kind_names[kind] : NULL;
+}
+
+/* The recommended loss scale. Micikevicius et al. (ICLR 2018, section 3.2):
+   scaling the loss by S shifts every gradient's exponent by log2 S, moving
+   the small ones out of float16's flush-to-zero range, and "there is no
+   downside to choosing a large scaling factor as long as it does not cause
+   overflow during back-propagation": so the largest power of two (exact to
+   apply and to undo) with max|g| S inside float16's 65504, with a factor 2
+   of headroom because the next steps' gradients are not these. A value
+   below 2^-25 (float16's half-smallest subnormal, >>cast stats' sub_lo)
+   becomes zero; bin b's values lie below 2^(MP_HIST_MIN_EXP + b). */
+static uint64_t mp__flushed_at(const mp_tensor_stats *s, int log2_scale) {
+    int flush = mp__exponent(mp__ranges_of[MP_FLOAT16].sub_lo), b; /* -25 */
+    uint64_t n = 0;
+    for (b = 0; b < MP_HIST_BINS - 1; b++)
+        if (MP_HIST_MIN_EXP + b + log2_scale <= flush) n += s->hist[b];
+    return n;
+}
+
+MIXPREC_API mp_status mp_recommend_loss_scale(const mp_tensor_stats *grads, int n, mp_loss_scale_advice *out) {
+    const float limit = 0.5f * mp_f16_to_f32(MP_F16_MAX), ceiling = 16777216.0f; /* 2^24 */
+    mp_tensor_stats all;
+    uint64_t nonzero = 0;
+    float s = 1.0f;
+    int k = 0, i;
+    if (!out || (!grads && n)) return MP_ERR_NULL;
+    if (n < 0) return MP_ERR_ARG;
+    memset(&all, 0, sizeof all);
+    for (i = 0; i < n; i++) mp__stats_merge(&all, &grads[i]);
+    for (i = 0; i < MP_HIST_BINS; i++) nonzero += all.hist[i];
+    if (all.max_abs > 0.0f) {
+        for (; all.max_abs * s > limit; k--) s *= 0.5f;
+        for (; s < ceiling && all.max_abs * s * 2.0f <= limit; k++) s *= 2.0f;
+    }
+    out->scale = s;
+    out->max_abs = all.max_abs;
+    out->underflow_unscaled = nonzero ? (float)mp__flushed_at(&all, 0) / (float)nonzero : 0.0f;
+    out->underflow_scaled = nonzero ? (float)mp__flushed_at(&all, k) / (float)nonzero : 0.0f;
+    return MP_OK;
+}
+
+typedef struct mp__numerics {
+    mp_numerics_desc desc;          /* defaults filled in; csv_path is the model's copy */
+    uint64_t step;                  /* the step the statistics are of; 0: none yet */
+    int active, output;             /* this step takes statistics / prints and logs them */
+    int stop_layer, stop_backward;  /* where check-numerics stopped that step; -1: it did not */
+    float scale;                    /* the loss scale that step ran with */
+    mp_tensor_stats *stats;         /* [layer][kind] */
+    void *copy;                     /* a device backend's tensor, copied out for the statistics */
+    size_t copy_bytes;
+} mp__numerics;
+
+static void mp__numerics_free(struct mp__numerics *nu) {
+    if (nu) mp__free(nu->copy);
+    mp__free(nu);
+}
+
+/* One block: the state, the statistics, the CSV path (as >>memory carves). */
+static mp__numerics *mp__plan_numerics(mp__arena *a, size_t stats, size_t path_bytes, char **path) {
+    mp__numerics *nu = (mp__numerics *)mp__carve(a, 1, sizeof *nu);
+    mp_tensor_stats *st = (mp_tensor_stats *)mp__carve(a, stats, sizeof *st);
+    *path = (char *)mp__carve(a, path_bytes, 1);
+    if (nu) nu->stats = st;
+    return nu;
+}
+
+static mp_tensor_stats *mp__numerics_at(const mp__numerics *nu, int layer, int kind) {
+    return &nu->stats[(size_t)layer * MP_NUMERICS_KIND_COUNT + (size_t)kind];
+}
+
+/* Puts |x| as printf's %.Ne would (decimals at most 6): 1.234e-05. */
+static void mp__put_sci(mp__text *t, float x, int decimals) {
+    float a = fabsf(x), unit = 1.0f;
+    int e = 0, i;
+    if (a != a || a > FLT_MAX) { mp__put(t, a != a ? "nan" : "inf"); return; }
+    if (a != 0.0f) {
+        while (a >= 10.0f) { a /= 10.0f; e++; }
+        while (a < 1.0f) { a *= 10.0f; e--; }
+    }
+    for (i = 0; i < decimals; i++) unit *= 10.0f;
+    if (floorf(a * unit + 0.5f) >= 10.0f * unit) { a /= 10.0f; e++; } /* 9.9996 rounds to 1.000e+01 */
+    mp__put_float(t, a, decimals);
+    mp__put(t, e < 0 ? "e-" : "e+");
+    if (e > -10 && e < 10) mp__put(t, "0");
+    mp__put_int(t, e < 0 ? -e : e);
+}
+
+static void mp__put_percent(mp__text *t, uint64_t part, uint64_t whole) {
+    float p = whole ? 100.0f * (float)part / (float)whole : 0.0f;
+    if (part && p < 0.005f) mp__put(t, "<0.01"); /* never 0.00 for something */
+    else mp__put_float(t, p, 2);
+}
+
+/* The next column of a table row started at `line`: at least one space. */
+static void mp__column(mp__text *t, size_t line, size_t col) {
+    mp__pad_to(t, line + col - 1);
+    mp__put(t, " ");
+}
+
+static const size_t mp__numerics_cols[] = {17, 31, 42, 53, 61, 69, 77, 85, 93};
+
+static void mp__stats_row(mp__text *t, const char *layer, const char *tensor, const mp_tensor_stats *s) {
+    size_t line = t->len;
+    const size_t *c = mp__numerics_cols;
+    mp__put(t, layer);
+    mp__column(t, line, c[0]); mp__put(t, tensor);
+    mp__column(t, line, c[1]); mp__put_sci(t, s->min_abs, 3);
+    mp__column(t, line, c[2]); mp__put_sci(t, s->max_abs, 3);
+    mp__column(t, line, c[3]); mp__put_percent(t, s->zeros, s->count);
+    mp__column(t, line, c[4]); mp__put_percent(t, s->overflow, s->count);
+    mp__column(t, line, c[5]); mp__put_percent(t, s->underflow, s->count);
+    mp__column(t, line, c[6]); mp__put_percent(t, s->subnormal, s->count);
+    mp__column(t, line, c[7]); mp__put_uint(t, s->inf, 0);
+    mp__column(t, line, c[8]); mp__put_uint(t, s->nan, 0);
+    mp__put(t, "\n");
+}
+
+static void mp__stats_header(mp__text *t) {
+    static const char *const names[] = {"tensor", "min|x|", "max|x|", "zero%", "over%", "under%", "sub%", "inf", "nan"};
+    size_t line = t->len, i;
+    mp__put(t, "layer");
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        mp__column(t, line, mp__numerics_cols[i]);
+        mp__put(t, names[i]);
+    }
+    mp__put(t, "\n");
+}
+
+/* The rows of layers first..last (in that order, either way round). */
+static void mp__stats_rows(const mp_model *m, mp__text *t, int first, int last) {
+    int step = first <= last ? 1 : -1, i, k;
+    for (i = first; i != last + step; i += step)
+        for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++) {
+            const mp_tensor_stats *s = mp__numerics_at(m->num, i, k);
+            if (s->count) mp__stats_row(t, m->layers[i].name, mp__numerics_kind_names[k], s);
+        }
+}
+
+/* Histogram lines start at the min|x| column: one character per bin. A
+   ruler of exponents, then what the target makes of each bin (0: zero,
+   s: subnormal, -: normal, I: Inf), then each gradient's counts on ten
+   levels (' ' none, '.' a few .. '@' the most). */
+static void mp__hist_ruler(mp__text *t, mp__ranges r, const char *target) {
+    size_t line = t->len, at = mp__numerics_cols[1];
+    int b;
+    mp__column(t, line, at);
+    for (b = 1; b < MP_HIST_BINS - 1; b++) {
+        int e = MP_HIST_MIN_EXP + b - 1;
+        if (e % 10 == 0) { mp__pad_to(t, line + at + (size_t)b); mp__put_int(t, e); }
+    }
+    mp__put(t, "\n");
+    line = t->len;
+    mp__put(t, target);
+    mp__column(t, line, at);
+    for (b = 0; b < MP_HIST_BINS; b++) { /* a value inside the bin, by its float32 bits */
+        uint32_t a = b ? mp__pow2_bits(MP_HIST_MIN_EXP + b - 1) + 1u : mp__pow2_bits(MP_HIST_MIN_EXP) - 1u;
+        mp__put(t, a < r.sub_lo ? "0" : a < r.normal_lo ? "s" : a < r.inf_lo ? "-" : "I");
+    }
+    mp__put(t, "\n");
+}
+
+static void mp__hist_row(mp__text *t, const char *layer, const char *tensor, const mp_tensor_stats *s) {
+    static const char levels[] = " .:-=+*#%@";
+    size_t line = t->len;
+    uint64_t most = 0;
+    int b, end = 0; /* up to the last nonempty bin: no trailing blanks */
+    for (b = 0; b < MP_HIST_BINS; b++) {
+        most = s->hist[b] > most ? s->hist[b] : most;
+        end = s->hist[b] ? b + 1 : end;
+    }
+    mp__put(t, layer);
+    mp__column(t, line, mp__numerics_cols[0]);
+    mp__put(t, tensor);
+    mp__column(t, line, mp__numerics_cols[1]);
+    for (b = 0; b < end; b++) {
+        char c[2] = {levels[s->hist[b] ? 1 + (int)(s->hist[b] * 8u / most) : 0], 0};
+        mp__put(t, c);
+    }
+    mp__put(t, "\n");
+}
+
+static void mp__put_scale(mp__text *t, float s) {
+    int k = mp__exponent(mp__f32_bits(s));
+    mp__put(t, "2^");
+    mp__put_int(t, k);
+    if (k >= 0) { mp__put(t, " = "); mp__put_float(t, s, 0); }
+}
+
+static void mp__advice_text(const mp_model *m, mp__text *t) {
+    mp_loss_scale_advice adv;
+    if (m->num->desc.target != MP_FLOAT16) {
+        mp__put(t, "bfloat16 keeps float32's exponent range: it needs no loss scale.\n");
+        return;
+    }
+    if (mp_model_recommend_loss_scale(m, &adv) != MP_OK) return;
+    mp__put(t, "Recommended loss scale: ");
+    mp__put_scale(t, adv.scale);
+    mp__put(t, " (max|grad| ");
+    mp__put_sci(t, adv.max_abs, 3);
+    mp__put(t, " times it stays below 65504 / 2); nonzero gradients float16 makes zero: ");
+    mp__put_float(t, 100.0f * adv.underflow_unscaled, 2);
+    mp__put(t, "% unscaled, ");
+    mp__put_float(t, 100.0f * adv.underflow_scaled, 2);
+    mp__put(t, "% at that scale. This step ran at ");
+    mp__put_scale(t, m->num->scale);
+    mp__put(t, ".\n");
+}
+
+/* Inf and NaN in what a layer's forward pass (its output) or backward pass
+   (its weight and input gradients) produced. */
+static void mp__pass_nonfinite(const mp__numerics *nu, int layer, int backward, uint64_t *inf, uint64_t *nan) {
+    int k;
+    *inf = *nan = 0;
+    for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++) {
+        const mp_tensor_stats *s = mp__numerics_at(nu, layer, k);
+        if (backward ? k == MP_NUMERICS_SCALED_GRADIENTS || k == MP_NUMERICS_INPUT_GRADIENTS
+                     : k == MP_NUMERICS_ACTIVATIONS) {
+            *inf += s->inf;
+            *nan += s->nan;
+        }
+    }
+}
+
+/* The stop sentence of check-numerics (the detail of mp_model_error). */
+static void mp__stop_text(const mp_model *m, mp__text *t) {
+    const mp__numerics *nu = m->num;
+    const mp__layer *l = &m->layers[nu->stop_layer];
+    uint64_t inf, nan;
+    mp__pass_nonfinite(nu, nu->stop_layer, nu->stop_backward, &inf, &nan);
+    mp__put(t, "check-numerics: layer ");
+    mp__put(t, l->name);
+    mp__put(t, " (");
+    mp__put(t, mp__kinds[l->desc.kind].type);
+    mp__put(t, ") produced ");
+    mp__put_uint(t, inf, 0);
+    mp__put(t, " Inf and ");
+    mp__put_uint(t, nan, 0);
+    mp__put(t, nu->stop_backward ? " NaN in its backward pass at step " : " NaN in its forward pass at step ");
+    mp__put_uint(t, nu->step, 0);
+}
+
+/* The report: after a check-numerics stop, the stop and the last `history`
+   layers that ran; otherwise every layer, the gradients' histograms and
+   the loss-scale advice. */
+static void mp__numerics_text(const mp_model *m, mp__text *t) {
+    const mp__numerics *nu = m->num;
+    const char *target = mp_dtype_name(nu->desc.target);
+    int i, h = nu->desc.history;
+    if (nu->stop_layer >= 0) {
+        int first = nu->stop_backward ? nu->stop_layer + h - 1 : nu->stop_layer - h + 1;
+        first = first < 0 ? 0 : first >= m->n_layers ? m->n_layers - 1 : first;
+        mp__stop_text(m, t);
+        mp__put(t, ". The last layers that ran, ranges of ");
+        mp__put(t, target);
+        mp__put(t, ":\n");
+        mp__stats_header(t);
+        mp__stats_rows(m, t, first, nu->stop_layer);
+        return;
+    }
+    mp__put(t, "Numerics at step ");
+    mp__put_uint(t, nu->step, 0);
+    mp__put(t, " (over%, under%, sub%: what a cast to ");
+    mp__put(t, target);
+    mp__put(t, " would do):\n");
+    mp__stats_header(t);
+    mp__stats_rows(m, t, 0, m->n_layers - 1);
+    mp__put(t, "log2|x| of the gradients, a column per power of two (< 2^");
+    mp__put_int(t, MP_HIST_MIN_EXP);
+    mp__put(t, " first, >= 2^");
+    mp__put_int(t, MP_HIST_MAX_EXP);
+    mp__put(t, " last); ");
+    mp__put(t, target);
+    mp__put(t, " makes them 0 zero, s subnormal, - normal, I Inf:\n");
+    mp__hist_ruler(t, mp__ranges_of[nu->desc.target], target);
+    for (i = 0; i < m->n_layers; i++) {
+        int k;
+        for (k = MP_NUMERICS_SCALED_GRADIENTS; k <= MP_NUMERICS_INPUT_GRADIENTS; k++) {
+            const mp_tensor_stats *s = mp__numerics_at(nu, i, k);
+            if (s->count) mp__hist_row(t, m->layers[i].name, mp__numerics_kind_names[k], s);
+        }
+    }
+    mp__advice_text(m, t);
+}
+
+#ifndef MIXPREC_NO_STDIO
+/* CSV: step,layer,tensor,count,zeros,nan,inf,overflow,underflow,subnormal,
+   min_abs,max_abs, then the histogram's bins: lt-50 (below 2^-50), e-50
+   ([2^-50, 2^-49)) .. e19, ge20. */
+static void mp__csv_header(FILE *f) {
+    char buf[1024];
+    mp__text t;
+    int b;
+    t.buf = buf;
+    t.cap = sizeof buf;
+    t.len = 0;
+    mp__put(&t, "step,layer,tensor,count,zeros,nan,inf,overflow,underflow,subnormal,min_abs,max_abs,lt");
+    mp__put_int(&t, MP_HIST_MIN_EXP);
+    for (b = 1; b < MP_HIST_BINS - 1; b++) { mp__put(&t, ",e"); mp__put_int(&t, MP_HIST_MIN_EXP + b - 1); }
+    mp__put(&t, ",ge");
+    mp__put_int(&t, MP_HIST_MAX_EXP);
+    mp__put(&t, "\n");
+    fputs(buf, f);
+}
+
+static void mp__csv_stats(FILE *f, uint64_t step, const char *layer, const char *tensor, const mp_tensor_stats *s) {
+    const uint64_t counts[] = {s->count, s->zeros, s->nan, s->inf, s->overflow, s->underflow, s->subnormal};
+    char buf[2048]; /* 72 bins of at most 20 digits, and the rest */
+    mp__text t;
+    size_t i;
+    int b;
+    t.buf = buf;
+    t.cap = sizeof buf;
+    t.len = 0;
+    mp__put_uint(&t, step, 0);
+    mp__put(&t, ",");
+    mp__put(&t, layer);
+    mp__put(&t, ",");
+    mp__put(&t, tensor);
+    for (i = 0; i < sizeof counts / sizeof counts[0]; i++) { mp__put(&t, ","); mp__put_uint(&t, counts[i], 0); }
+    mp__put(&t, ",");
+    mp__put_sci(&t, s->min_abs, 6);
+    mp__put(&t, ",");
+    mp__put_sci(&t, s->max_abs, 6);
+    for (b = 0; b < MP_HIST_BINS; b++) { mp__put(&t, ","); mp__put_uint(&t, s->hist[b], 0); }
+    mp__put(&t, "\n");
+    fputs(buf, f);
+}
+
+/* Creates the file with its header, or appends the step's rows. */
+static mp_status mp__numerics_csv(mp_model *m, const mp__numerics *nu, int create) {
+    FILE *f = fopen(nu->desc.csv_path, create ? "w" : "a");
+    int i, k;
+    if (!f) return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s", nu->desc.csv_path);
+    if (create) mp__csv_header(f);
+    for (i = 0; !create && i < m->n_layers; i++)
+        for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++)
+            if (mp__numerics_at(nu, i, k)->count)
+                mp__csv_stats(f, nu->step, m->layers[i].name, mp__numerics_kind_names[k], mp__numerics_at(nu, i, k));
+    if (ferror(f) | fclose(f)) return mp__fail(m, MP_ERR_IO, "writing the numerics CSV %s failed", nu->desc.csv_path);
+    return MP_OK;
+}
+#endif
+
+MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc *desc) {
+    mp_numerics_desc d;
+    mp__arena a = {NULL, 0, 0};
+    mp__numerics *nu;
+    size_t stats, path_bytes;
+    char *path;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (d.every < 0 || d.history < 0 || !mp__dtype_valid(d.target))
+        return mp__fail(m, MP_ERR_ARG, "numerics: every and history must be >= 0, target a dtype");
+#ifdef MIXPREC_NO_STDIO
+    if (d.print || d.csv_path)
+        return mp__fail(m, MP_ERR_ARG, "numerics: printing and a CSV file need stdio (MIXPREC_NO_STDIO is defined)");
+#endif
+    if (!d.every && !d.check) {
+        mp__numerics_free(m->num);
+        m->num = NULL;
+        return MP_OK;
+    }
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    if (d.target == MP_FLOAT32) d.target = MP_FLOAT16;
+    if (!d.history) d.history = 3;
+    stats = (size_t)m->n_layers * MP_NUMERICS_KIND_COUNT;
+    path_bytes = d.csv_path ? strlen(d.csv_path) + 1 : 0;
+    mp__plan_numerics(&a, stats, path_bytes, &path);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "numerics: the CSV path is too long");
+    a.base = (unsigned char *)mp__alloc(a.used);
+    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "numerics statistics (%z bytes)", a.used);
+    a.used = 0;
+    nu = mp__plan_numerics(&a, stats, path_bytes, &path);
+    if (path) memcpy(path, d.csv_path, path_bytes); /* the caller's string need not outlive the model */
+    d.csv_path = path;
+    nu->desc = d;
+    nu->stop_layer = -1;
+#ifndef MIXPREC_NO_STDIO
+    if (path && (st = mp__numerics_csv(m, nu, 1)) != MP_OK) { mp__numerics_free(nu); return st; }
+#endif
+    mp__numerics_free(m->num);
+    m->num = nu;
+    return MP_OK;
+}
+
+/* The hooks. A training step that takes statistics starts at the first
+   layer's forward pass: everything of the previous one is cleared. */
+static mp_status mp__numerics_take(mp_model *m, int layer, mp_numerics_kind k, const void *x, mp_dtype t, size_t n) {
+    mp__numerics *nu = m->num;
+    mp_tensor_stats *s = mp__numerics_at(nu, layer, (int)k);
+    size_t bytes = n * mp__dtypes[t].size;
+    memset(s, 0, sizeof *s);
+    if (!n) return MP_OK;
+    if (m->be->device_memory) { /* diagnostics are for debugging runs: the tensor comes to the host */
+        if (bytes > nu->copy_bytes) {
+            mp__free(nu->copy);
+            nu->copy_bytes = 0;
+            if (!(nu->copy = mp__alloc(bytes))) return mp__fail(m, MP_ERR_ALLOC, "numerics: a host copy of %z bytes", bytes);
+            nu->copy_bytes = bytes;
+        }
+        m->be->copy(m->ctx, nu->copy, x, bytes, MP_COPY_TO_HOST);
+        x = nu->copy;
+    }
+    (void)mp_tensor_stats_compute(x, t, n, nu->desc.target, s);
+    return MP_OK;
+}
+
+static void mp__numerics_begin(mp_model *m) {
+    mp__numerics *nu = m->num;
+    uint64_t step = m->opt.iteration + 1;
+    nu->output = nu->desc.every && step % (uint64_t)nu->desc.every == 0;
+    nu->active = nu->output || nu->desc.check;
+    if (!nu->active) return;
+    nu->step = step;
+    nu->scale = mp_current_loss_scale(m);
+    nu->stop_layer = -1;
+    memset(nu->stats, 0, (size_t)m->n_layers * MP_NUMERICS_KIND_COUNT * sizeof *nu->stats);
+}
+
+/* check-numerics: Inf or NaN in what the layer's pass produced stops the step. */
+static mp_status mp__numerics_check(mp_model *m, int layer, int backward) {
+    mp__numerics *nu = m->num;
+    char detail[192];
+    mp__text t;
+    uint64_t inf, nan;
+    if (!nu->desc.check) return MP_OK;
+    mp__pass_nonfinite(nu, layer, backward, &inf, &nan);
+    if (!inf && !nan) return MP_OK;
+    nu->stop_layer = layer;
+    nu->stop_backward = backward;
+    t.buf = detail;
+    t.cap = sizeof detail;
+    t.len = 0;
+    mp__stop_text(m, &t);
+    mp__fail(m, MP_ERR_NONFINITE, "%s", detail);
+#ifndef MIXPREC_NO_STDIO
+    if (nu->desc.print) mp__print_text(m, mp__numerics_text);
+#endif
+    return MP_ERR_NONFINITE;
+}
+
+static mp_status mp__numerics_forward(mp_model *m, int layer) {
+    const mp__layer *l = &m->layers[layer];
+    if (!m->training) return MP_OK;
+    if (layer == 0) mp__numerics_begin(m);
+    if (!m->num->active) return MP_OK;
+    mp_status st;
+    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_ACTIVATIONS, l->y, l->dt, m->batch * l->out_size)) != MP_OK ||
+        (st = mp__numerics_take(m, layer, MP_NUMERICS_WEIGHTS, l->w, MP_FLOAT32, mp__params(l))) != MP_OK)
+        return st;
+    return mp__numerics_check(m, layer, 0);
+}
+
+/* Under loss scaling Inf/NaN gradients skip the step by design: counted, not stopped at. */
+static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx) {
+    const mp__layer *l = &m->layers[layer];
+    if (!m->num->active) return MP_OK;
+    mp_status st;
+    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_SCALED_GRADIENTS, l->gc, l->dt, mp__params(l))) != MP_OK ||
+        (st = mp__numerics_take(m, layer, MP_NUMERICS_INPUT_GRADIENTS, dx, l->xt, dx ? m->batch * l->in_size : 0)) != MP_OK)
+        return st;
+    return m->has_loss_scale ? MP_OK : mp__numerics_check(m, layer, 1);
+}
+
+static mp_status mp__numerics_unscaled(mp_model *m) {
+    mp__numerics *nu = m->num;
+    mp_status st = MP_OK;
+    int i;
+    if (!nu->active) return MP_OK;
+    for (i = 0; i < m->n_layers && st == MP_OK; i++)
+        st = mp__numerics_take(m, i, MP_NUMERICS_GRADIENTS, m->layers[i].g, MP_FLOAT32, mp__params(&m->layers[i]));
+    if (st != MP_OK) return st;
+    if (!nu->output) return MP_OK;
+#ifndef MIXPREC_NO_STDIO
+    if (nu->desc.print) mp__print_text(m, mp__numerics_text);
+    if (nu->desc.csv_path) return mp__numerics_csv(m, nu, 0);
+#endif
+    return MP_OK;
+}
+
+/* The queries */
+static int mp__numerics_taken(const mp_model *m) { return m && m->num && m->num->step; }
+
+MIXPREC_API uint64_t mp_model_numerics_step(const mp_model *m) { return mp__numerics_taken(m) ? m->num->step : 0; }
+
+MIXPREC_API mp_status mp_model_numerics(const mp_model *m, int layer, mp_numerics_kind what, mp_tensor_stats *out) {
+    if (!m || !out) return MP_ERR_NULL;
+    if (layer < 0 || layer >= m->n_layers || (unsigned)what >= (unsigned)MP_NUMERICS_KIND_COUNT) return MP_ERR_ARG;
+    if (!mp__numerics_taken(m)) return MP_ERR_STATE;
+    *out = *mp__numerics_at(m->num, layer, (int)what);
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_recommend_loss_scale(const mp_model *m, mp_loss_scale_advice *out) {
+    mp_tensor_stats all;
+    int i;
+    if (!m || !out) return MP_ERR_NULL;
+    if (!mp__numerics_taken(m)) return MP_ERR_STATE;
+    memset(&all, 0, sizeof all);
+    for (i = 0; i < m->n_layers; i++) mp__stats_merge(&all, mp__numerics_at(m->num, i, MP_NUMERICS_GRADIENTS));
+    return mp_recommend_loss_scale(&all, 1, out);
+}
+
+MIXPREC_API mp_status mp_numerics_report(const mp_model *m, char *buf, size_t size) {
+    mp__text t;
+    if (!m || !buf) return MP_ERR_NULL;
+    if (size == 0) return MP_ERR_SIZE;
+    buf[0] = '\0';
+    if (!mp__numerics_taken(m)) return MP_ERR_STATE;
+    t.buf = buf;
+    t.cap = size;
+    t.len = 0;
+    mp__numerics_text(m, &t);
+    return t.len < size ? MP_OK : MP_ERR_SIZE;
+}
+
+/* The Tensor Core advisor: one line per dimension that is not a multiple of 8. */
+static void mp__pad8(mp__text *t, int *found, const mp__layer *l, const char *what, size_t size) {
+    if (size % 8 == 0) return;
+    (*found)++;
+    mp__put(t, "  ");
+    if (l) {
+        mp__put(t, l->name);
+        mp__put(t, " (");
+        mp__put(t, mp__kinds[l->desc.kind].type);
+        mp__put(t, l->dt == MP_FLOAT32 ? ", float32: for when it computes in 16 bits): " : ", 16-bit compute): ");
+    }
+    mp__put(t, what);
+    mp__put(t, " ");
+    mp__put_uint(t, size, 0);
+    mp__put(t, " -> pad to ");
+    mp__put_uint(t, (size + 7) / 8 * 8, 0);
+    mp__put(t, "\n");
+}
+
+MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_size, char *buf, size_t size,
+                                                  int *issues) {
+    mp__text t;
+    int found = 0, i;
+    if (issues) *issues = 0;
+    if (!m || !buf) return MP_ERR_NULL;
+    if (size == 0) return MP_ERR_SIZE;
+    if (batch_size < 0) return MP_ERR_ARG;
+    t.buf = buf;
+    t.cap = size;
+    t.len = 0;
+    buf[0] = '\0';
+    mp__put(&t, "Tensor Cores: float16/bfloat16 products need every dimension a multiple of 8 "
+                "(NVIDIA's cuBLAS and cuDNN guidance).\n");
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        if (l->desc.kind == MP_DENSE) {
+            mp__pad8(&t, &found, l, "input features", l->in_size);
+            mp__pad8(&t, &found, l, "units", (size_t)l->desc.units);
+        } else if (l->desc.kind == MP_CONV2D) {
+            mp__pad8(&t, &found, l, "input channels", (size_t)l->geom.c);
+            mp__pad8(&t, &found, l, "filters", (size_t)l->desc.filters);
+        }
+    }
+    if (batch_size) mp__pad8(&t, &found, NULL, "batch size", (size_t)batch_size);
+    if (!found) mp__put(&t, "  every dimension is a multiple of 8: nothing to pad.\n");
+    else { mp__put(&t, "  "); mp__put_int(&t, found); mp__put(&t, found == 1 ? " finding.\n" : " findings.\n"); }
+    if (issues) *issues = found;
+    return t.len < size ? MP_OK : MP_ERR_SIZE;
+}
 
 /* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
    byte), the number of dimensions, then each dimension as a big-endian

@@ -7,9 +7,11 @@
    counts the bytes copied each way, which shows what a training step moves
    between host and device: the batch in, the step state out, nothing else.
    A model trained on it must end bit-identical to one on the CPU backend. */
+#define _POSIX_C_SOURCE 200809L /* dup, dup2, mkstemp */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
@@ -109,7 +111,7 @@ static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype x
 }
 
 static const mp_backend remote = {
-    "remote", 1, 1,
+    "remote", 1, 0,
     r_create, r_destroy, r_threads, r_alloc, r_free, r_memory, r_copy, r_zero, r_sync, r_last_error,
     r_gemm_reserve, r_cast_in, r_cast, r_gemm, r_bias_act, r_act_backward, r_bias_grad, r_loss,
     r_scale_cast, r_unscale_check, r_loss_scale_update, r_optimizer_update,
@@ -269,6 +271,72 @@ static void test_reads(void) {
     mp_model_destroy(b);
 }
 
+/* Numerics diagnostics see a device's tensors through copies: the same
+   statistics as on the CPU, for every layer and kind. */
+static void test_diagnostics(void) {
+    mp_model *a = conv_net(mp_cpu_backend(), "mixed_float16", MP_SGD), *b = conv_net(&remote, "mixed_float16", MP_SGD);
+    mp_numerics_desc nd;
+    mp_fit_desc fd;
+    int i, k, same = 1;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    memset(&nd, 0, sizeof nd);
+    nd.every = 2;
+    CHECK(mp_model_set_numerics(a, &nd) == MP_OK && mp_model_set_numerics(b, &nd) == MP_OK);
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = 32;
+    fd.batch_size = 16;
+    fd.verbose = MP_VERBOSE_SILENT;
+    CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
+    CHECK(mp_model_numerics_step(b) == 2 && mp_model_numerics_step(a) == 2);
+    for (i = 0; i < mp_model_layer_count(a); i++)
+        for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++) {
+            mp_tensor_stats sa, sb;
+            if (mp_model_numerics(a, i, (mp_numerics_kind)k, &sa) != MP_OK ||
+                mp_model_numerics(b, i, (mp_numerics_kind)k, &sb) != MP_OK || memcmp(&sa, &sb, sizeof sa) != 0)
+                same = 0;
+        }
+    CHECK(same);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+/* A backend with Tensor Cores warns once per model, naming each layer whose
+   sizes are not multiples of 8 and the padding that fixes it. */
+static void test_tensor_core_warning(void) {
+    mp_backend tc = remote;
+    mp_model *m;
+    char path[] = "/tmp/mixprec_warnXXXXXX", text[4096];
+    int fd = mkstemp(path), saved = dup(2);
+    FILE *f;
+    size_t len;
+    const char *first;
+    tc.tensor_cores = 1;
+    if (!CHECK(fd >= 0 && saved >= 0)) return;
+    fflush(stderr);
+    dup2(fd, 2);
+    m = conv_net(&tc, "mixed_float16", MP_SGD);
+    if (m) {
+        CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
+        CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    mp_model_destroy(m);
+    f = fdopen(fd, "r");
+    rewind(f);
+    len = fread(text, 1, sizeof text - 1, f);
+    text[len] = 0;
+    fclose(f);
+    unlink(path);
+    first = strstr(text, "WARNING: mixprec: the remote backend");
+    CHECK(first && !strstr(first + 1, "WARNING"));
+    CHECK(strstr(text, "conv2d_1 (Conv2D, 16-bit compute): filters 6 -> pad to 8") != NULL);
+    CHECK(strstr(text, "units 4 -> pad to 8") != NULL && strstr(text, "batch size 5 -> pad to 8") != NULL);
+}
+
 int main(void) {
     size_t start = mp_get_memory_info().current;
     cpu = mp_cpu_backend();
@@ -278,6 +346,8 @@ int main(void) {
     test_same_training("mixed_bfloat16", MP_SGD);
     test_step_traffic();
     test_reads();
+    test_diagnostics();
+    test_tensor_core_warning();
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }
