@@ -4228,10 +4228,11 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
        12   8  length of the whole file in bytes
        20   .  the body (mp__ckpt_body)
        n-4  4  CRC-32 (IEEE 802.3, as zlib's crc32) of bytes [0, n-4)
-   Reading checks magic, version, length and checksum, then walks the body
-   comparing the model's fingerprint and reading the state aside (arrays:
-   only where they start), checks the state's ranges, and only then copies
-   it into the model. */
+   Every version keeps this frame, so that a file of another version is
+   told from a corrupt one. Reading checks magic, length, checksum, kind and
+   version; walks the body comparing the model's fingerprint and reading the
+   state aside (of the arrays, only where they start); checks the state's
+   ranges; and only then copies it into the model. */
 #define MP__CKPT_VERSION 1u
 #define MP__CKPT_HEAD 20u
 
@@ -4291,7 +4292,9 @@ static uint32_t mp__narrow_bits(uint32_t b, mp_dtype dt) {
     return dt == MP_FLOAT16 ? mp__f16_from_f32_bits(b) : dt == MP_BFLOAT16 ? mp__bf16_from_f32_bits(b) : b;
 }
 static uint32_t mp__widen_bits(uint32_t b, mp_dtype dt) {
-    return dt == MP_FLOAT16 ? mp__f32_bits_from_f16((uint16_t)b) : dt == MP_BFLOAT16 ? mp__f32_bits_from_bf16((uint16_t)b) : b;
+    return dt == MP_FLOAT16    ? mp__f32_bits_from_f16((uint16_t)b)
+           : dt == MP_BFLOAT16 ? mp__f32_bits_from_bf16((uint16_t)b)
+                               : b;
 }
 
 /* n float32 values stored as dt, each rounded once; reading only steps
@@ -4420,8 +4423,9 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     int i, ckpt = c->kind == 'C';
     if (st != MP_OK) return st;
     if (ckpt && mp__differs(c, (uint64_t)m->compiled, 4))
-        return mp__fail(m, MP_ERR_STATE, m->compiled ? "the checkpoint was saved before compile(): load it before compiling"
-                                                     : "the checkpoint holds optimizer and loss-scale state: compile() the model first");
+        return mp__fail(m, MP_ERR_STATE, "%s",
+                        m->compiled ? "the checkpoint was saved before compile(): load it before compiling"
+                                    : "the checkpoint holds optimizer and loss-scale state: compile() the model first");
     if (ckpt && m->compiled) {
         if (mp__differs(c, (uint64_t)m->compile.loss, 4))
             return mp__fail(m, MP_ERR_SHAPE, "loss %z in the file, %d in the model", (size_t)c->got, (int)m->compile.loss);
@@ -4483,18 +4487,17 @@ static void mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
     if (m->has_loss_scale) m->ls = c->ls;
 }
 
-/* The header, the body, room for the checksum. */
-static mp_status mp__ckpt_pass(mp_model *m, mp__ckpt *c, uint64_t total) {
+/* Writing: the header, the body (a model always matches itself), room for
+   the checksum. */
+static void mp__ckpt_pass(mp_model *m, mp__ckpt *c, uint64_t total) {
     static const char magic[] = "MIXPREC";
-    mp_status st;
     size_t i;
     for (i = 0; i < 7; i++) (void)mp__io_uint(&c->io, (unsigned char)magic[i], 1);
     (void)mp__io_uint(&c->io, (uint64_t)c->kind, 1);
     (void)mp__io_uint(&c->io, MP__CKPT_VERSION, 4);
     (void)mp__io_uint(&c->io, total, 8);
-    st = mp__ckpt_body(m, c);
+    (void)mp__ckpt_body(m, c);
     (void)mp__io_skip(&c->io, 1, 4);
-    return st;
 }
 
 static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, size_t cap, size_t *len) {
@@ -4508,14 +4511,14 @@ static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, s
     memset(&c, 0, sizeof c);
     c.kind = kind;
     c.dt = dt;
-    (void)mp__ckpt_pass(m, &c, 0); /* measures */
+    mp__ckpt_pass(m, &c, 0); /* measures */
     if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
     *len = total = c.io.pos;
     if (!buf) return MP_OK;
     if (cap < total) return mp__fail(m, MP_ERR_SIZE, "it takes %z bytes, the buffer has %z", total, cap);
     memset(&c.io, 0, sizeof c.io);
     c.io.out = (unsigned char *)buf;
-    (void)mp__ckpt_pass(m, &c, total);
+    mp__ckpt_pass(m, &c, total);
     mp__le_put(c.io.out + total - 4, mp__crc32(c.io.out, total - 4), 4);
     return MP_OK;
 }
@@ -4531,19 +4534,21 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
     if (len == 0 || memcmp(b, "MIXPREC", len < 7 ? len : 7) != 0)
         return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (%s)", what, len ? "no MIXPREC magic" : "empty");
     if (len < MP__CKPT_HEAD + 4) return mp__fail(m, MP_ERR_FORMAT, "truncated: %z bytes, less than a header", len);
-    if (b[7] != kind)
-        return mp__fail(m, MP_ERR_FORMAT, b[7] == 'W'   ? "an inference-weights file, not a checkpoint: read it with mp_model_import_weights"
-                                          : b[7] == 'C' ? "a checkpoint, not an inference-weights file: read it with mp_model_load"
-                                                        : "not a mixprec %s (unknown kind byte)", what);
-    version = mp__le_get(b + 8, 4);
-    if (version != MP__CKPT_VERSION)
-        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
-                        (int)MP__CKPT_VERSION);
     total = mp__le_get(b + 12, 8);
     if (total > len) return mp__fail(m, MP_ERR_FORMAT, "truncated: %z of %z bytes", len, (size_t)total);
     if (total < len) return mp__fail(m, MP_ERR_FORMAT, "corrupt: %z bytes, the header says %z", len, (size_t)total);
     if (mp__crc32(b, len - 4) != mp__le_get(b + len - 4, 4))
         return mp__fail(m, MP_ERR_FORMAT, "checksum mismatch: the %s is corrupt", what);
+    /* the checksum holds: what follows is what was written */
+    if (b[7] != kind && (b[7] == 'C' || b[7] == 'W'))
+        return mp__fail(m, MP_ERR_FORMAT, "%s",
+                        b[7] == 'C' ? "a checkpoint, not inference weights: read it with mp_model_load"
+                                    : "inference weights, not a checkpoint: read them with mp_model_import_weights");
+    if (b[7] != kind) return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (unknown kind byte)", what);
+    version = mp__le_get(b + 8, 4);
+    if (version != MP__CKPT_VERSION)
+        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
+                        (int)MP__CKPT_VERSION);
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
