@@ -158,9 +158,9 @@ extern "C" {
     X(MP_ERR_LABEL, "a label is out of range for the model's output classes")    \
     X(MP_ERR_NONFINITE, "NaN or Inf where finite numbers are needed: in the "     \
       "input data, or (check-numerics) in what a layer computed")                 \
-    X(MP_ERR_IO, "the file cannot be opened or read")                             \
-    X(MP_ERR_FORMAT, "the file is corrupt, truncated or not an IDX file of the "  \
-      "expected kind")                                                            \
+    X(MP_ERR_IO, "the file cannot be opened, read or written")                    \
+    X(MP_ERR_FORMAT, "the file is corrupt, truncated or not of the expected kind " \
+      "(an IDX file, a mixprec checkpoint)")                                      \
     X(MP_ERR_BACKEND, "the backend (a GPU, its driver or library) reported an "  \
       "error; the model's error message names it")
 
@@ -576,9 +576,12 @@ typedef struct mp_fit_desc {
     int no_shuffle;          /* nonzero: keep the order */
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
-    mp_logs *history;        /* NULL, or an array of `epochs` entries */
+    mp_logs *history;        /* NULL, or an array of `epochs - initial_epoch` entries */
     const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
     int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
+    int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
+                                final epoch; the skipped epochs' shuffles are replayed,
+                                so the order is the uninterrupted run's */
 } mp_fit_desc;
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
@@ -755,6 +758,44 @@ MIXPREC_API mp_status mp_model_recommend_loss_scale(const mp_model *m, mp_loss_s
    number of findings. MP_ERR_SIZE if buf is too small. */
 MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_size, char *buf, size_t size,
                                                   int *issues);
+/* >>checkpoints
+   A checkpoint holds what training needs to go on where it stopped: the
+   float32 weights, the optimizer's config, iteration count and slots, the
+   whole loss-scale state (config, scale, counters) and each layer's dropout
+   generator. Loaded into the same model, compiled the same way, then fit with
+   initial_epoch, it reproduces the uninterrupted run bit for bit. The bytes
+   are the same on every host: little-endian, versioned, with a CRC-32 (the
+   layout is in README.md, "Checkpoints"). The model is built if it was not.
+   Loading checks the whole buffer before it changes anything: on any error
+   the model is left bit for bit as it was. Errors, with the detail in
+   mp_model_error(): MP_ERR_FORMAT for an empty, truncated or corrupt buffer
+   (checksum), another format version, or not a mixprec file; MP_ERR_SHAPE
+   for a checkpoint of another model (it names the layer and what differs:
+   kind, policy, weight counts, output shape, loss, optimizer, loss scaling);
+   MP_ERR_STATE for a compiled checkpoint into a model not compiled (compile
+   first) or the reverse (load before compile).
+   Saving: *len gets the size in bytes; buf NULL asks only for it; a cap
+   below it is MP_ERR_SIZE and writes nothing. */
+MIXPREC_API mp_status mp_model_save_to_memory(mp_model *m, void *buf, size_t cap, size_t *len);
+MIXPREC_API mp_status mp_model_load_from_memory(mp_model *m, const void *buf, size_t len);
+/* Inference weights only, in dtype: float16 or bfloat16 (half float32's
+   bytes), each rounded once to nearest even as mp_convert rounds, or float32.
+   The same container. Importing widens them exactly into the float32
+   weights and touches no optimizer or loss-scale state; the model may be
+   uncompiled and its layers' policies may differ from the exporter's. */
+MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dtype, void *buf, size_t cap,
+                                                        size_t *len);
+MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const void *buf, size_t len);
+#ifndef MIXPREC_NO_STDIO
+/* Save writes path + ".tmp", flushes and closes it (and fsyncs it when
+   _POSIX_C_SOURCE is defined), then renames it over path: a save that fails
+   or crashes midway leaves the previous file as it was. MP_ERR_IO when a
+   file cannot be created, written, renamed or read. */
+MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path);
+MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path);
+MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path);
+MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path);
+#endif
 
 /* >>data: IDX files (the MNIST format) */
 typedef struct mp_dataset {
@@ -4378,6 +4419,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     epochs = d.epochs ? d.epochs : 1;
     if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
     if (epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", epochs);
+    if (d.initial_epoch < 0 || d.initial_epoch > epochs)
+        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", epochs, d.initial_epoch);
     if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
         return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
     n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
@@ -4399,7 +4442,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
     steps = (n_train + batch - 1) / batch;
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
-    for (epoch = 0; epoch < epochs && st == MP_OK; epoch++) {
+    for (epoch = 0; epoch < d.initial_epoch && !d.no_shuffle; epoch++) mp__shuffle(idx, n_train, &rng);
+    for (epoch = d.initial_epoch; epoch < epochs && st == MP_OK; epoch++) {
         mp_logs lg;
         float sum = 0.0f;
         size_t right = 0, seen = 0, s;
@@ -4446,7 +4490,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
         if (csv) mp__csv_row(csv, "epoch", epoch + 1, (size_t)(epoch + 1) * steps, &lg, n_train < d.data.n);
 #endif
-        if (d.history) d.history[epoch] = lg;
+        if (d.history) d.history[epoch - d.initial_epoch] = lg;
     }
     mp__free(idx);
 #ifndef MIXPREC_NO_STDIO
@@ -5309,6 +5353,468 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
     if (issues) *issues = found;
     return t.len < size ? MP_OK : MP_ERR_SIZE;
 }
+
+/* >>checkpoints: one container for checkpoints ('C') and inference weights
+   ('W'), written and read through one description of the layout
+   (mp__ckpt_body), so that writer and reader cannot drift apart. Every
+   number goes out little-endian byte by byte, floats as their bit
+   patterns: the bytes are the same on every host.
+       0    8  "MIXPREC" and the kind byte
+       8    4  format version
+       12   8  length of the whole file in bytes
+       20   .  the body (mp__ckpt_body)
+       n-4  4  CRC-32 (IEEE 802.3, as zlib's crc32) of bytes [0, n-4)
+   Every version keeps this frame, so that a file of another version is
+   told from a corrupt one. Reading checks magic, length, checksum, kind and
+   version; walks the body comparing the model's fingerprint and reading the
+   state aside (of the arrays, only where they start); checks the state's
+   ranges; and only then copies it into the model. */
+#define MP__CKPT_VERSION 1u
+#define MP__CKPT_HEAD 20u
+
+static void mp__le_put(unsigned char *p, uint64_t v, size_t bytes) {
+    size_t i;
+    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8u * i));
+}
+
+static uint64_t mp__le_get(const unsigned char *p, size_t bytes) {
+    uint64_t v = 0;
+    while (bytes--) v = v << 8 | p[bytes];
+    return v;
+}
+
+/* A table built on the stack each call (1 KB, 2048 steps): no global state. */
+static uint32_t mp__crc32(const unsigned char *p, size_t n) {
+    uint32_t t[256], c;
+    size_t i;
+    int k;
+    for (i = 0; i < 256; i++) {
+        for (c = (uint32_t)i, k = 0; k < 8; k++) c = c & 1u ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        t[i] = c;
+    }
+    for (c = 0xFFFFFFFFu, i = 0; i < n; i++) c = t[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* A byte cursor: writing (out, or out NULL to measure) or reading (in). */
+typedef struct mp__io {
+    unsigned char *out;
+    const unsigned char *in;
+    size_t pos, end;  /* reading: where the body ends */
+    int past_end;     /* reading: the layout ran past the body; writing: the size overflows */
+} mp__io;
+
+/* Steps over count items of size bytes; returns where they start. */
+static size_t mp__io_skip(mp__io *io, size_t count, size_t size) {
+    size_t at = io->pos, room = io->in ? io->end - io->pos : SIZE_MAX - io->pos;
+    if (io->past_end || (size && count > room / size)) io->past_end = 1;
+    else io->pos += count * size;
+    return at;
+}
+
+/* One unsigned field: writes v and returns it, or returns the value read
+   (0 past the end). */
+static uint64_t mp__io_uint(mp__io *io, uint64_t v, size_t bytes) {
+    size_t at = mp__io_skip(io, 1, bytes);
+    if (io->past_end) return 0;
+    if (io->out) mp__le_put(io->out + at, v, bytes);
+    return io->in ? mp__le_get(io->in + at, bytes) : v;
+}
+
+static float mp__io_f32(mp__io *io, float x) { return mp__f32_from_bits((uint32_t)mp__io_uint(io, mp__f32_bits(x), 4)); }
+static int mp__io_int(mp__io *io, int v) { return (int)(int32_t)(uint32_t)mp__io_uint(io, (uint32_t)v, 4); }
+
+static uint32_t mp__narrow_bits(uint32_t b, mp_dtype dt) {
+    return dt == MP_FLOAT16 ? mp__f16_from_f32_bits(b) : dt == MP_BFLOAT16 ? mp__bf16_from_f32_bits(b) : b;
+}
+static uint32_t mp__widen_bits(uint32_t b, mp_dtype dt) {
+    return dt == MP_FLOAT16    ? mp__f32_bits_from_f16((uint16_t)b)
+           : dt == MP_BFLOAT16 ? mp__f32_bits_from_bf16((uint16_t)b)
+                               : b;
+}
+
+/* n float32 values stored as dt, each rounded once; reading only steps
+   over them (mp__io_decode copies them once everything is checked). */
+static size_t mp__io_floats(mp__io *io, const float *src, size_t n, mp_dtype dt) {
+    size_t es = mp__dtypes[dt].size, at = mp__io_skip(io, n, es), i;
+    for (i = 0; io->out && !io->past_end && i < n; i++)
+        mp__le_put(io->out + at + i * es, mp__narrow_bits(mp__f32_bits(src[i]), dt), es);
+    return at;
+}
+
+static void mp__io_decode(float *dst, const unsigned char *p, size_t n, mp_dtype dt) {
+    size_t es = mp__dtypes[dt].size, i;
+    for (i = 0; i < n; i++) dst[i] = mp__f32_from_bits(mp__widen_bits((uint32_t)mp__le_get(p + i * es, es), dt));
+}
+
+typedef struct mp__ckpt {
+    mp__io io;
+    int kind;             /* 'C' checkpoint, 'W' inference weights */
+    mp_dtype dt;          /* of the weights */
+    uint64_t got;         /* the last value mp__differs read */
+    mp_opt_step opt;      /* the state read aside */
+    mp_loss_scale ls;
+    size_t weights, slots, rngs; /* where the arrays start */
+    float *w, *s;         /* the weights and slots where the host reads and writes them */
+    float *copy;          /* their host copy, for a device backend */
+} mp__ckpt;
+
+/* The weights and slots where the host can reach them: the backend's own
+   memory on the CPU; a host copy for a device backend (fetched for a save,
+   sent back by mp__ckpt_commit after a load). */
+static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
+    size_t n = m->n_params + m->slot_count;
+    if (!m->be->device_memory) {
+        c->w = m->w;
+        c->s = m->s1;
+        return MP_OK;
+    }
+    if (n > SIZE_MAX / sizeof(float) || !(c->copy = (float *)mp__alloc(n * sizeof(float))))
+        return mp__fail(m, MP_ERR_ALLOC, "a host copy of the weights and slots (%z floats)", n);
+    c->w = c->copy;
+    c->s = c->copy + m->n_params;
+    if (!fetch) return MP_OK;
+    m->be->copy(m->ctx, c->w, m->w, m->n_params * sizeof(float), MP_COPY_TO_HOST);
+    if (m->slot_count) m->be->copy(m->ctx, c->s, m->s1, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
+    return mp__sync(m);
+}
+
+/* Reading: whether the file's field differs from the model's value. */
+static int mp__differs(mp__ckpt *c, uint64_t v, size_t bytes) {
+    c->got = mp__io_uint(&c->io, v, bytes);
+    return c->got != v;
+}
+
+static const char *mp__kind_type(uint64_t k) {
+    return k && k < MP_LAYER_KIND_COUNT ? mp__kinds[k].type : "layer of an unknown kind";
+}
+
+static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
+    mp_policy p;
+    if (compute >= MP_DTYPE_COUNT || variable >= MP_DTYPE_COUNT) return "(unknown)";
+    p.compute_dtype = (mp_dtype)compute;
+    p.variable_dtype = (mp_dtype)variable;
+    return mp_policy_name(p) ? mp_policy_name(p) : "(unknown)";
+}
+
+/* What identifies the model: the input shape; per layer its kind, policy
+   (a checkpoint's must match; weights may go to another policy), kernel and
+   bias sizes and output shape. */
+static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
+    int i, r;
+    if (mp__differs(c, (uint64_t)m->in_rank, 4))
+        return mp__fail(m, MP_ERR_SHAPE, "input rank %z in the file, %d in the model", (size_t)c->got, m->in_rank);
+    for (r = 0; r < m->in_rank; r++)
+        if (mp__differs(c, (uint64_t)m->in_shape[r], 4))
+            return mp__fail(m, MP_ERR_SHAPE, "input dimension %d is %z in the file, %d in the model", r,
+                            (size_t)c->got, m->in_shape[r]);
+    if (mp__differs(c, (uint64_t)m->n_layers, 4))
+        return mp__fail(m, MP_ERR_SHAPE, "%z layers in the file, %d in the model", (size_t)c->got, m->n_layers);
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        uint64_t ct, vt;
+        if (mp__differs(c, (uint64_t)l->desc.kind, 4))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s) is a %s in the model, a %s in the file", i, l->name,
+                            mp__kinds[l->desc.kind].type, mp__kind_type(c->got));
+        ct = mp__io_uint(&c->io, (uint64_t)l->policy.compute_dtype, 4);
+        vt = mp__io_uint(&c->io, (uint64_t)l->policy.variable_dtype, 4);
+        if (c->kind == 'C' && (ct != (uint64_t)l->policy.compute_dtype || vt != (uint64_t)l->policy.variable_dtype))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): policy %s in the file, %s in the model", i, l->name,
+                            mp__ckpt_policy_name(ct, vt), mp_policy_name(l->policy));
+        if (mp__differs(c, (uint64_t)l->n_kernel, 8))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z kernel weights in the file, %z in the model", i, l->name,
+                            (size_t)c->got, l->n_kernel);
+        if (mp__differs(c, (uint64_t)l->n_bias, 8))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z biases in the file, %z in the model", i, l->name,
+                            (size_t)c->got, l->n_bias);
+        if (mp__differs(c, (uint64_t)l->out_rank, 4))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): output rank %z in the file, %d in the model", i, l->name,
+                            (size_t)c->got, l->out_rank);
+        for (r = 0; r < l->out_rank; r++)
+            if (mp__differs(c, (uint64_t)l->out_shape[r], 4))
+                return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): output dimension %d is %z in the file, %d in the model",
+                                i, l->name, r, (size_t)c->got, l->out_shape[r]);
+    }
+    return MP_OK;
+}
+
+static void mp__io_loss_scale(mp__io *io, mp_loss_scale *to, const mp_loss_scale *from) {
+    to->config.fixed = mp__io_int(io, from->config.fixed);
+    to->config.initial_scale = mp__io_f32(io, from->config.initial_scale);
+    to->config.growth_interval = mp__io_int(io, from->config.growth_interval);
+    to->config.min_scale = mp__io_f32(io, from->config.min_scale);
+    to->config.max_scale = mp__io_f32(io, from->config.max_scale);
+    to->config.hysteresis = mp__io_int(io, from->config.hysteresis);
+    to->scale = mp__io_f32(io, from->scale);
+    to->good_steps = mp__io_uint(io, from->good_steps, 8);
+    to->skipped_steps = mp__io_uint(io, from->skipped_steps, 8);
+    to->steps = mp__io_uint(io, from->steps, 8);
+    to->overflows_left = mp__io_int(io, from->overflows_left);
+}
+
+static void mp__io_optimizer(mp__io *io, mp_opt_step *to, const mp_opt_step *from) {
+    to->cfg.kind = from->cfg.kind;
+    to->cfg.learning_rate = mp__io_f32(io, from->cfg.learning_rate);
+    to->cfg.momentum = mp__io_f32(io, from->cfg.momentum);
+    to->cfg.nesterov = mp__io_int(io, from->cfg.nesterov);
+    to->cfg.rho = mp__io_f32(io, from->cfg.rho);
+    to->cfg.beta_1 = mp__io_f32(io, from->cfg.beta_1);
+    to->cfg.beta_2 = mp__io_f32(io, from->cfg.beta_2);
+    to->cfg.epsilon = mp__io_f32(io, from->cfg.epsilon);
+    to->iteration = mp__io_uint(io, from->iteration, 8);
+}
+
+static const char *mp__optimizer_type(uint64_t k) {
+    static const char *const names[MP_OPTIMIZER_COUNT] = {"RMSprop", "SGD", "Adam"};
+    return k < MP_OPTIMIZER_COUNT ? names[k] : "an unknown optimizer";
+}
+
+/* The body after the header. A checkpoint: the fingerprint; whether it was
+   compiled, then loss, optimizer, loss scaling on or off and the slot count;
+   the weights; each layer's generator; the optimizer's config, iteration and
+   slots; the loss-scale state. Inference weights: the fingerprint and the
+   weights. */
+static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
+    mp__io *io = &c->io;
+    mp_status st = mp__ckpt_model(m, c);
+    uint64_t dt;
+    int i, ckpt = c->kind == 'C';
+    if (st != MP_OK) return st;
+    if (ckpt && mp__differs(c, (uint64_t)m->compiled, 4))
+        return mp__fail(m, MP_ERR_STATE, "%s",
+                        m->compiled ? "the checkpoint was saved before compile(): load it before compiling"
+                                    : "the checkpoint holds optimizer and loss-scale state: compile() the model first");
+    if (ckpt && m->compiled) {
+        if (mp__differs(c, (uint64_t)m->compile.loss, 4))
+            return mp__fail(m, MP_ERR_SHAPE, "loss %z in the file, %d in the model", (size_t)c->got, (int)m->compile.loss);
+        if (mp__differs(c, (uint64_t)m->opt.cfg.kind, 4))
+            return mp__fail(m, MP_ERR_SHAPE, "optimizer %s in the file, %s in the model", mp__optimizer_type(c->got),
+                            mp__optimizer_type((uint64_t)m->opt.cfg.kind));
+        if (mp__differs(c, (uint64_t)m->has_loss_scale, 4))
+            return mp__fail(m, MP_ERR_SHAPE, m->has_loss_scale ? "the model scales the loss, the file's did not"
+                                                               : "the file's model scaled the loss, this one does not");
+        if (mp__differs(c, (uint64_t)m->slot_count, 8))
+            return mp__fail(m, MP_ERR_SHAPE, "%z optimizer slot values in the file, %z in the model (SGD momentum?)",
+                            (size_t)c->got, m->slot_count);
+    }
+    dt = mp__io_uint(io, (uint64_t)c->dt, 4);
+    if (dt >= MP_DTYPE_COUNT || (ckpt && dt != MP_FLOAT32))
+        return mp__fail(m, MP_ERR_FORMAT, "corrupt: weights of dtype %z", (size_t)dt);
+    c->dt = (mp_dtype)dt;
+    c->weights = mp__io_floats(io, c->w, m->n_params, c->dt);
+    if (!ckpt) return MP_OK;
+    c->rngs = io->pos;
+    for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
+    if (!m->compiled) return MP_OK;
+    mp__io_optimizer(io, &c->opt, &m->opt);
+    c->slots = mp__io_floats(io, c->s, m->slot_count, MP_FLOAT32);
+    if (m->has_loss_scale) mp__io_loss_scale(io, &c->ls, &m->seen.ls);
+    return MP_OK;
+}
+
+/* The state read aside must be one training could have reached. */
+static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
+    mp_optimizer_desc o;
+    mp_loss_scale ls;
+    size_t slots;
+    if (c->kind != 'C' || !m->compiled) return MP_OK;
+    if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
+        !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
+        return mp__fail(m, MP_ERR_FORMAT, "corrupt: optimizer config out of range");
+    c->opt.cfg = o;
+    if (!m->has_loss_scale) return MP_OK;
+    if (mp_loss_scale_init(&ls, &c->ls.config) != MP_OK || !(c->ls.scale > 0.0f && c->ls.scale <= FLT_MAX) ||
+        c->ls.overflows_left < 1 || c->ls.overflows_left > ls.config.hysteresis ||
+        c->ls.good_steps >= (uint64_t)ls.config.growth_interval || c->ls.skipped_steps > c->ls.steps)
+        return mp__fail(m, MP_ERR_FORMAT, "corrupt: loss-scale state out of range");
+    c->ls.config = ls.config;
+    return MP_OK;
+}
+
+static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
+    const unsigned char *in = c->io.in;
+    int i, state = c->kind == 'C' && m->compiled;
+    mp__io_decode(c->w, in + c->weights, m->n_params, c->dt);
+    if (state) mp__io_decode(c->s, in + c->slots, m->slot_count, MP_FLOAT32);
+    if (c->copy) { /* a device backend: send them back */
+        m->be->copy(m->ctx, m->w, c->w, m->n_params * sizeof(float), MP_COPY_TO_BACKEND);
+        if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
+    }
+    m->casts_fresh = 0; /* the next forward casts the new weights */
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    if (c->kind == 'C')
+        for (i = 0; i < m->n_layers; i++) m->layers[i].rng = mp__le_get(in + c->rngs + 8u * (size_t)i, 8);
+    if (state) {
+        m->opt = c->opt;
+        if (m->has_loss_scale) m->seen.ls = c->ls;
+        m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
+    }
+    return mp__sync(m);
+}
+
+/* Writing: the header, the body (a model always matches itself), room for
+   the checksum. */
+static void mp__ckpt_pass(mp_model *m, mp__ckpt *c, uint64_t total) {
+    static const char magic[] = "MIXPREC";
+    size_t i;
+    for (i = 0; i < 7; i++) (void)mp__io_uint(&c->io, (unsigned char)magic[i], 1);
+    (void)mp__io_uint(&c->io, (uint64_t)c->kind, 1);
+    (void)mp__io_uint(&c->io, MP__CKPT_VERSION, 4);
+    (void)mp__io_uint(&c->io, total, 8);
+    (void)mp__ckpt_body(m, c);
+    (void)mp__io_skip(&c->io, 1, 4);
+}
+
+static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, size_t cap, size_t *len) {
+    mp__ckpt c;
+    mp_status st;
+    size_t total;
+    if (!m) return MP_ERR_NULL;
+    if (!len) return mp__fail(m, MP_ERR_NULL, "len is NULL");
+    if (!mp__dtype_valid(dt)) return mp__fail(m, MP_ERR_DTYPE, "export dtype %d", (int)dt);
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.dt = dt;
+    mp__ckpt_pass(m, &c, 0); /* measures */
+    if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
+    *len = total = c.io.pos;
+    if (!buf) return MP_OK;
+    if (cap < total) return mp__fail(m, MP_ERR_SIZE, "it takes %z bytes, the buffer has %z", total, cap);
+    if ((st = mp__ckpt_view(m, &c, 1)) != MP_OK) {
+        mp__free(c.copy);
+        return st;
+    }
+    memset(&c.io, 0, sizeof c.io);
+    c.io.out = (unsigned char *)buf;
+    mp__ckpt_pass(m, &c, total);
+    mp__le_put(c.io.out + total - 4, mp__crc32(c.io.out, total - 4), 4);
+    mp__free(c.copy);
+    return MP_OK;
+}
+
+static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t len) {
+    const unsigned char *b = (const unsigned char *)buf;
+    const char *what = kind == 'C' ? "checkpoint" : "weights file";
+    uint64_t version, total;
+    mp__ckpt c;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!buf) return mp__fail(m, MP_ERR_NULL, "no buffer to load from");
+    if (len == 0 || memcmp(b, "MIXPREC", len < 7 ? len : 7) != 0)
+        return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (%s)", what, len ? "no MIXPREC magic" : "empty");
+    if (len < MP__CKPT_HEAD + 4) return mp__fail(m, MP_ERR_FORMAT, "truncated: %z bytes, less than a header", len);
+    total = mp__le_get(b + 12, 8);
+    if (total > len) return mp__fail(m, MP_ERR_FORMAT, "truncated: %z of %z bytes", len, (size_t)total);
+    if (total < len) return mp__fail(m, MP_ERR_FORMAT, "corrupt: %z bytes, the header says %z", len, (size_t)total);
+    if (mp__crc32(b, len - 4) != mp__le_get(b + len - 4, 4))
+        return mp__fail(m, MP_ERR_FORMAT, "checksum mismatch: the %s is corrupt", what);
+    /* the checksum holds: what follows is what was written */
+    if (b[7] != kind && (b[7] == 'C' || b[7] == 'W'))
+        return mp__fail(m, MP_ERR_FORMAT, "%s",
+                        b[7] == 'C' ? "a checkpoint, not inference weights: read it with mp_model_load"
+                                    : "inference weights, not a checkpoint: read them with mp_model_import_weights");
+    if (b[7] != kind) return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (unknown kind byte)", what);
+    version = mp__le_get(b + 8, 4);
+    if (version != MP__CKPT_VERSION)
+        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
+                        (int)MP__CKPT_VERSION);
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.io.in = b;
+    c.io.pos = MP__CKPT_HEAD;
+    c.io.end = len - 4;
+    st = mp__ckpt_body(m, &c);
+    /* a mismatch found after reading past the end is an artefact of the short body */
+    if (c.io.past_end || (st == MP_OK && c.io.pos != c.io.end))
+        return mp__fail(m, MP_ERR_FORMAT, "corrupt: the %s's contents do not fill its length", what);
+    if (st == MP_OK) st = mp__ckpt_check(m, &c);
+    if (st == MP_OK) st = mp__ckpt_view(m, &c, 0);
+    if (st == MP_OK) st = mp__ckpt_commit(m, &c);
+    mp__free(c.copy);
+    return st;
+}
+
+MIXPREC_API mp_status mp_model_save_to_memory(mp_model *m, void *buf, size_t cap, size_t *len) {
+    return mp__ckpt_write(m, 'C', MP_FLOAT32, buf, cap, len);
+}
+MIXPREC_API mp_status mp_model_load_from_memory(mp_model *m, const void *buf, size_t len) {
+    return mp__ckpt_read(m, 'C', buf, len);
+}
+MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dtype, void *buf, size_t cap,
+                                                        size_t *len) {
+    return mp__ckpt_write(m, 'W', dtype, buf, cap, len);
+}
+MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const void *buf, size_t len) {
+    return mp__ckpt_read(m, 'W', buf, len);
+}
+
+#ifndef MIXPREC_NO_STDIO
+static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len); /* >>data */
+
+/* path.tmp, written, flushed and closed, then renamed over path (atomic on
+   POSIX); on any failure path.tmp goes and path stays as it was. */
+static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *path) {
+    unsigned char *buf;
+    char *tmp;
+    const char *why = NULL;
+    size_t len = 0, n;
+    FILE *f;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
+    if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
+    n = strlen(path);
+    buf = (unsigned char *)mp__alloc(len);
+    tmp = n < SIZE_MAX - 4 ? (char *)mp__alloc(n + 5) : NULL;
+    if (!buf || !tmp) {
+        mp__free(buf);
+        mp__free(tmp);
+        return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
+    }
+    (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp", 5);
+    if (!(f = fopen(tmp, "wb"))) {
+        why = "cannot create";
+    } else {
+        if (fwrite(buf, 1, len, f) != len || fflush(f) != 0) why = "cannot write";
+#if (defined(__unix__) || defined(__APPLE__)) && defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200112L
+        else if (fsync(fileno(f)) != 0) why = "cannot write"; /* on the disk before the rename: power cuts */
+#endif
+        if (fclose(f) != 0 && !why) why = "cannot write";
+#ifdef _WIN32
+        if (!why) remove(path); /* rename does not replace there; the new file is whole in path.tmp */
+#endif
+        if (!why && rename(tmp, path) != 0) why = "cannot rename";
+        if (why) remove(tmp);
+    }
+    st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s", path, why, tmp) : MP_OK;
+    mp__free(buf);
+    mp__free(tmp);
+    return st;
+}
+
+static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
+    if ((st = mp__read_file(path, &buf, &len)) != MP_OK) return mp__fail(m, st, "cannot read %s", path);
+    st = mp__ckpt_read(m, kind, buf, len);
+    mp__free(buf);
+    return st;
+}
+
+MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path) { return mp__ckpt_save(m, 'C', MP_FLOAT32, path); }
+MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path) { return mp__ckpt_load(m, 'C', path); }
+MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path) {
+    return mp__ckpt_save(m, 'W', dtype, path);
+}
+MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { return mp__ckpt_load(m, 'W', path); }
+#endif
 
 /* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
    byte), the number of dimensions, then each dimension as a big-endian

@@ -78,7 +78,7 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
-echo "== training, GEMM, backends and diagnostics (test_train, test_errors, test_gemm, test_backend, test_diagnostics) in every build"
+echo "== training, GEMM, backends, diagnostics and checkpoints (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -91,7 +91,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
@@ -105,6 +105,8 @@ fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
     step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
     run "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
+    step "build test_checkpoint for s390x (big-endian checkpoints)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_checkpoint.c -o $B/checkpoint_s390x -lm
+    run "test_checkpoint on s390x under qemu-user (the x86 files' bytes)" qemu-s390x $B/checkpoint_s390x
 fi
 
 echo "== Fashion-MNIST: mixed_float16 against float32 on real data"
@@ -113,6 +115,23 @@ if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
     VERBOSE=1 run "test_train on Fashion-MNIST" $B/test_train_gcc build/fashion-mnist
 else
     skip "Fashion-MNIST run" "the data set is missing (apt-get install dataset-fashion-mnist)"
+fi
+
+echo "== fuzzing (libFuzzer, bounded)"
+# Each reader for 20 s from seeds its target writes; ASan's leak check is on.
+# On a failure the last lines (the sanitizer's report) are shown and the
+# input is kept as $B/crash-*; replay it with `$B/fuzz_NAME $B/crash-...`.
+if printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
+        clang -fsanitize=fuzzer -x c - -o $B/fuzz_probe >/dev/null 2>&1; then
+    for f in fuzz_checkpoint fuzz_idx; do
+        rm -rf $B/corpus_$f && mkdir -p $B/corpus_$f
+        step "build $f (clang libFuzzer, ASan+UBSan)" clang $WARN -fsanitize=fuzzer,address,undefined \
+            -fno-sanitize-recover=all -g -O1 tests/$f.c -o $B/$f -lm
+        step "$f: 20 s with no crash, leak or hang" bash -c "set -o pipefail; MP_FUZZ_SEEDS=$B/corpus_$f $B/$f \
+            $B/corpus_$f -max_total_time=20 -timeout=5 -rss_limit_mb=2048 -artifact_prefix=$B/ 2>&1 | tail -n 25"
+    done
+else
+    skip "fuzzing" "clang's libFuzzer is missing (apt-get install clang)"
 fi
 
 echo "== examples and benchmarks build"

@@ -302,6 +302,53 @@ static void test_diagnostics(void) {
     mp_model_destroy(b);
 }
 
+/* A checkpoint of a device model is the same bytes as the CPU's, and
+   loads back onto a device model whole (weights, slots, loss scale). */
+static void test_checkpoint(void) {
+    mp_model *a = conv_net(mp_cpu_backend(), "mixed_float16", MP_ADAM), *b = conv_net(&remote, "mixed_float16", MP_ADAM);
+    mp_model *c = conv_net(&remote, "mixed_float16", MP_ADAM);
+    mp_fit_desc fd;
+    size_t la = 0, lb = 0, n;
+    unsigned char *ca, *cb;
+    float *wa, *wc;
+    if (!a || !b || !c) { mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); return; }
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = 48;
+    fd.batch_size = 16;
+    fd.verbose = MP_VERBOSE_SILENT;
+    CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
+    CHECK(mp_model_save_to_memory(a, NULL, 0, &la) == MP_OK && mp_model_save_to_memory(b, NULL, 0, &lb) == MP_OK);
+    ca = (unsigned char *)malloc(la);
+    cb = (unsigned char *)malloc(lb);
+    if (CHECK(ca && cb && la == lb) && CHECK(mp_model_save_to_memory(a, ca, la, &la) == MP_OK) &&
+        CHECK(mp_model_save_to_memory(b, cb, lb, &lb) == MP_OK)) {
+        CHECK(memcmp(ca, cb, la) == 0);
+        CHECK(mp_model_load_from_memory(c, ca, la) == MP_OK);
+        wa = weights_of(a);
+        wc = weights_of(c);
+        n = mp_model_param_count(a);
+        CHECK(wa && wc && memcmp(wa, wc, n * sizeof(float)) == 0);
+        CHECK(mp_model_loss_scale(c)->scale == mp_model_loss_scale(a)->scale &&
+              mp_model_loss_scale(c)->skipped_steps == mp_model_loss_scale(a)->skipped_steps);
+        free(wa);
+        free(wc);
+        /* and c trains on from there as a does */
+        CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(c, &fd) == MP_OK);
+        wa = weights_of(a);
+        wc = weights_of(c);
+        CHECK(wa && wc && memcmp(wa, wc, n * sizeof(float)) == 0);
+        free(wa);
+        free(wc);
+    }
+    free(ca);
+    free(cb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+    mp_model_destroy(c);
+}
+
 /* A backend with Tensor Cores warns once per model, naming each layer whose
    sizes are not multiples of 8 and the padding that fixes it. */
 static void test_tensor_core_warning(void) {
@@ -347,6 +394,7 @@ int main(void) {
     test_step_traffic();
     test_reads();
     test_diagnostics();
+    test_checkpoint();
     test_tensor_core_warning();
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");

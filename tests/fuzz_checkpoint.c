@@ -1,0 +1,159 @@
+/* fuzz_checkpoint.c - libFuzzer target for the checkpoint and
+   inference-weights readers (mp_model_load_from_memory,
+   mp_model_import_weights_from_memory). Each input goes into a compiled
+   mixed_float16 model (Adam, loss scaling, Dropout) that has trained a few
+   steps and into one that is only built, each as a checkpoint and as a
+   weights file, twice: as it is, and with its length field and CRC made
+   right, so that the fuzzer also reaches the body behind the checksum. A
+   load that fails must say MP_ERR_FORMAT, MP_ERR_SHAPE or MP_ERR_STATE and
+   leave the model's bytes as they were; one that succeeds is undone.
+
+       clang -fsanitize=fuzzer,address,undefined -g -O1 tests/fuzz_checkpoint.c -o fuzz_checkpoint -lm
+       mkdir -p corpus && MP_FUZZ_SEEDS=corpus ./fuzz_checkpoint corpus -max_total_time=60
+
+   MP_FUZZ_SEEDS=dir writes valid files (the seeds) into dir at start. */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct target {
+    mp_model *m;
+    unsigned char *bytes; /* its checkpoint: the state to keep */
+    size_t len;
+} target;
+static target compiled, built;
+
+static unsigned char *saved(mp_model *m, int export_dtype, size_t *len) {
+    unsigned char *b;
+    mp_status st = export_dtype < 0 ? mp_model_save_to_memory(m, NULL, 0, len)
+                                    : mp_model_export_weights_to_memory(m, (mp_dtype)export_dtype, NULL, 0, len);
+    if (st != MP_OK || !(b = (unsigned char *)malloc(*len))) abort();
+    st = export_dtype < 0 ? mp_model_save_to_memory(m, b, *len, len)
+                          : mp_model_export_weights_to_memory(m, (mp_dtype)export_dtype, b, *len, len);
+    if (st != MP_OK) abort();
+    return b;
+}
+
+static mp_model *model(int compile) {
+    static float x[16 * 5];
+    static int32_t y[16];
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_fit_desc fd;
+    mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    int i;
+    for (i = 0; i < 16 * 5; i++) x[i] = (float)(i % 7) / 7.0f;
+    for (i = 0; i < 16; i++) y[i] = i % 3;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    memset(&fd, 0, sizeof fd);
+    md.input_shape[0] = 5;
+    md.threads = 1;
+    out.dtype = "float32";
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_ADAM;
+    cd.loss_scale_config.initial_scale = 1048576.0f;
+    cd.loss_scale_config.growth_interval = 3;
+    fd.data.x = x;
+    fd.data.labels = y;
+    fd.data.n = 16;
+    fd.batch_size = 4;
+    fd.verbose = MP_VERBOSE_SILENT;
+    mp_set_global_policy_name("mixed_float16");
+    if (mp_model_create(&m, &md) || mp_model_add(m, mp_dense(4, MP_RELU)) || mp_model_add(m, mp_dropout(0.5f)) ||
+        mp_model_add(m, mp_dense(3, MP_LINEAR)) || mp_model_add(m, out) ||
+        (compile ? mp_model_compile(m, &cd) || mp_model_fit(m, &fd) : mp_model_build(m)))
+        abort();
+    return m;
+}
+
+static void write_seed(const char *dir, const char *name, const unsigned char *b, size_t len) {
+    char path[4096];
+    FILE *f;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!(f = fopen(path, "wb")) || fwrite(b, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "fuzz_checkpoint: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    const char *dir = getenv("MP_FUZZ_SEEDS");
+    (void)argc;
+    (void)argv;
+    compiled.m = model(1);
+    compiled.bytes = saved(compiled.m, -1, &compiled.len);
+    built.m = model(0);
+    built.bytes = saved(built.m, -1, &built.len);
+    if (dir) {
+        size_t len;
+        unsigned char *b;
+        write_seed(dir, "seed_checkpoint", compiled.bytes, compiled.len);
+        write_seed(dir, "seed_checkpoint_uncompiled", built.bytes, built.len);
+        b = saved(compiled.m, MP_FLOAT16, &len);
+        write_seed(dir, "seed_weights_float16", b, len);
+        free(b);
+        b = saved(compiled.m, MP_BFLOAT16, &len);
+        write_seed(dir, "seed_weights_bfloat16", b, len);
+        free(b);
+    }
+    return 0;
+}
+
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    size_t i;
+    int k;
+    for (i = 0; i < n; i++)
+        for (c ^= p[i], k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    return ~c;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+    int i;
+    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void load_into(target *t, const unsigned char *data, size_t size, int weights) {
+    mp_status st = weights ? mp_model_import_weights_from_memory(t->m, data, size)
+                           : mp_model_load_from_memory(t->m, data, size);
+    size_t len;
+    unsigned char *now;
+    if (st == MP_OK) { /* a valid file (the fuzzer can forge one): back to the state kept */
+        if (mp_model_load_from_memory(t->m, t->bytes, t->len) != MP_OK) abort();
+        return;
+    }
+    if (st != MP_ERR_FORMAT && st != MP_ERR_SHAPE && st != MP_ERR_STATE) {
+        fprintf(stderr, "fuzz_checkpoint: unexpected %s: %s\n", mp_status_name(st), mp_model_error(t->m));
+        abort();
+    }
+    now = saved(t->m, -1, &len);
+    if (len != t->len || memcmp(now, t->bytes, len) != 0) {
+        fprintf(stderr, "fuzz_checkpoint: a failed load changed the model: %s\n", mp_model_error(t->m));
+        abort();
+    }
+    free(now);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    unsigned char *fixed = (unsigned char *)malloc(size ? size : 1);
+    int weights;
+    if (!fixed) return 0;
+    memcpy(fixed, data, size);
+    if (size >= 24) { /* the length field and the CRC made right */
+        put_le(fixed + 12, size, 8);
+        put_le(fixed + size - 4, crc32_of(fixed, size - 4), 4);
+    }
+    for (weights = 0; weights < 2; weights++) {
+        load_into(&compiled, data, size, weights);
+        load_into(&built, data, size, weights);
+        load_into(&compiled, fixed, size, weights);
+        load_into(&built, fixed, size, weights);
+    }
+    free(fixed);
+    return 0;
+}

@@ -1,0 +1,787 @@
+/* test_checkpoint.c - checkpoints and inference-weight exports: a round
+   trip restores every piece of state; resuming fit (initial_epoch) or a
+   custom loop from a checkpoint reproduces the uninterrupted run bit for bit
+   under mixed_float16 with dynamic loss scaling that skips steps, Adam or
+   RMSprop, and Dropout; every truncation and every single-byte corruption of
+   a checkpoint is refused with MP_ERR_FORMAT and leaves the model bit for bit
+   as it was; foreign files, other versions and other models give clear
+   errors; float16/bfloat16 exports are half the size and round-trip to
+   mp_convert's rounding; files are replaced by temp + rename, so a failed
+   save (no directory, no room for the temp file, no memory) keeps the old
+   file. The bytes are the same on every host: the checksums of a fixed
+   model's files are constants here, checked on x86 and on s390x. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, rmdir */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* malloc that fails at its t_fail_at-th call from when it is set (0: never) */
+static size_t t_fail_at;
+static void *t_malloc(size_t n) {
+    if (t_fail_at && --t_fail_at == 0) return NULL;
+    return malloc(n);
+}
+#define MIXPREC_MALLOC(sz) t_malloc(sz)
+#define MIXPREC_FREE(p) free(p)
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
+
+/* ======================================================================== */
+/* Helpers */
+
+static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
+    if (check_report(st == MP_OK, file, line, what)) return 1;
+    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
+    return 0;
+}
+#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
+
+/* a status and an mp_model_error() that mentions word */
+static void status_report(mp_status got, mp_status want, const mp_model *m, const char *word, const char *file,
+                          int line, const char *what) {
+    const char *err = mp_model_error(m);
+    if (!check_report(got == want && strstr(err, word) != NULL, file, line, what))
+        fprintf(stderr, "    got %s, want %s mentioning \"%s\": %s\n", mp_status_name(got), mp_status_name(want), word, err);
+}
+#define CHECK_ERR(call, want, m, word) status_report((call), (want), (m), (word), __FILE__, __LINE__, #call)
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) { fprintf(stderr, "test_checkpoint: out of memory\n"); exit(2); }
+    return p;
+}
+
+/* The test's own CRC-32 (bit by bit), to forge files with a valid checksum. */
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    size_t i;
+    int k;
+    for (i = 0; i < n; i++)
+        for (c ^= p[i], k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    return ~c;
+}
+static uint64_t get_le(const unsigned char *p, int bytes) {
+    uint64_t v = 0;
+    while (bytes--) v = v << 8 | p[bytes];
+    return v;
+}
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+    int i;
+    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void fix_crc(unsigned char *b, size_t len) { put_le(b + len - 4, crc32_of(b, len - 4), 4); }
+
+#define NS 64 /* samples: NF features, 3 classes */
+#define NF 6
+static float xs[NS * NF];
+static int32_t ys[NS];
+
+static void init_data(void) {
+    int i, j;
+    for (i = 0; i < NS; i++) {
+        ys[i] = i % 3;
+        for (j = 0; j < NF; j++) xs[i * NF + j] = (float)((i * 7 + j * 13) % 10) / 10.0f + (j == ys[i] ? 1.0f : 0.0f);
+    }
+}
+
+/* A model: NF -> Dense(units, relu) -> Dropout(0.25) -> Dense(3) ->
+   softmax in float32, under policy, compiled with opt and a loss scale that
+   starts at 2^20 and doubles every 3 good steps, so that steps keep
+   skipping under mixed_float16. */
+typedef struct spec {
+    const char *policy;
+    int units, inputs, compiled, dropout;
+    mp_optimizer_kind opt;
+    float momentum;
+    mp_loss_scale_mode loss_scale;
+} spec;
+
+static spec base(void) {
+    spec s;
+    memset(&s, 0, sizeof s);
+    s.policy = "mixed_float16";
+    s.units = 8;
+    s.inputs = NF;
+    s.compiled = 1;
+    s.dropout = 1;
+    s.opt = MP_ADAM;
+    s.loss_scale = MP_LOSS_SCALE_ON;
+    return s;
+}
+
+static mp_model *make(spec s) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = s.inputs;
+    md.seed = 42;
+    md.threads = 1;
+    out.dtype = "float32";
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.optimizer.kind = s.opt;
+    cd.optimizer.momentum = s.momentum;
+    cd.loss_scale = s.loss_scale;
+    cd.loss_scale_config.initial_scale = 1048576.0f;
+    cd.loss_scale_config.growth_interval = 3;
+    if (mp_set_global_policy_name(s.policy) != MP_OK || mp_model_create(&m, &md) != MP_OK ||
+        mp_model_add(m, mp_dense(s.units, MP_RELU)) != MP_OK ||
+        (s.dropout && mp_model_add(m, mp_dropout(0.25f)) != MP_OK) || mp_model_add(m, mp_dense(3, MP_LINEAR)) != MP_OK ||
+        mp_model_add(m, out) != MP_OK || (s.compiled ? mp_model_compile(m, &cd) : mp_model_build(m)) != MP_OK) {
+        fprintf(stderr, "test_checkpoint: cannot make the model: %s\n", mp_model_error(m));
+        exit(2);
+    }
+    mp_set_global_policy_name("float32");
+    return m;
+}
+
+static mp_fit_desc fit_desc(int epochs, int initial_epoch, mp_logs *history) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = ys;
+    fd.data.n = NS;
+    fd.batch_size = 8;
+    fd.epochs = epochs;
+    fd.initial_epoch = initial_epoch;
+    fd.verbose = MP_VERBOSE_SILENT;
+    fd.history = history;
+    return fd;
+}
+
+/* The checkpoint's bytes (malloc'd, for the test to free); a failure
+   counts (success does not: the callers check what the bytes say). */
+static unsigned char *save(mp_model *m, size_t *len) {
+    unsigned char *b = NULL;
+    mp_status st = mp_model_save_to_memory(m, NULL, 0, len);
+    if (st == MP_OK) st = mp_model_save_to_memory(m, b = (unsigned char *)xmalloc(*len), *len, len);
+    if (st == MP_OK) return b;
+    ok_report(st, m, __FILE__, __LINE__, "mp_model_save_to_memory");
+    free(b);
+    return NULL;
+}
+
+/* Everything a checkpoint holds (its bytes), and the predictions, which
+   also see the compute-dtype copies of the weights. */
+typedef struct snap {
+    unsigned char *bytes;
+    size_t len;
+    float pred[4 * 3];
+} snap;
+
+static snap take(mp_model *m) {
+    snap s;
+    s.bytes = save(m, &s.len);
+    if (mp_model_predict(m, xs, 4, 4, s.pred) != MP_OK) memset(s.pred, 0xFF, sizeof s.pred);
+    return s;
+}
+static int same(mp_model *m, const snap *s) {
+    snap now = take(m);
+    int ok = now.bytes && s->bytes && now.len == s->len && memcmp(now.bytes, s->bytes, s->len) == 0 &&
+             memcmp(now.pred, s->pred, sizeof s->pred) == 0;
+    free(now.bytes);
+    return ok;
+}
+
+/* ======================================================================== */
+/* 1. Round trip and the layout */
+
+static void test_round_trip(void) {
+    mp_model *a = make(base()), *b = make(base());
+    mp_fit_desc fd = fit_desc(2, 0, NULL);
+    const mp_loss_scale *la, *lb;
+    unsigned char small[16];
+    size_t len = 0, n = mp_model_param_count(a), ns = mp_optimizer_slot_count(a), i;
+    snap sa;
+    float *wa = (float *)xmalloc(n * 4), *wb = (float *)xmalloc(n * 4), *sla = (float *)xmalloc(ns * 4),
+          *slb = (float *)xmalloc(ns * 4);
+    OK(mp_model_fit(a, &fd), a);
+    sa = take(a);
+    /* the layout: magic, kind, version 1 and length little-endian, the CRC last */
+    CHECK(sa.bytes && memcmp(sa.bytes, "MIXPRECC", 8) == 0);
+    CHECK(sa.bytes && get_le(sa.bytes + 8, 4) == 1 && sa.bytes[8] == 1);
+    CHECK(sa.bytes && get_le(sa.bytes + 12, 8) == sa.len);
+    CHECK(sa.bytes && get_le(sa.bytes + sa.len - 4, 4) == crc32_of(sa.bytes, sa.len - 4));
+    /* a buffer too small: MP_ERR_SIZE, nothing written, the size reported */
+    memset(small, 0xAB, sizeof small);
+    CHECK_ERR(mp_model_save_to_memory(a, small, sizeof small, &len), MP_ERR_SIZE, a, "bytes");
+    CHECK(len == sa.len && small[0] == 0xAB && small[15] == 0xAB);
+    CHECK(mp_model_save_to_memory(a, NULL, 0, NULL) == MP_ERR_NULL);
+    CHECK(mp_model_save_to_memory(NULL, NULL, 0, &len) == MP_ERR_NULL);
+    CHECK(mp_model_load_from_memory(a, NULL, 10) == MP_ERR_NULL);
+
+    OK(mp_model_load_from_memory(b, sa.bytes, sa.len), b);
+    CHECK(same(b, &sa));
+    OK(mp_model_get_weights(a, wa, n), a);
+    OK(mp_model_get_weights(b, wb, n), b);
+    CHECK(memcmp(wa, wb, n * 4) == 0);
+    OK(mp_get_optimizer_slots(a, sla, ns), a);
+    OK(mp_get_optimizer_slots(b, slb, ns), b);
+    CHECK(memcmp(sla, slb, ns * 4) == 0);
+    for (i = 0; i < ns && sla[i] == 0.0f; i++) {}
+    CHECK(i < ns); /* the slots hold something */
+    la = mp_model_loss_scale(a);
+    lb = mp_model_loss_scale(b);
+    CHECK(la && lb && la->scale == lb->scale && la->good_steps == lb->good_steps &&
+          la->skipped_steps == lb->skipped_steps && la->steps == lb->steps && la->overflows_left == lb->overflows_left &&
+          la->config.initial_scale == lb->config.initial_scale && la->config.growth_interval == 3 &&
+          lb->config.growth_interval == 3);
+    CHECK(la && la->skipped_steps > 0 && la->skipped_steps < 8 && la->steps == 16);
+    free(sa.bytes);
+    free(wa); free(wb); free(sla); free(slb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+/* ======================================================================== */
+/* 2. Resuming reproduces the uninterrupted run bit for bit */
+
+static const char *tmp_dir;
+static char *path_in(const char *name) {
+    char *p = (char *)xmalloc(strlen(tmp_dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static void test_resume_fit(mp_optimizer_kind opt) {
+    spec s = base();
+    mp_model *a, *b, *c, *d;
+    mp_logs ha[4], hc[2];
+    mp_fit_desc fd;
+    char *path = path_in("resume.ckpt");
+    snap sa, sb;
+    int e;
+    s.opt = opt;
+    a = make(s); b = make(s); c = make(s); d = make(s);
+    fd = fit_desc(4, 0, ha);
+    OK(mp_model_fit(a, &fd), a);
+    fd = fit_desc(2, 0, NULL);
+    OK(mp_model_fit(b, &fd), b);
+    OK(mp_model_save(b, path), b);
+    OK(mp_model_load(c, path), c);
+    fd = fit_desc(4, 2, hc);
+    OK(mp_model_fit(c, &fd), c);
+    sa = take(a);
+    sb = take(b);
+    CHECK(same(c, &sa));
+    CHECK(!same(b, &sa)); /* the second half did train */
+    for (e = 0; e < 2; e++)
+        CHECK(memcmp(&ha[2 + e].loss, &hc[e].loss, 4) == 0 && memcmp(&ha[2 + e].accuracy, &hc[e].accuracy, 4) == 0 &&
+              ha[2 + e].loss_scale == hc[e].loss_scale && ha[2 + e].skipped_steps == hc[e].skipped_steps);
+    CHECK(ha[3].skipped_steps > ha[1].skipped_steps); /* the loss scale kept skipping after the save */
+    /* without the replayed shuffles the order, and so the run, differs */
+    OK(mp_model_load(d, path), d);
+    fd = fit_desc(2, 0, NULL);
+    OK(mp_model_fit(d, &fd), d);
+    CHECK(!same(d, &sa));
+    free(sa.bytes); free(sb.bytes);
+    remove(path);
+    free(path);
+    mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); mp_model_destroy(d);
+}
+
+static void custom_steps(mp_model *m, int first, int count) {
+    int i;
+    for (i = first; i < first + count; i++) {
+        int k = i % (NS / 8), applied;
+        float loss;
+        if (mp_forward(m, xs + k * 8 * NF, 8, 1) || mp_compute_loss(m, ys + k * 8, NULL, &loss, NULL) ||
+            mp_compute_scaled_gradients(m) || mp_get_unscaled_gradients(m) || mp_apply_gradients(m, &applied)) {
+            CHECK(!"a custom-loop step failed");
+            return;
+        }
+    }
+}
+
+static void test_resume_custom_loop(void) {
+    spec s = base();
+    mp_model *a, *b, *c;
+    unsigned char *bytes;
+    size_t len;
+    snap sa;
+    s.opt = MP_RMSPROP;
+    a = make(s); b = make(s); c = make(s);
+    custom_steps(a, 0, 13);
+    custom_steps(b, 0, 6);
+    bytes = save(b, &len);
+    OK(mp_model_load_from_memory(c, bytes, len), c);
+    custom_steps(c, 6, 7);
+    sa = take(a);
+    CHECK(same(c, &sa));
+    CHECK(mp_model_loss_scale(a) && mp_model_loss_scale(a)->skipped_steps > 0);
+    free(bytes); free(sa.bytes);
+    mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c);
+}
+
+static void test_initial_epoch_args(void) {
+    mp_model *m = make(base());
+    mp_fit_desc fd = fit_desc(2, -1, NULL);
+    snap s = take(m);
+    CHECK_ERR(mp_model_fit(m, &fd), MP_ERR_ARG, m, "initial_epoch");
+    fd = fit_desc(2, 3, NULL);
+    CHECK_ERR(mp_model_fit(m, &fd), MP_ERR_ARG, m, "initial_epoch");
+    fd = fit_desc(2, 2, NULL); /* Keras: nothing left to train */
+    OK(mp_model_fit(m, &fd), m);
+    CHECK(same(m, &s));
+    free(s.bytes);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 3. Bad files are refused and change nothing */
+
+static void test_truncations(void) {
+    mp_model *src = make(base()), *m = make(base());
+    mp_fit_desc fd = fit_desc(1, 0, NULL);
+    size_t len, cut, bad = 0;
+    unsigned char *b;
+    snap before;
+    OK(mp_model_fit(src, &fd), src);
+    OK(mp_model_fit(m, &fd), m); /* different state: a load would show */
+    custom_steps(m, 0, 3);
+    b = save(src, &len);
+    before = take(m);
+    for (cut = 0; b && cut < len; cut++) {
+        unsigned char *copy = (unsigned char *)xmalloc(cut); /* exactly cut bytes: ASan sees any over-read */
+        mp_status st;
+        memcpy(copy, b, cut);
+        st = mp_model_load_from_memory(m, copy, cut);
+        if (st != MP_ERR_FORMAT || !strstr(mp_model_error(m), cut ? "truncated" : "empty") || !same(m, &before)) {
+            if (!bad) fprintf(stderr, "    cut at %zu: %s: %s\n", cut, mp_status_name(st), mp_model_error(m));
+            bad++;
+        }
+        free(copy);
+    }
+    CHECK(bad == 0);
+    CHECK(len > 1000); /* every length of a real checkpoint was tried */
+    free(b); free(before.bytes);
+    mp_model_destroy(src); mp_model_destroy(m);
+}
+
+static void test_corruptions(void) {
+    static const unsigned char masks[] = {0x01, 0x80, 0xFF};
+    mp_model *src = make(base()), *m = make(base());
+    size_t len, i, bad = 0, crc_msgs = 0;
+    unsigned char *b;
+    snap before;
+    unsigned k;
+    custom_steps(src, 0, 5);
+    b = save(src, &len);
+    before = take(m);
+    for (i = 0; b && i < len; i++)
+        for (k = 0; k < sizeof masks; k++) {
+            mp_status st;
+            b[i] ^= masks[k];
+            st = mp_model_load_from_memory(m, b, len);
+            crc_msgs += strstr(mp_model_error(m), "checksum mismatch") != NULL;
+            if (st != MP_ERR_FORMAT || !same(m, &before)) {
+                if (!bad) fprintf(stderr, "    byte %zu ^ 0x%02x: %s: %s\n", i, masks[k], mp_status_name(st), mp_model_error(m));
+                bad++;
+            }
+            b[i] ^= masks[k];
+        }
+    CHECK(bad == 0);
+    CHECK(crc_msgs == 3 * (len - 15)); /* all but the magic (7) and length (8) bytes: the checksum sees them */
+    OK(mp_model_load_from_memory(m, b, len), m); /* and the restored bytes load */
+    free(b); free(before.bytes);
+    mp_model_destroy(src); mp_model_destroy(m);
+}
+
+/* Files that pass the checksum but whose contents are wrong (forged with the
+   test's own CRC): the checks behind the checksum. */
+static void test_forged(void) {
+    mp_model *src = make(base()), *m = make(base());
+    size_t len;
+    unsigned char *b, *c;
+    snap before;
+    custom_steps(src, 0, 4);
+    b = save(src, &len);
+    c = (unsigned char *)xmalloc(len + 1);
+    before = take(m);
+    if (!b) return;
+    /* another version, and a version field corrupted (the CRC says which) */
+    memcpy(c, b, len);
+    put_le(c + 8, 2, 4);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "checksum mismatch");
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 2 not supported");
+    /* an unknown kind */
+    memcpy(c, b, len);
+    c[7] = 'Z';
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "unknown kind");
+    /* the loss scale (the last 56 bytes before the CRC; scale at 24): NaN, 0 */
+    memcpy(c, b, len);
+    put_le(c + len - 4 - 56 + 24, 0x7FC00000u, 4);
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "loss-scale state");
+    memcpy(c, b, len);
+    put_le(c + len - 4 - 56 + 24, 0, 4);
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "loss-scale state");
+    /* skipped steps above all steps */
+    memcpy(c, b, len);
+    put_le(c + len - 4 - 56 + 36, 1000000, 8);
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "loss-scale state");
+    /* one byte more (the length field is for one less) */
+    memcpy(c, b, len);
+    c[len] = 0;
+    CHECK_ERR(mp_model_load_from_memory(m, c, len + 1), MP_ERR_FORMAT, m, "the header says");
+    /* one byte more, length and CRC agreeing */
+    memcpy(c, b, len - 4);
+    c[len - 4] = 0;
+    put_le(c + 12, len + 1, 8);
+    fix_crc(c, len + 1);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len + 1), MP_ERR_FORMAT, m, "do not fill");
+    /* the last 4 body bytes gone, length and CRC agreeing */
+    memcpy(c, b, len - 8);
+    put_le(c + 12, len - 4, 8);
+    fix_crc(c, len - 4);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len - 4), MP_ERR_FORMAT, m, "do not fill");
+    /* a header too short for its fields (the length says 8) */
+    memcpy(c, b, len);
+    put_le(c + 12, 24, 8);
+    fix_crc(c, 24);
+    CHECK_ERR(mp_model_load_from_memory(m, c, 24), MP_ERR_FORMAT, m, "do not fill");
+    CHECK(same(m, &before));
+    free(b); free(c); free(before.bytes);
+    mp_model_destroy(src); mp_model_destroy(m);
+}
+
+static void test_foreign(void) {
+    static const unsigned char idx[] = {0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 0}; /* IDX labels: 1, 2, 0 */
+    unsigned char noise[256], *w = NULL;
+    mp_model *m = make(base());
+    snap before = take(m);
+    size_t wlen = 0, i;
+    uint32_t r = 12345;
+    for (i = 0; i < sizeof noise; i++) noise[i] = (unsigned char)((r = r * 1103515245u + 12345u) >> 24);
+    CHECK_ERR(mp_model_load_from_memory(m, idx, sizeof idx), MP_ERR_FORMAT, m, "not a mixprec checkpoint");
+    CHECK_ERR(mp_model_load_from_memory(m, noise, sizeof noise), MP_ERR_FORMAT, m, "not a mixprec checkpoint");
+    CHECK_ERR(mp_model_load_from_memory(m, noise, 0), MP_ERR_FORMAT, m, "empty");
+    CHECK_ERR(mp_model_load_from_memory(m, "MIXPREC", 7), MP_ERR_FORMAT, m, "truncated");
+    memcpy(noise, "MIXPRECC", 8);
+    CHECK_ERR(mp_model_load_from_memory(m, noise, sizeof noise), MP_ERR_FORMAT, m, "truncated"); /* its length field */
+    /* an inference-weights file is not a checkpoint, and the reverse */
+    OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, NULL, 0, &wlen), m);
+    w = (unsigned char *)xmalloc(wlen);
+    OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, w, wlen, &wlen), m);
+    CHECK_ERR(mp_model_load_from_memory(m, w, wlen), MP_ERR_FORMAT, m, "mp_model_import_weights");
+    CHECK_ERR(mp_model_import_weights_from_memory(m, before.bytes, before.len), MP_ERR_FORMAT, m, "mp_model_load");
+    CHECK_ERR(mp_model_import_weights_from_memory(m, idx, sizeof idx), MP_ERR_FORMAT, m, "not a mixprec weights file");
+    CHECK(same(m, &before));
+    free(w); free(before.bytes);
+    mp_model_destroy(m);
+}
+
+/* A checkpoint of one model into another: which difference is named. */
+static void check_mismatch(const unsigned char *b, size_t len, spec s, mp_status want, const char *word, int line) {
+    mp_model *m = make(s);
+    snap before = take(m);
+    char what[64];
+    sprintf(what, "mismatch (line %d)", line);
+    status_report(mp_model_load_from_memory(m, b, len), want, m, word, __FILE__, line, what);
+    check_report(same(m, &before), __FILE__, line, "the model is untouched");
+    free(before.bytes);
+    mp_model_destroy(m);
+}
+
+static void test_wrong_model(void) {
+    mp_model *src = make(base()), *plain;
+    spec s;
+    size_t len, plen;
+    unsigned char *b, *pb;
+    custom_steps(src, 0, 2);
+    b = save(src, &len);
+    s = base(); s.units = 10;
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "layer 0 (dense): 48 kernel weights in the file, 60 in the model", __LINE__);
+    s = base(); s.inputs = 5;
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "input dimension 0 is 6 in the file, 5 in the model", __LINE__);
+    s = base(); s.dropout = 0;
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "4 layers in the file, 3 in the model", __LINE__);
+    s = base(); s.policy = "float32";
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "policy mixed_float16 in the file, float32 in the model", __LINE__);
+    s = base(); s.opt = MP_RMSPROP;
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "optimizer Adam in the file, RMSprop in the model", __LINE__);
+    s = base(); s.loss_scale = MP_LOSS_SCALE_NONE;
+    check_mismatch(b, len, s, MP_ERR_SHAPE, "scaled the loss", __LINE__);
+    s = base(); s.compiled = 0;
+    check_mismatch(b, len, s, MP_ERR_STATE, "compile() the model first", __LINE__);
+    /* an uncompiled checkpoint: into a compiled model no, into a built one yes */
+    s = base(); s.compiled = 0;
+    plain = make(s);
+    pb = save(plain, &plen);
+    check_mismatch(pb, plen, base(), MP_ERR_STATE, "load it before compiling", __LINE__);
+    s = base(); s.opt = MP_SGD; s.momentum = 0.9f;
+    {
+        mp_model *sgd = make(s);
+        size_t slen;
+        unsigned char *sb = save(sgd, &slen);
+        s.momentum = 0.0f;
+        check_mismatch(sb, slen, s, MP_ERR_SHAPE, "optimizer slot values", __LINE__);
+        free(sb);
+        mp_model_destroy(sgd);
+    }
+    {
+        mp_model *m;
+        snap sp = take(plain);
+        s = base(); s.compiled = 0;
+        m = make(s);
+        OK(mp_model_load_from_memory(m, pb, plen), m);
+        CHECK(same(m, &sp));
+        free(sp.bytes);
+        mp_model_destroy(m);
+    }
+    free(b); free(pb);
+    mp_model_destroy(src); mp_model_destroy(plain);
+}
+
+/* ======================================================================== */
+/* 4. Inference weights in float16 and bfloat16 */
+
+static void test_export(void) {
+    static const mp_dtype dts[] = {MP_FLOAT16, MP_BFLOAT16};
+    spec s = base();
+    mp_model *src, *m;
+    size_t n, ns, len32 = 0, len, i;
+    float *w, *back, *want, *slots0, *slots1;
+    unsigned char *b;
+    mp_loss_scale ls0;
+    int k;
+    s.units = 64;
+    src = make(s);
+    n = mp_model_param_count(src);
+    w = (float *)xmalloc(n * 4); back = (float *)xmalloc(n * 4); want = (float *)xmalloc(n * 4);
+    /* values where the rounding shows: a tie, subnormals, overflow, NaN, -0 */
+    OK(mp_model_get_weights(src, w, n), src);
+    w[0] = 1.0f + 1.0f / 2048.0f; w[1] = 1e-7f; w[2] = 70000.0f; w[3] = -0.0f; w[4] = 1e-40f; w[5] = 3.0e38f;
+    {
+        uint32_t nan = 0x7FC00001u; /* a NaN with a payload bit */
+        memcpy(&w[6], &nan, 4);
+    }
+    OK(mp_model_set_weights(src, w, n), src);
+    OK(mp_model_export_weights_to_memory(src, MP_FLOAT32, NULL, 0, &len32), src);
+    CHECK(mp_model_export_weights_to_memory(src, (mp_dtype)7, NULL, 0, &len) == MP_ERR_DTYPE);
+    for (k = 0; k < 2; k++) {
+        mp_dtype dt = dts[k];
+        OK(mp_model_export_weights_to_memory(src, dt, NULL, 0, &len), src);
+        CHECK(len32 - len == 2 * n); /* 2 bytes a weight instead of 4 */
+        CHECK(len * 100 < len32 * 55); /* about half, with the header and fingerprint */
+        b = (unsigned char *)xmalloc(len);
+        OK(mp_model_export_weights_to_memory(src, dt, b, len, &len), src);
+        CHECK(memcmp(b, "MIXPRECW", 8) == 0);
+        /* into a float32 model that is not compiled: the policy may differ */
+        s.policy = "float32"; s.compiled = 0;
+        m = make(s);
+        OK(mp_model_import_weights_from_memory(m, b, len), m);
+        OK(mp_model_get_weights(m, back, n), m);
+        {   /* mp_convert's rounding, widened back exactly */
+            mp_f16 *h = (mp_f16 *)xmalloc(n * 2);
+            mp_convert(h, dt, w, MP_FLOAT32, n, NULL);
+            mp_convert(want, MP_FLOAT32, h, dt, n, NULL);
+            free(h);
+        }
+        CHECK(memcmp(back, want, n * 4) == 0);
+        CHECK(memcmp(back, w, n * 4) != 0); /* the rounding was real */
+        CHECK(dt != MP_FLOAT16 || back[2] > 1e38f); /* 70000 overflows float16 */
+        CHECK(back[6] != back[6]);
+        mp_model_destroy(m);
+        free(b);
+    }
+    /* importing touches the weights only, not the optimizer or the loss scale */
+    s = base(); s.units = 64;
+    m = make(s);
+    custom_steps(m, 0, 4);
+    ns = mp_optimizer_slot_count(m);
+    slots0 = (float *)xmalloc(ns * 4); slots1 = (float *)xmalloc(ns * 4);
+    OK(mp_get_optimizer_slots(m, slots0, ns), m);
+    ls0 = *mp_model_loss_scale(m);
+    {
+        char *path = path_in("w.bf16");
+        OK(mp_model_export_weights(src, MP_BFLOAT16, path), src);
+        OK(mp_model_import_weights(m, path), m);
+        remove(path);
+        free(path);
+    }
+    OK(mp_get_optimizer_slots(m, slots1, ns), m);
+    CHECK(memcmp(slots0, slots1, ns * 4) == 0);
+    CHECK(mp_model_loss_scale(m)->steps == ls0.steps && mp_model_loss_scale(m)->scale == ls0.scale);
+    OK(mp_model_get_weights(m, back, n), m);
+    for (i = 0; i < n; i++) want[i] = mp_bf16_to_f32(mp_bf16_from_f32(w[i]));
+    CHECK(memcmp(back, want, 6 * 4) == 0 && memcmp(back + 7, want + 7, (n - 7) * 4) == 0);
+    /* an export of another model */
+    s.units = 32;
+    {
+        mp_model *other = make(s);
+        unsigned char *ob;
+        size_t olen;
+        snap before = take(m);
+        OK(mp_model_export_weights_to_memory(other, MP_FLOAT16, NULL, 0, &olen), other);
+        ob = (unsigned char *)xmalloc(olen);
+        OK(mp_model_export_weights_to_memory(other, MP_FLOAT16, ob, olen, &olen), other);
+        CHECK_ERR(mp_model_import_weights_from_memory(m, ob, olen), MP_ERR_SHAPE, m, "kernel weights");
+        ob[olen - 10] ^= 4;
+        CHECK_ERR(mp_model_import_weights_from_memory(m, ob, olen), MP_ERR_FORMAT, m, "checksum mismatch");
+        CHECK(same(m, &before));
+        free(ob); free(before.bytes);
+        mp_model_destroy(other);
+    }
+    free(w); free(back); free(want); free(slots0); free(slots1);
+    mp_model_destroy(src);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 5. Files: temp + rename, failures that keep the old file */
+
+static unsigned char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *b;
+    long n;
+    *len = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    b = (unsigned char *)xmalloc((size_t)n);
+    *len = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    return b;
+}
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void test_files(void) {
+    mp_model *m = make(base()), *c = make(base());
+    char *path = path_in("model.ckpt"), *tmp = path_in("model.ckpt.tmp"), *nodir = path_in("no/such/dir/x.ckpt");
+    unsigned char *old, *now;
+    size_t old_len, now_len, fail_at;
+    mp_memory_info mem;
+    snap sc;
+    OK(mp_model_save(m, path), m);
+    CHECK(!exists(tmp)); /* renamed away */
+    old = read_all(path, &old_len);
+    custom_steps(m, 0, 8); /* the model moves on; the file must not */
+
+    CHECK_ERR(mp_model_save(m, nodir), MP_ERR_IO, m, "cannot create");
+    CHECK_ERR(mp_model_load(m, nodir), MP_ERR_IO, m, "cannot read");
+    CHECK(mp_model_save(m, NULL) == MP_ERR_NULL && mp_model_load(NULL, path) == MP_ERR_NULL);
+    /* path.tmp cannot be created (a directory is there): the old file stays,
+       and the directory is not removed */
+    CHECK(mkdir(tmp, 0700) == 0);
+    CHECK_ERR(mp_model_save(m, path), MP_ERR_IO, m, "cannot create");
+    now = read_all(path, &now_len);
+    CHECK(now && old && now_len == old_len && memcmp(now, old, old_len) == 0);
+    free(now);
+    CHECK(rmdir(tmp) == 0);
+    /* path is a directory that is not empty: the rename fails, the temp goes */
+    {
+        char *dir = path_in("dir.ckpt"), *inside = path_in("dir.ckpt/x"), *dir_tmp = path_in("dir.ckpt.tmp");
+        CHECK(mkdir(dir, 0700) == 0);
+        OK(mp_model_save(m, inside), m);
+        CHECK_ERR(mp_model_save(m, dir), MP_ERR_IO, m, "cannot rename");
+        CHECK(!exists(dir_tmp) && exists(inside));
+        remove(inside);
+        rmdir(dir);
+        free(dir); free(inside); free(dir_tmp);
+    }
+    /* no memory at each allocation of a save, then of a load */
+    sc = take(c);
+    mem = mp_get_memory_info();
+    for (fail_at = 1; fail_at <= 2; fail_at++) {
+        t_fail_at = fail_at;
+        CHECK_ERR(mp_model_save(m, path), MP_ERR_ALLOC, m, "saving");
+        t_fail_at = 0;
+        now = read_all(path, &now_len);
+        CHECK(now && now_len == old_len && memcmp(now, old, old_len) == 0 && !exists(tmp));
+        free(now);
+    }
+    t_fail_at = 1;
+    CHECK_ERR(mp_model_load(c, path), MP_ERR_ALLOC, c, "cannot read");
+    t_fail_at = 0;
+    CHECK(same(c, &sc));
+    CHECK(mp_get_memory_info().current == mem.current); /* nothing leaked */
+    /* a good save replaces the file, which then loads */
+    OK(mp_model_save(m, path), m);
+    now = read_all(path, &now_len);
+    CHECK(now && (now_len != old_len || memcmp(now, old, old_len) != 0) && !exists(tmp));
+    OK(mp_model_load(c, path), c);
+    {
+        snap sm = take(m);
+        CHECK(same(c, &sm));
+        free(sm.bytes);
+    }
+    remove(path);
+    free(now); free(old); free(sc.bytes);
+    free(path); free(tmp); free(nodir);
+    mp_model_destroy(m); mp_model_destroy(c);
+}
+
+/* ======================================================================== */
+/* 6. The same bytes on every host: a fixed model (weights set exactly, no
+   training, whose arithmetic could differ between builds), compiled; the
+   CRCs are constants recorded on x86-64 and checked again on s390x. */
+
+static void test_portable_bytes(void) {
+    spec s = base();
+    mp_model *m, *back;
+    size_t n, len, i;
+    float *w;
+    unsigned char *b;
+    s.opt = MP_RMSPROP;
+    m = make(s);
+    n = mp_model_param_count(m);
+    w = (float *)xmalloc(n * 4);
+    for (i = 0; i < n; i++) w[i] = (float)((int)(i % 37) - 18) / 64.0f + (float)i / 1048576.0f;
+    OK(mp_model_set_weights(m, w, n), m);
+    b = save(m, &len);
+    CHECK_EQ(len, 996);
+    CHECK_EQ(b ? get_le(b + len - 4, 4) : 0, 0x6FAC7461u);
+    back = make(s);
+    OK(mp_model_load_from_memory(back, b, len), back);
+    free(b);
+    OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, NULL, 0, &len), m);
+    b = (unsigned char *)xmalloc(len);
+    OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, b, len, &len), m);
+    CHECK_EQ(get_le(b + len - 4, 4), 0x0EB85C2Eu);
+    free(b);
+    OK(mp_model_export_weights_to_memory(m, MP_BFLOAT16, NULL, 0, &len), m);
+    b = (unsigned char *)xmalloc(len);
+    OK(mp_model_export_weights_to_memory(m, MP_BFLOAT16, b, len, &len), m);
+    CHECK_EQ(get_le(b + len - 4, 4), 0xD1BFC9CEu);
+    free(b);
+    free(w);
+    mp_model_destroy(m);
+    mp_model_destroy(back);
+}
+
+int main(void) {
+    char dir[] = "/tmp/mp_ckpt_XXXXXX";
+    init_data();
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
+    tmp_dir = dir;
+    test_round_trip();
+    test_resume_fit(MP_ADAM);
+    test_resume_fit(MP_RMSPROP);
+    test_resume_custom_loop();
+    test_initial_epoch_args();
+    test_truncations();
+    test_corruptions();
+    test_forged();
+    test_foreign();
+    test_wrong_model();
+    test_export();
+    test_files();
+    test_portable_bytes();
+    rmdir(dir);
+    return check_done("test_checkpoint");
+}
