@@ -91,7 +91,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm; do
+    for t in test_train test_errors test_gemm test_amp; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
