@@ -1849,7 +1849,7 @@ struct mp__gemm_args {
     mp_dtype ct;
     int accumulate;      /* C += op(A) op(B) */
     const void *bias;    /* [n] in biast, or NULL */
-    mp_dtype biast;
+    mp_dtype biast;      /* the bias's dtype: ct, or float32 */
     mp_activation act;   /* elementwise only */
     void *z;             /* the pre-activation, in ct, or NULL */
 };
@@ -2876,9 +2876,9 @@ static float mp__uniform(uint64_t *s) { return (float)(mp__splitmix(s) >> 40) * 
 static size_t mp__params(const mp__layer *l) { return l->n_kernel + l->n_bias; }
 static const mp__layer *mp__last(const mp_model *m) { return &m->layers[m->n_layers - 1]; }
 
-/* The bias the epilogue adds, and its dtype: the compute-dtype copy, or the
-   float32 weight itself where the output dtype differs (AMP: TensorFlow's
-   BiasAdd then runs apart from the product's dtype; the sum is float32). */
+/* The bias the epilogue adds, and its dtype: the compute-dtype copy, or,
+   where the output dtype differs (AMP painted the product and the ops after
+   it apart), the float32 weight itself: the epilogue sums in float32. */
 static const void *mp__bias(const mp__layer *l, mp_dtype *type) {
     *type = l->yt == l->dt ? l->dt : MP_FLOAT32;
     if (!l->n_bias) return NULL;
