@@ -472,6 +472,84 @@ typedef enum mp_loss_scale_mode {
 
 typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
 
+/* >>automatic mixed precision (TensorFlow's auto_mixed_precision graph rewrite)
+   compile() with amp.enabled (or MIXPREC_AUTO_MIXED_PRECISION=1 in the
+   environment, TensorFlow's TF_ENABLE_AUTO_MIXED_PRECISION) rewrites a
+   float32 model as TensorFlow's grappler pass rewrites a graph. The model is
+   read as a chain of ops with TensorFlow's names: Dense is MatMul, BiasAdd
+   (unless no_bias) and its activation's op; Conv2D is Conv2D, BiasAdd and
+   the activation's op; the activations are Relu, Sigmoid, Tanh, Softmax and
+   Gelu (linear adds none; an Activation layer of linear is Identity);
+   MaxPooling2D is MaxPool, Flatten Reshape, Dropout Dropout. The loss is
+   SparseSoftmaxCrossEntropyWithLogits or SoftmaxCrossEntropyWithLogits from
+   logits, Log then Sum from probabilities; binary crossentropy Exp, Log1p,
+   Mean from logits, Log, Mean from probabilities; mean squared error
+   SquaredDifference, Mean; then every loss a Mean over the batch.
+   Each op is on one list (TensorFlow's, auto_mixed_precision_lists.h):
+       allow   MatMul Conv2D
+       infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p
+       clear   Relu MaxPool Reshape Dropout Identity
+       deny    Exp Sum Mean SparseSoftmaxCrossEntropyWithLogits
+               SoftmaxCrossEntropyWithLogits
+       (none)  SquaredDifference: never converted, as an op on no list
+   and painted in TensorFlow's order: 1) allow ops are low precision; 2) deny
+   spreads forward from deny ops through infer and clear ops that lead (via
+   clear ops) to an infer or deny op; 3) infer and clear ops between two allow
+   ops, and not deny, become allow; 4) allow spreads both ways through clear
+   ops that are not deny. A cast goes in wherever a float32 op (or the input
+   batch) feeds a low-precision op and back. Levels, as
+   TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL: TENSOR_CORES_ONLY empties
+   every list but allow (no propagation); UNSAFE_FORCE_ALL converts every op.
+   A layer still runs its ops fused (one float32 accumulation, one rounding):
+   it computes (reads its input and weights) in the dtype of its first op and
+   writes its output in the dtype of its last op, so the guide's last Dense
+   multiplies in float16 and outputs float32 (its BiasAdd is not between two
+   allow ops); the bias is then read from the float32 weight. Backward ops
+   are not counted: each takes its forward op's dtype (activation gradients
+   in the activations' dtype, weight gradients in the compute dtype). The
+   loss value stays float32. Under float16 compile wraps the optimizer for
+   dynamic loss scaling as under mixed_float16 (loss_scale decides as ever);
+   under bfloat16 it does not. compile prints TensorFlow's summary line,
+       Converted X/Y nodes to float16 precision using Z cast(s) to float16
+       (excluding Const and Variable casts)
+   (one line; bfloat16 in bfloat16 mode): Y ops, X of them converted, Z casts
+   to low precision (the input batch's counts; the weights, TensorFlow's
+   Variables, do not), and with verbose the colouring per op.
+   Lists are edited by comma-separated op names, added then removed: first
+   the fields here, then the environment's MIXPREC_AMP_ALLOWLIST_ADD,
+   MIXPREC_AMP_ALLOWLIST_REMOVE and the same for DENYLIST, INFERLIST and
+   CLEARLIST; MIXPREC_AMP_LEVEL (DEFAULT, TENSOR_CORES_ONLY or
+   UNSAFE_FORCE_ALL) and MIXPREC_AMP_DTYPE (float16, bfloat16) override the
+   fields. Errors (compile fails, the model unchanged): a layer whose policy
+   is not float32, or an op on two lists after the edits, or a bad dtype or
+   level: MP_ERR_ARG naming it; a name that is no op above:
+   MP_ERR_UNKNOWN_NAME. */
+typedef enum mp_amp_level {
+    MP_AMP_DEFAULT = 0,
+    MP_AMP_TENSOR_CORES_ONLY, /* only allow ops convert: the other lists are empty */
+    MP_AMP_UNSAFE_FORCE_ALL   /* every op converts, deny ops included */
+} mp_amp_level;
+
+typedef struct mp_amp_desc {
+    int enabled;         /* zero: off unless MIXPREC_AUTO_MIXED_PRECISION=1 */
+    mp_dtype dtype;      /* MP_FLOAT16 or MP_BFLOAT16; 0 (MP_FLOAT32) = float16 */
+    mp_amp_level level;
+    const char *allow_add, *allow_remove, *deny_add, *deny_remove; /* "Op,Op", or NULL */
+    const char *infer_add, *infer_remove, *clear_add, *clear_remove;
+    int verbose;         /* compile also prints the colouring per op */
+} mp_amp_desc;
+
+struct mp_model;
+/* TensorFlow's summary line (above; no newline), or TensorFlow's "No
+   allowlist ops found, nothing to do" when no op is on the allow list.
+   MP_ERR_STATE when the last compile ran without AMP; MP_ERR_SIZE when buf
+   is too small (the text is cut, NUL-terminated). Needs no stdio. */
+MIXPREC_API mp_status mp_model_amp_report(const struct mp_model *m, char *buf, size_t size);
+/* The colouring: a header line, then a line per op: op, layer ("(loss)" for
+   the loss's ops), list after the edits ("-" for none), dtype. Errors as
+   mp_model_amp_report. */
+MIXPREC_API mp_status mp_model_amp_table(const struct mp_model *m, char *buf, size_t size);
+
 typedef struct mp_compile_desc {
     mp_loss loss;              /* required */
     int from_logits;           /* crossentropy losses: predictions are logits */
@@ -479,6 +557,7 @@ typedef struct mp_compile_desc {
     mp_metric metrics;         /* accuracy: sparse categorical, categorical or binary by loss */
     mp_loss_scale_mode loss_scale;
     mp_loss_scale_desc loss_scale_config;
+    mp_amp_desc amp;           /* automatic mixed precision: zero = off (see above) */
 } mp_compile_desc;
 
 /* >>model
@@ -515,6 +594,8 @@ typedef struct mp_layer_info {
     int rank;            /* of the output per sample */
     int output_shape[MP_MAX_RANK - 1];
     size_t params;
+    mp_dtype compute_dtype; /* what it reads its input and weights in */
+    mp_dtype output_dtype;  /* what its output is stored in: compute_dtype but under AMP */
 } mp_layer_info;
 
 MIXPREC_API int mp_model_layer_count(const mp_model *m);
@@ -847,7 +928,8 @@ typedef struct mp_gemm_args {
     void *c;
     mp_dtype ct;
     int accumulate;      /* C += op(A) op(B) */
-    const void *bias;    /* [n] in ct, or NULL */
+    const void *bias;    /* [n] in biast, or NULL */
+    mp_dtype biast;      /* the bias's dtype: ct, or float32 */
     mp_activation act;   /* elementwise only */
     void *z;             /* the pre-activation, in ct, or NULL */
 } mp_gemm_args;
@@ -996,6 +1078,7 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #define MIXPREC_ASSERT(x) assert(x)
 #endif
 #include <string.h>
+#include <stdlib.h> /* getenv: automatic mixed precision's settings */
 #include <math.h>
 #include <float.h>
 #include <stdarg.h>
@@ -2382,7 +2465,7 @@ static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t r
         for (j = 0; j < nc; j++) acc[j] += tmp[j];
     }
     if (g->bias) {
-        mp__load(tmp, mp__at(g->bias, g->ct, j0), g->ct, nc);
+        mp__load(tmp, mp__at(g->bias, g->biast, j0), g->biast, nc);
         for (j = 0; j < nc; j++) acc[j] += tmp[j];
     }
     if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
@@ -3091,15 +3174,16 @@ MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
    Each layer kind has a forward and a backward pass side by side. A layer
    reads its input in its compute dtype (cast on entry when the incoming
    activations differ, as Keras autocasts floating inputs), reads its
-   float32 weights as the compute dtype (wc), writes outputs in the compute
-   dtype, writes weight gradients in the compute dtype (gc) and activation
-   gradients (dx) in the dtype of its input activations. Under float32, wc
-   and gc are the float32 weights and gradients themselves. */
+   float32 weights as the compute dtype (wc), writes outputs in its output
+   dtype (yt: the compute dtype, except where automatic mixed precision ends
+   a layer's ops in another), writes weight gradients in the compute dtype
+   (gc) and activation gradients (dx) in the dtype of its input activations.
+   Under float32, wc and gc are the float32 weights and gradients themselves. */
 typedef struct mp__layer {
     mp_layer_desc desc;
     char name[32];
     mp_policy policy;
-    mp_dtype dt, xt;          /* compute dtype; dtype of the incoming activations */
+    mp_dtype dt, xt, yt;      /* compute dtype; dtype of the incoming activations; output dtype */
     int in_rank, out_rank;
     int in_shape[MP_MAX_RANK - 1], out_shape[MP_MAX_RANK - 1];
     size_t in_size, out_size; /* elements per sample */
@@ -3109,7 +3193,8 @@ typedef struct mp__layer {
     void *wc, *gc;            /* the same in dt (alias w and g under float32) */
     const void *x;            /* incoming activations, xt */
     void *xin;                /* x cast to dt, or NULL when x already is dt */
-    void *y, *z;              /* output; pre-activation (gelu only) */
+    void *y, *z;              /* output; pre-activation (gelu only); both yt */
+    void *dyc;                /* the output gradient in dt, where yt differs */
     unsigned char *mask;      /* Dropout */
     uint64_t rng;             /* Dropout */
 } mp__layer;
@@ -3164,6 +3249,7 @@ struct mp_model {
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
+    struct mp__amp *amp; /* the automatic mixed precision pass's result, or NULL */
     char error[256];
 };
 
@@ -3200,8 +3286,13 @@ static float mp__uniform(uint64_t *s) { return (float)(mp__splitmix(s) >> 40) * 
 static size_t mp__params(const mp__layer *l) { return l->n_kernel + l->n_bias; }
 static const mp__layer *mp__last(const mp_model *m) { return &m->layers[m->n_layers - 1]; }
 
-static const void *mp__bias_c(const mp__layer *l) {
-    return l->n_bias ? mp__at(l->wc, l->dt, l->n_kernel) : NULL;
+/* The bias the epilogue adds, and its dtype: the compute-dtype copy, or,
+   where the output dtype differs (AMP painted the product and the ops after
+   it apart), the float32 weight itself: the epilogue sums in float32. */
+static const void *mp__bias(const mp__layer *l, mp_dtype *type) {
+    *type = l->yt == l->dt ? l->dt : MP_FLOAT32;
+    if (!l->n_bias) return NULL;
+    return *type == l->dt ? mp__at(l->wc, l->dt, l->n_kernel) : l->w + l->n_kernel;
 }
 
 /* The layer's input in its compute dtype, casting on entry if needed. */
@@ -3231,28 +3322,38 @@ static mp_gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, si
    activation (softmax, which needs whole rows, runs after); the caller
    points g.z at where gelu's pre-activation is kept. */
 static void mp__linear_forward(mp_model *m, const mp__layer *l, mp_gemm_args g) {
-    g.bias = mp__bias_c(l);
+    g.bias = mp__bias(l, &g.biast);
     g.act = l->desc.activation == MP_SOFTMAX ? MP_LINEAR : l->desc.activation;
     m->be->gemm(m->ctx, &g);
 }
 
 static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size_t cols) {
-    if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(m->ctx, l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->dt);
+    if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(m->ctx, l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->yt);
 }
 
 /* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    mp_gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->dt);
+    mp_gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->yt);
     g.z = l->z;
     mp__linear_forward(m, l, g);
     mp__softmax_after(m, l, batch, l->out_size);
 }
 
+/* dz = dy * act'(z) in the compute dtype: in place, or into dyc where the
+   output dtype differs (the backward's cast on entry). */
+static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size_t cols) {
+    void *dz = l->dyc ? l->dyc : dy;
+    if (l->desc.activation != MP_LINEAR)
+        m->be->act_backward(m->ctx, dz, l->dt, dy, l->y, l->z, rows, cols, l->desc.activation, l->yt);
+    else if (dz != dy)
+        m->be->cast(m->ctx, dz, l->dt, dy, l->yt, rows * cols, NULL);
+    return dz;
+}
+
 static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
     size_t in = l->in_size, units = l->out_size;
-    if (l->desc.activation != MP_LINEAR) /* dz = dy * act'(z), in place */
-        m->be->act_backward(m->ctx, dy, l->dt, dy, l->y, l->z, batch, units, l->desc.activation, l->dt);
+    dy = mp__dz(m, l, dy, batch, units);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
     /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
     mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
@@ -3299,8 +3400,8 @@ static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     size_t patch = l->n_kernel / f;
     for (i = 0; i < batch; i++) {
         mp_gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
-                                      l->wc, l->dt, mp__at_mut(l->y, l->dt, i * l->out_size), l->dt);
-        if (l->z) g.z = mp__at_mut(l->z, l->dt, i * l->out_size);
+                                      l->wc, l->dt, mp__at_mut(l->y, l->yt, i * l->out_size), l->yt);
+        if (l->z) g.z = mp__at_mut(l->z, l->yt, i * l->out_size);
         mp__linear_forward(m, l, g);
     }
     mp__softmax_after(m, l, batch * pixels, f);
@@ -3310,8 +3411,7 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
     const void *x = mp__saved_input(l);
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
     size_t patch = l->n_kernel / f;
-    if (l->desc.activation != MP_LINEAR)
-        m->be->act_backward(m->ctx, dy, l->dt, dy, l->y, l->z, batch * pixels, f, l->desc.activation, l->dt);
+    dy = mp__dz(m, l, dy, batch * pixels, f);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
     /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
     for (i = 0; i < batch; i++) {
@@ -3473,6 +3573,421 @@ MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
     return ls ? mp_loss_scale_step(ls, grads_finite) : 0;
 }
 
+/* >>automatic mixed precision (see the declaration). The model is a chain
+   of ops, so TensorFlow's graph traversals become scans along it. */
+enum { MP__ALLOW = 1, MP__DENY = 2, MP__INFER = 4, MP__CLEAR = 8 }; /* list bits, in mp__amp_lists' order */
+static const char *const mp__amp_lists[4] = {"allow", "deny", "infer", "clear"};
+
+typedef enum mp__op {
+    MP__OP_MATMUL, MP__OP_CONV2D, MP__OP_BIAS_ADD, MP__OP_SIGMOID, MP__OP_TANH, MP__OP_SOFTMAX, MP__OP_GELU,
+    MP__OP_LOG, MP__OP_LOG1P, MP__OP_RELU, MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT, MP__OP_IDENTITY,
+    MP__OP_EXP, MP__OP_SUM, MP__OP_MEAN, MP__OP_SPARSE_XENT, MP__OP_XENT, MP__OP_SQUARED_DIFFERENCE,
+    MP__OP_COUNT /* also "no op" */
+} mp__op;
+
+/* Every op the pass can see, with its list in TensorFlow's
+   auto_mixed_precision_lists.h. */
+static const struct { const char *name; unsigned char list; } mp__ops[MP__OP_COUNT] = {
+    {"MatMul", MP__ALLOW}, {"Conv2D", MP__ALLOW},
+    {"BiasAdd", MP__INFER}, {"Sigmoid", MP__INFER}, {"Tanh", MP__INFER}, {"Softmax", MP__INFER},
+    {"Gelu", MP__INFER}, /* Keras's exact gelu is Erf, Mul and Add: all on the infer list */
+    {"Log", MP__INFER}, {"Log1p", MP__INFER},
+    {"Relu", MP__CLEAR}, {"MaxPool", MP__CLEAR}, {"Reshape", MP__CLEAR},
+    {"Dropout", MP__CLEAR}, /* TensorFlow's dropout is a Mul (infer) by a mask; clear here, as the issue asks */
+    {"Identity", MP__CLEAR},
+    {"Exp", MP__DENY}, {"Sum", MP__DENY}, {"Mean", MP__DENY},
+    {"SparseSoftmaxCrossEntropyWithLogits", MP__DENY}, {"SoftmaxCrossEntropyWithLogits", MP__DENY},
+    {"SquaredDifference", 0}, /* on none of TensorFlow's lists: never converted */
+};
+
+typedef struct mp__amp_op {
+    mp__op op;
+    int layer;                      /* index, or -1 for the loss's ops */
+    unsigned char list;             /* its list after the edits and the level: one bit or none */
+    unsigned char deny, allow, mark; /* the painting; allow = converted */
+} mp__amp_op;
+
+struct mp__amp {
+    mp_dtype dtype; /* float16 or bfloat16 */
+    int verbose, any_allow;
+    int n_ops, converted, casts;
+    mp__amp_op *ops; /* right after the struct, in the same block */
+};
+
+/* defined with the model below */
+static int mp__built(const mp_model *m);
+static void mp__plan_params(mp_model *m, mp__arena *a);
+static void mp__init_weights(mp_model *m);
+
+static void mp__amp_putf(mp__text *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mp__putv(t, fmt, ap);
+    va_end(ap);
+}
+
+static int mp__amp_list_index(unsigned bits) { /* the lowest list in bits; 4 for none */
+    int i = 0;
+    while (i < 4 && !(bits & (1u << i))) i++;
+    return i;
+}
+
+/* The level and dtype, the environment's over the code's. */
+static mp_status mp__amp_settings(mp_model *m, mp_amp_desc *d) {
+    static const char *const levels[3] = {"DEFAULT", "TENSOR_CORES_ONLY", "UNSAFE_FORCE_ALL"};
+    const char *level = getenv("MIXPREC_AMP_LEVEL"), *dtype = getenv("MIXPREC_AMP_DTYPE");
+    int i = 0;
+    if (level && *level) {
+        while (i < 3 && strcmp(level, levels[i]) != 0) i++;
+        if (i == 3)
+            return mp__fail(m, MP_ERR_ARG, "MIXPREC_AMP_LEVEL=%s: the levels are DEFAULT, TENSOR_CORES_ONLY and "
+                            "UNSAFE_FORCE_ALL", level);
+        d->level = (mp_amp_level)i;
+    }
+    if (dtype && *dtype && (mp_dtype_from_name(dtype, &d->dtype) != MP_OK || d->dtype == MP_FLOAT32))
+        return mp__fail(m, MP_ERR_ARG, "MIXPREC_AMP_DTYPE=%s: automatic mixed precision converts to float16 or bfloat16",
+                        dtype);
+    if (d->dtype == MP_FLOAT32) d->dtype = MP_FLOAT16;
+    if ((unsigned)d->level > (unsigned)MP_AMP_UNSAFE_FORCE_ALL || (d->dtype != MP_FLOAT16 && d->dtype != MP_BFLOAT16))
+        return mp__fail(m, MP_ERR_ARG, "amp.level (%d) or amp.dtype (%d) out of range: float16 or bfloat16",
+                        (int)d->level, (int)d->dtype);
+    return MP_OK;
+}
+
+/* Adds list bit `bit` to (or removes it from) each op named in the
+   comma-separated `names`; `from` says where they came from. */
+static mp_status mp__amp_edit(mp_model *m, unsigned char *lists, const char *names, unsigned bit, int add,
+                              const char *from) {
+    while (names && *names) {
+        const char *end = strchr(names, ','), *s = names;
+        int op = 0;
+        if (!end) end = names + strlen(names);
+        names = *end ? end + 1 : end;
+        while (s < end && *s == ' ') s++;
+        while (end > s && end[-1] == ' ') end--;
+        if (s == end) continue;
+        while (op < MP__OP_COUNT && !(strlen(mp__ops[op].name) == (size_t)(end - s) &&
+                                      memcmp(mp__ops[op].name, s, (size_t)(end - s)) == 0))
+            op++;
+        if (op == MP__OP_COUNT) {
+            char name[40];
+            size_t n = mp__min((size_t)(end - s), sizeof name - 1);
+            memcpy(name, s, n);
+            name[n] = '\0';
+            return mp__fail(m, MP_ERR_UNKNOWN_NAME, "%s: '%s' is none of the ops automatic mixed precision knows "
+                            "(see mp_amp_desc in mixprec.h)", from, name);
+        }
+        lists[op] = (unsigned char)(add ? lists[op] | bit : lists[op] & ~bit);
+    }
+    return MP_OK;
+}
+
+/* TensorFlow's lists, edited by the code's fields and then the
+   environment's variables (each list: add, then remove), emptied but for
+   allow at TENSOR_CORES_ONLY; an op left on two lists is an error. */
+static mp_status mp__amp_resolve_lists(mp_model *m, const mp_amp_desc *d, unsigned char *lists) {
+    static const char *const env[4][2] = {
+        {"MIXPREC_AMP_ALLOWLIST_ADD", "MIXPREC_AMP_ALLOWLIST_REMOVE"},
+        {"MIXPREC_AMP_DENYLIST_ADD", "MIXPREC_AMP_DENYLIST_REMOVE"},
+        {"MIXPREC_AMP_INFERLIST_ADD", "MIXPREC_AMP_INFERLIST_REMOVE"},
+        {"MIXPREC_AMP_CLEARLIST_ADD", "MIXPREC_AMP_CLEARLIST_REMOVE"}};
+    static const char *const fields[4][2] = {{"amp.allow_add", "amp.allow_remove"},
+                                             {"amp.deny_add", "amp.deny_remove"},
+                                             {"amp.infer_add", "amp.infer_remove"},
+                                             {"amp.clear_add", "amp.clear_remove"}};
+    const char *const code[4][2] = {{d->allow_add, d->allow_remove},
+                                    {d->deny_add, d->deny_remove},
+                                    {d->infer_add, d->infer_remove},
+                                    {d->clear_add, d->clear_remove}};
+    int op, from_env, i, rm;
+    mp_status st;
+    for (op = 0; op < MP__OP_COUNT; op++) lists[op] = mp__ops[op].list;
+    for (from_env = 0; from_env < 2; from_env++)
+        for (i = 0; i < 4; i++)
+            for (rm = 0; rm < 2; rm++) {
+                const char *names = from_env ? getenv(env[i][rm]) : code[i][rm];
+                st = mp__amp_edit(m, lists, names, 1u << i, !rm, from_env ? env[i][rm] : fields[i][rm]);
+                if (st != MP_OK) return st;
+            }
+    for (op = 0; op < MP__OP_COUNT; op++) {
+        unsigned bits = d->level == MP_AMP_TENSOR_CORES_ONLY ? lists[op] & MP__ALLOW : lists[op];
+        lists[op] = (unsigned char)bits;
+        if (bits & (bits - 1)) /* TensorFlow: "Op present in multiple lists" */
+            return mp__fail(m, MP_ERR_ARG, "op %s is on both the %s and %s lists", mp__ops[op].name,
+                            mp__amp_lists[mp__amp_list_index(bits)], mp__amp_lists[mp__amp_list_index(bits & (bits - 1))]);
+    }
+    return MP_OK;
+}
+
+static void mp__amp_push(struct mp__amp *a, mp__op op, int layer) {
+    if (op == MP__OP_COUNT) return;
+    a->ops[a->n_ops].op = op;
+    a->ops[a->n_ops].layer = layer;
+    a->n_ops++;
+}
+
+/* The model's forward ops in order (at most 3 a layer, 4 for the loss). */
+static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp__amp *a) {
+    static const mp__op first[MP_LAYER_KIND_COUNT] = {MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D,
+                                                      MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT};
+    static const mp__op acts[MP_ACTIVATION_COUNT] = {MP__OP_COUNT, MP__OP_RELU, MP__OP_SIGMOID,
+                                                     MP__OP_SOFTMAX, MP__OP_TANH, MP__OP_GELU};
+    /* [loss][from_logits]: the ops before the Mean over the batch */
+    static const mp__op loss_ops[MP_LOSS_COUNT][2][3] = {
+        {{MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}, {MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}},
+        {{MP__OP_LOG, MP__OP_SUM, MP__OP_COUNT}, {MP__OP_SPARSE_XENT, MP__OP_COUNT, MP__OP_COUNT}},
+        {{MP__OP_LOG, MP__OP_SUM, MP__OP_COUNT}, {MP__OP_XENT, MP__OP_COUNT, MP__OP_COUNT}},
+        {{MP__OP_LOG, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_EXP, MP__OP_LOG1P, MP__OP_MEAN}},
+        {{MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}}};
+    int i;
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        mp_layer_kind k = l->desc.kind;
+        mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
+        if (k == MP_ACTIVATION && act != MP__OP_COUNT) {
+            mp__amp_push(a, act, i);
+            continue;
+        }
+        mp__amp_push(a, first[k], i);
+        if (l->n_bias) mp__amp_push(a, MP__OP_BIAS_ADD, i);
+        mp__amp_push(a, act, i);
+    }
+    for (i = 0; i < 3; i++) mp__amp_push(a, loss_ops[c->loss][c->from_logits != 0][i], -1);
+    mp__amp_push(a, MP__OP_MEAN, -1);
+}
+
+static int mp__amp_clear(const mp__amp_op *o) { return o->list == MP__CLEAR && !o->deny; }
+
+/* TensorFlow's passes (auto_mixed_precision.cc, Optimize) on the chain. */
+static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
+    mp__amp_op *o = a->ops;
+    int n = a->n_ops, i, up = 0, reach = 0;
+    for (i = 0; i < n; i++) { /* 1) allow ops (every op, when forced) */
+        o[i].allow = (unsigned char)(level == MP_AMP_UNSAFE_FORCE_ALL || o[i].list == MP__ALLOW);
+        a->any_allow |= o[i].allow;
+    }
+    if (level == MP_AMP_UNSAFE_FORCE_ALL) return;
+    /* 2) mark infer and deny ops and the clear ops before them; deny
+       spreads forward from deny ops through marked ops */
+    for (i = n - 1; i >= 0; i--)
+        o[i].mark = (unsigned char)(up = (o[i].list & (MP__DENY | MP__INFER)) || (o[i].list == MP__CLEAR && up));
+    for (i = 0; i < n; i++) o[i].deny = (unsigned char)(o[i].list == MP__DENY || (i && o[i - 1].deny && o[i].mark));
+    /* 3) mark allow ops and the infer and clear ops after them (not deny);
+       marked ops that also lead to an allow op become allow */
+    for (i = 0; i < n; i++)
+        o[i].mark = (unsigned char)(o[i].list == MP__ALLOW ||
+                                    (i && o[i - 1].mark && !o[i].deny && (o[i].list & (MP__INFER | MP__CLEAR))));
+    for (i = n - 1; i >= 0; i--) {
+        if (o[i].list == MP__ALLOW) reach = 1;
+        else if (reach && o[i].mark) o[i].allow = 1;
+        else reach = 0;
+    }
+    /* 4) allow through clear ops, forward, then backward */
+    for (i = 1; i < n; i++)
+        if (o[i - 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
+    for (i = n - 2; i >= 0; i--)
+        if (o[i + 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
+}
+
+/* The pass: settings, lists, the chain, the painting and TensorFlow's counts. */
+static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__amp **out) {
+    mp_amp_desc d = c->amp;
+    unsigned char lists[MP__OP_COUNT];
+    struct mp__amp *a;
+    mp_status st;
+    int i, low = 0;
+    if ((st = mp__amp_settings(m, &d)) != MP_OK) return st;
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        if (l->policy.compute_dtype != MP_FLOAT32 || l->policy.variable_dtype != MP_FLOAT32)
+            return mp__fail(m, MP_ERR_ARG, "automatic mixed precision rewrites a float32 model, and layer %s has "
+                            "policy %s (TensorFlow refuses the rewrite under a mixed policy too)", l->name,
+                            mp_policy_name(l->policy));
+    }
+    if ((st = mp__amp_resolve_lists(m, &d, lists)) != MP_OK) return st;
+    /* the ops fit: the layers' array, far larger per layer, was allocated */
+    a = (struct mp__amp *)mp__alloc(sizeof *a + (3 * (size_t)m->n_layers + 4) * sizeof(mp__amp_op));
+    if (!a) return mp__fail(m, MP_ERR_ALLOC, "the automatic mixed precision pass");
+    a->ops = (mp__amp_op *)(void *)(a + 1);
+    a->dtype = d.dtype;
+    a->verbose = d.verbose;
+    mp__amp_chain(m, c, a);
+    for (i = 0; i < a->n_ops; i++) a->ops[i].list = lists[a->ops[i].op];
+    mp__amp_paint(a, d.level);
+    for (i = 0; i < a->n_ops; low = a->ops[i].allow, i++) { /* a cast to low precision at each rise */
+        a->converted += a->ops[i].allow;
+        a->casts += a->ops[i].allow && !low;
+    }
+    *out = a;
+    return MP_OK;
+}
+
+/* A layer computes in its first op's dtype and outputs in its last op's;
+   without the pass, both are its policy's compute dtype. */
+static void mp__amp_layer_dtypes(const mp_model *m, const struct mp__amp *a, int li, mp_dtype *dt, mp_dtype *yt) {
+    int i, seen = 0;
+    *dt = *yt = m->layers[li].policy.compute_dtype;
+    for (i = 0; a && i < a->n_ops; i++)
+        if (a->ops[i].layer == li) {
+            mp_dtype t = a->ops[i].allow ? a->dtype : MP_FLOAT32;
+            if (!seen++) *dt = t;
+            *yt = t;
+        }
+}
+
+static void mp__amp_retype(mp_model *m, const struct mp__amp *a) {
+    int i;
+    for (i = 0; i < m->n_layers; i++) mp__amp_layer_dtypes(m, a, i, &m->layers[i].dt, &m->layers[i].yt);
+}
+
+/* A built model's weight block laid out again for new compute dtypes, the
+   float32 weights carried over; on failure nothing changes. */
+static mp_status mp__amp_recarve(mp_model *m, const struct mp__amp *next) {
+    size_t bytes = (size_t)m->n_layers * sizeof(mp__layer);
+    mp__layer *saved = (mp__layer *)mp__alloc(bytes);
+    mp__arena a = {NULL, 0, 0};
+    void *old = m->params_block;
+    float *w = m->w, *g = m->g;
+    if (!saved) return mp__fail(m, MP_ERR_ALLOC, "retyping the layers");
+    memcpy(saved, m->layers, bytes);
+    mp__amp_retype(m, next);
+    mp__plan_params(m, &a);
+    if (!a.overflow) a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
+    if (!a.base) {
+        memcpy(m->layers, saved, bytes);
+        m->w = w;
+        m->g = g;
+        mp__free(saved);
+        return mp__fail(m, MP_ERR_ALLOC, "weights for the new compute dtypes (%z bytes)", a.used);
+    }
+    mp__free(saved);
+    m->params_bytes = a.used;
+    a.used = 0;
+    m->params_block = a.base;
+    mp__plan_params(m, &a);
+    mp__init_weights(m); /* the pointers (and fresh weights, which the model's own replace) */
+    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
+    m->be->free(m->ctx, old);
+    m->casts_fresh = m->grads_ready = 0;
+    return MP_OK;
+}
+
+/* Takes the pass's result (NULL: no pass) and gives the layers its dtypes;
+   activations are planned again at the next batch. */
+static mp_status mp__amp_adopt(mp_model *m, struct mp__amp *next) {
+    int i, recarve = 0, retype = 0;
+    mp_status st;
+    for (i = 0; i < m->n_layers; i++) {
+        mp_dtype dt, yt;
+        mp__amp_layer_dtypes(m, next, i, &dt, &yt);
+        recarve |= dt != m->layers[i].dt;
+        retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
+    }
+    if (recarve && mp__built(m) && (st = mp__amp_recarve(m, next)) != MP_OK) {
+        mp__free(next);
+        return st;
+    }
+    mp__amp_retype(m, next);
+    if (retype) {
+        m->be->free(m->ctx, m->act_block);
+        m->act_block = NULL;
+        m->act_bytes = m->batch_cap = m->batch = 0;
+    }
+    mp__free(m->amp);
+    m->amp = next;
+    return MP_OK;
+}
+
+/* compile's step: the pass when the code or the environment turns it on. */
+static mp_status mp__amp_compile(mp_model *m, const mp_compile_desc *c) {
+    const char *on = getenv("MIXPREC_AUTO_MIXED_PRECISION");
+    struct mp__amp *next = NULL;
+    mp_status st;
+    if ((c->amp.enabled || (on && strcmp(on, "1") == 0)) && (st = mp__amp_pass(m, c, &next)) != MP_OK) return st;
+    return mp__amp_adopt(m, next);
+}
+
+static void mp__amp_summary(const struct mp__amp *a, mp__text *t) {
+    const char *type = mp_dtype_name(a->dtype);
+    if (!a->any_allow) mp__put(t, "No allowlist ops found, nothing to do");
+    else mp__amp_putf(t, "Converted %d/%d nodes to %s precision using %d cast(s) to %s (excluding Const and Variable "
+                      "casts)", a->converted, a->n_ops, type, a->casts, type);
+}
+
+/* Row i of the colouring table; -1: the header. */
+static void mp__amp_row(const mp_model *m, int i, mp__text *t) {
+    const mp__amp_op *o = &m->amp->ops[i < 0 ? 0 : i];
+    size_t line = t->len;
+    int list = mp__amp_list_index(o->list);
+    mp__put(t, " ");
+    mp__put(t, i < 0 ? "Op" : mp__ops[o->op].name);
+    mp__put(t, " ");
+    mp__pad_to(t, line + 38);
+    mp__put(t, i < 0 ? "Layer" : o->layer < 0 ? "(loss)" : m->layers[o->layer].name);
+    mp__put(t, " ");
+    mp__pad_to(t, line + 60);
+    mp__put(t, i < 0 ? "List" : list < 4 ? mp__amp_lists[list] : "-");
+    mp__pad_to(t, line + 68);
+    mp__put(t, i < 0 ? "Dtype" : mp_dtype_name(o->allow ? m->amp->dtype : MP_FLOAT32));
+    mp__put(t, "\n");
+}
+
+static mp_status mp__amp_text(const mp_model *m, char *buf, size_t size, int table) {
+    mp__text t;
+    int i;
+    if (!m || !buf) return MP_ERR_NULL;
+    if (size == 0) return MP_ERR_SIZE;
+    buf[0] = '\0';
+    if (!m->amp) return MP_ERR_STATE;
+    t.buf = buf;
+    t.cap = size;
+    t.len = 0;
+    if (!table) mp__amp_summary(m->amp, &t);
+    for (i = -1; table && i < m->amp->n_ops; i++) mp__amp_row(m, i, &t);
+    return t.len < size ? MP_OK : MP_ERR_SIZE;
+}
+
+MIXPREC_API mp_status mp_model_amp_report(const mp_model *m, char *buf, size_t size) {
+    return mp__amp_text(m, buf, size, 0);
+}
+
+MIXPREC_API mp_status mp_model_amp_table(const mp_model *m, char *buf, size_t size) {
+    return mp__amp_text(m, buf, size, 1);
+}
+
+/* What compile prints (as TensorFlow logs it): the summary line, and the
+   colouring when verbose. */
+static void mp__amp_print(const mp_model *m) {
+#ifndef MIXPREC_NO_STDIO
+    char buf[160];
+    mp__text t;
+    int i;
+    if (!m->amp) return;
+    t.buf = buf;
+    t.cap = sizeof buf;
+    t.len = 0;
+    mp__amp_summary(m->amp, &t);
+    puts(buf);
+    for (i = -1; m->amp->verbose && i < m->amp->n_ops; i++) {
+        t.len = 0;
+        mp__amp_row(m, i, &t);
+        fputs(buf, stdout);
+    }
+#else
+    (void)m;
+#endif
+}
+
+/* The summary's Policy column for a layer the pass typed. */
+static void mp__amp_put_dtypes(mp__text *t, const mp__layer *l) {
+    mp__put(t, "amp_");
+    mp__put(t, mp_dtype_name(l->dt));
+    if (l->yt != l->dt) {
+        mp__put(t, "->");
+        mp__put(t, mp_dtype_name(l->yt));
+    }
+}
+
 /* >>model */
 static mp_status mp__resolve_policy(mp_model *m, const mp_layer_desc *d, mp_policy *out) {
     if (d->policy) {
@@ -3631,6 +4146,7 @@ MIXPREC_API void mp_model_destroy(mp_model *m) {
     mp__free(m->stage);
     mp__free(m->layers);
     mp__numerics_free(m->num);
+    mp__free(m->amp);
     mp__free(m);
 }
 
@@ -3655,7 +4171,7 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
     if ((st = mp__resolve_policy(m, &desc, &l.policy)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
     l.desc.dtype = NULL;
     l.desc.policy = NULL;
-    l.dt = l.policy.compute_dtype;
+    l.dt = l.yt = l.policy.compute_dtype;
     if (m->n_layers == 0) {
         l.in_rank = m->in_rank;
         memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
@@ -3788,6 +4304,7 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     if ((st = mp__resolve_optimizer(m, &desc->optimizer, &opt)) != MP_OK) return st;
     if (mp_loss_scale_init(&ls, &desc->loss_scale_config) != MP_OK)
         return mp__fail(m, MP_ERR_ARG, "loss_scale_config out of range");
+    if ((st = mp__amp_compile(m, desc)) != MP_OK) return st; /* decides the layers' dtypes */
     if ((st = mp_model_build(m)) != MP_OK) return st;
     if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&opt), &slots) || slots > SIZE_MAX / sizeof(float))
         return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
@@ -3802,16 +4319,19 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     m->compile = *desc;
     m->opt.cfg = opt;
     m->opt.iteration = 0;
-    /* Keras wraps the optimizer by itself only under mixed_float16 */
+    /* Keras wraps the optimizer by itself only under mixed_float16, and
+       TensorFlow's graph rewrite under float16 */
     policy_name = mp_policy_name(m->policy);
     wrap = desc->loss_scale == MP_LOSS_SCALE_ON ||
-           (desc->loss_scale == MP_LOSS_SCALE_AUTO && policy_name && strcmp(policy_name, "mixed_float16") == 0);
+           (desc->loss_scale == MP_LOSS_SCALE_AUTO && ((policy_name && strcmp(policy_name, "mixed_float16") == 0) ||
+                                                       (m->amp && m->amp->dtype == MP_FLOAT16)));
     m->has_loss_scale = wrap;
     memset(&m->seen, 0, sizeof m->seen);
     m->seen.ls = ls;
     m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
     m->compiled = 1;
     m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__amp_print(m);
     return MP_OK;
 }
 
@@ -3831,16 +4351,17 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     prev = m->input;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        size_t es = mp__dtypes[l->dt].size, out_bytes = 0;
+        size_t es = mp__dtypes[l->dt].size, ys = mp__dtypes[l->yt].size, out_bytes = 0;
         int gelu = l->desc.activation == MP_GELU && (l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D);
         l->x = prev;
         l->xt = prev_t;
         l->xin = l->xt != l->dt ? mp__carve(a, batch, l->in_size * es) : NULL;
         if (l->desc.kind == MP_FLATTEN) l->y = l->xin ? l->xin : (void *)(uintptr_t)l->x;
-        else l->y = mp__carve(a, batch, l->out_size * es);
-        l->z = gelu ? mp__carve(a, batch, l->out_size * es) : NULL;
+        else l->y = mp__carve(a, batch, l->out_size * ys);
+        l->z = gelu ? mp__carve(a, batch, l->out_size * ys) : NULL;
+        l->dyc = l->yt != l->dt ? mp__carve(a, batch, l->out_size * es) : NULL;
         l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
-        if (!mp__mul_ok(l->out_size * es, batch, &out_bytes)) a->overflow = 1;
+        if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
         if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
             size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
@@ -3849,7 +4370,7 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
             if (l->in_size > img) img = l->in_size;
         }
         prev = l->y;
-        prev_t = l->dt;
+        prev_t = l->yt;
     }
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
@@ -4066,7 +4587,7 @@ MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
     if (!m->batch) return MP_ERR_STATE;
     l = mp__last(m);
     memset(out, 0, sizeof *out);
-    out->dtype = l->dt;
+    out->dtype = l->yt;
     out->rank = l->out_rank + 1;
     out->shape[0] = (int)m->batch;
     memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
@@ -4092,7 +4613,7 @@ static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     const mp__layer *l = mp__last(m);
     int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     mp_status st;
-    m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits, l->y, l->dt, sparse ? m->batch_labels : NULL,
+    m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits, l->y, l->yt, sparse ? m->batch_labels : NULL,
                 sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, m->state->metrics);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
@@ -4143,7 +4664,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     if (!m->have_loss || !m->training)
         return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
     last = mp__last(m);
-    m->be->scale_cast(m->ctx, m->grad[0], last->dt, m->dpred, m->batch * last->out_size, mp__scale(m));
+    m->be->scale_cast(m->ctx, m->grad[0], last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
         mp__layer *l = &m->layers[i];
         mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
@@ -4529,7 +5050,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
         size_t b = mp__min(batch, n - s);
         mp__send(m, 0, x + s * m->in_size, NULL, NULL, b);
         mp__run_forward(m, b, 0);
-        (void)mp_convert(out + s * l->out_size, MP_FLOAT32, mp__host_output(m), l->dt, b * l->out_size, NULL);
+        (void)mp_convert(out + s * l->out_size, MP_FLOAT32, mp__host_output(m), l->yt, b * l->out_size, NULL);
     }
     return mp__sync(m);
 }
@@ -4574,6 +5095,8 @@ MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer
     out->rank = l->out_rank;
     memcpy(out->output_shape, l->out_shape, sizeof out->output_shape);
     out->params = mp__params(l);
+    out->compute_dtype = l->dt;
+    out->output_dtype = l->yt;
     return MP_OK;
 }
 
@@ -4657,7 +5180,8 @@ static void mp__summary(const mp_model *m, mp__text *t) {
         mp__pad_to(t, line + 55);
         mp__put_uint(t, mp__params(l), 0);
         mp__pad_to(t, line + 66);
-        mp__put(t, policy ? policy : "?");
+        if (m->amp) mp__amp_put_dtypes(t, l);
+        else mp__put(t, policy ? policy : "?");
         mp__put(t, "\n");
     }
     mp__rule(t, "=");

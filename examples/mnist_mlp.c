@@ -2,7 +2,9 @@
    same MLP trained under float32, mixed_float16 and mixed_bfloat16 from the
    same initial weights, then compared (test accuracy, speed, memory, loss
    scale). The guide uses MNIST; Fashion-MNIST has the same format and is
-   packaged by Debian.
+   packaged by Debian. With --amp it is also trained as TensorFlow's
+   automatic mixed precision would: float32 layers, the graph rewrite at
+   compile (the run named amp_float16 or amp_bfloat16).
 
        make data && ./build/mnist_mlp --units 256 --epochs 2 --batch-size 128
 
@@ -11,7 +13,9 @@
           --data DIR (build/fashion-mnist)  --seed N (1337)
           --train-limit N (0 = every training image)
           --csv PREFIX: a per-step CSV log per policy, PREFIX_POLICY.csv,
-          for examples/plot_log.gp (loss and loss scale over steps) */
+          for examples/plot_log.gp (loss and loss scale over steps)
+          --amp float16|bfloat16: one more run, float32 with automatic mixed
+          precision to that dtype (--policy none: that run alone) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
@@ -20,13 +24,14 @@
 #define MAX_POLICIES 3
 
 typedef struct config {
-    const char *policies[MAX_POLICIES];
+    const char *policies[MAX_POLICIES + 1]; /* and the AMP run */
     int n_policies;
     int units, epochs, batch_size;
     const char *data_dir;
     uint64_t seed;
     size_t train_limit;
     const char *csv_prefix;
+    const char *amp; /* "float16", "bfloat16" or NULL */
 } config;
 
 typedef struct result {
@@ -38,9 +43,9 @@ typedef struct result {
 
 static void usage(const char *prog) {
     fprintf(stderr,
-            "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--units N]\n"
+            "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all|none] [--units N]\n"
             "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n"
-            "       [--csv PREFIX]\n",
+            "       [--csv PREFIX] [--amp float16|bfloat16]\n",
             prog);
     exit(2);
 }
@@ -52,6 +57,10 @@ static void set_policies(config *c, const char *name) {
     if (strcmp(name, "all") == 0) {
         for (i = 0; i < MAX_POLICIES; i++) c->policies[i] = all[i];
         c->n_policies = MAX_POLICIES;
+        return;
+    }
+    if (strcmp(name, "none") == 0) { /* with --amp: the AMP run alone */
+        c->n_policies = 0;
         return;
     }
     if (mp_policy_from_name(name, &p) != MP_OK) { /* any Keras policy name works */
@@ -82,8 +91,14 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--csv") == 0) c.csv_prefix = argv[i + 1];
+        else if (strcmp(argv[i], "--amp") == 0) c.amp = argv[i + 1];
         else usage(argv[0]);
     }
+    if (c.amp) { /* the run's name: amp_float16 or amp_bfloat16 */
+        if (strcmp(c.amp, "float16") != 0 && strcmp(c.amp, "bfloat16") != 0) usage(argv[0]);
+        c.policies[c.n_policies++] = strcmp(c.amp, "float16") == 0 ? "amp_float16" : "amp_bfloat16";
+    }
+    if (c.n_policies == 0) usage(argv[0]);
     return c;
 }
 
@@ -101,15 +116,20 @@ static mp_model *build_model(const config *c) {
 }
 
 /* Sparse categorical crossentropy, RMSprop with Keras's defaults (all zero
-   fields), accuracy. Under mixed_float16 compile wraps the optimizer in a
-   LossScaleOptimizer, as Keras does. */
-static void compile_model(mp_model *m) {
+   fields), accuracy. Under mixed_float16 (and automatic mixed precision to
+   float16) compile wraps the optimizer in a LossScaleOptimizer, as Keras
+   does; amp names the dtype of automatic mixed precision, or is NULL. */
+static void compile_model(mp_model *m, const char *amp) {
     mp_compile_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.optimizer.kind = MP_RMSPROP;
     cd.metrics = MP_METRIC_ACCURACY;
     cd.loss_scale = MP_LOSS_SCALE_AUTO;
+    if (amp) {
+        cd.amp.enabled = 1; /* prints TensorFlow's "Converted X/Y nodes ..." line */
+        CHECK(mp_dtype_from_name(amp, &cd.amp.dtype), m);
+    }
     CHECK(mp_model_compile(m, &cd), m);
 }
 
@@ -145,7 +165,8 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
         exit(1);
     }
     printf("\n=== policy %s ===\n", policy);
-    CHECK(mp_set_global_policy_name(policy), NULL);
+    /* an AMP run's layers are float32: the rewrite decides their dtypes */
+    CHECK(mp_set_global_policy_name(strncmp(policy, "amp_", 4) == 0 ? "float32" : policy), NULL);
     /* mixprec counts every byte it allocates, the loaded data set included;
        what the model adds (weights, activations, gradients, slots) is the
        peak above what is in use before it is built. */
@@ -153,7 +174,7 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     baseline = mp_get_memory_info().current;
     m = build_model(c);
     share_initial_weights(m, initial, n_initial);
-    compile_model(m);
+    compile_model(m, strncmp(policy, "amp_", 4) == 0 ? policy + 4 : NULL);
     mp_model_print_summary(m);
 
     memset(&fd, 0, sizeof fd);
@@ -197,7 +218,7 @@ static void print_table(const result *r, int n) {
 
 int main(int argc, char **argv) {
     config c = parse_args(argc, argv);
-    result results[MAX_POLICIES];
+    result results[MAX_POLICIES + 1];
     float *initial = NULL;
     size_t n_initial = 0;
     fm_data d;

@@ -136,7 +136,8 @@ static void make_data(void) {
     for (i = 0; i < N; i++) labels[i] = (int32_t)(i * 7 % CLASSES);
 }
 
-/* A small conv net with every layer kind: the model code's every path. */
+/* A small conv net with every layer kind: the model code's every path.
+   policy "amp": float32 with automatic mixed precision (float16). */
 static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer_kind opt) {
     mp_model_desc md;
     mp_compile_desc cd;
@@ -148,7 +149,8 @@ static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer
     md.seed = 7;
     md.backend = be;
     md.threads = 2;
-    if (!CHECK(mp_set_global_policy_name(policy) == MP_OK)) return NULL;
+    int amp = strcmp(policy, "amp") == 0;
+    if (!CHECK(mp_set_global_policy_name(amp ? "float32" : policy) == MP_OK)) return NULL;
     if (!CHECK(mp_model_create(&m, &md) == MP_OK)) return NULL;
     mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_RELU));
     mp_model_add(m, mp_max_pooling2d(2, 2));
@@ -162,6 +164,8 @@ static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.optimizer.kind = opt;
     cd.metrics = MP_METRIC_ACCURACY;
+    cd.amp.enabled = amp;
+    if (amp) CHECK(mp_model_build(m) == MP_OK); /* built first: AMP lays the weight block out again */
     /* a scale that overflows float16 at first: skipped steps, halvings */
     cd.loss_scale_config.initial_scale = 1e30f;
     CHECK(mp_model_compile(m, &cd) == MP_OK);
@@ -391,6 +395,7 @@ int main(void) {
     test_same_training("float32", MP_RMSPROP);
     test_same_training("mixed_float16", MP_ADAM);
     test_same_training("mixed_bfloat16", MP_SGD);
+    test_same_training("amp", MP_ADAM); /* layers whose output dtype differs from their compute dtype */
     test_step_traffic();
     test_reads();
     test_diagnostics();
