@@ -137,6 +137,18 @@ fi
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
 step "make bench-build" make -s bench-build B=$B/bench
+if have gnuplot; then
+    # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
+    step "plot_log.gp draws a fit's CSV log as a PNG (gnuplot)" bash -c "
+        rm -f $B/plot_mixed_float16.csv $B/plot.png &&
+        $B/ex/mnist_mlp --policy mixed_float16 --units 64 --epochs 1 --batch-size 128 --train-limit 4000 \
+            --csv $B/plot >/dev/null &&
+        [ \$(grep -c '^step,' $B/plot_mixed_float16.csv) -ge 20 ] &&
+        gnuplot -e \"log='$B/plot_mixed_float16.csv'; out='$B/plot.png'\" examples/plot_log.gp &&
+        od -An -tx1 -N24 $B/plot.png | tr -d ' \n' | grep -q '^89504e470d0a1a0a0000000d4948445200000384000001f4'"
+else
+    skip "plot_log.gp" "gnuplot not installed (apt-get install gnuplot-nox)"
+fi
 
 echo "== embedded and big-endian targets"
 if have arm-none-eabi-gcc; then
