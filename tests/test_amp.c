@@ -12,6 +12,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,37 +25,7 @@
 /* ======================================================================== */
 /* Helpers */
 
-static uint64_t rng_state = 0x853C49E6748FEA9Bull;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
-}
-static float normal(void) { /* Box-Muller */
-    double u1 = ((double)(rng_next() >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(rng_next() >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-static float *floats(size_t n) {
-    float *p = (float *)calloc(n ? n : 1, sizeof(float));
-    if (!p) {
-        fprintf(stderr, "test_amp: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
 
-/* A call that must succeed: one check, and the model's message if not. */
-static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
-    if (check_report(st == MP_OK, file, line, what)) return 1;
-    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
-    return 0;
-}
-#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
 
 /* Two strings equal, both printed when not. */
 static void streq_report(const char *got, const char *want, const char *file, int line) {
@@ -87,25 +58,6 @@ static void unset_amp_environment(void) {
 #endif
 }
 
-/* A model of the given layers under the global policy `policy` (float32
-   again after); NULL on failure (counted). */
-static mp_model *make_model(const char *policy, const int *shape, const mp_layer_desc *layers, int count) {
-    mp_model_desc md;
-    mp_model *m = NULL;
-    int i, ok;
-    memset(&md, 0, sizeof md);
-    for (i = 0; i < MP_MAX_RANK - 1 && shape[i]; i++) md.input_shape[i] = shape[i];
-    md.seed = 7;
-    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
-    for (i = 0; ok && i < count; i++) ok = OK(mp_model_add(m, layers[i]), m);
-    mp_set_global_policy_name("float32");
-    if (!ok) {
-        mp_model_destroy(m);
-        return NULL;
-    }
-    return m;
-}
-
 static mp_compile_desc amp_desc(mp_loss loss, int from_logits) {
     mp_compile_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -125,7 +77,7 @@ static mp_model *guide_mlp(const char *policy, int float32_softmax) {
     layers[2] = mp_dense(10, MP_LINEAR);
     layers[3] = mp_activation_layer(MP_SOFTMAX);
     if (float32_softmax) layers[3].dtype = "float32";
-    return make_model(policy, shape, layers, 4);
+    return new_model(policy, shape, layers, 4);
 }
 
 static mp_status compile_amp(mp_model *m, const mp_compile_desc *cd) { return mp_model_compile(m, cd); }
@@ -249,7 +201,7 @@ static void test_conv_net(void) {
     layers[1] = mp_max_pooling2d(2, 2);
     layers[2] = mp_flatten();
     layers[3] = mp_dense(5, MP_SOFTMAX);
-    if (!(m = make_model("float32", shape, layers, 4))) return;
+    if (!(m = new_model("float32", shape, layers, 4))) return;
     if (OK(compile_amp(m, &cd), m)) {
         CHECK_STR(report(m), "Converted 6/10 nodes to float16 precision using 1 cast(s) to float16 "
                              "(excluding Const and Variable casts)");
@@ -285,7 +237,7 @@ static void test_deny_spreads(void) {
     layers[1] = mp_activation_layer(MP_SOFTMAX);
     layers[2] = mp_activation_layer(MP_TANH);
     layers[3] = mp_dense(3, MP_LINEAR);
-    if (!(m = make_model("float32", shape, layers, 4))) return;
+    if (!(m = new_model("float32", shape, layers, 4))) return;
     cd.metrics = MP_METRIC_NONE;
     if (OK(compile_amp(m, &cd), m)) {
         CHECK_STR(report(m), "Converted 5/9 nodes to float16 precision using 1 cast(s) to float16 "
@@ -528,8 +480,8 @@ static void test_gradients(void) {
     layers[2] = mp_flatten();
     layers[3] = mp_dense(5, MP_SOFTMAX);
     for (pass = 0; pass < 2; pass++) {
-        mp_model *ref = pass ? make_model("float32", shape, layers, 4) : guide_mlp("float32", 0);
-        mp_model *m = pass ? make_model("float32", shape, layers, 4) : guide_mlp("float32", 0);
+        mp_model *ref = pass ? new_model("float32", shape, layers, 4) : guide_mlp("float32", 0);
+        mp_model *m = pass ? new_model("float32", shape, layers, 4) : guide_mlp("float32", 0);
         size_t np = ref ? mp_model_param_count(ref) : 0, in = ref ? mp_model_input_size(ref) : 0;
         float *x = floats(N * in), *g0 = floats(np), *g1 = floats(np), *w0 = floats(np), *w1 = floats(np);
         mp_compile_desc fd = cd;
@@ -581,7 +533,7 @@ static run train(const char *policy, int amp, const mp_data *data, const mp_data
     layers[3] = mp_activation_layer(MP_SOFTMAX);
     layers[3].dtype = "float32"; /* the guide's float32 output; under AMP the pass decides */
     if (amp) layers[3].dtype = NULL;
-    if (!(m = make_model(policy, shape, layers, 4))) return r;
+    if (!(m = new_model(policy, shape, layers, 4))) return r;
     cd.amp.enabled = amp;
     cd.optimizer.kind = MP_ADAM;
     memset(&fd, 0, sizeof fd);

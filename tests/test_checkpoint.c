@@ -28,16 +28,11 @@ static void *t_malloc(size_t n) {
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 /* ======================================================================== */
 /* Helpers */
 
-static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
-    if (check_report(st == MP_OK, file, line, what)) return 1;
-    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
-    return 0;
-}
-#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
 
 /* a status and an mp_model_error() that mentions word */
 static void status_report(mp_status got, mp_status want, const mp_model *m, const char *word, const char *file,

@@ -26,29 +26,15 @@ static void *test_malloc(size_t n) {
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 /* ======================================================================== */
 /* Helpers */
 
-static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
-    if (check_report(st == MP_OK, file, line, what)) return 1;
-    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
-    return 0;
-}
-#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
 
 static float f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 static int bin_of(int e) { return e - MP_HIST_MIN_EXP + 1; } /* the bin of [2^e, 2^(e+1)) */
 
-static void *zalloc(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "test_diagnostics: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-static float *floats(size_t n) { return (float *)zalloc(n * sizeof(float)); }
 
 static mp_tensor_stats stats_of(const void *x, mp_dtype t, size_t n, mp_dtype target) {
     mp_tensor_stats s;
@@ -66,16 +52,6 @@ static uint64_t hist_total(const mp_tensor_stats *s) {
     return n;
 }
 
-static uint64_t rng_state = 0x853C49E6748FEA9Bull;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
-}
 
 /* Three Gaussian-ish blobs in `features` dimensions, labels 0..2. */
 enum { FEATURES = 20, SAMPLES = 256, CLASSES = 3, BATCH = 32 };

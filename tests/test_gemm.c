@@ -9,6 +9,8 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#define TEST_SEED 0x2545F4914F6CDD1Dull
+#include "helpers.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -28,16 +30,6 @@
 /* ======================================================================== */
 /* Helpers */
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
-}
 
 static void *xalloc(size_t bytes) { /* exactly `bytes`, so ASan sees any overrun */
     void *p = malloc(bytes ? bytes : 1);

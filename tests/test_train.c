@@ -16,6 +16,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 #include <float.h>
 #include <math.h>
@@ -26,34 +27,10 @@
 /* ======================================================================== */
 /* Helpers */
 
-static uint64_t rng_state = 0x853C49E6748FEA9Bull;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
-}
-static float normal(void) { /* Box-Muller */
-    double u1 = ((double)(rng_next() >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (double)(rng_next() >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
 static void fill(float *p, size_t n, float lo, float hi) {
     size_t i;
     for (i = 0; i < n; i++) p[i] = uniform(lo, hi);
 }
-static void *zalloc(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "test_train: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-static float *floats(size_t n) { return (float *)zalloc(n * sizeof(float)); }
 static float f32_of_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 static double seconds_now(void) {
     struct timespec ts;
@@ -61,14 +38,6 @@ static double seconds_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A call that must succeed: one check, and the status and the model's own
-   message when it does not. */
-static int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
-    if (check_report(st == MP_OK, file, line, what)) return 1;
-    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
-    return 0;
-}
-#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
 
 /* |got - want| <= abs_tol + rel * |want|; NaN fails. */
 static int near_report(double got, double want, double rel, double abs_tol, const char *file, int line,
@@ -97,21 +66,10 @@ static mp_layer_desc with_strides(mp_layer_desc d, int sh, int sw) {
 }
 static mp_layer_desc without_bias(mp_layer_desc d) { d.no_bias = 1; return d; }
 
-/* A built model of layers[0..count) whose layers were added under the
-   global policy `policy`; the global policy is float32 again after. NULL on
-   failure (already counted). */
+/* new_model (helpers.h), built. */
 static mp_model *make_model(const char *policy, const int *shape, const mp_layer_desc *layers, int count) {
-    mp_model_desc md;
-    mp_model *m = NULL;
-    int i, ok;
-    memset(&md, 0, sizeof md);
-    for (i = 0; i < MP_MAX_RANK - 1 && shape[i]; i++) md.input_shape[i] = shape[i];
-    md.seed = 7;
-    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
-    for (i = 0; ok && i < count; i++) ok = OK(mp_model_add(m, layers[i]), m);
-    if (ok) ok = OK(mp_model_build(m), m);
-    mp_set_global_policy_name("float32");
-    if (!ok) {
+    mp_model *m = new_model(policy, shape, layers, count);
+    if (m && !OK(mp_model_build(m), m)) {
         mp_model_destroy(m);
         return NULL;
     }

@@ -1,0 +1,68 @@
+/* helpers.h - what the model tests share, included after mixprec.h and
+   check.h: a seeded random stream (splitmix64; define TEST_SEED first for
+   another stream), zeroed allocation that ends the test when memory runs
+   out, and OK(call, model): one check that prints the status and the
+   model's own message when the call fails. */
+#ifndef MIXPREC_TEST_HELPERS_H
+#define MIXPREC_TEST_HELPERS_H
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TEST_SEED
+#define TEST_SEED 0x853C49E6748FEA9Bull
+#endif
+static uint64_t rng_state = TEST_SEED;
+
+static inline uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
+}
+static inline float normal(void) { /* Box-Muller */
+    double u1 = ((double)(rng_next() >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rng_next() >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+static inline void *zalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+static inline float *floats(size_t n) { return (float *)zalloc(n * sizeof(float)); }
+
+static inline int ok_report(mp_status st, const mp_model *m, const char *file, int line, const char *what) {
+    if (check_report(st == MP_OK, file, line, what)) return 1;
+    fprintf(stderr, "    %s%s%s\n", mp_status_name(st), m ? ": " : "", m ? mp_model_error(m) : "");
+    return 0;
+}
+#define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
+
+/* A model (seed 7) of layers[0..count) added under the global policy
+   `policy`; the global policy is float32 again after. NULL on failure
+   (already counted). */
+static inline mp_model *new_model(const char *policy, const int *shape, const mp_layer_desc *layers, int count) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int i, ok;
+    memset(&md, 0, sizeof md);
+    for (i = 0; i < MP_MAX_RANK - 1 && shape[i]; i++) md.input_shape[i] = shape[i];
+    md.seed = 7;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
+    for (i = 0; ok && i < count; i++) ok = OK(mp_model_add(m, layers[i]), m);
+    mp_set_global_policy_name("float32");
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+#endif
