@@ -115,6 +115,34 @@ else
     skip "Fashion-MNIST run" "the data set is missing (apt-get install dataset-fashion-mnist)"
 fi
 
+echo "== CUDA backend (cuda/)"
+# Built wherever nvcc is; its GPU tests run on a GPU, and everywhere under
+# tests/cuda_emu.h, a host emulation of the CUDA and cuBLASLt calls.
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [ -n "$NVCC" ]; then
+    CUDA_DIR=$(dirname "$NVCC")/..
+    CUDA_LINK="-L$B/cuda -lmixprec_cuda -L$CUDA_DIR/lib64 -Wl,-rpath,$CUDA_DIR/lib64 -lcublasLt -lcudart -lstdc++ -lm"
+    EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -I$CUDA_DIR/include -c cuda/mixprec_cuda.cu"
+    step "make cuda (nvcc, the static library)" make -s cuda B=$B/cuda NVCC="$NVCC"
+    step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda $CUDA_LINK
+    out=$($B/cuda/test_cuda 2>&1); rc=$?
+    if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_cuda: skipped'; then
+        skip "test_cuda on a GPU" "$(echo "$out" | sed -n 's/^test_cuda: skipped (\(.*\)).*$/\1/p')"
+    else
+        run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
+    fi
+    step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
+    step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
+    step "build test_cuda against the emulation" gcc $WARN -O2 -march=native tests/test_cuda.c $B/cuda/emu.o -o $B/cuda/test_cuda_emu -lstdc++ -lm
+    run "test_cuda under the emulation" $B/cuda/test_cuda_emu
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_emu
+    step "build the emulation with ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan.o
+    step "build test_cuda against it, ASan+UBSan" gcc $WARN $SAN -march=native tests/test_cuda.c $B/cuda/emu_asan.o -o $B/cuda/test_cuda_emu_asan -lstdc++ -lm
+    run "test_cuda under the emulation, ASan+UBSan (kernels read and write host memory)" $B/cuda/test_cuda_emu_asan
+else
+    skip "CUDA backend" "nvcc not found (the CUDA toolkit: nvcc, cuBLAS)"
+fi
+
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
 step "make bench-build" make -s bench-build B=$B/bench
