@@ -353,8 +353,12 @@ int main(int argc, char **argv) {
     }
     check(mp_cuda_device_name(0, name, sizeof name), NULL, "device name");
     pk = device_peaks(name);
-    printf("bench=gpu_train available=1 device=\"%s\" peak_fp32=%.1f peak_tf32=%.1f peak_fp16=%.1f "
-           "peak_source=nvidia_datasheet_dense min_timing_s=%.1f\n", name, pk.fp32, pk.tf32, pk.half, S.min_s);
+    printf("bench=gpu_train available=1 device=\"%s\" min_timing_s=%.1f", name, S.min_s);
+    if (pk.fp32 > 0)
+        printf(" peak_fp32=%.1f peak_tf32=%.1f peak_fp16=%.1f peak_source=nvidia_datasheet_dense\n", pk.fp32, pk.tf32,
+               pk.half);
+    else
+        printf(" peak=unknown\n");
 
     x = (float *)xmalloc((size_t)S.batch * INPUTS * sizeof(float));
     labels = (int32_t *)xmalloc((size_t)S.batch * sizeof(int32_t));

@@ -6,9 +6,10 @@
    (mp__cpu_*) does to one element, row or column, widening every dtype to
    float32 and rounding once on the way out (__float2half_rn and
    __float2bfloat16_rn round to nearest even, as mixprec's conversions).
-   Where the CPU sums in a loop the kernel sums in the same order (a column
-   over rows, a row over columns, one thread each); no kernel adds floats
-   with atomics, so results never depend on scheduling.
+   Where the CPU sums in a loop the kernel sums in the same order, one
+   thread per row or column (column sums over more than 256 rows go in
+   parts of 256, added in order); no kernel adds floats with atomics, so
+   results never depend on scheduling.
 
    Everything is queued on one non-blocking stream. A failing call records
    the first error (sync and last_error report it) and every op after it
@@ -113,6 +114,13 @@ static void mp__cu_count(mp__cu *c, size_t add, size_t sub) {
     if (c->current > c->peak) c->peak = c->current;
 }
 
+static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
+    if (b->p) (void)mp__cu_ok(c, cudaFree(b->p), "cudaFree");
+    c->current -= b->bytes;
+    b->p = NULL;
+    b->bytes = 0;
+}
+
 /* A scratch buffer of at least `bytes`, grown (never shrunk) when needed.
    The old one may still be read by queued work: wait before freeing it. */
 static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
@@ -120,18 +128,11 @@ static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
     if (b->bytes >= bytes) return b->p;
     if (!mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to grow a scratch buffer")) return NULL;
     if (!mp__cu_ok(c, cudaMalloc(&p, bytes), "cudaMalloc (scratch)")) return NULL;
-    if (b->p) (void)mp__cu_ok(c, cudaFree(b->p), "cudaFree (scratch)");
-    mp__cu_count(c, bytes, b->bytes);
+    mp__cu_count(c, bytes, 0); /* both, for a moment */
+    mp__cu_release(c, b);
     b->p = p;
     b->bytes = bytes;
     return p;
-}
-
-static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
-    if (b->p) (void)cudaFree(b->p);
-    c->current -= b->bytes;
-    b->p = NULL;
-    b->bytes = 0;
 }
 
 /* >>device helpers: one element of a dtype as float32, and back, rounding once */
@@ -215,20 +216,24 @@ static __global__ void mp__k_bias_act(void *y, const void *x, const void *bias, 
     }
 }
 
+/* x[row, j] (+ bias[j]) in float32, as mp__load_biased */
+static __device__ __forceinline__ float mp__cu_biased(const void *x, const void *bias, mp_dtype dt, size_t base, size_t j) {
+    float t = mp__ld(x, dt, base + j);
+    if (bias) t += mp__ld(bias, dt, j);
+    return t;
+}
+
 /* Softmax, one thread per row: max, sum of exp, then write (mp__softmax_row). */
 static __global__ void mp__k_softmax(void *y, const void *x, const void *bias, size_t rows, size_t cols, mp_dtype dt) {
     MP__CU_LOOP(r, rows) {
         size_t base = r * cols, j;
         float mx = -INFINITY, sum = 0.0f;
         for (j = 0; j < cols; j++) {
-            float t = mp__ld(x, dt, base + j) + (bias ? mp__ld(bias, dt, j) : 0.0f);
+            float t = mp__cu_biased(x, bias, dt, base, j);
             mx = t > mx ? t : mx;
         }
-        for (j = 0; j < cols; j++) sum += expf(mp__ld(x, dt, base + j) + (bias ? mp__ld(bias, dt, j) : 0.0f) - mx);
-        for (j = 0; j < cols; j++) {
-            float t = mp__ld(x, dt, base + j) + (bias ? mp__ld(bias, dt, j) : 0.0f);
-            mp__st(y, dt, base + j, expf(t - mx) / sum);
-        }
+        for (j = 0; j < cols; j++) sum += expf(mp__cu_biased(x, bias, dt, base, j) - mx);
+        for (j = 0; j < cols; j++) mp__st(y, dt, base + j, expf(mp__cu_biased(x, bias, dt, base, j) - mx) / sum);
     }
 }
 

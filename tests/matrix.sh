@@ -132,13 +132,19 @@ if [ -n "$NVCC" ]; then
         run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
+    # the emulated backend: plain, and with each sanitizer runtime (under
+    # ASan the kernels' reads and writes of "device" memory are checked)
     step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
-    step "build test_cuda against the emulation" gcc $WARN -O2 -march=native tests/test_cuda.c $B/cuda/emu.o -o $B/cuda/test_cuda_emu -lstdc++ -lm
-    run "test_cuda under the emulation" $B/cuda/test_cuda_emu
-    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_emu
-    step "build the emulation with ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan.o
-    step "build test_cuda against it, ASan+UBSan" gcc $WARN $SAN -march=native tests/test_cuda.c $B/cuda/emu_asan.o -o $B/cuda/test_cuda_emu_asan -lstdc++ -lm
-    run "test_cuda under the emulation, ASan+UBSan (kernels read and write host memory)" $B/cuda/test_cuda_emu_asan
+    step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
+    step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
+    for build in "${TRAIN_BUILDS[@]}"; do
+        tag=${build%%|*} cc=${build#*|}
+        emu=$B/cuda/emu.o
+        case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
+        step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
+        run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
+    done
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
 else
     skip "CUDA backend" "nvcc not found (the CUDA toolkit: nvcc, cuBLAS)"
 fi

@@ -3,7 +3,8 @@
    element by element within |gpu - cpu| <= atol + rtol |cpu| (NaN matches
    NaN): zero tolerance where both compute the same float32 operations in
    the same order (casts, optimizers, loss scaling, im2col/col2im, pooling,
-   dropout, column sums of up to 256 rows), a few float32 ulps where CUDA's
+   dropout, column sums of up to 256 rows; the optimizers within 1e-6 when
+   g++ fuses the CPU's a*b + c), a few float32 ulps where CUDA's
    expf/erff/tanhf/logf (2 ulp) replace glibc's, one ulp of the output dtype
    where a 16-bit result is rounded from such a float32, and for products
    the summation order's error (see `tol_*`). Then the models: a few training
@@ -140,6 +141,14 @@ typedef struct tol {
     float atol, rtol;
 } tol;
 static const tol EXACT = {0.0f, 0.0f};
+/* The optimizers' a*b + c: g++ fuses it into an FMA in the CPU backend when
+   FMA is enabled (GCC contracts by default outside ISO C modes), so in that
+   build the CPU's last bit may differ; elsewhere both round twice. */
+#if defined(__cplusplus) && defined(__GNUC__) && !defined(__clang__) && defined(__FMA__)
+static const tol SAME_OPS = {1e-10f, 1e-6f}; /* an ulp of the inputs (|s| <= 1e-4) */
+#else
+static const tol SAME_OPS = {0.0f, 0.0f};
+#endif
 /* one float32 result of expf/erff/tanhf/logf: a few ulps either side */
 static const tol TRANSCENDENTAL = {2e-6f, 2e-6f};
 /* a 16-bit result rounded from a float32 that differs by a few ulps: one
@@ -481,10 +490,10 @@ static void test_optimizers(void) {
                                              (float *)s2->dev, n, wc ? wc->dev : NULL, dtypes[i],
                                              f ? (const int *)flag->dev : NULL);
                 }
-                agree("optimizer: weights", w, F32, n, EXACT);
-                agree("optimizer: slot 1", s1, F32, n, EXACT);
-                agree("optimizer: slot 2", s2, F32, n, EXACT);
-                if (wc) agree("optimizer: the compute-dtype copy", wc, dtypes[i], n, EXACT);
+                agree("optimizer: weights", w, F32, n, SAME_OPS);
+                agree("optimizer: slot 1", s1, F32, n, SAME_OPS);
+                agree("optimizer: slot 2", s2, F32, n, SAME_OPS);
+                if (wc) agree("optimizer: the compute-dtype copy", wc, dtypes[i], n, SAME_OPS.rtol ? tol_rounded(dtypes[i]) : EXACT);
                 free_args();
             }
 }
@@ -635,7 +644,8 @@ static float train_step(mp_model *m, const float *x, const int32_t *labels, int 
    weights, within what the policy's rounding lets differ. */
 static void test_mlp_matches_cpu(void) {
     static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
-    static const float loss_rtol[] = {1e-5f, 3e-3f, 2e-2f}, weight_atol[] = {1e-5f, 1e-3f, 1e-2f};
+    /* GEMMs summed in another order, 16-bit values one ulp apart, grown over 6 steps */
+    static const float loss_rtol[] = {1e-4f, 1e-2f, 3e-2f}, weight_atol[] = {1e-4f, 1e-3f, 1e-2f};
     float *x = (float *)xcalloc(4 * BATCH * INPUTS * sizeof(float));
     int32_t *labels = (int32_t *)xcalloc(4 * BATCH * sizeof(int32_t));
     size_t p, i;
