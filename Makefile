@@ -88,7 +88,7 @@ bench-quick: bench-build
 # dropped sm_70) and PTX for compute_90, which newer GPUs compile at load.
 # --fmad=false: no contraction, so elementwise kernels round as the C code.
 NVCC      ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
-CUDA_LIB   = $(abspath $(dir $(NVCC))../lib64)
+CUDA_LIB   = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64)
 CUDA_SMS   = 70 75 80 86 89 90
 CUDA_CODES = $(if $(NVCC),$(shell $(NVCC) --list-gpu-code 2>/dev/null))
 comma     := ,
