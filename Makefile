@@ -22,7 +22,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo test bench bench-build bench-quick clean
+.PHONY: all examples data demo test bench bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -83,6 +83,38 @@ bench-quick: bench-build
 	@./$(B)/bench_convert_gcc --n 1048576 --reps 2
 	@./$(B)/bench_gemm --quick
 	@./$(B)/bench_train --quick
+
+# The CUDA backend (cuda/): nvcc from PATH or /usr/local/cuda, CUDA 12 or
+# 13. Real code for each of sm_70 ... sm_90 this nvcc still builds (CUDA 13
+# dropped sm_70) and PTX for compute_90, which newer GPUs compile at load.
+# --fmad=false: no contraction, so elementwise kernels round as the C code.
+NVCC      ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_LIB   = $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64)
+CUDA_SMS   = 70 75 80 86 89 90
+CUDA_CODES = $(if $(NVCC),$(shell $(NVCC) --list-gpu-code 2>/dev/null))
+comma     := ,
+CUDA_GENCODE = $(foreach s,$(CUDA_SMS),$(if $(filter sm_$(s),$(CUDA_CODES)),-gencode arch=compute_$(s)$(comma)code=sm_$(s))) \
+               -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O2
+CUDA_LIBS  = -L$(B) -lmixprec_cuda -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublasLt -lcudart -lstdc++ -lm
+
+# Without nvcc `make cuda` says so and succeeds: the backend is optional.
+cuda:
+	@if [ -z "$(NVCC)" ]; then echo "cuda: nvcc not found (put it on PATH or set NVCC=...): the CUDA backend is not built"; \
+	else $(MAKE) --no-print-directory $(B)/libmixprec_cuda.a; fi
+
+$(B)/libmixprec_cuda.a: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h mixprec.h | $(B)
+	$(NVCC) $(NVCCFLAGS) --fmad=false $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall,-Wextra -c $< -o $(B)/mixprec_cuda.o
+	ar rcs $@ $(B)/mixprec_cuda.o
+
+# The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
+# where python3 has torch. Without a GPU it prints available=0.
+$(B)/bench_gpu_train: bench/gpu_train.c cuda/mixprec_cuda.h mixprec.h $(B)/libmixprec_cuda.a
+	$(CC) $(WARN) -O2 $(ARCH) $< -o $@ $(CUDA_LIBS)
+
+bench-gpu:
+	@if [ -z "$(NVCC)" ]; then echo "bench=gpu_train available=0 reason=nvcc_not_found"; \
+	else $(MAKE) --no-print-directory $(B)/bench_gpu_train && ./$(B)/bench_gpu_train; fi
 
 clean:
 	rm -rf $(B)

@@ -1107,6 +1107,18 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #define MP__HOT static inline
 #endif
 
+/* Every float operation rounds on its own, as written: C++ and GNU modes
+   let compilers fuse a*b+c into one FMA, which would make the optimizers'
+   and kernels' bits depend on the build (the GEMM asks for FMA through
+   intrinsics). Restored at the end of the implementation. */
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -1892,12 +1904,12 @@ static void mp__act_run(mp_activation a, float *v, size_t n) {
 }
 
 static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
-    size_t j = 0, k;
+    size_t j;
     if (a == MP_LINEAR) return;
-    if (a == MP_RELU)
-        for (; j + 16 <= n; j += 16)
-            for (k = 0; k < 16; k++) g[j + k] = y[j + k] > 0.0f ? g[j + k] : 0.0f;
-    for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
+    if (a == MP_RELU) /* a select, not a product: an Inf gradient stays Inf, a zero keeps its sign */
+        for (j = 0; j < n; j++) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
+    else
+        for (j = 0; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
 /* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
@@ -2108,6 +2120,7 @@ MIXPREC_API void mp_pool_destroy(mp_pool *p) {
 typedef struct mp__cpu {
     mp_pool *pool;
     size_t current, peak;
+    const char *error; /* the first op that failed, or NULL (sync reports it) */
 } mp__cpu;
 static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 
@@ -3137,14 +3150,11 @@ static void mp__cpu_zero(void *ctx, void *p, size_t bytes) {
     if (bytes) memset(p, 0, bytes);
 }
 
-static mp_status mp__cpu_sync(void *ctx) {
-    (void)ctx;
-    return MP_OK;
-}
+static mp_status mp__cpu_sync(void *ctx) { return ((mp__cpu *)ctx)->error ? MP_ERR_BACKEND : MP_OK; }
 
 static const char *mp__cpu_last_error(void *ctx) {
-    (void)ctx;
-    return "no error"; /* the CPU's ops cannot fail */
+    const mp__cpu *c = (const mp__cpu *)ctx;
+    return c->error ? c->error : "no error";
 }
 
 static mp_status mp__cpu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
@@ -3155,7 +3165,17 @@ static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host
     mp__cpu_cast(ctx, dst, dt, host_src, MP_FLOAT32, n, NULL);
 }
 
-static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) { mp__gemm_run(mp__pool_of(ctx), g); }
+/* A product gemm_reserve did not size gets its panels here (a caller of
+   the table that skipped it); a model has reserved them all. */
+static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) {
+    mp__cpu *c = (mp__cpu *)ctx;
+    if (c->error) return;
+    if (mp__pool_reserve(c->pool, mp__panel_floats(g->m, g->k, g->n)) != MP_OK) {
+        c->error = "no memory for a GEMM panel";
+        return;
+    }
+    mp__gemm_run(c->pool, g);
+}
 
 static const mp_backend mp__cpu_backend = {
     "cpu", 0, 0,
@@ -4592,7 +4612,7 @@ MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
     out->shape[0] = (int)m->batch;
     memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
     out->data = (void *)(uintptr_t)mp__host_output(m);
-    return MP_OK;
+    return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
 /* Waits for the backend; its first error becomes the model's. */
@@ -6450,6 +6470,11 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
 
 #ifdef __cplusplus
 }
+#endif
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
 #endif
 #endif /* MIXPREC_IMPLEMENTATION_DONE */
 #endif /* MIXPREC_IMPLEMENTATION */

@@ -134,6 +134,40 @@ else
     skip "fuzzing" "clang's libFuzzer is missing (apt-get install clang)"
 fi
 
+echo "== CUDA backend (cuda/)"
+# Built wherever nvcc is; its GPU tests run on a GPU, and everywhere under
+# tests/cuda_emu.h, a host emulation of the CUDA and cuBLASLt calls.
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [ -n "$NVCC" ]; then
+    CUDA_DIR=$(dirname "$NVCC")/..
+    CUDA_LINK="-L$B/cuda -lmixprec_cuda -L$CUDA_DIR/lib64 -Wl,-rpath,$CUDA_DIR/lib64 -lcublasLt -lcudart -lstdc++ -lm"
+    EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -I$CUDA_DIR/include -c cuda/mixprec_cuda.cu"
+    step "make cuda (nvcc, the static library)" make -s cuda B=$B/cuda NVCC="$NVCC"
+    step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda $CUDA_LINK
+    out=$($B/cuda/test_cuda 2>&1); rc=$?
+    if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_cuda: skipped'; then
+        skip "test_cuda on a GPU" "$(echo "$out" | sed -n 's/^test_cuda: skipped (\(.*\)).*$/\1/p')"
+    else
+        run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
+    fi
+    step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
+    # the emulated backend: plain, and with each sanitizer runtime (under
+    # ASan the kernels' reads and writes of "device" memory are checked)
+    step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
+    step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
+    step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
+    for build in "${TRAIN_BUILDS[@]}"; do
+        tag=${build%%|*} cc=${build#*|}
+        emu=$B/cuda/emu.o
+        case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
+        step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
+        run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
+    done
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+else
+    skip "CUDA backend" "nvcc not found (the CUDA toolkit: nvcc, cuBLAS)"
+fi
+
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
 step "make bench-build" make -s bench-build B=$B/bench

@@ -1,0 +1,1179 @@
+/* mixprec_cuda.cu - the CUDA backend (see mixprec_cuda.h). Built by nvcc
+   with --fmad=false, so that a*b+c rounds twice as in the CPU backend's C.
+
+   Each op of mp_backend is one function below; the kernels it launches
+   repeat, line for line, what the CPU backend's function of the same name
+   (mp__cpu_*) does to one element, row or column, widening every dtype to
+   float32 and rounding once on the way out (__float2half_rn and
+   __float2bfloat16_rn round to nearest even, as mixprec's conversions).
+   Where the CPU sums in a loop the kernel sums in the same order, one
+   thread per row or column (column sums over more than 256 rows go in
+   parts of 256, added in order); no kernel adds floats with atomics, so
+   results never depend on scheduling.
+
+   Everything is queued on one non-blocking stream. A failing call records
+   the first error (sync and last_error report it) and every op after it
+   does nothing. Scratch (the float32 result of a product that needs an
+   epilogue of ours, widened operands, the per-row losses, the batch on its
+   way in) grows when first needed and is kept: after the first step no step
+   allocates. */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mixprec_cuda.h"
+
+#define MP__CU_THREADS 256      /* threads per block */
+#define MP__CU_MAX_BLOCKS 65536 /* grid-stride loops cover the rest */
+#define MP__CU_BLOCKS 64        /* allocations one context tracks */
+#define MP__CU_PLANS 64         /* cached cuBLASLt plans */
+#define MP__CU_PART_ROWS 256    /* rows per partial column sum */
+#define MP__CU_WORKSPACE (32u << 20)
+
+/* >>context */
+typedef struct mp__cu_buf {
+    void *p;
+    size_t bytes;
+} mp__cu_buf;
+
+/* What selects a cuBLASLt algorithm: the shape, types, epilogue and the
+   alignment of every pointer (the heuristic assumes 256 bytes otherwise). */
+typedef struct mp__cu_key {
+    int op_a, op_b; /* cuBLASLt's A is our B (see mp__cu_gemm) */
+    uint64_t m, n, k;
+    int ab_type, d_type, compute, epilogue;
+    uint32_t align[4]; /* A, B, C = D, bias */
+} mp__cu_key;
+
+typedef struct mp__cu_plan {
+    int used;
+    mp__cu_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} mp__cu_plan;
+
+typedef struct mp__cu_stats { /* mp__scan's counts, on the device */
+    unsigned long long nan, inf, underflow, subnormal, overflow;
+    unsigned int max_abs, min_abs; /* float32 bits of finite nonzero magnitudes */
+} mp__cu_stats;
+
+typedef struct mp__cu {
+    int device, tf32;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    mp__cu_buf ws;               /* cuBLASLt workspace */
+    mp__cu_buf d32, a32, b32;    /* a product's float32 result; widened operands */
+    mp__cu_buf stage;            /* cast_in: the batch as float32 */
+    mp__cu_buf rows;             /* per-row losses and counts, partial column sums */
+    mp__cu_buf stats;            /* one mp__cu_stats */
+    mp__cu_buf blocks[MP__CU_BLOCKS]; /* what alloc handed out */
+    size_t current, peak;        /* bytes held: blocks and scratch; the most */
+    mp__cu_plan plans[MP__CU_PLANS];
+    int next_plan;
+    cublasStatus_t refused;      /* the heuristic's last refusal, for the error message */
+    char error[256];             /* the first failure; "" while none */
+} mp__cu;
+
+static char mp__cu_reason[256]; /* mp_cuda_last_error() */
+
+static void mp__cu_set_reason(const char *what, const char *why) {
+    snprintf(mp__cu_reason, sizeof mp__cu_reason, "%s%s%s", what, why[0] ? ": " : "", why);
+}
+
+static int mp__cu_fail(mp__cu *c, const char *what, const char *why) {
+    if (!c->error[0]) snprintf(c->error, sizeof c->error, "%s: %s", what, why);
+    return 0;
+}
+
+/* 1 on success; else records the first error and returns 0. The runtime's
+   own last error is cleared, so that the next launch's check (of this or
+   another context) does not see it again. */
+static int mp__cu_ok(mp__cu *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 1;
+    (void)cudaGetLastError();
+    return mp__cu_fail(c, what, cudaGetErrorString(e));
+}
+
+static int mp__lt_ok(mp__cu *c, cublasStatus_t s, const char *what) {
+    return s == CUBLAS_STATUS_SUCCESS ? 1 : mp__cu_fail(c, what, cublasLtGetStatusString(s));
+}
+
+/* Whether an op may run: no earlier failure, and the context's device current. */
+static int mp__cu_live(mp__cu *c) {
+    return !c->error[0] && mp__cu_ok(c, cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+static void mp__cu_count(mp__cu *c, size_t add, size_t sub) {
+    c->current = c->current + add - sub;
+    if (c->current > c->peak) c->peak = c->current;
+}
+
+static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
+    if (b->p) (void)mp__cu_ok(c, cudaFree(b->p), "cudaFree");
+    c->current -= b->bytes;
+    b->p = NULL;
+    b->bytes = 0;
+}
+
+/* A scratch buffer of at least `bytes`, grown (never shrunk) when needed.
+   The old one may still be read by queued work: wait before freeing it. */
+static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
+    void *p = NULL;
+    if (b->bytes >= bytes) return b->p;
+    if (!mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to grow a scratch buffer")) return NULL;
+    if (!mp__cu_ok(c, cudaMalloc(&p, bytes), "cudaMalloc (scratch)")) return NULL;
+    mp__cu_count(c, bytes, 0); /* both, for a moment */
+    mp__cu_release(c, b);
+    b->p = p;
+    b->bytes = bytes;
+    return p;
+}
+
+/* >>device helpers: one element of a dtype as float32, and back, rounding once */
+static size_t mp__cu_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
+
+static __device__ __forceinline__ float mp__ld(const void *p, mp_dtype t, size_t i) {
+    if (t == MP_FLOAT32) return ((const float *)p)[i];
+    if (t == MP_FLOAT16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+static __device__ __forceinline__ void mp__st(void *p, mp_dtype t, size_t i, float v) {
+    if (t == MP_FLOAT32) ((float *)p)[i] = v;
+    else if (t == MP_FLOAT16) ((__half *)p)[i] = __float2half_rn(v);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+#define MP__CU_LOOP(i, n) \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+static unsigned mp__cu_grid(size_t n) {
+    size_t blocks = (n + MP__CU_THREADS - 1) / MP__CU_THREADS;
+    return (unsigned)(blocks < MP__CU_MAX_BLOCKS ? blocks : MP__CU_MAX_BLOCKS);
+}
+
+/* Every launch goes through MP__CU_RUN, which tests/cuda_emu.h replaces by
+   a loop over the blocks and threads on the host. */
+#ifndef MP__CU_RUN
+#define MP__CU_RUN(blocks, threads, stream, kernel, ...) kernel<<<blocks, threads, 0, stream>>>(__VA_ARGS__)
+#endif
+
+/* Launches kernel over n items (nothing when n is 0) and checks the launch. */
+#define MP__CU_LAUNCH(c, n, kernel, ...)                                                  \
+    do {                                                                                  \
+        if ((n) > 0) {                                                                    \
+            MP__CU_RUN(mp__cu_grid(n), MP__CU_THREADS, (c)->stream, kernel, __VA_ARGS__);  \
+            (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                            \
+        }                                                                                 \
+    } while (0)
+
+/* Launches a one-thread kernel (a sum in order, a state machine step). */
+#define MP__CU_LAUNCH1(c, kernel, ...)                                                    \
+    do {                                                                                  \
+        MP__CU_RUN(1, 1, (c)->stream, kernel, __VA_ARGS__);                               \
+        (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                                \
+    } while (0)
+
+/* >>activations: mp__act and mp__act_grad of mixprec.h, in float32 */
+static __device__ float mp__cu_act(mp_activation a, float v) {
+    switch (a) {
+    case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
+    case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case MP_TANH: return tanhf(v);
+    case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
+    default: return v;
+    }
+}
+
+static __device__ float mp__cu_act_grad(mp_activation a, float y, float x) {
+    switch (a) {
+    case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
+    case MP_SIGMOID: return y * (1.0f - y);
+    case MP_TANH: return 1.0f - y * y;
+    case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+    default: return 1.0f;
+    }
+}
+
+/* >>elementwise kernels */
+static __global__ void mp__k_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
+    MP__CU_LOOP(i, n) mp__st(dst, dt, i, mp__ld(src, st, i));
+}
+
+/* bias_act without softmax: y = act(x + bias[col]) */
+static __global__ void mp__k_bias_act(void *y, const void *x, const void *bias, size_t n, size_t cols, mp_activation act,
+                               mp_dtype dt) {
+    MP__CU_LOOP(i, n) {
+        float t = mp__ld(x, dt, i);
+        if (bias) t += mp__ld(bias, dt, i % cols);
+        mp__st(y, dt, i, mp__cu_act(act, t));
+    }
+}
+
+/* x[row, j] (+ bias[j]) in float32, as mp__load_biased */
+static __device__ __forceinline__ float mp__cu_biased(const void *x, const void *bias, mp_dtype dt, size_t base, size_t j) {
+    float t = mp__ld(x, dt, base + j);
+    if (bias) t += mp__ld(bias, dt, j);
+    return t;
+}
+
+/* Softmax, one thread per row: max, sum of exp, then write (mp__softmax_row). */
+static __global__ void mp__k_softmax(void *y, const void *x, const void *bias, size_t rows, size_t cols, mp_dtype dt) {
+    MP__CU_LOOP(r, rows) {
+        size_t base = r * cols, j;
+        float mx = -INFINITY, sum = 0.0f;
+        for (j = 0; j < cols; j++) {
+            float t = mp__cu_biased(x, bias, dt, base, j);
+            mx = t > mx ? t : mx;
+        }
+        for (j = 0; j < cols; j++) sum += expf(mp__cu_biased(x, bias, dt, base, j) - mx);
+        for (j = 0; j < cols; j++) mp__st(y, dt, base + j, expf(mp__cu_biased(x, bias, dt, base, j) - mx) / sum);
+    }
+}
+
+/* dx = dy * act'(y, x). ReLU selects (dy where y > 0, else 0), as the CPU's
+   vectorised blocks do. */
+static __global__ void mp__k_act_backward(void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x, size_t n,
+                                   mp_activation act, mp_dtype dt) {
+    MP__CU_LOOP(i, n) {
+        float g = mp__ld(dy, dt, i);
+        if (act == MP_RELU) g = mp__ld(y, dt, i) > 0.0f ? g : 0.0f;
+        else if (act != MP_LINEAR) g *= mp__cu_act_grad(act, mp__ld(y, dt, i), act == MP_GELU ? mp__ld(x, dt, i) : 0.0f);
+        mp__st(dx, dxt, i, g);
+    }
+}
+
+/* Softmax backward, one thread per row: dx = y (dy - sum(dy y)). */
+static __global__ void mp__k_softmax_backward(void *dx, mp_dtype dxt, const void *dy, const void *y, size_t rows, size_t cols,
+                                       mp_dtype dt) {
+    MP__CU_LOOP(r, rows) {
+        size_t base = r * cols, j;
+        float dot = 0.0f;
+        for (j = 0; j < cols; j++) dot += mp__ld(dy, dt, base + j) * mp__ld(y, dt, base + j);
+        for (j = 0; j < cols; j++) mp__st(dx, dxt, base + j, mp__ld(y, dt, base + j) * (mp__ld(dy, dt, base + j) - dot));
+    }
+}
+
+/* Column sums in a fixed order: each thread sums MP__CU_PART_ROWS rows of
+   one column from 0.0f, then one thread per column adds the parts in
+   order. With at most MP__CU_PART_ROWS rows this is the CPU's sum, bit for bit. */
+static __global__ void mp__k_colsum_parts(float *part, const void *dy, mp_dtype dt, size_t rows, size_t cols, size_t parts) {
+    MP__CU_LOOP(i, parts * cols) {
+        size_t j = i % cols, p = i / cols, r = p * MP__CU_PART_ROWS, end = r + MP__CU_PART_ROWS;
+        float acc = 0.0f;
+        if (end > rows) end = rows;
+        for (; r < end; r++) acc += mp__ld(dy, dt, r * cols + j);
+        part[i] = acc;
+    }
+}
+
+static __global__ void mp__k_colsum_final(void *db, mp_dtype dt, const float *part, size_t parts, size_t cols) {
+    MP__CU_LOOP(j, cols) {
+        float acc = 0.0f;
+        for (size_t p = 0; p < parts; p++) acc += part[p * cols + j];
+        mp__st(db, dt, j, acc);
+    }
+}
+
+/* A product's float32 result d (NULL: k was 0) into C: + C, + bias (in
+   biast), the pre-activation, the activation, one rounding (mp__epilogue). */
+static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int accumulate, const void *bias,
+                               mp_dtype biast, void *z, mp_activation act, size_t n_total, size_t n) {
+    MP__CU_LOOP(i, n_total) {
+        float acc = d ? d[i] : 0.0f;
+        if (accumulate) acc += mp__ld(c, ct, i);
+        if (bias) acc += mp__ld(bias, biast, i % n);
+        if (z) mp__st(z, ct, i, acc);
+        mp__st(c, ct, i, mp__cu_act(act, acc));
+    }
+}
+
+/* ReLU on a product cuBLASLt already rounded into C (exact: rounding to
+   nearest keeps the sign, so relu(round(x)) == round(relu(x)) up to -0). */
+static __global__ void mp__k_relu(void *c, mp_dtype ct, size_t n) {
+    MP__CU_LOOP(i, n) {
+        float v = mp__ld(c, ct, i);
+        mp__st(c, ct, i, v < 0.0f ? 0.0f : v);
+    }
+}
+
+static __global__ void mp__k_scale_cast(void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {
+    float s = scale ? *scale : 1.0f;
+    MP__CU_LOOP(i, n) mp__st(dst, dt, i, src[i] * s);
+}
+
+/* The fused unscale: dst = src * (1 / scale), and *found_inf = 1 if any
+   src is Inf or NaN (exponent bits all ones), tested on the scaled values. */
+static __global__ void mp__k_unscale(float *dst, const void *src, mp_dtype st, size_t n, const float *scale, int *found_inf) {
+    float inv = scale ? 1.0f / *scale : 1.0f;
+    unsigned bad = 0;
+    MP__CU_LOOP(i, n) {
+        float v = mp__ld(src, st, i);
+        bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
+        dst[i] = v * inv;
+    }
+    if (bad) atomicOr(found_inf, 1);
+}
+
+static __global__ void mp__k_loss_scale(mp_loss_scale *ls, const int *found_inf) { (void)mp_loss_scale_step(ls, !*found_inf); }
+
+/* mp__opt_block's formulas for one weight, in its order of operations. */
+static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *w, const float *g, float *s1, float *s2,
+                                size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+    if (found_inf && *found_inf) return; /* the skipped step */
+    MP__CU_LOOP(i, n) {
+        float gv = g[i], lr_g = o.learning_rate * gv, wv = w[i];
+        if (o.kind == MP_SGD && o.momentum == 0.0f) {
+            wv = wv - lr_g;
+        } else if (o.kind == MP_SGD) {
+            float m = o.momentum * s1[i] - lr_g;
+            s1[i] = m;
+            wv = wv + (o.nesterov ? o.momentum * m - lr_g : m);
+        } else if (o.kind == MP_RMSPROP) {
+            float v = o.rho * s1[i] + (1.0f - o.rho) * (gv * gv);
+            s1[i] = v;
+            wv = wv - lr_g / sqrtf(v + o.epsilon);
+        } else {
+            float m = s1[i], v = s2[i];
+            m = m + (gv - m) * (1.0f - o.beta_1);
+            v = v + (gv * gv - v) * (1.0f - o.beta_2);
+            s1[i] = m;
+            s2[i] = v;
+            wv = wv - alpha * m / (sqrtf(v) + o.epsilon);
+        }
+        w[i] = wv;
+        if (wc) mp__st(wc, wt, i, wv);
+    }
+}
+
+static __global__ void mp__k_dropout_mask(unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    MP__CU_LOOP(i, n) mask[i] = (unsigned char)(mp_dropout_draw(seed, i) >= rate);
+}
+
+static __global__ void mp__k_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask, size_t n,
+                              float scale) {
+    MP__CU_LOOP(i, n) mp__st(y, yt, i, mask[i] ? mp__ld(x, xt, i) * scale : 0.0f);
+}
+
+/* >>cast stats: mp__scan on the device. Integer atomics only; the order in
+   which threads add integers does not change the sum. */
+typedef struct mp__cu_ranges { uint32_t sub_lo, normal_lo, inf_lo; } mp__cu_ranges;
+/* mixprec.h's mp__ranges_of: where narrowing underflows, goes subnormal, overflows */
+static const mp__cu_ranges mp__cu_ranges_of[MP_DTYPE_COUNT] = {
+    {0x00000001u, 0x00800000u, 0x7F800000u},
+    {0x33000001u, 0x387FE000u, 0x477FF000u},
+    {0x00008001u, 0x007F8000u, 0x7F7F8000u}};
+
+static __device__ __forceinline__ unsigned mp__in(uint32_t a, uint32_t lo, uint32_t hi) { return a - lo < hi - lo; }
+
+static __global__ void mp__k_stats_init(mp__cu_stats *s) {
+    s->nan = s->inf = s->underflow = s->subnormal = s->overflow = 0;
+    s->max_abs = 0;
+    s->min_abs = 0xFFFFFFFFu;
+}
+
+static __global__ void mp__k_stats(mp__cu_stats *s, const void *src, mp_dtype st, size_t n, mp__cu_ranges r) {
+    unsigned long long nan = 0, inf = 0, under = 0, sub = 0, over = 0;
+    uint32_t hi = 0, lo = 0xFFFFFFFFu;
+    MP__CU_LOOP(i, n) {
+        uint32_t a = __float_as_uint(mp__ld(src, st, i)) & 0x7FFFFFFFu;
+        nan += a > 0x7F800000u;
+        inf += a == 0x7F800000u;
+        under += mp__in(a, 1u, r.sub_lo);
+        sub += mp__in(a, r.sub_lo, r.normal_lo);
+        over += mp__in(a, r.inf_lo, 0x7F800000u);
+        if (mp__in(a, 1u, 0x7F800000u)) {
+            hi = a > hi ? a : hi;
+            lo = a < lo ? a : lo;
+        }
+    }
+    if (nan) atomicAdd(&s->nan, nan);
+    if (inf) atomicAdd(&s->inf, inf);
+    if (under) atomicAdd(&s->underflow, under);
+    if (sub) atomicAdd(&s->subnormal, sub);
+    if (over) atomicAdd(&s->overflow, over);
+    if (hi) {
+        atomicMax(&s->max_abs, hi);
+        atomicMin(&s->min_abs, lo);
+    }
+}
+
+/* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), one thread a row */
+#define MP__CU_EPSILON 1e-7f
+
+static __device__ size_t mp__cu_argmax(const float *v, size_t n) {
+    size_t i, best = 0;
+    for (i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+static __device__ float mp__cu_target(const float *t, int32_t label, size_t j) { return t ? t[j] : (float)((size_t)label == j); }
+
+static __device__ float mp__cu_crossentropy_row(float *p, const float *t, int32_t label, size_t n, int from_logits) {
+    float loss = 0.0f, total = 0.0f, s = 0.0f;
+    size_t j;
+    if (from_logits) {
+        float mx = p[mp__cu_argmax(p, n)], lse;
+        for (j = 0; j < n; j++) s += expf(p[j] - mx);
+        lse = mx + logf(s);
+        for (j = 0; j < n; j++) {
+            total += mp__cu_target(t, label, j);
+            loss += mp__cu_target(t, label, j) * (lse - p[j]);
+        }
+        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__cu_target(t, label, j);
+        return loss;
+    }
+    for (j = 0; j < n; j++) s += p[j];
+    for (j = 0; j < n; j++) {
+        float q = p[j] / s, tw = mp__cu_target(t, label, j);
+        int inside = q >= MP__CU_EPSILON && q <= 1.0f - MP__CU_EPSILON;
+        loss -= tw * logf(q < MP__CU_EPSILON ? MP__CU_EPSILON : q > 1.0f - MP__CU_EPSILON ? 1.0f - MP__CU_EPSILON : q);
+        if (inside) total += tw;
+    }
+    for (j = 0; j < n; j++) {
+        float q = p[j] / s, tw = mp__cu_target(t, label, j);
+        int inside = q >= MP__CU_EPSILON && q <= 1.0f - MP__CU_EPSILON;
+        p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
+    }
+    return loss;
+}
+
+static __device__ float mp__cu_binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float v = p[j], y = t[j];
+        if (from_logits) {
+            loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
+            p[j] = (1.0f / (1.0f + expf(-v)) - y) * inv_n;
+        } else {
+            float c = v < MP__CU_EPSILON ? MP__CU_EPSILON : v > 1.0f - MP__CU_EPSILON ? 1.0f - MP__CU_EPSILON : v;
+            int inside = v >= MP__CU_EPSILON && v <= 1.0f - MP__CU_EPSILON;
+            loss -= y * logf(c) + (1.0f - y) * logf(1.0f - c);
+            p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
+        }
+    }
+    return loss * inv_n;
+}
+
+static __device__ float mp__cu_mean_squared_error_row(float *p, const float *t, size_t n) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float d = p[j] - t[j];
+        loss += d * d;
+        p[j] = 2.0f * d * inv_n;
+    }
+    return loss * inv_n;
+}
+
+static __device__ int mp__cu_row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
+    size_t j;
+    if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__cu_argmax(p, n) == (size_t)label;
+    if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__cu_argmax(p, n) == mp__cu_argmax(t, n);
+    if (kind == MP_BINARY_CROSSENTROPY) {
+        for (j = 0; j < n; j++)
+            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* Row r's loss into row_loss[r] and its accuracy into right[r]; its
+   gradient of the batch mean into dpred's row (which is its workspace). */
+static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                                const float *y, size_t rows, size_t cols, float *dpred, float inv_rows, float *row_loss,
+                                unsigned *right) {
+    MP__CU_LOOP(r, rows) {
+        float *p = dpred + r * cols, l;
+        const float *t = y ? y + r * cols : NULL;
+        int32_t label = labels ? labels[r] : 0;
+        size_t j;
+        for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
+        right[r] = (unsigned)mp__cu_row_correct(kind, p, t, label, cols);
+        if (kind == MP_BINARY_CROSSENTROPY) l = mp__cu_binary_crossentropy_row(p, t, cols, from_logits);
+        else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__cu_mean_squared_error_row(p, t, cols);
+        else l = mp__cu_crossentropy_row(p, t, label, cols, from_logits);
+        for (j = 0; j < cols; j++) p[j] *= inv_rows;
+        row_loss[r] = l;
+    }
+}
+
+/* The batch's sums in row order, as the CPU: one thread. */
+static __global__ void mp__k_loss_sum(float *metrics, const float *row_loss, const unsigned *right, size_t rows) {
+    float sum = 0.0f;
+    size_t r, correct = 0;
+    for (r = 0; r < rows; r++) {
+        sum += row_loss[r];
+        correct += right[r];
+    }
+    metrics[0] = sum;
+    metrics[1] = (float)correct;
+}
+
+/* >>conv kernels (NHWC; mp_conv_geom by value) */
+static __device__ __forceinline__ size_t mp__cu_nhwc(size_t img, size_t y, size_t x, int h, int w, int c) {
+    return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
+}
+
+/* col [OH*OW, KH*KW*C]: one thread per element, a raw copy or zero. */
+template <typename T>
+static __global__ void mp__k_im2col(T *col, const T *img, mp_conv_geom g) {
+    size_t n = (size_t)g.oh * g.ow * g.kh * g.kw * g.c;
+    MP__CU_LOOP(e, n) {
+        size_t q = e / (size_t)g.c, ch = e % (size_t)g.c;
+        int kx = (int)(q % (size_t)g.kw), ky, ox, oy, iy, ix;
+        q /= (size_t)g.kw;
+        ky = (int)(q % (size_t)g.kh);
+        q /= (size_t)g.kh;
+        ox = (int)(q % (size_t)g.ow);
+        oy = (int)(q / (size_t)g.ow);
+        iy = oy * g.sh - g.pt + ky;
+        ix = ox * g.sw - g.pl + kx;
+        col[e] = iy < 0 || iy >= g.h || ix < 0 || ix >= g.w ? (T)0 : img[((size_t)iy * g.w + (size_t)ix) * g.c + ch];
+    }
+}
+
+/* img = the sum of the columns that read each pixel, one thread per pixel
+   and channel, adding in the CPU's order: windows by (oy, ox) ascending,
+   which is (ky, kx) descending. Overwrites img. */
+static __global__ void mp__k_col2im(float *img, const float *col, mp_conv_geom g) {
+    size_t n = (size_t)g.h * g.w * g.c;
+    MP__CU_LOOP(e, n) {
+        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c;
+        int ix = (int)(q % (size_t)g.w), iy = (int)(q / (size_t)g.w), ky, kx;
+        float sum = 0.0f;
+        for (ky = g.kh - 1; ky >= 0; ky--) {
+            int ty = iy + g.pt - ky, oy = ty / g.sh;
+            if (ty < 0 || ty % g.sh || oy >= g.oh) continue;
+            for (kx = g.kw - 1; kx >= 0; kx--) {
+                int tx = ix + g.pl - kx, ox = tx / g.sw;
+                if (tx < 0 || tx % g.sw || ox >= g.ow) continue;
+                sum += col[((((size_t)oy * g.ow + ox) * g.kh + ky) * g.kw + kx) * g.c + ch];
+            }
+        }
+        img[e] = sum;
+    }
+}
+
+/* The window (oy, ox) of image img at channel ch: its first maximum (NaN
+   wins), as mp__pool_window. */
+static __device__ void mp__cu_window(const void *x, mp_dtype dt, size_t img, const mp_conv_geom &g, int oy, int ox, size_t ch,
+                              float *best, int *arg) {
+    int ky, kx, pos = 0;
+    for (ky = 0; ky < g.kh; ky++)
+        for (kx = 0; kx < g.kw; kx++, pos++) {
+            size_t iy = (size_t)(oy * g.sh + ky), ix = (size_t)(ox * g.sw + kx);
+            float t = mp__ld(x, dt, mp__cu_nhwc(img, iy, ix, g.h, g.w, g.c) + ch);
+            if (pos == 0 || t > *best || (t != t && *best == *best)) {
+                *best = t;
+                *arg = pos;
+            }
+        }
+}
+
+static __global__ void mp__k_max_pool(void *y, const void *x, size_t n, mp_conv_geom g, mp_dtype dt) {
+    MP__CU_LOOP(e, n * g.oh * g.ow * g.c) {
+        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c;
+        int ox = (int)(q % (size_t)g.ow), oy, arg = 0;
+        float best = 0.0f;
+        q /= (size_t)g.ow;
+        oy = (int)(q % (size_t)g.oh);
+        mp__cu_window(x, dt, q / (size_t)g.oh, g, oy, ox, ch, &best, &arg);
+        mp__st(y, dt, e, best);
+    }
+}
+
+/* One thread per input cell: the gradient of the window whose maximum it
+   is, 0 if none. Where windows overlap, the last in (oy, ox) order decides,
+   as the CPU's writes do. */
+static __global__ void mp__k_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n, mp_conv_geom g,
+                                        mp_dtype dt) {
+    MP__CU_LOOP(e, n * g.h * g.w * g.c) {
+        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c, img;
+        int ix = (int)(q % (size_t)g.w), iy, oy, ox, oy_hi, ox_hi;
+        float out = 0.0f;
+        q /= (size_t)g.w;
+        iy = (int)(q % (size_t)g.h);
+        img = q / (size_t)g.h;
+        oy_hi = iy / g.sh < g.oh - 1 ? iy / g.sh : g.oh - 1;
+        ox_hi = ix / g.sw < g.ow - 1 ? ix / g.sw : g.ow - 1;
+        for (oy = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.sh) / g.sh; oy <= oy_hi; oy++)
+            for (ox = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.sw) / g.sw; ox <= ox_hi; ox++) {
+                float best = 0.0f;
+                int arg = 0;
+                mp__cu_window(x, dt, img, g, oy, ox, ch, &best, &arg);
+                out = arg == (iy - oy * g.sh) * g.kw + (ix - ox * g.sw)
+                          ? mp__ld(dy, dt, mp__cu_nhwc(img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + ch)
+                          : 0.0f;
+            }
+        mp__st(dx, dxt, e, out);
+    }
+}
+
+/* >>backend ops */
+static mp__cu *mp__cu_of(void *ctx) { return (mp__cu *)ctx; }
+
+static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
+    const mp_cuda_config *cfg = (const mp_cuda_config *)config;
+    int count = mp_cuda_device_count(), device = cfg ? cfg->device : 0;
+    mp__cu *c;
+    (void)threads; /* the host thread only queues work */
+    *ctx = NULL;
+    if (count == 0) return MP_ERR_BACKEND; /* the reason is set */
+    if (device < 0 || device >= count) {
+        snprintf(mp__cu_reason, sizeof mp__cu_reason, "device %d requested, the driver sees %d", device, count);
+        return MP_ERR_ARG;
+    }
+    if (!(c = (mp__cu *)calloc(1, sizeof *c))) {
+        mp__cu_set_reason("the context", "out of host memory");
+        return MP_ERR_ALLOC;
+    }
+    c->device = device;
+    c->tf32 = cfg && cfg->tf32;
+    c->ws.bytes = cfg && cfg->workspace_bytes ? cfg->workspace_bytes : MP__CU_WORKSPACE;
+    if (mp__cu_ok(c, cudaSetDevice(device), "cudaSetDevice") &&
+        mp__cu_ok(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        mp__lt_ok(c, cublasLtCreate(&c->lt), "cublasLtCreate") &&
+        mp__cu_ok(c, cudaMalloc(&c->ws.p, c->ws.bytes), "cudaMalloc (cuBLASLt workspace)")) {
+        mp__cu_count(c, c->ws.bytes, 0);
+        mp__cu_reason[0] = '\0';
+        *ctx = c;
+        return MP_OK;
+    }
+    mp__cu_set_reason(c->error, "");
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+    return MP_ERR_BACKEND;
+}
+
+static void mp__cu_plan_free(mp__cu_plan *p) {
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+    cublasLtMatmulDescDestroy(p->op);
+    p->used = 0;
+}
+
+static void mp__cu_destroy(void *ctx) {
+    mp__cu *c = mp__cu_of(ctx);
+    int i;
+    if (!c) return;
+    (void)cudaSetDevice(c->device);
+    (void)cudaStreamSynchronize(c->stream);
+    for (i = 0; i < MP__CU_PLANS; i++) mp__cu_plan_free(&c->plans[i]);
+    for (i = 0; i < MP__CU_BLOCKS; i++) mp__cu_release(c, &c->blocks[i]); /* what the caller did not free */
+    mp__cu_release(c, &c->ws);
+    mp__cu_release(c, &c->d32);
+    mp__cu_release(c, &c->a32);
+    mp__cu_release(c, &c->b32);
+    mp__cu_release(c, &c->stage);
+    mp__cu_release(c, &c->rows);
+    mp__cu_release(c, &c->stats);
+    cublasLtDestroy(c->lt);
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static int mp__cu_threads(void *ctx) {
+    (void)ctx;
+    return 1;
+}
+
+/* cudaMalloc aligns to 256 bytes at least; the block is zeroed on the
+   stream, as the CPU's allocations are. NULL when full or out of memory
+   (not an error of the context: the model reports MP_ERR_ALLOC). */
+static void *mp__cu_alloc(void *ctx, size_t bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    void *p = NULL;
+    int i;
+    if (!mp__cu_live(c)) return NULL;
+    for (i = 0; i < MP__CU_BLOCKS && c->blocks[i].p; i++) {}
+    if (i == MP__CU_BLOCKS) return NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is not sticky: clear it */
+        return NULL;
+    }
+    if (!mp__cu_ok(c, cudaMemsetAsync(p, 0, bytes, c->stream), "cudaMemsetAsync (a new block)")) {
+        (void)cudaFree(p);
+        return NULL;
+    }
+    c->blocks[i].p = p;
+    c->blocks[i].bytes = bytes;
+    mp__cu_count(c, bytes, 0);
+    return p;
+}
+
+static void mp__cu_free(void *ctx, void *p) {
+    mp__cu *c = mp__cu_of(ctx);
+    int i;
+    if (!p) return;
+    for (i = 0; i < MP__CU_BLOCKS && c->blocks[i].p != p; i++) {}
+    if (i == MP__CU_BLOCKS) return; /* not ours */
+    (void)cudaSetDevice(c->device);
+    (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to free a block");
+    mp__cu_release(c, &c->blocks[i]);
+}
+
+static void mp__cu_memory(void *ctx, mp_backend_memory *out) {
+    const mp__cu *c = mp__cu_of(ctx);
+    out->current = c->current;
+    out->peak = c->peak;
+    out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage.bytes + c->rows.bytes +
+                     c->stats.bytes;
+}
+
+/* Copies to the host wait for them; so do copies from it, so that the
+   caller may reuse its buffer at once (pageable or pinned alike). */
+static void mp__cu_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind) {
+    mp__cu *c = mp__cu_of(ctx);
+    cudaMemcpyKind k = kind == MP_COPY_TO_BACKEND ? cudaMemcpyHostToDevice
+                       : kind == MP_COPY_TO_HOST  ? cudaMemcpyDeviceToHost
+                                                  : cudaMemcpyDeviceToDevice;
+    if (!bytes || !mp__cu_live(c)) return;
+    if (mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync") && kind != MP_COPY_WITHIN)
+        (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "a copy between host and device");
+}
+
+static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (bytes && mp__cu_live(c)) (void)mp__cu_ok(c, cudaMemsetAsync(p, 0, bytes, c->stream), "cudaMemsetAsync");
+}
+
+static mp_status mp__cu_sync(void *ctx) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the queued work");
+    return c->error[0] ? MP_ERR_BACKEND : MP_OK;
+}
+
+static const char *mp__cu_last_error(void *ctx) {
+    const mp__cu *c = mp__cu_of(ctx);
+    return c->error[0] ? c->error : "no error";
+}
+
+/* Whether a x b floats are addressable. */
+static int mp__cu_fits(size_t a, size_t b) { return b == 0 || a <= (size_t)-1 / sizeof(float) / b; }
+
+/* Nothing to reserve up front: a product needs scratch (its float32 result,
+   widened operands) only for an epilogue of ours or for mixed operand
+   dtypes, grown at its first use and kept. This checks that those sizes
+   are addressable. */
+static mp_status mp__cu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
+    (void)ctx;
+    return mp__cu_fits(m, n) && mp__cu_fits(m, k) && mp__cu_fits(k, n) ? MP_OK : MP_ERR_SIZE;
+}
+
+static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n,
+                        mp_cast_stats *stats);
+
+static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+    mp__cu *c = mp__cu_of(ctx);
+    void *stage;
+    if (!n || !mp__cu_live(c)) return;
+    if (dt == MP_FLOAT32) {
+        mp__cu_copy(ctx, dst, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
+        return;
+    }
+    if (!(stage = mp__cu_grow(c, &c->stage, n * sizeof(float)))) return;
+    mp__cu_copy(ctx, stage, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
+    mp__cu_cast(ctx, dst, dt, stage, MP_FLOAT32, n, NULL);
+}
+
+/* With stats: the counts of mp_convert, made on the device and added to
+   *stats as mp__stats_add does (one wait for the counters). */
+static void mp__cu_add_stats(mp__cu *c, const void *src, mp_dtype st, mp_dtype dt, size_t n, mp_cast_stats *stats) {
+    mp__cu_stats *d = (mp__cu_stats *)mp__cu_grow(c, &c->stats, sizeof(mp__cu_stats)), h;
+    float hi, lo;
+    if (!d) return;
+    MP__CU_LAUNCH1(c, mp__k_stats_init, d);
+    MP__CU_LAUNCH(c, n, mp__k_stats, d, src, st, n, mp__cu_ranges_of[dt]);
+    if (c->error[0] || !mp__cu_ok(c, cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (stats)") ||
+        !mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the cast stats"))
+        return;
+    stats->count += n;
+    stats->nan_in += h.nan;
+    stats->inf_in += h.inf;
+    stats->underflow += h.underflow;
+    stats->subnormal += h.subnormal;
+    stats->overflow += h.overflow;
+    if (!h.max_abs) return; /* no finite nonzero input */
+    memcpy(&hi, &h.max_abs, 4);
+    memcpy(&lo, &h.min_abs, 4);
+    if (hi > stats->max_abs) stats->max_abs = hi;
+    if (stats->min_abs == 0.0f || lo < stats->min_abs) stats->min_abs = lo;
+}
+
+static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n,
+                        mp_cast_stats *stats) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!n || !mp__cu_live(c)) return;
+    if (stats) mp__cu_add_stats(c, src, st, dt, n, stats);
+    if (dst == src && dt == st) return;
+    if (dt == st)
+        (void)mp__cu_ok(c, cudaMemcpyAsync(dst, src, n * mp__cu_size(dt), cudaMemcpyDeviceToDevice, c->stream),
+                        "cudaMemcpyAsync (cast)");
+    else
+        MP__CU_LAUNCH(c, n, mp__k_cast, dst, dt, src, st, n);
+}
+
+/* >>gemm: row-major C [m x n] = op(A) op(B) is column-major C^T = op(B)^T
+   op(A)^T: cuBLASLt's A is our B and its B our A, no copy. cuBLASLt wants
+   A and B in one dtype: mixed operands are widened to float32 (exactly, as
+   the CPU widens both), and so are 16-bit ones where no algorithm exists
+   (bfloat16 before Ampere). Float16/bfloat16 products use
+   CUBLAS_COMPUTE_32F (float32 accumulation on Tensor Cores); float32 ones
+   CUBLAS_COMPUTE_32F_PEDANTIC, or _FAST_TF32 when the config asks. Split-K
+   may only reduce in float32 (never in C's dtype, which would round twice).
+   cuBLASLt writes C itself, with beta = 1 to accumulate and its bias
+   epilogue, when C's dtype is the operands' or float32 and the activation
+   is linear or ReLU (a separate pass, exact). Otherwise it writes a float32
+   scratch and mp__k_epilogue does the CPU's epilogue: sigmoid, tanh and
+   gelu see the unrounded sum, and gelu's pre-activation is kept. */
+static cudaDataType_t mp__cu_type(mp_dtype t) {
+    return t == MP_FLOAT32 ? CUDA_R_32F : t == MP_FLOAT16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+static uint32_t mp__cu_align(const void *p) {
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) a /= 2;
+    return a;
+}
+
+static int mp__cu_key_eq(const mp__cu_key *x, const mp__cu_key *y) { return memcmp(x, y, sizeof *x) == 0; }
+
+/* A new plan for key: descriptors and the heuristic's first algorithm.
+   1: made; 0: no algorithm for it (not an error: the caller falls back,
+   whatever the heuristic's reason); -1: a recorded error. */
+static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, const void *bias) {
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t result;
+    cublasOperation_t op_a = (cublasOperation_t)key->op_a, op_b = (cublasOperation_t)key->op_b;
+    cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key->epilogue;
+    cudaDataType_t ab = (cudaDataType_t)key->ab_type, d = (cudaDataType_t)key->d_type;
+    uint64_t ws = c->ws.bytes;
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* or none */
+    int found = 0, ok;
+    cublasStatus_t s;
+    memset(p, 0, sizeof *p);
+    ok = mp__lt_ok(c, cublasLtMatmulDescCreate(&p->op, (cublasComputeType_t)key->compute, CUDA_R_32F),
+                   "cublasLtMatmulDescCreate") &&
+         mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), "TRANSA") &&
+         mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), "TRANSB") &&
+         mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+                   "EPILOGUE") &&
+         (!bias || mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                             "BIAS_POINTER")) &&
+         /* stored shapes, column-major: A = our B (n x k, or k x n when
+            transposed), B = our A (k x m, or m x k), D = C^T (n x m) */
+         mp__lt_ok(c, cublasLtMatrixLayoutCreate(&p->a, ab, op_a == CUBLAS_OP_N ? key->n : key->k,
+                                                 op_a == CUBLAS_OP_N ? key->k : key->n,
+                                                 (int64_t)(op_a == CUBLAS_OP_N ? key->n : key->k)),
+                   "cublasLtMatrixLayoutCreate (A)") &&
+         mp__lt_ok(c, cublasLtMatrixLayoutCreate(&p->b, ab, op_b == CUBLAS_OP_N ? key->k : key->m,
+                                                 op_b == CUBLAS_OP_N ? key->m : key->k,
+                                                 (int64_t)(op_b == CUBLAS_OP_N ? key->k : key->m)),
+                   "cublasLtMatrixLayoutCreate (B)") &&
+         mp__lt_ok(c, cublasLtMatrixLayoutCreate(&p->d, d, key->n, key->m, (int64_t)key->n),
+                   "cublasLtMatrixLayoutCreate (D)") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                   "MAX_WORKSPACE_BYTES") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                           sizeof reduction),
+                   "REDUCTION_SCHEME_MASK") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->align[0],
+                                                           sizeof key->align[0]),
+                   "MIN_ALIGNMENT_A_BYTES") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->align[1],
+                                                           sizeof key->align[1]),
+                   "MIN_ALIGNMENT_B_BYTES") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->align[2],
+                                                           sizeof key->align[2]),
+                   "MIN_ALIGNMENT_C_BYTES") &&
+         mp__lt_ok(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align[2],
+                                                           sizeof key->align[2]),
+                   "MIN_ALIGNMENT_D_BYTES");
+    if (ok) {
+        s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+        if (s == CUBLAS_STATUS_SUCCESS && found >= 1 && result.state != CUBLAS_STATUS_SUCCESS) s = result.state;
+        if (s != CUBLAS_STATUS_SUCCESS || found < 1) {
+            c->refused = s;
+            found = 0;
+        }
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok || !found) {
+        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+        if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        memset(p, 0, sizeof *p);
+        return ok ? 0 : -1;
+    }
+    p->used = 1;
+    p->key = *key;
+    p->algo = result.algo;
+    return 1;
+}
+
+/* The cached plan for key, or a new one in place of the oldest. */
+static mp__cu_plan *mp__cu_plan_for(mp__cu *c, const mp__cu_key *key, const void *bias, int *status) {
+    mp__cu_plan *p;
+    int i;
+    for (i = 0; i < MP__CU_PLANS; i++)
+        if (c->plans[i].used && mp__cu_key_eq(&c->plans[i].key, key)) {
+            *status = 1;
+            return &c->plans[i];
+        }
+    p = &c->plans[c->next_plan];
+    mp__cu_plan_free(p);
+    *status = mp__cu_plan_make(c, p, key, bias);
+    if (*status != 1) return NULL;
+    c->next_plan = (c->next_plan + 1) % MP__CU_PLANS;
+    return p;
+}
+
+/* One cuBLASLt call: D (dt) = op(A) op(B) [+ C if accumulate] [+ bias].
+   a, b: our operands in ab. 1: ran; 0: no algorithm; -1: error. */
+static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const void *b, mp_dtype ab, void *d,
+                         mp_dtype dt, int accumulate, const void *bias) {
+    mp__cu_key key;
+    mp__cu_plan *p;
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    int status;
+    memset(&key, 0, sizeof key); /* compared with memcmp: padding too */
+    key.op_a = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.op_b = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    key.m = g->m, key.n = g->n, key.k = g->k;
+    key.ab_type = mp__cu_type(ab);
+    key.d_type = mp__cu_type(dt);
+    key.compute = ab != MP_FLOAT32 ? CUBLAS_COMPUTE_32F : c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.align[0] = mp__cu_align(b);
+    key.align[1] = mp__cu_align(a);
+    key.align[2] = mp__cu_align(d);
+    key.align[3] = bias ? mp__cu_align(bias) : 0;
+    if (!(p = mp__cu_plan_for(c, &key, bias, &status))) return status;
+    if (bias && !mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                           "BIAS_POINTER"))
+        return -1;
+    return mp__lt_ok(c, cublasLtMatmul(c->lt, p->op, &alpha, b, p->a, a, p->b, &beta, d, p->d, d, p->d, &p->algo, c->ws.p,
+                                       c->ws.bytes, c->stream),
+                     "cublasLtMatmul")
+               ? 1
+               : -1;
+}
+
+/* n elements of src (t) as float32 in scratch buf. */
+static const void *mp__cu_widen(mp__cu *c, mp__cu_buf *buf, const void *src, mp_dtype t, size_t n) {
+    void *p;
+    if (t == MP_FLOAT32) return src;
+    if (!(p = mp__cu_grow(c, buf, n * sizeof(float)))) return NULL;
+    MP__CU_LAUNCH(c, n, mp__k_cast, p, MP_FLOAT32, src, t, n);
+    return p;
+}
+
+/* Whether cuBLASLt can write C: its dtype, a bias in C's dtype (AMP may
+   hand a float32 bias to a 16-bit C), and an epilogue it does exactly. */
+static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
+    return (g->ct == ab || g->ct == MP_FLOAT32) && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
+           (!g->bias || g->biast == g->ct);
+}
+
+static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
+    mp__cu *c = mp__cu_of(ctx);
+    const void *a = g->a, *b = g->b;
+    mp_dtype ab = g->at;
+    size_t mn = g->m * g->n;
+    float *d32 = NULL;
+    int r, direct;
+    if (!g->m || !g->n || !mp__cu_live(c)) return;
+    if (g->k == 0) { /* no product: the epilogue over zeros */
+        MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, (const float *)NULL, g->accumulate, g->bias, g->biast, g->z,
+                      g->act, mn, g->n);
+        return;
+    }
+    if (g->at != g->bt) {
+        a = mp__cu_widen(c, &c->a32, g->a, g->at, g->m * g->k);
+        b = mp__cu_widen(c, &c->b32, g->b, g->bt, g->k * g->n);
+        ab = MP_FLOAT32;
+    }
+    for (;;) { /* cuBLASLt writes C; else the float32 scratch; else widen and retry */
+        if (!a || !b) return; /* widening failed: recorded */
+        direct = mp__cu_direct(g, ab);
+        r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias) : 0;
+        if (r == 0) {
+            direct = 0;
+            if (!(d32 = (float *)mp__cu_grow(c, &c->d32, mn * sizeof(float)))) return;
+            r = mp__cu_matmul(c, g, a, b, ab, d32, MP_FLOAT32, 0, NULL);
+        }
+        if (r != 0) break;
+        if (ab == MP_FLOAT32) { /* nothing left to fall back to */
+            (void)mp__cu_fail(c, "cublasLtMatmulAlgoGetHeuristic: no algorithm for a float32 product",
+                              c->refused == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(c->refused));
+            return;
+        }
+        a = mp__cu_widen(c, &c->a32, a, ab, g->m * g->k); /* 16-bit without an algorithm */
+        b = mp__cu_widen(c, &c->b32, b, ab, g->k * g->n);
+        ab = MP_FLOAT32;
+    }
+    if (r < 0) return;
+    if (direct && g->act == MP_RELU) MP__CU_LAUNCH(c, mn, mp__k_relu, g->c, g->ct, mn);
+    if (!direct)
+        MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, d32, g->accumulate, g->bias, g->biast, g->z, g->act, mn, g->n);
+}
+
+static void mp__cu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                            mp_activation act, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!cols || !mp__cu_live(c)) return;
+    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows, mp__k_softmax, y, x, bias, rows, cols, dt);
+    else MP__CU_LAUNCH(c, rows * cols, mp__k_bias_act, y, x, bias, rows * cols, cols, act, dt);
+}
+
+static void mp__cu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                                size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!cols || !mp__cu_live(c)) return;
+    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows, mp__k_softmax_backward, dx, dxt, dy, y, rows, cols, dt);
+    else MP__CU_LAUNCH(c, rows * cols, mp__k_act_backward, dx, dxt, dy, y, x, rows * cols, act, dt);
+}
+
+static void mp__cu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t parts = (rows + MP__CU_PART_ROWS - 1) / MP__CU_PART_ROWS;
+    float *part = NULL;
+    if (!cols || !mp__cu_live(c)) return;
+    /* parts * cols <= rows * cols floats: no larger than dy in float32 */
+    if (parts && !(part = (float *)mp__cu_grow(c, &c->rows, parts * cols * sizeof(float)))) return;
+    MP__CU_LAUNCH(c, parts * cols, mp__k_colsum_parts, part, dy, dt, rows, cols, parts);
+    MP__CU_LAUNCH(c, cols, mp__k_colsum_final, db, dt, part, parts, cols);
+}
+
+static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
+                        const float *y, size_t rows, size_t cols, float *dpred, float *metrics) {
+    mp__cu *c = mp__cu_of(ctx);
+    float *row_loss;
+    if (!mp__cu_live(c)) return;
+    /* a loss and a count per row (rows <= the floats of dpred) */
+    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
+    MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, labels, y, rows, cols, dpred, 1.0f / (float)rows,
+                  row_loss, (unsigned *)(row_loss + rows));
+    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
+}
+
+static void mp__cu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_scale_cast, dst, dt, src, n, scale);
+}
+
+static void mp__cu_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, const float *scale,
+                                 int *found_inf) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_unscale, dst, src, st, n, scale, found_inf);
+}
+
+static void mp__cu_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *found_inf) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH1(c, mp__k_loss_scale, ls, found_inf);
+}
+
+/* Adam's step size with both bias corrections, on the host exactly as
+   mp__cpu_optimizer_update computes it (the iteration is the host's). */
+static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
+                                    size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+    mp__cu *c = mp__cu_of(ctx);
+    const mp_optimizer_desc *o = &step->cfg;
+    float t = (float)step->iteration, alpha = 0.0f;
+    if (!mp__cu_live(c)) return;
+    if (o->kind == MP_ADAM) alpha = o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
+    MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, s1, s2, n, wc, wt, found_inf);
+}
+
+static void mp__cu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t n = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+    if (!mp__cu_live(c)) return;
+    if (dt == MP_FLOAT32) MP__CU_LAUNCH(c, n, mp__k_im2col<uint32_t>, (uint32_t *)col, (const uint32_t *)img, *g);
+    else MP__CU_LAUNCH(c, n, mp__k_im2col<uint16_t>, (uint16_t *)col, (const uint16_t *)img, *g);
+}
+
+static void mp__cu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, *g);
+}
+
+static void mp__cu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n * (size_t)g->oh * (size_t)g->ow * (size_t)g->c, mp__k_max_pool, y, x, n, *g, dt);
+}
+
+static void mp__cu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                                     const mp_conv_geom *g, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, n * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_max_pool_backward, dx, dxt, dy, x, n, *g, dt);
+}
+
+static void mp__cu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout_mask, mask, n, rate, seed);
+}
+
+static void mp__cu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
+                           size_t n, float scale) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout, y, yt, x, xt, mask, n, scale);
+}
+
+static const mp_backend mp__cu_backend = {
+    "cuda", 1, 1,
+    mp__cu_create, mp__cu_destroy, mp__cu_threads,
+    mp__cu_alloc, mp__cu_free, mp__cu_memory, mp__cu_copy, mp__cu_zero, mp__cu_sync, mp__cu_last_error,
+    mp__cu_gemm_reserve, mp__cu_cast_in, mp__cu_cast, mp__cu_gemm,
+    mp__cu_bias_act, mp__cu_act_backward, mp__cu_bias_grad, mp__cu_loss,
+    mp__cu_scale_cast, mp__cu_unscale_check, mp__cu_loss_scale_update, mp__cu_optimizer_update,
+    mp__cu_im2col, mp__cu_col2im, mp__cu_max_pool, mp__cu_max_pool_backward,
+    mp__cu_dropout_mask, mp__cu_dropout,
+};
+
+/* >>public */
+extern "C" const mp_backend *mp_cuda_backend(void) { return &mp__cu_backend; }
+
+extern "C" int mp_cuda_device_count(void) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        mp__cu_set_reason("cudaGetDeviceCount", cudaGetErrorString(e));
+        return 0;
+    }
+    if (count == 0) mp__cu_set_reason("no CUDA device", "");
+    else mp__cu_reason[0] = '\0';
+    return count;
+}
+
+extern "C" mp_status mp_cuda_device_name(int device, char *buf, size_t size) {
+    cudaDeviceProp prop;
+    cudaError_t e;
+    if (!buf || !size) return MP_ERR_NULL;
+    buf[0] = '\0';
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mp__cu_set_reason("cudaGetDeviceProperties", cudaGetErrorString(e));
+        return MP_ERR_BACKEND;
+    }
+    snprintf(buf, size, "%s", prop.name);
+    return MP_OK;
+}
+
+extern "C" const char *mp_cuda_last_error(void) { return mp__cu_reason; }

@@ -1,0 +1,64 @@
+/* mixprec_cuda.h - the CUDA backend of mixprec: a model's tensors live on one
+   NVIDIA GPU, its products run through cuBLASLt (float16/bfloat16 on Tensor
+   Cores with float32 accumulation) and every other op is a CUDA kernel, so a
+   training step copies in only the batch and copies out only the step state
+   (loss sum, accuracy count, loss scale: a few dozen bytes).
+
+       #include "cuda/mixprec_cuda.h"
+       mp_cuda_config cfg = {0};                  // device 0, true float32, 32 MiB
+       mp_model_desc md = {{784}};
+       md.backend = mp_cuda_backend();
+       md.backend_config = &cfg;
+       mp_model_create(&m, &md);                  // MP_ERR_BACKEND without a GPU
+
+   Build: `make cuda` (nvcc, CUDA 12 or 13) gives build/libmixprec_cuda.a; link
+   it after the file that defines MIXPREC_IMPLEMENTATION with
+       -Lbuild -lmixprec_cuda -L$CUDA/lib64 -lcublasLt -lcudart -lstdc++ -lm
+   The library holds no mixprec implementation of its own: it uses only the
+   declarations and the shared inline rules of mixprec.h (so it links with
+   MIXPREC_STATIC too; its own functions are plain extern ones).
+
+   Numerics (see README "CUDA backend"): elementwise kernels widen to float32,
+   compute in float32 without contraction (--fmad=false) and round once to
+   nearest even, as the CPU backend; the optimizers, casts, loss scaling,
+   im2col/col2im, pooling and dropout give the CPU's bits; products,
+   transcendental functions (expf, erff, tanhf, logf: CUDA's, within 2 ulp)
+   and sums over more than 256 rows differ by rounding only. Every kernel is
+   deterministic: a re-run gives the same bits. */
+#ifndef MIXPREC_CUDA_H
+#define MIXPREC_CUDA_H
+
+#include <stddef.h>
+#include "../mixprec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* mp_model_desc.backend_config for mp_cuda_backend(); zero means the default. */
+typedef struct mp_cuda_config {
+    int device;             /* CUDA device ordinal (0 = the first) */
+    int tf32;               /* nonzero: float32 products on TF32 Tensor Cores, as TensorFlow's
+                               enable_tensor_float_32_execution; 0: true float32 (pedantic) */
+    size_t workspace_bytes; /* cuBLASLt workspace; 0 = 32 MiB (NVIDIA's figure for Hopper) */
+} mp_cuda_config;
+
+/* The backend table (name "cuda", device memory, Tensor Cores). Creating a
+   context fails with MP_ERR_BACKEND when there is no driver or device (the
+   reason: mp_cuda_last_error()) and MP_ERR_ARG for a device ordinal out of
+   range. Every device allocation is 256-byte aligned and zeroed. */
+const mp_backend *mp_cuda_backend(void);
+/* Devices the driver sees; 0 when there is no driver or device (never fails). */
+int mp_cuda_device_count(void);
+/* The device's name ("NVIDIA H100 80GB HBM3"), NUL-terminated and cut to
+   size; MP_ERR_BACKEND when the device cannot be queried. */
+mp_status mp_cuda_device_name(int device, char *buf, size_t size);
+/* Why the last mp_cuda_device_count() found no device or the last context
+   creation failed; "" after a success. Process-wide, not synchronised (as
+   mixprec's other global state). Never NULL. */
+const char *mp_cuda_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MIXPREC_CUDA_H */

@@ -1,0 +1,941 @@
+/* test_cuda.c - the CUDA backend (cuda/) against the CPU backend. Every op
+   of the table runs on the same inputs on both, and the results must agree
+   element by element within |gpu - cpu| <= atol + rtol |cpu| (NaN matches
+   NaN): zero tolerance where both compute the same float32 operations in
+   the same order (casts, optimizers, loss scaling, im2col/col2im, pooling,
+   dropout, column sums of up to 256 rows; the optimizers within 1e-6 when
+   g++ fuses the CPU's a*b + c), a few float32 ulps where CUDA's
+   expf/erff/tanhf/logf (2 ulp) replace glibc's, one ulp of the output dtype
+   where a 16-bit result is rounded from such a float32, and for products
+   the summation order's error (see `tol_*`). Then the models: a few training
+   steps of an MLP and of a small conv net give the CPU's losses, the loss
+   scale follows the CPU's trajectory exactly through injected Infs, a re-run
+   is bit-identical, and device memory is accounted.
+
+   Without a CUDA device it checks only that the backend refuses cleanly
+   (MP_ERR_BACKEND, a reason, nothing leaked) and prints
+   `test_cuda: skipped (no CUDA device: ...)`, with no tally line.
+
+   Build (after `make cuda`):
+       gcc -std=c99 -O2 tests/test_cuda.c -o test_cuda -Lbuild -lmixprec_cuda \
+           -L/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ -lm */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime, for fit's epoch timer */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "../cuda/mixprec_cuda.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define COUNT(a) (sizeof a / sizeof a[0])
+
+/* ======================================================================== */
+/* Helpers */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint64_t rng_next(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
+}
+
+static void *xcalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) {
+        fprintf(stderr, "test_cuda: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static const mp_dtype F32 = MP_FLOAT32, F16 = MP_FLOAT16;
+static const mp_dtype dtypes[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+static const char *dn(mp_dtype t) { return t == MP_FLOAT32 ? "f32" : t == MP_FLOAT16 ? "f16" : "bf16"; }
+static size_t dsize(mp_dtype t) { return t == MP_FLOAT32 ? 4 : 2; }
+
+static float get(const void *p, mp_dtype t, size_t i) {
+    if (t == MP_FLOAT32) {
+        float x;
+        memcpy(&x, (const char *)p + 4 * i, 4);
+        return x;
+    } else {
+        uint16_t h;
+        memcpy(&h, (const char *)p + 2 * i, 2);
+        return t == MP_FLOAT16 ? mp_f16_to_f32(mp_f16_from_bits(h)) : mp_bf16_to_f32(mp_bf16_from_bits(h));
+    }
+}
+static void put(void *p, mp_dtype t, size_t i, float v) {
+    if (t == MP_FLOAT32) {
+        memcpy((char *)p + 4 * i, &v, 4);
+    } else {
+        uint16_t h = t == MP_FLOAT16 ? mp_f16_from_f32(v).bits : mp_bf16_from_f32(v).bits;
+        memcpy((char *)p + 2 * i, &h, 2);
+    }
+}
+
+/* The two backends, each with its context. */
+typedef struct side {
+    const mp_backend *be;
+    void *ctx;
+} side;
+static side cpu, gpu, gpu_tf32;
+
+/* An operand both backends start from: the host bytes (the CPU's) and a
+   device copy (the GPU's). An op runs on .host on the CPU and on .dev on
+   the GPU; `agree` then compares what each left. */
+typedef struct arg {
+    void *host, *dev;
+    size_t bytes;
+} arg;
+static arg *live_args[64];
+static int n_live;
+
+static void upload(arg *a) { gpu.be->copy(gpu.ctx, a->dev, a->host, a->bytes, MP_COPY_TO_BACKEND); }
+
+static arg *new_arg(size_t bytes) {
+    arg *a = (arg *)xcalloc(sizeof *a);
+    a->bytes = bytes;
+    a->host = xcalloc(bytes);
+    a->dev = gpu.be->alloc(gpu.ctx, bytes);
+    if (!a->dev || n_live == (int)COUNT(live_args)) {
+        fprintf(stderr, "test_cuda: device allocation of %zu bytes failed\n", bytes);
+        exit(2);
+    }
+    live_args[n_live++] = a;
+    return a;
+}
+
+/* n values of dtype t, uniform in [lo, hi) and rounded to t, on both sides. */
+static arg *rand_arg(mp_dtype t, size_t n, float lo, float hi) {
+    arg *a = new_arg(n * dsize(t));
+    size_t i;
+    for (i = 0; i < n; i++) put(a->host, t, i, uniform(lo, hi));
+    upload(a);
+    return a;
+}
+
+static void free_args(void) {
+    while (n_live > 0) {
+        arg *a = live_args[--n_live];
+        gpu.be->free(gpu.ctx, a->dev);
+        free(a->host);
+        free(a);
+    }
+}
+
+/* The device's bytes of a, fetched (the caller frees). */
+static void *fetch(const arg *a) {
+    void *h = xcalloc(a->bytes);
+    gpu.be->copy(gpu.ctx, h, a->dev, a->bytes, MP_COPY_TO_HOST);
+    return h;
+}
+
+typedef struct tol {
+    float atol, rtol;
+} tol;
+static const tol EXACT = {0.0f, 0.0f};
+/* The optimizers' a*b + c rounds twice on both sides (mixprec.h turns
+   contraction off; nvcc builds with --fmad=false): the same bits. */
+static const tol SAME_OPS = {0.0f, 0.0f};
+/* one float32 result of expf/erff/tanhf/logf: a few ulps either side */
+static const tol TRANSCENDENTAL = {2e-6f, 2e-6f};
+/* a 16-bit result rounded from a float32 that differs by a few ulps: one
+   ulp of the output (2^-10, 2^-7 relative), or a subnormal's worth */
+static tol tol_rounded(mp_dtype t) {
+    tol f32 = TRANSCENDENTAL, f16 = {1e-6f, (1.0f / 1024.0f)}, bf16 = {1e-6f, (1.0f / 128.0f)};
+    return t == F32 ? f32 : t == F16 ? f16 : bf16;
+}
+/* products of values in [-1, 1] over k <= 256 terms, summed in another
+   order: float32 errors of about sqrt(k) ulps of the largest partial sum;
+   16-bit outputs one ulp of the result (or 2^-8 of one near zero) */
+static tol tol_gemm(mp_dtype ct) {
+    tol f32 = {1e-4f, 1e-5f}, f16 = {4e-3f, (1.0f / 1024.0f)}, bf16 = {3e-2f, (1.0f / 128.0f)};
+    return ct == F32 ? f32 : ct == F16 ? f16 : bf16;
+}
+
+static int within(float got, float want, tol t) {
+    if (got != got || want != want) return got != got && want != want;
+    if (got == want) return 1; /* equal infinities too */
+    return fabsf(got - want) <= t.atol + t.rtol * fabsf(want);
+}
+
+/* Whether the device's a (n values of dtype dt) matches the CPU's within t:
+   one check; on failure the first few misses are printed. */
+static int agree(const char *what, const arg *a, mp_dtype dt, size_t n, tol t) {
+    void *got = fetch(a);
+    size_t i, bad = 0;
+    mp_status st = gpu.be->sync(gpu.ctx);
+    if (st != MP_OK) fprintf(stderr, "  %s: the GPU failed: %s\n", what, gpu.be->last_error(gpu.ctx));
+    for (i = 0; st == MP_OK && i < n; i++) {
+        float g = get(got, dt, i), w = get(a->host, dt, i);
+        if (within(g, w, t)) continue;
+        if (++bad <= 3)
+            fprintf(stderr, "  %s: [%zu] gpu %.9g, cpu %.9g (atol %g rtol %g)\n", what, i, (double)g, (double)w,
+                    (double)t.atol, (double)t.rtol);
+    }
+    free(got);
+    if (bad) fprintf(stderr, "  %s: %zu of %zu differ\n", what, bad, n);
+    return CHECK(st == MP_OK && bad == 0);
+}
+
+/* Whether the device's bytes of a are the CPU's: one check. */
+static int same_bytes(const char *what, const arg *a) {
+    void *got = fetch(a);
+    int same = gpu.be->sync(gpu.ctx) == MP_OK && memcmp(got, a->host, a->bytes) == 0;
+    free(got);
+    if (!same) fprintf(stderr, "  %s: the bytes differ (%s)\n", what, gpu.be->last_error(gpu.ctx));
+    return CHECK(same);
+}
+
+/* ======================================================================== */
+/* Op by op */
+
+static void test_casts(void) {
+    static const float specials[] = {65504.0f, 65520.0f, 70000.0f, -1e30f, 3e-6f, 1e-8f, -2.9e-8f, 1e-40f,
+                                     INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 3.4e38f, 1.00048828125f};
+    size_t n = 1000, i, s, d;
+    for (s = 0; s < COUNT(dtypes); s++)
+        for (d = 0; d < COUNT(dtypes); d++) {
+            mp_dtype st = dtypes[s], dt = dtypes[d];
+            arg *src = new_arg(n * dsize(st)), *dst = new_arg(n * dsize(dt));
+            mp_cast_stats cs, gs;
+            char what[64];
+            for (i = 0; i < n; i++) put(src->host, st, i, i < COUNT(specials) ? specials[i] : uniform(-1e5f, 1e5f));
+            upload(src);
+            memset(&cs, 0, sizeof cs);
+            memset(&gs, 0, sizeof gs);
+            cpu.be->cast(cpu.ctx, dst->host, dt, src->host, st, n, &cs);
+            gpu.be->cast(gpu.ctx, dst->dev, dt, src->dev, st, n, &gs);
+            sprintf(what, "cast %s -> %s", dn(st), dn(dt));
+            agree(what, dst, dt, n, EXACT);
+            CHECK(memcmp(&cs, &gs, sizeof cs) == 0); /* every count, max and min */
+            CHECK(gs.count == n && gs.nan_in == 1);
+            if (st == F32 && dt == F16) CHECK(gs.overflow > 0 && gs.underflow > 0 && gs.subnormal > 0);
+            free_args();
+        }
+    for (d = 0; d < COUNT(dtypes); d++) { /* the batch in: host float32 to any dtype */
+        float *x = (float *)xcalloc(n * sizeof(float));
+        arg *dst = new_arg(n * dsize(dtypes[d]));
+        for (i = 0; i < n; i++) x[i] = uniform(-70000.0f, 70000.0f);
+        cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n);
+        gpu.be->cast_in(gpu.ctx, dst->dev, dtypes[d], x, n);
+        agree("cast_in", dst, dtypes[d], n, EXACT);
+        free(x);
+        free_args();
+    }
+}
+
+/* One product on both backends from the same A, B (and C to add to).
+   with_bias: 0 none, 1 a bias in C's dtype, 2 a float32 bias (as AMP
+   hands a layer whose product and output dtypes differ). */
+static void gemm_case(const side *g_side, int ta, int tb, size_t m, size_t n, size_t k, mp_dtype at, mp_dtype bt,
+                      mp_dtype ct, int accumulate, int with_bias, mp_activation act, tol t) {
+    arg *a = rand_arg(at, m * k, -1.0f, 1.0f), *b = rand_arg(bt, k * n, -1.0f, 1.0f);
+    mp_dtype biast = with_bias == 2 ? MP_FLOAT32 : ct;
+    arg *c = rand_arg(ct, m * n, -1.0f, 1.0f), *bias = with_bias ? rand_arg(biast, n, -1.0f, 1.0f) : NULL;
+    arg *z = act == MP_GELU ? new_arg(m * n * dsize(ct)) : NULL;
+    mp_gemm_args g;
+    char what[128];
+    memset(&g, 0, sizeof g);
+    g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k;
+    g.at = at, g.bt = bt, g.ct = ct, g.accumulate = accumulate, g.act = act, g.biast = biast;
+    g.a = a->host, g.b = b->host, g.c = c->host, g.bias = bias ? bias->host : NULL, g.z = z ? z->host : NULL;
+    CHECK(cpu.be->gemm_reserve(cpu.ctx, m, n, k) == MP_OK && g_side->be->gemm_reserve(g_side->ctx, m, n, k) == MP_OK);
+    cpu.be->gemm(cpu.ctx, &g);
+    g.a = a->dev, g.b = b->dev, g.c = c->dev, g.bias = bias ? bias->dev : NULL, g.z = z ? z->dev : NULL;
+    g_side->be->gemm(g_side->ctx, &g);
+    sprintf(what, "gemm %s%s %zux%zux%zu %s x %s -> %s%s%s act %d", ta ? "T" : "N", tb ? "T" : "N", m, n, k, dn(at),
+            dn(bt), dn(ct), accumulate ? " +=" : "", with_bias == 2 ? " +float32 bias" : with_bias ? " +bias" : "",
+            (int)act);
+    agree(what, c, ct, m * n, t);
+    if (z) agree("gemm z (pre-activation)", z, ct, m * n, tol_gemm(ct));
+    free_args();
+}
+
+static void test_gemm(void) {
+    static const size_t shapes[][3] = {{37, 45, 29}, {64, 32, 128}, {1, 10, 256}};
+    static const mp_activation acts[] = {MP_LINEAR, MP_RELU, MP_SIGMOID, MP_TANH, MP_GELU};
+    size_t s, i, j, l, x;
+    int ta, tb, acc;
+    for (s = 0; s < COUNT(shapes); s++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (j = 0; j < COUNT(dtypes); j++)
+                for (l = 0; l < COUNT(dtypes); l++)
+                    for (ta = 0; ta < 2; ta++)
+                        for (tb = 0; tb < 2; tb++)
+                            for (acc = 0; acc < 2; acc++)
+                                gemm_case(&gpu, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], dtypes[i],
+                                          dtypes[j], dtypes[l], acc, 0, MP_LINEAR, tol_gemm(dtypes[l]));
+    /* the layers' epilogues: bias, activation, gelu's pre-activation; and an
+       empty sum (k = 0: bias and activation of zeros, or C itself) */
+    for (i = 0; i < COUNT(dtypes); i++)
+        for (x = 0; x < COUNT(acts); x++) {
+            gemm_case(&gpu, 0, 0, 50, 24, 40, dtypes[i], dtypes[i], dtypes[i], 0, 1, acts[x], tol_gemm(dtypes[i]));
+            gemm_case(&gpu, 0, 1, 50, 24, 40, dtypes[i], dtypes[i], dtypes[i], 0, 0, acts[x], tol_gemm(dtypes[i]));
+            gemm_case(&gpu, 0, 0, 50, 24, 40, dtypes[i], dtypes[i], dtypes[i], 0, 2, acts[x], tol_gemm(dtypes[i]));
+            gemm_case(&gpu, 0, 0, 5, 7, 0, dtypes[i], dtypes[i], dtypes[i], x == 0, 1, acts[x], tol_rounded(dtypes[i]));
+        }
+    {   /* TF32 on request: within TF32's rounding of the inputs (2^-11), and
+           not the true float32 result (so the switch works) */
+        tol tf32 = {5e-2f, 1e-2f};
+        size_t n = 256, differ = 0;
+        arg *a = rand_arg(F32, n * n, -1.0f, 1.0f), *b = rand_arg(F32, n * n, -1.0f, 1.0f);
+        arg *c = new_arg(n * n * 4), *c32 = new_arg(n * n * 4);
+        float *fast, *exact;
+        mp_gemm_args g;
+        memset(&g, 0, sizeof g);
+        g.m = g.n = g.k = n;
+        g.at = g.bt = g.ct = F32;
+        g.a = a->host, g.b = b->host, g.c = c->host;
+        CHECK(cpu.be->gemm_reserve(cpu.ctx, n, n, n) == MP_OK);
+        cpu.be->gemm(cpu.ctx, &g);
+        g.a = a->dev, g.b = b->dev, g.c = c->dev;
+        gpu_tf32.be->gemm(gpu_tf32.ctx, &g);
+        CHECK(gpu_tf32.be->sync(gpu_tf32.ctx) == MP_OK);
+        agree("gemm float32 with TF32", c, F32, n * n, tf32);
+        g.c = c32->dev;
+        gpu.be->gemm(gpu.ctx, &g);
+        fast = (float *)fetch(c);
+        exact = (float *)fetch(c32);
+        for (s = 0; s < n * n; s++) differ += fast[s] != exact[s];
+        CHECK(differ > n * n / 10);
+        free(fast);
+        free(exact);
+        free_args();
+    }
+}
+
+static void test_activations(void) {
+    static const mp_activation acts[] = {MP_LINEAR, MP_RELU, MP_SIGMOID, MP_TANH, MP_GELU, MP_SOFTMAX};
+    static const size_t shapes[][2] = {{33, 70}, {4, 300}};
+    size_t s, i, a, o;
+    int with_bias;
+    for (s = 0; s < COUNT(shapes); s++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (a = 0; a < COUNT(acts); a++)
+                for (with_bias = 0; with_bias < 2; with_bias++) {
+                    size_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+                    mp_dtype dt = dtypes[i];
+                    mp_activation act = acts[a];
+                    arg *x = rand_arg(dt, n, -4.0f, 4.0f), *b = with_bias ? rand_arg(dt, cols, -1.0f, 1.0f) : NULL;
+                    arg *y = new_arg(n * dsize(dt)), *dy = rand_arg(dt, n, -1.0f, 1.0f);
+                    tol t = act == MP_LINEAR || act == MP_RELU ? EXACT : tol_rounded(dt);
+                    char what[64];
+                    cpu.be->bias_act(cpu.ctx, y->host, x->host, b ? b->host : NULL, rows, cols, act, dt);
+                    gpu.be->bias_act(gpu.ctx, y->dev, x->dev, b ? b->dev : NULL, rows, cols, act, dt);
+                    sprintf(what, "bias_act %d %s", (int)act, dn(dt));
+                    agree(what, y, dt, n, t);
+                    upload(y); /* the backward passes read the CPU's y on both */
+                    for (o = 0; o < COUNT(dtypes) && !with_bias; o++) {
+                        mp_dtype dxt = dtypes[o];
+                        arg *dx = new_arg(n * dsize(dxt));
+                        cpu.be->act_backward(cpu.ctx, dx->host, dxt, dy->host, y->host, x->host, rows, cols, act, dt);
+                        gpu.be->act_backward(gpu.ctx, dx->dev, dxt, dy->dev, y->dev, x->dev, rows, cols, act, dt);
+                        sprintf(what, "act_backward %d %s -> %s", (int)act, dn(dt), dn(dxt));
+                        agree(what, dx, dxt, n, act == MP_LINEAR || act == MP_RELU ? EXACT : tol_rounded(dxt));
+                    }
+                    if (!with_bias) { /* in place, dx = dy (the layers' use) */
+                        cpu.be->act_backward(cpu.ctx, dy->host, dt, dy->host, y->host, x->host, rows, cols, act, dt);
+                        gpu.be->act_backward(gpu.ctx, dy->dev, dt, dy->dev, y->dev, x->dev, rows, cols, act, dt);
+                        agree("act_backward in place", dy, dt, n, act == MP_LINEAR || act == MP_RELU ? EXACT : tol_rounded(dt));
+                    }
+                    cpu.be->bias_act(cpu.ctx, x->host, x->host, NULL, rows, cols, act, dt); /* in place */
+                    gpu.be->bias_act(gpu.ctx, x->dev, x->dev, NULL, rows, cols, act, dt);
+                    agree("bias_act in place", x, dt, n, t);
+                    free_args();
+                }
+}
+
+static void test_bias_grad(void) {
+    static const size_t rows[] = {1, 100, 256, 1000};
+    size_t r, i;
+    for (r = 0; r < COUNT(rows); r++)
+        for (i = 0; i < COUNT(dtypes); i++) {
+            size_t cols = 70;
+            mp_dtype dt = dtypes[i];
+            arg *dy = rand_arg(dt, rows[r] * cols, -1.0f, 1.0f), *db = new_arg(cols * dsize(dt));
+            tol more = {1e-5f, 1e-5f}, t = rows[r] <= 256 ? EXACT : dt == F32 ? more : tol_rounded(dt);
+            cpu.be->bias_grad(cpu.ctx, db->host, dy->host, rows[r], cols, dt);
+            gpu.be->bias_grad(gpu.ctx, db->dev, dy->dev, rows[r], cols, dt);
+            agree(rows[r] <= 256 ? "bias_grad (one part: the CPU's order)" : "bias_grad (parts)", db, dt, cols, t);
+            free_args();
+        }
+}
+
+/* Each loss from logits and from probabilities, predictions in each dtype. */
+static void test_losses(void) {
+    static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
+                                    MP_BINARY_CROSSENTROPY, MP_MEAN_SQUARED_ERROR};
+    size_t k, i, r, j, rows = 50;
+    int logits;
+    for (k = 0; k < COUNT(kinds); k++)
+        for (logits = 0; logits < 2; logits++)
+            for (i = 0; i < COUNT(dtypes); i++) {
+                mp_loss kind = kinds[k];
+                mp_dtype pt = dtypes[i];
+                size_t cols = kind == MP_BINARY_CROSSENTROPY ? 3 : 10, n = rows * cols;
+                int sparse = kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+                arg *pred = new_arg(n * dsize(pt)), *labels = new_arg(rows * 4), *y = new_arg(n * 4);
+                arg *dpred = new_arg(n * 4), *metrics = new_arg(2 * 4);
+                tol sum = {1e-5f, 1e-5f};
+                char what[64];
+                for (r = 0; r < rows; r++) {
+                    ((int32_t *)labels->host)[r] = (int32_t)(rng_next() % cols);
+                    for (j = 0; j < cols; j++) {
+                        /* probabilities with a few below the clip (1e-7), or logits */
+                        float p = logits ? uniform(-6.0f, 6.0f) : j == r % cols ? 1e-9f : uniform(0.0f, 1.0f);
+                        put(pred->host, pt, r * cols + j, p);
+                        ((float *)y->host)[r * cols + j] =
+                            kind == MP_CATEGORICAL_CROSSENTROPY ? (float)(j == (size_t)((int32_t *)labels->host)[r])
+                                                                : uniform(0.0f, 1.0f);
+                    }
+                }
+                upload(pred);
+                upload(labels);
+                upload(y);
+                cpu.be->loss(cpu.ctx, kind, logits, pred->host, pt, sparse ? (const int32_t *)labels->host : NULL,
+                             sparse ? NULL : (const float *)y->host, rows, cols, (float *)dpred->host,
+                             (float *)metrics->host);
+                gpu.be->loss(gpu.ctx, kind, logits, pred->dev, pt, sparse ? (const int32_t *)labels->dev : NULL,
+                             sparse ? NULL : (const float *)y->dev, rows, cols, (float *)dpred->dev,
+                             (float *)metrics->dev);
+                sprintf(what, "loss %d from_logits %d %s: gradient", (int)kind, logits, dn(pt));
+                agree(what, dpred, F32, n, TRANSCENDENTAL);
+                sprintf(what, "loss %d from_logits %d %s: sum", (int)kind, logits, dn(pt));
+                agree(what, metrics, F32, 1, sum);
+                { /* the accuracy count exactly */
+                    float *got = (float *)fetch(metrics);
+                    CHECK(got[1] == ((float *)metrics->host)[1] && (got[1] > 0.0f || kind == MP_MEAN_SQUARED_ERROR));
+                    free(got);
+                }
+                free_args();
+            }
+}
+
+static void test_loss_scaling(void) {
+    static const int flags[] = {0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+    size_t n = 1000, i, c;
+    mp_loss_scale_desc descs[3];
+    memset(descs, 0, sizeof descs);
+    descs[1].growth_interval = 3, descs[1].max_scale = 65536.0f;
+    descs[2].growth_interval = 2, descs[2].hysteresis = 2, descs[2].initial_scale = 4.0f, descs[2].min_scale = 2.0f;
+    for (i = 0; i < COUNT(dtypes); i++) { /* scale_cast, and the fused unscale with its flag */
+        arg *src = rand_arg(F32, n, -100.0f, 100.0f), *dst = new_arg(n * dsize(dtypes[i]));
+        arg *scale = new_arg(4), *g32 = new_arg(n * 4), *flag = new_arg(sizeof(int));
+        *(float *)scale->host = 32768.0f;
+        upload(scale);
+        cpu.be->scale_cast(cpu.ctx, dst->host, dtypes[i], (const float *)src->host, n, (const float *)scale->host);
+        gpu.be->scale_cast(gpu.ctx, dst->dev, dtypes[i], (const float *)src->dev, n, (const float *)scale->dev);
+        agree("scale_cast (overflowing float16 too)", dst, dtypes[i], n, EXACT);
+        cpu.be->unscale_check(cpu.ctx, (float *)g32->host, dst->host, dtypes[i], n, (const float *)scale->host,
+                              (int *)flag->host);
+        gpu.be->unscale_check(gpu.ctx, (float *)g32->dev, dst->dev, dtypes[i], n, (const float *)scale->dev,
+                              (int *)flag->dev);
+        agree("unscale_check", g32, F32, n, EXACT);
+        same_bytes("unscale_check: found_inf", flag);
+        CHECK(*(int *)flag->host == (dtypes[i] == F16)); /* 100 * 32768 overflows float16 only */
+        free_args();
+    }
+    for (c = 0; c < COUNT(descs); c++) { /* the state machine on the device, step by step */
+        arg *ls = new_arg(sizeof(mp_loss_scale)), *flag = new_arg(sizeof(int));
+        CHECK(mp_loss_scale_init((mp_loss_scale *)ls->host, &descs[c]) == MP_OK);
+        upload(ls);
+        for (i = 0; i < COUNT(flags); i++) {
+            *(int *)flag->host = flags[i];
+            upload(flag);
+            cpu.be->loss_scale_update(cpu.ctx, (mp_loss_scale *)ls->host, (const int *)flag->host);
+            gpu.be->loss_scale_update(gpu.ctx, (mp_loss_scale *)ls->dev, (const int *)flag->dev);
+            same_bytes("loss_scale_update", ls);
+        }
+        free_args();
+    }
+}
+
+/* Every optimizer, with and without the compute-dtype copy and the skip
+   flag: the same bits as the CPU (the same operations, no contraction). */
+static void test_optimizers(void) {
+    mp_optimizer_desc descs[5];
+    size_t n = 1001, d, i, f;
+    memset(descs, 0, sizeof descs);
+    descs[0].kind = MP_SGD, descs[0].learning_rate = 0.01f;
+    descs[1].kind = MP_SGD, descs[1].learning_rate = 0.01f, descs[1].momentum = 0.9f;
+    descs[2].kind = MP_SGD, descs[2].learning_rate = 0.01f, descs[2].momentum = 0.9f, descs[2].nesterov = 1;
+    descs[3].kind = MP_RMSPROP, descs[3].learning_rate = 0.001f, descs[3].rho = 0.9f, descs[3].epsilon = 1e-7f;
+    descs[4].kind = MP_ADAM, descs[4].learning_rate = 0.001f, descs[4].beta_1 = 0.9f, descs[4].beta_2 = 0.999f;
+    descs[4].epsilon = 1e-7f;
+    for (d = 0; d < COUNT(descs); d++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (f = 0; f < 3; f++) { /* found_inf: none, clear, set */
+                arg *w = rand_arg(F32, n, -1.0f, 1.0f), *g = rand_arg(F32, n, -1e-2f, 1e-2f);
+                arg *s1 = rand_arg(F32, n, 0.0f, 1e-4f), *s2 = rand_arg(F32, n, 0.0f, 1e-4f);
+                arg *wc = i ? new_arg(n * dsize(dtypes[i])) : NULL, *flag = new_arg(sizeof(int));
+                mp_opt_step step;
+                int it;
+                *(int *)flag->host = f == 2;
+                upload(flag);
+                step.cfg = descs[d];
+                for (it = 1; it <= 3; it++) {
+                    step.iteration = (uint64_t)it;
+                    cpu.be->optimizer_update(cpu.ctx, &step, (float *)w->host, (const float *)g->host,
+                                             (float *)s1->host, (float *)s2->host, n, wc ? wc->host : NULL,
+                                             dtypes[i], f ? (const int *)flag->host : NULL);
+                    gpu.be->optimizer_update(gpu.ctx, &step, (float *)w->dev, (const float *)g->dev, (float *)s1->dev,
+                                             (float *)s2->dev, n, wc ? wc->dev : NULL, dtypes[i],
+                                             f ? (const int *)flag->dev : NULL);
+                }
+                agree("optimizer: weights", w, F32, n, SAME_OPS);
+                agree("optimizer: slot 1", s1, F32, n, SAME_OPS);
+                agree("optimizer: slot 2", s2, F32, n, SAME_OPS);
+                if (wc) agree("optimizer: the compute-dtype copy", wc, dtypes[i], n, SAME_OPS.rtol ? tol_rounded(dtypes[i]) : EXACT);
+                free_args();
+            }
+}
+
+static void test_conv_kernels(void) {
+    /* h w c kh kw sh sw pt pl oh ow: valid, same (padded), strided */
+    static const mp_conv_geom geoms[] = {{7, 9, 3, 3, 2, 1, 1, 0, 0, 5, 8},
+                                         {6, 5, 4, 3, 3, 1, 1, 1, 1, 6, 5},
+                                         {9, 8, 2, 3, 2, 2, 3, 1, 0, 5, 3}};
+    /* pools: windows tiling with a border left over, and overlapping ones */
+    static const mp_conv_geom pools[] = {{7, 9, 5, 2, 2, 2, 2, 0, 0, 3, 4}, {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3}};
+    size_t i, d, o, imgs = 3;
+    for (i = 0; i < COUNT(geoms); i++)
+        for (d = 0; d < COUNT(dtypes); d++) {
+            const mp_conv_geom *g = &geoms[i];
+            size_t pixels = (size_t)g->h * (size_t)g->w * (size_t)g->c;
+            size_t cols = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+            arg *img = rand_arg(dtypes[d], pixels, -1.0f, 1.0f), *col = new_arg(cols * dsize(dtypes[d]));
+            arg *dcol = rand_arg(F32, cols, -1.0f, 1.0f), *back = rand_arg(F32, pixels, 5.0f, 6.0f); /* overwritten */
+            cpu.be->im2col(cpu.ctx, col->host, img->host, g, dtypes[d]);
+            gpu.be->im2col(gpu.ctx, col->dev, img->dev, g, dtypes[d]);
+            agree("im2col", col, dtypes[d], cols, EXACT);
+            cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, g);
+            gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, g);
+            agree("col2im (the CPU's order of sums)", back, F32, pixels, EXACT);
+            free_args();
+        }
+    for (i = 0; i < COUNT(pools); i++)
+        for (d = 0; d < COUNT(dtypes); d++) {
+            const mp_conv_geom *g = &pools[i];
+            size_t in = imgs * (size_t)g->h * (size_t)g->w * (size_t)g->c, out = imgs * (size_t)g->oh * (size_t)g->ow * (size_t)g->c;
+            arg *x = new_arg(in * dsize(dtypes[d])), *y = new_arg(out * dsize(dtypes[d])), *dy = rand_arg(dtypes[d], out, -1.0f, 1.0f);
+            size_t j;
+            for (j = 0; j < in; j++) /* a coarse grid: ties in most windows; one NaN */
+                put(x->host, dtypes[d], j, j == 17 ? NAN : (float)(rng_next() % 4));
+            upload(x);
+            cpu.be->max_pool(cpu.ctx, y->host, x->host, imgs, g, dtypes[d]);
+            gpu.be->max_pool(gpu.ctx, y->dev, x->dev, imgs, g, dtypes[d]);
+            agree("max_pool", y, dtypes[d], out, EXACT);
+            for (o = 0; o < COUNT(dtypes); o++) {
+                arg *dx = rand_arg(dtypes[o], in, 7.0f, 8.0f); /* overwritten, uncovered cells too */
+                cpu.be->max_pool_backward(cpu.ctx, dx->host, dtypes[o], dy->host, x->host, imgs, g, dtypes[d]);
+                gpu.be->max_pool_backward(gpu.ctx, dx->dev, dtypes[o], dy->dev, x->dev, imgs, g, dtypes[d]);
+                agree("max_pool_backward (first maximum; the last window wins)", dx, dtypes[o], in, EXACT);
+            }
+            free_args();
+        }
+}
+
+static void test_dropout(void) {
+    size_t n = 5000, i, o, j, kept;
+    for (i = 0; i < COUNT(dtypes); i++)
+        for (o = 0; o < COUNT(dtypes); o++) {
+            arg *mask = new_arg(n), *x = rand_arg(dtypes[i], n, -1.0f, 1.0f), *y = new_arg(n * dsize(dtypes[o]));
+            uint64_t seed = rng_next();
+            cpu.be->dropout_mask(cpu.ctx, (unsigned char *)mask->host, n, 0.3f, seed);
+            gpu.be->dropout_mask(gpu.ctx, (unsigned char *)mask->dev, n, 0.3f, seed);
+            same_bytes("dropout_mask", mask);
+            for (j = 0, kept = 0; j < n; j++) kept += ((unsigned char *)mask->host)[j];
+            CHECK(kept > n * 6 / 10 && kept < n * 8 / 10);
+            cpu.be->dropout(cpu.ctx, y->host, dtypes[o], x->host, dtypes[i], (const unsigned char *)mask->host, n,
+                            1.0f / 0.7f);
+            gpu.be->dropout(gpu.ctx, y->dev, dtypes[o], x->dev, dtypes[i], (const unsigned char *)mask->dev, n,
+                            1.0f / 0.7f);
+            agree("dropout", y, dtypes[o], n, EXACT);
+            free_args();
+        }
+}
+
+/* The context's own accounting: blocks come and go, the peak stays. */
+static void test_memory(void) {
+    mp_backend_memory a, b, c;
+    void *p;
+    gpu.be->memory(gpu.ctx, &a);
+    p = gpu.be->alloc(gpu.ctx, 1000000);
+    CHECK(p != NULL && (uintptr_t)p % 256 == 0);
+    gpu.be->memory(gpu.ctx, &b);
+    CHECK(b.current == a.current + 1000000 && b.peak >= b.current);
+    gpu.be->free(gpu.ctx, p);
+    gpu.be->memory(gpu.ctx, &c);
+    CHECK(c.current == a.current && c.peak == b.peak);
+    CHECK(a.workspace >= 32u << 20 && a.current >= a.workspace);
+    { /* the block is zeroed */
+        arg *z = new_arg(4096);
+        unsigned char *h = (unsigned char *)fetch(z);
+        size_t i, nonzero = 0;
+        for (i = 0; i < 4096; i++) nonzero += h[i] != 0;
+        CHECK(nonzero == 0);
+        free(h);
+        free_args();
+    }
+}
+
+/* ======================================================================== */
+/* Models */
+
+#define INPUTS 64
+#define CLASSES 10
+#define BATCH 64
+
+static void synthetic(float *x, int32_t *labels, size_t n, size_t features) {
+    size_t i;
+    for (i = 0; i < n * features; i++) x[i] = uniform(0.0f, 1.0f);
+    for (i = 0; i < n; i++) labels[i] = (int32_t)(rng_next() % CLASSES);
+}
+
+/* policy "amp": float32 layers and automatic mixed precision (float16) */
+static mp_model *mlp(const mp_backend *be, const char *policy, const mp_loss_scale_desc *ls) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    int amp = strcmp(policy, "amp") == 0;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = INPUTS;
+    md.backend = be;
+    md.threads = 1;
+    if (mp_set_global_policy_name(amp ? "float32" : policy) != MP_OK || mp_model_create(&m, &md) != MP_OK) return NULL;
+    softmax.dtype = "float32";
+    CHECK(mp_model_add(m, mp_dense(48, MP_RELU)) == MP_OK);
+    CHECK(mp_model_add(m, mp_dense(32, MP_GELU)) == MP_OK);
+    CHECK(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)) == MP_OK);
+    CHECK(mp_model_add(m, softmax) == MP_OK);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.optimizer.kind = MP_SGD; /* linear in the gradients: differences stay small */
+    cd.optimizer.learning_rate = 0.05f;
+    cd.optimizer.momentum = 0.9f;
+    cd.amp.enabled = amp; /* the last Dense: a float16 product, a float32 bias and output */
+    if (ls) {
+        cd.loss_scale = MP_LOSS_SCALE_ON;
+        cd.loss_scale_config = *ls;
+    }
+    CHECK(mp_model_compile(m, &cd) == MP_OK);
+    return m;
+}
+
+/* The guide's train_step; returns the loss (NaN on a failure, also checked). */
+static float train_step(mp_model *m, const float *x, const int32_t *labels, int batch, int *applied) {
+    float loss = NAN;
+    size_t right;
+    int ok = mp_forward(m, x, batch, 1) == MP_OK && mp_compute_loss(m, labels, NULL, &loss, &right) == MP_OK &&
+             mp_compute_scaled_gradients(m) == MP_OK && mp_get_unscaled_gradients(m) == MP_OK &&
+             mp_apply_gradients(m, applied) == MP_OK;
+    if (!CHECK(ok)) fprintf(stderr, "  train_step: %s\n", mp_model_error(m));
+    return loss;
+}
+
+/* A few steps on both backends from the same seed: the same losses, and
+   weights, within what the policy's rounding lets differ. */
+static void test_mlp_matches_cpu(void) {
+    static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16", "amp"};
+    /* GEMMs summed in another order, 16-bit values one ulp apart, grown over 6 steps */
+    static const float loss_rtol[] = {1e-4f, 1e-2f, 3e-2f, 1e-2f}, weight_atol[] = {1e-4f, 1e-3f, 1e-2f, 1e-3f};
+    float *x = (float *)xcalloc(4 * BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)xcalloc(4 * BATCH * sizeof(int32_t));
+    size_t p, i;
+    synthetic(x, labels, 4 * BATCH, INPUTS);
+    for (p = 0; p < COUNT(policies); p++) {
+        mp_model *mc = mlp(NULL, policies[p], NULL), *mg = mlp(mp_cuda_backend(), policies[p], NULL);
+        size_t n = mp_model_param_count(mc), bad = 0;
+        float *wc = (float *)xcalloc(n * sizeof(float)), *wg = (float *)xcalloc(n * sizeof(float));
+        mp_tensor oc, og;
+        int step, applied;
+        if (!CHECK(mc && mg)) return;
+        for (step = 0; step < 6; step++) {
+            const float *xb = x + (size_t)(step % 4) * BATCH * INPUTS;
+            const int32_t *lb = labels + (step % 4) * BATCH;
+            float lc = train_step(mc, xb, lb, BATCH, &applied), lg = train_step(mg, xb, lb, BATCH, &applied);
+            tol t = {0.0f, loss_rtol[p]};
+            if (!CHECK(within(lg, lc, t)))
+                fprintf(stderr, "  %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], step, (double)lg, (double)lc);
+        }
+        CHECK(mp_model_get_weights(mc, wc, n) == MP_OK && mp_model_get_weights(mg, wg, n) == MP_OK);
+        for (i = 0; i < n; i++) {
+            tol t = {weight_atol[p], 0.0f};
+            bad += !within(wg[i], wc[i], t);
+        }
+        if (!CHECK(bad == 0)) fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
+        /* the output, read back from the device (inference) */
+        CHECK(mp_forward(mc, x, BATCH, 0) == MP_OK && mp_forward(mg, x, BATCH, 0) == MP_OK);
+        CHECK(mp_output(mc, &oc) == MP_OK && mp_output(mg, &og) == MP_OK);
+        CHECK(og.dtype == F32 && og.shape[0] == BATCH && og.shape[1] == CLASSES);
+        for (i = 0, bad = 0; i < (size_t)BATCH * CLASSES; i++) {
+            tol t = {weight_atol[p], loss_rtol[p]};
+            bad += !within(((float *)og.data)[i], ((float *)oc.data)[i], t);
+        }
+        CHECK(bad == 0);
+        free(wc);
+        free(wg);
+        mp_model_destroy(mc);
+        mp_model_destroy(mg);
+    }
+    free(x);
+    free(labels);
+}
+
+/* Injected Infs: a pixel of 1e30 is finite in float32 and Inf in float16,
+   so under mixed_float16 those steps' gradients are not finite. The scale
+   must follow the CPU's trajectory exactly: halved and the step skipped
+   there, doubled every 2 good steps, up to the cap (reached at step 15). */
+static void test_loss_scale_trajectory(void) {
+    static const int poisoned[] = {0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    mp_loss_scale_desc lsd;
+    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float)), *xp = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    mp_model *mc, *mg;
+    size_t s;
+    memset(&lsd, 0, sizeof lsd);
+    lsd.initial_scale = 1024.0f, lsd.growth_interval = 2, lsd.max_scale = 8192.0f;
+    synthetic(x, labels, BATCH, INPUTS);
+    memcpy(xp, x, BATCH * INPUTS * sizeof(float));
+    xp[5 * INPUTS + 7] = 1e30f;
+    mc = mlp(NULL, "mixed_float16", &lsd);
+    mg = mlp(mp_cuda_backend(), "mixed_float16", &lsd);
+    if (!CHECK(mc && mg)) return;
+    for (s = 0; s < COUNT(poisoned); s++) {
+        int ac = -1, ag = -2;
+        const mp_loss_scale *lc, *lg;
+        (void)train_step(mc, poisoned[s] ? xp : x, labels, BATCH, &ac);
+        (void)train_step(mg, poisoned[s] ? xp : x, labels, BATCH, &ag);
+        lc = mp_model_loss_scale(mc);
+        lg = mp_model_loss_scale(mg);
+        CHECK(ac == !poisoned[s] && ag == ac);
+        if (!CHECK(lc && lg && lg->scale == lc->scale && lg->good_steps == lc->good_steps &&
+                   lg->skipped_steps == lc->skipped_steps && lg->steps == lc->steps))
+            fprintf(stderr, "  step %zu: scale gpu %g cpu %g\n", s, lg ? (double)lg->scale : 0.0,
+                    lc ? (double)lc->scale : 0.0);
+    }
+    CHECK(mp_model_loss_scale(mg)->skipped_steps == 3 && mp_current_loss_scale(mg) == 8192.0f);
+    mp_model_destroy(mc);
+    mp_model_destroy(mg);
+    free(x);
+    free(xp);
+    free(labels);
+}
+
+/* Two runs from scratch on the GPU: the same bits, losses and weights. */
+static void test_rerun_bit_identical(void) {
+    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    float *w[2] = {NULL, NULL}, losses[2][5];
+    size_t n = 0;
+    int run, s, applied;
+    synthetic(x, labels, BATCH, INPUTS);
+    for (run = 0; run < 2; run++) {
+        mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+        if (!CHECK(m != NULL)) return;
+        n = mp_model_param_count(m);
+        w[run] = (float *)xcalloc(n * sizeof(float));
+        for (s = 0; s < 5; s++) losses[run][s] = train_step(m, x, labels, BATCH, &applied);
+        CHECK(mp_model_get_weights(m, w[run], n) == MP_OK);
+        mp_model_destroy(m);
+    }
+    CHECK(memcmp(losses[0], losses[1], sizeof losses[0]) == 0);
+    CHECK(memcmp(w[0], w[1], n * sizeof(float)) == 0);
+    free(w[0]);
+    free(w[1]);
+    free(x);
+    free(labels);
+}
+
+/* Conv2D (im2col, col2im), MaxPooling2D, Flatten, Dropout and a
+   categorical crossentropy from logits, trained on both backends. */
+static void test_conv_model(void) {
+    static const char *policies[] = {"float32", "mixed_float16"};
+    static const float rtol[] = {1e-4f, 1e-2f};
+    size_t p, i, features = 10 * 12 * 3, n = 20, outs = 4;
+    float *x = (float *)xcalloc(n * features * sizeof(float)), *y = (float *)xcalloc(n * outs * sizeof(float));
+    for (i = 0; i < n * features; i++) x[i] = uniform(0.0f, 1.0f);
+    for (i = 0; i < n; i++) y[i * outs + rng_next() % outs] = 1.0f;
+    for (p = 0; p < COUNT(policies); p++) {
+        mp_model *m[2] = {NULL, NULL};
+        float loss[2][3];
+        int b, s;
+        for (b = 0; b < 2; b++) {
+            mp_model_desc md;
+            mp_compile_desc cd;
+            memset(&md, 0, sizeof md);
+            memset(&cd, 0, sizeof cd);
+            md.input_shape[0] = 10, md.input_shape[1] = 12, md.input_shape[2] = 3;
+            md.backend = b ? mp_cuda_backend() : NULL;
+            CHECK(mp_set_global_policy_name(policies[p]) == MP_OK && mp_model_create(&m[b], &md) == MP_OK);
+            if (!m[b]) return;
+            CHECK(mp_model_add(m[b], mp_conv2d(8, 3, 3, MP_SAME, MP_RELU)) == MP_OK);
+            CHECK(mp_model_add(m[b], mp_max_pooling2d(2, 2)) == MP_OK);
+            CHECK(mp_model_add(m[b], mp_conv2d(8, 2, 2, MP_VALID, MP_TANH)) == MP_OK);
+            CHECK(mp_model_add(m[b], mp_flatten()) == MP_OK);
+            CHECK(mp_model_add(m[b], mp_dropout(0.25f)) == MP_OK);
+            CHECK(mp_model_add(m[b], mp_dense((int)outs, MP_LINEAR)) == MP_OK);
+            cd.loss = MP_CATEGORICAL_CROSSENTROPY;
+            cd.from_logits = 1;
+            cd.optimizer.kind = MP_SGD;
+            cd.optimizer.learning_rate = 0.05f;
+            cd.loss_scale = MP_LOSS_SCALE_NONE; /* no step near the overflow edge */
+            CHECK(mp_model_compile(m[b], &cd) == MP_OK);
+            for (s = 0; s < 3; s++) {
+                size_t right;
+                int applied, ok = mp_forward(m[b], x, (int)n, 1) == MP_OK &&
+                                  mp_compute_loss(m[b], NULL, y, &loss[b][s], &right) == MP_OK &&
+                                  mp_compute_scaled_gradients(m[b]) == MP_OK &&
+                                  mp_get_unscaled_gradients(m[b]) == MP_OK && mp_apply_gradients(m[b], &applied) == MP_OK;
+                if (!CHECK(ok)) fprintf(stderr, "  conv model: %s\n", mp_model_error(m[b]));
+            }
+        }
+        for (s = 0; s < 3; s++) {
+            tol t = {0.0f, rtol[p]};
+            if (!CHECK(within(loss[1][s], loss[0][s], t)))
+                fprintf(stderr, "  conv %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
+                        (double)loss[0][s]);
+        }
+        mp_model_destroy(m[0]);
+        mp_model_destroy(m[1]);
+    }
+    free(x);
+    free(y);
+}
+
+/* mp_model_memory_info reports device bytes, which add up. */
+static void test_model_memory(void) {
+    size_t host = mp_get_memory_info().current;
+    mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    mp_model_memory mem;
+    int applied;
+    if (!CHECK(m != NULL)) return;
+    synthetic(x, labels, BATCH, INPUTS);
+    (void)train_step(m, x, labels, BATCH, &applied);
+    CHECK(mp_model_memory_info(m, &mem) == MP_OK);
+    CHECK(strcmp(mem.backend, "cuda") == 0);
+    CHECK(mem.weights > 0 && mem.optimizer > 0 && mem.activations > 0 && mem.workspace >= 32u << 20);
+    CHECK(mem.current == mem.weights + mem.optimizer + mem.activations + mem.workspace);
+    CHECK(mem.peak >= mem.current);
+    mp_model_destroy(m);
+    CHECK(mp_get_memory_info().current == host); /* the host's bytes back, too */
+    free(x);
+    free(labels);
+}
+
+/* A failure is recorded, reported by sync and last_error, and sticks: the
+   context does nothing more (another context is not affected). Here a
+   product whose float32 scratch (bfloat16 from float16 operands) cannot be
+   allocated: 2^20 x 2^20 floats. */
+static void test_sticky_error(void) {
+    void *ctx = NULL;
+    arg *small = new_arg(256);
+    mp_gemm_args g;
+    CHECK(gpu.be->create(&ctx, 1, NULL) == MP_OK);
+    if (!ctx) return;
+    memset(&g, 0, sizeof g);
+    g.m = g.n = (size_t)1 << 20, g.k = 1;
+    g.at = g.bt = F16, g.ct = MP_BFLOAT16;
+    g.a = g.b = g.c = small->dev; /* never read: the scratch fails first */
+    gpu.be->gemm(ctx, &g);
+    CHECK(gpu.be->sync(ctx) == MP_ERR_BACKEND);
+    CHECK(strstr(gpu.be->last_error(ctx), "cudaMalloc") != NULL);
+    CHECK(gpu.be->alloc(ctx, 16) == NULL); /* it sticks */
+    gpu.be->zero(gpu.ctx, small->dev, 256); /* the other context still works */
+    CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
+    gpu.be->destroy(ctx);
+    free_args();
+}
+
+static void test_bad_device(void) {
+    mp_model_desc md;
+    mp_cuda_config cfg;
+    mp_model *m = NULL;
+    size_t host = mp_get_memory_info().current;
+    memset(&md, 0, sizeof md);
+    memset(&cfg, 0, sizeof cfg);
+    md.input_shape[0] = 4;
+    md.backend = mp_cuda_backend();
+    md.backend_config = &cfg;
+    cfg.device = 999;
+    CHECK(mp_model_create(&m, &md) == MP_ERR_ARG && m == NULL);
+    CHECK(strstr(mp_cuda_last_error(), "999") != NULL);
+    CHECK(mp_get_memory_info().current == host);
+}
+
+/* ======================================================================== */
+
+/* No device: the backend must refuse, say why, and leave nothing behind. */
+static int no_device(void) {
+    mp_model_desc md;
+    mp_model *m = (mp_model *)&md; /* must become NULL */
+    void *ctx = &md;
+    char name[64] = "x";
+    char reason[256];
+    size_t host = mp_get_memory_info().current;
+    snprintf(reason, sizeof reason, "%s", mp_cuda_last_error());
+    CHECK(reason[0] != '\0');
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    md.backend = mp_cuda_backend();
+    CHECK(mp_model_create(&m, &md) == MP_ERR_BACKEND && m == NULL);
+    CHECK(mp_get_memory_info().current == host);
+    CHECK(mp_cuda_backend()->create(&ctx, 1, NULL) == MP_ERR_BACKEND && ctx == NULL);
+    CHECK(mp_cuda_last_error()[0] != '\0');
+    CHECK(mp_cuda_device_name(0, name, sizeof name) == MP_ERR_BACKEND && name[0] == '\0');
+    CHECK(strcmp(mp_cuda_backend()->name, "cuda") == 0 && mp_cuda_backend()->device_memory &&
+          mp_cuda_backend()->tensor_cores);
+    if (check_failed) return check_done("test_cuda");
+    printf("test_cuda: skipped (no CUDA device: %s); the no-device path passed %lu checks\n", reason, check_passed);
+    return 0;
+}
+
+int main(void) {
+    mp_cuda_config fast;
+    char name[128];
+    if (mp_cuda_device_count() == 0) return no_device();
+    memset(&fast, 0, sizeof fast);
+    fast.tf32 = 1;
+    cpu.be = mp_cpu_backend();
+    gpu.be = gpu_tf32.be = mp_cuda_backend();
+    if (cpu.be->create(&cpu.ctx, 1, NULL) != MP_OK || gpu.be->create(&gpu.ctx, 1, NULL) != MP_OK ||
+        gpu_tf32.be->create(&gpu_tf32.ctx, 1, &fast) != MP_OK) {
+        printf("test_cuda: cannot create the contexts: %s\n", mp_cuda_last_error());
+        return 1;
+    }
+    if (mp_cuda_device_name(0, name, sizeof name) == MP_OK) printf("test_cuda: device 0 is %s\n", name);
+    test_casts();
+    test_gemm();
+    test_activations();
+    test_bias_grad();
+    test_losses();
+    test_loss_scaling();
+    test_optimizers();
+    test_conv_kernels();
+    test_dropout();
+    test_memory();
+    test_mlp_matches_cpu();
+    test_loss_scale_trajectory();
+    test_rerun_bit_identical();
+    test_conv_model();
+    test_model_memory();
+    test_sticky_error();
+    test_bad_device();
+    CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
+    gpu_tf32.be->destroy(gpu_tf32.ctx);
+    gpu.be->destroy(gpu.ctx);
+    cpu.be->destroy(cpu.ctx);
+    return check_done("test_cuda");
+}
