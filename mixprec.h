@@ -1061,6 +1061,146 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #endif /* MIXPREC_H */
 
 /* ======================================================================== */
+/* >>rules: the math every backend does alike, compiled from these lines by
+   the implementation and by a device backend's source (which defines
+   MIXPREC_RULES before the include, as cuda/mixprec_cuda.cu does): Keras's
+   activations and their derivatives, the losses of one row with their
+   gradients, and the accuracy of a row, all in float32. */
+#if (defined(MIXPREC_IMPLEMENTATION) || defined(MIXPREC_RULES)) && !defined(MIXPREC_RULES_DONE)
+#define MIXPREC_RULES_DONE
+#include <math.h>
+
+/* Every float operation rounds on its own, as written: C++ and GNU modes
+   let compilers fuse a*b+c into one FMA, which would make the kernels' bits
+   depend on the build (the GEMM asks for FMA through intrinsics). nvcc
+   builds device code with --fmad=false instead. */
+#if defined(__CUDACC__)
+#define MP__ROUND_EACH_BEGIN
+#define MP__ROUND_EACH_END
+#elif defined(__clang__)
+#define MP__ROUND_EACH_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
+#define MP__ROUND_EACH_END _Pragma("float_control(pop)")
+#elif defined(__GNUC__)
+#define MP__ROUND_EACH_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
+#define MP__ROUND_EACH_END _Pragma("GCC pop_options")
+#else
+#define MP__ROUND_EACH_BEGIN
+#define MP__ROUND_EACH_END
+#endif
+MP__ROUND_EACH_BEGIN
+
+static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
+    switch (a) {
+    case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
+    case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case MP_TANH: return tanhf(v);
+    case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
+    default: return v;
+    }
+}
+
+/* d act / d x, from the output y (or the input x for gelu). */
+static MIXPREC_HD inline float mp__act_grad(mp_activation a, float y, float x) {
+    switch (a) {
+    case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
+    case MP_SIGMOID: return y * (1.0f - y);
+    case MP_TANH: return 1.0f - y * y;
+    case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+    default: return 1.0f;
+    }
+}
+
+/* Crossentropy from probabilities renormalises each row to sum 1 and clips
+   to [epsilon, 1 - epsilon] (epsilon 1e-7, keras.backend.epsilon()); a
+   clipped value passes no gradient. */
+#define MP__EPSILON 1e-7f
+
+static MIXPREC_HD inline size_t mp__argmax(const float *v, size_t n) {
+    size_t i, best = 0;
+    for (i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* The target weight of class j: one-hot from a label, or the target row. */
+static MIXPREC_HD inline float mp__target(const float *t, int32_t label, size_t j) {
+    return t ? t[j] : (float)((size_t)label == j);
+}
+
+/* Loss of one row; p becomes d loss / d p. */
+static MIXPREC_HD inline float mp__crossentropy_row(float *p, const float *t, int32_t label, size_t n, int from_logits) {
+    float loss = 0.0f, total = 0.0f, s = 0.0f;
+    size_t j;
+    if (from_logits) { /* log-sum-exp, then softmax - target */
+        float mx = p[mp__argmax(p, n)], lse;
+        for (j = 0; j < n; j++) s += expf(p[j] - mx);
+        lse = mx + logf(s);
+        for (j = 0; j < n; j++) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
+        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
+        return loss;
+    }
+    for (j = 0; j < n; j++) s += p[j];
+    for (j = 0; j < n; j++) { /* q = p / s; L = -sum t log clip(q) */
+        float q = p[j] / s, tw = mp__target(t, label, j);
+        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
+        loss -= tw * logf(q < MP__EPSILON ? MP__EPSILON : q > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : q);
+        if (inside) total += tw;
+    }
+    for (j = 0; j < n; j++) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
+        float q = p[j] / s, tw = mp__target(t, label, j);
+        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
+        p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
+    }
+    return loss;
+}
+
+static MIXPREC_HD inline float mp__binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float v = p[j], y = t[j];
+        if (from_logits) { /* max(z, 0) - z y + log(1 + exp(-|z|)) */
+            loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
+            p[j] = (1.0f / (1.0f + expf(-v)) - y) * inv_n;
+        } else {
+            float c = v < MP__EPSILON ? MP__EPSILON : v > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : v;
+            int inside = v >= MP__EPSILON && v <= 1.0f - MP__EPSILON;
+            loss -= y * logf(c) + (1.0f - y) * logf(1.0f - c);
+            p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
+        }
+    }
+    return loss * inv_n;
+}
+
+static MIXPREC_HD inline float mp__mean_squared_error_row(float *p, const float *t, size_t n) {
+    float loss = 0.0f, inv_n = 1.0f / (float)n;
+    size_t j;
+    for (j = 0; j < n; j++) {
+        float d = p[j] - t[j];
+        loss += d * d;
+        p[j] = 2.0f * d * inv_n;
+    }
+    return loss * inv_n;
+}
+
+/* Keras's "accuracy" for the loss: argmax for crossentropy; for binary,
+   every output on the right side of 0.5. */
+static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
+    size_t j;
+    if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == (size_t)label;
+    if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == mp__argmax(t, n);
+    if (kind == MP_BINARY_CROSSENTROPY) {
+        for (j = 0; j < n; j++)
+            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+MP__ROUND_EACH_END
+#endif /* MIXPREC_RULES */
+
+/* ======================================================================== */
 #ifdef MIXPREC_IMPLEMENTATION
 #ifndef MIXPREC_IMPLEMENTATION_DONE
 #define MIXPREC_IMPLEMENTATION_DONE
@@ -1107,17 +1247,7 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #define MP__HOT static inline
 #endif
 
-/* Every float operation rounds on its own, as written: C++ and GNU modes
-   let compilers fuse a*b+c into one FMA, which would make the optimizers'
-   and kernels' bits depend on the build (the GEMM asks for FMA through
-   intrinsics). Restored at the end of the implementation. */
-#if defined(__clang__)
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+MP__ROUND_EACH_BEGIN /* to the end of the implementation (see >>rules) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -1869,28 +1999,7 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 
 
-/* >>activations (float32 math; Keras's definitions) */
-static float mp__act(mp_activation a, float v) {
-    switch (a) {
-    case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
-    case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    case MP_TANH: return tanhf(v);
-    case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
-    default: return v;
-    }
-}
-
-/* d act / d x, from the output y (or the input x for gelu). */
-static float mp__act_grad(mp_activation a, float y, float x) {
-    switch (a) {
-    case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
-    case MP_SIGMOID: return y * (1.0f - y);
-    case MP_TANH: return 1.0f - y * y;
-    case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
-    default: return 1.0f;
-    }
-}
-
+/* >>activations (float32 math; Keras's definitions are in >>rules) */
 /* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
    in blocks of 16 with a constant trip count, which compilers vectorise;
    the rest are dominated by exp, erf and tanh. */
@@ -2685,94 +2794,8 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
     mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
-/* >>loss kernels: Keras 3's formulas in float32. Crossentropy from
-   probabilities renormalises each row to sum 1 and clips to
-   [epsilon, 1 - epsilon] (epsilon 1e-7, keras.backend.epsilon()); a clipped
-   value passes no gradient. */
-#define MP__EPSILON 1e-7f
-
-static size_t mp__argmax(const float *v, size_t n) {
-    size_t i, best = 0;
-    for (i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
-/* The target weight of class j: one-hot from a label, or the target row. */
-static float mp__target(const float *t, int32_t label, size_t j) {
-    return t ? t[j] : (float)((size_t)label == j);
-}
-
-/* Loss of one row; p becomes d loss / d p. */
-static float mp__crossentropy_row(float *p, const float *t, int32_t label, size_t n, int from_logits) {
-    float loss = 0.0f, total = 0.0f, s = 0.0f;
-    size_t j;
-    if (from_logits) { /* log-sum-exp, then softmax - target */
-        float mx = p[mp__argmax(p, n)], lse;
-        for (j = 0; j < n; j++) s += expf(p[j] - mx);
-        lse = mx + logf(s);
-        for (j = 0; j < n; j++) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
-        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
-        return loss;
-    }
-    for (j = 0; j < n; j++) s += p[j];
-    for (j = 0; j < n; j++) { /* q = p / s; L = -sum t log clip(q) */
-        float q = p[j] / s, tw = mp__target(t, label, j);
-        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
-        loss -= tw * logf(q < MP__EPSILON ? MP__EPSILON : q > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : q);
-        if (inside) total += tw;
-    }
-    for (j = 0; j < n; j++) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
-        float q = p[j] / s, tw = mp__target(t, label, j);
-        int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
-        p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
-    }
-    return loss;
-}
-
-static float mp__binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
-    float loss = 0.0f, inv_n = 1.0f / (float)n;
-    size_t j;
-    for (j = 0; j < n; j++) {
-        float v = p[j], y = t[j];
-        if (from_logits) { /* max(z, 0) - z y + log(1 + exp(-|z|)) */
-            loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
-            p[j] = (1.0f / (1.0f + expf(-v)) - y) * inv_n;
-        } else {
-            float c = v < MP__EPSILON ? MP__EPSILON : v > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : v;
-            int inside = v >= MP__EPSILON && v <= 1.0f - MP__EPSILON;
-            loss -= y * logf(c) + (1.0f - y) * logf(1.0f - c);
-            p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
-        }
-    }
-    return loss * inv_n;
-}
-
-static float mp__mean_squared_error_row(float *p, const float *t, size_t n) {
-    float loss = 0.0f, inv_n = 1.0f / (float)n;
-    size_t j;
-    for (j = 0; j < n; j++) {
-        float d = p[j] - t[j];
-        loss += d * d;
-        p[j] = 2.0f * d * inv_n;
-    }
-    return loss * inv_n;
-}
-
-/* Keras's "accuracy" for the loss: argmax for crossentropy; for binary,
-   every output on the right side of 0.5. */
-static int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
-    size_t j;
-    if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == (size_t)label;
-    if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == mp__argmax(t, n);
-    if (kind == MP_BINARY_CROSSENTROPY) {
-        for (j = 0; j < n; j++)
-            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
-        return 1;
-    }
-    return 0;
-}
-
+/* >>loss kernels: Keras 3's formulas in float32, a row at a time (the rows
+   are in >>rules). */
 static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt,
                          const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
                          float *metrics) {
@@ -6471,11 +6494,7 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
 #ifdef __cplusplus
 }
 #endif
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
+MP__ROUND_EACH_END
 #endif /* MIXPREC_IMPLEMENTATION_DONE */
 #endif /* MIXPREC_IMPLEMENTATION */
 

@@ -6,6 +6,8 @@
    (mp__cpu_*) does to one element, row or column, widening every dtype to
    float32 and rounding once on the way out (__float2half_rn and
    __float2bfloat16_rn round to nearest even, as mixprec's conversions).
+   The activations, the losses of a row and the accuracy are mixprec.h's
+   own (>>rules, compiled here for the device through MIXPREC_RULES).
    Where the CPU sums in a loop the kernel sums in the same order, one
    thread per row or column (column sums over more than 256 rows go in
    parts of 256, added in order); no kernel adds floats with atomics, so
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MIXPREC_RULES /* mixprec.h's >>rules: activations, loss rows, accuracy */
 #include "mixprec_cuda.h"
 
 #define MP__CU_THREADS 256      /* threads per block */
@@ -180,27 +183,6 @@ static unsigned mp__cu_grid(size_t n) {
         (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                                \
     } while (0)
 
-/* >>activations: mp__act and mp__act_grad of mixprec.h, in float32 */
-static __device__ float mp__cu_act(mp_activation a, float v) {
-    switch (a) {
-    case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
-    case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    case MP_TANH: return tanhf(v);
-    case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
-    default: return v;
-    }
-}
-
-static __device__ float mp__cu_act_grad(mp_activation a, float y, float x) {
-    switch (a) {
-    case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
-    case MP_SIGMOID: return y * (1.0f - y);
-    case MP_TANH: return 1.0f - y * y;
-    case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
-    default: return 1.0f;
-    }
-}
-
 /* >>elementwise kernels */
 static __global__ void mp__k_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
     MP__CU_LOOP(i, n) mp__st(dst, dt, i, mp__ld(src, st, i));
@@ -212,7 +194,7 @@ static __global__ void mp__k_bias_act(void *y, const void *x, const void *bias, 
     MP__CU_LOOP(i, n) {
         float t = mp__ld(x, dt, i);
         if (bias) t += mp__ld(bias, dt, i % cols);
-        mp__st(y, dt, i, mp__cu_act(act, t));
+        mp__st(y, dt, i, mp__act(act, t));
     }
 }
 
@@ -244,7 +226,7 @@ static __global__ void mp__k_act_backward(void *dx, mp_dtype dxt, const void *dy
     MP__CU_LOOP(i, n) {
         float g = mp__ld(dy, dt, i);
         if (act == MP_RELU) g = mp__ld(y, dt, i) > 0.0f ? g : 0.0f;
-        else if (act != MP_LINEAR) g *= mp__cu_act_grad(act, mp__ld(y, dt, i), act == MP_GELU ? mp__ld(x, dt, i) : 0.0f);
+        else if (act != MP_LINEAR) g *= mp__act_grad(act, mp__ld(y, dt, i), act == MP_GELU ? mp__ld(x, dt, i) : 0.0f);
         mp__st(dx, dxt, i, g);
     }
 }
@@ -290,7 +272,7 @@ static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int 
         if (accumulate) acc += mp__ld(c, ct, i);
         if (bias) acc += mp__ld(bias, biast, i % n);
         if (z) mp__st(z, ct, i, acc);
-        mp__st(c, ct, i, mp__cu_act(act, acc));
+        mp__st(c, ct, i, mp__act(act, acc));
     }
 }
 
@@ -405,87 +387,6 @@ static __global__ void mp__k_stats(mp__cu_stats *s, const void *src, mp_dtype st
 }
 
 /* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), one thread a row */
-#define MP__CU_EPSILON 1e-7f
-
-static __device__ size_t mp__cu_argmax(const float *v, size_t n) {
-    size_t i, best = 0;
-    for (i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
-static __device__ float mp__cu_target(const float *t, int32_t label, size_t j) { return t ? t[j] : (float)((size_t)label == j); }
-
-static __device__ float mp__cu_crossentropy_row(float *p, const float *t, int32_t label, size_t n, int from_logits) {
-    float loss = 0.0f, total = 0.0f, s = 0.0f;
-    size_t j;
-    if (from_logits) {
-        float mx = p[mp__cu_argmax(p, n)], lse;
-        for (j = 0; j < n; j++) s += expf(p[j] - mx);
-        lse = mx + logf(s);
-        for (j = 0; j < n; j++) {
-            total += mp__cu_target(t, label, j);
-            loss += mp__cu_target(t, label, j) * (lse - p[j]);
-        }
-        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__cu_target(t, label, j);
-        return loss;
-    }
-    for (j = 0; j < n; j++) s += p[j];
-    for (j = 0; j < n; j++) {
-        float q = p[j] / s, tw = mp__cu_target(t, label, j);
-        int inside = q >= MP__CU_EPSILON && q <= 1.0f - MP__CU_EPSILON;
-        loss -= tw * logf(q < MP__CU_EPSILON ? MP__CU_EPSILON : q > 1.0f - MP__CU_EPSILON ? 1.0f - MP__CU_EPSILON : q);
-        if (inside) total += tw;
-    }
-    for (j = 0; j < n; j++) {
-        float q = p[j] / s, tw = mp__cu_target(t, label, j);
-        int inside = q >= MP__CU_EPSILON && q <= 1.0f - MP__CU_EPSILON;
-        p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
-    }
-    return loss;
-}
-
-static __device__ float mp__cu_binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
-    float loss = 0.0f, inv_n = 1.0f / (float)n;
-    size_t j;
-    for (j = 0; j < n; j++) {
-        float v = p[j], y = t[j];
-        if (from_logits) {
-            loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
-            p[j] = (1.0f / (1.0f + expf(-v)) - y) * inv_n;
-        } else {
-            float c = v < MP__CU_EPSILON ? MP__CU_EPSILON : v > 1.0f - MP__CU_EPSILON ? 1.0f - MP__CU_EPSILON : v;
-            int inside = v >= MP__CU_EPSILON && v <= 1.0f - MP__CU_EPSILON;
-            loss -= y * logf(c) + (1.0f - y) * logf(1.0f - c);
-            p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
-        }
-    }
-    return loss * inv_n;
-}
-
-static __device__ float mp__cu_mean_squared_error_row(float *p, const float *t, size_t n) {
-    float loss = 0.0f, inv_n = 1.0f / (float)n;
-    size_t j;
-    for (j = 0; j < n; j++) {
-        float d = p[j] - t[j];
-        loss += d * d;
-        p[j] = 2.0f * d * inv_n;
-    }
-    return loss * inv_n;
-}
-
-static __device__ int mp__cu_row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
-    size_t j;
-    if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__cu_argmax(p, n) == (size_t)label;
-    if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__cu_argmax(p, n) == mp__cu_argmax(t, n);
-    if (kind == MP_BINARY_CROSSENTROPY) {
-        for (j = 0; j < n; j++)
-            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
-        return 1;
-    }
-    return 0;
-}
-
 /* Row r's loss into row_loss[r] and its accuracy into right[r]; its
    gradient of the batch mean into dpred's row (which is its workspace). */
 static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
@@ -497,10 +398,10 @@ static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void
         int32_t label = labels ? labels[r] : 0;
         size_t j;
         for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
-        right[r] = (unsigned)mp__cu_row_correct(kind, p, t, label, cols);
-        if (kind == MP_BINARY_CROSSENTROPY) l = mp__cu_binary_crossentropy_row(p, t, cols, from_logits);
-        else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__cu_mean_squared_error_row(p, t, cols);
-        else l = mp__cu_crossentropy_row(p, t, label, cols, from_logits);
+        right[r] = (unsigned)mp__row_correct(kind, p, t, label, cols);
+        if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
+        else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
+        else l = mp__crossentropy_row(p, t, label, cols, from_logits);
         for (j = 0; j < cols; j++) p[j] *= inv_rows;
         row_loss[r] = l;
     }

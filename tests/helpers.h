@@ -1,8 +1,8 @@
 /* helpers.h - what the model tests share, included after mixprec.h and
    check.h: a seeded random stream (splitmix64; define TEST_SEED first for
    another stream), zeroed allocation that ends the test when memory runs
-   out, and OK(call, model): one check that prints the status and the
-   model's own message when the call fails. */
+   out, typed element access, OK(call, model): one check that prints the
+   status and the model's own message when the call fails, and new_model. */
 #ifndef MIXPREC_TEST_HELPERS_H
 #define MIXPREC_TEST_HELPERS_H
 #include <math.h>
@@ -45,6 +45,30 @@ static inline int ok_report(mp_status st, const mp_model *m, const char *file, i
     return 0;
 }
 #define OK(call, m) ok_report((call), (m), __FILE__, __LINE__, #call)
+
+/* Elements of a buffer of any dtype: its name, its size, element i as
+   float32 (exact), v stored rounded once. */
+static inline const char *dn(mp_dtype t) { return t == MP_FLOAT32 ? "f32" : t == MP_FLOAT16 ? "f16" : "bf16"; }
+static inline size_t dsize(mp_dtype t) { return t == MP_FLOAT32 ? 4 : 2; }
+static inline float get(const void *p, mp_dtype t, size_t i) {
+    if (t == MP_FLOAT32) {
+        float x;
+        memcpy(&x, (const char *)p + 4 * i, 4);
+        return x;
+    } else {
+        uint16_t h;
+        memcpy(&h, (const char *)p + 2 * i, 2);
+        return t == MP_FLOAT16 ? mp_f16_to_f32(mp_f16_from_bits(h)) : mp_bf16_to_f32(mp_bf16_from_bits(h));
+    }
+}
+static inline void put(void *p, mp_dtype t, size_t i, float v) {
+    if (t == MP_FLOAT32) {
+        memcpy((char *)p + 4 * i, &v, 4);
+    } else {
+        uint16_t h = t == MP_FLOAT16 ? mp_f16_from_f32(v).bits : mp_bf16_from_f32(v).bits;
+        memcpy((char *)p + 2 * i, &h, 2);
+    }
+}
 
 /* A model (seed 7) of layers[0..count) added under the global policy
    `policy`; the global policy is float32 again after. NULL on failure

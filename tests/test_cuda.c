@@ -24,6 +24,8 @@
 #include "../mixprec.h"
 #include "../cuda/mixprec_cuda.h"
 #include "check.h"
+#define TEST_SEED 0x2545F4914F6CDD1Dull
+#include "helpers.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -35,50 +37,8 @@
 /* ======================================================================== */
 /* Helpers */
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rng_next(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_next() >> 40) * (1.0f / 16777216.0f);
-}
-
-static void *xcalloc(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "test_cuda: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 static const mp_dtype F32 = MP_FLOAT32, F16 = MP_FLOAT16;
 static const mp_dtype dtypes[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
-static const char *dn(mp_dtype t) { return t == MP_FLOAT32 ? "f32" : t == MP_FLOAT16 ? "f16" : "bf16"; }
-static size_t dsize(mp_dtype t) { return t == MP_FLOAT32 ? 4 : 2; }
-
-static float get(const void *p, mp_dtype t, size_t i) {
-    if (t == MP_FLOAT32) {
-        float x;
-        memcpy(&x, (const char *)p + 4 * i, 4);
-        return x;
-    } else {
-        uint16_t h;
-        memcpy(&h, (const char *)p + 2 * i, 2);
-        return t == MP_FLOAT16 ? mp_f16_to_f32(mp_f16_from_bits(h)) : mp_bf16_to_f32(mp_bf16_from_bits(h));
-    }
-}
-static void put(void *p, mp_dtype t, size_t i, float v) {
-    if (t == MP_FLOAT32) {
-        memcpy((char *)p + 4 * i, &v, 4);
-    } else {
-        uint16_t h = t == MP_FLOAT16 ? mp_f16_from_f32(v).bits : mp_bf16_from_f32(v).bits;
-        memcpy((char *)p + 2 * i, &h, 2);
-    }
-}
 
 /* The two backends, each with its context. */
 typedef struct side {
@@ -100,9 +60,9 @@ static int n_live;
 static void upload(arg *a) { gpu.be->copy(gpu.ctx, a->dev, a->host, a->bytes, MP_COPY_TO_BACKEND); }
 
 static arg *new_arg(size_t bytes) {
-    arg *a = (arg *)xcalloc(sizeof *a);
+    arg *a = (arg *)zalloc(sizeof *a);
     a->bytes = bytes;
-    a->host = xcalloc(bytes);
+    a->host = zalloc(bytes);
     a->dev = gpu.be->alloc(gpu.ctx, bytes);
     if (!a->dev || n_live == (int)COUNT(live_args)) {
         fprintf(stderr, "test_cuda: device allocation of %zu bytes failed\n", bytes);
@@ -132,7 +92,7 @@ static void free_args(void) {
 
 /* The device's bytes of a, fetched (the caller frees). */
 static void *fetch(const arg *a) {
-    void *h = xcalloc(a->bytes);
+    void *h = zalloc(a->bytes);
     gpu.be->copy(gpu.ctx, h, a->dev, a->bytes, MP_COPY_TO_HOST);
     return h;
 }
@@ -221,7 +181,7 @@ static void test_casts(void) {
             free_args();
         }
     for (d = 0; d < COUNT(dtypes); d++) { /* the batch in: host float32 to any dtype */
-        float *x = (float *)xcalloc(n * sizeof(float));
+        float *x = (float *)zalloc(n * sizeof(float));
         arg *dst = new_arg(n * dsize(dtypes[d]));
         for (i = 0; i < n; i++) x[i] = uniform(-70000.0f, 70000.0f);
         cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n);
@@ -649,14 +609,14 @@ static void test_mlp_matches_cpu(void) {
     static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16", "amp"};
     /* GEMMs summed in another order, 16-bit values one ulp apart, grown over 6 steps */
     static const float loss_rtol[] = {1e-4f, 1e-2f, 3e-2f, 1e-2f}, weight_atol[] = {1e-4f, 1e-3f, 1e-2f, 1e-3f};
-    float *x = (float *)xcalloc(4 * BATCH * INPUTS * sizeof(float));
-    int32_t *labels = (int32_t *)xcalloc(4 * BATCH * sizeof(int32_t));
+    float *x = (float *)zalloc(4 * BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(4 * BATCH * sizeof(int32_t));
     size_t p, i;
     synthetic(x, labels, 4 * BATCH, INPUTS);
     for (p = 0; p < COUNT(policies); p++) {
         mp_model *mc = mlp(NULL, policies[p], NULL), *mg = mlp(mp_cuda_backend(), policies[p], NULL);
         size_t n = mp_model_param_count(mc), bad = 0;
-        float *wc = (float *)xcalloc(n * sizeof(float)), *wg = (float *)xcalloc(n * sizeof(float));
+        float *wc = (float *)zalloc(n * sizeof(float)), *wg = (float *)zalloc(n * sizeof(float));
         mp_tensor oc, og;
         int step, applied;
         if (!CHECK(mc && mg)) return;
@@ -699,8 +659,8 @@ static void test_mlp_matches_cpu(void) {
 static void test_loss_scale_trajectory(void) {
     static const int poisoned[] = {0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     mp_loss_scale_desc lsd;
-    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float)), *xp = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
-    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    float *x = (float *)zalloc(BATCH * INPUTS * sizeof(float)), *xp = (float *)zalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(BATCH * sizeof(int32_t));
     mp_model *mc, *mg;
     size_t s;
     memset(&lsd, 0, sizeof lsd);
@@ -734,8 +694,8 @@ static void test_loss_scale_trajectory(void) {
 
 /* Two runs from scratch on the GPU: the same bits, losses and weights. */
 static void test_rerun_bit_identical(void) {
-    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
-    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    float *x = (float *)zalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(BATCH * sizeof(int32_t));
     float *w[2] = {NULL, NULL}, losses[2][5];
     size_t n = 0;
     int run, s, applied;
@@ -744,7 +704,7 @@ static void test_rerun_bit_identical(void) {
         mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
         if (!CHECK(m != NULL)) return;
         n = mp_model_param_count(m);
-        w[run] = (float *)xcalloc(n * sizeof(float));
+        w[run] = (float *)zalloc(n * sizeof(float));
         for (s = 0; s < 5; s++) losses[run][s] = train_step(m, x, labels, BATCH, &applied);
         CHECK(mp_model_get_weights(m, w[run], n) == MP_OK);
         mp_model_destroy(m);
@@ -763,7 +723,7 @@ static void test_conv_model(void) {
     static const char *policies[] = {"float32", "mixed_float16"};
     static const float rtol[] = {1e-4f, 1e-2f};
     size_t p, i, features = 10 * 12 * 3, n = 20, outs = 4;
-    float *x = (float *)xcalloc(n * features * sizeof(float)), *y = (float *)xcalloc(n * outs * sizeof(float));
+    float *x = (float *)zalloc(n * features * sizeof(float)), *y = (float *)zalloc(n * outs * sizeof(float));
     for (i = 0; i < n * features; i++) x[i] = uniform(0.0f, 1.0f);
     for (i = 0; i < n; i++) y[i * outs + rng_next() % outs] = 1.0f;
     for (p = 0; p < COUNT(policies); p++) {
@@ -817,8 +777,8 @@ static void test_conv_model(void) {
 static void test_model_memory(void) {
     size_t host = mp_get_memory_info().current;
     mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
-    float *x = (float *)xcalloc(BATCH * INPUTS * sizeof(float));
-    int32_t *labels = (int32_t *)xcalloc(BATCH * sizeof(int32_t));
+    float *x = (float *)zalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(BATCH * sizeof(int32_t));
     mp_model_memory mem;
     int applied;
     if (!CHECK(m != NULL)) return;

@@ -41,30 +41,6 @@ static void *xalloc(size_t bytes) { /* exactly `bytes`, so ASan sees any overrun
 }
 
 static const mp_dtype F32 = MP_FLOAT32, F16 = MP_FLOAT16, BF16 = MP_BFLOAT16;
-static const char *dn(mp_dtype t) { return t == MP_FLOAT32 ? "f32" : t == MP_FLOAT16 ? "f16" : "bf16"; }
-static size_t dsize(mp_dtype t) { return t == MP_FLOAT32 ? 4 : 2; }
-
-/* Element i of a buffer of dtype t, as float32 (exact). */
-static float get(const void *p, mp_dtype t, size_t i) {
-    if (t == MP_FLOAT32) {
-        float x;
-        memcpy(&x, (const char *)p + 4 * i, 4);
-        return x;
-    } else {
-        uint16_t h;
-        memcpy(&h, (const char *)p + 2 * i, 2);
-        return t == MP_FLOAT16 ? mp_f16_to_f32(mp_f16_from_bits(h)) : mp_bf16_to_f32(mp_bf16_from_bits(h));
-    }
-}
-/* Stores v rounded (once) to dtype t. */
-static void put(void *p, mp_dtype t, size_t i, float v) {
-    if (t == MP_FLOAT32) {
-        memcpy((char *)p + 4 * i, &v, 4);
-    } else {
-        uint16_t h = t == MP_FLOAT16 ? mp_f16_from_f32(v).bits : mp_bf16_from_f32(v).bits;
-        memcpy((char *)p + 2 * i, &h, 2);
-    }
-}
 /* A double rounded once to dtype t, back as a double. */
 static double round_to(double x, mp_dtype t) {
     if (t == MP_FLOAT32) return (double)(float)x;
