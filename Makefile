@@ -77,7 +77,7 @@ bench-build: $(BENCHES)
 # The whole set takes several minutes on 2 cores; bench-quick checks that
 # every benchmark runs, in well under a minute (its figures are rougher).
 bench: bench-build
-	@for b in $(BENCHES); do ./$$b || exit 1; done
+	@for b in $(BENCHES); do $$b || exit 1; done
 
 bench-quick: bench-build
 	@./$(B)/bench_convert_gcc --n 1048576 --reps 2
@@ -114,7 +114,7 @@ $(B)/bench_gpu_train: bench/gpu_train.c cuda/mixprec_cuda.h mixprec.h $(B)/libmi
 
 bench-gpu:
 	@if [ -z "$(NVCC)" ]; then echo "bench=gpu_train available=0 reason=nvcc_not_found"; \
-	else $(MAKE) --no-print-directory $(B)/bench_gpu_train && ./$(B)/bench_gpu_train; fi
+	else $(MAKE) --no-print-directory $(B)/bench_gpu_train && $(B)/bench_gpu_train; fi
 
 clean:
 	rm -rf $(B)
