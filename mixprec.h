@@ -59,6 +59,9 @@ CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
                             way (GEMM sums may round differently: no FMA)
     MIXPREC_NO_THREADS      no thread pool (also where POSIX threads are missing)
     MIXPREC_USE_CBLAS       float32 GEMMs go to the linked CBLAS's cblas_sgemm
+    MIXPREC_RULES           for a backend's own source (cuda/): compile the
+                            shared >>rules (activations, loss rows) without
+                            the implementation
 
 NUMERIC RULES (IEEE 754-2008; mixprec follows the x86 hardware where IEEE
 leaves a choice, so that the scalar and SIMD paths agree bit for bit)
