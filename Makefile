@@ -62,14 +62,14 @@ test:
 
 # The conversion benchmark, built by gcc and by clang side by side (gcc 12
 # at -O2 does not vectorise the portable path; clang does).
-$(B)/bench_convert_%: bench/convert.c mixprec.h | $(B)
+$(B)/bench_convert_%: bench/convert.c bench/bench.h mixprec.h | $(B)
 	@if command -v $* >/dev/null; then $* $(WARN) -O2 $(ARCH) $< -o $@ -lm; \
 	else printf '#!/bin/sh\necho "bench=convert cc=$* available=0"\n' > $@; chmod +x $@; fi
 
-$(B)/bench_gemm: bench/gemm.c mixprec.h | $(B)
+$(B)/bench_gemm: bench/gemm.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $(GEMM_BLAS) $< -o $@ $(GEMM_LIBS) -lm
 
-$(B)/bench_train: bench/train.c mixprec.h | $(B)
+$(B)/bench_train: bench/train.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
 
 bench-build: $(BENCHES)
@@ -80,9 +80,9 @@ bench: bench-build
 	@for b in $(BENCHES); do $$b || exit 1; done
 
 bench-quick: bench-build
-	@./$(B)/bench_convert_gcc --n 1048576 --reps 2
-	@./$(B)/bench_gemm --quick
-	@./$(B)/bench_train --quick
+	@$(B)/bench_convert_gcc --n 1048576 --reps 2
+	@$(B)/bench_gemm --quick
+	@$(B)/bench_train --quick
 
 # The CUDA backend (cuda/): nvcc from PATH or /usr/local/cuda, CUDA 12 or
 # 13. Real code for each of sm_70 ... sm_90 this nvcc still builds (CUDA 13
@@ -109,7 +109,7 @@ $(B)/libmixprec_cuda.a: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h mixprec.h | $(B
 
 # The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
 # where python3 has torch. Without a GPU it prints available=0.
-$(B)/bench_gpu_train: bench/gpu_train.c cuda/mixprec_cuda.h mixprec.h $(B)/libmixprec_cuda.a
+$(B)/bench_gpu_train: bench/gpu_train.c bench/bench.h cuda/mixprec_cuda.h mixprec.h $(B)/libmixprec_cuda.a
 	$(CC) $(WARN) -O2 $(ARCH) $< -o $@ $(CUDA_LIBS)
 
 bench-gpu:

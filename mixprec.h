@@ -3254,6 +3254,13 @@ typedef struct mp__step_state {
     int found_inf;
 } mp__step_state;
 
+/* A device backend's batch passes through host memory: the gathered
+   inputs and targets on the way in, the output on the way out. */
+typedef struct mp__stage {
+    float *x, *y, *out;
+    int32_t *labels;
+} mp__stage;
+
 struct mp_model {
     mp_model_desc desc;
     const mp_backend *be;
@@ -3288,7 +3295,8 @@ struct mp_model {
     void *grad[2];
     void *col;
     float *dcol, *img;
-    unsigned char *stage; /* host memory for a batch on its way to a device backend */
+    void *stage_block;    /* host memory for a batch on its way to a device backend */
+    mp__stage stage;
     /* where the custom loop stands */
     int training, have_loss, have_grads, have_unscaled;
     int grads_ready; /* mp_get_gradients has something to give */
@@ -3663,7 +3671,7 @@ struct mp__amp {
 /* defined with the model below */
 static int mp__built(const mp_model *m);
 static void mp__plan_params(mp_model *m, mp__arena *a);
-static void mp__init_weights(mp_model *m);
+static void mp__point_weights(mp_model *m);
 
 static void mp__amp_putf(mp__text *t, const char *fmt, ...) {
     va_list ap;
@@ -3911,7 +3919,7 @@ static mp_status mp__amp_recarve(mp_model *m, const struct mp__amp *next) {
     a.used = 0;
     m->params_block = a.base;
     mp__plan_params(m, &a);
-    mp__init_weights(m); /* the pointers (and fresh weights, which the model's own replace) */
+    mp__point_weights(m);
     m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
     m->be->free(m->ctx, old);
     m->casts_fresh = m->grads_ready = 0;
@@ -4189,7 +4197,7 @@ MIXPREC_API void mp_model_destroy(mp_model *m) {
     m->be->free(m->ctx, m->slots_block);
     m->be->free(m->ctx, m->params_block);
     m->be->destroy(m->ctx);
-    mp__free(m->stage);
+    mp__free(m->stage_block);
     mp__free(m->layers);
     mp__numerics_free(m->num);
     mp__free(m->amp);
@@ -4259,12 +4267,10 @@ static void mp__plan_params(mp_model *m, mp__arena *a) {
     }
 }
 
-/* glorot_uniform: U(-limit, limit), limit = sqrt(6 / (fan_in + fan_out)),
-   with a conv kernel's fans counted over its receptive field. */
-static void mp__init_weights(mp_model *m) {
-    uint64_t rng = m->desc.seed;
-    size_t off = 0, i, j, len;
-    float chunk[MP__TILE];
+/* Each layer's slice of the float32 weights and gradients; under float32
+   its compute-dtype copies are those very slices. */
+static void mp__point_weights(mp_model *m) {
+    size_t off = 0;
     int li;
     for (li = 0; li < m->n_layers; li++) {
         mp__layer *l = &m->layers[li];
@@ -4272,6 +4278,20 @@ static void mp__init_weights(mp_model *m) {
         l->w = m->w + off;
         l->g = m->g + off;
         if (!l->wc) { l->wc = l->w; l->gc = l->g; }
+        off += mp__params(l);
+    }
+}
+
+/* glorot_uniform: U(-limit, limit), limit = sqrt(6 / (fan_in + fan_out)),
+   with a conv kernel's fans counted over its receptive field. */
+static void mp__init_weights(mp_model *m) {
+    uint64_t rng = m->desc.seed;
+    size_t i, j, len;
+    float chunk[MP__TILE];
+    int li;
+    mp__point_weights(m);
+    for (li = 0; li < m->n_layers; li++) {
+        const mp__layer *l = &m->layers[li];
         if (l->n_kernel) {
             size_t units = (size_t)(l->desc.kind == MP_DENSE ? l->desc.units : l->desc.filters);
             float receptive = l->desc.kind == MP_CONV2D ? (float)l->geom.kh * (float)l->geom.kw : 1.0f;
@@ -4283,7 +4303,6 @@ static void mp__init_weights(mp_model *m) {
                 m->be->copy(m->ctx, l->w + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
             }
         }
-        off += mp__params(l);
     }
 }
 
@@ -4445,13 +4464,6 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
     return st;
 }
 
-/* A device backend's batch passes through host memory: the gathered
-   inputs and targets on the way in, the output on the way out. */
-typedef struct mp__stage {
-    float *x, *y, *out;
-    int32_t *labels;
-} mp__stage;
-
 static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__stage *st) {
     size_t outs = mp__last(m)->out_size;
     st->x = (float *)mp__carve(a, batch, m->in_size * sizeof(float));
@@ -4462,22 +4474,16 @@ static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__st
 
 static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
-    mp__stage st;
     if (!m->be->device_memory) return MP_OK;
-    mp__free(m->stage);
-    m->stage = NULL;
-    mp__plan_stage(m, &a, batch, &st);
-    if (a.overflow || !(m->stage = (unsigned char *)mp__alloc(a.used)))
+    mp__free(m->stage_block);
+    m->stage_block = NULL;
+    mp__plan_stage(m, &a, batch, &m->stage);
+    if (a.overflow || !(a.base = (unsigned char *)mp__alloc(a.used)))
         return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
+    m->stage_block = a.base;
+    a.used = 0;
+    mp__plan_stage(m, &a, batch, &m->stage);
     return MP_OK;
-}
-
-static mp__stage mp__stage_of(const mp_model *m) {
-    mp__arena a = {NULL, 0, 0};
-    mp__stage st;
-    a.base = m->stage;
-    mp__plan_stage(m, &a, m->batch_cap, &st);
-    return st;
 }
 
 /* A backend with Tensor Cores: once per model, the sizes that keep its
@@ -4594,14 +4600,14 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
             mp__send(m, i, d->x + s * in, d->labels ? d->labels + s : NULL, d->y ? d->y + s * outs : NULL, 1);
         }
     } else {
-        mp__stage st = mp__stage_of(m);
+        const mp__stage *st = &m->stage;
         for (i = 0; i < count; i++) {
             size_t s = idx[first + i];
-            memcpy(st.x + i * in, d->x + s * in, in * sizeof(float));
-            if (d->labels) st.labels[i] = d->labels[s];
-            if (d->y) memcpy(st.y + i * outs, d->y + s * outs, outs * sizeof(float));
+            memcpy(st->x + i * in, d->x + s * in, in * sizeof(float));
+            if (d->labels) st->labels[i] = d->labels[s];
+            if (d->y) memcpy(st->y + i * outs, d->y + s * outs, outs * sizeof(float));
         }
-        mp__send(m, 0, st.x, d->labels ? st.labels : NULL, d->y ? st.y : NULL, count);
+        mp__send(m, 0, st->x, d->labels ? st->labels : NULL, d->y ? st->y : NULL, count);
     }
 }
 
@@ -4622,7 +4628,7 @@ static const void *mp__host_output(const mp_model *m) {
     const mp__layer *l = mp__last(m);
     float *out;
     if (!m->be->device_memory) return l->y;
-    out = mp__stage_of(m).out;
+    out = m->stage.out;
     m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->dt].size, MP_COPY_TO_HOST);
     return out;
 }

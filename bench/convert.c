@@ -29,6 +29,8 @@
 
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#define BENCH_NAME "convert"
+#include "bench.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -129,12 +131,6 @@ static int variant_applies(const job *j, int v) { return v != F16C || j->dir->f1
 
 /* ---- timing ------------------------------------------------------------ */
 static volatile unsigned sink; /* keeps every result observable */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void consume(const job *j) {
     const unsigned char *b = (const unsigned char *)j->dst;
@@ -241,16 +237,6 @@ static void fill_wide(float *x, size_t n) {
 
 static const struct { const char *name; void (*fill)(float *, size_t); } datasets[] = {
     {"typical", fill_typical}, {"wide", fill_wide}};
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "convert: cannot allocate %zu bytes\n", bytes);
-        exit(1);
-    }
-    memset(p, 0, bytes); /* fault the pages in before timing */
-    return p;
-}
-
 static void usage(const char *why, const char *flag) {
     fprintf(stderr, "convert: %s: %s\nusage: convert [--n ELEMENTS] [--reps R]\n", flag, why);
     exit(2);

@@ -39,6 +39,8 @@
 
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#define BENCH_NAME "gemm"
+#include "bench.h"
 
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
@@ -90,12 +92,6 @@ static void die(const char *what, const char *why) {
 }
 
 /* ---- timing ------------------------------------------------------------ */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef void (*call_fn)(void *ctx);
 
 /* Seconds per call. The warm-up (>= 0.1 s, at least one call) faults the
@@ -259,13 +255,6 @@ static float uniform_pm1(void) { /* xorshift64, [-1, 1) */
 
 static size_t random_index(size_t n) { /* [0, n) */
     return (size_t)((double)(uniform_pm1() + 1.0f) * 0.5 * (double)n) % n;
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) die("malloc", "out of memory");
-    memset(p, 0, bytes); /* fault the pages in before timing */
-    return p;
 }
 
 static float *random_f32(size_t count) {

@@ -34,6 +34,9 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "../cuda/mixprec_cuda.h"
+#define BENCH_NAME "gpu_train"
+#define BENCH_NO_MODEL_ERROR mp_cuda_last_error()
+#include "bench.h"
 
 #define COUNT(a) (sizeof a / sizeof a[0])
 #define INPUTS 784
@@ -49,27 +52,6 @@ typedef struct settings {
     const char *torch_script;
 } settings;
 static settings S = {4096, 8192, {4096, 8192}, 256, 50, 3, 2.0, 1, "bench/gpu_train.py"};
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void check(mp_status s, const mp_model *m, const char *what) {
-    if (s == MP_OK) return;
-    fprintf(stderr, "gpu_train: %s: %s: %s\n", what, mp_status_message(s), m ? mp_model_error(m) : mp_cuda_last_error());
-    exit(1);
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "gpu_train: cannot allocate %zu bytes\n", bytes);
-        exit(1);
-    }
-    return p;
-}
 
 static void random_fill(float *x, size_t n, unsigned long long seed) {
     size_t i;

@@ -29,6 +29,8 @@
 
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#define BENCH_NAME "train"
+#include "bench.h"
 
 #define COUNT(a) (sizeof a / sizeof a[0])
 #define INPUTS 784
@@ -58,27 +60,6 @@ typedef struct run {
     size_t act_bytes, ws_bytes, peak_bytes;
     unsigned long long skipped;
 } run;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void check(mp_status s, const mp_model *m, const char *what) {
-    if (s == MP_OK) return;
-    fprintf(stderr, "train: %s: %s: %s\n", what, mp_status_message(s), m ? mp_model_error(m) : "");
-    exit(1);
-}
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (!p) {
-        fprintf(stderr, "train: cannot allocate %zu bytes\n", bytes);
-        exit(1);
-    }
-    return p;
-}
 
 /* ---- the model --------------------------------------------------------- */
 static mp_model *build_model(const run *r) {

@@ -14,6 +14,7 @@
    MP_FUZZ_SEEDS=dir writes valid files (the seeds) into dir at start. */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#include "forge.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,20 +105,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static uint32_t crc32_of(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < n; i++)
-        for (c ^= p[i], k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    return ~c;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int bytes) {
-    int i;
-    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
 static void load_into(target *t, const unsigned char *data, size_t size, int weights) {
     mp_status st = weights ? mp_model_import_weights_from_memory(t->m, data, size)
                            : mp_model_load_from_memory(t->m, data, size);
@@ -146,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(fixed, data, size);
     if (size >= 24) { /* the length field and the CRC made right */
         put_le(fixed + 12, size, 8);
-        put_le(fixed + size - 4, crc32_of(fixed, size - 4), 4);
+        fix_crc(fixed, size);
     }
     for (weights = 0; weights < 2; weights++) {
         load_into(&compiled, data, size, weights);

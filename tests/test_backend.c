@@ -180,13 +180,21 @@ static float *weights_of(mp_model *m) {
     return w;
 }
 
+/* Two models' float32 weights, bit for bit. */
+static int same_weights(mp_model *a, mp_model *b) {
+    float *wa = weights_of(a), *wb = weights_of(b);
+    int same = wa && wb && mp_model_param_count(a) == mp_model_param_count(b) &&
+               memcmp(wa, wb, mp_model_param_count(a) * sizeof(float)) == 0;
+    free(wa);
+    free(wb);
+    return same;
+}
+
 /* >>tests */
 static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     mp_model *a = conv_net(mp_cpu_backend(), policy, opt), *b = conv_net(&remote, policy, opt);
     mp_fit_desc fd;
     mp_logs ha[2], hb[2];
-    float *wa, *wb;
-    size_t n;
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
@@ -204,12 +212,7 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     CHECK(memcmp(&ha[1].val_accuracy, &hb[1].val_accuracy, sizeof(float)) == 0);
     CHECK(ha[1].loss_scale == hb[1].loss_scale && ha[1].skipped_steps == hb[1].skipped_steps);
     if (!strcmp(policy, "mixed_float16")) CHECK(hb[1].skipped_steps > 0 && hb[1].loss_scale < 1e30f);
-    wa = weights_of(a);
-    wb = weights_of(b);
-    n = mp_model_param_count(a);
-    CHECK(wa && wb && memcmp(wa, wb, n * sizeof(float)) == 0); /* the same kernels: bit-identical */
-    free(wa);
-    free(wb);
+    CHECK(same_weights(a, b)); /* the same kernels: bit-identical */
     mp_model_destroy(a);
     mp_model_destroy(b);
 }
@@ -312,9 +315,8 @@ static void test_checkpoint(void) {
     mp_model *a = conv_net(mp_cpu_backend(), "mixed_float16", MP_ADAM), *b = conv_net(&remote, "mixed_float16", MP_ADAM);
     mp_model *c = conv_net(&remote, "mixed_float16", MP_ADAM);
     mp_fit_desc fd;
-    size_t la = 0, lb = 0, n;
+    size_t la = 0, lb = 0;
     unsigned char *ca, *cb;
-    float *wa, *wc;
     if (!a || !b || !c) { mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); return; }
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
@@ -330,21 +332,12 @@ static void test_checkpoint(void) {
         CHECK(mp_model_save_to_memory(b, cb, lb, &lb) == MP_OK)) {
         CHECK(memcmp(ca, cb, la) == 0);
         CHECK(mp_model_load_from_memory(c, ca, la) == MP_OK);
-        wa = weights_of(a);
-        wc = weights_of(c);
-        n = mp_model_param_count(a);
-        CHECK(wa && wc && memcmp(wa, wc, n * sizeof(float)) == 0);
+        CHECK(same_weights(a, c));
         CHECK(mp_model_loss_scale(c)->scale == mp_model_loss_scale(a)->scale &&
               mp_model_loss_scale(c)->skipped_steps == mp_model_loss_scale(a)->skipped_steps);
-        free(wa);
-        free(wc);
         /* and c trains on from there as a does */
         CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(c, &fd) == MP_OK);
-        wa = weights_of(a);
-        wc = weights_of(c);
-        CHECK(wa && wc && memcmp(wa, wc, n * sizeof(float)) == 0);
-        free(wa);
-        free(wc);
+        CHECK(same_weights(a, c));
     }
     free(ca);
     free(cb);

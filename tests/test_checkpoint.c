@@ -29,6 +29,7 @@ static void *t_malloc(size_t n) {
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"
+#include "forge.h"
 
 /* ======================================================================== */
 /* Helpers */
@@ -49,25 +50,6 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-/* The test's own CRC-32 (bit by bit), to forge files with a valid checksum. */
-static uint32_t crc32_of(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < n; i++)
-        for (c ^= p[i], k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    return ~c;
-}
-static uint64_t get_le(const unsigned char *p, int bytes) {
-    uint64_t v = 0;
-    while (bytes--) v = v << 8 | p[bytes];
-    return v;
-}
-static void put_le(unsigned char *p, uint64_t v, int bytes) {
-    int i;
-    for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void fix_crc(unsigned char *b, size_t len) { put_le(b + len - 4, crc32_of(b, len - 4), 4); }
 
 #define NS 64 /* samples: NF features, 3 classes */
 #define NF 6
