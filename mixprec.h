@@ -759,7 +759,7 @@ MIXPREC_API mp_status mp_tensor_stats_compute(const void *x, mp_dtype type, size
    (scaled, in the dtype of the activations it received; none for the first
    layer): the activation gradients of Micikevicius et al.'s figure. */
 typedef enum mp_numerics_kind {
-    MP_NUMERICS_ACTIVATIONS = 0, /* the layer's output, in its compute dtype */
+    MP_NUMERICS_ACTIVATIONS = 0, /* the layer's output, in its output dtype */
     MP_NUMERICS_WEIGHTS,         /* the float32 weights (kernel, then bias) */
     MP_NUMERICS_SCALED_GRADIENTS,
     MP_NUMERICS_GRADIENTS,
@@ -4629,7 +4629,7 @@ static const void *mp__host_output(const mp_model *m) {
     float *out;
     if (!m->be->device_memory) return l->y;
     out = m->stage.out;
-    m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->dt].size, MP_COPY_TO_HOST);
+    m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->yt].size, MP_COPY_TO_HOST);
     return out;
 }
 
@@ -5811,7 +5811,7 @@ static mp_status mp__numerics_forward(mp_model *m, int layer) {
     if (layer == 0) mp__numerics_begin(m);
     if (!m->num->active) return MP_OK;
     mp_status st;
-    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_ACTIVATIONS, l->y, l->dt, m->batch * l->out_size)) != MP_OK ||
+    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_ACTIVATIONS, l->y, l->yt, m->batch * l->out_size)) != MP_OK ||
         (st = mp__numerics_take(m, layer, MP_NUMERICS_WEIGHTS, l->w, MP_FLOAT32, mp__params(l))) != MP_OK)
         return st;
     return mp__numerics_check(m, layer, 0);

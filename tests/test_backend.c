@@ -8,6 +8,7 @@
    between host and device: the batch in, the step state out, nothing else.
    A model trained on it must end bit-identical to one on the CPU backend. */
 #define _POSIX_C_SOURCE 200809L /* dup, dup2, mkstemp */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,6 +347,48 @@ static void test_checkpoint(void) {
     mp_model_destroy(c);
 }
 
+/* AMP makes a last Dense multiply in float16 and output float32 (its bias
+   add is not between two products): its output is read back, and its
+   statistics taken, in the output dtype. */
+static void test_amp_output(void) {
+    mp_model *m[2] = {NULL, NULL};
+    const mp_backend *be[2] = {NULL, &remote};
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_numerics_desc nd;
+    mp_tensor t[2];
+    mp_tensor_stats st;
+    float most = 0.0f;
+    size_t i;
+    int k;
+    be[0] = mp_cpu_backend();
+    for (k = 0; k < 2; k++) {
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 8 * 8 * 2;
+        md.backend = be[k];
+        if (!CHECK(mp_model_create(&m[k], &md) == MP_OK)) break;
+        mp_model_add(m[k], mp_dense(16, MP_RELU));
+        mp_model_add(m[k], mp_dense(CLASSES, MP_LINEAR));
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.from_logits = 1;
+        cd.amp.enabled = 1;
+        memset(&nd, 0, sizeof nd);
+        nd.every = 1;
+        CHECK(mp_model_compile(m[k], &cd) == MP_OK && mp_model_set_numerics(m[k], &nd) == MP_OK);
+        CHECK(mp_forward(m[k], xs, 8, 1) == MP_OK && mp_output(m[k], &t[k]) == MP_OK);
+    }
+    if (m[0] && m[1]) {
+        CHECK(t[0].dtype == MP_FLOAT32 && t[1].dtype == MP_FLOAT32);
+        CHECK(memcmp(t[0].data, t[1].data, mp_tensor_bytes(&t[0])) == 0);
+        for (i = 0; i < mp_tensor_count(&t[0]); i++)
+            if (fabsf(((const float *)t[0].data)[i]) > most) most = fabsf(((const float *)t[0].data)[i]);
+        CHECK(mp_model_numerics(m[1], 1, MP_NUMERICS_ACTIVATIONS, &st) == MP_OK && st.max_abs == most);
+    }
+    mp_model_destroy(m[0]);
+    mp_model_destroy(m[1]);
+}
+
 /* A backend with Tensor Cores warns once per model, naming each layer whose
    sizes are not multiples of 8 and the padding that fixes it. */
 static void test_tensor_core_warning(void) {
@@ -393,6 +436,7 @@ int main(void) {
     test_reads();
     test_diagnostics();
     test_checkpoint();
+    test_amp_output();
     test_tensor_core_warning();
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
