@@ -209,7 +209,10 @@ if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then
     step "build keras_peer" gcc $WARN -O2 tests/keras_peer/peer.c -o $B/keras_peer -lm
     step "Keras 3 and tf_keras: losses and gradients of softmax/sigmoid models" \
         "$MIXPREC_KERAS_PYTHON" tests/keras_peer/loss_from_logits.py $B/keras_peer.txt
-    run "keras_peer: mixprec against Keras 3 and tf_keras" $B/keras_peer $B/keras_peer.txt
+    step "TensorFlow's AMP rewrite on the guide's MLP (float16, bfloat16)" \
+        "$MIXPREC_KERAS_PYTHON" tests/keras_peer/amp_paint.py $B/keras_peer_amp.txt
+    run "keras_peer: mixprec against Keras 3, tf_keras and TensorFlow's AMP" \
+        $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt
 else
     skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"
 fi

@@ -5,7 +5,9 @@
    float32 to 1e-5 of the loss and 1e-4 of the largest gradient; under
    mixed_float16 (the guide's float16 Dense, float32 softmax) to 1e-2,
    since Keras on the CPU rounds the float16 Dense twice (MatMul, then
-   BiasAdd) and mixprec once. tests/matrix.sh runs it when MIXPREC_KERAS_PYTHON
+   BiasAdd) and mixprec once. With a second file, from amp_paint.py, the
+   colouring of automatic mixed precision against TensorFlow's (see
+   compare_amp). tests/matrix.sh runs it when MIXPREC_KERAS_PYTHON
    names a python with tensorflow-cpu and tf-keras. */
 #define MIXPREC_IMPLEMENTATION
 #include "../../mixprec.h"
@@ -75,12 +77,73 @@ static void compare(const peer_case *c, const char *flavour, FILE *f) {
     printf("%s\n", what);
 }
 
+/* Automatic mixed precision on the guide's MLP (784-64-64-10, softmax):
+   every forward op of mixprec's colouring has TensorFlow's dtype, read
+   from amp_paint.py's file (the ops it converted; the others stay float32). */
+static void compare_amp(FILE *f) {
+    static const char *const dtypes[2] = {"float16", "bfloat16"};
+    char line[256], table[4096], converted[32][3][32];
+    int k, n = 0, tf_x = 0, tf_y = 0, tf_z = 0;
+    while (n < 32 && fgets(line, sizeof line, f)) /* amp DTYPE LAYER OP DTYPE */
+        if (sscanf(line, "amp %31s %31s %31s", converted[n][0], converted[n][1], converted[n][2]) == 3) n++;
+    CHECK(n == 18);
+    for (k = 0; k < 2; k++) {
+        mp_model_desc md;
+        mp_compile_desc cd;
+        mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
+        mp_model *m = NULL;
+        const char *row;
+        int rows = 0, bad = 0, x = 0, y = 0, z = 0;
+        char what[200];
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 784;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.amp.enabled = 1;
+        cd.amp.dtype = k ? MP_BFLOAT16 : MP_FLOAT16;
+        if (!CHECK(mp_model_create(&m, &md) == MP_OK && mp_model_add(m, mp_dense(64, MP_RELU)) == MP_OK &&
+                   mp_model_add(m, mp_dense(64, MP_RELU)) == MP_OK &&
+                   mp_model_add(m, mp_dense(10, MP_LINEAR)) == MP_OK && mp_model_add(m, out) == MP_OK &&
+                   mp_model_compile(m, &cd) == MP_OK && mp_model_amp_table(m, table, sizeof table) == MP_OK)) {
+            mp_model_destroy(m);
+            continue;
+        }
+        for (row = strchr(table, '\n'); row && row[1]; row = strchr(row + 1, '\n')) { /* after the header */
+            char op[64], layer[32], list[16], dtype[16];
+            const char *want = "float32";
+            int i;
+            if (sscanf(row + 1, "%63s %31s %15s %15s", op, layer, list, dtype) != 4) { bad++; continue; }
+            for (i = 0; i < n; i++)
+                if (!strcmp(converted[i][0], dtypes[k]) && !strcmp(converted[i][1], layer) &&
+                    !strcmp(converted[i][2], op))
+                    want = dtypes[k];
+            rows++;
+            if (strcmp(dtype, want) != 0) {
+                bad++;
+                fprintf(stderr, "    %s: %s of %s is %s, TensorFlow's %s\n", dtypes[k], op, layer, dtype, want);
+            }
+        }
+        rewind(f);
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "summary %15s %d %d %d", what, &tf_x, &tf_y, &tf_z) == 4 && !strcmp(what, dtypes[k]))
+                break;
+        if (mp_model_amp_report(m, line, sizeof line) != MP_OK ||
+            sscanf(line, "Converted %d/%d nodes to %*s precision using %d", &x, &y, &z) != 3)
+            bad++;
+        snprintf(what, sizeof what, "%s: %d ops of mixprec's colouring, %d not TensorFlow's (converted %d/%d with %d "
+                 "cast(s); TensorFlow's graph %d/%d with %d)", dtypes[k], rows, bad, x, y, z, tf_x, tf_y, tf_z);
+        check_report(rows == 11 && bad == 0, __FILE__, __LINE__, what);
+        printf("%s\n", what);
+        mp_model_destroy(m);
+    }
+}
+
 int main(int argc, char **argv) {
     static peer_case cases[8];
     int n = 0, i, k;
-    FILE *f;
-    if (argc != 2 || !(f = fopen(argv[1], "r"))) {
-        fprintf(stderr, "usage: peer FILE (from tests/keras_peer/loss_from_logits.py)\n");
+    FILE *f, *amp = NULL;
+    if ((argc != 2 && argc != 3) || !(f = fopen(argv[1], "r")) || (argc == 3 && !(amp = fopen(argv[2], "r")))) {
+        fprintf(stderr, "usage: peer FILE [AMP_FILE] (from tests/keras_peer/loss_from_logits.py, amp_paint.py)\n");
         return 2;
     }
     while (n < 8) {
@@ -105,5 +168,9 @@ int main(int argc, char **argv) {
         for (i = 0; i < n; i++) compare(&cases[i], k ? "tf_keras" : "Keras 3", f);
     fclose(f);
     CHECK(n == 5);
+    if (amp) {
+        compare_amp(amp);
+        fclose(amp);
+    }
     return check_done("keras_peer");
 }
