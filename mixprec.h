@@ -540,7 +540,7 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    MP_ERR_UNKNOWN_NAME. */
 typedef enum mp_amp_level {
     MP_AMP_DEFAULT = 0,
-    MP_AMP_TENSOR_CORES_ONLY, /* only allow ops convert: the other lists are empty */
+    MP_AMP_TENSOR_CORES_ONLY, /* float16: only allow ops convert (the other lists are empty) */
     MP_AMP_UNSAFE_FORCE_ALL   /* every op converts, deny ops included */
 } mp_amp_level;
 
