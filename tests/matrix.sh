@@ -213,6 +213,7 @@ if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then
         "$MIXPREC_KERAS_PYTHON" tests/keras_peer/amp_paint.py $B/keras_peer_amp.txt
     run "keras_peer: mixprec against Keras 3, tf_keras and TensorFlow's AMP" \
         $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt
+    run "keras_differences: README's facts about Keras 3 and tf_keras" "$MIXPREC_KERAS_PYTHON" tests/keras_peer/differences.py
 else
     skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"
 fi
