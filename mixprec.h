@@ -85,7 +85,8 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
 TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
     - A layer computes in its policy's compute dtype and keeps float32
       variables, read as the compute dtype each step. Floating inputs are cast
-      on entry; integer labels are never cast. The loss is float32.
+      on entry; integer labels are never cast. The loss is float32; after a
+      softmax (sigmoid) output a crossentropy reads the logits, as Keras's.
     - Matrix products (Dense, Conv2D, forward and backward) accumulate in
       float32 and round once to the output dtype, as Tensor Cores do.
     - Activation gradients are stored in the dtype of the activations (in
@@ -488,26 +489,36 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    logits, Log then Sum from probabilities; binary crossentropy Exp, Log1p,
    Mean from logits, Log, Mean from probabilities; mean squared error
    SquaredDifference, Mean; then every loss a Mean over the batch.
-   Each op is on one list (TensorFlow's, auto_mixed_precision_lists.h):
+   When the loss is read from the logits (from_logits, or a softmax or
+   sigmoid output, see mp_compile_desc) its op is the fused one. Each op is
+   on one list (TensorFlow's, auto_mixed_precision_lists.h), per dtype:
        allow   MatMul Conv2D
        infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p
+               (bfloat16 also: Sum Mean SquaredDifference)
        clear   Relu MaxPool Reshape Dropout Identity
-       deny    Exp Sum Mean SparseSoftmaxCrossEntropyWithLogits
-               SoftmaxCrossEntropyWithLogits
-       (none)  SquaredDifference: never converted, as an op on no list
-   and painted in TensorFlow's order: 1) allow ops are low precision; 2) deny
-   spreads forward from deny ops through infer and clear ops that lead (via
-   clear ops) to an infer or deny op; 3) infer and clear ops between two allow
-   ops, and not deny, become allow; 4) allow spreads both ways through clear
-   ops that are not deny. A cast goes in wherever a float32 op (or the input
-   batch) feeds a low-precision op and back. Levels, as
-   TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL: TENSOR_CORES_ONLY empties
-   every list but allow (no propagation); UNSAFE_FORCE_ALL converts every op.
+       deny    Exp SparseSoftmaxCrossEntropyWithLogits
+               SoftmaxCrossEntropyWithLogits (float16 also: Sum Mean)
+       (none)  float16: SquaredDifference, never converted
+   float16 uses the float16 lists (a GPU's, and auto_mixed_precision_cpu's),
+   bfloat16 the oneDNN bfloat16 lists (auto_mixed_precision_onednn_bfloat16).
+   The ops are painted in TensorFlow's order: 1) allow ops are low
+   precision; 2) deny spreads forward from deny ops through infer and clear
+   ops that lead (via clear ops) to an infer or deny op; 3) infer and clear
+   ops between two allow ops, and not deny, become allow; 4) an infer op
+   (not deny) right after an allow op becomes allow, in order, so that it
+   chains (the last Dense's BiasAdd, then the Softmax after it); 5) allow
+   spreads both ways through clear ops that are not deny. A cast goes in
+   wherever a float32 op (or the input batch) feeds a low-precision op and
+   back. Levels, as TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL:
+   TENSOR_CORES_ONLY empties every float16 list but allow (no propagation;
+   the bfloat16 lists ignore it, as TensorFlow's oneDNN lists do);
+   UNSAFE_FORCE_ALL converts every op (float16 only: TensorFlow refuses it
+   when oneDNN is used, and so does compile under bfloat16).
    A layer still runs its ops fused (one float32 accumulation, one rounding):
    it computes (reads its input and weights) in the dtype of its first op and
-   writes its output in the dtype of its last op, so the guide's last Dense
-   multiplies in float16 and outputs float32 (its BiasAdd is not between two
-   allow ops); the bias is then read from the float32 weight. Backward ops
+   writes its output in the dtype of its last op, so a Dense whose BiasAdd
+   stays float32 multiplies in float16 and outputs float32, reading its bias
+   from the float32 weight. Backward ops
    are not counted: each takes its forward op's dtype (activation gradients
    in the activations' dtype, weight gradients in the compute dtype). The
    loss value stays float32. Under float16 compile wraps the optimizer for
@@ -529,7 +540,7 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    MP_ERR_UNKNOWN_NAME. */
 typedef enum mp_amp_level {
     MP_AMP_DEFAULT = 0,
-    MP_AMP_TENSOR_CORES_ONLY, /* only allow ops convert: the other lists are empty */
+    MP_AMP_TENSOR_CORES_ONLY, /* float16: only allow ops convert (the other lists are empty) */
     MP_AMP_UNSAFE_FORCE_ALL   /* every op converts, deny ops included */
 } mp_amp_level;
 
@@ -555,7 +566,14 @@ MIXPREC_API mp_status mp_model_amp_table(const struct mp_model *m, char *buf, si
 
 typedef struct mp_compile_desc {
     mp_loss loss;              /* required */
-    int from_logits;           /* crossentropy losses: predictions are logits */
+    /* crossentropy losses: the model outputs logits. Without it, as in
+       Keras, a crossentropy whose model ends in a softmax (sigmoid for
+       binary crossentropy) over the loss's row is still computed from that
+       activation's input, the logits: a stable log-sum-exp in float32, no
+       clipping, and the gradient skips the activation; the output (what
+       predict and the accuracy see) stays the probabilities. Otherwise the
+       probabilities are clipped to [1e-7, 1 - 1e-7]. */
+    int from_logits;
     mp_optimizer_desc optimizer;
     mp_metric metrics;         /* accuracy: sparse categorical, categorical or binary by loss */
     mp_loss_scale_mode loss_scale;
@@ -992,9 +1010,12 @@ struct mp_backend {
     void (*bias_grad)(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt);
     /* The loss over rows (softmax and crossentropy fused from logits):
        metrics[0] = the sum of per-sample losses, metrics[1] = the samples
-       the accuracy counts right; dpred = the float32 gradient of the mean. */
-    void (*loss)(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
-                 const float *y, size_t rows, size_t cols, float *dpred, float *metrics);
+       the accuracy counts right; dpred = the float32 gradient of the mean.
+       The accuracy reads out (in ot): pred itself, or the probabilities
+       where pred holds the logits of the model's softmax or sigmoid. */
+    void (*loss)(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
+                 mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
+                 float *metrics);
     /* dst = src * *scale (scale NULL: 1), rounded into dt. */
     void (*scale_cast)(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale);
     /* The fused pass: dst = src * (1 / *scale) (scale NULL: 1); *found_inf
@@ -2799,18 +2820,19 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
 
 /* >>loss kernels: Keras 3's formulas in float32, a row at a time (the rows
    are in >>rules). */
-static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt,
-                         const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
+static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
+                         mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
                          float *metrics) {
     float inv_rows = 1.0f / (float)rows, loss_sum = 0.0f;
     size_t r, j, correct = 0;
     (void)ctx;
-    for (r = 0; r < rows; r++) {
+    for (r = 0; r < rows; r++) { /* the row's output, then its predictions, in dpred's row */
         float *p = dpred + r * cols, l;
         const float *t = y ? y + r * cols : NULL;
         int32_t label = labels ? labels[r] : 0;
-        mp__load(p, mp__at(pred, pt, r * cols), pt, cols);
+        mp__load(p, mp__at(out, ot, r * cols), ot, cols);
         correct += (size_t)mp__row_correct(kind, p, t, label, cols);
+        if (pred != out) mp__load(p, mp__at(pred, pt, r * cols), pt, cols);
         if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
         else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
         else l = mp__crossentropy_row(p, t, label, cols, from_logits);
@@ -3340,6 +3362,36 @@ static float mp__uniform(uint64_t *s) { return (float)(mp__splitmix(s) >> 40) * 
 static size_t mp__params(const mp__layer *l) { return l->n_kernel + l->n_bias; }
 static const mp__layer *mp__last(const mp_model *m) { return &m->layers[m->n_layers - 1]; }
 
+/* Activation: y = act(x) over the last axis */
+static size_t mp__last_axis(const mp__layer *l) { return (size_t)l->in_shape[l->in_rank - 1]; }
+
+/* The values the layer's softmax normalises together: the last axis. */
+static size_t mp__act_row(const mp__layer *l) {
+    if (l->desc.kind == MP_ACTIVATION) return mp__last_axis(l);
+    return (size_t)(l->desc.kind == MP_CONV2D ? l->desc.filters : l->desc.units);
+}
+
+/* Keras takes a crossentropy from the logits when the model's output is a
+   softmax (a sigmoid for binary crossentropy): the activation keeps its
+   input on the output tensor (_keras_logits in Keras 3, also the op's
+   input in tf_keras) and the loss reads it with from_logits=True, a stable
+   log-sum-exp with no clipping. So here, when the last layer ends in that
+   activation (over the whole row the loss sees), the loss reads the
+   layer's pre-activation and its gradient is the logits' gradient: the
+   layer's backward pass skips the activation's derivative. */
+static int mp__logits_loss(const mp_compile_desc *c, const mp__layer *last) {
+    mp_layer_kind kind = last->desc.kind;
+    if (c->from_logits || (kind != MP_DENSE && kind != MP_CONV2D && kind != MP_ACTIVATION)) return 0;
+    if (c->loss == MP_BINARY_CROSSENTROPY) return last->desc.activation == MP_SIGMOID;
+    return (c->loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY || c->loss == MP_CATEGORICAL_CROSSENTROPY) &&
+           last->desc.activation == MP_SOFTMAX && mp__act_row(last) == last->out_size;
+}
+
+/* Whether layer l's output gradient is its logits' (l is the last layer). */
+static int mp__loss_from_logits(const mp_model *m, const mp__layer *l) {
+    return m->compiled && l == mp__last(m) && mp__logits_loss(&m->compile, l);
+}
+
 /* The bias the epilogue adds, and its dtype: the compute-dtype copy, or,
    where the output dtype differs (AMP painted the product and the ops after
    it apart), the float32 weight itself: the epilogue sums in float32. */
@@ -3398,7 +3450,7 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
    output dtype differs (the backward's cast on entry). */
 static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size_t cols) {
     void *dz = l->dyc ? l->dyc : dy;
-    if (l->desc.activation != MP_LINEAR)
+    if (l->desc.activation != MP_LINEAR && !mp__loss_from_logits(m, l))
         m->be->act_backward(m->ctx, dz, l->dt, dy, l->y, l->z, rows, cols, l->desc.activation, l->yt);
     else if (dz != dy)
         m->be->cast(m->ctx, dz, l->dt, dy, l->yt, rows * cols, NULL);
@@ -3418,9 +3470,6 @@ static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy
     }
 }
 
-/* Activation: y = act(x) over the last axis */
-static size_t mp__last_axis(const mp__layer *l) { return (size_t)l->in_shape[l->in_rank - 1]; }
-
 static void mp__activation_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
     size_t cols = mp__last_axis(l);
@@ -3429,7 +3478,9 @@ static void mp__activation_forward(mp_model *m, mp__layer *l, size_t batch) {
 
 static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
     size_t cols = mp__last_axis(l);
-    if (dx)
+    if (dx && mp__loss_from_logits(m, l)) /* dy is already the logits' gradient */
+        m->be->cast(m->ctx, dx, l->xt, dy, l->dt, batch * l->in_size, NULL);
+    else if (dx)
         m->be->act_backward(m->ctx, dx, l->xt, dy, l->y, mp__saved_input(l), batch * l->in_size / cols, cols,
                             l->desc.activation, l->dt);
 }
@@ -3640,18 +3691,23 @@ typedef enum mp__op {
 } mp__op;
 
 /* Every op the pass can see, with its list in TensorFlow's
-   auto_mixed_precision_lists.h. */
-static const struct { const char *name; unsigned char list; } mp__ops[MP__OP_COUNT] = {
-    {"MatMul", MP__ALLOW}, {"Conv2D", MP__ALLOW},
-    {"BiasAdd", MP__INFER}, {"Sigmoid", MP__INFER}, {"Tanh", MP__INFER}, {"Softmax", MP__INFER},
-    {"Gelu", MP__INFER}, /* Keras's exact gelu is Erf, Mul and Add: all on the infer list */
-    {"Log", MP__INFER}, {"Log1p", MP__INFER},
-    {"Relu", MP__CLEAR}, {"MaxPool", MP__CLEAR}, {"Reshape", MP__CLEAR},
-    {"Dropout", MP__CLEAR}, /* TensorFlow's dropout is a Mul (infer) by a mask; clear here, as the issue asks */
-    {"Identity", MP__CLEAR},
-    {"Exp", MP__DENY}, {"Sum", MP__DENY}, {"Mean", MP__DENY},
-    {"SparseSoftmaxCrossEntropyWithLogits", MP__DENY}, {"SoftmaxCrossEntropyWithLogits", MP__DENY},
-    {"SquaredDifference", 0}, /* on none of TensorFlow's lists: never converted */
+   auto_mixed_precision_lists.h: float16's (AutoMixedPrecisionListsFp16, as
+   on a GPU and auto_mixed_precision_cpu), then bfloat16's (the oneDNN
+   lists, AutoMixedPrecisionListsMkl: Sum, Mean and SquaredDifference are
+   infer there). */
+static const struct { const char *name; unsigned char list, bf16_list; } mp__ops[MP__OP_COUNT] = {
+    {"MatMul", MP__ALLOW, MP__ALLOW}, {"Conv2D", MP__ALLOW, MP__ALLOW},
+    {"BiasAdd", MP__INFER, MP__INFER}, {"Sigmoid", MP__INFER, MP__INFER}, {"Tanh", MP__INFER, MP__INFER},
+    {"Softmax", MP__INFER, MP__INFER},
+    {"Gelu", MP__INFER, MP__INFER}, /* Keras's exact gelu is Erf, Mul and Add: all on the infer list */
+    {"Log", MP__INFER, MP__INFER}, {"Log1p", MP__INFER, MP__INFER},
+    {"Relu", MP__CLEAR, MP__CLEAR}, {"MaxPool", MP__CLEAR, MP__CLEAR}, {"Reshape", MP__CLEAR, MP__CLEAR},
+    {"Dropout", MP__CLEAR, MP__CLEAR}, /* TensorFlow's dropout is a Mul (infer) by a mask; clear here */
+    {"Identity", MP__CLEAR, MP__CLEAR},
+    {"Exp", MP__DENY, MP__DENY}, {"Sum", MP__DENY, MP__INFER}, {"Mean", MP__DENY, MP__INFER},
+    {"SparseSoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
+    {"SoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
+    {"SquaredDifference", 0, MP__INFER}, /* on none of the float16 lists: never converted there */
 };
 
 typedef struct mp__amp_op {
@@ -3705,6 +3761,9 @@ static mp_status mp__amp_settings(mp_model *m, mp_amp_desc *d) {
     if ((unsigned)d->level > (unsigned)MP_AMP_UNSAFE_FORCE_ALL || (d->dtype != MP_FLOAT16 && d->dtype != MP_BFLOAT16))
         return mp__fail(m, MP_ERR_ARG, "amp.level (%d) or amp.dtype (%d) out of range: float16 or bfloat16",
                         (int)d->level, (int)d->dtype);
+    if (d->level == MP_AMP_UNSAFE_FORCE_ALL && d->dtype == MP_BFLOAT16) /* TensorFlow's words */
+        return mp__fail(m, MP_ERR_ARG, "the level cannot be set to UNSAFE_FORCE_ALL when oneDNN is used (bfloat16: "
+                        "many ops have no bfloat16 kernel on the CPU)");
     return MP_OK;
 }
 
@@ -3755,7 +3814,8 @@ static mp_status mp__amp_resolve_lists(mp_model *m, const mp_amp_desc *d, unsign
                                     {d->clear_add, d->clear_remove}};
     int op, from_env, i, rm;
     mp_status st;
-    for (op = 0; op < MP__OP_COUNT; op++) lists[op] = mp__ops[op].list;
+    for (op = 0; op < MP__OP_COUNT; op++)
+        lists[op] = d->dtype == MP_BFLOAT16 ? mp__ops[op].bf16_list : mp__ops[op].list;
     for (from_env = 0; from_env < 2; from_env++)
         for (i = 0; i < 4; i++)
             for (rm = 0; rm < 2; rm++) {
@@ -3764,7 +3824,9 @@ static mp_status mp__amp_resolve_lists(mp_model *m, const mp_amp_desc *d, unsign
                 if (st != MP_OK) return st;
             }
     for (op = 0; op < MP__OP_COUNT; op++) {
-        unsigned bits = d->level == MP_AMP_TENSOR_CORES_ONLY ? lists[op] & MP__ALLOW : lists[op];
+        /* only the float16 lists know the level (IsPseudoFastMath) */
+        int allow_only = d->level == MP_AMP_TENSOR_CORES_ONLY && d->dtype == MP_FLOAT16;
+        unsigned bits = allow_only ? lists[op] & MP__ALLOW : lists[op];
         lists[op] = (unsigned char)bits;
         if (bits & (bits - 1)) /* TensorFlow: "Op present in multiple lists" */
             return mp__fail(m, MP_ERR_ARG, "op %s is on both the %s and %s lists", mp__ops[op].name,
@@ -3793,7 +3855,8 @@ static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp
         {{MP__OP_LOG, MP__OP_SUM, MP__OP_COUNT}, {MP__OP_XENT, MP__OP_COUNT, MP__OP_COUNT}},
         {{MP__OP_LOG, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_EXP, MP__OP_LOG1P, MP__OP_MEAN}},
         {{MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}}};
-    int i;
+    /* the loss from logits as compiled, or as Keras reads a softmax output */
+    int i, logits = c->from_logits || (m->n_layers && mp__logits_loss(c, mp__last(m)));
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         mp_layer_kind k = l->desc.kind;
@@ -3806,7 +3869,7 @@ static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp
         if (l->n_bias) mp__amp_push(a, MP__OP_BIAS_ADD, i);
         mp__amp_push(a, act, i);
     }
-    for (i = 0; i < 3; i++) mp__amp_push(a, loss_ops[c->loss][c->from_logits != 0][i], -1);
+    for (i = 0; i < 3; i++) mp__amp_push(a, loss_ops[c->loss][logits][i], -1);
     mp__amp_push(a, MP__OP_MEAN, -1);
 }
 
@@ -3836,7 +3899,12 @@ static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
         else if (reach && o[i].mark) o[i].allow = 1;
         else reach = 0;
     }
-    /* 4) allow through clear ops, forward, then backward */
+    /* 4) an infer op whose input comes from an allow op (and none from a
+       deny op) becomes allow, in graph order, so it chains: the last
+       Dense's BiasAdd after its MatMul, then a Softmax after that */
+    for (i = 1; i < n; i++)
+        if (o[i].list == MP__INFER && !o[i].deny && o[i - 1].allow) o[i].allow = 1;
+    /* 5) allow through clear ops, forward, then backward */
     for (i = 1; i < n; i++)
         if (o[i - 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
     for (i = n - 2; i >= 0; i--)
@@ -4417,13 +4485,17 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         size_t es = mp__dtypes[l->dt].size, ys = mp__dtypes[l->yt].size, out_bytes = 0;
-        int gelu = l->desc.activation == MP_GELU && (l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D);
+        int linear = l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D;
+        /* z: gelu's input, and the logits a loss may read from the last layer */
+        int keep_z = linear && (l->desc.activation == MP_GELU ||
+                                (i == m->n_layers - 1 && (l->desc.activation == MP_SOFTMAX ||
+                                                          l->desc.activation == MP_SIGMOID)));
         l->x = prev;
         l->xt = prev_t;
         l->xin = l->xt != l->dt ? mp__carve(a, batch, l->in_size * es) : NULL;
         if (l->desc.kind == MP_FLATTEN) l->y = l->xin ? l->xin : (void *)(uintptr_t)l->x;
         else l->y = mp__carve(a, batch, l->out_size * ys);
-        l->z = gelu ? mp__carve(a, batch, l->out_size * ys) : NULL;
+        l->z = keep_z ? mp__carve(a, batch, l->out_size * ys) : NULL;
         l->dyc = l->yt != l->dt ? mp__carve(a, batch, l->out_size * es) : NULL;
         l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
         if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
@@ -4663,10 +4735,17 @@ static mp_status mp__read_state(mp_model *m) {
    crossentropy, float targets for the rest. */
 static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     const mp__layer *l = mp__last(m);
-    int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY, logits = mp__loss_from_logits(m, l);
+    const void *pred = l->y;
+    mp_dtype pt = l->yt;
     mp_status st;
-    m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits, l->y, l->yt, sparse ? m->batch_labels : NULL,
-                sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, m->state->metrics);
+    if (logits) { /* the softmax's or sigmoid's input (see mp__loss_from_logits) */
+        pred = l->desc.kind == MP_ACTIVATION ? mp__saved_input(l) : l->z;
+        pt = l->desc.kind == MP_ACTIVATION ? l->dt : l->yt;
+    }
+    m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits || logits, pred, pt, l->y, l->yt,
+                sparse ? m->batch_labels : NULL, sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred,
+                m->state->metrics);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
     *right += (size_t)m->seen.metrics[1];

@@ -389,16 +389,18 @@ static __global__ void mp__k_stats(mp__cu_stats *s, const void *src, mp_dtype st
 /* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), one thread a row */
 /* Row r's loss into row_loss[r] and its accuracy into right[r]; its
    gradient of the batch mean into dpred's row (which is its workspace). */
-static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
-                                const float *y, size_t rows, size_t cols, float *dpred, float inv_rows, float *row_loss,
-                                unsigned *right) {
-    MP__CU_LOOP(r, rows) {
+static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
+                                mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols,
+                                float *dpred, float inv_rows, float *row_loss, unsigned *right) {
+    MP__CU_LOOP(r, rows) { /* the row's output, then its predictions, in dpred's row */
         float *p = dpred + r * cols, l;
         const float *t = y ? y + r * cols : NULL;
         int32_t label = labels ? labels[r] : 0;
         size_t j;
-        for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
+        for (j = 0; j < cols; j++) p[j] = mp__ld(out, ot, r * cols + j);
         right[r] = (unsigned)mp__row_correct(kind, p, t, label, cols);
+        if (pred != out)
+            for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
         if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
         else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
         else l = mp__crossentropy_row(p, t, label, cols, from_logits);
@@ -960,15 +962,16 @@ static void mp__cu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, s
     MP__CU_LAUNCH(c, cols, mp__k_colsum_final, db, dt, part, parts, cols);
 }
 
-static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
-                        const float *y, size_t rows, size_t cols, float *dpred, float *metrics) {
+static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
+                        mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
+                        float *metrics) {
     mp__cu *c = mp__cu_of(ctx);
     float *row_loss;
     if (!mp__cu_live(c)) return;
     /* a loss and a count per row (rows <= the floats of dpred) */
     if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
-    MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, labels, y, rows, cols, dpred, 1.0f / (float)rows,
-                  row_loss, (unsigned *)(row_loss + rows));
+    MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
+                  1.0f / (float)rows, row_loss, (unsigned *)(row_loss + rows));
     MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
 }
 

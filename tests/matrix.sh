@@ -201,6 +201,23 @@ else
     skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed (apt-get install gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user)"
 fi
 
+echo "== against the real Keras (optional: never in CI's default path)"
+# MIXPREC_KERAS_PYTHON: a python with tensorflow-cpu and tf-keras, outside the
+# repository (python3 -m venv DIR; DIR/bin/pip install tensorflow-cpu;
+# DIR/bin/pip install --no-deps tf-keras)
+if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then
+    step "build keras_peer" gcc $WARN -O2 tests/keras_peer/peer.c -o $B/keras_peer -lm
+    step "Keras 3 and tf_keras: losses and gradients of softmax/sigmoid models" \
+        "$MIXPREC_KERAS_PYTHON" tests/keras_peer/loss_from_logits.py $B/keras_peer.txt
+    step "TensorFlow's AMP rewrite on the guide's MLP (float16, bfloat16)" \
+        "$MIXPREC_KERAS_PYTHON" tests/keras_peer/amp_paint.py $B/keras_peer_amp.txt
+    run "keras_peer: mixprec against Keras 3, tf_keras and TensorFlow's AMP" \
+        $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt
+    run "keras_differences: README's facts about Keras 3 and tf_keras" "$MIXPREC_KERAS_PYTHON" tests/keras_peer/differences.py
+else
+    skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"
+fi
+
 echo "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
 step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
 VERBOSE=1 run "test_numerics" $B/numerics

@@ -631,6 +631,104 @@ static void test_loss_values(void) {
     }
 }
 
+/* Keras computes a crossentropy after a softmax (sigmoid) output from the
+   softmax's (sigmoid's) input, the logits. On an overconfident model, where
+   the right class's probability of many samples is below the 1e-7 clip,
+   the loss must be Keras's: the log-sum-exp of the logits, which the test
+   computes in double from the weights (clipping gives a loss far off it),
+   and the gradient the logits' (softmax - target) / B, which is not zero
+   where the probability was clipped. For a Dense with the activation built
+   in, an Activation layer after a linear Dense, and a sigmoid with binary
+   crossentropy; the output (what predict gives) stays the probabilities. */
+static void test_loss_from_logits(void) {
+    enum { B = 64, IN = 3, K = 4 };
+    static const struct {
+        mp_loss loss;
+        mp_activation act;
+        int layer; /* the activation as its own layer */
+    } cases[] = {
+        {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_SOFTMAX, 0}, {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_SOFTMAX, 1},
+        {MP_CATEGORICAL_CROSSENTROPY, MP_SOFTMAX, 1},        {MP_BINARY_CROSSENTROPY, MP_SIGMOID, 0},
+        {MP_BINARY_CROSSENTROPY, MP_SIGMOID, 1},
+    };
+    static const int shape[] = {IN, 0};
+    size_t c;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int binary = cases[c].loss == MP_BINARY_CROSSENTROPY, b, i, k, clipped = 0, bad = 0;
+        mp_layer_desc layers[2];
+        double z[B][K], loss = 0.0, clip_loss = 0.0, gw[(IN + 1) * K] = {0}, gmax = 0.0;
+        float w[(IN + 1) * K], g[(IN + 1) * K], got = NAN, *out = NULL;
+        size_t count = 0;
+        char what[96], detail[128] = "";
+        batch bt;
+        mp_model *m;
+        layers[0] = mp_dense(K, cases[c].layer ? MP_LINEAR : cases[c].act);
+        layers[1] = mp_activation_layer(cases[c].act);
+        if (!(m = make_model("float32", shape, layers, 1 + cases[c].layer))) continue;
+        snprintf(what, sizeof what, "loss %d from the logits of %s %s", (int)cases[c].loss,
+                 cases[c].layer ? "an Activation" : "a Dense", binary ? "sigmoid" : "softmax");
+        fill(w, (IN + 1) * K, -12.0f, 12.0f); /* logits up to about 50: overconfident */
+        bt = make_batch(m, cases[c].loss, B);
+        for (b = 0; b < B * K && binary; b++) bt.y[b] = (float)(rng_next() & 1); /* hard targets */
+        for (b = 0; b < B; b++) { /* Keras's loss and d loss / d logits, in double */
+            double mx = -INFINITY, lse = 0.0, dz[K];
+            for (k = 0; k < K; k++) {
+                z[b][k] = w[IN * K + k];
+                for (i = 0; i < IN; i++) z[b][k] += (double)bt.x[b * IN + i] * w[i * K + k];
+                mx = fmax(mx, z[b][k]);
+            }
+            for (k = 0; k < K; k++) lse += exp(z[b][k] - mx);
+            lse = mx + log(lse);
+            for (k = 0; k < K; k++) {
+                double t = cases[c].loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY ? (double)(bt.labels[b] == k)
+                                                                                 : (double)bt.y[b * K + k];
+                double p = binary ? 1.0 / (1.0 + exp(-z[b][k])) : exp(z[b][k] - lse);
+                double q = fmin(fmax(p, 1e-7), 1.0 - 1e-7); /* what clipping would see */
+                if (binary) {
+                    loss += (fmax(z[b][k], 0.0) - z[b][k] * t + log1p(exp(-fabs(z[b][k])))) / K;
+                    clip_loss -= (t * log(q) + (1.0 - t) * log(1.0 - q)) / K;
+                    clipped += (t > 0.5 ? p : 1.0 - p) < 1e-7;
+                    dz[k] = (p - t) / K / B;
+                } else {
+                    loss += t * (lse - z[b][k]);
+                    clip_loss -= t * log(q);
+                    clipped += t > 0.0 && p < 1e-7;
+                    dz[k] = (p - t) / B;
+                }
+            }
+            for (k = 0; k < K; k++) {
+                for (i = 0; i < IN; i++) gw[i * K + k] += (double)bt.x[b * IN + i] * dz[k];
+                gw[IN * K + k] += dz[k];
+            }
+        }
+        loss /= B;
+        clip_loss /= B;
+        for (i = 0; i < (IN + 1) * K; i++) gmax = fmax(gmax, fabs(gw[i]));
+        /* the case is one where clipping is wrong by 100x the tolerance */
+        if (!check_report(clipped >= 2 && fabs(clip_loss - loss) > 1e-3 * loss, __FILE__, __LINE__, what))
+            fprintf(stderr, "    %d clipped, clipped loss %.6g, loss %.6g\n", clipped, clip_loss, loss);
+        if (compile(m, cases[c].loss, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
+            OK(mp_model_set_weights(m, w, (IN + 1) * K), m) && gradients(m, &bt, g, (IN + 1) * K, &got) &&
+            (out = output_f32(m, &count, NULL)) && CHECK(count == B * K)) {
+            if (!check_report(fabs(got - loss) <= 1e-5 * loss, __FILE__, __LINE__, what))
+                fprintf(stderr, "    loss %.8g, Keras's %.8g (clipped: %.8g)\n", (double)got, loss, clip_loss);
+            for (i = 0; i < (IN + 1) * K; i++)
+                if (!(fabs(g[i] - gw[i]) <= 1e-4 * gmax) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "weight %d: %.7g, want %.7g", i, (double)g[i], gw[i]);
+            check_all(bad || !(gmax > 0.01), what, detail, __LINE__);
+            for (b = 0, bad = 0; b < B; b++) { /* the output: probabilities */
+                double sum = 0.0;
+                for (k = 0; k < K; k++) sum += out[b * K + k];
+                bad += !(out[b * K] >= 0.0f && out[b * K] <= 1.0f) || (!binary && fabs(sum - 1.0) > 1e-5);
+            }
+            check_all(bad, "the output stays the probabilities", "a row", __LINE__);
+        }
+        free(out);
+        free_batch(&bt);
+        mp_model_destroy(m);
+    }
+}
+
 /* Each activation's forward against its formula (GELU exact, with erf). */
 static void test_activation_values(void) {
     static const float in[7] = {-3.0f, -1.0f, -0.3f, 0.0f, 0.4f, 1.2f, 2.5f};
@@ -1627,6 +1725,7 @@ int main(int argc, char **argv) {
     test_grad_losses();
     test_dropout_mask();
     test_loss_values();
+    test_loss_from_logits();
     test_activation_values();
     test_layer_values();
     test_mixed_forward();
