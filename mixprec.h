@@ -871,10 +871,16 @@ MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dt
                                                         size_t *len);
 MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const void *buf, size_t len);
 #ifndef MIXPREC_NO_STDIO
-/* Save writes path + ".tmp", flushes and closes it (and fsyncs it when
-   _POSIX_C_SOURCE is defined), then renames it over path: a save that fails
-   or crashes midway leaves the previous file as it was. MP_ERR_IO when a
-   file cannot be created, written, renamed or read. */
+/* Save writes a temporary file of its own next to path (path.tmp.PID.N,
+   created exclusively), syncs it to the disk (fsync, on any POSIX system
+   whatever feature macros the program defined), renames it over path and
+   syncs the directory: a save that fails or crashes midway leaves the
+   previous file as it was, and a reader sees a whole old or a whole new
+   file. Saves racing to one path (threads or processes): the last complete
+   rename wins, and neither is ever torn. A save killed midway may leave its
+   temporary behind. Load reads only a regular file, and never more than
+   its header claims plus a byte. MP_ERR_IO when a file cannot be created,
+   written, synced, renamed or read. */
 MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path);
@@ -1230,7 +1236,15 @@ MP__ROUND_EACH_END
 #include <stdio.h>
 #endif
 #if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h> /* isatty, sysconf, _POSIX_THREADS */
+#include <unistd.h> /* isatty, sysconf, _POSIX_THREADS, _POSIX_VERSION */
+#endif
+#if !defined(MIXPREC_NO_STDIO) && defined(_POSIX_VERSION)
+/* Files through POSIX descriptors (open with O_EXCL, fsync, stat): every
+   POSIX libc declares them whatever feature macro the program defined. */
+#define MP__POSIX_FILES 1
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #endif
 #if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0
 #define MP__THREADS 1
@@ -6327,45 +6341,125 @@ MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const voi
 }
 
 #ifndef MIXPREC_NO_STDIO
-static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len); /* >>data */
+/* The length a file's first bytes say the whole file has (got, when they
+   are too few or not the format's): what bounds a read. */
+typedef size_t (*mp__claimed_len)(const unsigned char *head, size_t got);
+static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsigned char **out,
+                               size_t *len); /* >>data */
 
-/* path.tmp, written, flushed and closed, then renamed over path (atomic on
-   POSIX); on any failure path.tmp goes and path stays as it was. */
+static size_t mp__ckpt_claimed(const unsigned char *head, size_t got) {
+    uint64_t total;
+    if (got < MP__CKPT_HEAD || memcmp(head, "MIXPREC", 7) != 0) return got;
+    total = mp__le_get(head + 12, 8);
+    return total < (uint64_t)(SIZE_MAX - 1) ? (size_t)total : SIZE_MAX - 1;
+}
+
+/* path.tmp.<process>.<n>: a name in path's directory (a rename never
+   crosses file systems) that no other save is using, n counting this
+   process's attempts. */
+static void mp__temp_name(char *tmp, size_t cap, const char *path) {
+    static unsigned long attempts; /* process-wide, not synchronised: a clash only retries */
+    mp__text t;
+    t.buf = tmp;
+    t.cap = cap;
+    t.len = 0;
+    mp__put(&t, path);
+    mp__put(&t, ".tmp.");
+#ifdef MP__POSIX_FILES
+    mp__put_uint(&t, (uint64_t)getpid(), 0);
+#else
+    mp__put_uint(&t, (uint64_t)time(NULL), 0);
+#endif
+    mp__put(&t, ".");
+    mp__put_uint(&t, (uint64_t)++attempts, 0);
+}
+
+#ifdef MP__POSIX_FILES
+/* buf into a file that did not exist (O_EXCL: never another save's
+   temporary), on the disk (fsync) before it is closed. NULL, or why not;
+   *created says whether the file is ours to remove. */
+static const char *mp__write_new(const char *name, const unsigned char *buf, size_t len, int *created) {
+    int fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    const char *why = NULL;
+    *created = fd >= 0;
+    if (fd < 0) return errno == EEXIST ? "exists:" : "cannot create";
+    while (len && !why) {
+        ssize_t w = write(fd, buf, mp__min(len, (size_t)1 << 30));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) why = "cannot write";
+        else buf += w, len -= (size_t)w;
+    }
+    if (!why && fsync(fd) != 0) why = "cannot sync";
+    if (close(fd) != 0 && !why) why = "cannot write";
+    return why;
+}
+
+/* The rename's directory entry on the disk too: until then a power cut
+   may lose it (POSIX, fsync). dir: room for path. */
+static const char *mp__sync_dir(const char *path, char *dir) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) + (slash == path) : 0; /* "/name": the root */
+    int fd, bad;
+    if (n) memcpy(dir, path, n);
+    else dir[n++] = '.';
+    dir[n] = '\0';
+    if ((fd = open(dir, O_RDONLY)) < 0) return NULL; /* a directory we may not open: nothing more to do */
+    bad = fsync(fd) != 0 && errno != EINVAL;         /* EINVAL: a file system that cannot sync directories */
+    close(fd);
+    return bad ? "the new file is in place, but cannot sync its directory" : NULL;
+}
+#else
+static const char *mp__write_new(const char *name, const unsigned char *buf, size_t len, int *created) {
+    FILE *f = fopen(name, "rb");
+    const char *why = NULL;
+    *created = 0;
+    if (f) { /* C99 has no exclusive creation: look first */
+        fclose(f);
+        return "exists:";
+    }
+    if (!(f = fopen(name, "wb"))) return "cannot create";
+    *created = 1;
+    if (fwrite(buf, 1, len, f) != len || fflush(f) != 0) why = "cannot write";
+    if (fclose(f) != 0 && !why) why = "cannot write";
+    return why;
+}
+#endif
+
+/* A temporary of its own in path's directory, written, synced and closed,
+   then renamed over path (atomic on POSIX), then the directory synced; on
+   any failure the temporary goes and path stays as it was. */
 static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *path) {
     unsigned char *buf;
     char *tmp;
-    const char *why = NULL;
-    size_t len = 0, n;
-    FILE *f;
+    const char *why = "exists:";
+    size_t len = 0, n, cap;
+    int created = 0, tries;
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
     if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
     n = strlen(path);
+    cap = n + 48; /* ".tmp.", two numbers of at most 20 digits, ".", NUL */
     buf = (unsigned char *)mp__alloc(len);
-    tmp = n < SIZE_MAX - 4 ? (char *)mp__alloc(n + 5) : NULL;
+    tmp = n < SIZE_MAX - 48 ? (char *)mp__alloc(cap) : NULL;
     if (!buf || !tmp) {
         mp__free(buf);
         mp__free(tmp);
         return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
     }
     (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
-    memcpy(tmp, path, n);
-    memcpy(tmp + n, ".tmp", 5);
-    if (!(f = fopen(tmp, "wb"))) {
-        why = "cannot create";
-    } else {
-        if (fwrite(buf, 1, len, f) != len || fflush(f) != 0) why = "cannot write";
-#if (defined(__unix__) || defined(__APPLE__)) && defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200112L
-        else if (fsync(fileno(f)) != 0) why = "cannot write"; /* on the disk before the rename: power cuts */
-#endif
-        if (fclose(f) != 0 && !why) why = "cannot write";
-#ifdef _WIN32
-        if (!why) remove(path); /* rename does not replace there; the new file is whole in path.tmp */
-#endif
-        if (!why && rename(tmp, path) != 0) why = "cannot rename";
-        if (why) remove(tmp);
+    for (tries = 0; why && strcmp(why, "exists:") == 0 && tries < 100; tries++) {
+        mp__temp_name(tmp, cap, path);
+        why = mp__write_new(tmp, buf, len, &created);
     }
+#ifdef _WIN32
+    if (!why) remove(path); /* rename does not replace there; the new file is whole in tmp */
+#endif
+    if (!why && rename(tmp, path) != 0) why = "cannot rename";
+    if (why && created) remove(tmp);
+#ifdef MP__POSIX_FILES
+    if (!why) why = mp__sync_dir(path, tmp);
+#endif
     st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s", path, why, tmp) : MP_OK;
     mp__free(buf);
     mp__free(tmp);
@@ -6378,7 +6472,8 @@ static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
-    if ((st = mp__read_file(path, &buf, &len)) != MP_OK) return mp__fail(m, st, "cannot read %s", path);
+    if ((st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
+        return mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
     st = mp__ckpt_read(m, kind, buf, len);
     mp__free(buf);
     return st;
@@ -6395,6 +6490,10 @@ MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { r
 /* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
    byte), the number of dimensions, then each dimension as a big-endian
    uint32; then exactly the bytes those dimensions say. */
+static uint32_t mp__be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint32_t dims[3],
                                    const uint8_t **data) {
     const uint8_t *b = (const uint8_t *)buf;
@@ -6408,8 +6507,7 @@ MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint3
     header = 4 + 4 * (size_t)r;
     if (len < header) return MP_ERR_FORMAT;
     for (i = 0; i < r; i++) {
-        const uint8_t *p = b + 4 + 4 * i;
-        d[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        d[i] = mp__be32(b + 4 + 4 * i);
         if (d[i] == 0 || !mp__mul_ok(count, d[i], &count)) return MP_ERR_FORMAT;
     }
     if (len - header != count) return MP_ERR_FORMAT; /* truncated, or trailing bytes */
@@ -6459,31 +6557,52 @@ MIXPREC_API void mp_dataset_free(mp_dataset *d) {
 }
 
 #ifndef MIXPREC_NO_STDIO
-/* The whole file through the counted allocator; *len gets its size. */
-static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf = NULL;
-    size_t cap = 0, n = 0, got;
-    if (!f) return MP_ERR_IO;
-    for (;;) { /* grow by doubling: no fseek/ftell, so pipes work too */
-        if (n == cap) {
-            unsigned char *grown;
-            size_t want = cap ? 2 * cap : 65536;
-            if (want < cap || !(grown = (unsigned char *)mp__alloc(want))) { mp__free(buf); fclose(f); return MP_ERR_ALLOC; }
-            if (n) memcpy(grown, buf, n);
-            mp__free(buf);
-            buf = grown;
-            cap = want;
-        }
-        got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
+/* A regular file through the counted allocator (*len gets the bytes read),
+   never more than its header claims (and the file's size) plus one byte,
+   so that trailing bytes are still seen: /dev/zero, a FIFO or a file that
+   grows cannot make a read go on without end. */
+#define MP__HEAD_MAX 32 /* the longest header a claim is read from */
+static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsigned char **out, size_t *len) {
+    unsigned char head[MP__HEAD_MAX], *buf;
+    size_t got, want;
+    FILE *f;
+#ifdef MP__POSIX_FILES
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return MP_ERR_IO; /* before opening: a FIFO's open waits */
+#endif
+    if (!(f = fopen(path, "rb"))) return MP_ERR_IO;
+    got = fread(head, 1, sizeof head, f);
+    want = claimed(head, got);
+#ifdef MP__POSIX_FILES
+    if (sb.st_size >= 0 && (uint64_t)sb.st_size < (uint64_t)want) want = (size_t)sb.st_size;
+#endif
+    if (want < got) want = got;
+    if (want == SIZE_MAX || !(buf = (unsigned char *)mp__alloc(want + 1))) {
+        fclose(f);
+        return MP_ERR_ALLOC;
     }
-    if (ferror(f)) { mp__free(buf); fclose(f); return MP_ERR_IO; }
+    memcpy(buf, head, got);
+    if (got == sizeof head) got += fread(buf + got, 1, want + 1 - got, f);
+    if (ferror(f)) {
+        mp__free(buf);
+        fclose(f);
+        return MP_ERR_IO;
+    }
     fclose(f);
     *out = buf;
-    *len = n;
+    *len = got;
     return MP_OK;
+}
+
+/* An IDX file's claim: the header, then the product of its dimensions. */
+static size_t mp__idx_claimed(const unsigned char *head, size_t got) {
+    size_t count = 1, header;
+    int i, r = got >= 4 ? head[3] : 0;
+    if (r < 1 || r > 3 || head[0] != 0 || head[1] != 0 || head[2] != 0x08 || got < 4 + 4 * (size_t)r) return got;
+    header = 4 + 4 * (size_t)r;
+    for (i = 0; i < r; i++)
+        if (!mp__mul_ok(count, (size_t)mp__be32(head + 4 + 4 * i), &count)) return SIZE_MAX - 1;
+    return count < SIZE_MAX - 1 - header ? header + count : SIZE_MAX - 1;
 }
 
 MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
@@ -6491,8 +6610,8 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
     size_t img_len = 0, lab_len = 0;
     mp_status st;
     if (!images_path || !labels_path || !out) return MP_ERR_NULL;
-    st = mp__read_file(images_path, &img, &img_len);
-    if (st == MP_OK) st = mp__read_file(labels_path, &lab, &lab_len);
+    st = mp__read_file(images_path, mp__idx_claimed, &img, &img_len);
+    if (st == MP_OK) st = mp__read_file(labels_path, mp__idx_claimed, &lab, &lab_len);
     if (st == MP_OK) st = mp_dataset_from_idx(img, img_len, lab, lab_len, out);
     mp__free(img);
     mp__free(lab);
