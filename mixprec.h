@@ -3617,24 +3617,35 @@ MIXPREC_API mp_layer_desc mp_dropout(float rate) {
 }
 
 /* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
-MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
+/* The defaults filled in; the first field out of range, or NULL (and *ls
+   the fresh state). */
+static const char *mp__loss_scale_resolve(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
     mp_loss_scale r;
-    if (!ls) return MP_ERR_NULL;
+    mp_loss_scale_desc *c = &r.config;
+    const char *bad;
     memset(&r, 0, sizeof r);
     if (desc) r.config = *desc;
-    if (r.config.initial_scale == 0.0f) r.config.initial_scale = 32768.0f;
-    if (r.config.growth_interval == 0) r.config.growth_interval = 2000;
-    if (r.config.min_scale == 0.0f) r.config.min_scale = 1.0f;
-    if (r.config.max_scale == 0.0f) r.config.max_scale = FLT_MAX;
-    if (r.config.hysteresis == 0) r.config.hysteresis = 1;
-    if (!(r.config.initial_scale > 0.0f && r.config.initial_scale <= FLT_MAX) || r.config.growth_interval < 0 ||
-        !(r.config.min_scale > 0.0f && r.config.min_scale <= r.config.max_scale) ||
-        !(r.config.max_scale <= FLT_MAX) || r.config.hysteresis < 0)
-        return MP_ERR_ARG;
-    r.scale = r.config.initial_scale;
-    r.overflows_left = r.config.hysteresis;
+    if (c->initial_scale == 0.0f) c->initial_scale = 32768.0f;
+    if (c->growth_interval == 0) c->growth_interval = 2000;
+    if (c->min_scale == 0.0f) c->min_scale = 1.0f;
+    if (c->max_scale == 0.0f) c->max_scale = FLT_MAX;
+    if (c->hysteresis == 0) c->hysteresis = 1;
+    bad = !(c->initial_scale > 0.0f && c->initial_scale <= FLT_MAX) ? "initial_scale"
+          : c->growth_interval < 0                                  ? "growth_interval"
+          : !(c->max_scale > 0.0f && c->max_scale <= FLT_MAX)       ? "max_scale"
+          : !(c->min_scale > 0.0f && c->min_scale <= c->max_scale)  ? "min_scale"
+          : c->hysteresis < 0                                       ? "hysteresis"
+                                                                    : NULL;
+    if (bad) return bad;
+    r.scale = c->initial_scale;
+    r.overflows_left = c->hysteresis;
     *ls = r;
-    return MP_OK;
+    return NULL;
+}
+
+MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
+    if (!ls) return MP_ERR_NULL;
+    return mp__loss_scale_resolve(ls, desc) ? MP_ERR_ARG : MP_OK;
 }
 
 MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
@@ -3681,11 +3692,6 @@ struct mp__amp {
     int n_ops, converted, casts;
     mp__amp_op *ops; /* right after the struct, in the same block */
 };
-
-/* defined with the model below */
-static int mp__built(const mp_model *m);
-static void mp__plan_params(mp_model *m, mp__arena *a);
-static void mp__point_weights(mp_model *m);
 
 static void mp__amp_putf(mp__text *t, const char *fmt, ...) {
     va_list ap;
@@ -3857,13 +3863,17 @@ static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
         if (o[i + 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
 }
 
-/* The pass: settings, lists, the chain, the painting and TensorFlow's counts. */
+/* The pass when the code or the environment turns it on (else *out is
+   NULL): settings, lists, the chain, the painting and TensorFlow's counts. */
 static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__amp **out) {
+    const char *on = getenv("MIXPREC_AUTO_MIXED_PRECISION");
     mp_amp_desc d = c->amp;
     unsigned char lists[MP__OP_COUNT];
     struct mp__amp *a;
     mp_status st;
     int i, low = 0;
+    *out = NULL;
+    if (!c->amp.enabled && !(on && strcmp(on, "1") == 0)) return MP_OK; /* off: no pass */
     if ((st = mp__amp_settings(m, &d)) != MP_OK) return st;
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
@@ -3906,73 +3916,6 @@ static void mp__amp_layer_dtypes(const mp_model *m, const struct mp__amp *a, int
 static void mp__amp_retype(mp_model *m, const struct mp__amp *a) {
     int i;
     for (i = 0; i < m->n_layers; i++) mp__amp_layer_dtypes(m, a, i, &m->layers[i].dt, &m->layers[i].yt);
-}
-
-/* A built model's weight block laid out again for new compute dtypes, the
-   float32 weights carried over; on failure nothing changes. */
-static mp_status mp__amp_recarve(mp_model *m, const struct mp__amp *next) {
-    size_t bytes = (size_t)m->n_layers * sizeof(mp__layer);
-    mp__layer *saved = (mp__layer *)mp__alloc(bytes);
-    mp__arena a = {NULL, 0, 0};
-    void *old = m->params_block;
-    float *w = m->w, *g = m->g;
-    if (!saved) return mp__fail(m, MP_ERR_ALLOC, "retyping the layers");
-    memcpy(saved, m->layers, bytes);
-    mp__amp_retype(m, next);
-    mp__plan_params(m, &a);
-    if (!a.overflow) a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
-    if (!a.base) {
-        memcpy(m->layers, saved, bytes);
-        m->w = w;
-        m->g = g;
-        mp__free(saved);
-        return mp__fail(m, MP_ERR_ALLOC, "weights for the new compute dtypes (%z bytes)", a.used);
-    }
-    mp__free(saved);
-    m->params_bytes = a.used;
-    a.used = 0;
-    m->params_block = a.base;
-    mp__plan_params(m, &a);
-    mp__point_weights(m);
-    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
-    m->be->free(m->ctx, old);
-    m->casts_fresh = m->grads_ready = 0;
-    return MP_OK;
-}
-
-/* Takes the pass's result (NULL: no pass) and gives the layers its dtypes;
-   activations are planned again at the next batch. */
-static mp_status mp__amp_adopt(mp_model *m, struct mp__amp *next) {
-    int i, recarve = 0, retype = 0;
-    mp_status st;
-    for (i = 0; i < m->n_layers; i++) {
-        mp_dtype dt, yt;
-        mp__amp_layer_dtypes(m, next, i, &dt, &yt);
-        recarve |= dt != m->layers[i].dt;
-        retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
-    }
-    if (recarve && mp__built(m) && (st = mp__amp_recarve(m, next)) != MP_OK) {
-        mp__free(next);
-        return st;
-    }
-    mp__amp_retype(m, next);
-    if (retype) {
-        m->be->free(m->ctx, m->act_block);
-        m->act_block = NULL;
-        m->act_bytes = m->batch_cap = m->batch = 0;
-    }
-    mp__free(m->amp);
-    m->amp = next;
-    return MP_OK;
-}
-
-/* compile's step: the pass when the code or the environment turns it on. */
-static mp_status mp__amp_compile(mp_model *m, const mp_compile_desc *c) {
-    const char *on = getenv("MIXPREC_AUTO_MIXED_PRECISION");
-    struct mp__amp *next = NULL;
-    mp_status st;
-    if ((c->amp.enabled || (on && strcmp(on, "1") == 0)) && (st = mp__amp_pass(m, c, &next)) != MP_OK) return st;
-    return mp__amp_adopt(m, next);
 }
 
 static void mp__amp_summary(const struct mp__amp *a, mp__text *t) {
@@ -4251,6 +4194,10 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
         l.in_size = prev->out_size;
     }
     if ((st = mp__infer_shape(m, &l)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
+    if (m->n_params > SIZE_MAX - mp__params(&l)) {
+        m->kind_count[desc.kind]--;
+        return mp__fail(m, MP_ERR_SIZE, "layer %s: the model's weights overflow size_t", l.name);
+    }
     if (m->n_layers == m->cap_layers) {
         int cap = m->cap_layers ? 2 * m->cap_layers : 8;
         mp__layer *grown = (mp__layer *)mp__alloc((size_t)cap * sizeof *grown);
@@ -4263,21 +4210,28 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
     l.rng = m->desc.seed ^ ((uint64_t)0xD1B54A32D192ED03u * (uint64_t)(m->n_layers + 1));
     if (desc.kind == MP_DROPOUT && desc.seed) l.rng = desc.seed;
     m->layers[m->n_layers++] = l;
+    m->n_params += mp__params(&l);
     return MP_OK;
 }
 
-/* The build-time block: float32 weights and gradients, their copies in
-   each layer's compute dtype, the GEMM workspace. */
-static void mp__plan_params(mp_model *m, mp__arena *a) {
+/* The build-time block: float32 weights and gradients, the step state,
+   their copies in each layer's compute dtype as the AMP pass `amp` types
+   them (NULL: the policies'). Measuring (base NULL) changes nothing. */
+static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp) {
+    float *w = (float *)mp__carve(a, m->n_params, sizeof(float)), *g = (float *)mp__carve(a, m->n_params, sizeof(float));
+    mp__step_state *state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
     int i;
-    m->w = (float *)mp__carve(a, m->n_params, sizeof(float));
-    m->g = (float *)mp__carve(a, m->n_params, sizeof(float));
-    m->state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
+    if (a->base) m->w = w, m->g = g, m->state = state;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        int own = l->dt != MP_FLOAT32 && mp__params(l);
-        l->wc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
-        l->gc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
+        mp_dtype dt, yt;
+        void *wc, *gc;
+        int own;
+        mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
+        own = dt != MP_FLOAT32 && mp__params(l);
+        wc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        gc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        if (a->base) l->wc = wc, l->gc = gc;
     }
 }
 
@@ -4320,27 +4274,47 @@ static void mp__init_weights(mp_model *m) {
     }
 }
 
-MIXPREC_API mp_status mp_model_build(mp_model *m) {
+/* A weight block for the layers as `amp` types them, not yet the model's. */
+static mp_status mp__alloc_params(mp_model *m, const struct mp__amp *amp, void **block, size_t *bytes) {
     mp__arena a = {NULL, 0, 0};
-    size_t total = 0;
-    int i;
+    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
+    mp__plan_params(m, &a, amp);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
+    if (!(*block = m->be->alloc(m->ctx, a.used)))
+        return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes on %s)", a.used, m->be->name);
+    *bytes = a.used;
+    return MP_OK;
+}
+
+/* The block becomes the model's (the layers already typed as it was
+   planned for): the float32 weights carried over from the old block, or
+   initialised on the first build. Cannot fail. */
+static void mp__adopt_params(mp_model *m, void *block, size_t bytes) {
+    mp__arena a = {NULL, 0, 0};
+    void *old = m->params_block;
+    float *w = m->w;
+    a.base = (unsigned char *)block;
+    mp__plan_params(m, &a, m->amp);
+    m->params_block = block;
+    m->params_bytes = bytes;
+    if (!old) {
+        mp__init_weights(m);
+        return;
+    }
+    mp__point_weights(m);
+    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
+    m->be->free(m->ctx, old);
+    m->casts_fresh = m->grads_ready = 0;
+}
+
+MIXPREC_API mp_status mp_model_build(mp_model *m) {
+    void *block = NULL;
+    size_t bytes = 0;
+    mp_status st;
     if (!m) return MP_ERR_NULL;
     if (mp__built(m)) return MP_OK;
-    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
-    for (i = 0; i < m->n_layers; i++) {
-        if (total > SIZE_MAX - mp__params(&m->layers[i])) return mp__fail(m, MP_ERR_SIZE, "too many weights");
-        total += mp__params(&m->layers[i]);
-    }
-    m->n_params = total;
-    mp__plan_params(m, &a);
-    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
-    a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
-    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes on %s)", a.used, m->be->name);
-    m->params_bytes = a.used;
-    a.used = 0;
-    m->params_block = a.base;
-    mp__plan_params(m, &a);
-    mp__init_weights(m);
+    if ((st = mp__alloc_params(m, m->amp, &block, &bytes)) != MP_OK) return st;
+    mp__adopt_params(m, block, bytes);
     return MP_OK;
 }
 
@@ -4350,8 +4324,10 @@ static int mp__slots_per_weight(const mp_optimizer_desc *o) {
     return o->momentum != 0.0f;
 }
 
-/* Keras's defaults for every zero field. */
+/* Keras's defaults for every zero field; the message names the first
+   field out of range. */
 static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in, mp_optimizer_desc *o) {
+    const char *bad;
     *o = *in;
     if ((unsigned)o->kind >= (unsigned)MP_OPTIMIZER_COUNT)
         return mp__fail(m, MP_ERR_ARG, "unknown optimizer kind %d", (int)o->kind);
@@ -4360,56 +4336,108 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
     if (o->beta_1 == 0.0f) o->beta_1 = 0.9f;
     if (o->beta_2 == 0.0f) o->beta_2 = 0.999f;
     if (o->epsilon == 0.0f) o->epsilon = 1e-7f;
-    if (!(o->learning_rate > 0.0f) || !(o->momentum >= 0.0f && o->momentum < 1.0f) || !(o->rho > 0.0f && o->rho < 1.0f) ||
-        !(o->beta_1 > 0.0f && o->beta_1 < 1.0f) || !(o->beta_2 > 0.0f && o->beta_2 < 1.0f) || !(o->epsilon > 0.0f))
-        return mp__fail(m, MP_ERR_ARG, "optimizer hyperparameters out of range");
+    bad = !(o->learning_rate > 0.0f && o->learning_rate <= FLT_MAX) ? "learning_rate (finite, > 0)"
+          : !(o->momentum >= 0.0f && o->momentum < 1.0f)              ? "momentum (in [0, 1))"
+          : !(o->rho > 0.0f && o->rho < 1.0f)                         ? "rho (in (0, 1))"
+          : !(o->beta_1 > 0.0f && o->beta_1 < 1.0f)                   ? "beta_1 (in (0, 1))"
+          : !(o->beta_2 > 0.0f && o->beta_2 < 1.0f)                   ? "beta_2 (in (0, 1))"
+          : !(o->epsilon > 0.0f && o->epsilon <= FLT_MAX)             ? "epsilon (finite, > 0)"
+                                                                      : NULL;
+    return bad ? mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad) : MP_OK;
+}
+
+/* What compile makes before it changes anything (so that a failure leaves
+   the model exactly as it was): the optimizer and the loss scale resolved,
+   the AMP pass's typing, a new weight block on the first build or when a
+   layer's compute dtype changes, the optimizer's slots. */
+typedef struct mp__compiled {
+    mp_optimizer_desc opt;
+    mp_loss_scale ls;
+    struct mp__amp *amp; /* NULL: no pass */
+    void *params, *slots;
+    size_t params_bytes, slot_count;
+    int retype; /* an output dtype changes: the activations are planned again */
+} mp__compiled;
+
+static mp_status mp__compile_prepare(mp_model *m, const mp_compile_desc *desc, mp__compiled *c) {
+    const char *bad;
+    mp_status st;
+    int i, recarve = !mp__built(m);
+    if ((st = mp__resolve_optimizer(m, &desc->optimizer, &c->opt)) != MP_OK) return st;
+    if ((bad = mp__loss_scale_resolve(&c->ls, &desc->loss_scale_config)) != NULL)
+        return mp__fail(m, MP_ERR_ARG, "loss_scale_config.%s out of range", bad);
+    if ((st = mp__amp_pass(m, desc, &c->amp)) != MP_OK) return st; /* decides the layers' dtypes */
+    for (i = 0; i < m->n_layers; i++) {
+        mp_dtype dt, yt;
+        mp__amp_layer_dtypes(m, c->amp, i, &dt, &yt);
+        recarve |= dt != m->layers[i].dt;
+        c->retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
+    }
+    if (recarve && (st = mp__alloc_params(m, c->amp, &c->params, &c->params_bytes)) != MP_OK) return st;
+    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt), &c->slot_count) ||
+        c->slot_count > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
+    if (c->slot_count && !(c->slots = m->be->alloc(m->ctx, c->slot_count * sizeof(float))))
+        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes on %s)", c->slot_count * sizeof(float),
+                        m->be->name);
     return MP_OK;
 }
 
+static void mp__compile_discard(mp_model *m, mp__compiled *c) {
+    m->be->free(m->ctx, c->params);
+    m->be->free(m->ctx, c->slots);
+    mp__free(c->amp);
+}
+
+/* The prepared state becomes the model's; nothing here can fail. */
+static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const mp__compiled *c) {
+    const char *policy_name = mp_policy_name(m->policy);
+    mp__amp_retype(m, c->amp);
+    mp__free(m->amp);
+    m->amp = c->amp;
+    if (c->params) mp__adopt_params(m, c->params, c->params_bytes);
+    if (c->retype) {
+        m->be->free(m->ctx, m->act_block);
+        m->act_block = NULL;
+        m->act_bytes = m->batch_cap = m->batch = 0;
+    }
+    m->be->free(m->ctx, m->slots_block);
+    m->slots_block = c->slots;
+    m->slots_bytes = c->slot_count * sizeof(float);
+    m->slot_count = c->slot_count;
+    m->s1 = (float *)c->slots;
+    m->s2 = c->slot_count > m->n_params ? m->s1 + m->n_params : NULL;
+    m->compile = *desc;
+    m->opt.cfg = c->opt;
+    m->opt.iteration = 0;
+    /* Keras wraps the optimizer by itself only under mixed_float16, and
+       TensorFlow's graph rewrite under float16 */
+    m->has_loss_scale = desc->loss_scale == MP_LOSS_SCALE_ON ||
+                        (desc->loss_scale == MP_LOSS_SCALE_AUTO &&
+                         ((policy_name && strcmp(policy_name, "mixed_float16") == 0) ||
+                          (m->amp && m->amp->dtype == MP_FLOAT16)));
+    memset(&m->seen, 0, sizeof m->seen);
+    m->seen.ls = c->ls;
+    m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
+    m->compiled = 1;
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+}
+
 MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc) {
-    mp_optimizer_desc opt;
-    mp_loss_scale ls;
+    mp__compiled c;
     mp_status st;
-    const char *policy_name;
-    size_t slots = 0;
-    void *block = NULL;
-    int wrap;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "compile() needs a mp_compile_desc");
     if (desc->loss <= MP_LOSS_NONE || desc->loss >= MP_LOSS_COUNT)
         return mp__fail(m, MP_ERR_ARG, "compile() needs a loss, got %d", (int)desc->loss);
     if ((unsigned)desc->metrics > (unsigned)MP_METRIC_ACCURACY || (unsigned)desc->loss_scale > (unsigned)MP_LOSS_SCALE_ON)
         return mp__fail(m, MP_ERR_ARG, "invalid metrics or loss_scale value");
-    if ((st = mp__resolve_optimizer(m, &desc->optimizer, &opt)) != MP_OK) return st;
-    if (mp_loss_scale_init(&ls, &desc->loss_scale_config) != MP_OK)
-        return mp__fail(m, MP_ERR_ARG, "loss_scale_config out of range");
-    if ((st = mp__amp_compile(m, desc)) != MP_OK) return st; /* decides the layers' dtypes */
-    if ((st = mp_model_build(m)) != MP_OK) return st;
-    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&opt), &slots) || slots > SIZE_MAX / sizeof(float))
-        return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
-    if (slots && !(block = m->be->alloc(m->ctx, slots * sizeof(float))))
-        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes on %s)", slots * sizeof(float), m->be->name);
-    m->be->free(m->ctx, m->slots_block);
-    m->slots_block = block;
-    m->slots_bytes = slots * sizeof(float);
-    m->slot_count = slots;
-    m->s1 = (float *)block;
-    m->s2 = slots > m->n_params ? m->s1 + m->n_params : NULL;
-    m->compile = *desc;
-    m->opt.cfg = opt;
-    m->opt.iteration = 0;
-    /* Keras wraps the optimizer by itself only under mixed_float16, and
-       TensorFlow's graph rewrite under float16 */
-    policy_name = mp_policy_name(m->policy);
-    wrap = desc->loss_scale == MP_LOSS_SCALE_ON ||
-           (desc->loss_scale == MP_LOSS_SCALE_AUTO && ((policy_name && strcmp(policy_name, "mixed_float16") == 0) ||
-                                                       (m->amp && m->amp->dtype == MP_FLOAT16)));
-    m->has_loss_scale = wrap;
-    memset(&m->seen, 0, sizeof m->seen);
-    m->seen.ls = ls;
-    m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
-    m->compiled = 1;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    memset(&c, 0, sizeof c);
+    if ((st = mp__compile_prepare(m, desc, &c)) != MP_OK) {
+        mp__compile_discard(m, &c);
+        return st;
+    }
+    mp__compile_commit(m, desc, &c);
     mp__amp_print(m);
     return MP_OK;
 }
