@@ -1230,6 +1230,7 @@ MP__ROUND_EACH_END
 #include <stdlib.h> /* getenv: automatic mixed precision's settings */
 #include <math.h>
 #include <float.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <time.h>
 #ifndef MIXPREC_NO_STDIO
@@ -4028,9 +4029,22 @@ static mp_status mp__size_of(mp_model *m, const mp__layer *l, const int *shape, 
     size_t n = 1;
     int i;
     for (i = 0; i < rank; i++)
-        if (!mp__mul_ok(n, (size_t)shape[i], &n)) return mp__fail(m, MP_ERR_SIZE, "layer %s: output too large", l->name);
+        if (!mp__mul_ok(n, (size_t)shape[i], &n) || n > SIZE_MAX / sizeof(float))
+            return mp__fail(m, MP_ERR_SIZE, "layer %s: an output of more than SIZE_MAX bytes a sample", l->name);
     *out = n;
     return MP_OK;
+}
+
+/* One axis of a window: the output size and the padding before it; 0 when
+   the padded extent, (out - 1) stride + kernel, and so some index the
+   kernels compute, would not fit an int. In 64 bits: no step overflows. */
+static int mp__window_axis(int in, int k, int stride, int same, int *out, int *pad) {
+    long long o = same ? ((long long)in + stride - 1) / stride : (long long)(in - k) / stride + 1;
+    long long extent = (o - 1) * stride + k;
+    if (extent > INT_MAX) return 0;
+    *out = (int)o;
+    *pad = same && extent > in ? (int)((extent - in) / 2) : 0;
+    return 1;
 }
 
 /* Conv2D and MaxPooling2D output sizes; 'same' pads as TensorFlow does
@@ -4044,21 +4058,13 @@ static mp_status mp__conv_shape(mp_model *m, mp__layer *l, int kh, int kw, int s
         return mp__fail(m, MP_ERR_ARG, "layer %s: kernel, pool and strides must be positive", l->name);
     g->h = l->in_shape[0]; g->w = l->in_shape[1]; g->c = l->in_shape[2];
     g->kh = kh; g->kw = kw; g->sh = sh; g->sw = sw;
-    if (pad == MP_SAME) {
-        int ph, pw;
-        g->oh = (g->h + sh - 1) / sh;
-        g->ow = (g->w + sw - 1) / sw;
-        ph = (g->oh - 1) * sh + kh - g->h;
-        pw = (g->ow - 1) * sw + kw - g->w;
-        g->pt = ph > 0 ? ph / 2 : 0;
-        g->pl = pw > 0 ? pw / 2 : 0;
-    } else {
-        if (g->h < kh || g->w < kw)
-            return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d is larger than its %dx%d input", l->name, kh, kw,
-                            g->h, g->w);
-        g->oh = (g->h - kh) / sh + 1;
-        g->ow = (g->w - kw) / sw + 1;
-    }
+    if (pad != MP_SAME && (g->h < kh || g->w < kw))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d is larger than its %dx%d input", l->name, kh, kw,
+                        g->h, g->w);
+    if (!mp__window_axis(g->h, kh, sh, pad == MP_SAME, &g->oh, &g->pt) ||
+        !mp__window_axis(g->w, kw, sw, pad == MP_SAME, &g->ow, &g->pl))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d with strides %dx%d on a %dx%d input: indices past "
+                        "INT_MAX", l->name, kh, kw, sh, sw, g->h, g->w);
     l->out_rank = 3;
     l->out_shape[0] = g->oh; l->out_shape[1] = g->ow;
     l->out_shape[2] = l->desc.kind == MP_CONV2D ? l->desc.filters : g->c;
@@ -4112,7 +4118,8 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     if (d->kind == MP_DENSE || d->kind == MP_CONV2D) {
         fan = d->kind == MP_DENSE ? l->in_size : (size_t)l->geom.kh * (size_t)l->geom.kw * (size_t)l->geom.c;
         l->n_bias = d->no_bias ? 0 : (size_t)(d->kind == MP_DENSE ? d->units : d->filters);
-        if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel))
+        if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel) ||
+            l->n_kernel > SIZE_MAX / sizeof(float) - l->n_bias)
             return mp__fail(m, MP_ERR_SIZE, "layer %s: too many weights", l->name);
     }
     return MP_OK;
@@ -4121,6 +4128,7 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc) {
     mp_model *m;
     mp_status st;
+    size_t in_size = 1;
     int r = 0;
     if (!out || !desc) return MP_ERR_NULL;
     *out = NULL;
@@ -4128,6 +4136,9 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (r == 0 || desc->threads < 0) return MP_ERR_ARG; /* no input shape, a negative dimension */
     for (; r < MP_MAX_RANK - 1; r++)
         if (desc->input_shape[r] != 0) return MP_ERR_ARG;
+    for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) /* a sample's bytes fit size_t */
+        if (!mp__mul_ok(in_size, (size_t)desc->input_shape[r], &in_size) || in_size > SIZE_MAX / sizeof(float))
+            return MP_ERR_SIZE;
     m = (mp_model *)mp__alloc(sizeof *m);
     if (!m) return MP_ERR_ALLOC;
     m->desc = *desc;
@@ -4141,9 +4152,7 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     }
     for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) m->in_shape[r] = desc->input_shape[r];
     m->in_rank = r;
-    m->in_size = 1;
-    for (r = 0; r < m->in_rank; r++)
-        if (!mp__mul_ok(m->in_size, (size_t)m->in_shape[r], &m->in_size)) { mp__free(m); return MP_ERR_SIZE; }
+    m->in_size = in_size;
     *out = m;
     return MP_OK;
 }
@@ -4471,8 +4480,11 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
         if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
         if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
-            size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
-            if (patches * es > col) col = patches * es;
+            size_t patches = 0, bytes = 0; /* the im2col matrix: one row per output pixel */
+            if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
+                !mp__mul_ok(patches, es, &bytes))
+                a->overflow = 1;
+            if (bytes > col) col = bytes;
             if (patches > dcol) dcol = patches;
             if (l->in_size > img) img = l->in_size;
         }
@@ -4574,8 +4586,18 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     return MP_OK;
 }
 
+/* count samples of `per` floats each fit in memory (their bytes in size_t). */
+static mp_status mp__check_count(mp_model *m, size_t count, size_t per, const char *what) {
+    size_t n;
+    if (!mp__mul_ok(count, per, &n) || n > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "%s: %z samples of %z floats exceed SIZE_MAX bytes", what, count, per);
+    return MP_OK;
+}
+
 static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
     size_t i, n = count * m->in_size;
+    mp_status st = mp__check_count(m, count, m->in_size, "x");
+    if (st != MP_OK) return st;
     for (i = 0; i < n; i++)
         if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF)
             return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
@@ -4593,6 +4615,13 @@ static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const flo
                                 classes);
     } else if (!y) {
         return mp__fail(m, MP_ERR_NULL, "this loss needs float targets y");
+    } else {
+        mp_status st = mp__check_count(m, count, classes, "y");
+        for (i = 0; st == MP_OK && i < count * classes; i++) /* a NaN target would turn every weight NaN */
+            if ((mp__f32_bits(y[i]) & MP__F32_INF) == MP__F32_INF)
+                return mp__fail(m, MP_ERR_NONFINITE, "y: sample %z, output %z is %s", i / classes, i % classes,
+                                y[i] != y[i] ? "NaN" : "Inf");
+        return st;
     }
     return MP_OK;
 }
@@ -4833,6 +4862,29 @@ static float mp__seconds_since(mp__clock start) {
     return (float)(now.sec - start.sec) + (float)(now.nsec - start.nsec) * 1e-9f;
 }
 
+/* ceil(n s) for a fraction s in [0, 1), as Keras's split_at = floor(n (1 -
+   s)) leaves it, in integers: s is M 2^-k exactly (M < 2^24), n M an 88-bit
+   product in two halves. The float s stands for a decimal up to half its
+   spacing 2^-k away, so a product less than n 2^-(k+1) (and less than one
+   sample) above a whole number counts as that number: 0.1f of 60000
+   samples is 6000, as Keras's 0.1 is, not 6001. */
+static size_t mp__split_count(size_t n, float s) {
+    uint32_t bits = mp__f32_bits(s), e = bits >> 23 & 0xFFu;
+    uint64_t mant = (bits & 0x7FFFFFu) | (e ? 0x800000u : 0u), lo, hi, tol = ((uint64_t)n - 1u) >> 1, q;
+    int k = e ? 150 - (int)e : 149, rest;
+    uint64_t p0 = ((uint64_t)n & 0xFFFFFFFFu) * mant, p1 = ((uint64_t)n >> 32) * mant;
+    if (!mant || !n) return 0;
+    lo = p0 + (p1 << 32);
+    hi = (p1 >> 32) + (lo < p0);
+    if (k < 64 && tol > ((uint64_t)1 << k) - 1u) tol = ((uint64_t)1 << k) - 1u; /* k >= 24 */
+    hi -= lo < tol;
+    lo -= tol;
+    if (k >= 128) q = 0, rest = lo || hi;
+    else if (k >= 64) q = hi >> (k - 64), rest = lo || (hi & (((uint64_t)1 << (k - 64)) - 1u));
+    else q = lo >> k | hi << (64 - k), rest = (lo & (((uint64_t)1 << k) - 1u)) != 0;
+    return (size_t)(q + (uint64_t)rest);
+}
+
 static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
     mp_status st;
     if (!d->x) return mp__fail(m, MP_ERR_NULL, "data.x is NULL");
@@ -5038,7 +5090,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", epochs, d.initial_epoch);
     if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
         return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
-    n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
+    n_train = d.data.n - mp__split_count(d.data.n, d.validation_split); /* Keras: the last part validates */
     if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
     batch = mp__min((size_t)d.batch_size, n_train);
 #ifdef MIXPREC_NO_STDIO
@@ -5137,6 +5189,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
     if (n == 0) return mp__fail(m, MP_ERR_ARG, "no samples to predict");
     if ((st = mp__check_finite(m, x, 0, n)) != MP_OK) return st;
+    if (m->n_layers && (st = mp__check_count(m, n, mp__last(m)->out_size, "predict's out")) != MP_OK) return st;
     batch = mp__min((size_t)batch_size, n);
     if ((st = mp__prepare(m, batch)) != MP_OK) return st;
     l = mp__last(m);
