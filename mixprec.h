@@ -6287,12 +6287,19 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
 static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
     mp_optimizer_desc o;
     mp_loss_scale ls;
-    size_t slots;
+    size_t slots, i;
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
         !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: optimizer config out of range");
     c->opt.cfg = o;
+    if (o.kind != MP_SGD) { /* Adam's and RMSprop's mean squares v (the last n_params slots): >= 0, not NaN */
+        const unsigned char *v = c->io.in + c->slots + (slots - m->n_params) * 4u;
+        for (i = 0; i < m->n_params; i++)
+            if (!(mp__f32_from_bits((uint32_t)mp__le_get(v + 4u * i, 4)) >= 0.0f))
+                return mp__fail(m, MP_ERR_FORMAT, "corrupt: the optimizer's mean square v of weight %z is negative or "
+                                "NaN", i);
+    }
     if (!m->has_loss_scale) return MP_OK;
     if (mp_loss_scale_init(&ls, &c->ls.config) != MP_OK || !(c->ls.scale > 0.0f && c->ls.scale <= FLT_MAX) ||
         c->ls.overflows_left < 1 || c->ls.overflows_left > ls.config.hysteresis ||
