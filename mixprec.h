@@ -3949,7 +3949,6 @@ static mp_status mp__amp_text(const mp_model *m, char *buf, size_t size, int tab
     int i;
     if (!m || !buf) return MP_ERR_NULL;
     if (size == 0) return MP_ERR_SIZE;
-    buf[0] = '\0';
     if (!m->amp) return MP_ERR_STATE;
     t.buf = buf;
     t.cap = size;
@@ -4706,16 +4705,19 @@ static const void *mp__host_output(const mp_model *m) {
 
 MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
     const mp__layer *l;
+    mp_tensor t;
     if (!m || !out) return MP_ERR_NULL;
     if (!m->batch) return MP_ERR_STATE;
     l = mp__last(m);
-    memset(out, 0, sizeof *out);
-    out->dtype = l->yt;
-    out->rank = l->out_rank + 1;
-    out->shape[0] = (int)m->batch;
-    memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
-    out->data = (void *)(uintptr_t)mp__host_output(m);
-    return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
+    memset(&t, 0, sizeof t);
+    t.dtype = l->yt;
+    t.rank = l->out_rank + 1;
+    t.shape[0] = (int)m->batch;
+    memcpy(t.shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
+    t.data = (void *)(uintptr_t)mp__host_output(m);
+    if (m->be->sync(m->ctx) != MP_OK) return MP_ERR_BACKEND;
+    *out = t;
+    return MP_OK;
 }
 
 /* Waits for the backend; its first error becomes the model's. */
@@ -4818,7 +4820,6 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     const int *skip;
     mp_status st;
     int i;
-    if (applied) *applied = 0;
     if (!m) return MP_ERR_NULL;
     if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
     /* Without loss scaling the step is applied whatever it holds, as Keras;
@@ -4891,6 +4892,7 @@ static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
     if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
     if (d->n == 0) return mp__fail(m, MP_ERR_ARG, "the data set is empty");
     if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model first");
+    if ((st = mp__check_count(m, d->n, m->in_size, "x")) != MP_OK) return st; /* before the labels are read */
     if ((st = mp__check_targets(m, d->labels, d->y, d->n)) != MP_OK) return st;
     return mp__check_finite(m, d->x, 0, d->n);
 }
@@ -5169,14 +5171,16 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 
 MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size, mp_logs *out) {
     mp_status st;
+    mp_logs lg;
     if (!m) return MP_ERR_NULL;
     if (!data || !out) return mp__fail(m, MP_ERR_NULL, "evaluate() needs data and an output mp_logs");
     if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
     if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
-    memset(out, 0, sizeof *out);
-    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &out->loss, &out->accuracy);
-    out->loss_scale = mp_current_loss_scale(m);
-    out->skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    memset(&lg, 0, sizeof lg);
+    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &lg.loss, &lg.accuracy);
+    lg.loss_scale = mp_current_loss_scale(m);
+    lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    if (st == MP_OK) *out = lg;
     return st;
 }
 
@@ -5998,7 +6002,6 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
                                                   int *issues) {
     mp__text t;
     int found = 0, i;
-    if (issues) *issues = 0;
     if (!m || !buf) return MP_ERR_NULL;
     if (size == 0) return MP_ERR_SIZE;
     if (batch_size < 0) return MP_ERR_ARG;
