@@ -5825,7 +5825,6 @@ MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc 
         m->num = NULL;
         return MP_OK;
     }
-    if ((st = mp_model_build(m)) != MP_OK) return st;
     if (d.target == MP_FLOAT32) d.target = MP_FLOAT16;
     if (!d.history) d.history = 3;
     stats = (size_t)m->n_layers * MP_NUMERICS_KIND_COUNT;
@@ -5843,6 +5842,7 @@ MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc 
 #ifndef MIXPREC_NO_STDIO
     if (path && (st = mp__numerics_csv(m, nu, 1)) != MP_OK) { mp__numerics_free(nu); return st; }
 #endif
+    if ((st = mp_model_build(m)) != MP_OK) { mp__numerics_free(nu); return st; } /* last: a failure leaves it unbuilt */
     mp__numerics_free(m->num);
     m->num = nu;
     return MP_OK;

@@ -274,6 +274,12 @@ static mp_status call_predict(mp_model *m) {
     return mp_model_predict(m, sx, NS, NS, out);
 }
 static mp_status call_forward(mp_model *m) { return mp_forward(m, sx, 12, 1); }
+static mp_status call_numerics(mp_model *m) {
+    mp_numerics_desc nd;
+    memset(&nd, 0, sizeof nd);
+    nd.every = 2;
+    return mp_model_set_numerics(m, &nd);
+}
 
 static const scenario scenarios[] = {
     {"add the first layer", make_empty, call_add},
@@ -290,6 +296,8 @@ static const scenario scenarios[] = {
     {"fit with a larger batch and a validation split", make_trained_f32, call_fit_new_batch},
     {"predict with a larger batch", make_trained_mixed, call_predict},
     {"forward with a larger batch", make_trained_amp, call_forward},
+    {"set_numerics (first build)", make_layers, call_numerics},
+    {"set_numerics on a trained model", make_trained_mixed, call_numerics},
 };
 
 static void run_scenario(const scenario *s) {
