@@ -5264,7 +5264,7 @@ MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!dst) return mp__fail(m, MP_ERR_NULL, "get_weights() needs a buffer");
-    if ((st = mp_model_build(m)) != MP_OK) return st;
+    if (n == m->n_params && (st = mp_model_build(m)) != MP_OK) return st; /* a wrong n: SHAPE, still unbuilt */
     return mp__copy_params(m, dst, m->w, n, MP_COPY_TO_HOST);
 }
 
@@ -5272,6 +5272,7 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
+    if (n != m->n_params) return mp__copy_params(m, NULL, src, n, MP_COPY_TO_BACKEND); /* SHAPE, still unbuilt */
     if ((st = mp_model_build(m)) != MP_OK) return st;
     m->casts_fresh = 0;
     return mp__copy_params(m, m->w, src, n, MP_COPY_TO_BACKEND);
@@ -6400,7 +6401,6 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
     if (version != MP__CKPT_VERSION)
         return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
                         (int)MP__CKPT_VERSION);
-    if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
     c.io.in = b;
@@ -6411,6 +6411,7 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
     if (c.io.past_end || (st == MP_OK && c.io.pos != c.io.end))
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: the %s's contents do not fill its length", what);
     if (st == MP_OK) st = mp__ckpt_check(m, &c);
+    if (st == MP_OK) st = mp_model_build(m); /* only now: a file refused leaves the model unbuilt */
     if (st == MP_OK) st = mp__ckpt_view(m, &c, 0);
     if (st == MP_OK) st = mp__ckpt_commit(m, &c);
     mp__free(c.copy);
