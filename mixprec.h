@@ -45,7 +45,9 @@ QUICK START
     Link with -lm (sqrtf, expf, ...) and, for the thread pool on older
     glibc, -pthread. Define _POSIX_C_SOURCE 199309L before the includes of
     the implementation file to time epochs by the wall clock
-    (clock_gettime); otherwise fit reports processor time.
+    (clock_gettime); otherwise fit reports processor time. Checkpoint saves
+    fsync the file and its directory on any POSIX system, whatever feature
+    macros are defined.
 
 CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_STATIC          make every function static to the including file
@@ -656,7 +658,8 @@ typedef struct mp_fit_desc {
     mp_data data;
     int batch_size;          /* required: > 0 */
     int epochs;              /* 0 = 1 */
-    float validation_split;  /* the last fraction of data, before shuffling (as Keras) */
+    float validation_split;  /* the last fraction of data, before shuffling (as Keras): ceil(n x split)
+                                samples, counted in integers (README, "What a failed call guarantees") */
     int no_shuffle;          /* nonzero: keep the order */
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
