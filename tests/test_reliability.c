@@ -341,6 +341,22 @@ static void run_scenario(const scenario *s) {
     mp_model_destroy(twin);
 }
 
+/* stdout to /dev/null and back: compile's AMP lines, hundreds of them */
+static void quiet(int on) {
+    static int saved = -1;
+    fflush(stdout);
+    if (on && saved < 0) {
+        int null = open("/dev/null", O_WRONLY);
+        saved = dup(1);
+        if (null >= 0 && saved >= 0) dup2(null, 1);
+        if (null >= 0) close(null);
+    } else if (!on && saved >= 0) {
+        dup2(saved, 1);
+        close(saved);
+        saved = -1;
+    }
+}
+
 /* Calls refused for a reason other than memory, on a model not yet built
    (and one compiled): the same comparison with a twin. */
 static mp_status refuse_import_other(mp_model *m) { return mp_model_import_weights(m, in_tmp("other.f16")); }
@@ -393,6 +409,7 @@ static void test_refusals(void) {
     must(mp_model_compile(other, &cd), other, "compile");
     must(mp_model_save(other, in_tmp("other.ckpt")), other, "save");
     mp_model_destroy(other);
+    quiet(1);
     for (i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
         mp_model *m = refusals[i].make(), *twin = refusals[i].make();
         char what[160];
@@ -403,6 +420,7 @@ static void test_refusals(void) {
         mp_model_destroy(m);
         mp_model_destroy(twin);
     }
+    quiet(0);
     remove(in_tmp("other.f16")), remove(in_tmp("other.ckpt"));
 }
 
@@ -410,18 +428,13 @@ static void test_transactional(void) {
     size_t i, before = t_injected, start = t_live_blocks;
     mp_model *later = make_trained_f32();
     mp_fit_desc fd = fit_of(4, 2);
-    int out = dup(1), null = open("/dev/null", O_WRONLY); /* compile's AMP lines, hundreds of them */
     must(mp_model_fit(later, &fd), later, "fit");
     must(mp_model_save(later, in_tmp("later.ckpt")), later, "save");
     must(mp_model_export_weights(later, MP_FLOAT16, in_tmp("later.f16")), later, "export");
     mp_model_destroy(later);
-    fflush(stdout);
-    if (out >= 0 && null >= 0) dup2(null, 1);
+    quiet(1);
     for (i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) run_scenario(&scenarios[i]);
-    fflush(stdout);
-    if (out >= 0 && null >= 0) dup2(out, 1);
-    if (out >= 0) close(out);
-    if (null >= 0) close(null);
+    quiet(0);
     CHECK(t_live_blocks == start);
     printf("1. %zu allocation failures injected into %zu kinds of call, each model compared with its twin\n",
            t_injected - before, sizeof scenarios / sizeof scenarios[0]);
