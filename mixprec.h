@@ -45,7 +45,9 @@ QUICK START
     Link with -lm (sqrtf, expf, ...) and, for the thread pool on older
     glibc, -pthread. Define _POSIX_C_SOURCE 199309L before the includes of
     the implementation file to time epochs by the wall clock
-    (clock_gettime); otherwise fit reports processor time.
+    (clock_gettime); otherwise fit reports processor time. Checkpoint saves
+    fsync the file and its directory on any POSIX system, whatever feature
+    macros are defined.
 
 CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_STATIC          make every function static to the including file
@@ -674,7 +676,8 @@ typedef struct mp_fit_desc {
     mp_data data;
     int batch_size;          /* required: > 0 */
     int epochs;              /* 0 = 1 */
-    float validation_split;  /* the last fraction of data, before shuffling (as Keras) */
+    float validation_split;  /* the last fraction of data, before shuffling (as Keras): ceil(n x split)
+                                samples, counted in integers (README, "What a failed call guarantees") */
     int no_shuffle;          /* nonzero: keep the order */
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
@@ -889,10 +892,16 @@ MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dt
                                                         size_t *len);
 MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const void *buf, size_t len);
 #ifndef MIXPREC_NO_STDIO
-/* Save writes path + ".tmp", flushes and closes it (and fsyncs it when
-   _POSIX_C_SOURCE is defined), then renames it over path: a save that fails
-   or crashes midway leaves the previous file as it was. MP_ERR_IO when a
-   file cannot be created, written, renamed or read. */
+/* Save writes a temporary file of its own next to path (path.tmp.PID.N,
+   created exclusively), syncs it to the disk (fsync, on any POSIX system
+   whatever feature macros the program defined), renames it over path and
+   syncs the directory: a save that fails or crashes midway leaves the
+   previous file as it was, and a reader sees a whole old or a whole new
+   file. Saves racing to one path (threads or processes): the last complete
+   rename wins, and neither is ever torn. A save killed midway may leave its
+   temporary behind. Load reads only a regular file, and never more than
+   its header claims plus a byte. MP_ERR_IO when a file cannot be created,
+   written, synced, renamed or read. */
 MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path);
@@ -1245,13 +1254,22 @@ MP__ROUND_EACH_END
 #include <stdlib.h> /* getenv: automatic mixed precision's settings */
 #include <math.h>
 #include <float.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <time.h>
 #ifndef MIXPREC_NO_STDIO
 #include <stdio.h>
 #endif
 #if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h> /* isatty, sysconf, _POSIX_THREADS */
+#include <unistd.h> /* isatty, sysconf, _POSIX_THREADS, _POSIX_VERSION */
+#endif
+#if !defined(MIXPREC_NO_STDIO) && defined(_POSIX_VERSION)
+/* Files through POSIX descriptors (open with O_EXCL, fsync, stat): every
+   POSIX libc declares them whatever feature macro the program defined. */
+#define MP__POSIX_FILES 1
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #endif
 #if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0
 #define MP__THREADS 1
@@ -3654,24 +3672,35 @@ MIXPREC_API mp_layer_desc mp_dropout(float rate) {
 }
 
 /* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
-MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
+/* The defaults filled in; the first field out of range, or NULL (and *ls
+   the fresh state). */
+static const char *mp__loss_scale_resolve(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
     mp_loss_scale r;
-    if (!ls) return MP_ERR_NULL;
+    mp_loss_scale_desc *c = &r.config;
+    const char *bad;
     memset(&r, 0, sizeof r);
     if (desc) r.config = *desc;
-    if (r.config.initial_scale == 0.0f) r.config.initial_scale = 32768.0f;
-    if (r.config.growth_interval == 0) r.config.growth_interval = 2000;
-    if (r.config.min_scale == 0.0f) r.config.min_scale = 1.0f;
-    if (r.config.max_scale == 0.0f) r.config.max_scale = FLT_MAX;
-    if (r.config.hysteresis == 0) r.config.hysteresis = 1;
-    if (!(r.config.initial_scale > 0.0f && r.config.initial_scale <= FLT_MAX) || r.config.growth_interval < 0 ||
-        !(r.config.min_scale > 0.0f && r.config.min_scale <= r.config.max_scale) ||
-        !(r.config.max_scale <= FLT_MAX) || r.config.hysteresis < 0)
-        return MP_ERR_ARG;
-    r.scale = r.config.initial_scale;
-    r.overflows_left = r.config.hysteresis;
+    if (c->initial_scale == 0.0f) c->initial_scale = 32768.0f;
+    if (c->growth_interval == 0) c->growth_interval = 2000;
+    if (c->min_scale == 0.0f) c->min_scale = 1.0f;
+    if (c->max_scale == 0.0f) c->max_scale = FLT_MAX;
+    if (c->hysteresis == 0) c->hysteresis = 1;
+    bad = !(c->initial_scale > 0.0f && c->initial_scale <= FLT_MAX) ? "initial_scale"
+          : c->growth_interval < 0                                  ? "growth_interval"
+          : !(c->max_scale > 0.0f && c->max_scale <= FLT_MAX)       ? "max_scale"
+          : !(c->min_scale > 0.0f && c->min_scale <= c->max_scale)  ? "min_scale"
+          : c->hysteresis < 0                                       ? "hysteresis"
+                                                                    : NULL;
+    if (bad) return bad;
+    r.scale = c->initial_scale;
+    r.overflows_left = c->hysteresis;
     *ls = r;
-    return MP_OK;
+    return NULL;
+}
+
+MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
+    if (!ls) return MP_ERR_NULL;
+    return mp__loss_scale_resolve(ls, desc) ? MP_ERR_ARG : MP_OK;
 }
 
 MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
@@ -3723,11 +3752,6 @@ struct mp__amp {
     int n_ops, converted, casts;
     mp__amp_op *ops; /* right after the struct, in the same block */
 };
-
-/* defined with the model below */
-static int mp__built(const mp_model *m);
-static void mp__plan_params(mp_model *m, mp__arena *a);
-static void mp__point_weights(mp_model *m);
 
 static void mp__amp_putf(mp__text *t, const char *fmt, ...) {
     va_list ap;
@@ -3911,13 +3935,17 @@ static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
         if (o[i + 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
 }
 
-/* The pass: settings, lists, the chain, the painting and TensorFlow's counts. */
+/* The pass when the code or the environment turns it on (else *out is
+   NULL): settings, lists, the chain, the painting and TensorFlow's counts. */
 static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__amp **out) {
+    const char *on = getenv("MIXPREC_AUTO_MIXED_PRECISION");
     mp_amp_desc d = c->amp;
     unsigned char lists[MP__OP_COUNT];
     struct mp__amp *a;
     mp_status st;
     int i, low = 0;
+    *out = NULL;
+    if (!c->amp.enabled && !(on && strcmp(on, "1") == 0)) return MP_OK; /* off: no pass */
     if ((st = mp__amp_settings(m, &d)) != MP_OK) return st;
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
@@ -3962,73 +3990,6 @@ static void mp__amp_retype(mp_model *m, const struct mp__amp *a) {
     for (i = 0; i < m->n_layers; i++) mp__amp_layer_dtypes(m, a, i, &m->layers[i].dt, &m->layers[i].yt);
 }
 
-/* A built model's weight block laid out again for new compute dtypes, the
-   float32 weights carried over; on failure nothing changes. */
-static mp_status mp__amp_recarve(mp_model *m, const struct mp__amp *next) {
-    size_t bytes = (size_t)m->n_layers * sizeof(mp__layer);
-    mp__layer *saved = (mp__layer *)mp__alloc(bytes);
-    mp__arena a = {NULL, 0, 0};
-    void *old = m->params_block;
-    float *w = m->w, *g = m->g;
-    if (!saved) return mp__fail(m, MP_ERR_ALLOC, "retyping the layers");
-    memcpy(saved, m->layers, bytes);
-    mp__amp_retype(m, next);
-    mp__plan_params(m, &a);
-    if (!a.overflow) a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
-    if (!a.base) {
-        memcpy(m->layers, saved, bytes);
-        m->w = w;
-        m->g = g;
-        mp__free(saved);
-        return mp__fail(m, MP_ERR_ALLOC, "weights for the new compute dtypes (%z bytes)", a.used);
-    }
-    mp__free(saved);
-    m->params_bytes = a.used;
-    a.used = 0;
-    m->params_block = a.base;
-    mp__plan_params(m, &a);
-    mp__point_weights(m);
-    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
-    m->be->free(m->ctx, old);
-    m->casts_fresh = m->grads_ready = 0;
-    return MP_OK;
-}
-
-/* Takes the pass's result (NULL: no pass) and gives the layers its dtypes;
-   activations are planned again at the next batch. */
-static mp_status mp__amp_adopt(mp_model *m, struct mp__amp *next) {
-    int i, recarve = 0, retype = 0;
-    mp_status st;
-    for (i = 0; i < m->n_layers; i++) {
-        mp_dtype dt, yt;
-        mp__amp_layer_dtypes(m, next, i, &dt, &yt);
-        recarve |= dt != m->layers[i].dt;
-        retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
-    }
-    if (recarve && mp__built(m) && (st = mp__amp_recarve(m, next)) != MP_OK) {
-        mp__free(next);
-        return st;
-    }
-    mp__amp_retype(m, next);
-    if (retype) {
-        m->be->free(m->ctx, m->act_block);
-        m->act_block = NULL;
-        m->act_bytes = m->batch_cap = m->batch = 0;
-    }
-    mp__free(m->amp);
-    m->amp = next;
-    return MP_OK;
-}
-
-/* compile's step: the pass when the code or the environment turns it on. */
-static mp_status mp__amp_compile(mp_model *m, const mp_compile_desc *c) {
-    const char *on = getenv("MIXPREC_AUTO_MIXED_PRECISION");
-    struct mp__amp *next = NULL;
-    mp_status st;
-    if ((c->amp.enabled || (on && strcmp(on, "1") == 0)) && (st = mp__amp_pass(m, c, &next)) != MP_OK) return st;
-    return mp__amp_adopt(m, next);
-}
-
 static void mp__amp_summary(const struct mp__amp *a, mp__text *t) {
     const char *type = mp_dtype_name(a->dtype);
     if (!a->any_allow) mp__put(t, "No allowlist ops found, nothing to do");
@@ -4059,7 +4020,6 @@ static mp_status mp__amp_text(const mp_model *m, char *buf, size_t size, int tab
     int i;
     if (!m || !buf) return MP_ERR_NULL;
     if (size == 0) return MP_ERR_SIZE;
-    buf[0] = '\0';
     if (!m->amp) return MP_ERR_STATE;
     t.buf = buf;
     t.cap = size;
@@ -4139,9 +4099,22 @@ static mp_status mp__size_of(mp_model *m, const mp__layer *l, const int *shape, 
     size_t n = 1;
     int i;
     for (i = 0; i < rank; i++)
-        if (!mp__mul_ok(n, (size_t)shape[i], &n)) return mp__fail(m, MP_ERR_SIZE, "layer %s: output too large", l->name);
+        if (!mp__mul_ok(n, (size_t)shape[i], &n) || n > SIZE_MAX / sizeof(float))
+            return mp__fail(m, MP_ERR_SIZE, "layer %s: an output of more than SIZE_MAX bytes a sample", l->name);
     *out = n;
     return MP_OK;
+}
+
+/* One axis of a window: the output size and the padding before it; 0 when
+   the padded extent, (out - 1) stride + kernel, and so some index the
+   kernels compute, would not fit an int. In 64 bits: no step overflows. */
+static int mp__window_axis(int in, int k, int stride, int same, int *out, int *pad) {
+    long long o = same ? ((long long)in + stride - 1) / stride : (long long)(in - k) / stride + 1;
+    long long extent = (o - 1) * stride + k;
+    if (extent > INT_MAX) return 0;
+    *out = (int)o;
+    *pad = same && extent > in ? (int)((extent - in) / 2) : 0;
+    return 1;
 }
 
 /* Conv2D and MaxPooling2D output sizes; 'same' pads as TensorFlow does
@@ -4155,21 +4128,13 @@ static mp_status mp__conv_shape(mp_model *m, mp__layer *l, int kh, int kw, int s
         return mp__fail(m, MP_ERR_ARG, "layer %s: kernel, pool and strides must be positive", l->name);
     g->h = l->in_shape[0]; g->w = l->in_shape[1]; g->c = l->in_shape[2];
     g->kh = kh; g->kw = kw; g->sh = sh; g->sw = sw;
-    if (pad == MP_SAME) {
-        int ph, pw;
-        g->oh = (g->h + sh - 1) / sh;
-        g->ow = (g->w + sw - 1) / sw;
-        ph = (g->oh - 1) * sh + kh - g->h;
-        pw = (g->ow - 1) * sw + kw - g->w;
-        g->pt = ph > 0 ? ph / 2 : 0;
-        g->pl = pw > 0 ? pw / 2 : 0;
-    } else {
-        if (g->h < kh || g->w < kw)
-            return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d is larger than its %dx%d input", l->name, kh, kw,
-                            g->h, g->w);
-        g->oh = (g->h - kh) / sh + 1;
-        g->ow = (g->w - kw) / sw + 1;
-    }
+    if (pad != MP_SAME && (g->h < kh || g->w < kw))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d is larger than its %dx%d input", l->name, kh, kw,
+                        g->h, g->w);
+    if (!mp__window_axis(g->h, kh, sh, pad == MP_SAME, &g->oh, &g->pt) ||
+        !mp__window_axis(g->w, kw, sw, pad == MP_SAME, &g->ow, &g->pl))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s: window %dx%d with strides %dx%d on a %dx%d input: indices past "
+                        "INT_MAX", l->name, kh, kw, sh, sw, g->h, g->w);
     l->out_rank = 3;
     l->out_shape[0] = g->oh; l->out_shape[1] = g->ow;
     l->out_shape[2] = l->desc.kind == MP_CONV2D ? l->desc.filters : g->c;
@@ -4223,7 +4188,8 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     if (d->kind == MP_DENSE || d->kind == MP_CONV2D) {
         fan = d->kind == MP_DENSE ? l->in_size : (size_t)l->geom.kh * (size_t)l->geom.kw * (size_t)l->geom.c;
         l->n_bias = d->no_bias ? 0 : (size_t)(d->kind == MP_DENSE ? d->units : d->filters);
-        if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel))
+        if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel) ||
+            l->n_kernel > SIZE_MAX / sizeof(float) - l->n_bias)
             return mp__fail(m, MP_ERR_SIZE, "layer %s: too many weights", l->name);
     }
     return MP_OK;
@@ -4232,6 +4198,7 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc) {
     mp_model *m;
     mp_status st;
+    size_t in_size = 1;
     int r = 0;
     if (!out || !desc) return MP_ERR_NULL;
     *out = NULL;
@@ -4239,6 +4206,9 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (r == 0 || desc->threads < 0) return MP_ERR_ARG; /* no input shape, a negative dimension */
     for (; r < MP_MAX_RANK - 1; r++)
         if (desc->input_shape[r] != 0) return MP_ERR_ARG;
+    for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) /* a sample's bytes fit size_t */
+        if (!mp__mul_ok(in_size, (size_t)desc->input_shape[r], &in_size) || in_size > SIZE_MAX / sizeof(float))
+            return MP_ERR_SIZE;
     m = (mp_model *)mp__alloc(sizeof *m);
     if (!m) return MP_ERR_ALLOC;
     m->desc = *desc;
@@ -4252,9 +4222,7 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     }
     for (r = 0; r < MP_MAX_RANK - 1 && desc->input_shape[r] > 0; r++) m->in_shape[r] = desc->input_shape[r];
     m->in_rank = r;
-    m->in_size = 1;
-    for (r = 0; r < m->in_rank; r++)
-        if (!mp__mul_ok(m->in_size, (size_t)m->in_shape[r], &m->in_size)) { mp__free(m); return MP_ERR_SIZE; }
+    m->in_size = in_size;
     *out = m;
     return MP_OK;
 }
@@ -4305,6 +4273,10 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
         l.in_size = prev->out_size;
     }
     if ((st = mp__infer_shape(m, &l)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
+    if (m->n_params > SIZE_MAX - mp__params(&l)) {
+        m->kind_count[desc.kind]--;
+        return mp__fail(m, MP_ERR_SIZE, "layer %s: the model's weights overflow size_t", l.name);
+    }
     if (m->n_layers == m->cap_layers) {
         int cap = m->cap_layers ? 2 * m->cap_layers : 8;
         mp__layer *grown = (mp__layer *)mp__alloc((size_t)cap * sizeof *grown);
@@ -4317,21 +4289,28 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
     l.rng = m->desc.seed ^ ((uint64_t)0xD1B54A32D192ED03u * (uint64_t)(m->n_layers + 1));
     if (desc.kind == MP_DROPOUT && desc.seed) l.rng = desc.seed;
     m->layers[m->n_layers++] = l;
+    m->n_params += mp__params(&l);
     return MP_OK;
 }
 
-/* The build-time block: float32 weights and gradients, their copies in
-   each layer's compute dtype, the GEMM workspace. */
-static void mp__plan_params(mp_model *m, mp__arena *a) {
+/* The build-time block: float32 weights and gradients, the step state,
+   their copies in each layer's compute dtype as the AMP pass `amp` types
+   them (NULL: the policies'). Measuring (base NULL) changes nothing. */
+static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp) {
+    float *w = (float *)mp__carve(a, m->n_params, sizeof(float)), *g = (float *)mp__carve(a, m->n_params, sizeof(float));
+    mp__step_state *state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
     int i;
-    m->w = (float *)mp__carve(a, m->n_params, sizeof(float));
-    m->g = (float *)mp__carve(a, m->n_params, sizeof(float));
-    m->state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
+    if (a->base) m->w = w, m->g = g, m->state = state;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        int own = l->dt != MP_FLOAT32 && mp__params(l);
-        l->wc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
-        l->gc = own ? mp__carve(a, mp__params(l), mp__dtypes[l->dt].size) : NULL;
+        mp_dtype dt, yt;
+        void *wc, *gc;
+        int own;
+        mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
+        own = dt != MP_FLOAT32 && mp__params(l);
+        wc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        gc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        if (a->base) l->wc = wc, l->gc = gc;
     }
 }
 
@@ -4374,27 +4353,47 @@ static void mp__init_weights(mp_model *m) {
     }
 }
 
-MIXPREC_API mp_status mp_model_build(mp_model *m) {
+/* A weight block for the layers as `amp` types them, not yet the model's. */
+static mp_status mp__alloc_params(mp_model *m, const struct mp__amp *amp, void **block, size_t *bytes) {
     mp__arena a = {NULL, 0, 0};
-    size_t total = 0;
-    int i;
+    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
+    mp__plan_params(m, &a, amp);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
+    if (!(*block = m->be->alloc(m->ctx, a.used)))
+        return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes on %s)", a.used, m->be->name);
+    *bytes = a.used;
+    return MP_OK;
+}
+
+/* The block becomes the model's (the layers already typed as it was
+   planned for): the float32 weights carried over from the old block, or
+   initialised on the first build. Cannot fail. */
+static void mp__adopt_params(mp_model *m, void *block, size_t bytes) {
+    mp__arena a = {NULL, 0, 0};
+    void *old = m->params_block;
+    float *w = m->w;
+    a.base = (unsigned char *)block;
+    mp__plan_params(m, &a, m->amp);
+    m->params_block = block;
+    m->params_bytes = bytes;
+    if (!old) {
+        mp__init_weights(m);
+        return;
+    }
+    mp__point_weights(m);
+    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
+    m->be->free(m->ctx, old);
+    m->casts_fresh = m->grads_ready = 0;
+}
+
+MIXPREC_API mp_status mp_model_build(mp_model *m) {
+    void *block = NULL;
+    size_t bytes = 0;
+    mp_status st;
     if (!m) return MP_ERR_NULL;
     if (mp__built(m)) return MP_OK;
-    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
-    for (i = 0; i < m->n_layers; i++) {
-        if (total > SIZE_MAX - mp__params(&m->layers[i])) return mp__fail(m, MP_ERR_SIZE, "too many weights");
-        total += mp__params(&m->layers[i]);
-    }
-    m->n_params = total;
-    mp__plan_params(m, &a);
-    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
-    a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
-    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "weights (%z bytes on %s)", a.used, m->be->name);
-    m->params_bytes = a.used;
-    a.used = 0;
-    m->params_block = a.base;
-    mp__plan_params(m, &a);
-    mp__init_weights(m);
+    if ((st = mp__alloc_params(m, m->amp, &block, &bytes)) != MP_OK) return st;
+    mp__adopt_params(m, block, bytes);
     return MP_OK;
 }
 
@@ -4404,8 +4403,10 @@ static int mp__slots_per_weight(const mp_optimizer_desc *o) {
     return o->momentum != 0.0f;
 }
 
-/* Keras's defaults for every zero field. */
+/* Keras's defaults for every zero field; the message names the first
+   field out of range. */
 static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in, mp_optimizer_desc *o) {
+    const char *bad;
     *o = *in;
     if ((unsigned)o->kind >= (unsigned)MP_OPTIMIZER_COUNT)
         return mp__fail(m, MP_ERR_ARG, "unknown optimizer kind %d", (int)o->kind);
@@ -4414,56 +4415,108 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
     if (o->beta_1 == 0.0f) o->beta_1 = 0.9f;
     if (o->beta_2 == 0.0f) o->beta_2 = 0.999f;
     if (o->epsilon == 0.0f) o->epsilon = 1e-7f;
-    if (!(o->learning_rate > 0.0f) || !(o->momentum >= 0.0f && o->momentum < 1.0f) || !(o->rho > 0.0f && o->rho < 1.0f) ||
-        !(o->beta_1 > 0.0f && o->beta_1 < 1.0f) || !(o->beta_2 > 0.0f && o->beta_2 < 1.0f) || !(o->epsilon > 0.0f))
-        return mp__fail(m, MP_ERR_ARG, "optimizer hyperparameters out of range");
+    bad = !(o->learning_rate > 0.0f && o->learning_rate <= FLT_MAX) ? "learning_rate (finite, > 0)"
+          : !(o->momentum >= 0.0f && o->momentum < 1.0f)              ? "momentum (in [0, 1))"
+          : !(o->rho > 0.0f && o->rho < 1.0f)                         ? "rho (in (0, 1))"
+          : !(o->beta_1 > 0.0f && o->beta_1 < 1.0f)                   ? "beta_1 (in (0, 1))"
+          : !(o->beta_2 > 0.0f && o->beta_2 < 1.0f)                   ? "beta_2 (in (0, 1))"
+          : !(o->epsilon > 0.0f && o->epsilon <= FLT_MAX)             ? "epsilon (finite, > 0)"
+                                                                      : NULL;
+    return bad ? mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad) : MP_OK;
+}
+
+/* What compile makes before it changes anything (so that a failure leaves
+   the model exactly as it was): the optimizer and the loss scale resolved,
+   the AMP pass's typing, a new weight block on the first build or when a
+   layer's compute dtype changes, the optimizer's slots. */
+typedef struct mp__compiled {
+    mp_optimizer_desc opt;
+    mp_loss_scale ls;
+    struct mp__amp *amp; /* NULL: no pass */
+    void *params, *slots;
+    size_t params_bytes, slot_count;
+    int retype; /* an output dtype changes: the activations are planned again */
+} mp__compiled;
+
+static mp_status mp__compile_prepare(mp_model *m, const mp_compile_desc *desc, mp__compiled *c) {
+    const char *bad;
+    mp_status st;
+    int i, recarve = !mp__built(m);
+    if ((st = mp__resolve_optimizer(m, &desc->optimizer, &c->opt)) != MP_OK) return st;
+    if ((bad = mp__loss_scale_resolve(&c->ls, &desc->loss_scale_config)) != NULL)
+        return mp__fail(m, MP_ERR_ARG, "loss_scale_config.%s out of range", bad);
+    if ((st = mp__amp_pass(m, desc, &c->amp)) != MP_OK) return st; /* decides the layers' dtypes */
+    for (i = 0; i < m->n_layers; i++) {
+        mp_dtype dt, yt;
+        mp__amp_layer_dtypes(m, c->amp, i, &dt, &yt);
+        recarve |= dt != m->layers[i].dt;
+        c->retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
+    }
+    if (recarve && (st = mp__alloc_params(m, c->amp, &c->params, &c->params_bytes)) != MP_OK) return st;
+    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt), &c->slot_count) ||
+        c->slot_count > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
+    if (c->slot_count && !(c->slots = m->be->alloc(m->ctx, c->slot_count * sizeof(float))))
+        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes on %s)", c->slot_count * sizeof(float),
+                        m->be->name);
     return MP_OK;
 }
 
+static void mp__compile_discard(mp_model *m, mp__compiled *c) {
+    m->be->free(m->ctx, c->params);
+    m->be->free(m->ctx, c->slots);
+    mp__free(c->amp);
+}
+
+/* The prepared state becomes the model's; nothing here can fail. */
+static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const mp__compiled *c) {
+    const char *policy_name = mp_policy_name(m->policy);
+    mp__amp_retype(m, c->amp);
+    mp__free(m->amp);
+    m->amp = c->amp;
+    if (c->params) mp__adopt_params(m, c->params, c->params_bytes);
+    if (c->retype) {
+        m->be->free(m->ctx, m->act_block);
+        m->act_block = NULL;
+        m->act_bytes = m->batch_cap = m->batch = 0;
+    }
+    m->be->free(m->ctx, m->slots_block);
+    m->slots_block = c->slots;
+    m->slots_bytes = c->slot_count * sizeof(float);
+    m->slot_count = c->slot_count;
+    m->s1 = (float *)c->slots;
+    m->s2 = c->slot_count > m->n_params ? m->s1 + m->n_params : NULL;
+    m->compile = *desc;
+    m->opt.cfg = c->opt;
+    m->opt.iteration = 0;
+    /* Keras wraps the optimizer by itself only under mixed_float16, and
+       TensorFlow's graph rewrite under float16 */
+    m->has_loss_scale = desc->loss_scale == MP_LOSS_SCALE_ON ||
+                        (desc->loss_scale == MP_LOSS_SCALE_AUTO &&
+                         ((policy_name && strcmp(policy_name, "mixed_float16") == 0) ||
+                          (m->amp && m->amp->dtype == MP_FLOAT16)));
+    memset(&m->seen, 0, sizeof m->seen);
+    m->seen.ls = c->ls;
+    m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
+    m->compiled = 1;
+    m->have_loss = m->have_grads = m->have_unscaled = 0;
+}
+
 MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc) {
-    mp_optimizer_desc opt;
-    mp_loss_scale ls;
+    mp__compiled c;
     mp_status st;
-    const char *policy_name;
-    size_t slots = 0;
-    void *block = NULL;
-    int wrap;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "compile() needs a mp_compile_desc");
     if (desc->loss <= MP_LOSS_NONE || desc->loss >= MP_LOSS_COUNT)
         return mp__fail(m, MP_ERR_ARG, "compile() needs a loss, got %d", (int)desc->loss);
     if ((unsigned)desc->metrics > (unsigned)MP_METRIC_ACCURACY || (unsigned)desc->loss_scale > (unsigned)MP_LOSS_SCALE_ON)
         return mp__fail(m, MP_ERR_ARG, "invalid metrics or loss_scale value");
-    if ((st = mp__resolve_optimizer(m, &desc->optimizer, &opt)) != MP_OK) return st;
-    if (mp_loss_scale_init(&ls, &desc->loss_scale_config) != MP_OK)
-        return mp__fail(m, MP_ERR_ARG, "loss_scale_config out of range");
-    if ((st = mp__amp_compile(m, desc)) != MP_OK) return st; /* decides the layers' dtypes */
-    if ((st = mp_model_build(m)) != MP_OK) return st;
-    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&opt), &slots) || slots > SIZE_MAX / sizeof(float))
-        return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
-    if (slots && !(block = m->be->alloc(m->ctx, slots * sizeof(float))))
-        return mp__fail(m, MP_ERR_ALLOC, "optimizer slots (%z bytes on %s)", slots * sizeof(float), m->be->name);
-    m->be->free(m->ctx, m->slots_block);
-    m->slots_block = block;
-    m->slots_bytes = slots * sizeof(float);
-    m->slot_count = slots;
-    m->s1 = (float *)block;
-    m->s2 = slots > m->n_params ? m->s1 + m->n_params : NULL;
-    m->compile = *desc;
-    m->opt.cfg = opt;
-    m->opt.iteration = 0;
-    /* Keras wraps the optimizer by itself only under mixed_float16, and
-       TensorFlow's graph rewrite under float16 */
-    policy_name = mp_policy_name(m->policy);
-    wrap = desc->loss_scale == MP_LOSS_SCALE_ON ||
-           (desc->loss_scale == MP_LOSS_SCALE_AUTO && ((policy_name && strcmp(policy_name, "mixed_float16") == 0) ||
-                                                       (m->amp && m->amp->dtype == MP_FLOAT16)));
-    m->has_loss_scale = wrap;
-    memset(&m->seen, 0, sizeof m->seen);
-    m->seen.ls = ls;
-    m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
-    m->compiled = 1;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    memset(&c, 0, sizeof c);
+    if ((st = mp__compile_prepare(m, desc, &c)) != MP_OK) {
+        mp__compile_discard(m, &c);
+        return st;
+    }
+    mp__compile_commit(m, desc, &c);
     mp__amp_print(m);
     return MP_OK;
 }
@@ -4501,8 +4554,11 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
         if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
         if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
-            size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
-            if (patches * es > col) col = patches * es;
+            size_t patches = 0, bytes = 0; /* the im2col matrix: one row per output pixel */
+            if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
+                !mp__mul_ok(patches, es, &bytes))
+                a->overflow = 1;
+            if (bytes > col) col = bytes;
             if (patches > dcol) dcol = patches;
             if (l->in_size > img) img = l->in_size;
         }
@@ -4604,8 +4660,18 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     return MP_OK;
 }
 
+/* count samples of `per` floats each fit in memory (their bytes in size_t). */
+static mp_status mp__check_count(mp_model *m, size_t count, size_t per, const char *what) {
+    size_t n;
+    if (!mp__mul_ok(count, per, &n) || n > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "%s: %z samples of %z floats exceed SIZE_MAX bytes", what, count, per);
+    return MP_OK;
+}
+
 static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
     size_t i, n = count * m->in_size;
+    mp_status st = mp__check_count(m, count, m->in_size, "x");
+    if (st != MP_OK) return st;
     for (i = 0; i < n; i++)
         if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF)
             return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
@@ -4623,6 +4689,13 @@ static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const flo
                                 classes);
     } else if (!y) {
         return mp__fail(m, MP_ERR_NULL, "this loss needs float targets y");
+    } else {
+        mp_status st = mp__check_count(m, count, classes, "y");
+        for (i = 0; st == MP_OK && i < count * classes; i++) /* a NaN target would turn every weight NaN */
+            if ((mp__f32_bits(y[i]) & MP__F32_INF) == MP__F32_INF)
+                return mp__fail(m, MP_ERR_NONFINITE, "y: sample %z, output %z is %s", i / classes, i % classes,
+                                y[i] != y[i] ? "NaN" : "Inf");
+        return st;
     }
     return MP_OK;
 }
@@ -4707,16 +4780,19 @@ static const void *mp__host_output(const mp_model *m) {
 
 MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out) {
     const mp__layer *l;
+    mp_tensor t;
     if (!m || !out) return MP_ERR_NULL;
     if (!m->batch) return MP_ERR_STATE;
     l = mp__last(m);
-    memset(out, 0, sizeof *out);
-    out->dtype = l->yt;
-    out->rank = l->out_rank + 1;
-    out->shape[0] = (int)m->batch;
-    memcpy(out->shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
-    out->data = (void *)(uintptr_t)mp__host_output(m);
-    return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
+    memset(&t, 0, sizeof t);
+    t.dtype = l->yt;
+    t.rank = l->out_rank + 1;
+    t.shape[0] = (int)m->batch;
+    memcpy(t.shape + 1, l->out_shape, (size_t)l->out_rank * sizeof(int));
+    t.data = (void *)(uintptr_t)mp__host_output(m);
+    if (m->be->sync(m->ctx) != MP_OK) return MP_ERR_BACKEND;
+    *out = t;
+    return MP_OK;
 }
 
 /* Waits for the backend; its first error becomes the model's. */
@@ -4826,7 +4902,6 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     const int *skip;
     mp_status st;
     int i;
-    if (applied) *applied = 0;
     if (!m) return MP_ERR_NULL;
     if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
     /* Without loss scaling the step is applied whatever it holds, as Keras;
@@ -4870,12 +4945,36 @@ static float mp__seconds_since(mp__clock start) {
     return (float)(now.sec - start.sec) + (float)(now.nsec - start.nsec) * 1e-9f;
 }
 
+/* ceil(n s) for a fraction s in [0, 1), as Keras's split_at = floor(n (1 -
+   s)) leaves it, in integers: s is M 2^-k exactly (M < 2^24), n M an 88-bit
+   product in two halves. The float s stands for a decimal up to half its
+   spacing 2^-k away, so a product less than n 2^-(k+1) (and less than one
+   sample) above a whole number counts as that number: 0.1f of 60000
+   samples is 6000, as Keras's 0.1 is, not 6001. */
+static size_t mp__split_count(size_t n, float s) {
+    uint32_t bits = mp__f32_bits(s), e = bits >> 23 & 0xFFu;
+    uint64_t mant = (bits & 0x7FFFFFu) | (e ? 0x800000u : 0u), lo, hi, tol = ((uint64_t)n - 1u) >> 1, q;
+    int k = e ? 150 - (int)e : 149, rest;
+    uint64_t p0 = ((uint64_t)n & 0xFFFFFFFFu) * mant, p1 = ((uint64_t)n >> 32) * mant;
+    if (!mant || !n) return 0;
+    lo = p0 + (p1 << 32);
+    hi = (p1 >> 32) + (lo < p0);
+    if (k < 64 && tol > ((uint64_t)1 << k) - 1u) tol = ((uint64_t)1 << k) - 1u; /* k >= 24 */
+    hi -= lo < tol;
+    lo -= tol;
+    if (k >= 128) q = 0, rest = lo || hi;
+    else if (k >= 64) q = hi >> (k - 64), rest = lo || (hi & (((uint64_t)1 << (k - 64)) - 1u));
+    else q = lo >> k | hi << (64 - k), rest = (lo & (((uint64_t)1 << k) - 1u)) != 0;
+    return (size_t)(q + (uint64_t)rest);
+}
+
 static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
     mp_status st;
     if (!d->x) return mp__fail(m, MP_ERR_NULL, "data.x is NULL");
     if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
     if (d->n == 0) return mp__fail(m, MP_ERR_ARG, "the data set is empty");
     if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model first");
+    if ((st = mp__check_count(m, d->n, m->in_size, "x")) != MP_OK) return st; /* before the labels are read */
     if ((st = mp__check_targets(m, d->labels, d->y, d->n)) != MP_OK) return st;
     return mp__check_finite(m, d->x, 0, d->n);
 }
@@ -5075,7 +5174,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", epochs, d.initial_epoch);
     if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
         return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
-    n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
+    n_train = d.data.n - mp__split_count(d.data.n, d.validation_split); /* Keras: the last part validates */
     if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
     batch = mp__min((size_t)d.batch_size, n_train);
 #ifdef MIXPREC_NO_STDIO
@@ -5154,14 +5253,16 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 
 MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size, mp_logs *out) {
     mp_status st;
+    mp_logs lg;
     if (!m) return MP_ERR_NULL;
     if (!data || !out) return mp__fail(m, MP_ERR_NULL, "evaluate() needs data and an output mp_logs");
     if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
     if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
-    memset(out, 0, sizeof *out);
-    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &out->loss, &out->accuracy);
-    out->loss_scale = mp_current_loss_scale(m);
-    out->skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    memset(&lg, 0, sizeof lg);
+    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &lg.loss, &lg.accuracy);
+    lg.loss_scale = mp_current_loss_scale(m);
+    lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    if (st == MP_OK) *out = lg;
     return st;
 }
 
@@ -5174,6 +5275,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
     if (n == 0) return mp__fail(m, MP_ERR_ARG, "no samples to predict");
     if ((st = mp__check_finite(m, x, 0, n)) != MP_OK) return st;
+    if (m->n_layers && (st = mp__check_count(m, n, mp__last(m)->out_size, "predict's out")) != MP_OK) return st;
     batch = mp__min((size_t)batch_size, n);
     if ((st = mp__prepare(m, batch)) != MP_OK) return st;
     l = mp__last(m);
@@ -5244,7 +5346,7 @@ MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!dst) return mp__fail(m, MP_ERR_NULL, "get_weights() needs a buffer");
-    if ((st = mp_model_build(m)) != MP_OK) return st;
+    if (n == m->n_params && (st = mp_model_build(m)) != MP_OK) return st; /* a wrong n: SHAPE, still unbuilt */
     return mp__copy_params(m, dst, m->w, n, MP_COPY_TO_HOST);
 }
 
@@ -5252,6 +5354,7 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
+    if (n != m->n_params) return mp__copy_params(m, NULL, src, n, MP_COPY_TO_BACKEND); /* SHAPE, still unbuilt */
     if ((st = mp_model_build(m)) != MP_OK) return st;
     m->casts_fresh = 0;
     return mp__copy_params(m, m->w, src, n, MP_COPY_TO_BACKEND);
@@ -5805,7 +5908,6 @@ MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc 
         m->num = NULL;
         return MP_OK;
     }
-    if ((st = mp_model_build(m)) != MP_OK) return st;
     if (d.target == MP_FLOAT32) d.target = MP_FLOAT16;
     if (!d.history) d.history = 3;
     stats = (size_t)m->n_layers * MP_NUMERICS_KIND_COUNT;
@@ -5823,6 +5925,7 @@ MIXPREC_API mp_status mp_model_set_numerics(mp_model *m, const mp_numerics_desc 
 #ifndef MIXPREC_NO_STDIO
     if (path && (st = mp__numerics_csv(m, nu, 1)) != MP_OK) { mp__numerics_free(nu); return st; }
 #endif
+    if ((st = mp_model_build(m)) != MP_OK) { mp__numerics_free(nu); return st; } /* last: a failure leaves it unbuilt */
     mp__numerics_free(m->num);
     m->num = nu;
     return MP_OK;
@@ -5982,7 +6085,6 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
                                                   int *issues) {
     mp__text t;
     int found = 0, i;
-    if (issues) *issues = 0;
     if (!m || !buf) return MP_ERR_NULL;
     if (size == 0) return MP_ERR_SIZE;
     if (batch_size < 0) return MP_ERR_ARG;
@@ -6271,12 +6373,19 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
 static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
     mp_optimizer_desc o;
     mp_loss_scale ls;
-    size_t slots;
+    size_t slots, i;
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
         !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: optimizer config out of range");
     c->opt.cfg = o;
+    if (o.kind != MP_SGD) { /* Adam's and RMSprop's mean squares v (the last n_params slots): >= 0, not NaN */
+        const unsigned char *v = c->io.in + c->slots + (slots - m->n_params) * 4u;
+        for (i = 0; i < m->n_params; i++)
+            if (!(mp__f32_from_bits((uint32_t)mp__le_get(v + 4u * i, 4)) >= 0.0f))
+                return mp__fail(m, MP_ERR_FORMAT, "corrupt: the optimizer's mean square v of weight %z is negative or "
+                                "NaN", i);
+    }
     if (!m->has_loss_scale) return MP_OK;
     if (mp_loss_scale_init(&ls, &c->ls.config) != MP_OK || !(c->ls.scale > 0.0f && c->ls.scale <= FLT_MAX) ||
         c->ls.overflows_left < 1 || c->ls.overflows_left > ls.config.hysteresis ||
@@ -6374,7 +6483,6 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
     if (version != MP__CKPT_VERSION)
         return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
                         (int)MP__CKPT_VERSION);
-    if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
     c.io.in = b;
@@ -6385,6 +6493,7 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
     if (c.io.past_end || (st == MP_OK && c.io.pos != c.io.end))
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: the %s's contents do not fill its length", what);
     if (st == MP_OK) st = mp__ckpt_check(m, &c);
+    if (st == MP_OK) st = mp_model_build(m); /* only now: a file refused leaves the model unbuilt */
     if (st == MP_OK) st = mp__ckpt_view(m, &c, 0);
     if (st == MP_OK) st = mp__ckpt_commit(m, &c);
     mp__free(c.copy);
@@ -6406,45 +6515,125 @@ MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const voi
 }
 
 #ifndef MIXPREC_NO_STDIO
-static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len); /* >>data */
+/* The length a file's first bytes say the whole file has (got, when they
+   are too few or not the format's): what bounds a read. */
+typedef size_t (*mp__claimed_len)(const unsigned char *head, size_t got);
+static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsigned char **out,
+                               size_t *len); /* >>data */
 
-/* path.tmp, written, flushed and closed, then renamed over path (atomic on
-   POSIX); on any failure path.tmp goes and path stays as it was. */
+static size_t mp__ckpt_claimed(const unsigned char *head, size_t got) {
+    uint64_t total;
+    if (got < MP__CKPT_HEAD || memcmp(head, "MIXPREC", 7) != 0) return got;
+    total = mp__le_get(head + 12, 8);
+    return total < (uint64_t)(SIZE_MAX - 1) ? (size_t)total : SIZE_MAX - 1;
+}
+
+/* path.tmp.<process>.<n>: a name in path's directory (a rename never
+   crosses file systems) that no other save is using, n counting this
+   process's attempts. */
+static void mp__temp_name(char *tmp, size_t cap, const char *path) {
+    static unsigned long attempts; /* process-wide, not synchronised: a clash only retries */
+    mp__text t;
+    t.buf = tmp;
+    t.cap = cap;
+    t.len = 0;
+    mp__put(&t, path);
+    mp__put(&t, ".tmp.");
+#ifdef MP__POSIX_FILES
+    mp__put_uint(&t, (uint64_t)getpid(), 0);
+#else
+    mp__put_uint(&t, (uint64_t)time(NULL), 0);
+#endif
+    mp__put(&t, ".");
+    mp__put_uint(&t, (uint64_t)++attempts, 0);
+}
+
+#ifdef MP__POSIX_FILES
+/* buf into a file that did not exist (O_EXCL: never another save's
+   temporary), on the disk (fsync) before it is closed. NULL, or why not;
+   *created says whether the file is ours to remove. */
+static const char *mp__write_new(const char *name, const unsigned char *buf, size_t len, int *created) {
+    int fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    const char *why = NULL;
+    *created = fd >= 0;
+    if (fd < 0) return errno == EEXIST ? "exists:" : "cannot create";
+    while (len && !why) {
+        ssize_t w = write(fd, buf, mp__min(len, (size_t)1 << 30));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) why = "cannot write";
+        else buf += w, len -= (size_t)w;
+    }
+    if (!why && fsync(fd) != 0) why = "cannot sync";
+    if (close(fd) != 0 && !why) why = "cannot write";
+    return why;
+}
+
+/* The rename's directory entry on the disk too: until then a power cut
+   may lose it (POSIX, fsync). dir: room for path. */
+static const char *mp__sync_dir(const char *path, char *dir) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) + (slash == path) : 0; /* "/name": the root */
+    int fd, bad;
+    if (n) memcpy(dir, path, n);
+    else dir[n++] = '.';
+    dir[n] = '\0';
+    if ((fd = open(dir, O_RDONLY)) < 0) return NULL; /* a directory we may not open: nothing more to do */
+    bad = fsync(fd) != 0 && errno != EINVAL;         /* EINVAL: a file system that cannot sync directories */
+    close(fd);
+    return bad ? "the new file is in place, but cannot sync its directory" : NULL;
+}
+#else
+static const char *mp__write_new(const char *name, const unsigned char *buf, size_t len, int *created) {
+    FILE *f = fopen(name, "rb");
+    const char *why = NULL;
+    *created = 0;
+    if (f) { /* C99 has no exclusive creation: look first */
+        fclose(f);
+        return "exists:";
+    }
+    if (!(f = fopen(name, "wb"))) return "cannot create";
+    *created = 1;
+    if (fwrite(buf, 1, len, f) != len || fflush(f) != 0) why = "cannot write";
+    if (fclose(f) != 0 && !why) why = "cannot write";
+    return why;
+}
+#endif
+
+/* A temporary of its own in path's directory, written, synced and closed,
+   then renamed over path (atomic on POSIX), then the directory synced; on
+   any failure the temporary goes and path stays as it was. */
 static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *path) {
     unsigned char *buf;
     char *tmp;
-    const char *why = NULL;
-    size_t len = 0, n;
-    FILE *f;
+    const char *why = "exists:";
+    size_t len = 0, n, cap;
+    int created = 0, tries;
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
     if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
     n = strlen(path);
+    cap = n + 48; /* ".tmp.", two numbers of at most 20 digits, ".", NUL */
     buf = (unsigned char *)mp__alloc(len);
-    tmp = n < SIZE_MAX - 4 ? (char *)mp__alloc(n + 5) : NULL;
+    tmp = n < SIZE_MAX - 48 ? (char *)mp__alloc(cap) : NULL;
     if (!buf || !tmp) {
         mp__free(buf);
         mp__free(tmp);
         return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
     }
     (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
-    memcpy(tmp, path, n);
-    memcpy(tmp + n, ".tmp", 5);
-    if (!(f = fopen(tmp, "wb"))) {
-        why = "cannot create";
-    } else {
-        if (fwrite(buf, 1, len, f) != len || fflush(f) != 0) why = "cannot write";
-#if (defined(__unix__) || defined(__APPLE__)) && defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200112L
-        else if (fsync(fileno(f)) != 0) why = "cannot write"; /* on the disk before the rename: power cuts */
-#endif
-        if (fclose(f) != 0 && !why) why = "cannot write";
-#ifdef _WIN32
-        if (!why) remove(path); /* rename does not replace there; the new file is whole in path.tmp */
-#endif
-        if (!why && rename(tmp, path) != 0) why = "cannot rename";
-        if (why) remove(tmp);
+    for (tries = 0; why && strcmp(why, "exists:") == 0 && tries < 100; tries++) {
+        mp__temp_name(tmp, cap, path);
+        why = mp__write_new(tmp, buf, len, &created);
     }
+#ifdef _WIN32
+    if (!why) remove(path); /* rename does not replace there; the new file is whole in tmp */
+#endif
+    if (!why && rename(tmp, path) != 0) why = "cannot rename";
+    if (why && created) remove(tmp);
+#ifdef MP__POSIX_FILES
+    if (!why) why = mp__sync_dir(path, tmp);
+#endif
     st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s", path, why, tmp) : MP_OK;
     mp__free(buf);
     mp__free(tmp);
@@ -6457,7 +6646,8 @@ static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
-    if ((st = mp__read_file(path, &buf, &len)) != MP_OK) return mp__fail(m, st, "cannot read %s", path);
+    if ((st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
+        return mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
     st = mp__ckpt_read(m, kind, buf, len);
     mp__free(buf);
     return st;
@@ -6474,6 +6664,10 @@ MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { r
 /* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
    byte), the number of dimensions, then each dimension as a big-endian
    uint32; then exactly the bytes those dimensions say. */
+static uint32_t mp__be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint32_t dims[3],
                                    const uint8_t **data) {
     const uint8_t *b = (const uint8_t *)buf;
@@ -6487,8 +6681,7 @@ MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint3
     header = 4 + 4 * (size_t)r;
     if (len < header) return MP_ERR_FORMAT;
     for (i = 0; i < r; i++) {
-        const uint8_t *p = b + 4 + 4 * i;
-        d[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        d[i] = mp__be32(b + 4 + 4 * i);
         if (d[i] == 0 || !mp__mul_ok(count, d[i], &count)) return MP_ERR_FORMAT;
     }
     if (len - header != count) return MP_ERR_FORMAT; /* truncated, or trailing bytes */
@@ -6538,31 +6731,52 @@ MIXPREC_API void mp_dataset_free(mp_dataset *d) {
 }
 
 #ifndef MIXPREC_NO_STDIO
-/* The whole file through the counted allocator; *len gets its size. */
-static mp_status mp__read_file(const char *path, unsigned char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf = NULL;
-    size_t cap = 0, n = 0, got;
-    if (!f) return MP_ERR_IO;
-    for (;;) { /* grow by doubling: no fseek/ftell, so pipes work too */
-        if (n == cap) {
-            unsigned char *grown;
-            size_t want = cap ? 2 * cap : 65536;
-            if (want < cap || !(grown = (unsigned char *)mp__alloc(want))) { mp__free(buf); fclose(f); return MP_ERR_ALLOC; }
-            if (n) memcpy(grown, buf, n);
-            mp__free(buf);
-            buf = grown;
-            cap = want;
-        }
-        got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
+/* A regular file through the counted allocator (*len gets the bytes read),
+   never more than its header claims (and the file's size) plus one byte,
+   so that trailing bytes are still seen: /dev/zero, a FIFO or a file that
+   grows cannot make a read go on without end. */
+#define MP__HEAD_MAX 32 /* the longest header a claim is read from */
+static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsigned char **out, size_t *len) {
+    unsigned char head[MP__HEAD_MAX], *buf;
+    size_t got, want;
+    FILE *f;
+#ifdef MP__POSIX_FILES
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return MP_ERR_IO; /* before opening: a FIFO's open waits */
+#endif
+    if (!(f = fopen(path, "rb"))) return MP_ERR_IO;
+    got = fread(head, 1, sizeof head, f);
+    want = claimed(head, got);
+#ifdef MP__POSIX_FILES
+    if (sb.st_size >= 0 && (uint64_t)sb.st_size < (uint64_t)want) want = (size_t)sb.st_size;
+#endif
+    if (want < got) want = got;
+    if (want == SIZE_MAX || !(buf = (unsigned char *)mp__alloc(want + 1))) {
+        fclose(f);
+        return MP_ERR_ALLOC;
     }
-    if (ferror(f)) { mp__free(buf); fclose(f); return MP_ERR_IO; }
+    memcpy(buf, head, got);
+    if (got == sizeof head) got += fread(buf + got, 1, want + 1 - got, f);
+    if (ferror(f)) {
+        mp__free(buf);
+        fclose(f);
+        return MP_ERR_IO;
+    }
     fclose(f);
     *out = buf;
-    *len = n;
+    *len = got;
     return MP_OK;
+}
+
+/* An IDX file's claim: the header, then the product of its dimensions. */
+static size_t mp__idx_claimed(const unsigned char *head, size_t got) {
+    size_t count = 1, header;
+    int i, r = got >= 4 ? head[3] : 0;
+    if (r < 1 || r > 3 || head[0] != 0 || head[1] != 0 || head[2] != 0x08 || got < 4 + 4 * (size_t)r) return got;
+    header = 4 + 4 * (size_t)r;
+    for (i = 0; i < r; i++)
+        if (!mp__mul_ok(count, (size_t)mp__be32(head + 4 + 4 * i), &count)) return SIZE_MAX - 1;
+    return count < SIZE_MAX - 1 - header ? header + count : SIZE_MAX - 1;
 }
 
 MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
@@ -6570,8 +6784,8 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
     size_t img_len = 0, lab_len = 0;
     mp_status st;
     if (!images_path || !labels_path || !out) return MP_ERR_NULL;
-    st = mp__read_file(images_path, &img, &img_len);
-    if (st == MP_OK) st = mp__read_file(labels_path, &lab, &lab_len);
+    st = mp__read_file(images_path, mp__idx_claimed, &img, &img_len);
+    if (st == MP_OK) st = mp__read_file(labels_path, mp__idx_claimed, &lab, &lab_len);
     if (st == MP_OK) st = mp_dataset_from_idx(img, img_len, lab, lab_len, out);
     mp__free(img);
     mp__free(lab);

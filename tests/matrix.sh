@@ -78,7 +78,7 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
-echo "== training, GEMM, backends, diagnostics, checkpoints and AMP (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp) in every build"
+echo "== training, GEMM, backends, diagnostics, checkpoints, AMP and reliability (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -91,7 +91,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
