@@ -3,6 +3,7 @@
    (layers, losses, optimizers with float32 master weights, dynamic loss
    scaling, Keras-like fit/evaluate and a custom training loop).
    Single-file (stb-style) library; MIT or public domain, see the end of file.
+   Version 0.1.0 (MIXPREC_VERSION_STRING); CHANGELOG.md has the history.
 
 QUICK START
     In exactly one C or C++ file:
@@ -77,7 +78,7 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
     - Conversions are integer-only: they do not depend on the FPU rounding
       mode, FTZ/DAZ or x87 excess precision.
     - Arithmetic (+ - * / sqrt) computes in float32 and rounds once; this is
-      correctly rounded (see >>arithmetic for why). It uses the FPU, so it needs
+      correctly rounded (see >>numbers: arithmetic for why). It uses the FPU, so it needs
       the IEEE default round-to-nearest mode; bfloat16 results below 2^-126 also
       need FTZ/DAZ off (float16 never reaches float32's subnormal range).
     - Comparisons are integer-only: NaN is unordered, -0 == +0.
@@ -112,9 +113,64 @@ GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
     memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. They
     are not synchronised: use mixprec from one thread at a time.
+
+CONTENTS
+    Each section starts with a comment that begins `>>tag`; its declarations
+    and its implementation carry the same tag, so one search for `>>tag`
+    finds both halves (and `>>tag: part` the parts of a long one). To find a
+    public function's code, search for its name followed by `(`, or use a
+    tags file (`ctags mixprec.h`); the 28 float16/bfloat16 operations made
+    by token pasting are named in a comment where they are made.
+    Declarations, in file order:
+    >>errors                 status codes and their messages, one X-macro list
+    >>numbers                mp_f16, mp_bf16: conversions, arithmetic, comparisons
+    >>dtypes                 float32, float16, bfloat16: names and sizes
+    >>bulk casts             mp_convert and the overflow/underflow counts
+    >>policies               Keras's dtype policies and the global policy
+    >>memory                 the counted allocator, current and peak bytes
+    >>tensors                mp_tensor: dtype, shape, data
+    >>threads                the worker pool
+    >>matmul                 mp_matmul: any mix of dtypes, float32 sums
+    >>layers                 layer descriptions (mp_dense, mp_conv2d, ...)
+    >>losses, metrics and optimizers   their kinds and Keras's settings
+    >>loss scaling           Keras's LossScaleOptimizer state machine
+    >>automatic mixed precision   TensorFlow's AMP graph rewrite; compile's
+                             settings (before >>model: mp_compile_desc holds them)
+    >>model                  create, add, build, compile, queries, weights
+    >>fit                    fit, evaluate, predict, mp_logs, callbacks
+    >>custom training loop   the guide's train_step, one call per line
+    >>numerics diagnostics   per-layer statistics, check-numerics, advice
+    >>checkpoints            save/load (atomic), weight export/import
+    >>data                   IDX files (MNIST, Fashion-MNIST)
+    >>backends               the table of operations a backend fills, and the
+                             inline rules every backend shares
+    >>rules                  activations and loss rows, compiled by the
+                             implementation and by device backends alike
+    Implementation (under MIXPREC_IMPLEMENTATION), in file order:
+    >>errors, >>numbers: conversion, >>numbers: arithmetic, >>dtypes,
+    >>bulk casts, >>bulk casts: cast stats (the scalar and AVX2 loops),
+    >>policies, >>memory (and carving one block into tensors), >>tensors,
+    >>text                    a formatter without stdio for messages and logs
+    >>cpu backend             the CPU's kernels, ending with its table:
+                              activations, >>threads, >>matmul (BLIS-style
+                              GEMM), elementwise, losses, loss scaling,
+                              optimizers, convolution/pooling/dropout,
+                              the operations table
+    >>layers                  each layer's forward and backward, side by side;
+                              >>layers: descriptions (mp_dense, ...)
+    >>loss scaling, >>model, >>custom training loop,
+    >>automatic mixed precision   (the pass that rewrites the model's dtypes)
+    >>fit                     the training loop and its callbacks
+    >>model: queries, >>model: summary, >>numerics diagnostics,
+    >>checkpoints, >>data
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
+
+#define MIXPREC_VERSION_MAJOR 0
+#define MIXPREC_VERSION_MINOR 1
+#define MIXPREC_VERSION_PATCH 0
+#define MIXPREC_VERSION_STRING "0.1.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -1020,6 +1076,7 @@ struct mp_backend {
                     size_t n, float scale);
 };
 
+/* >>cpu backend: the table of the CPU's kernels, the default. */
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
 
 /* The rules every backend shares, defined here so that device code
@@ -1063,6 +1120,13 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #endif
 #endif /* MIXPREC_H */
 
+/* IDEs parse the header alone: with the implementation defined they index
+   and colour it instead of greying it out (as cgltf.h does). Compilers
+   define neither macro. */
+#if defined(__INTELLISENSE__) || defined(__JETBRAINS_IDE__)
+#define MIXPREC_IMPLEMENTATION
+#endif
+
 /* ======================================================================== */
 /* >>rules: the math every backend does alike, compiled from these lines by
    the implementation and by a device backend's source (which defines
@@ -1076,21 +1140,25 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 /* Every float operation rounds on its own, as written: C++ and GNU modes
    let compilers fuse a*b+c into one FMA, which would make the kernels' bits
    depend on the build (the GEMM asks for FMA through intrinsics). nvcc
-   builds device code with --fmad=false instead. */
+   builds device code with --fmad=false instead. Each use ends in a
+   declaration of an empty struct and a semicolon, so that tools that do not
+   expand macros (Universal Ctags, editors) read it as a statement and still
+   see the functions after it. */
 #if defined(__CUDACC__)
-#define MP__ROUND_EACH_BEGIN
-#define MP__ROUND_EACH_END
+#define MP__ROUND_EACH_BEGIN struct mp__round_each
+#define MP__ROUND_EACH_END struct mp__round_each
 #elif defined(__clang__)
-#define MP__ROUND_EACH_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
-#define MP__ROUND_EACH_END _Pragma("float_control(pop)")
+#define MP__ROUND_EACH_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)") struct mp__round_each
+#define MP__ROUND_EACH_END _Pragma("float_control(pop)") struct mp__round_each
 #elif defined(__GNUC__)
-#define MP__ROUND_EACH_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
-#define MP__ROUND_EACH_END _Pragma("GCC pop_options")
+#define MP__ROUND_EACH_BEGIN \
+    _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")") struct mp__round_each
+#define MP__ROUND_EACH_END _Pragma("GCC pop_options") struct mp__round_each
 #else
-#define MP__ROUND_EACH_BEGIN
-#define MP__ROUND_EACH_END
+#define MP__ROUND_EACH_BEGIN struct mp__round_each
+#define MP__ROUND_EACH_END struct mp__round_each
 #endif
-MP__ROUND_EACH_BEGIN
+MP__ROUND_EACH_BEGIN;
 
 static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
     switch (a) {
@@ -1200,7 +1268,7 @@ static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const
     return 0;
 }
 
-MP__ROUND_EACH_END
+MP__ROUND_EACH_END;
 #endif /* MIXPREC_RULES */
 
 /* ======================================================================== */
@@ -1250,7 +1318,7 @@ MP__ROUND_EACH_END
 #define MP__HOT static inline
 #endif
 
-MP__ROUND_EACH_BEGIN /* to the end of the implementation (see >>rules) */
+MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -1277,7 +1345,7 @@ MIXPREC_API const char *mp_status_name(mp_status status) {
     return names[status];
 }
 
-/* >>conversion
+/* >>numbers: conversion
    Every conversion is "widen exactly to float32 bits, then round once". All of
    it is integer code written branch-free (selects, not jumps) so that compilers
    vectorise the portable bulk loops. */
@@ -1373,7 +1441,7 @@ MIXPREC_API mp_bf16 mp_bf16_from_f64(double x) {
     return mp_bf16_from_bits(mp__bf16_from_f32_bits(mp__f32_bits_from_f64_round_to_odd(mp__f64_bits(x))));
 }
 
-/* >>arithmetic
+/* >>numbers: arithmetic
    Why float32-then-round-once is exact: for +, -, *, / and sqrt, if the
    intermediate format has p' >= 2p + 2 significand bits, rounding the exact
    result to p' bits and then to p bits equals rounding it to p bits directly
@@ -1385,19 +1453,22 @@ MIXPREC_API mp_bf16 mp_bf16_from_f64(double x) {
    bfloat16 midpoint within float32's rounding error. tests/test_numerics.c checks
    add and mul on all 2^32 float16 pairs. Fused multiply-add is NOT covered
    by the theorem, which is why there is none here. */
+/* The lines below define mp_f16_add mp_f16_sub mp_f16_mul mp_f16_div
+   mp_bf16_add mp_bf16_sub mp_bf16_mul mp_bf16_div (token pasting). */
 #define MP__ARITH(T, OP, EXPR)                                                    \
     MIXPREC_API T T##_##OP(T a, T b) {                                            \
         float x = T##_to_f32(a), y = T##_to_f32(b);                               \
         return T##_from_f32(EXPR);                                                \
-    }
-MP__ARITH(mp_f16, add, x + y)
-MP__ARITH(mp_f16, sub, x - y)
-MP__ARITH(mp_f16, mul, x * y)
-MP__ARITH(mp_f16, div, x / y)
-MP__ARITH(mp_bf16, add, x + y)
-MP__ARITH(mp_bf16, sub, x - y)
-MP__ARITH(mp_bf16, mul, x * y)
-MP__ARITH(mp_bf16, div, x / y)
+    }                                                                             \
+    struct mp__semicolon /* the use ends in ';', a statement to tools like ctags */
+MP__ARITH(mp_f16, add, x + y);
+MP__ARITH(mp_f16, sub, x - y);
+MP__ARITH(mp_f16, mul, x * y);
+MP__ARITH(mp_f16, div, x / y);
+MP__ARITH(mp_bf16, add, x + y);
+MP__ARITH(mp_bf16, sub, x - y);
+MP__ARITH(mp_bf16, mul, x * y);
+MP__ARITH(mp_bf16, div, x / y);
 #undef MP__ARITH
 MIXPREC_API mp_f16 mp_f16_sqrt(mp_f16 a) { return mp_f16_from_f32(sqrtf(mp_f16_to_f32(a))); }
 MIXPREC_API mp_bf16 mp_bf16_sqrt(mp_bf16 a) { return mp_bf16_from_f32(sqrtf(mp_bf16_to_f32(a))); }
@@ -1411,6 +1482,10 @@ static int mp__h_eq(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unorde
 static int mp__h_lt(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unordered(a, b, inf) && mp__h_key(a) < mp__h_key(b); }
 static int mp__h_le(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unordered(a, b, inf) && mp__h_key(a) <= mp__h_key(b); }
 
+/* The lines below define mp_f16_neg mp_f16_abs mp_f16_eq mp_f16_lt mp_f16_le
+   mp_f16_gt mp_f16_ge mp_f16_isnan mp_f16_isinf mp_f16_isfinite and
+   mp_bf16_neg mp_bf16_abs mp_bf16_eq mp_bf16_lt mp_bf16_le mp_bf16_gt
+   mp_bf16_ge mp_bf16_isnan mp_bf16_isinf mp_bf16_isfinite (token pasting). */
 #define MP__BITOPS(T, INF)                                                                    \
     MIXPREC_API T T##_neg(T a) { return T##_from_bits((uint16_t)(a.bits ^ 0x8000u)); }         \
     MIXPREC_API T T##_abs(T a) { return T##_from_bits((uint16_t)(a.bits & 0x7FFFu)); }         \
@@ -1421,9 +1496,10 @@ static int mp__h_le(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unorde
     MIXPREC_API int T##_ge(T a, T b) { return mp__h_le(b.bits, a.bits, INF); }                 \
     MIXPREC_API int T##_isnan(T a) { return mp__h_isnan(a.bits, INF); }                        \
     MIXPREC_API int T##_isinf(T a) { return (a.bits & 0x7FFFu) == INF; }                       \
-    MIXPREC_API int T##_isfinite(T a) { return (a.bits & 0x7FFFu) < INF; }
-MP__BITOPS(mp_f16, 0x7C00u)
-MP__BITOPS(mp_bf16, 0x7F80u)
+    MIXPREC_API int T##_isfinite(T a) { return (a.bits & 0x7FFFu) < INF; }                     \
+    struct mp__semicolon
+MP__BITOPS(mp_f16, 0x7C00u);
+MP__BITOPS(mp_bf16, 0x7F80u);
 #undef MP__BITOPS
 
 /* >>dtypes */
@@ -1450,7 +1526,7 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
-/* >>cast stats
+/* >>bulk casts: cast stats
    Round to nearest is monotone, so what narrowing does to x depends only on
    where |x| falls among three thresholds of the target format. As float32
    bit patterns (which order like magnitudes), with lo inclusive:
@@ -1594,16 +1670,18 @@ MP__HOT __m256i mp__x86_abs_bits(__m256 x) {
 #define MP__X86_EXTREMES(hi, lo, a)                                                             \
     (hi = _mm256_max_epu32(hi, a), lo = _mm256_min_epu32(lo, _mm256_add_epi32(a, _mm256_set1_epi32(-1))))
 
-/* Horizontal sum, max and min of eight lanes: fold 256 -> 128 -> 64 -> 32 bits. */
+/* mp__x86_hsum, mp__x86_hmax, mp__x86_hmin: horizontal sum, max and min of
+   eight lanes: fold 256 -> 128 -> 64 -> 32 bits. */
 #define MP__X86_HORIZONTAL(NAME, OP)                                                          \
     static uint32_t NAME(__m256i v) {                                                         \
         __m128i x = OP(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));            \
         x = OP(x, _mm_shuffle_epi32(x, 0x4E));                                                \
         return (uint32_t)_mm_cvtsi128_si32(OP(x, _mm_shuffle_epi32(x, 0xB1)));                \
-    }
-MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32)
-MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epu32)
-MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32)
+    }                                                                                         \
+    struct mp__semicolon
+MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32);
+MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epu32);
+MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32);
 #undef MP__X86_HORIZONTAL
 
 /* The full pass: one compare per threshold t counts the lanes with |x| >= t
@@ -1976,7 +2054,7 @@ static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
     }
 }
 
-/* >>kernels
+/* >>cpu backend
    The CPU backend (the operations table is declared under >>backends):
    every kernel a layer, loss or optimizer runs is one of its ops. Kernels work
    on any mix of float dtypes by widening tiles to float32 (exactly), doing
@@ -2002,7 +2080,7 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 
 
-/* >>activations (float32 math; Keras's definitions are in >>rules) */
+/* >>cpu backend: activations (float32 math; Keras's definitions are in >>rules) */
 /* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
    in blocks of 16 with a constant trip count, which compilers vectorise;
    the rest are dominated by exp, erf and tanh. */
@@ -2236,7 +2314,7 @@ typedef struct mp__cpu {
 } mp__cpu;
 static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 
-/* >>gemm: BLIS's loops. For each panel of NC columns, op(B) is packed once
+/* >>matmul: BLIS's loops. For each panel of NC columns, op(B) is packed once
    (K x NC, widened to float32, or kept as bfloat16 pairs for the dot-product
    kernel); for each block of MC rows and each KC slice of K, op(A) is
    packed and an MR x NR register tile sweeps the pair, adding into a
@@ -2745,7 +2823,7 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
     return st;
 }
 
-/* >>elementwise: long vectors are cut into one contiguous range per thread
+/* >>cpu backend: elementwise. Long vectors are cut into one contiguous range per thread
    (elementwise work: the result does not depend on the cut). */
 typedef struct mp__range_job {
     void (*fn)(void *args, size_t begin, size_t end, int thread);
@@ -2797,7 +2875,7 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
     mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
-/* >>loss kernels: Keras 3's formulas in float32, a row at a time (the rows
+/* >>cpu backend: losses. Keras 3's formulas in float32, a row at a time (the rows
    are in >>rules). */
 static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt,
                          const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
@@ -2821,7 +2899,7 @@ static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *p
     metrics[1] = (float)correct;
 }
 
-/* >>loss-scale kernels */
+/* >>cpu backend: loss scaling */
 static void mp__cpu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n,
                                const float *scale_ptr) {
     float t[MP__TILE], scale = scale_ptr ? *scale_ptr : 1.0f;
@@ -2884,7 +2962,7 @@ static void mp__cpu_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *f
     (void)mp_loss_scale_step(ls, !*found_inf);
 }
 
-/* >>optimizers: Keras 3's update rules on float32 master weights, written
+/* >>cpu backend: optimizers. Keras 3's update rules on float32 master weights, written
    once over vectors of MP__VW floats (a scalar when there is no SIMD; the
    same operations in the same order either way, no fused multiply-add). */
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
@@ -3005,7 +3083,7 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
 }
 
-/* >>conv kernels (NHWC, one image; Keras's channels_last) */
+/* >>cpu backend: convolution, pooling, dropout (NHWC, one image; Keras's channels_last) */
 static void mp__cpu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
     size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
     unsigned char *out = (unsigned char *)col;
@@ -3116,8 +3194,9 @@ static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_d
     }
 }
 
-/* The rest of the CPU backend: memory is the host's (64-byte aligned,
-   zeroed, counted), copies are memcpy, the context is the thread pool. */
+/* >>cpu backend: the operations table. The rest of the CPU backend: memory
+   is the host's (64-byte aligned, zeroed, counted), copies are memcpy, the
+   context is the thread pool. */
 static mp_status mp__cpu_create(void **ctx, int threads, const void *config) {
     mp__cpu *c = (mp__cpu *)mp__alloc(sizeof *c);
     (void)config;
@@ -3540,7 +3619,7 @@ static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
     {"Dropout", "dropout", mp__dropout_forward, mp__dropout_backward},
 };
 
-/* >>layer descriptions */
+/* >>layers: descriptions */
 static const char *const mp__activation_names[MP_ACTIVATION_COUNT] = {"linear", "relu", "sigmoid",
                                                                       "softmax", "tanh", "gelu"};
 
@@ -4611,6 +4690,8 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
     }
 }
 
+/* >>custom training loop (see the declaration): the six calls of the guide's
+   train_step, with the helpers they share with fit. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
@@ -5107,7 +5188,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     return mp__sync(m);
 }
 
-/* >>model queries */
+/* >>model: queries */
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {
@@ -5195,7 +5276,7 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
-/* >>summary: Keras's model.summary() with a Policy column */
+/* >>model: summary. Keras's model.summary() with a Policy column */
 static void mp__put_shape(mp__text *t, int rank, const int *shape) {
     int i;
     mp__put(t, "(None");
@@ -5279,7 +5360,7 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
 #endif
 
 /* >>numerics diagnostics (see the declaration). Statistics are taken by the
-   cast-stats scan (>>cast stats) with no output written, plus a histogram
+   cast-stats scan (>>bulk casts: cast stats) with no output written, plus a histogram
    read off float32's exponent bits; the hooks in mp__run_forward,
    mp_compute_scaled_gradients and mp_get_unscaled_gradients call in here
    only when diagnostics are on (m->num). */
@@ -5371,7 +5452,7 @@ MIXPREC_API const char *mp_numerics_kind_name(mp_numerics_kind kind) {
    overflow during back-propagation": so the largest power of two (exact to
    apply and to undo) with max|g| S inside float16's 65504, with a factor 2
    of headroom because the next steps' gradients are not these. A value
-   below 2^-25 (float16's half-smallest subnormal, >>cast stats' sub_lo)
+   below 2^-25 (float16's half-smallest subnormal, >>bulk casts: cast stats' sub_lo)
    becomes zero; bin b's values lie below 2^(MP_HIST_MIN_EXP + b). */
 static uint64_t mp__flushed_at(const mp_tensor_stats *s, int log2_scale) {
     int flush = mp__exponent(mp__ranges_of[MP_FLOAT16].sub_lo), b; /* -25 */
@@ -6503,7 +6584,7 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
 #ifdef __cplusplus
 }
 #endif
-MP__ROUND_EACH_END
+MP__ROUND_EACH_END;
 #endif /* MIXPREC_IMPLEMENTATION_DONE */
 #endif /* MIXPREC_IMPLEMENTATION */
 
