@@ -40,7 +40,7 @@ run() {
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p)); failed=$((failed + f))
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
-    if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | tail -n 40 | sed 's/^/      /'; fi
+    if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
 }
 
 skip() { skipped=$((skipped + 1)); echo "skip  $1: $2"; }

@@ -424,20 +424,21 @@ static void test_tensor_core_warning(void) {
     CHECK(strstr(text, "units 4 -> pad to 8") != NULL && strstr(text, "batch size 5 -> pad to 8") != NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
+    check_args(argc, argv);
     cpu = mp_cpu_backend();
     make_data();
-    test_same_training("float32", MP_RMSPROP);
-    test_same_training("mixed_float16", MP_ADAM);
-    test_same_training("mixed_bfloat16", MP_SGD);
-    test_same_training("amp", MP_ADAM); /* layers whose output dtype differs from their compute dtype */
-    test_step_traffic();
-    test_reads();
-    test_diagnostics();
-    test_checkpoint();
-    test_amp_output();
-    test_tensor_core_warning();
+    RUN(test_same_training("float32", MP_RMSPROP));
+    RUN(test_same_training("mixed_float16", MP_ADAM));
+    RUN(test_same_training("mixed_bfloat16", MP_SGD));
+    RUN(test_same_training("amp", MP_ADAM)); /* layers whose output dtype differs from their compute dtype */
+    RUN(test_step_traffic());
+    RUN(test_reads());
+    RUN(test_diagnostics());
+    RUN(test_checkpoint());
+    RUN(test_amp_output());
+    RUN(test_tensor_core_warning());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }

@@ -741,24 +741,25 @@ static void test_portable_bytes(void) {
     mp_model_destroy(back);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_ckpt_XXXXXX";
+    check_args(argc, argv);
     init_data();
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
     tmp_dir = dir;
-    test_round_trip();
-    test_resume_fit(MP_ADAM);
-    test_resume_fit(MP_RMSPROP);
-    test_resume_custom_loop();
-    test_initial_epoch_args();
-    test_truncations();
-    test_corruptions();
-    test_forged();
-    test_foreign();
-    test_wrong_model();
-    test_export();
-    test_files();
-    test_portable_bytes();
+    RUN(test_round_trip());
+    RUN(test_resume_fit(MP_ADAM));
+    RUN(test_resume_fit(MP_RMSPROP));
+    RUN(test_resume_custom_loop());
+    RUN(test_initial_epoch_args());
+    RUN(test_truncations());
+    RUN(test_corruptions());
+    RUN(test_forged());
+    RUN(test_foreign());
+    RUN(test_wrong_model());
+    RUN(test_export());
+    RUN(test_files());
+    RUN(test_portable_bytes());
     rmdir(dir);
     return check_done("test_checkpoint");
 }
