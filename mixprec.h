@@ -478,6 +478,36 @@ typedef enum mp_optimizer_kind {
     MP_OPTIMIZER_COUNT
 } mp_optimizer_kind;
 
+/* Keras's learning-rate schedules (keras.optimizers.schedules), given to
+   the optimizer in place of a constant learning rate and read at every
+   step from the optimizer's iteration count (0 at the first step):
+   ExponentialDecay: initial_learning_rate * decay_rate ^ (step / decay_steps),
+       the exponent floored when staircase;
+   CosineDecay: initial_learning_rate * ((1 - alpha) * c + alpha) with
+       c = 0.5 (1 + cos(pi * min(step, decay_steps) / decay_steps)); alpha
+       (Keras's default 0) is the floor, as a fraction of the initial rate.
+   initial_learning_rate and decay_steps are required (> 0), and decay_rate
+   (> 0) for ExponentialDecay. The schedule is part of the optimizer state a
+   checkpoint holds. */
+typedef enum mp_lr_schedule_kind {
+    MP_LR_CONSTANT = 0, /* the optimizer's learning_rate */
+    MP_EXPONENTIAL_DECAY,
+    MP_COSINE_DECAY,
+    MP_LR_SCHEDULE_COUNT
+} mp_lr_schedule_kind;
+
+typedef struct mp_lr_schedule {
+    mp_lr_schedule_kind kind;
+    float initial_learning_rate;
+    uint64_t decay_steps;
+    float decay_rate; /* ExponentialDecay */
+    int staircase;    /* ExponentialDecay */
+    float alpha;      /* CosineDecay: 0 = Keras's 0 */
+} mp_lr_schedule;
+
+/* The schedule's learning rate at an optimizer step; 0 for an invalid schedule. */
+MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
+
 /* Zero means Keras's default. SGD: learning_rate 0.01, momentum 0, nesterov
    off. RMSprop: 0.001, rho 0.9, epsilon 1e-7. Adam: 0.001, beta_1 0.9,
    beta_2 0.999, epsilon 1e-7. */
@@ -489,6 +519,7 @@ typedef struct mp_optimizer_desc {
     float rho;      /* RMSprop */
     float beta_1, beta_2;
     float epsilon;
+    mp_lr_schedule schedule; /* zero: the constant learning_rate; else learning_rate is ignored */
 } mp_optimizer_desc;
 
 /* >>loss scaling (Keras LossScaleOptimizer)
@@ -699,7 +730,41 @@ typedef struct mp_logs {
     size_t steps;
     float loss_scale;             /* at the end of the epoch (1 without scaling) */
     uint64_t skipped_steps;       /* since compile */
+    float learning_rate;          /* the optimizer's, at the end of the epoch or step */
 } mp_logs;
+
+/* >>fit: callbacks, Keras's keras.callbacks. fit calls each hook of each
+   callback (NULL hooks are skipped) in the order given, then its built-in
+   ones: the history (mp_fit_desc.history), the CSV log (csv_path) and the
+   progress bar (verbose). Logs: on_batch_end gets the epoch's running loss
+   and accuracy, the loss scale, skipped steps and learning rate;
+   on_epoch_end all of mp_logs; on_train_begin/end and on_epoch_begin get
+   NULL. A hook that returns a status other than MP_OK ends fit with it (a
+   hook that fails should say why through the model, e.g. by the mixprec
+   call that failed). on_train_end runs for every callback whose
+   on_train_begin ran, also when fit fails (state->status says so), so that
+   a callback can give back what it took. */
+typedef struct mp_fit_state {
+    mp_model *model;
+    int epoch;          /* 0-based (Keras's epoch argument) */
+    int epochs;         /* fit's epochs: the last epoch is epochs - 1 */
+    int initial_epoch;
+    size_t step;        /* on_batch_end: 0-based batch index in the epoch (Keras's batch) */
+    size_t steps;       /* per epoch */
+    int has_accuracy;   /* the accuracy metric is compiled */
+    int has_validation; /* validation_split left samples to validate on */
+    int stop_training;  /* a hook sets it: fit ends after this batch or epoch (Keras's model.stop_training) */
+    mp_status status;   /* on_train_end: how fit ended */
+} mp_fit_state;
+
+typedef mp_status (*mp_callback_fn)(void *user, mp_fit_state *state, const mp_logs *logs);
+
+typedef struct mp_callback {
+    mp_callback_fn on_train_begin, on_train_end;
+    mp_callback_fn on_epoch_begin, on_epoch_end;
+    mp_callback_fn on_batch_end;
+    void *user; /* passed to every hook */
+} mp_callback;
 
 typedef enum mp_verbose {
     MP_VERBOSE_AUTO = 0, /* a live bar on a terminal, one line per epoch otherwise */
@@ -722,6 +787,8 @@ typedef struct mp_fit_desc {
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
+    const mp_callback *callbacks; /* callback_count of them, or NULL */
+    int callback_count;
 } mp_fit_desc;
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
@@ -730,6 +797,115 @@ MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int ba
 /* out: [n, outputs] float32. */
 MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size,
                                        float *out);
+
+/* >>fit: built-in callbacks. Each keeps its settings and its state in a
+   struct the caller owns (zero means Keras's default); mp_..._callback(p)
+   returns the callback for mp_fit_desc.callbacks. Monitored values have
+   the names of Keras's logs: "loss", "accuracy", "val_loss",
+   "val_accuracy", "learning_rate". Mode AUTO maximises a name with "acc" in
+   it and minimises the others (Keras). A val_ name without validation data
+   (validation_split), or another name, is MP_ERR_ARG at on_train_begin. */
+typedef enum mp_monitor_mode { MP_MODE_AUTO = 0, MP_MODE_MIN, MP_MODE_MAX } mp_monitor_mode;
+
+/* History: each epoch's logs in epochs[epoch - initial_epoch] (as many as
+   capacity holds); count: how many were written. */
+typedef struct mp_history {
+    mp_logs *epochs;
+    int capacity;
+    int count; /* written by the callback */
+} mp_history;
+MIXPREC_API mp_callback mp_history_callback(mp_history *h);
+
+/* EarlyStopping: stops fit when the monitored value has not improved (by
+   more than |min_delta|) for patience epochs; an epoch improves when it
+   beats the best so far, and restarts the patience only if it also beats
+   the baseline (when there is one). With restore_best_weights the model
+   gets the weights of its best epoch back when training ends (Keras 3).
+   verbose prints "Epoch N: early stopping" and the restore. */
+typedef struct mp_early_stopping {
+    const char *monitor;      /* NULL = "val_loss" */
+    float min_delta;
+    int patience;             /* 0 (Keras's default): stop at the first epoch without improvement */
+    int verbose;
+    mp_monitor_mode mode;
+    const float *baseline;    /* NULL = none */
+    int restore_best_weights;
+    int start_from_epoch;     /* epochs to let pass before monitoring */
+    /* written by the callback */
+    int wait;                 /* epochs since the last improvement */
+    int stopped_epoch;        /* 0-based epoch it stopped at; 0 when it did not */
+    int best_epoch;           /* -1 until an epoch was monitored */
+    float best;
+    float *best_weights;      /* allocated during fit when restore_best_weights */
+} mp_early_stopping;
+MIXPREC_API mp_callback mp_early_stopping_callback(mp_early_stopping *es);
+
+/* LearningRateScheduler: at each epoch's start the optimizer's learning rate
+   becomes schedule(user, epoch, learning rate now); it must be finite and
+   positive (MP_ERR_ARG). The optimizer must have a constant rate, not a
+   mp_lr_schedule (MP_ERR_STATE, as Keras refuses to set a schedule's rate).
+   verbose prints Keras's line for each change. */
+typedef float (*mp_lr_schedule_fn)(void *user, int epoch, float learning_rate);
+typedef struct mp_lr_scheduler {
+    mp_lr_schedule_fn schedule; /* required */
+    void *user;
+    int verbose;
+} mp_lr_scheduler;
+MIXPREC_API mp_callback mp_lr_scheduler_callback(mp_lr_scheduler *s);
+
+/* The learning rate of the optimizer's next step (0 before compile), and a
+   new constant one: MP_ERR_STATE before compile or under a mp_lr_schedule,
+   MP_ERR_ARG unless finite and positive. A checkpoint holds it. */
+MIXPREC_API float mp_model_learning_rate(const mp_model *m);
+MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rate);
+
+#ifndef MIXPREC_NO_STDIO
+/* ProgbarLogger: Keras's progress bar, "Epoch 1/5" then
+   `6/6 [====>.....] - ETA: 1s - loss: ...` redrawn in place (verbose BAR,
+   or AUTO on a terminal) or one line per epoch (LINES, or AUTO otherwise):
+   `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
+typedef struct mp_progbar_logger {
+    mp_verbose verbose;
+    /* written by the callback */
+    int live;
+    size_t last_len;
+    long start_sec, start_nsec;
+} mp_progbar_logger;
+MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p);
+
+/* CSVLogger: `kind,epoch,step,loss,accuracy,val_loss,val_accuracy,
+   loss_scale,skipped_steps`, an `epoch` row after every epoch and, with
+   per_step, a `step` row after every step (the epoch's running means); step
+   counts from the start of the fit. append (Keras: append=False) adds to
+   the file, with the header only when it is empty. MP_ERR_IO when the file
+   cannot be opened or written. */
+typedef struct mp_csv_logger {
+    const char *filename; /* required */
+    int append;
+    int per_step;
+    void *file;           /* written by the callback: the FILE during fit */
+} mp_csv_logger;
+MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c);
+
+/* ModelCheckpoint: after every epoch saves a checkpoint (mp_model_save,
+   atomic) or, with save_weights_only, the float32 inference weights
+   (mp_model_export_weights) to filepath, in which "{epoch}" or "{epoch:02d}"
+   (any width) becomes the 1-based epoch. save_best_only saves only when the
+   monitored value beats the best so far. verbose prints Keras's lines. A
+   failed save ends fit with its status. */
+typedef struct mp_model_checkpoint {
+    const char *filepath;  /* required */
+    const char *monitor;   /* NULL = "val_loss" */
+    int verbose;
+    int save_best_only;
+    int save_weights_only;
+    mp_monitor_mode mode;
+    /* written by the callback */
+    float best;            /* +-inf until an epoch was monitored */
+    int saves;
+} mp_model_checkpoint;
+MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
+#endif
 
 /* >>custom training loop: the guide's train_step, one call per line
        mp_forward(m, x, batch, 1);                       // predictions = model(x)
@@ -3681,6 +3857,26 @@ MIXPREC_API mp_layer_desc mp_dropout(float rate) {
     return d;
 }
 
+/* >>losses, metrics and optimizers: learning-rate schedules (see the
+   declaration; Keras's formulas, in float32 as Keras computes them) */
+static int mp__schedule_valid(const mp_lr_schedule *s) {
+    if ((unsigned)s->kind >= (unsigned)MP_LR_SCHEDULE_COUNT) return 0;
+    if (s->kind == MP_LR_CONSTANT) return 1;
+    return s->initial_learning_rate > 0.0f && s->initial_learning_rate <= FLT_MAX && s->decay_steps > 0 &&
+           (s->kind != MP_EXPONENTIAL_DECAY || (s->decay_rate > 0.0f && s->decay_rate <= FLT_MAX)) &&
+           (s->kind != MP_COSINE_DECAY || (s->alpha >= 0.0f && s->alpha <= 1.0f));
+}
+
+MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step) {
+    float p;
+    if (!s || !mp__schedule_valid(s)) return 0.0f;
+    if (s->kind == MP_LR_CONSTANT) return s->initial_learning_rate;
+    p = (float)step / (float)s->decay_steps;
+    if (s->kind == MP_EXPONENTIAL_DECAY) return s->initial_learning_rate * powf(s->decay_rate, s->staircase ? floorf(p) : p);
+    p = p < 1.0f ? p : 1.0f; /* CosineDecay: flat at alpha past decay_steps */
+    return s->initial_learning_rate * ((1.0f - s->alpha) * (0.5f * (1.0f + cosf(3.14159265f * p))) + s->alpha);
+}
+
 /* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
 MIXPREC_API mp_status mp_loss_scale_init(mp_loss_scale *ls, const mp_loss_scale_desc *desc) {
     mp_loss_scale r;
@@ -4428,6 +4624,10 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
     if (!(o->learning_rate > 0.0f) || !(o->momentum >= 0.0f && o->momentum < 1.0f) || !(o->rho > 0.0f && o->rho < 1.0f) ||
         !(o->beta_1 > 0.0f && o->beta_1 < 1.0f) || !(o->beta_2 > 0.0f && o->beta_2 < 1.0f) || !(o->epsilon > 0.0f))
         return mp__fail(m, MP_ERR_ARG, "optimizer hyperparameters out of range");
+    if (!mp__schedule_valid(&o->schedule))
+        return mp__fail(m, MP_ERR_ARG, "learning-rate schedule: kind %d, initial_learning_rate, decay_steps, "
+                        "decay_rate must be positive, alpha in [0, 1]", (int)o->schedule.kind);
+    if (o->schedule.kind != MP_LR_CONSTANT) o->learning_rate = mp_lr_schedule_value(&o->schedule, 0);
     return MP_OK;
 }
 
@@ -4835,6 +5035,7 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
     if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip);
+    m->opt.cfg.learning_rate = mp_model_learning_rate(m); /* a schedule's, at this step */
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
@@ -4846,6 +5047,23 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     m->have_unscaled = 0;
     if ((st = mp__read_state(m)) != MP_OK) return st;
     if (applied) *applied = !skip || !m->seen.found_inf;
+    return MP_OK;
+}
+
+MIXPREC_API float mp_model_learning_rate(const mp_model *m) {
+    if (!m || !m->compiled) return 0.0f;
+    if (m->opt.cfg.schedule.kind == MP_LR_CONSTANT) return m->opt.cfg.learning_rate;
+    return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration);
+}
+
+MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rate) {
+    if (!m) return MP_ERR_NULL;
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before setting its learning rate");
+    if (m->opt.cfg.schedule.kind != MP_LR_CONSTANT)
+        return mp__fail(m, MP_ERR_STATE, "the optimizer's learning rate follows a schedule: it cannot be set");
+    if (!(learning_rate > 0.0f && learning_rate <= FLT_MAX))
+        return mp__fail(m, MP_ERR_ARG, "the learning rate must be finite and positive");
+    m->opt.cfg.learning_rate = learning_rate;
     return MP_OK;
 }
 
@@ -4943,10 +5161,7 @@ static void mp__put_metric(mp__text *t, const char *name, float v) {
     mp__put_number(t, v, 4);
 }
 
-/* The CSV training log: `kind,epoch,step,loss,accuracy,val_loss,
-   val_accuracy,loss_scale,skipped_steps`, a `step` row after every step
-   when asked (running means, as the progress bar shows) and an `epoch` row
-   after every epoch; step counts from the start of the fit. */
+/* A CSV log row (the columns are under mp_csv_logger). */
 static void mp__csv_row(FILE *f, const char *kind, int epoch, size_t step, const mp_logs *lg, int has_val) {
     char buf[256];
     mp__text t;
@@ -4973,36 +5188,33 @@ static void mp__csv_row(FILE *f, const char *kind, int epoch, size_t step, const
     fputs(buf, f);
 }
 
-typedef struct mp__progress {
-    int live;        /* a bar redrawn in place (terminal), or one line at the end */
-    size_t total;    /* steps in the epoch */
-    size_t last_len; /* to blank out a longer previous line */
-    mp__clock start;
-} mp__progress;
-
-/* Keras's progress bar: `6/6 [====>.....] - ETA: 1s - loss: ...`, and at
-   the end `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
-static void mp__progress_show(mp__progress *p, size_t step, const mp_logs *lg, int has_acc, int has_val) {
+/* Keras's progress bar after `step` of `total` steps (see mp_progbar_logger). */
+static void mp__progress_show(mp_progbar_logger *p, size_t step, size_t total, const mp_logs *lg, int has_acc,
+                              int has_val) {
     char buf[320];
     mp__text t;
-    size_t width = 30, filled = step * width / p->total, i, digits = 1, d;
-    float elapsed = mp__seconds_since(p->start);
-    int done = step == p->total;
+    size_t width = 30, filled = step * width / total, i, digits = 1, d;
+    mp__clock start;
+    float elapsed;
+    int done = step == total;
+    start.sec = p->start_sec;
+    start.nsec = p->start_nsec;
+    elapsed = mp__seconds_since(start);
     t.buf = buf;
     t.cap = sizeof buf;
     t.len = 0;
     if (p->live) mp__put(&t, "\r");
-    for (d = p->total; d >= 10; d /= 10) digits++;
+    for (d = total; d >= 10; d /= 10) digits++;
     for (d = step, i = 1; d >= 10; d /= 10) i++;
     for (; i < digits; i++) mp__put(&t, " ");
     mp__put_uint(&t, step, 0);
     mp__put(&t, "/");
-    mp__put_uint(&t, p->total, 0);
+    mp__put_uint(&t, total, 0);
     mp__put(&t, " [");
     for (i = 0; i < width; i++) mp__put(&t, i + 1 < filled || (done && i < filled) ? "=" : i + 1 == filled ? ">" : ".");
     mp__put(&t, "]");
     if (done) {
-        float per_step = elapsed / (float)p->total;
+        float per_step = elapsed / (float)total;
         mp__put(&t, " - ");
         mp__put_float(&t, elapsed, 0);
         mp__put(&t, "s ");
@@ -5011,7 +5223,7 @@ static void mp__progress_show(mp__progress *p, size_t step, const mp_logs *lg, i
         else { mp__put_float(&t, per_step * 1e6f, 0); mp__put(&t, "us/step"); }
     } else {
         mp__put(&t, " - ETA: ");
-        mp__put_float(&t, elapsed / (float)step * (float)(p->total - step), 0);
+        mp__put_float(&t, elapsed / (float)step * (float)(total - step), 0);
         mp__put(&t, "s");
     }
     mp__put_metric(&t, "loss", lg->loss);
@@ -5058,99 +5270,471 @@ static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *
     return mp_apply_gradients(m, NULL);
 }
 
+/* >>fit: callbacks. Which hook of a callback, by mp__hook's index. */
+enum { MP__TRAIN_BEGIN, MP__TRAIN_END, MP__EPOCH_BEGIN, MP__EPOCH_END, MP__BATCH_END };
+
+static mp_callback_fn mp__hook(const mp_callback *c, int which) {
+    switch (which) {
+    case MP__TRAIN_BEGIN: return c->on_train_begin;
+    case MP__TRAIN_END: return c->on_train_end;
+    case MP__EPOCH_BEGIN: return c->on_epoch_begin;
+    case MP__EPOCH_END: return c->on_epoch_end;
+    default: return c->on_batch_end;
+    }
+}
+
+/* Calls hook `which` of callbacks [0, n) in order; the first failure ends
+   the round. A hook that fails without a message of its own gets one. */
+static mp_status mp__call_hooks(const mp_callback *cbs, int n, int which, mp_fit_state *s, const mp_logs *lg) {
+    static const char *const names[] = {"on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+                                        "on_batch_end"};
+    int i;
+    for (i = 0; i < n; i++) {
+        mp_callback_fn f = mp__hook(&cbs[i], which);
+        mp_status st;
+        if (!f) continue;
+        if (s->status == MP_OK) s->model->error[0] = '\0'; /* after a failure its message stays */
+        if ((st = f(cbs[i].user, s, lg)) == MP_OK) continue;
+        if (!s->model->error[0]) mp__fail(s->model, st, "callback %d's %s failed", i, names[which]);
+        return st;
+    }
+    return MP_OK;
+}
+
+/* The logged value a callback monitors; 0 if there is no such value. */
+static int mp__monitored(const char *name, const mp_logs *lg, float *out) {
+    static const char *const names[] = {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"};
+    const float v[] = {lg->loss, lg->accuracy, lg->val_loss, lg->val_accuracy, lg->learning_rate};
+    int i;
+    for (i = 0; i < 5; i++)
+        if (strcmp(name, names[i]) == 0) { *out = v[i]; return 1; }
+    return 0;
+}
+
+/* The monitor's name (NULL: "val_loss"), checked against what fit logs,
+   and whether larger is better. */
+static mp_status mp__monitor(mp_fit_state *s, const char **name, mp_monitor_mode mode, int *maximise) {
+    mp_logs probe;
+    float v;
+    memset(&probe, 0, sizeof probe);
+    if (!*name) *name = "val_loss";
+    if (!mp__monitored(*name, &probe, &v) || (strstr(*name, "accuracy") && !s->has_accuracy))
+        return mp__fail(s->model, MP_ERR_ARG, "cannot monitor '%s': fit logs loss, val_loss, learning_rate%s", *name,
+                        s->has_accuracy ? ", accuracy and val_accuracy" : " (accuracy: compile with the metric)");
+    if (strncmp(*name, "val_", 4) == 0 && !s->has_validation)
+        return mp__fail(s->model, MP_ERR_ARG, "cannot monitor '%s': fit has no validation data (validation_split)",
+                        *name);
+    if ((unsigned)mode > (unsigned)MP_MODE_MAX) return mp__fail(s->model, MP_ERR_ARG, "unknown monitor mode %d", (int)mode);
+    *maximise = mode == MP_MODE_MAX || (mode == MP_MODE_AUTO && strstr(*name, "acc") != NULL);
+    return MP_OK;
+}
+
+/* A callback from its hooks, in mp_callback's order. */
+static mp_callback mp__callback(mp_callback_fn train_begin, mp_callback_fn train_end, mp_callback_fn epoch_begin,
+                                mp_callback_fn epoch_end, mp_callback_fn batch_end, void *user) {
+    mp_callback c;
+    c.on_train_begin = train_begin;
+    c.on_train_end = train_end;
+    c.on_epoch_begin = epoch_begin;
+    c.on_epoch_end = epoch_end;
+    c.on_batch_end = batch_end;
+    c.user = user;
+    return c;
+}
+
+/* Keras's test: `value` improves on `best` by more than |min_delta|. */
+static int mp__improves(float value, float best, float min_delta, int maximise) {
+    float d = fabsf(min_delta);
+    return maximise ? value - d > best : value + d < best;
+}
+
+static mp_status mp__history_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    (void)s;
+    (void)lg;
+    ((mp_history *)user)->count = 0;
+    return MP_OK;
+}
+static mp_status mp__history_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_history *h = (mp_history *)user;
+    int i = s->epoch - s->initial_epoch;
+    if (h->epochs && i < h->capacity) {
+        h->epochs[i] = *lg;
+        h->count = i + 1;
+    }
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_history_callback(mp_history *h) {
+    return mp__callback(mp__history_begin, NULL, NULL, mp__history_epoch_end, NULL, h);
+}
+
+static mp_status mp__early_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    size_t n = mp_model_param_count(s->model);
+    int maximise = 0;
+    mp_status st;
+    (void)lg;
+    if ((st = mp__monitor(s, &es->monitor, es->mode, &maximise)) != MP_OK) return st;
+    if (es->patience < 0 || es->start_from_epoch < 0)
+        return mp__fail(s->model, MP_ERR_ARG, "EarlyStopping: patience and start_from_epoch must be >= 0");
+    es->wait = es->stopped_epoch = 0;
+    es->best_epoch = -1;
+    es->best = maximise ? -INFINITY : INFINITY;
+    es->best_weights = NULL;
+    if (es->restore_best_weights && !(es->best_weights = (float *)mp__alloc(n * sizeof(float))))
+        return mp__fail(s->model, MP_ERR_ALLOC, "EarlyStopping's copy of the best weights");
+    return MP_OK;
+}
+
+static mp_status mp__early_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    size_t n = mp_model_param_count(s->model);
+    int maximise = es->mode == MP_MODE_MAX || (es->mode == MP_MODE_AUTO && strstr(es->monitor, "acc") != NULL);
+    float v = 0.0f;
+    mp_status st = MP_OK;
+    (void)mp__monitored(es->monitor, lg, &v);
+    if (s->epoch < es->start_from_epoch) return MP_OK;
+    if (es->best_weights && es->best_epoch < 0) { /* the first weights are the best until one improves */
+        es->best_epoch = s->epoch;
+        st = mp_model_get_weights(s->model, es->best_weights, n);
+    }
+    es->wait++;
+    if (mp__improves(v, es->best, es->min_delta, maximise)) {
+        es->best = v;
+        es->best_epoch = s->epoch;
+        if (es->best_weights && st == MP_OK) st = mp_model_get_weights(s->model, es->best_weights, n);
+        /* the patience restarts only past the baseline too */
+        if (!es->baseline || mp__improves(v, *es->baseline, es->min_delta, maximise)) es->wait = 0;
+        return st;
+    }
+    if (es->wait >= es->patience && s->epoch > 0) {
+        es->stopped_epoch = s->epoch;
+        s->stop_training = 1;
+    }
+    return st;
+}
+
+static mp_status mp__early_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    mp_status st = MP_OK;
+    (void)lg;
+#ifndef MIXPREC_NO_STDIO
+    if (es->stopped_epoch > 0 && es->verbose) printf("Epoch %d: early stopping\n", es->stopped_epoch + 1);
+#endif
+    if (es->best_weights && es->best_epoch >= 0 && s->status == MP_OK) {
+#ifndef MIXPREC_NO_STDIO
+        if (es->verbose) printf("Restoring model weights from the end of the best epoch: %d.\n", es->best_epoch + 1);
+#endif
+        st = mp_model_set_weights(s->model, es->best_weights, mp_model_param_count(s->model));
+    }
+    mp__free(es->best_weights);
+    es->best_weights = NULL;
+    return st;
+}
+
+MIXPREC_API mp_callback mp_early_stopping_callback(mp_early_stopping *es) {
+    return mp__callback(mp__early_begin, mp__early_end, NULL, mp__early_epoch_end, NULL, es);
+}
+
+static mp_status mp__scheduler_epoch_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_lr_scheduler *ls = (mp_lr_scheduler *)user;
+    float lr;
+    mp_status st;
+    (void)lg;
+    if (!ls->schedule) return mp__fail(s->model, MP_ERR_NULL, "LearningRateScheduler: no schedule function");
+    lr = ls->schedule(ls->user, s->epoch, mp_model_learning_rate(s->model));
+    if ((st = mp_model_set_learning_rate(s->model, lr)) != MP_OK) return st;
+#ifndef MIXPREC_NO_STDIO
+    if (ls->verbose) {
+        char buf[64];
+        mp__text t;
+        t.buf = buf;
+        t.cap = sizeof buf;
+        t.len = 0;
+        mp__put_number(&t, lr, 6);
+        printf("\nEpoch %d: LearningRateScheduler setting learning rate to %s.\n", s->epoch + 1, buf);
+    }
+#endif
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_lr_scheduler_callback(mp_lr_scheduler *s) {
+    return mp__callback(NULL, NULL, mp__scheduler_epoch_begin, NULL, NULL, s);
+}
+
+#ifndef MIXPREC_NO_STDIO
+static mp_status mp__progbar_epoch_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    mp__clock now = mp__now();
+    (void)lg;
+    p->live = mp__live_bar(p->verbose);
+    p->last_len = 0;
+    p->start_sec = now.sec;
+    p->start_nsec = now.nsec;
+    if (p->verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", s->epoch + 1, s->epochs);
+    return MP_OK;
+}
+static mp_status mp__progbar_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    if (p->live && s->step + 1 < s->steps && p->verbose != MP_VERBOSE_SILENT)
+        mp__progress_show(p, s->step + 1, s->steps, lg, s->has_accuracy, 0);
+    return MP_OK;
+}
+static mp_status mp__progbar_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    if (p->verbose != MP_VERBOSE_SILENT) mp__progress_show(p, s->steps, s->steps, lg, s->has_accuracy, s->has_validation);
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p) {
+    return mp__callback(NULL, NULL, mp__progbar_epoch_begin, mp__progbar_epoch_end, mp__progbar_batch_end, p);
+}
+
+static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    FILE *f;
+    (void)lg;
+    c->file = NULL;
+    if (!c->filename) return mp__fail(s->model, MP_ERR_NULL, "CSVLogger: no filename");
+    if (!(f = fopen(c->filename, c->append ? "a" : "w")))
+        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s", c->filename);
+    if (!c->append || ftell(f) == 0)
+        fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", f);
+    c->file = f;
+    return MP_OK;
+}
+static mp_status mp__csv_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    if (c->per_step) mp__csv_row((FILE *)c->file, "step", s->epoch + 1, (size_t)s->epoch * s->steps + s->step + 1, lg, 0);
+    return MP_OK;
+}
+static mp_status mp__csv_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp__csv_row((FILE *)((mp_csv_logger *)user)->file, "epoch", s->epoch + 1, (size_t)(s->epoch + 1) * s->steps, lg,
+                s->has_validation);
+    return MP_OK;
+}
+static mp_status mp__csv_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    FILE *f = (FILE *)c->file;
+    (void)lg;
+    c->file = NULL;
+    if (f && (ferror(f) | fclose(f)) && s->status == MP_OK) /* the log is short: say so, the weights stand */
+        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed", c->filename);
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c) {
+    return mp__callback(mp__csv_begin, mp__csv_end, NULL, mp__csv_epoch_end, mp__csv_batch_end, c);
+}
+
+/* filepath with "{epoch}" or "{epoch:0Nd}" replaced by the epoch, as
+   Python's str.format; into a new allocation. */
+static char *mp__epoch_path(const char *fmt, int epoch) {
+    size_t n = strlen(fmt), i, width = 0, skip = 0;
+    const char *at = strstr(fmt, "{epoch");
+    char *out;
+    mp__text t;
+    if (at && at[6] == '}') skip = 7;
+    else if (at && at[6] == ':' && at[7] == '0' && at[8] >= '1' && at[8] <= '9' && at[9] == 'd' && at[10] == '}')
+        skip = 11, width = (size_t)(at[8] - '0');
+    if (n > SIZE_MAX - 32 || !(out = (char *)mp__alloc(n + 32))) return NULL;
+    t.buf = out;
+    t.cap = n + 32;
+    t.len = 0;
+    out[0] = '\0';
+    for (i = 0; i < n; i++) {
+        char ch[2] = {fmt[i], 0};
+        if (skip && fmt + i == at) {
+            size_t digits = 1, e;
+            for (e = (size_t)epoch; e >= 10; e /= 10) digits++;
+            for (; digits < width; digits++) mp__put(&t, "0");
+            mp__put_int(&t, epoch);
+            i += skip - 1;
+        } else {
+            mp__put(&t, ch);
+        }
+    }
+    return out;
+}
+
+static mp_status mp__checkpoint_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_model_checkpoint *c = (mp_model_checkpoint *)user;
+    int maximise = 0;
+    mp_status st;
+    (void)lg;
+    if (!c->filepath) return mp__fail(s->model, MP_ERR_NULL, "ModelCheckpoint: no filepath");
+    if (c->save_best_only && (st = mp__monitor(s, &c->monitor, c->mode, &maximise)) != MP_OK) return st;
+    c->best = maximise ? -INFINITY : INFINITY;
+    c->saves = 0;
+    return MP_OK;
+}
+
+static mp_status mp__checkpoint_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_model_checkpoint *c = (mp_model_checkpoint *)user;
+    char *path = mp__epoch_path(c->filepath, s->epoch + 1), line[160];
+    mp__text t;
+    mp_status st = MP_OK;
+    float v = 0.0f;
+    int save = 1;
+    if (!path) return mp__fail(s->model, MP_ERR_ALLOC, "ModelCheckpoint's file name");
+    t.buf = line;
+    t.cap = sizeof line;
+    t.len = 0;
+    mp__put(&t, "\nEpoch ");
+    mp__put_int(&t, s->epoch + 1);
+    mp__put(&t, ": ");
+    if (c->save_best_only) {
+        int maximise = c->mode == MP_MODE_MAX || (c->mode == MP_MODE_AUTO && strstr(c->monitor, "acc") != NULL);
+        (void)mp__monitored(c->monitor, lg, &v);
+        save = maximise ? v > c->best : v < c->best;
+        mp__put(&t, c->monitor);
+        mp__put(&t, save ? " improved from " : " did not improve from ");
+        mp__put_float(&t, c->best, 5);
+        if (save) { mp__put(&t, " to "); mp__put_float(&t, v, 5); mp__put(&t, ", "); }
+        if (save) c->best = v;
+    }
+    if (c->verbose) printf("%s%s%s\n", line, save ? "saving model to " : "", save ? path : "");
+    if (save) st = c->save_weights_only ? mp_model_export_weights(s->model, MP_FLOAT32, path) : mp_model_save(s->model, path);
+    if (save && st == MP_OK) c->saves++;
+    mp__free(path);
+    return st;
+}
+
+MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c) {
+    return mp__callback(mp__checkpoint_begin, NULL, NULL, mp__checkpoint_epoch_end, NULL, c);
+}
+#endif
+
+/* The user's callbacks, then the built-in ones fit_desc asks for, and their
+   state. */
+typedef struct mp__fit_callbacks {
+    mp_callback *list;
+    int n;
+    mp_history history;
+#ifndef MIXPREC_NO_STDIO
+    mp_progbar_logger bar;
+    mp_csv_logger csv;
+#endif
+} mp__fit_callbacks;
+
+static void mp__fit_callbacks_init(const mp_fit_desc *d, int epochs, mp_callback *list, mp__fit_callbacks *c) {
+    memset(c, 0, sizeof *c);
+    c->list = list;
+    if (d->callback_count) memcpy(list, d->callbacks, (size_t)d->callback_count * sizeof(mp_callback));
+    c->n = d->callback_count;
+    if (d->history) {
+        c->history.epochs = d->history;
+        c->history.capacity = epochs - d->initial_epoch;
+        c->list[c->n++] = mp_history_callback(&c->history);
+    }
+#ifndef MIXPREC_NO_STDIO
+    if (d->csv_path) {
+        c->csv.filename = d->csv_path;
+        c->csv.per_step = d->csv_per_step;
+        c->list[c->n++] = mp_csv_logger_callback(&c->csv);
+    }
+    c->bar.verbose = d->verbose;
+    c->list[c->n++] = mp_progbar_logger_callback(&c->bar);
+#endif
+}
+
+/* The logs every hook sees, from the model's state now. */
+static void mp__fit_logs(mp_model *m, mp_logs *lg) {
+    lg->loss_scale = mp_current_loss_scale(m);
+    lg->skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    lg->learning_rate = mp_model_learning_rate(m);
+}
+
+/* One epoch: its shuffled batches, each a training step and the batch
+   hooks, then validation. */
+static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_callbacks *cb, mp_fit_state *s,
+                               const size_t *idx, size_t n_train, size_t batch, mp_logs *lg) {
+    float sum = 0.0f;
+    size_t right = 0, seen = 0;
+    mp__clock start = mp__now();
+    mp_status st = MP_OK;
+    memset(lg, 0, sizeof *lg);
+    for (s->step = 0; s->step < s->steps && st == MP_OK && !s->stop_training; s->step++) {
+        size_t b = mp__min(batch, n_train - s->step * batch), c = 0;
+        float loss = 0.0f;
+        mp__gather(m, &d->data, idx, s->step * batch, b);
+        if ((st = mp__train_step(m, b, &loss, &c)) != MP_OK) break;
+        sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
+        right += c;
+        seen += b;
+        lg->loss = sum / (float)seen;
+        lg->accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
+        mp__fit_logs(m, lg);
+        st = mp__call_hooks(cb->list, cb->n, MP__BATCH_END, s, lg);
+    }
+    if (st == MP_OK && s->has_validation)
+        st = mp__evaluate_range(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
+    lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
+    lg->steps = s->steps;
+    lg->ms_per_step = lg->seconds * 1000.0f / (float)s->steps;
+    mp__fit_logs(m, lg);
+    return st;
+}
+
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_desc d;
-    size_t n_train, steps, *idx, batch;
+    mp__fit_callbacks cb;
+    mp_fit_state s;
+    mp_callback *list;
+    size_t n_train, i, *idx, batch, list_bytes;
     uint64_t rng;
     mp_status st = MP_OK;
-    int epoch, epochs;
-#ifndef MIXPREC_NO_STDIO
-    FILE *csv = NULL;
-#endif
+    int begun = 0;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
-    epochs = d.epochs ? d.epochs : 1;
+    memset(&s, 0, sizeof s);
+    s.model = m;
+    s.epochs = d.epochs ? d.epochs : 1;
+    s.initial_epoch = d.initial_epoch;
     if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
-    if (epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", epochs);
-    if (d.initial_epoch < 0 || d.initial_epoch > epochs)
-        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", epochs, d.initial_epoch);
+    if (s.epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", s.epochs);
+    if (d.initial_epoch < 0 || d.initial_epoch > s.epochs)
+        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", s.epochs, d.initial_epoch);
     if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
         return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
+    if (d.callback_count < 0 || (d.callback_count > 0 && !d.callbacks))
+        return mp__fail(m, MP_ERR_ARG, "callback_count is %d and callbacks %s", d.callback_count,
+                        d.callbacks ? "set" : "NULL");
     n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
     if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
     batch = mp__min((size_t)d.batch_size, n_train);
+    s.steps = (n_train + batch - 1) / batch;
+    s.has_accuracy = m->compile.metrics != 0;
+    s.has_validation = n_train < d.data.n;
 #ifdef MIXPREC_NO_STDIO
     if (d.csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
 #endif
     if ((st = mp__prepare(m, mp__min((size_t)d.batch_size, d.data.n))) != MP_OK) return st;
-    if (n_train > SIZE_MAX / sizeof(size_t) || !(idx = (size_t *)mp__alloc(n_train * sizeof(size_t))))
+    /* one block: the callback list (the user's and three built-in ones), then the shuffle order */
+    if ((size_t)d.callback_count > SIZE_MAX / sizeof(mp_callback) - 3)
+        return mp__fail(m, MP_ERR_SIZE, "%d callbacks", d.callback_count);
+    list_bytes = ((size_t)d.callback_count + 3) * sizeof(mp_callback);
+    if (n_train > (SIZE_MAX - list_bytes) / sizeof(size_t) ||
+        !(list = (mp_callback *)mp__alloc(list_bytes + n_train * sizeof(size_t))))
         return mp__fail(m, MP_ERR_ALLOC, "shuffle indices");
-#ifndef MIXPREC_NO_STDIO
-    if (d.csv_path && !(csv = fopen(d.csv_path, "w"))) {
-        mp__free(idx);
-        return mp__fail(m, MP_ERR_IO, "cannot write the CSV log %s", d.csv_path);
-    }
-    if (csv) fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", csv);
-#endif
-    for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
-    steps = (n_train + batch - 1) / batch;
+    idx = (size_t *)(void *)((char *)list + list_bytes);
+    mp__fit_callbacks_init(&d, s.epochs, list, &cb);
+    for (i = 0; i < n_train; i++) idx[i] = i;
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
-    for (epoch = 0; epoch < d.initial_epoch && !d.no_shuffle; epoch++) mp__shuffle(idx, n_train, &rng);
-    for (epoch = d.initial_epoch; epoch < epochs && st == MP_OK; epoch++) {
+    for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
+    /* on_train_begin one callback at a time: on_train_end goes to those it reached */
+    for (begun = 0; begun < cb.n && st == MP_OK; begun++) st = mp__call_hooks(cb.list + begun, 1, MP__TRAIN_BEGIN, &s, NULL);
+    if (st != MP_OK) begun--;
+    for (s.epoch = d.initial_epoch; s.epoch < s.epochs && st == MP_OK && !s.stop_training; s.epoch++) {
         mp_logs lg;
-        float sum = 0.0f;
-        size_t right = 0, seen = 0, s;
-        mp__clock start = mp__now();
-#ifndef MIXPREC_NO_STDIO
-        mp__progress bar;
-        bar.live = mp__live_bar(d.verbose);
-        bar.total = steps;
-        bar.last_len = 0;
-        bar.start = start;
-        if (d.verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", epoch + 1, epochs);
-#endif
-        memset(&lg, 0, sizeof lg);
+        if ((st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_BEGIN, &s, NULL)) != MP_OK) break;
         if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
-        for (s = 0; s < steps && st == MP_OK; s++) {
-            size_t b = mp__min(batch, n_train - s * batch), c = 0;
-            float loss = 0.0f;
-            mp__gather(m, &d.data, idx, s * batch, b);
-            st = mp__train_step(m, b, &loss, &c);
-            sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
-            right += c;
-            seen += b;
-            lg.loss = sum / (float)seen;
-            lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
-#ifndef MIXPREC_NO_STDIO
-            if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
-            if (csv && d.csv_per_step && st == MP_OK) {
-                lg.loss_scale = mp_current_loss_scale(m);
-                lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
-                mp__csv_row(csv, "step", epoch + 1, (size_t)epoch * steps + s + 1, &lg, 0);
-            }
-#endif
-        }
-        if (st != MP_OK) break;
-        if (n_train < d.data.n &&
-            (st = mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy)) != MP_OK)
-            break;
-        lg.seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
-        lg.steps = steps;
-        lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
-        lg.loss_scale = mp_current_loss_scale(m);
-        lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
-#ifndef MIXPREC_NO_STDIO
-        if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
-        if (csv) mp__csv_row(csv, "epoch", epoch + 1, (size_t)(epoch + 1) * steps, &lg, n_train < d.data.n);
-#endif
-        if (d.history) d.history[epoch - d.initial_epoch] = lg;
+        if ((st = mp__fit_epoch(m, &d, &cb, &s, idx, n_train, batch, &lg)) != MP_OK) break;
+        st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_END, &s, &lg);
     }
-    mp__free(idx);
-#ifndef MIXPREC_NO_STDIO
-    if (csv && (ferror(csv) | fclose(csv)) && st == MP_OK) /* the log is short: say so, the weights stand */
-        return mp__fail(m, MP_ERR_IO, "writing the CSV log %s failed", d.csv_path);
-#endif
+    s.status = st;
+    for (i = 0; i < (size_t)begun; i++) { /* every one, even after a failure */
+        mp_status end = mp__call_hooks(cb.list + i, 1, MP__TRAIN_END, &s, NULL);
+        if (st == MP_OK) st = end;
+    }
+    mp__free(list);
     return st;
 }
 
@@ -6026,7 +6610,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    version; walks the body comparing the model's fingerprint and reading the
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
-#define MP__CKPT_VERSION 1u
+#define MP__CKPT_VERSION 2u        /* 2: the learning-rate schedule after epsilon */
+#define MP__CKPT_OLDEST_VERSION 1u /* still read: a constant learning rate */
 #define MP__CKPT_HEAD 20u
 
 static void mp__le_put(unsigned char *p, uint64_t v, size_t bytes) {
@@ -6107,6 +6692,7 @@ static void mp__io_decode(float *dst, const unsigned char *p, size_t n, mp_dtype
 typedef struct mp__ckpt {
     mp__io io;
     int kind;             /* 'C' checkpoint, 'W' inference weights */
+    uint32_t version;     /* of the format: MP__CKPT_VERSION when writing */
     mp_dtype dt;          /* of the weights */
     uint64_t got;         /* the last value mp__differs read */
     mp_opt_step opt;      /* the state read aside */
@@ -6209,7 +6795,9 @@ static void mp__io_loss_scale(mp__io *io, mp_loss_scale *to, const mp_loss_scale
     to->overflows_left = mp__io_int(io, from->overflows_left);
 }
 
-static void mp__io_optimizer(mp__io *io, mp_opt_step *to, const mp_opt_step *from) {
+static void mp__io_optimizer(mp__io *io, uint32_t version, mp_opt_step *to, const mp_opt_step *from) {
+    const mp_lr_schedule *fs = &from->cfg.schedule;
+    mp_lr_schedule *ts = &to->cfg.schedule;
     to->cfg.kind = from->cfg.kind;
     to->cfg.learning_rate = mp__io_f32(io, from->cfg.learning_rate);
     to->cfg.momentum = mp__io_f32(io, from->cfg.momentum);
@@ -6218,6 +6806,16 @@ static void mp__io_optimizer(mp__io *io, mp_opt_step *to, const mp_opt_step *fro
     to->cfg.beta_1 = mp__io_f32(io, from->cfg.beta_1);
     to->cfg.beta_2 = mp__io_f32(io, from->cfg.beta_2);
     to->cfg.epsilon = mp__io_f32(io, from->cfg.epsilon);
+    memset(ts, 0, sizeof *ts); /* version 1: a constant rate */
+    if (version >= 2) {
+        uint64_t kind = mp__io_uint(io, (uint64_t)fs->kind, 4);
+        ts->kind = kind < MP_LR_SCHEDULE_COUNT ? (mp_lr_schedule_kind)kind : MP_LR_SCHEDULE_COUNT; /* checked later */
+        ts->initial_learning_rate = mp__io_f32(io, fs->initial_learning_rate);
+        ts->decay_steps = mp__io_uint(io, fs->decay_steps, 8);
+        ts->decay_rate = mp__io_f32(io, fs->decay_rate);
+        ts->staircase = mp__io_int(io, fs->staircase);
+        ts->alpha = mp__io_f32(io, fs->alpha);
+    }
     to->iteration = mp__io_uint(io, from->iteration, 8);
 }
 
@@ -6263,7 +6861,7 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     c->rngs = io->pos;
     for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
     if (!m->compiled) return MP_OK;
-    mp__io_optimizer(io, &c->opt, &m->opt);
+    mp__io_optimizer(io, c->version, &c->opt, &m->opt);
     c->slots = mp__io_floats(io, c->s, m->slot_count, MP_FLOAT32);
     if (m->has_loss_scale) mp__io_loss_scale(io, &c->ls, &m->seen.ls);
     return MP_OK;
@@ -6316,7 +6914,7 @@ static void mp__ckpt_pass(mp_model *m, mp__ckpt *c, uint64_t total) {
     size_t i;
     for (i = 0; i < 7; i++) (void)mp__io_uint(&c->io, (unsigned char)magic[i], 1);
     (void)mp__io_uint(&c->io, (uint64_t)c->kind, 1);
-    (void)mp__io_uint(&c->io, MP__CKPT_VERSION, 4);
+    (void)mp__io_uint(&c->io, c->version, 4);
     (void)mp__io_uint(&c->io, total, 8);
     (void)mp__ckpt_body(m, c);
     (void)mp__io_skip(&c->io, 1, 4);
@@ -6332,6 +6930,7 @@ static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, s
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
+    c.version = MP__CKPT_VERSION;
     c.dt = dt;
     mp__ckpt_pass(m, &c, 0); /* measures */
     if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
@@ -6373,12 +6972,13 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
                                     : "inference weights, not a checkpoint: read them with mp_model_import_weights");
     if (b[7] != kind) return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (unknown kind byte)", what);
     version = mp__le_get(b + 8, 4);
-    if (version != MP__CKPT_VERSION)
-        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
-                        (int)MP__CKPT_VERSION);
+    if (version < MP__CKPT_OLDEST_VERSION || version > MP__CKPT_VERSION)
+        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads versions %d to %d",
+                        (size_t)version, (int)MP__CKPT_OLDEST_VERSION, (int)MP__CKPT_VERSION);
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
+    c.version = (uint32_t)version;
     c.io.in = b;
     c.io.pos = MP__CKPT_HEAD;
     c.io.end = len - 4;
