@@ -5720,6 +5720,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
     for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
     /* on_train_begin one callback at a time: on_train_end goes to those it reached */
+    s.epoch = d.initial_epoch;
     for (begun = 0; begun < cb.n && st == MP_OK; begun++) st = mp__call_hooks(cb.list + begun, 1, MP__TRAIN_BEGIN, &s, NULL);
     if (st != MP_OK) begun--;
     for (s.epoch = d.initial_epoch; s.epoch < s.epochs && st == MP_OK && !s.stop_training; s.epoch++) {
