@@ -9,7 +9,7 @@ CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train
 # The GEMM and training benchmarks: gcc, as the issue's figures were taken.
 BENCH_CC ?= gcc
@@ -59,6 +59,7 @@ demo: data $(EXAMPLES)
 	./$(B)/custom_loop --units 128 --epochs 2 --batch-size 128 --initial-scale 16777216
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
+	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
 
 test:
 	@bash tests/matrix.sh

@@ -132,12 +132,14 @@ CONTENTS
     >>threads                the worker pool
     >>matmul                 mp_matmul: any mix of dtypes, float32 sums
     >>layers                 layer descriptions (mp_dense, mp_conv2d, ...)
-    >>losses, metrics and optimizers   their kinds and Keras's settings
+    >>losses, metrics and optimizers   their kinds, Keras's settings and
+                             learning-rate schedules
     >>loss scaling           Keras's LossScaleOptimizer state machine
     >>automatic mixed precision   TensorFlow's AMP graph rewrite; compile's
                              settings (before >>model: mp_compile_desc holds them)
     >>model                  create, add, build, compile, queries, weights
-    >>fit                    fit, evaluate, predict, mp_logs, callbacks
+    >>fit                    fit, evaluate, predict, mp_logs; >>fit: callbacks
+                             (the hooks) and >>fit: built-in callbacks
     >>custom training loop   the guide's train_step, one call per line
     >>numerics diagnostics   per-layer statistics, check-numerics, advice
     >>checkpoints            save/load (atomic), weight export/import
@@ -147,22 +149,41 @@ CONTENTS
     >>rules                  activations and loss rows, compiled by the
                              implementation and by device backends alike
     Implementation (under MIXPREC_IMPLEMENTATION), in file order:
-    >>errors, >>numbers: conversion, >>numbers: arithmetic, >>dtypes,
-    >>bulk casts, >>bulk casts: cast stats (the scalar and AVX2 loops),
-    >>policies, >>memory (and carving one block into tensors), >>tensors,
-    >>text                    a formatter without stdio for messages and logs
-    >>cpu backend             the CPU's kernels, ending with its table:
-                              activations, >>threads, >>matmul (BLIS-style
-                              GEMM), elementwise, losses, loss scaling,
-                              optimizers, convolution/pooling/dropout,
-                              the operations table
-    >>layers                  each layer's forward and backward, side by side;
-                              >>layers: descriptions (mp_dense, ...)
-    >>loss scaling, >>model, >>custom training loop,
-    >>automatic mixed precision   (the pass that rewrites the model's dtypes)
-    >>fit                     the training loop and its callbacks
-    >>model: queries, >>model: summary, >>numerics diagnostics,
-    >>checkpoints, >>data
+    >>errors                 mp_status_message, mp_status_name
+    >>numbers: conversion    float32/float64 <-> float16/bfloat16, integer-only
+    >>numbers: arithmetic    + - * / sqrt through float32, comparisons
+    >>dtypes                 the dtype table
+    >>bulk casts             mp_convert's checks and dispatch
+    >>bulk casts: cast stats the scalar and AVX2 row loops that count as they cast
+    >>policies               policy names, the global policy
+    >>memory                 the counted allocator; one block carved into tensors
+    >>tensors                mp_tensor_alloc, ...
+    >>text                   a formatter without stdio for messages and logs
+    >>cpu backend            the CPU's kernels: helpers, then
+    >>cpu backend: activations   activations applied by runs, softmax, bias
+    >>threads                the pool (the CPU backend's context)
+    >>matmul                 the BLIS-style GEMM: packing, micro-kernels, mp_matmul
+    >>cpu backend: elementwise    casts split across threads
+    >>cpu backend: losses    the loss rows over a batch
+    >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
+    >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
+    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max pool, masks
+    >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
+    >>layers                 each layer's forward and backward, side by side
+    >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
+    >>losses, metrics and optimizers: learning-rate schedules
+    >>loss scaling           mp_loss_scale_init, mp_loss_scale_update
+    >>model                  create, add, build, compile, the activation plan
+    >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
+    >>automatic mixed precision   the pass that decides each layer's dtypes
+    >>fit                    the training loop, evaluate, predict
+    >>fit: callbacks         calling the hooks, monitors
+    >>fit: built-in callbacks    History, EarlyStopping, ProgbarLogger, ...
+    >>model: queries         layer info, memory, weights, gradients, slots
+    >>model: summary         Keras's model.summary() with a Policy column
+    >>numerics diagnostics   statistics, histograms, check-numerics, advice
+    >>checkpoints            the container: write, read, check, commit; files
+    >>data                   IDX parsing and loading
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
@@ -5348,6 +5369,9 @@ static int mp__improves(float value, float best, float min_delta, int maximise) 
     return maximise ? value - d > best : value + d < best;
 }
 
+/* >>fit: built-in callbacks (see the declarations): History, EarlyStopping,
+   LearningRateScheduler, then those that need stdio: ProgbarLogger,
+   CSVLogger, ModelCheckpoint. */
 static mp_status mp__history_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
     (void)s;
     (void)lg;
