@@ -3537,6 +3537,19 @@ typedef struct mp__stage {
     int32_t *labels;
 } mp__stage;
 
+/* Where the custom loop stands, in the order of the guide's train_step.
+   mp__loop_rules is the one place that says which call may follow which. */
+typedef enum mp__loop {
+    MP__LOOP_NONE = 0,   /* nothing to differentiate: no forward since compile or new weights */
+    MP__LOOP_FORWARD,    /* mp_forward ran (its mode in m->training) */
+    MP__LOOP_LOSS,       /* mp_compute_loss: dpred holds the loss's gradient */
+    MP__LOOP_GRADIENTS,  /* mp_compute_scaled_gradients: scaled, in the compute dtype */
+    MP__LOOP_UNSCALED    /* mp_get_unscaled_gradients: float32, ready to apply */
+} mp__loop;
+typedef enum mp__loop_call {
+    MP__CALL_FORWARD, MP__CALL_LOSS, MP__CALL_GRADIENTS, MP__CALL_UNSCALE, MP__CALL_APPLY, MP__CALL_RESET
+} mp__loop_call;
+
 struct mp_model {
     mp_model_desc desc;
     const mp_backend *be;
@@ -3573,8 +3586,8 @@ struct mp_model {
     float *dcol, *img;
     void *stage_block;    /* host memory for a batch on its way to a device backend */
     mp__stage stage;
-    /* where the custom loop stands */
-    int training, have_loss, have_grads, have_unscaled;
+    mp__loop loop;   /* where the custom loop stands (mp__loop_move) */
+    int training;    /* the last forward's mode, Keras's `training` argument */
     int grads_ready; /* mp_get_gradients has something to give */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
@@ -3589,6 +3602,37 @@ static mp_status mp__numerics_forward(mp_model *m, int layer);
 static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx);
 static mp_status mp__numerics_unscaled(mp_model *m);
 static void mp__numerics_free(struct mp__numerics *nu);
+
+static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...);
+
+/* The custom loop's transitions, in one place: a call needs the model in
+   stage `need` (or a later one, where or_later) and moves it to `next`.
+   After apply the loss stays: gradients may be taken again, as before the
+   stages were named. A forward starts over from any stage; compile, a
+   regrown batch and loaded weights reset. mp__loop_check says whether a
+   call may run; mp__loop_move records that it did. */
+static const struct mp__loop_rule {
+    mp__loop need;
+    int or_later, training; /* training: the forward must have been training=1 */
+    mp__loop next;
+    const char *why;
+} mp__loop_rules[] = {
+    /* FORWARD   */ {MP__LOOP_NONE, 1, 0, MP__LOOP_FORWARD, NULL},
+    /* LOSS      */ {MP__LOOP_NONE, 1, 0, MP__LOOP_LOSS, NULL}, /* its caller checks that a forward ran */
+    /* GRADIENTS */ {MP__LOOP_LOSS, 1, 1, MP__LOOP_GRADIENTS,
+                     "gradients need mp_forward(training=1), then mp_compute_loss"},
+    /* UNSCALE   */ {MP__LOOP_GRADIENTS, 0, 0, MP__LOOP_UNSCALED, "run mp_compute_scaled_gradients first"},
+    /* APPLY     */ {MP__LOOP_UNSCALED, 0, 0, MP__LOOP_LOSS, "run mp_get_unscaled_gradients first"},
+    /* RESET     */ {MP__LOOP_NONE, 1, 0, MP__LOOP_NONE, NULL},
+};
+
+static mp_status mp__loop_check(mp_model *m, mp__loop_call call) {
+    const struct mp__loop_rule *r = &mp__loop_rules[call];
+    if ((r->or_later ? m->loop < r->need : m->loop != r->need) || (r->training && !m->training))
+        return mp__fail(m, MP_ERR_STATE, "%s", r->why);
+    return MP_OK;
+}
+static void mp__loop_move(mp_model *m, mp__loop_call call) { m->loop = mp__loop_rules[call].next; }
 
 static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
     mp__text t;
@@ -4695,7 +4739,7 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     m->seen.ls = ls;
     m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
     m->compiled = 1;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
     mp__amp_print(m);
     return MP_OK;
 }
@@ -4811,7 +4855,7 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     m->be->free(m->ctx, m->act_block);
     m->act_block = NULL;
     m->act_bytes = m->batch_cap = m->batch = 0;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
     mp__plan_activations(m, &a, batch);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
     a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
@@ -4860,7 +4904,7 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     int i;
     m->training = training;
     m->batch = batch;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_FORWARD);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
@@ -4972,8 +5016,7 @@ static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
     *right += (size_t)m->seen.metrics[1];
-    m->have_loss = 1;
-    m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_LOSS);
     return MP_OK;
 }
 
@@ -5015,8 +5058,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     const mp__layer *last;
     mp_status st;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_loss || !m->training)
-        return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
+    if ((st = mp__loop_check(m, MP__CALL_GRADIENTS)) != MP_OK) return st;
     last = mp__last(m);
     m->be->scale_cast(m->ctx, m->grad[0], last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
@@ -5024,15 +5066,15 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
         mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
         if (m->num && (st = mp__numerics_backward(m, i, i ? m->grad[cur ^ 1] : NULL)) != MP_OK) return st;
     }
-    m->have_grads = 1;
-    m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_GRADIENTS);
     return MP_OK;
 }
 
 MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     int i;
+    mp_status st;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_grads) return mp__fail(m, MP_ERR_STATE, "run mp_compute_scaled_gradients first");
+    if ((st = mp__loop_check(m, MP__CALL_UNSCALE)) != MP_OK) return st;
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
@@ -5040,8 +5082,7 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
             m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
     }
     m->grads_ready = 1;
-    m->have_grads = 0;
-    m->have_unscaled = 1;
+    mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
 }
 
@@ -5051,7 +5092,7 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     int i;
     if (applied) *applied = 0;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
+    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
     /* Without loss scaling the step is applied whatever it holds, as Keras;
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
@@ -5065,7 +5106,7 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
         m->be->optimizer_update(m->ctx, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
                                 mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
     }
-    m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_APPLY);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     if (applied) *applied = !skip || !m->seen.found_inf;
     return MP_OK;
@@ -6921,7 +6962,7 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
         if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
     if (c->kind == 'C')
         for (i = 0; i < m->n_layers; i++) m->layers[i].rng = mp__le_get(in + c->rngs + 8u * (size_t)i, 8);
     if (state) {
