@@ -109,6 +109,29 @@ BACKENDS
     kernel through one table of operations (see >>backends); the rest of the
     API is the same. mp_model_memory_info reports the backend's bytes.
 
+ADDING A LAYER KIND (every place that names the kinds; search each tag)
+    >>layers          its mp_layer_kind before MP_LAYER_KIND_COUNT, the
+                      mp_layer_desc fields it reads, a constructor (mp_dense
+                      style) declared here and defined in >>layers: descriptions
+    >>layers (impl.)  its forward/backward pair and its row in mp__kinds
+                      (Keras's class name, the base of automatic names)
+    >>model           mp__infer_shape (output shape, kernel and bias sizes),
+                      mp_model_add (per-layer state such as Dropout's seed),
+                      mp__init_weights (its initialiser), mp__plan_activations
+                      (masks, im2col columns), mp__reserve_products (its GEMMs)
+    >>backends        a new op in mp_backend if no kernel does its work, and
+                      then every table: >>cpu backend: the operations table,
+                      cuda/mixprec_cuda.cu, tests/test_backend.c's remote one
+    >>automatic mixed precision   its TensorFlow op in mp__ops (on which
+                      list) and its row in mp__amp_chain's `first`
+    >>numerics diagnostics        mp_model_tensor_core_advice, if it multiplies
+    >>checkpoints     nothing (the fingerprint, mp__ckpt_model, has each
+                      layer's kind, dtypes and counts, and every layer's
+                      generator is written); other state: mp__ckpt_body
+    tests             test_train (finite-difference gradients, forward values
+                      against Keras's formula), test_backend, test_cuda,
+                      test_amp; README's API and Training sections
+
 GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
     memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. They
@@ -1174,6 +1197,19 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #define MIXPREC_HD __host__ __device__ /* shared by host and device code */
 #else
 #define MIXPREC_HD
+#endif
+
+/* A member of a table of operations by name, for a backend's mp_backend:
+       static const mp_backend mine = {MP_OP(name) "mine", ..., MP_OP(gemm) my_gemm, ...};
+   It is C99's designator `.gemm =` in C and C++20, where the compiler checks
+   the name (C++20 the order too); older C++ takes the members by place, as
+   the C or C++20 build of the same table has checked them. Fill the table in
+   mp_backend's order, every member named: a new op cannot then land in
+   another op's slot unseen. */
+#if !defined(__cplusplus) || __cplusplus >= 202002L
+#define MP_OP(member) .member =
+#else
+#define MP_OP(member)
 #endif
 
 typedef struct mp_gemm_args {
@@ -3480,14 +3516,35 @@ static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) {
 }
 
 static const mp_backend mp__cpu_backend = {
-    "cpu", 0, 0,
-    mp__cpu_create, mp__cpu_destroy, mp__cpu_threads,
-    mp__cpu_alloc, mp__cpu_free, mp__cpu_memory, mp__cpu_copy, mp__cpu_zero, mp__cpu_sync, mp__cpu_last_error,
-    mp__cpu_gemm_reserve, mp__cpu_cast_in, mp__cpu_cast, mp__cpu_gemm,
-    mp__cpu_bias_act, mp__cpu_act_backward, mp__cpu_bias_grad, mp__cpu_loss,
-    mp__cpu_scale_cast, mp__cpu_unscale_check, mp__cpu_loss_scale_update, mp__cpu_optimizer_update,
-    mp__cpu_im2col, mp__cpu_col2im, mp__cpu_max_pool, mp__cpu_max_pool_backward,
-    mp__cpu_dropout_mask, mp__cpu_dropout,
+    MP_OP(name) "cpu", MP_OP(device_memory) 0, MP_OP(tensor_cores) 0,
+    MP_OP(create) mp__cpu_create,
+    MP_OP(destroy) mp__cpu_destroy,
+    MP_OP(threads) mp__cpu_threads,
+    MP_OP(alloc) mp__cpu_alloc,
+    MP_OP(free) mp__cpu_free,
+    MP_OP(memory) mp__cpu_memory,
+    MP_OP(copy) mp__cpu_copy,
+    MP_OP(zero) mp__cpu_zero,
+    MP_OP(sync) mp__cpu_sync,
+    MP_OP(last_error) mp__cpu_last_error,
+    MP_OP(gemm_reserve) mp__cpu_gemm_reserve,
+    MP_OP(cast_in) mp__cpu_cast_in,
+    MP_OP(cast) mp__cpu_cast,
+    MP_OP(gemm) mp__cpu_gemm,
+    MP_OP(bias_act) mp__cpu_bias_act,
+    MP_OP(act_backward) mp__cpu_act_backward,
+    MP_OP(bias_grad) mp__cpu_bias_grad,
+    MP_OP(loss) mp__cpu_loss,
+    MP_OP(scale_cast) mp__cpu_scale_cast,
+    MP_OP(unscale_check) mp__cpu_unscale_check,
+    MP_OP(loss_scale_update) mp__cpu_loss_scale_update,
+    MP_OP(optimizer_update) mp__cpu_optimizer_update,
+    MP_OP(im2col) mp__cpu_im2col,
+    MP_OP(col2im) mp__cpu_col2im,
+    MP_OP(max_pool) mp__cpu_max_pool,
+    MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
+    MP_OP(dropout_mask) mp__cpu_dropout_mask,
+    MP_OP(dropout) mp__cpu_dropout,
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -3850,14 +3907,27 @@ typedef struct mp__layer_kind {
     void (*backward)(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx);
 } mp__layer_kind;
 
+/* Indexed by mp_layer_kind (see ADDING A LAYER KIND in the doc block). */
 static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
-    {NULL, NULL, NULL, NULL},
-    {"Dense", "dense", mp__dense_forward, mp__dense_backward},
-    {"Activation", "activation", mp__activation_forward, mp__activation_backward},
-    {"Conv2D", "conv2d", mp__conv_forward, mp__conv_backward},
-    {"MaxPooling2D", "max_pooling2d", mp__pool_forward, mp__pool_backward},
-    {"Flatten", "flatten", mp__flatten_forward, mp__flatten_backward},
-    {"Dropout", "dropout", mp__dropout_forward, mp__dropout_backward},
+    /* 0 */ {MP_OP(type) NULL, MP_OP(base_name) NULL, MP_OP(forward) NULL, MP_OP(backward) NULL},
+    /* MP_DENSE */
+    {MP_OP(type) "Dense", MP_OP(base_name) "dense", MP_OP(forward) mp__dense_forward,
+     MP_OP(backward) mp__dense_backward},
+    /* MP_ACTIVATION */
+    {MP_OP(type) "Activation", MP_OP(base_name) "activation", MP_OP(forward) mp__activation_forward,
+     MP_OP(backward) mp__activation_backward},
+    /* MP_CONV2D */
+    {MP_OP(type) "Conv2D", MP_OP(base_name) "conv2d", MP_OP(forward) mp__conv_forward,
+     MP_OP(backward) mp__conv_backward},
+    /* MP_MAX_POOLING2D */
+    {MP_OP(type) "MaxPooling2D", MP_OP(base_name) "max_pooling2d", MP_OP(forward) mp__pool_forward,
+     MP_OP(backward) mp__pool_backward},
+    /* MP_FLATTEN */
+    {MP_OP(type) "Flatten", MP_OP(base_name) "flatten", MP_OP(forward) mp__flatten_forward,
+     MP_OP(backward) mp__flatten_backward},
+    /* MP_DROPOUT */
+    {MP_OP(type) "Dropout", MP_OP(base_name) "dropout", MP_OP(forward) mp__dropout_forward,
+     MP_OP(backward) mp__dropout_backward},
 };
 
 /* >>layers: descriptions */

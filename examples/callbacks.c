@@ -43,7 +43,6 @@ int main(int argc, char **argv) {
     mp_early_stopping early;
     mp_model_checkpoint best;
     mp_callback callbacks[3];
-    mp_model_desc md;
     mp_compile_desc cd;
     mp_fit_desc fd;
     mp_logs test;
@@ -65,11 +64,7 @@ int main(int argc, char **argv) {
     }
     fm_load(&data, dir, train_limit, 42);
 
-    CHECK(mp_set_global_policy_name("mixed_float16"), NULL);
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = FM_PIXELS;
-    CHECK(mp_model_create(&m, &md), NULL);
-    fm_add_guide_layers(m, units);
+    m = fm_guide_model("mixed_float16", units);
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.metrics = MP_METRIC_ACCURACY;

@@ -61,6 +61,7 @@ step "clang, strict, SIMD path (-march=native)" clang $CORE -O2 -march=native -c
 step "gcc, MIXPREC_STATIC" gcc $CORE -O2 -DMIXPREC_STATIC -c tests/header_only.c -o $B/h5.o
 step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tests/header_only.c -o $B/h6.o
 step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
+step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -O2 -x c++ -c tests/header_only.c -o $B/h7b.o
 step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
 should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
 
@@ -154,6 +155,7 @@ if [ -n "$NVCC" ]; then
     # the emulated backend: plain, and with each sanitizer runtime (under
     # ASan the kernels' reads and writes of "device" memory are checked)
     step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
+    step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
     step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
     step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
     for build in "${TRAIN_BUILDS[@]}"; do
