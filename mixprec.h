@@ -5807,41 +5807,48 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
     return st;
 }
 
+/* fit's arguments checked, and the run's shape: epochs, steps, the training
+   samples (the last validation_split of the data validates, as Keras's). */
+static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s, size_t *n_train, size_t *batch) {
+    mp_status st;
+    memset(s, 0, sizeof *s);
+    s->model = m;
+    s->epochs = d->epochs ? d->epochs : 1;
+    s->initial_epoch = d->initial_epoch;
+    if ((st = mp__check_data(m, &d->data, d->batch_size)) != MP_OK) return st;
+    if (s->epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", s->epochs);
+    if (d->initial_epoch < 0 || d->initial_epoch > s->epochs)
+        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", s->epochs, d->initial_epoch);
+    if (!(d->validation_split >= 0.0f && d->validation_split < 1.0f))
+        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
+    if (d->callback_count < 0 || (d->callback_count > 0 && !d->callbacks))
+        return mp__fail(m, MP_ERR_ARG, "callback_count is %d and callbacks %s", d->callback_count,
+                        d->callbacks ? "set" : "NULL");
+    *n_train = (size_t)((float)d->data.n * (1.0f - d->validation_split));
+    if (*n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
+    *batch = mp__min((size_t)d->batch_size, *n_train);
+    s->steps = (*n_train + *batch - 1) / *batch;
+    s->has_accuracy = m->compile.metrics != 0;
+    s->has_validation = *n_train < d->data.n;
+#ifdef MIXPREC_NO_STDIO
+    if (d->csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
+#endif
+    return mp__prepare(m, mp__min((size_t)d->batch_size, d->data.n));
+}
+
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_desc d;
     mp__fit_callbacks cb;
     mp_fit_state s;
     mp_callback *list;
-    size_t n_train, i, *idx, batch, list_bytes;
+    size_t n_train = 0, batch = 0, i, *idx, list_bytes;
     uint64_t rng;
-    mp_status st = MP_OK;
+    mp_status st;
     int begun = 0;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
-    memset(&s, 0, sizeof s);
-    s.model = m;
-    s.epochs = d.epochs ? d.epochs : 1;
-    s.initial_epoch = d.initial_epoch;
-    if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
-    if (s.epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", s.epochs);
-    if (d.initial_epoch < 0 || d.initial_epoch > s.epochs)
-        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", s.epochs, d.initial_epoch);
-    if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
-        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
-    if (d.callback_count < 0 || (d.callback_count > 0 && !d.callbacks))
-        return mp__fail(m, MP_ERR_ARG, "callback_count is %d and callbacks %s", d.callback_count,
-                        d.callbacks ? "set" : "NULL");
-    n_train = (size_t)((float)d.data.n * (1.0f - d.validation_split)); /* Keras: the last part validates */
-    if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
-    batch = mp__min((size_t)d.batch_size, n_train);
-    s.steps = (n_train + batch - 1) / batch;
-    s.has_accuracy = m->compile.metrics != 0;
-    s.has_validation = n_train < d.data.n;
-#ifdef MIXPREC_NO_STDIO
-    if (d.csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
-#endif
-    if ((st = mp__prepare(m, mp__min((size_t)d.batch_size, d.data.n))) != MP_OK) return st;
+    if ((st = mp__fit_plan(m, &d, &s, &n_train, &batch)) != MP_OK) return st;
     /* one block: the callback list (the user's and three built-in ones), then the shuffle order */
     if ((size_t)d.callback_count > SIZE_MAX / sizeof(mp_callback) - 3)
         return mp__fail(m, MP_ERR_SIZE, "%d callbacks", d.callback_count);
