@@ -167,8 +167,9 @@ CONTENTS
     >>numerics diagnostics   per-layer statistics, check-numerics, advice
     >>checkpoints            save/load (atomic), weight export/import
     >>data                   IDX files (MNIST, Fashion-MNIST)
-    >>backends               the table of operations a backend fills, and the
-                             inline rules every backend shares
+    >>backends               the table of operations a backend fills (MP_OP),
+                             and the inline rules every backend shares
+    >>cpu backend            mp_cpu_backend, the default table
     >>rules                  activations and loss rows, compiled by the
                              implementation and by device backends alike
     Implementation (under MIXPREC_IMPLEMENTATION), in file order:
