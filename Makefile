@@ -1,12 +1,15 @@
-# mixprec: `make` builds the examples, `make demo` runs them, `make test` runs
-# the test matrix (last line: N passed, N failed), `make bench` the benchmarks.
+# mixprec: `make` builds the examples, `make demo` runs them, `make check`
+# runs the unit tests once (gcc, no sanitizers, well under a minute), `make
+# test-NAME` one test program (T=name runs one test in it), `make test` the
+# whole matrix CI runs (last line: N passed, N failed), `make bench` the
+# benchmarks.
 CC     ?= cc
 ARCH   ?= -march=native
 CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train
 # The GEMM and training benchmarks: gcc, as the issue's figures were taken.
 BENCH_CC ?= gcc
@@ -22,7 +25,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo test bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all examples data demo check test bench bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -56,9 +59,43 @@ demo: data $(EXAMPLES)
 	./$(B)/custom_loop --units 128 --epochs 2 --batch-size 128 --initial-scale 16777216
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
+	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
 
 test:
 	@bash tests/matrix.sh
+
+# One build of each test program (CC, CFLAGS, ARCH as above). `make check`
+# runs the quick ones and adds up their tallies; a failing program's whole
+# output is shown. `make test-train` runs one program, `make test-train
+# T=grad_conv` one test in it (T may name several; `T=--list` lists them).
+CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks
+$(B)/test_%: tests/test_%.c tests/*.h mixprec.h | $(B)
+	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
+
+check: $(CHECK_TESTS:%=$(B)/test_%)
+	@p=0; f=0; for t in $(CHECK_TESTS); do \
+	    out=$$($(B)/test_$$t 2>&1); rc=$$?; \
+	    tally=$$(echo "$$out" | grep -E '^test_[a-z]+: [0-9]+ passed, [0-9]+ failed$$' | tail -n 1); \
+	    tp=$$(echo "$$tally" | sed -nE 's/.*: ([0-9]+) passed.*/\1/p'); tf=$$(echo "$$tally" | sed -nE 's/.* ([0-9]+) failed$$/\1/p'); \
+	    [ -n "$$tp" ] || tp=0; [ -n "$$tf" ] || tf=0; [ $$rc -eq 0 ] || [ $$tf -ne 0 ] || tf=1; \
+	    p=$$((p + tp)); f=$$((f + tf)); \
+	    if [ $$tf -eq 0 ]; then echo "ok    test_$$t ($$tp checks)"; else echo "FAIL  test_$$t"; echo "$$out" | sed 's/^/      /'; fi; \
+	done; echo "$$p passed, $$f failed"; [ $$f -eq 0 ]
+
+test-%: $(B)/test_%
+	$(B)/test_$* $(T)
+
+# test_numerics is exhaustive (minutes); test_cuda runs the CUDA backend on a
+# GPU, or under tests/cuda_emu.h (a host emulation) where there is none.
+test-cuda:
+	@if [ -z "$(NVCC)" ]; then echo "test-cuda: nvcc not found: the CUDA backend is not built"; \
+	else $(MAKE) --no-print-directory $(B)/test_cuda_emu && $(B)/test_cuda_emu $(T); fi
+
+$(B)/cuda_emu.o: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h tests/cuda_emu.h mixprec.h | $(B)
+	g++ -std=c++14 -Wall -Wextra -Werror -O1 -x c++ -include tests/cuda_emu.h -I$(dir $(NVCC))../include -c $< -o $@
+
+$(B)/test_cuda_emu: tests/test_cuda.c tests/*.h $(B)/cuda_emu.o
+	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -x none $(B)/cuda_emu.o -lstdc++ -lm
 
 # The conversion benchmark, built by gcc and by clang side by side (gcc 12
 # at -O2 does not vectorise the portable path; clang does).

@@ -3,6 +3,7 @@
    (layers, losses, optimizers with float32 master weights, dynamic loss
    scaling, Keras-like fit/evaluate and a custom training loop).
    Single-file (stb-style) library; MIT or public domain, see the end of file.
+   Version 0.1.0 (MIXPREC_VERSION_STRING); CHANGELOG.md has the history.
 
 QUICK START
     In exactly one C or C++ file:
@@ -79,7 +80,7 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
     - Conversions are integer-only: they do not depend on the FPU rounding
       mode, FTZ/DAZ or x87 excess precision.
     - Arithmetic (+ - * / sqrt) computes in float32 and rounds once; this is
-      correctly rounded (see >>arithmetic for why). It uses the FPU, so it needs
+      correctly rounded (see >>numbers: arithmetic for why). It uses the FPU, so it needs
       the IEEE default round-to-nearest mode; bfloat16 results below 2^-126 also
       need FTZ/DAZ off (float16 never reaches float32's subnormal range).
     - Comparisons are integer-only: NaN is unordered, -0 == +0.
@@ -111,13 +112,113 @@ BACKENDS
     kernel through one table of operations (see >>backends); the rest of the
     API is the same. mp_model_memory_info reports the backend's bytes.
 
+ADDING A LAYER KIND (every place that names the kinds; search each tag)
+    >>layers          its mp_layer_kind before MP_LAYER_KIND_COUNT, the
+                      mp_layer_desc fields it reads, a constructor (mp_dense
+                      style) declared here and defined in >>layers: descriptions
+    >>layers (impl.)  its forward/backward pair and its row in mp__kinds
+                      (Keras's class name, the base of automatic names)
+    >>model           mp__infer_shape (output shape, kernel and bias sizes),
+                      mp_model_add (per-layer state such as Dropout's seed),
+                      mp__init_weights (its initialiser), mp__plan_activations
+                      (masks, im2col columns), mp__reserve_products (its GEMMs)
+    >>backends        a new op in mp_backend if no kernel does its work, and
+                      then every table: >>cpu backend: the operations table,
+                      cuda/mixprec_cuda.cu, tests/test_backend.c's remote one
+    >>automatic mixed precision   its TensorFlow op in mp__ops (on which
+                      list) and its row in mp__amp_chain's `first`
+    >>numerics diagnostics        mp_model_tensor_core_advice, if it multiplies
+    >>checkpoints     nothing (the fingerprint, mp__ckpt_model, has each
+                      layer's kind, dtypes and counts, and every layer's
+                      generator is written); other state: mp__ckpt_body
+    tests             test_train (finite-difference gradients, forward values
+                      against Keras's formula), test_backend, test_cuda,
+                      test_amp; README's API and Training sections
+
 GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
     memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. They
     are not synchronised: use mixprec from one thread at a time.
+
+CONTENTS
+    Each section starts with a comment that begins `>>tag`; its declarations
+    and its implementation carry the same tag, so one search for `>>tag`
+    finds both halves (and `>>tag: part` the parts of a long one). To find a
+    public function's code, search for its name followed by `(`, or use a
+    tags file (`ctags mixprec.h`); the 28 float16/bfloat16 operations made
+    by token pasting are named in a comment where they are made.
+    Declarations, in file order:
+    >>errors                 status codes and their messages, one X-macro list
+    >>numbers                mp_f16, mp_bf16: conversions, arithmetic, comparisons
+    >>dtypes                 float32, float16, bfloat16: names and sizes
+    >>bulk casts             mp_convert and the overflow/underflow counts
+    >>policies               Keras's dtype policies and the global policy
+    >>memory                 the counted allocator, current and peak bytes
+    >>tensors                mp_tensor: dtype, shape, data
+    >>threads                the worker pool
+    >>matmul                 mp_matmul: any mix of dtypes, float32 sums
+    >>layers                 layer descriptions (mp_dense, mp_conv2d, ...)
+    >>losses, metrics and optimizers   their kinds, Keras's settings and
+                             learning-rate schedules
+    >>loss scaling           Keras's LossScaleOptimizer state machine
+    >>automatic mixed precision   TensorFlow's AMP graph rewrite; compile's
+                             settings (before >>model: mp_compile_desc holds them)
+    >>model                  create, add, build, compile, queries, weights
+    >>fit                    fit, evaluate, predict, mp_logs; >>fit: callbacks
+                             (the hooks) and >>fit: built-in callbacks
+    >>custom training loop   the guide's train_step, one call per line
+    >>numerics diagnostics   per-layer statistics, check-numerics, advice
+    >>checkpoints            save/load (atomic), weight export/import
+    >>data                   IDX files (MNIST, Fashion-MNIST)
+    >>backends               the table of operations a backend fills (MP_OP),
+                             and the inline rules every backend shares
+    >>cpu backend            mp_cpu_backend, the default table
+    >>rules                  activations and loss rows, compiled by the
+                             implementation and by device backends alike
+    Implementation (under MIXPREC_IMPLEMENTATION), in file order:
+    >>errors                 mp_status_message, mp_status_name
+    >>numbers: conversion    float32/float64 <-> float16/bfloat16, integer-only
+    >>numbers: arithmetic    + - * / sqrt through float32, comparisons
+    >>dtypes                 the dtype table
+    >>bulk casts             mp_convert's checks and dispatch
+    >>bulk casts: cast stats the scalar and AVX2 row loops that count as they cast
+    >>policies               policy names, the global policy
+    >>memory                 the counted allocator; one block carved into tensors
+    >>tensors                mp_tensor_alloc, ...
+    >>text                   a formatter without stdio for messages and logs
+    >>cpu backend            the CPU's kernels: helpers, then
+    >>cpu backend: activations   activations applied by runs, softmax, bias
+    >>threads                the pool (the CPU backend's context)
+    >>matmul                 the BLIS-style GEMM: packing, micro-kernels, mp_matmul
+    >>cpu backend: elementwise    casts split across threads
+    >>cpu backend: losses    the loss rows over a batch
+    >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
+    >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
+    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max pool, masks
+    >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
+    >>layers                 each layer's forward and backward, side by side
+    >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
+    >>losses, metrics and optimizers: learning-rate schedules
+    >>loss scaling           mp_loss_scale_init, mp_loss_scale_update
+    >>model                  create, add, build, compile, the activation plan
+    >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
+    >>automatic mixed precision   the pass that decides each layer's dtypes
+    >>fit                    the training loop, evaluate, predict
+    >>fit: callbacks         calling the hooks, monitors
+    >>fit: built-in callbacks    History, EarlyStopping, ProgbarLogger, ...
+    >>model: queries         layer info, memory, weights, gradients, slots
+    >>model: summary         Keras's model.summary() with a Policy column
+    >>numerics diagnostics   statistics, histograms, check-numerics, advice
+    >>checkpoints            the container: write, read, check, commit; files
+    >>data                   IDX parsing and loading
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
+
+#define MIXPREC_VERSION_MAJOR 0
+#define MIXPREC_VERSION_MINOR 1
+#define MIXPREC_VERSION_PATCH 0
+#define MIXPREC_VERSION_STRING "0.1.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -425,6 +526,36 @@ typedef enum mp_optimizer_kind {
     MP_OPTIMIZER_COUNT
 } mp_optimizer_kind;
 
+/* Keras's learning-rate schedules (keras.optimizers.schedules), given to
+   the optimizer in place of a constant learning rate and read at every
+   step from the optimizer's iteration count (0 at the first step):
+   ExponentialDecay: initial_learning_rate * decay_rate ^ (step / decay_steps),
+       the exponent floored when staircase;
+   CosineDecay: initial_learning_rate * ((1 - alpha) * c + alpha) with
+       c = 0.5 (1 + cos(pi * min(step, decay_steps) / decay_steps)); alpha
+       (Keras's default 0) is the floor, as a fraction of the initial rate.
+   initial_learning_rate and decay_steps are required (> 0), and decay_rate
+   (> 0) for ExponentialDecay. The schedule is part of the optimizer state a
+   checkpoint holds. */
+typedef enum mp_lr_schedule_kind {
+    MP_LR_CONSTANT = 0, /* the optimizer's learning_rate */
+    MP_EXPONENTIAL_DECAY,
+    MP_COSINE_DECAY,
+    MP_LR_SCHEDULE_COUNT
+} mp_lr_schedule_kind;
+
+typedef struct mp_lr_schedule {
+    mp_lr_schedule_kind kind;
+    float initial_learning_rate;
+    uint64_t decay_steps;
+    float decay_rate; /* ExponentialDecay */
+    int staircase;    /* ExponentialDecay */
+    float alpha;      /* CosineDecay: 0 = Keras's 0 */
+} mp_lr_schedule;
+
+/* The schedule's learning rate at an optimizer step; 0 for an invalid schedule. */
+MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
+
 /* Zero means Keras's default. SGD: learning_rate 0.01, momentum 0, nesterov
    off. RMSprop: 0.001, rho 0.9, epsilon 1e-7. Adam: 0.001, beta_1 0.9,
    beta_2 0.999, epsilon 1e-7. */
@@ -436,6 +567,7 @@ typedef struct mp_optimizer_desc {
     float rho;      /* RMSprop */
     float beta_1, beta_2;
     float epsilon;
+    mp_lr_schedule schedule; /* zero: the constant learning_rate; else learning_rate is ignored */
 } mp_optimizer_desc;
 
 /* >>loss scaling (Keras LossScaleOptimizer)
@@ -663,7 +795,41 @@ typedef struct mp_logs {
     size_t steps;
     float loss_scale;             /* at the end of the epoch (1 without scaling) */
     uint64_t skipped_steps;       /* since compile */
+    float learning_rate;          /* the optimizer's, at the end of the epoch or step */
 } mp_logs;
+
+/* >>fit: callbacks, Keras's keras.callbacks. fit calls each hook of each
+   callback (NULL hooks are skipped) in the order given, then its built-in
+   ones: the history (mp_fit_desc.history), the CSV log (csv_path) and the
+   progress bar (verbose). Logs: on_batch_end gets the epoch's running loss
+   and accuracy, the loss scale, skipped steps and learning rate;
+   on_epoch_end all of mp_logs; on_train_begin/end and on_epoch_begin get
+   NULL. A hook that returns a status other than MP_OK ends fit with it (a
+   hook that fails should say why through the model, e.g. by the mixprec
+   call that failed). on_train_end runs for every callback whose
+   on_train_begin ran, also when fit fails (state->status says so), so that
+   a callback can give back what it took. */
+typedef struct mp_fit_state {
+    mp_model *model;
+    int epoch;          /* 0-based (Keras's epoch argument) */
+    int epochs;         /* fit's epochs: the last epoch is epochs - 1 */
+    int initial_epoch;
+    size_t step;        /* on_batch_end: 0-based batch index in the epoch (Keras's batch) */
+    size_t steps;       /* per epoch */
+    int has_accuracy;   /* the accuracy metric is compiled */
+    int has_validation; /* validation_split left samples to validate on */
+    int stop_training;  /* a hook sets it: fit ends after this batch or epoch (Keras's model.stop_training) */
+    mp_status status;   /* on_train_end: how fit ended */
+} mp_fit_state;
+
+typedef mp_status (*mp_callback_fn)(void *user, mp_fit_state *state, const mp_logs *logs);
+
+typedef struct mp_callback {
+    mp_callback_fn on_train_begin, on_train_end;
+    mp_callback_fn on_epoch_begin, on_epoch_end;
+    mp_callback_fn on_batch_end;
+    void *user; /* passed to every hook */
+} mp_callback;
 
 typedef enum mp_verbose {
     MP_VERBOSE_AUTO = 0, /* a live bar on a terminal, one line per epoch otherwise */
@@ -687,6 +853,8 @@ typedef struct mp_fit_desc {
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
+    const mp_callback *callbacks; /* callback_count of them, or NULL */
+    int callback_count;
 } mp_fit_desc;
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
@@ -695,6 +863,115 @@ MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int ba
 /* out: [n, outputs] float32. */
 MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size,
                                        float *out);
+
+/* >>fit: built-in callbacks. Each keeps its settings and its state in a
+   struct the caller owns (zero means Keras's default); mp_..._callback(p)
+   returns the callback for mp_fit_desc.callbacks. Monitored values have
+   the names of Keras's logs: "loss", "accuracy", "val_loss",
+   "val_accuracy", "learning_rate". Mode AUTO maximises a name with "acc" in
+   it and minimises the others (Keras). A val_ name without validation data
+   (validation_split), or another name, is MP_ERR_ARG at on_train_begin. */
+typedef enum mp_monitor_mode { MP_MODE_AUTO = 0, MP_MODE_MIN, MP_MODE_MAX } mp_monitor_mode;
+
+/* History: each epoch's logs in epochs[epoch - initial_epoch] (as many as
+   capacity holds); count: how many were written. */
+typedef struct mp_history {
+    mp_logs *epochs;
+    int capacity;
+    int count; /* written by the callback */
+} mp_history;
+MIXPREC_API mp_callback mp_history_callback(mp_history *h);
+
+/* EarlyStopping: stops fit when the monitored value has not improved (by
+   more than |min_delta|) for patience epochs; an epoch improves when it
+   beats the best so far, and restarts the patience only if it also beats
+   the baseline (when there is one). With restore_best_weights the model
+   gets the weights of its best epoch back when training ends (Keras 3).
+   verbose prints "Epoch N: early stopping" and the restore. */
+typedef struct mp_early_stopping {
+    const char *monitor;      /* NULL = "val_loss" */
+    float min_delta;
+    int patience;             /* 0 (Keras's default): stop at the first epoch without improvement */
+    int verbose;
+    mp_monitor_mode mode;
+    const float *baseline;    /* NULL = none */
+    int restore_best_weights;
+    int start_from_epoch;     /* epochs to let pass before monitoring */
+    /* written by the callback */
+    int wait;                 /* epochs since the last improvement */
+    int stopped_epoch;        /* 0-based epoch it stopped at; 0 when it did not */
+    int best_epoch;           /* -1 until an epoch was monitored */
+    float best;
+    float *best_weights;      /* allocated during fit when restore_best_weights */
+} mp_early_stopping;
+MIXPREC_API mp_callback mp_early_stopping_callback(mp_early_stopping *es);
+
+/* LearningRateScheduler: at each epoch's start the optimizer's learning rate
+   becomes schedule(user, epoch, learning rate now); it must be finite and
+   positive (MP_ERR_ARG). The optimizer must have a constant rate, not a
+   mp_lr_schedule (MP_ERR_STATE, as Keras refuses to set a schedule's rate).
+   verbose prints Keras's line for each change. */
+typedef float (*mp_lr_schedule_fn)(void *user, int epoch, float learning_rate);
+typedef struct mp_lr_scheduler {
+    mp_lr_schedule_fn schedule; /* required */
+    void *user;
+    int verbose;
+} mp_lr_scheduler;
+MIXPREC_API mp_callback mp_lr_scheduler_callback(mp_lr_scheduler *s);
+
+/* The learning rate of the optimizer's next step (0 before compile), and a
+   new constant one: MP_ERR_STATE before compile or under a mp_lr_schedule,
+   MP_ERR_ARG unless finite and positive. A checkpoint holds it. */
+MIXPREC_API float mp_model_learning_rate(const mp_model *m);
+MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rate);
+
+#ifndef MIXPREC_NO_STDIO
+/* ProgbarLogger: Keras's progress bar, "Epoch 1/5" then
+   `6/6 [====>.....] - ETA: 1s - loss: ...` redrawn in place (verbose BAR,
+   or AUTO on a terminal) or one line per epoch (LINES, or AUTO otherwise):
+   `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
+typedef struct mp_progbar_logger {
+    mp_verbose verbose;
+    /* written by the callback */
+    int live;
+    size_t last_len;
+    long start_sec, start_nsec;
+} mp_progbar_logger;
+MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p);
+
+/* CSVLogger: `kind,epoch,step,loss,accuracy,val_loss,val_accuracy,
+   loss_scale,skipped_steps`, an `epoch` row after every epoch and, with
+   per_step, a `step` row after every step (the epoch's running means); step
+   counts from the start of the fit. append (Keras: append=False) adds to
+   the file, with the header only when it is empty. MP_ERR_IO when the file
+   cannot be opened or written. */
+typedef struct mp_csv_logger {
+    const char *filename; /* required */
+    int append;
+    int per_step;
+    void *file;           /* written by the callback: the FILE during fit */
+} mp_csv_logger;
+MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c);
+
+/* ModelCheckpoint: after every epoch saves a checkpoint (mp_model_save,
+   atomic) or, with save_weights_only, the float32 inference weights
+   (mp_model_export_weights) to filepath, in which "{epoch}" or "{epoch:02d}"
+   (any width) becomes the 1-based epoch. save_best_only saves only when the
+   monitored value beats the best so far. verbose prints Keras's lines. A
+   failed save ends fit with its status. */
+typedef struct mp_model_checkpoint {
+    const char *filepath;  /* required */
+    const char *monitor;   /* NULL = "val_loss" */
+    int verbose;
+    int save_best_only;
+    int save_weights_only;
+    mp_monitor_mode mode;
+    /* written by the callback */
+    float best;            /* +-inf until an epoch was monitored */
+    int saves;
+} mp_model_checkpoint;
+MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
+#endif
 
 /* >>custom training loop: the guide's train_step, one call per line
        mp_forward(m, x, batch, 1);                       // predictions = model(x)
@@ -950,6 +1227,19 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #define MIXPREC_HD
 #endif
 
+/* A member of a table of operations by name, for a backend's mp_backend:
+       static const mp_backend mine = {MP_OP(name) "mine", ..., MP_OP(gemm) my_gemm, ...};
+   It is C99's designator `.gemm =` in C and C++20, where the compiler checks
+   the name (C++20 the order too); older C++ takes the members by place, as
+   the C or C++20 build of the same table has checked them. Fill the table in
+   mp_backend's order, every member named: a new op cannot then land in
+   another op's slot unseen. */
+#if !defined(__cplusplus) || __cplusplus >= 202002L
+#define MP_OP(member) .member =
+#else
+#define MP_OP(member)
+#endif
+
 typedef struct mp_gemm_args {
     int trans_a, trans_b;
     size_t m, n, k;
@@ -1050,6 +1340,7 @@ struct mp_backend {
                     size_t n, float scale);
 };
 
+/* >>cpu backend: the table of the CPU's kernels, the default. */
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
 
 /* The rules every backend shares, defined here so that device code
@@ -1093,6 +1384,13 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #endif
 #endif /* MIXPREC_H */
 
+/* IDEs parse the header alone: with the implementation defined they index
+   and colour it instead of greying it out (as cgltf.h does). Compilers
+   define neither macro. */
+#if defined(__INTELLISENSE__) || defined(__JETBRAINS_IDE__)
+#define MIXPREC_IMPLEMENTATION
+#endif
+
 /* ======================================================================== */
 /* >>rules: the math every backend does alike, compiled from these lines by
    the implementation and by a device backend's source (which defines
@@ -1106,21 +1404,25 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 /* Every float operation rounds on its own, as written: C++ and GNU modes
    let compilers fuse a*b+c into one FMA, which would make the kernels' bits
    depend on the build (the GEMM asks for FMA through intrinsics). nvcc
-   builds device code with --fmad=false instead. */
+   builds device code with --fmad=false instead. Each use ends in a
+   declaration of an empty struct and a semicolon, so that tools that do not
+   expand macros (Universal Ctags, editors) read it as a statement and still
+   see the functions after it. */
 #if defined(__CUDACC__)
-#define MP__ROUND_EACH_BEGIN
-#define MP__ROUND_EACH_END
+#define MP__ROUND_EACH_BEGIN struct mp__round_each
+#define MP__ROUND_EACH_END struct mp__round_each
 #elif defined(__clang__)
-#define MP__ROUND_EACH_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
-#define MP__ROUND_EACH_END _Pragma("float_control(pop)")
+#define MP__ROUND_EACH_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)") struct mp__round_each
+#define MP__ROUND_EACH_END _Pragma("float_control(pop)") struct mp__round_each
 #elif defined(__GNUC__)
-#define MP__ROUND_EACH_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
-#define MP__ROUND_EACH_END _Pragma("GCC pop_options")
+#define MP__ROUND_EACH_BEGIN \
+    _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")") struct mp__round_each
+#define MP__ROUND_EACH_END _Pragma("GCC pop_options") struct mp__round_each
 #else
-#define MP__ROUND_EACH_BEGIN
-#define MP__ROUND_EACH_END
+#define MP__ROUND_EACH_BEGIN struct mp__round_each
+#define MP__ROUND_EACH_END struct mp__round_each
 #endif
-MP__ROUND_EACH_BEGIN
+MP__ROUND_EACH_BEGIN;
 
 static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
     switch (a) {
@@ -1230,7 +1532,7 @@ static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const
     return 0;
 }
 
-MP__ROUND_EACH_END
+MP__ROUND_EACH_END;
 #endif /* MIXPREC_RULES */
 
 /* ======================================================================== */
@@ -1289,7 +1591,7 @@ MP__ROUND_EACH_END
 #define MP__HOT static inline
 #endif
 
-MP__ROUND_EACH_BEGIN /* to the end of the implementation (see >>rules) */
+MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -1316,7 +1618,7 @@ MIXPREC_API const char *mp_status_name(mp_status status) {
     return names[status];
 }
 
-/* >>conversion
+/* >>numbers: conversion
    Every conversion is "widen exactly to float32 bits, then round once". All of
    it is integer code written branch-free (selects, not jumps) so that compilers
    vectorise the portable bulk loops. */
@@ -1412,7 +1714,7 @@ MIXPREC_API mp_bf16 mp_bf16_from_f64(double x) {
     return mp_bf16_from_bits(mp__bf16_from_f32_bits(mp__f32_bits_from_f64_round_to_odd(mp__f64_bits(x))));
 }
 
-/* >>arithmetic
+/* >>numbers: arithmetic
    Why float32-then-round-once is exact: for +, -, *, / and sqrt, if the
    intermediate format has p' >= 2p + 2 significand bits, rounding the exact
    result to p' bits and then to p bits equals rounding it to p bits directly
@@ -1424,19 +1726,22 @@ MIXPREC_API mp_bf16 mp_bf16_from_f64(double x) {
    bfloat16 midpoint within float32's rounding error. tests/test_numerics.c checks
    add and mul on all 2^32 float16 pairs. Fused multiply-add is NOT covered
    by the theorem, which is why there is none here. */
+/* The lines below define mp_f16_add mp_f16_sub mp_f16_mul mp_f16_div
+   mp_bf16_add mp_bf16_sub mp_bf16_mul mp_bf16_div (token pasting). */
 #define MP__ARITH(T, OP, EXPR)                                                    \
     MIXPREC_API T T##_##OP(T a, T b) {                                            \
         float x = T##_to_f32(a), y = T##_to_f32(b);                               \
         return T##_from_f32(EXPR);                                                \
-    }
-MP__ARITH(mp_f16, add, x + y)
-MP__ARITH(mp_f16, sub, x - y)
-MP__ARITH(mp_f16, mul, x * y)
-MP__ARITH(mp_f16, div, x / y)
-MP__ARITH(mp_bf16, add, x + y)
-MP__ARITH(mp_bf16, sub, x - y)
-MP__ARITH(mp_bf16, mul, x * y)
-MP__ARITH(mp_bf16, div, x / y)
+    }                                                                             \
+    struct mp__semicolon /* the use ends in ';', a statement to tools like ctags */
+MP__ARITH(mp_f16, add, x + y);
+MP__ARITH(mp_f16, sub, x - y);
+MP__ARITH(mp_f16, mul, x * y);
+MP__ARITH(mp_f16, div, x / y);
+MP__ARITH(mp_bf16, add, x + y);
+MP__ARITH(mp_bf16, sub, x - y);
+MP__ARITH(mp_bf16, mul, x * y);
+MP__ARITH(mp_bf16, div, x / y);
 #undef MP__ARITH
 MIXPREC_API mp_f16 mp_f16_sqrt(mp_f16 a) { return mp_f16_from_f32(sqrtf(mp_f16_to_f32(a))); }
 MIXPREC_API mp_bf16 mp_bf16_sqrt(mp_bf16 a) { return mp_bf16_from_f32(sqrtf(mp_bf16_to_f32(a))); }
@@ -1450,6 +1755,10 @@ static int mp__h_eq(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unorde
 static int mp__h_lt(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unordered(a, b, inf) && mp__h_key(a) < mp__h_key(b); }
 static int mp__h_le(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unordered(a, b, inf) && mp__h_key(a) <= mp__h_key(b); }
 
+/* The lines below define mp_f16_neg mp_f16_abs mp_f16_eq mp_f16_lt mp_f16_le
+   mp_f16_gt mp_f16_ge mp_f16_isnan mp_f16_isinf mp_f16_isfinite and
+   mp_bf16_neg mp_bf16_abs mp_bf16_eq mp_bf16_lt mp_bf16_le mp_bf16_gt
+   mp_bf16_ge mp_bf16_isnan mp_bf16_isinf mp_bf16_isfinite (token pasting). */
 #define MP__BITOPS(T, INF)                                                                    \
     MIXPREC_API T T##_neg(T a) { return T##_from_bits((uint16_t)(a.bits ^ 0x8000u)); }         \
     MIXPREC_API T T##_abs(T a) { return T##_from_bits((uint16_t)(a.bits & 0x7FFFu)); }         \
@@ -1460,9 +1769,10 @@ static int mp__h_le(uint16_t a, uint16_t b, uint16_t inf) { return !mp__h_unorde
     MIXPREC_API int T##_ge(T a, T b) { return mp__h_le(b.bits, a.bits, INF); }                 \
     MIXPREC_API int T##_isnan(T a) { return mp__h_isnan(a.bits, INF); }                        \
     MIXPREC_API int T##_isinf(T a) { return (a.bits & 0x7FFFu) == INF; }                       \
-    MIXPREC_API int T##_isfinite(T a) { return (a.bits & 0x7FFFu) < INF; }
-MP__BITOPS(mp_f16, 0x7C00u)
-MP__BITOPS(mp_bf16, 0x7F80u)
+    MIXPREC_API int T##_isfinite(T a) { return (a.bits & 0x7FFFu) < INF; }                     \
+    struct mp__semicolon
+MP__BITOPS(mp_f16, 0x7C00u);
+MP__BITOPS(mp_bf16, 0x7F80u);
 #undef MP__BITOPS
 
 /* >>dtypes */
@@ -1489,7 +1799,7 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
-/* >>cast stats
+/* >>bulk casts: cast stats
    Round to nearest is monotone, so what narrowing does to x depends only on
    where |x| falls among three thresholds of the target format. As float32
    bit patterns (which order like magnitudes), with lo inclusive:
@@ -1633,16 +1943,18 @@ MP__HOT __m256i mp__x86_abs_bits(__m256 x) {
 #define MP__X86_EXTREMES(hi, lo, a)                                                             \
     (hi = _mm256_max_epu32(hi, a), lo = _mm256_min_epu32(lo, _mm256_add_epi32(a, _mm256_set1_epi32(-1))))
 
-/* Horizontal sum, max and min of eight lanes: fold 256 -> 128 -> 64 -> 32 bits. */
+/* mp__x86_hsum, mp__x86_hmax, mp__x86_hmin: horizontal sum, max and min of
+   eight lanes: fold 256 -> 128 -> 64 -> 32 bits. */
 #define MP__X86_HORIZONTAL(NAME, OP)                                                          \
     static uint32_t NAME(__m256i v) {                                                         \
         __m128i x = OP(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));            \
         x = OP(x, _mm_shuffle_epi32(x, 0x4E));                                                \
         return (uint32_t)_mm_cvtsi128_si32(OP(x, _mm_shuffle_epi32(x, 0xB1)));                \
-    }
-MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32)
-MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epu32)
-MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32)
+    }                                                                                         \
+    struct mp__semicolon
+MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32);
+MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epu32);
+MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32);
 #undef MP__X86_HORIZONTAL
 
 /* The full pass: one compare per threshold t counts the lanes with |x| >= t
@@ -2015,7 +2327,7 @@ static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
     }
 }
 
-/* >>kernels
+/* >>cpu backend
    The CPU backend (the operations table is declared under >>backends):
    every kernel a layer, loss or optimizer runs is one of its ops. Kernels work
    on any mix of float dtypes by widening tiles to float32 (exactly), doing
@@ -2041,7 +2353,7 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 
 
-/* >>activations (float32 math; Keras's definitions are in >>rules) */
+/* >>cpu backend: activations (float32 math; Keras's definitions are in >>rules) */
 /* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
    in blocks of 16 with a constant trip count, which compilers vectorise;
    the rest are dominated by exp, erf and tanh. */
@@ -2275,7 +2587,7 @@ typedef struct mp__cpu {
 } mp__cpu;
 static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 
-/* >>gemm: BLIS's loops. For each panel of NC columns, op(B) is packed once
+/* >>matmul: BLIS's loops. For each panel of NC columns, op(B) is packed once
    (K x NC, widened to float32, or kept as bfloat16 pairs for the dot-product
    kernel); for each block of MC rows and each KC slice of K, op(A) is
    packed and an MR x NR register tile sweeps the pair, adding into a
@@ -2784,7 +3096,7 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
     return st;
 }
 
-/* >>elementwise: long vectors are cut into one contiguous range per thread
+/* >>cpu backend: elementwise. Long vectors are cut into one contiguous range per thread
    (elementwise work: the result does not depend on the cut). */
 typedef struct mp__range_job {
     void (*fn)(void *args, size_t begin, size_t end, int thread);
@@ -2836,7 +3148,7 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
     mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
-/* >>loss kernels: Keras 3's formulas in float32, a row at a time (the rows
+/* >>cpu backend: losses. Keras 3's formulas in float32, a row at a time (the rows
    are in >>rules). */
 static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
                          mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
@@ -2861,7 +3173,7 @@ static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *p
     metrics[1] = (float)correct;
 }
 
-/* >>loss-scale kernels */
+/* >>cpu backend: loss scaling */
 static void mp__cpu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n,
                                const float *scale_ptr) {
     float t[MP__TILE], scale = scale_ptr ? *scale_ptr : 1.0f;
@@ -2924,7 +3236,7 @@ static void mp__cpu_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *f
     (void)mp_loss_scale_step(ls, !*found_inf);
 }
 
-/* >>optimizers: Keras 3's update rules on float32 master weights, written
+/* >>cpu backend: optimizers. Keras 3's update rules on float32 master weights, written
    once over vectors of MP__VW floats (a scalar when there is no SIMD; the
    same operations in the same order either way, no fused multiply-add). */
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
@@ -3045,7 +3357,7 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
 }
 
-/* >>conv kernels (NHWC, one image; Keras's channels_last) */
+/* >>cpu backend: convolution, pooling, dropout (NHWC, one image; Keras's channels_last) */
 static void mp__cpu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
     size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
     unsigned char *out = (unsigned char *)col;
@@ -3156,8 +3468,9 @@ static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_d
     }
 }
 
-/* The rest of the CPU backend: memory is the host's (64-byte aligned,
-   zeroed, counted), copies are memcpy, the context is the thread pool. */
+/* >>cpu backend: the operations table. The rest of the CPU backend: memory
+   is the host's (64-byte aligned, zeroed, counted), copies are memcpy, the
+   context is the thread pool. */
 static mp_status mp__cpu_create(void **ctx, int threads, const void *config) {
     mp__cpu *c = (mp__cpu *)mp__alloc(sizeof *c);
     (void)config;
@@ -3244,14 +3557,35 @@ static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) {
 }
 
 static const mp_backend mp__cpu_backend = {
-    "cpu", 0, 0,
-    mp__cpu_create, mp__cpu_destroy, mp__cpu_threads,
-    mp__cpu_alloc, mp__cpu_free, mp__cpu_memory, mp__cpu_copy, mp__cpu_zero, mp__cpu_sync, mp__cpu_last_error,
-    mp__cpu_gemm_reserve, mp__cpu_cast_in, mp__cpu_cast, mp__cpu_gemm,
-    mp__cpu_bias_act, mp__cpu_act_backward, mp__cpu_bias_grad, mp__cpu_loss,
-    mp__cpu_scale_cast, mp__cpu_unscale_check, mp__cpu_loss_scale_update, mp__cpu_optimizer_update,
-    mp__cpu_im2col, mp__cpu_col2im, mp__cpu_max_pool, mp__cpu_max_pool_backward,
-    mp__cpu_dropout_mask, mp__cpu_dropout,
+    MP_OP(name) "cpu", MP_OP(device_memory) 0, MP_OP(tensor_cores) 0,
+    MP_OP(create) mp__cpu_create,
+    MP_OP(destroy) mp__cpu_destroy,
+    MP_OP(threads) mp__cpu_threads,
+    MP_OP(alloc) mp__cpu_alloc,
+    MP_OP(free) mp__cpu_free,
+    MP_OP(memory) mp__cpu_memory,
+    MP_OP(copy) mp__cpu_copy,
+    MP_OP(zero) mp__cpu_zero,
+    MP_OP(sync) mp__cpu_sync,
+    MP_OP(last_error) mp__cpu_last_error,
+    MP_OP(gemm_reserve) mp__cpu_gemm_reserve,
+    MP_OP(cast_in) mp__cpu_cast_in,
+    MP_OP(cast) mp__cpu_cast,
+    MP_OP(gemm) mp__cpu_gemm,
+    MP_OP(bias_act) mp__cpu_bias_act,
+    MP_OP(act_backward) mp__cpu_act_backward,
+    MP_OP(bias_grad) mp__cpu_bias_grad,
+    MP_OP(loss) mp__cpu_loss,
+    MP_OP(scale_cast) mp__cpu_scale_cast,
+    MP_OP(unscale_check) mp__cpu_unscale_check,
+    MP_OP(loss_scale_update) mp__cpu_loss_scale_update,
+    MP_OP(optimizer_update) mp__cpu_optimizer_update,
+    MP_OP(im2col) mp__cpu_im2col,
+    MP_OP(col2im) mp__cpu_col2im,
+    MP_OP(max_pool) mp__cpu_max_pool,
+    MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
+    MP_OP(dropout_mask) mp__cpu_dropout_mask,
+    MP_OP(dropout) mp__cpu_dropout,
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -3301,6 +3635,19 @@ typedef struct mp__stage {
     int32_t *labels;
 } mp__stage;
 
+/* Where the custom loop stands, in the order of the guide's train_step.
+   mp__loop_rules is the one place that says which call may follow which. */
+typedef enum mp__loop {
+    MP__LOOP_NONE = 0,   /* nothing to differentiate: no forward since compile or new weights */
+    MP__LOOP_FORWARD,    /* mp_forward ran (its mode in m->training) */
+    MP__LOOP_LOSS,       /* mp_compute_loss: dpred holds the loss's gradient */
+    MP__LOOP_GRADIENTS,  /* mp_compute_scaled_gradients: scaled, in the compute dtype */
+    MP__LOOP_UNSCALED    /* mp_get_unscaled_gradients: float32, ready to apply */
+} mp__loop;
+typedef enum mp__loop_call {
+    MP__CALL_FORWARD, MP__CALL_LOSS, MP__CALL_GRADIENTS, MP__CALL_UNSCALE, MP__CALL_APPLY, MP__CALL_RESET
+} mp__loop_call;
+
 struct mp_model {
     mp_model_desc desc;
     const mp_backend *be;
@@ -3337,8 +3684,8 @@ struct mp_model {
     float *dcol, *img;
     void *stage_block;    /* host memory for a batch on its way to a device backend */
     mp__stage stage;
-    /* where the custom loop stands */
-    int training, have_loss, have_grads, have_unscaled;
+    mp__loop loop;   /* where the custom loop stands (mp__loop_move) */
+    int training;    /* the last forward's mode, Keras's `training` argument */
     int grads_ready; /* mp_get_gradients has something to give */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
@@ -3353,6 +3700,37 @@ static mp_status mp__numerics_forward(mp_model *m, int layer);
 static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx);
 static mp_status mp__numerics_unscaled(mp_model *m);
 static void mp__numerics_free(struct mp__numerics *nu);
+
+static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...);
+
+/* The custom loop's transitions, in one place: a call needs the model in
+   stage `need` (or a later one, where or_later) and moves it to `next`.
+   After apply the loss stays: gradients may be taken again, as before the
+   stages were named. A forward starts over from any stage; compile, a
+   regrown batch and loaded weights reset. mp__loop_check says whether a
+   call may run; mp__loop_move records that it did. */
+static const struct mp__loop_rule {
+    mp__loop need;
+    int or_later, training; /* training: the forward must have been training=1 */
+    mp__loop next;
+    const char *why;
+} mp__loop_rules[] = {
+    /* FORWARD   */ {MP__LOOP_NONE, 1, 0, MP__LOOP_FORWARD, NULL},
+    /* LOSS      */ {MP__LOOP_NONE, 1, 0, MP__LOOP_LOSS, NULL}, /* its caller checks that a forward ran */
+    /* GRADIENTS */ {MP__LOOP_LOSS, 1, 1, MP__LOOP_GRADIENTS,
+                     "gradients need mp_forward(training=1), then mp_compute_loss"},
+    /* UNSCALE   */ {MP__LOOP_GRADIENTS, 0, 0, MP__LOOP_UNSCALED, "run mp_compute_scaled_gradients first"},
+    /* APPLY     */ {MP__LOOP_UNSCALED, 0, 0, MP__LOOP_LOSS, "run mp_get_unscaled_gradients first"},
+    /* RESET     */ {MP__LOOP_NONE, 1, 0, MP__LOOP_NONE, NULL},
+};
+
+static mp_status mp__loop_check(mp_model *m, mp__loop_call call) {
+    const struct mp__loop_rule *r = &mp__loop_rules[call];
+    if ((r->or_later ? m->loop < r->need : m->loop != r->need) || (r->training && !m->training))
+        return mp__fail(m, MP_ERR_STATE, "%s", r->why);
+    return MP_OK;
+}
+static void mp__loop_move(mp_model *m, mp__loop_call call) { m->loop = mp__loop_rules[call].next; }
 
 static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
     mp__text t;
@@ -3599,17 +3977,30 @@ typedef struct mp__layer_kind {
     void (*backward)(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx);
 } mp__layer_kind;
 
+/* Indexed by mp_layer_kind (see ADDING A LAYER KIND in the doc block). */
 static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
-    {NULL, NULL, NULL, NULL},
-    {"Dense", "dense", mp__dense_forward, mp__dense_backward},
-    {"Activation", "activation", mp__activation_forward, mp__activation_backward},
-    {"Conv2D", "conv2d", mp__conv_forward, mp__conv_backward},
-    {"MaxPooling2D", "max_pooling2d", mp__pool_forward, mp__pool_backward},
-    {"Flatten", "flatten", mp__flatten_forward, mp__flatten_backward},
-    {"Dropout", "dropout", mp__dropout_forward, mp__dropout_backward},
+    /* 0 */ {MP_OP(type) NULL, MP_OP(base_name) NULL, MP_OP(forward) NULL, MP_OP(backward) NULL},
+    /* MP_DENSE */
+    {MP_OP(type) "Dense", MP_OP(base_name) "dense", MP_OP(forward) mp__dense_forward,
+     MP_OP(backward) mp__dense_backward},
+    /* MP_ACTIVATION */
+    {MP_OP(type) "Activation", MP_OP(base_name) "activation", MP_OP(forward) mp__activation_forward,
+     MP_OP(backward) mp__activation_backward},
+    /* MP_CONV2D */
+    {MP_OP(type) "Conv2D", MP_OP(base_name) "conv2d", MP_OP(forward) mp__conv_forward,
+     MP_OP(backward) mp__conv_backward},
+    /* MP_MAX_POOLING2D */
+    {MP_OP(type) "MaxPooling2D", MP_OP(base_name) "max_pooling2d", MP_OP(forward) mp__pool_forward,
+     MP_OP(backward) mp__pool_backward},
+    /* MP_FLATTEN */
+    {MP_OP(type) "Flatten", MP_OP(base_name) "flatten", MP_OP(forward) mp__flatten_forward,
+     MP_OP(backward) mp__flatten_backward},
+    /* MP_DROPOUT */
+    {MP_OP(type) "Dropout", MP_OP(base_name) "dropout", MP_OP(forward) mp__dropout_forward,
+     MP_OP(backward) mp__dropout_backward},
 };
 
-/* >>layer descriptions */
+/* >>layers: descriptions */
 static const char *const mp__activation_names[MP_ACTIVATION_COUNT] = {"linear", "relu", "sigmoid",
                                                                       "softmax", "tanh", "gelu"};
 
@@ -3669,6 +4060,26 @@ MIXPREC_API mp_layer_desc mp_dropout(float rate) {
     mp_layer_desc d = mp__desc(MP_DROPOUT);
     d.rate = rate;
     return d;
+}
+
+/* >>losses, metrics and optimizers: learning-rate schedules (see the
+   declaration; Keras's formulas, in float32 as Keras computes them) */
+static int mp__schedule_valid(const mp_lr_schedule *s) {
+    if ((unsigned)s->kind >= (unsigned)MP_LR_SCHEDULE_COUNT) return 0;
+    if (s->kind == MP_LR_CONSTANT) return 1;
+    return s->initial_learning_rate > 0.0f && s->initial_learning_rate <= FLT_MAX && s->decay_steps > 0 &&
+           (s->kind != MP_EXPONENTIAL_DECAY || (s->decay_rate > 0.0f && s->decay_rate <= FLT_MAX)) &&
+           (s->kind != MP_COSINE_DECAY || (s->alpha >= 0.0f && s->alpha <= 1.0f));
+}
+
+MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step) {
+    float p;
+    if (!s || !mp__schedule_valid(s)) return 0.0f;
+    if (s->kind == MP_LR_CONSTANT) return s->initial_learning_rate;
+    p = (float)step / (float)s->decay_steps;
+    if (s->kind == MP_EXPONENTIAL_DECAY) return s->initial_learning_rate * powf(s->decay_rate, s->staircase ? floorf(p) : p);
+    p = p < 1.0f ? p : 1.0f; /* CosineDecay: flat at alpha past decay_steps */
+    return s->initial_learning_rate * ((1.0f - s->alpha) * (0.5f * (1.0f + cosf(3.14159265f * p))) + s->alpha);
 }
 
 /* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
@@ -4422,7 +4833,12 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
           : !(o->beta_2 > 0.0f && o->beta_2 < 1.0f)                   ? "beta_2 (in (0, 1))"
           : !(o->epsilon > 0.0f && o->epsilon <= FLT_MAX)             ? "epsilon (finite, > 0)"
                                                                       : NULL;
-    return bad ? mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad) : MP_OK;
+    if (bad) return mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad);
+    if (!mp__schedule_valid(&o->schedule))
+        return mp__fail(m, MP_ERR_ARG, "learning-rate schedule: kind %d, initial_learning_rate, decay_steps, "
+                        "decay_rate must be positive, alpha in [0, 1]", (int)o->schedule.kind);
+    if (o->schedule.kind != MP_LR_CONSTANT) o->learning_rate = mp_lr_schedule_value(&o->schedule, 0);
+    return MP_OK;
 }
 
 /* What compile makes before it changes anything (so that a failure leaves
@@ -4499,7 +4915,7 @@ static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const m
     m->seen.ls = c->ls;
     m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
     m->compiled = 1;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
 }
 
 MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc) {
@@ -4639,7 +5055,7 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     m->be->free(m->ctx, m->act_block);
     m->act_block = NULL;
     m->act_bytes = m->batch_cap = m->batch = 0;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
     mp__plan_activations(m, &a, batch);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
     a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
@@ -4705,7 +5121,7 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     int i;
     m->training = training;
     m->batch = batch;
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_FORWARD);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
@@ -4756,6 +5172,8 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
     }
 }
 
+/* >>custom training loop (see the declaration): the six calls of the guide's
+   train_step, with the helpers they share with fit. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
@@ -4825,8 +5243,7 @@ static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
     *right += (size_t)m->seen.metrics[1];
-    m->have_loss = 1;
-    m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_LOSS);
     return MP_OK;
 }
 
@@ -4868,8 +5285,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     const mp__layer *last;
     mp_status st;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_loss || !m->training)
-        return mp__fail(m, MP_ERR_STATE, "gradients need mp_forward(training=1), then mp_compute_loss");
+    if ((st = mp__loop_check(m, MP__CALL_GRADIENTS)) != MP_OK) return st;
     last = mp__last(m);
     m->be->scale_cast(m->ctx, m->grad[0], last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
@@ -4877,15 +5293,15 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
         mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
         if (m->num && (st = mp__numerics_backward(m, i, i ? m->grad[cur ^ 1] : NULL)) != MP_OK) return st;
     }
-    m->have_grads = 1;
-    m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_GRADIENTS);
     return MP_OK;
 }
 
 MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     int i;
+    mp_status st;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_grads) return mp__fail(m, MP_ERR_STATE, "run mp_compute_scaled_gradients first");
+    if ((st = mp__loop_check(m, MP__CALL_UNSCALE)) != MP_OK) return st;
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
@@ -4893,8 +5309,7 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
             m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
     }
     m->grads_ready = 1;
-    m->have_grads = 0;
-    m->have_unscaled = 1;
+    mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
 }
 
@@ -4903,11 +5318,12 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     mp_status st;
     int i;
     if (!m) return MP_ERR_NULL;
-    if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
+    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
     /* Without loss scaling the step is applied whatever it holds, as Keras;
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
     if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip);
+    m->opt.cfg.learning_rate = mp_model_learning_rate(m); /* a schedule's, at this step */
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
@@ -4916,9 +5332,26 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
         m->be->optimizer_update(m->ctx, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
                                 mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
     }
-    m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_APPLY);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     if (applied) *applied = !skip || !m->seen.found_inf;
+    return MP_OK;
+}
+
+MIXPREC_API float mp_model_learning_rate(const mp_model *m) {
+    if (!m || !m->compiled) return 0.0f;
+    if (m->opt.cfg.schedule.kind == MP_LR_CONSTANT) return m->opt.cfg.learning_rate;
+    return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration);
+}
+
+MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rate) {
+    if (!m) return MP_ERR_NULL;
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before setting its learning rate");
+    if (m->opt.cfg.schedule.kind != MP_LR_CONSTANT)
+        return mp__fail(m, MP_ERR_STATE, "the optimizer's learning rate follows a schedule: it cannot be set");
+    if (!(learning_rate > 0.0f && learning_rate <= FLT_MAX))
+        return mp__fail(m, MP_ERR_ARG, "the learning rate must be finite and positive");
+    m->opt.cfg.learning_rate = learning_rate;
     return MP_OK;
 }
 
@@ -5040,10 +5473,7 @@ static void mp__put_metric(mp__text *t, const char *name, float v) {
     mp__put_number(t, v, 4);
 }
 
-/* The CSV training log: `kind,epoch,step,loss,accuracy,val_loss,
-   val_accuracy,loss_scale,skipped_steps`, a `step` row after every step
-   when asked (running means, as the progress bar shows) and an `epoch` row
-   after every epoch; step counts from the start of the fit. */
+/* A CSV log row (the columns are under mp_csv_logger). */
 static void mp__csv_row(FILE *f, const char *kind, int epoch, size_t step, const mp_logs *lg, int has_val) {
     char buf[256];
     mp__text t;
@@ -5070,36 +5500,33 @@ static void mp__csv_row(FILE *f, const char *kind, int epoch, size_t step, const
     fputs(buf, f);
 }
 
-typedef struct mp__progress {
-    int live;        /* a bar redrawn in place (terminal), or one line at the end */
-    size_t total;    /* steps in the epoch */
-    size_t last_len; /* to blank out a longer previous line */
-    mp__clock start;
-} mp__progress;
-
-/* Keras's progress bar: `6/6 [====>.....] - ETA: 1s - loss: ...`, and at
-   the end `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
-static void mp__progress_show(mp__progress *p, size_t step, const mp_logs *lg, int has_acc, int has_val) {
+/* Keras's progress bar after `step` of `total` steps (see mp_progbar_logger). */
+static void mp__progress_show(mp_progbar_logger *p, size_t step, size_t total, const mp_logs *lg, int has_acc,
+                              int has_val) {
     char buf[320];
     mp__text t;
-    size_t width = 30, filled = step * width / p->total, i, digits = 1, d;
-    float elapsed = mp__seconds_since(p->start);
-    int done = step == p->total;
+    size_t width = 30, filled = step * width / total, i, digits = 1, d;
+    mp__clock start;
+    float elapsed;
+    int done = step == total;
+    start.sec = p->start_sec;
+    start.nsec = p->start_nsec;
+    elapsed = mp__seconds_since(start);
     t.buf = buf;
     t.cap = sizeof buf;
     t.len = 0;
     if (p->live) mp__put(&t, "\r");
-    for (d = p->total; d >= 10; d /= 10) digits++;
+    for (d = total; d >= 10; d /= 10) digits++;
     for (d = step, i = 1; d >= 10; d /= 10) i++;
     for (; i < digits; i++) mp__put(&t, " ");
     mp__put_uint(&t, step, 0);
     mp__put(&t, "/");
-    mp__put_uint(&t, p->total, 0);
+    mp__put_uint(&t, total, 0);
     mp__put(&t, " [");
     for (i = 0; i < width; i++) mp__put(&t, i + 1 < filled || (done && i < filled) ? "=" : i + 1 == filled ? ">" : ".");
     mp__put(&t, "]");
     if (done) {
-        float per_step = elapsed / (float)p->total;
+        float per_step = elapsed / (float)total;
         mp__put(&t, " - ");
         mp__put_float(&t, elapsed, 0);
         mp__put(&t, "s ");
@@ -5108,7 +5535,7 @@ static void mp__progress_show(mp__progress *p, size_t step, const mp_logs *lg, i
         else { mp__put_float(&t, per_step * 1e6f, 0); mp__put(&t, "us/step"); }
     } else {
         mp__put(&t, " - ETA: ");
-        mp__put_float(&t, elapsed / (float)step * (float)(p->total - step), 0);
+        mp__put_float(&t, elapsed / (float)step * (float)(total - step), 0);
         mp__put(&t, "s");
     }
     mp__put_metric(&t, "loss", lg->loss);
@@ -5155,99 +5582,482 @@ static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *
     return mp_apply_gradients(m, NULL);
 }
 
+/* >>fit: callbacks. Which hook of a callback, by mp__hook's index. */
+enum { MP__TRAIN_BEGIN, MP__TRAIN_END, MP__EPOCH_BEGIN, MP__EPOCH_END, MP__BATCH_END };
+
+static mp_callback_fn mp__hook(const mp_callback *c, int which) {
+    switch (which) {
+    case MP__TRAIN_BEGIN: return c->on_train_begin;
+    case MP__TRAIN_END: return c->on_train_end;
+    case MP__EPOCH_BEGIN: return c->on_epoch_begin;
+    case MP__EPOCH_END: return c->on_epoch_end;
+    default: return c->on_batch_end;
+    }
+}
+
+/* Calls hook `which` of callbacks [0, n) in order; the first failure ends
+   the round. A hook that fails without a message of its own gets one. */
+static mp_status mp__call_hooks(const mp_callback *cbs, int n, int which, mp_fit_state *s, const mp_logs *lg) {
+    static const char *const names[] = {"on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+                                        "on_batch_end"};
+    int i;
+    for (i = 0; i < n; i++) {
+        mp_callback_fn f = mp__hook(&cbs[i], which);
+        mp_status st;
+        if (!f) continue;
+        if (s->status == MP_OK) s->model->error[0] = '\0'; /* after a failure its message stays */
+        if ((st = f(cbs[i].user, s, lg)) == MP_OK) continue;
+        if (!s->model->error[0]) mp__fail(s->model, st, "callback %d's %s failed", i, names[which]);
+        return st;
+    }
+    return MP_OK;
+}
+
+/* The logged value a callback monitors; 0 if there is no such value. */
+static int mp__monitored(const char *name, const mp_logs *lg, float *out) {
+    static const char *const names[] = {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"};
+    const float v[] = {lg->loss, lg->accuracy, lg->val_loss, lg->val_accuracy, lg->learning_rate};
+    int i;
+    for (i = 0; i < 5; i++)
+        if (strcmp(name, names[i]) == 0) { *out = v[i]; return 1; }
+    return 0;
+}
+
+/* The monitor's name (NULL: "val_loss"), checked against what fit logs,
+   and whether larger is better. */
+static mp_status mp__monitor(mp_fit_state *s, const char **name, mp_monitor_mode mode, int *maximise) {
+    mp_logs probe;
+    float v;
+    memset(&probe, 0, sizeof probe);
+    if (!*name) *name = "val_loss";
+    if (!mp__monitored(*name, &probe, &v) || (strstr(*name, "accuracy") && !s->has_accuracy))
+        return mp__fail(s->model, MP_ERR_ARG, "cannot monitor '%s': fit logs loss, val_loss, learning_rate%s", *name,
+                        s->has_accuracy ? ", accuracy and val_accuracy" : " (accuracy: compile with the metric)");
+    if (strncmp(*name, "val_", 4) == 0 && !s->has_validation)
+        return mp__fail(s->model, MP_ERR_ARG, "cannot monitor '%s': fit has no validation data (validation_split)",
+                        *name);
+    if ((unsigned)mode > (unsigned)MP_MODE_MAX) return mp__fail(s->model, MP_ERR_ARG, "unknown monitor mode %d", (int)mode);
+    *maximise = mode == MP_MODE_MAX || (mode == MP_MODE_AUTO && strstr(*name, "acc") != NULL);
+    return MP_OK;
+}
+
+/* A callback from its hooks, in mp_callback's order. */
+static mp_callback mp__callback(mp_callback_fn train_begin, mp_callback_fn train_end, mp_callback_fn epoch_begin,
+                                mp_callback_fn epoch_end, mp_callback_fn batch_end, void *user) {
+    mp_callback c;
+    c.on_train_begin = train_begin;
+    c.on_train_end = train_end;
+    c.on_epoch_begin = epoch_begin;
+    c.on_epoch_end = epoch_end;
+    c.on_batch_end = batch_end;
+    c.user = user;
+    return c;
+}
+
+/* Keras's test: `value` improves on `best` by more than |min_delta|. */
+static int mp__improves(float value, float best, float min_delta, int maximise) {
+    float d = fabsf(min_delta);
+    return maximise ? value - d > best : value + d < best;
+}
+
+/* >>fit: built-in callbacks (see the declarations): History, EarlyStopping,
+   LearningRateScheduler, then those that need stdio: ProgbarLogger,
+   CSVLogger, ModelCheckpoint. */
+static mp_status mp__history_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    (void)s;
+    (void)lg;
+    ((mp_history *)user)->count = 0;
+    return MP_OK;
+}
+static mp_status mp__history_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_history *h = (mp_history *)user;
+    int i = s->epoch - s->initial_epoch;
+    if (h->epochs && i < h->capacity) {
+        h->epochs[i] = *lg;
+        h->count = i + 1;
+    }
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_history_callback(mp_history *h) {
+    return mp__callback(mp__history_begin, NULL, NULL, mp__history_epoch_end, NULL, h);
+}
+
+static mp_status mp__early_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    size_t n = mp_model_param_count(s->model);
+    int maximise = 0;
+    mp_status st;
+    (void)lg;
+    if ((st = mp__monitor(s, &es->monitor, es->mode, &maximise)) != MP_OK) return st;
+    if (es->patience < 0 || es->start_from_epoch < 0)
+        return mp__fail(s->model, MP_ERR_ARG, "EarlyStopping: patience and start_from_epoch must be >= 0");
+    es->wait = es->stopped_epoch = 0;
+    es->best_epoch = -1;
+    es->best = maximise ? -INFINITY : INFINITY;
+    es->best_weights = NULL;
+    if (es->restore_best_weights && !(es->best_weights = (float *)mp__alloc(n * sizeof(float))))
+        return mp__fail(s->model, MP_ERR_ALLOC, "EarlyStopping's copy of the best weights");
+    return MP_OK;
+}
+
+static mp_status mp__early_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    size_t n = mp_model_param_count(s->model);
+    int maximise = es->mode == MP_MODE_MAX || (es->mode == MP_MODE_AUTO && strstr(es->monitor, "acc") != NULL);
+    float v = 0.0f;
+    mp_status st = MP_OK;
+    (void)mp__monitored(es->monitor, lg, &v);
+    if (s->epoch < es->start_from_epoch) return MP_OK;
+    if (es->best_weights && es->best_epoch < 0) { /* the first weights are the best until one improves */
+        es->best_epoch = s->epoch;
+        st = mp_model_get_weights(s->model, es->best_weights, n);
+    }
+    es->wait++;
+    if (mp__improves(v, es->best, es->min_delta, maximise)) {
+        es->best = v;
+        es->best_epoch = s->epoch;
+        if (es->best_weights && st == MP_OK) st = mp_model_get_weights(s->model, es->best_weights, n);
+        /* the patience restarts only past the baseline too */
+        if (!es->baseline || mp__improves(v, *es->baseline, es->min_delta, maximise)) es->wait = 0;
+        return st;
+    }
+    if (es->wait >= es->patience && s->epoch > 0) {
+        es->stopped_epoch = s->epoch;
+        s->stop_training = 1;
+    }
+    return st;
+}
+
+static mp_status mp__early_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_early_stopping *es = (mp_early_stopping *)user;
+    mp_status st = MP_OK;
+    (void)lg;
+#ifndef MIXPREC_NO_STDIO
+    if (es->stopped_epoch > 0 && es->verbose) printf("Epoch %d: early stopping\n", es->stopped_epoch + 1);
+#endif
+    if (es->best_weights && es->best_epoch >= 0 && s->status == MP_OK) {
+#ifndef MIXPREC_NO_STDIO
+        if (es->verbose) printf("Restoring model weights from the end of the best epoch: %d.\n", es->best_epoch + 1);
+#endif
+        st = mp_model_set_weights(s->model, es->best_weights, mp_model_param_count(s->model));
+    }
+    mp__free(es->best_weights);
+    es->best_weights = NULL;
+    return st;
+}
+
+MIXPREC_API mp_callback mp_early_stopping_callback(mp_early_stopping *es) {
+    return mp__callback(mp__early_begin, mp__early_end, NULL, mp__early_epoch_end, NULL, es);
+}
+
+static mp_status mp__scheduler_epoch_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_lr_scheduler *ls = (mp_lr_scheduler *)user;
+    float lr;
+    mp_status st;
+    (void)lg;
+    if (!ls->schedule) return mp__fail(s->model, MP_ERR_NULL, "LearningRateScheduler: no schedule function");
+    lr = ls->schedule(ls->user, s->epoch, mp_model_learning_rate(s->model));
+    if ((st = mp_model_set_learning_rate(s->model, lr)) != MP_OK) return st;
+#ifndef MIXPREC_NO_STDIO
+    if (ls->verbose) {
+        char buf[64];
+        mp__text t;
+        t.buf = buf;
+        t.cap = sizeof buf;
+        t.len = 0;
+        mp__put_number(&t, lr, 6);
+        printf("\nEpoch %d: LearningRateScheduler setting learning rate to %s.\n", s->epoch + 1, buf);
+    }
+#endif
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_lr_scheduler_callback(mp_lr_scheduler *s) {
+    return mp__callback(NULL, NULL, mp__scheduler_epoch_begin, NULL, NULL, s);
+}
+
+#ifndef MIXPREC_NO_STDIO
+static mp_status mp__progbar_epoch_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    mp__clock now = mp__now();
+    (void)lg;
+    p->live = mp__live_bar(p->verbose);
+    p->last_len = 0;
+    p->start_sec = now.sec;
+    p->start_nsec = now.nsec;
+    if (p->verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", s->epoch + 1, s->epochs);
+    return MP_OK;
+}
+static mp_status mp__progbar_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    if (p->live && s->step + 1 < s->steps && p->verbose != MP_VERBOSE_SILENT)
+        mp__progress_show(p, s->step + 1, s->steps, lg, s->has_accuracy, 0);
+    return MP_OK;
+}
+static mp_status mp__progbar_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_progbar_logger *p = (mp_progbar_logger *)user;
+    if (p->verbose != MP_VERBOSE_SILENT) mp__progress_show(p, s->steps, s->steps, lg, s->has_accuracy, s->has_validation);
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p) {
+    return mp__callback(NULL, NULL, mp__progbar_epoch_begin, mp__progbar_epoch_end, mp__progbar_batch_end, p);
+}
+
+static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    FILE *f;
+    (void)lg;
+    c->file = NULL;
+    if (!c->filename) return mp__fail(s->model, MP_ERR_NULL, "CSVLogger: no filename");
+    if (!(f = fopen(c->filename, c->append ? "a" : "w")))
+        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s", c->filename);
+    if (!c->append || ftell(f) == 0)
+        fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", f);
+    c->file = f;
+    return MP_OK;
+}
+static mp_status mp__csv_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    if (c->per_step) mp__csv_row((FILE *)c->file, "step", s->epoch + 1, (size_t)s->epoch * s->steps + s->step + 1, lg, 0);
+    return MP_OK;
+}
+static mp_status mp__csv_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp__csv_row((FILE *)((mp_csv_logger *)user)->file, "epoch", s->epoch + 1, (size_t)(s->epoch + 1) * s->steps, lg,
+                s->has_validation);
+    return MP_OK;
+}
+static mp_status mp__csv_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_csv_logger *c = (mp_csv_logger *)user;
+    FILE *f = (FILE *)c->file;
+    (void)lg;
+    c->file = NULL;
+    if (f && (ferror(f) | fclose(f)) && s->status == MP_OK) /* the log is short: say so, the weights stand */
+        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed", c->filename);
+    return MP_OK;
+}
+MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c) {
+    return mp__callback(mp__csv_begin, mp__csv_end, NULL, mp__csv_epoch_end, mp__csv_batch_end, c);
+}
+
+/* filepath with "{epoch}" or "{epoch:0Nd}" replaced by the epoch, as
+   Python's str.format; into a new allocation. */
+static char *mp__epoch_path(const char *fmt, int epoch) {
+    size_t n = strlen(fmt), i, width = 0, skip = 0;
+    const char *at = strstr(fmt, "{epoch");
+    char *out;
+    mp__text t;
+    if (at && at[6] == '}') skip = 7;
+    else if (at && at[6] == ':' && at[7] == '0' && at[8] >= '1' && at[8] <= '9' && at[9] == 'd' && at[10] == '}')
+        skip = 11, width = (size_t)(at[8] - '0');
+    if (n > SIZE_MAX - 32 || !(out = (char *)mp__alloc(n + 32))) return NULL;
+    t.buf = out;
+    t.cap = n + 32;
+    t.len = 0;
+    out[0] = '\0';
+    for (i = 0; i < n; i++) {
+        char ch[2] = {fmt[i], 0};
+        if (skip && fmt + i == at) {
+            size_t digits = 1, e;
+            for (e = (size_t)epoch; e >= 10; e /= 10) digits++;
+            for (; digits < width; digits++) mp__put(&t, "0");
+            mp__put_int(&t, epoch);
+            i += skip - 1;
+        } else {
+            mp__put(&t, ch);
+        }
+    }
+    return out;
+}
+
+static mp_status mp__checkpoint_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_model_checkpoint *c = (mp_model_checkpoint *)user;
+    int maximise = 0;
+    mp_status st;
+    (void)lg;
+    if (!c->filepath) return mp__fail(s->model, MP_ERR_NULL, "ModelCheckpoint: no filepath");
+    if (c->save_best_only && (st = mp__monitor(s, &c->monitor, c->mode, &maximise)) != MP_OK) return st;
+    c->best = maximise ? -INFINITY : INFINITY;
+    c->saves = 0;
+    return MP_OK;
+}
+
+static mp_status mp__checkpoint_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
+    mp_model_checkpoint *c = (mp_model_checkpoint *)user;
+    char *path = mp__epoch_path(c->filepath, s->epoch + 1), line[160];
+    mp__text t;
+    mp_status st = MP_OK;
+    float v = 0.0f;
+    int save = 1;
+    if (!path) return mp__fail(s->model, MP_ERR_ALLOC, "ModelCheckpoint's file name");
+    t.buf = line;
+    t.cap = sizeof line;
+    t.len = 0;
+    mp__put(&t, "\nEpoch ");
+    mp__put_int(&t, s->epoch + 1);
+    mp__put(&t, ": ");
+    if (c->save_best_only) {
+        int maximise = c->mode == MP_MODE_MAX || (c->mode == MP_MODE_AUTO && strstr(c->monitor, "acc") != NULL);
+        (void)mp__monitored(c->monitor, lg, &v);
+        save = maximise ? v > c->best : v < c->best;
+        mp__put(&t, c->monitor);
+        mp__put(&t, save ? " improved from " : " did not improve from ");
+        mp__put_float(&t, c->best, 5);
+        if (save) { mp__put(&t, " to "); mp__put_float(&t, v, 5); mp__put(&t, ", "); }
+        if (save) c->best = v;
+    }
+    if (c->verbose) printf("%s%s%s\n", line, save ? "saving model to " : "", save ? path : "");
+    if (save) st = c->save_weights_only ? mp_model_export_weights(s->model, MP_FLOAT32, path) : mp_model_save(s->model, path);
+    if (save && st == MP_OK) c->saves++;
+    mp__free(path);
+    return st;
+}
+
+MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c) {
+    return mp__callback(mp__checkpoint_begin, NULL, NULL, mp__checkpoint_epoch_end, NULL, c);
+}
+#endif
+
+/* The user's callbacks, then the built-in ones fit_desc asks for, and their
+   state. */
+typedef struct mp__fit_callbacks {
+    mp_callback *list;
+    int n;
+    mp_history history;
+#ifndef MIXPREC_NO_STDIO
+    mp_progbar_logger bar;
+    mp_csv_logger csv;
+#endif
+} mp__fit_callbacks;
+
+static void mp__fit_callbacks_init(const mp_fit_desc *d, int epochs, mp_callback *list, mp__fit_callbacks *c) {
+    memset(c, 0, sizeof *c);
+    c->list = list;
+    if (d->callback_count) memcpy(list, d->callbacks, (size_t)d->callback_count * sizeof(mp_callback));
+    c->n = d->callback_count;
+    if (d->history) {
+        c->history.epochs = d->history;
+        c->history.capacity = epochs - d->initial_epoch;
+        c->list[c->n++] = mp_history_callback(&c->history);
+    }
+#ifndef MIXPREC_NO_STDIO
+    if (d->csv_path) {
+        c->csv.filename = d->csv_path;
+        c->csv.per_step = d->csv_per_step;
+        c->list[c->n++] = mp_csv_logger_callback(&c->csv);
+    }
+    c->bar.verbose = d->verbose;
+    c->list[c->n++] = mp_progbar_logger_callback(&c->bar);
+#endif
+}
+
+/* The logs every hook sees, from the model's state now. */
+static void mp__fit_logs(mp_model *m, mp_logs *lg) {
+    lg->loss_scale = mp_current_loss_scale(m);
+    lg->skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
+    lg->learning_rate = mp_model_learning_rate(m);
+}
+
+/* One epoch: its shuffled batches, each a training step and the batch
+   hooks, then validation. */
+static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_callbacks *cb, mp_fit_state *s,
+                               const size_t *idx, size_t n_train, size_t batch, mp_logs *lg) {
+    float sum = 0.0f;
+    size_t right = 0, seen = 0;
+    mp__clock start = mp__now();
+    mp_status st = MP_OK;
+    memset(lg, 0, sizeof *lg);
+    for (s->step = 0; s->step < s->steps && st == MP_OK && !s->stop_training; s->step++) {
+        size_t b = mp__min(batch, n_train - s->step * batch), c = 0;
+        float loss = 0.0f;
+        mp__gather(m, &d->data, idx, s->step * batch, b);
+        if ((st = mp__train_step(m, b, &loss, &c)) != MP_OK) break;
+        sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
+        right += c;
+        seen += b;
+        lg->loss = sum / (float)seen;
+        lg->accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
+        mp__fit_logs(m, lg);
+        st = mp__call_hooks(cb->list, cb->n, MP__BATCH_END, s, lg);
+    }
+    if (st == MP_OK && s->has_validation)
+        st = mp__evaluate_range(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
+    lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
+    lg->steps = s->steps;
+    lg->ms_per_step = lg->seconds * 1000.0f / (float)s->steps;
+    mp__fit_logs(m, lg);
+    return st;
+}
+
+/* fit's arguments checked, and the run's shape: epochs, steps, the training
+   samples (the last validation_split of the data validates, as Keras's). */
+static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s, size_t *n_train, size_t *batch) {
+    mp_status st;
+    memset(s, 0, sizeof *s);
+    s->model = m;
+    s->epochs = d->epochs ? d->epochs : 1;
+    s->initial_epoch = d->initial_epoch;
+    if ((st = mp__check_data(m, &d->data, d->batch_size)) != MP_OK) return st;
+    if (s->epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", s->epochs);
+    if (d->initial_epoch < 0 || d->initial_epoch > s->epochs)
+        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", s->epochs, d->initial_epoch);
+    if (!(d->validation_split >= 0.0f && d->validation_split < 1.0f))
+        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
+    if (d->callback_count < 0 || (d->callback_count > 0 && !d->callbacks))
+        return mp__fail(m, MP_ERR_ARG, "callback_count is %d and callbacks %s", d->callback_count,
+                        d->callbacks ? "set" : "NULL");
+    *n_train = d->data.n - mp__split_count(d->data.n, d->validation_split); /* Keras: the last part validates */
+    if (*n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
+    *batch = mp__min((size_t)d->batch_size, *n_train);
+    s->steps = (*n_train + *batch - 1) / *batch;
+    s->has_accuracy = m->compile.metrics != 0;
+    s->has_validation = *n_train < d->data.n;
+#ifdef MIXPREC_NO_STDIO
+    if (d->csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
+#endif
+    return mp__prepare(m, mp__min((size_t)d->batch_size, d->data.n));
+}
+
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_desc d;
-    size_t n_train, steps, *idx, batch;
+    mp__fit_callbacks cb;
+    mp_fit_state s;
+    mp_callback *list;
+    size_t n_train = 0, batch = 0, i, *idx, list_bytes;
     uint64_t rng;
-    mp_status st = MP_OK;
-    int epoch, epochs;
-#ifndef MIXPREC_NO_STDIO
-    FILE *csv = NULL;
-#endif
+    mp_status st;
+    int begun = 0;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
-    epochs = d.epochs ? d.epochs : 1;
-    if ((st = mp__check_data(m, &d.data, d.batch_size)) != MP_OK) return st;
-    if (epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", epochs);
-    if (d.initial_epoch < 0 || d.initial_epoch > epochs)
-        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", epochs, d.initial_epoch);
-    if (!(d.validation_split >= 0.0f && d.validation_split < 1.0f))
-        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
-    n_train = d.data.n - mp__split_count(d.data.n, d.validation_split); /* Keras: the last part validates */
-    if (n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
-    batch = mp__min((size_t)d.batch_size, n_train);
-#ifdef MIXPREC_NO_STDIO
-    if (d.csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
-#endif
-    if ((st = mp__prepare(m, mp__min((size_t)d.batch_size, d.data.n))) != MP_OK) return st;
-    if (n_train > SIZE_MAX / sizeof(size_t) || !(idx = (size_t *)mp__alloc(n_train * sizeof(size_t))))
+    if ((st = mp__fit_plan(m, &d, &s, &n_train, &batch)) != MP_OK) return st;
+    /* one block: the callback list (the user's and three built-in ones), then the shuffle order */
+    if ((size_t)d.callback_count > SIZE_MAX / sizeof(mp_callback) - 3)
+        return mp__fail(m, MP_ERR_SIZE, "%d callbacks", d.callback_count);
+    list_bytes = ((size_t)d.callback_count + 3) * sizeof(mp_callback);
+    if (n_train > (SIZE_MAX - list_bytes) / sizeof(size_t) ||
+        !(list = (mp_callback *)mp__alloc(list_bytes + n_train * sizeof(size_t))))
         return mp__fail(m, MP_ERR_ALLOC, "shuffle indices");
-#ifndef MIXPREC_NO_STDIO
-    if (d.csv_path && !(csv = fopen(d.csv_path, "w"))) {
-        mp__free(idx);
-        return mp__fail(m, MP_ERR_IO, "cannot write the CSV log %s", d.csv_path);
-    }
-    if (csv) fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", csv);
-#endif
-    for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
-    steps = (n_train + batch - 1) / batch;
+    idx = (size_t *)(void *)((char *)list + list_bytes);
+    mp__fit_callbacks_init(&d, s.epochs, list, &cb);
+    for (i = 0; i < n_train; i++) idx[i] = i;
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
-    for (epoch = 0; epoch < d.initial_epoch && !d.no_shuffle; epoch++) mp__shuffle(idx, n_train, &rng);
-    for (epoch = d.initial_epoch; epoch < epochs && st == MP_OK; epoch++) {
+    for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
+    /* on_train_begin one callback at a time: on_train_end goes to those it reached */
+    s.epoch = d.initial_epoch;
+    for (begun = 0; begun < cb.n && st == MP_OK; begun++) st = mp__call_hooks(cb.list + begun, 1, MP__TRAIN_BEGIN, &s, NULL);
+    if (st != MP_OK) begun--;
+    for (s.epoch = d.initial_epoch; s.epoch < s.epochs && st == MP_OK && !s.stop_training; s.epoch++) {
         mp_logs lg;
-        float sum = 0.0f;
-        size_t right = 0, seen = 0, s;
-        mp__clock start = mp__now();
-#ifndef MIXPREC_NO_STDIO
-        mp__progress bar;
-        bar.live = mp__live_bar(d.verbose);
-        bar.total = steps;
-        bar.last_len = 0;
-        bar.start = start;
-        if (d.verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", epoch + 1, epochs);
-#endif
-        memset(&lg, 0, sizeof lg);
+        if ((st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_BEGIN, &s, NULL)) != MP_OK) break;
         if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
-        for (s = 0; s < steps && st == MP_OK; s++) {
-            size_t b = mp__min(batch, n_train - s * batch), c = 0;
-            float loss = 0.0f;
-            mp__gather(m, &d.data, idx, s * batch, b);
-            st = mp__train_step(m, b, &loss, &c);
-            sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
-            right += c;
-            seen += b;
-            lg.loss = sum / (float)seen;
-            lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
-#ifndef MIXPREC_NO_STDIO
-            if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
-            if (csv && d.csv_per_step && st == MP_OK) {
-                lg.loss_scale = mp_current_loss_scale(m);
-                lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
-                mp__csv_row(csv, "step", epoch + 1, (size_t)epoch * steps + s + 1, &lg, 0);
-            }
-#endif
-        }
-        if (st != MP_OK) break;
-        if (n_train < d.data.n &&
-            (st = mp__evaluate_range(m, &d.data, n_train, d.data.n, batch, &lg.val_loss, &lg.val_accuracy)) != MP_OK)
-            break;
-        lg.seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
-        lg.steps = steps;
-        lg.ms_per_step = lg.seconds * 1000.0f / (float)steps;
-        lg.loss_scale = mp_current_loss_scale(m);
-        lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
-#ifndef MIXPREC_NO_STDIO
-        if (d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, steps, &lg, m->compile.metrics != 0, n_train < d.data.n);
-        if (csv) mp__csv_row(csv, "epoch", epoch + 1, (size_t)(epoch + 1) * steps, &lg, n_train < d.data.n);
-#endif
-        if (d.history) d.history[epoch - d.initial_epoch] = lg;
+        if ((st = mp__fit_epoch(m, &d, &cb, &s, idx, n_train, batch, &lg)) != MP_OK) break;
+        st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_END, &s, &lg);
     }
-    mp__free(idx);
-#ifndef MIXPREC_NO_STDIO
-    if (csv && (ferror(csv) | fclose(csv)) && st == MP_OK) /* the log is short: say so, the weights stand */
-        return mp__fail(m, MP_ERR_IO, "writing the CSV log %s failed", d.csv_path);
-#endif
+    s.status = st;
+    for (i = 0; i < (size_t)begun; i++) { /* every one, even after a failure */
+        mp_status end = mp__call_hooks(cb.list + i, 1, MP__TRAIN_END, &s, NULL);
+        if (st == MP_OK) st = end;
+    }
+    mp__free(list);
     return st;
 }
 
@@ -5288,7 +6098,7 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
     return mp__sync(m);
 }
 
-/* >>model queries */
+/* >>model: queries */
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {
@@ -5377,7 +6187,7 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
-/* >>summary: Keras's model.summary() with a Policy column */
+/* >>model: summary. Keras's model.summary() with a Policy column */
 static void mp__put_shape(mp__text *t, int rank, const int *shape) {
     int i;
     mp__put(t, "(None");
@@ -5461,7 +6271,7 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
 #endif
 
 /* >>numerics diagnostics (see the declaration). Statistics are taken by the
-   cast-stats scan (>>cast stats) with no output written, plus a histogram
+   cast-stats scan (>>bulk casts: cast stats) with no output written, plus a histogram
    read off float32's exponent bits; the hooks in mp__run_forward,
    mp_compute_scaled_gradients and mp_get_unscaled_gradients call in here
    only when diagnostics are on (m->num). */
@@ -5553,7 +6363,7 @@ MIXPREC_API const char *mp_numerics_kind_name(mp_numerics_kind kind) {
    overflow during back-propagation": so the largest power of two (exact to
    apply and to undo) with max|g| S inside float16's 65504, with a factor 2
    of headroom because the next steps' gradients are not these. A value
-   below 2^-25 (float16's half-smallest subnormal, >>cast stats' sub_lo)
+   below 2^-25 (float16's half-smallest subnormal, >>bulk casts: cast stats' sub_lo)
    becomes zero; bin b's values lie below 2^(MP_HIST_MIN_EXP + b). */
 static uint64_t mp__flushed_at(const mp_tensor_stats *s, int log2_scale) {
     int flush = mp__exponent(mp__ranges_of[MP_FLOAT16].sub_lo), b; /* -25 */
@@ -6126,7 +6936,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    version; walks the body comparing the model's fingerprint and reading the
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
-#define MP__CKPT_VERSION 1u
+#define MP__CKPT_VERSION 2u        /* 2: the learning-rate schedule after epsilon */
+#define MP__CKPT_OLDEST_VERSION 1u /* still read: a constant learning rate */
 #define MP__CKPT_HEAD 20u
 
 static void mp__le_put(unsigned char *p, uint64_t v, size_t bytes) {
@@ -6207,6 +7018,7 @@ static void mp__io_decode(float *dst, const unsigned char *p, size_t n, mp_dtype
 typedef struct mp__ckpt {
     mp__io io;
     int kind;             /* 'C' checkpoint, 'W' inference weights */
+    uint32_t version;     /* of the format: MP__CKPT_VERSION when writing */
     mp_dtype dt;          /* of the weights */
     uint64_t got;         /* the last value mp__differs read */
     mp_opt_step opt;      /* the state read aside */
@@ -6309,7 +7121,9 @@ static void mp__io_loss_scale(mp__io *io, mp_loss_scale *to, const mp_loss_scale
     to->overflows_left = mp__io_int(io, from->overflows_left);
 }
 
-static void mp__io_optimizer(mp__io *io, mp_opt_step *to, const mp_opt_step *from) {
+static void mp__io_optimizer(mp__io *io, uint32_t version, mp_opt_step *to, const mp_opt_step *from) {
+    const mp_lr_schedule *fs = &from->cfg.schedule;
+    mp_lr_schedule *ts = &to->cfg.schedule;
     to->cfg.kind = from->cfg.kind;
     to->cfg.learning_rate = mp__io_f32(io, from->cfg.learning_rate);
     to->cfg.momentum = mp__io_f32(io, from->cfg.momentum);
@@ -6318,6 +7132,16 @@ static void mp__io_optimizer(mp__io *io, mp_opt_step *to, const mp_opt_step *fro
     to->cfg.beta_1 = mp__io_f32(io, from->cfg.beta_1);
     to->cfg.beta_2 = mp__io_f32(io, from->cfg.beta_2);
     to->cfg.epsilon = mp__io_f32(io, from->cfg.epsilon);
+    memset(ts, 0, sizeof *ts); /* version 1: a constant rate */
+    if (version >= 2) {
+        uint64_t kind = mp__io_uint(io, (uint64_t)fs->kind, 4);
+        ts->kind = kind < MP_LR_SCHEDULE_COUNT ? (mp_lr_schedule_kind)kind : MP_LR_SCHEDULE_COUNT; /* checked later */
+        ts->initial_learning_rate = mp__io_f32(io, fs->initial_learning_rate);
+        ts->decay_steps = mp__io_uint(io, fs->decay_steps, 8);
+        ts->decay_rate = mp__io_f32(io, fs->decay_rate);
+        ts->staircase = mp__io_int(io, fs->staircase);
+        ts->alpha = mp__io_f32(io, fs->alpha);
+    }
     to->iteration = mp__io_uint(io, from->iteration, 8);
 }
 
@@ -6363,7 +7187,7 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     c->rngs = io->pos;
     for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
     if (!m->compiled) return MP_OK;
-    mp__io_optimizer(io, &c->opt, &m->opt);
+    mp__io_optimizer(io, c->version, &c->opt, &m->opt);
     c->slots = mp__io_floats(io, c->s, m->slot_count, MP_FLOAT32);
     if (m->has_loss_scale) mp__io_loss_scale(io, &c->ls, &m->seen.ls);
     return MP_OK;
@@ -6405,7 +7229,7 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
         if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
-    m->have_loss = m->have_grads = m->have_unscaled = 0;
+    mp__loop_move(m, MP__CALL_RESET);
     if (c->kind == 'C')
         for (i = 0; i < m->n_layers; i++) m->layers[i].rng = mp__le_get(in + c->rngs + 8u * (size_t)i, 8);
     if (state) {
@@ -6423,7 +7247,7 @@ static void mp__ckpt_pass(mp_model *m, mp__ckpt *c, uint64_t total) {
     size_t i;
     for (i = 0; i < 7; i++) (void)mp__io_uint(&c->io, (unsigned char)magic[i], 1);
     (void)mp__io_uint(&c->io, (uint64_t)c->kind, 1);
-    (void)mp__io_uint(&c->io, MP__CKPT_VERSION, 4);
+    (void)mp__io_uint(&c->io, c->version, 4);
     (void)mp__io_uint(&c->io, total, 8);
     (void)mp__ckpt_body(m, c);
     (void)mp__io_skip(&c->io, 1, 4);
@@ -6439,6 +7263,7 @@ static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, s
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
+    c.version = MP__CKPT_VERSION;
     c.dt = dt;
     mp__ckpt_pass(m, &c, 0); /* measures */
     if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
@@ -6480,11 +7305,12 @@ static mp_status mp__ckpt_read(mp_model *m, int kind, const void *buf, size_t le
                                     : "inference weights, not a checkpoint: read them with mp_model_import_weights");
     if (b[7] != kind) return mp__fail(m, MP_ERR_FORMAT, "not a mixprec %s (unknown kind byte)", what);
     version = mp__le_get(b + 8, 4);
-    if (version != MP__CKPT_VERSION)
-        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads version %d", (size_t)version,
-                        (int)MP__CKPT_VERSION);
+    if (version < MP__CKPT_OLDEST_VERSION || version > MP__CKPT_VERSION)
+        return mp__fail(m, MP_ERR_FORMAT, "version %z not supported: this mixprec reads versions %d to %d",
+                        (size_t)version, (int)MP__CKPT_OLDEST_VERSION, (int)MP__CKPT_VERSION);
     memset(&c, 0, sizeof c);
     c.kind = kind;
+    c.version = (uint32_t)version;
     c.io.in = b;
     c.io.pos = MP__CKPT_HEAD;
     c.io.end = len - 4;
@@ -6796,7 +7622,7 @@ MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_pa
 #ifdef __cplusplus
 }
 #endif
-MP__ROUND_EACH_END
+MP__ROUND_EACH_END;
 #endif /* MIXPREC_IMPLEMENTATION_DONE */
 #endif /* MIXPREC_IMPLEMENTATION */
 

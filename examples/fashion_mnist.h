@@ -118,6 +118,19 @@ static void fm_add_guide_layers(mp_model *m, int units) {
     CHECK(mp_model_add(m, softmax), m);
 }
 
+/* The guide's model under `policy` (which stays the global policy), not
+   compiled. */
+static inline mp_model *fm_guide_model(const char *policy, int units) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    CHECK(mp_set_global_policy_name(policy), NULL);
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = FM_PIXELS;
+    CHECK(mp_model_create(&m, &md), NULL);
+    fm_add_guide_layers(m, units);
+    return m;
+}
+
 static void fm_free(fm_data *d) {
     mp_dataset_free(&d->idx_train);
     mp_dataset_free(&d->idx_test);

@@ -59,14 +59,8 @@ static config parse_args(int argc, char **argv) {
 /* The guide's model under mixed_float16; compile() wraps RMSprop in a
    dynamic LossScaleOptimizer by itself. */
 static mp_model *build_model(int units) {
-    mp_model_desc md;
     mp_compile_desc cd;
-    mp_model *m = NULL;
-    CHECK(mp_set_global_policy_name("mixed_float16"), NULL);
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = FM_PIXELS;
-    CHECK(mp_model_create(&m, &md), NULL);
-    fm_add_guide_layers(m, units);
+    mp_model *m = fm_guide_model("mixed_float16", units);
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.metrics = MP_METRIC_ACCURACY;

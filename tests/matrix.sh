@@ -40,7 +40,7 @@ run() {
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
     passed=$((passed + p)); failed=$((failed + f))
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
-    if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | tail -n 40 | sed 's/^/      /'; fi
+    if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
 }
 
 skip() { skipped=$((skipped + 1)); echo "skip  $1: $2"; }
@@ -61,6 +61,7 @@ step "clang, strict, SIMD path (-march=native)" clang $CORE -O2 -march=native -c
 step "gcc, MIXPREC_STATIC" gcc $CORE -O2 -DMIXPREC_STATIC -c tests/header_only.c -o $B/h5.o
 step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tests/header_only.c -o $B/h6.o
 step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
+step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -O2 -x c++ -c tests/header_only.c -o $B/h7b.o
 step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
 should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
 
@@ -91,7 +92,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
@@ -154,6 +155,7 @@ if [ -n "$NVCC" ]; then
     # the emulated backend: plain, and with each sanitizer runtime (under
     # ASan the kernels' reads and writes of "device" memory are checked)
     step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
+    step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
     step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
     step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
     for build in "${TRAIN_BUILDS[@]}"; do

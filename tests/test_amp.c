@@ -641,18 +641,19 @@ static void test_training(void) {
     free(x), free(xt), free(labels), free(lt);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    check_args(argc, argv);
     unset_amp_environment(); /* the tests set what they need */
-    test_guide_mlp();
-    test_conv_net();
-    test_deny_spreads();
-    test_levels();
-    test_code_edits();
-    test_list_errors();
-    test_not_float32();
-    test_bfloat16();
-    test_environment();
-    test_gradients();
-    test_training();
+    RUN(test_guide_mlp());
+    RUN(test_conv_net());
+    RUN(test_deny_spreads());
+    RUN(test_levels());
+    RUN(test_code_edits());
+    RUN(test_list_errors());
+    RUN(test_not_float32());
+    RUN(test_bfloat16());
+    RUN(test_environment());
+    RUN(test_gradients());
+    RUN(test_training());
     return check_done("test_amp");
 }

@@ -113,11 +113,35 @@ static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype x
 }
 
 static const mp_backend remote = {
-    "remote", 1, 0,
-    r_create, r_destroy, r_threads, r_alloc, r_free, r_memory, r_copy, r_zero, r_sync, r_last_error,
-    r_gemm_reserve, r_cast_in, r_cast, r_gemm, r_bias_act, r_act_backward, r_bias_grad, r_loss,
-    r_scale_cast, r_unscale_check, r_loss_scale_update, r_optimizer_update,
-    r_im2col, r_col2im, r_max_pool, r_max_pool_backward, r_dropout_mask, r_dropout,
+    MP_OP(name) "remote", MP_OP(device_memory) 1, MP_OP(tensor_cores) 0,
+    MP_OP(create) r_create,
+    MP_OP(destroy) r_destroy,
+    MP_OP(threads) r_threads,
+    MP_OP(alloc) r_alloc,
+    MP_OP(free) r_free,
+    MP_OP(memory) r_memory,
+    MP_OP(copy) r_copy,
+    MP_OP(zero) r_zero,
+    MP_OP(sync) r_sync,
+    MP_OP(last_error) r_last_error,
+    MP_OP(gemm_reserve) r_gemm_reserve,
+    MP_OP(cast_in) r_cast_in,
+    MP_OP(cast) r_cast,
+    MP_OP(gemm) r_gemm,
+    MP_OP(bias_act) r_bias_act,
+    MP_OP(act_backward) r_act_backward,
+    MP_OP(bias_grad) r_bias_grad,
+    MP_OP(loss) r_loss,
+    MP_OP(scale_cast) r_scale_cast,
+    MP_OP(unscale_check) r_unscale_check,
+    MP_OP(loss_scale_update) r_loss_scale_update,
+    MP_OP(optimizer_update) r_optimizer_update,
+    MP_OP(im2col) r_im2col,
+    MP_OP(col2im) r_col2im,
+    MP_OP(max_pool) r_max_pool,
+    MP_OP(max_pool_backward) r_max_pool_backward,
+    MP_OP(dropout_mask) r_dropout_mask,
+    MP_OP(dropout) r_dropout,
 };
 
 static void reset_counts(void) { bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = 0; }
@@ -426,20 +450,21 @@ static void test_tensor_core_warning(void) {
     CHECK(strstr(text, "units 4 -> pad to 8") != NULL && strstr(text, "batch size 5 -> pad to 8") != NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
+    check_args(argc, argv);
     cpu = mp_cpu_backend();
     make_data();
-    test_same_training("float32", MP_RMSPROP);
-    test_same_training("mixed_float16", MP_ADAM);
-    test_same_training("mixed_bfloat16", MP_SGD);
-    test_same_training("amp", MP_ADAM); /* layers whose output dtype differs from their compute dtype */
-    test_step_traffic();
-    test_reads();
-    test_diagnostics();
-    test_checkpoint();
-    test_amp_output();
-    test_tensor_core_warning();
+    RUN(test_same_training("float32", MP_RMSPROP));
+    RUN(test_same_training("mixed_float16", MP_ADAM));
+    RUN(test_same_training("mixed_bfloat16", MP_SGD));
+    RUN(test_same_training("amp", MP_ADAM)); /* layers whose output dtype differs from their compute dtype */
+    RUN(test_step_traffic());
+    RUN(test_reads());
+    RUN(test_diagnostics());
+    RUN(test_checkpoint());
+    RUN(test_amp_output());
+    RUN(test_tensor_core_warning());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }

@@ -76,6 +76,7 @@ typedef struct spec {
     mp_optimizer_kind opt;
     float momentum;
     mp_loss_scale_mode loss_scale;
+    mp_lr_schedule schedule;
 } spec;
 
 static spec base(void) {
@@ -106,6 +107,7 @@ static mp_model *make(spec s) {
     cd.metrics = MP_METRIC_ACCURACY;
     cd.optimizer.kind = s.opt;
     cd.optimizer.momentum = s.momentum;
+    cd.optimizer.schedule = s.schedule;
     cd.loss_scale = s.loss_scale;
     cd.loss_scale_config.initial_scale = 1048576.0f;
     cd.loss_scale_config.growth_interval = 3;
@@ -184,7 +186,7 @@ static void test_round_trip(void) {
     sa = take(a);
     /* the layout: magic, kind, version 1 and length little-endian, the CRC last */
     CHECK(sa.bytes && memcmp(sa.bytes, "MIXPRECC", 8) == 0);
-    CHECK(sa.bytes && get_le(sa.bytes + 8, 4) == 1 && sa.bytes[8] == 1);
+    CHECK(sa.bytes && get_le(sa.bytes + 8, 4) == 2 && sa.bytes[8] == 2);
     CHECK(sa.bytes && get_le(sa.bytes + 12, 8) == sa.len);
     CHECK(sa.bytes && get_le(sa.bytes + sa.len - 4, 4) == crc32_of(sa.bytes, sa.len - 4));
     /* a buffer too small: MP_ERR_SIZE, nothing written, the size reported */
@@ -386,10 +388,13 @@ static void test_forged(void) {
     if (!b) return;
     /* another version, and a version field corrupted (the CRC says which) */
     memcpy(c, b, len);
-    put_le(c + 8, 2, 4);
+    put_le(c + 8, 3, 4);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "checksum mismatch");
     fix_crc(c, len);
-    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 2 not supported");
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 3 not supported");
+    put_le(c + 8, 0, 4);
+    fix_crc(c, len);
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 0 not supported");
     /* an unknown kind */
     memcpy(c, b, len);
     c[7] = 'Z';
@@ -736,44 +741,119 @@ static void test_portable_bytes(void) {
     for (i = 0; i < n; i++) w[i] = (float)((int)(i % 37) - 18) / 64.0f + (float)i / 1048576.0f;
     OK(mp_model_set_weights(m, w, n), m);
     b = save(m, &len);
-    CHECK_EQ(len, 996);
-    CHECK_EQ(b ? get_le(b + len - 4, 4) : 0, 0x6FAC7461u);
+    CHECK_EQ(len, 1024);
+    CHECK_EQ(b ? get_le(b + len - 4, 4) : 0, 0x8CEA5D9Au);
     back = make(s);
     OK(mp_model_load_from_memory(back, b, len), back);
     free(b);
     OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, NULL, 0, &len), m);
     b = (unsigned char *)xmalloc(len);
     OK(mp_model_export_weights_to_memory(m, MP_FLOAT16, b, len, &len), m);
-    CHECK_EQ(get_le(b + len - 4, 4), 0x0EB85C2Eu);
+    CHECK_EQ(get_le(b + len - 4, 4), 0x0D5121C2u);
     free(b);
     OK(mp_model_export_weights_to_memory(m, MP_BFLOAT16, NULL, 0, &len), m);
     b = (unsigned char *)xmalloc(len);
     OK(mp_model_export_weights_to_memory(m, MP_BFLOAT16, b, len, &len), m);
-    CHECK_EQ(get_le(b + len - 4, 4), 0xD1BFC9CEu);
+    CHECK_EQ(get_le(b + len - 4, 4), 0xD256B422u);
     free(b);
     free(w);
     mp_model_destroy(m);
     mp_model_destroy(back);
 }
 
-int main(void) {
+/* ======================================================================== */
+/* 7. The learning rate is optimizer state: a schedule, and a rate set
+   during training, come back with the checkpoint; a version-1 file (no
+   schedule field: a constant rate) still loads. */
+
+static void test_learning_rate_state(void) {
+    spec s = base();
+    mp_model *a, *b, *c, *d;
+    mp_fit_desc fd = fit_desc(4, 0, NULL);
+    size_t len, off, i, tail;
+    unsigned char *bytes, *v1;
+    snap sa;
+    int zeros = 1;
+    s.schedule.kind = MP_EXPONENTIAL_DECAY;
+    s.schedule.initial_learning_rate = 0.01f;
+    s.schedule.decay_steps = 3;
+    s.schedule.decay_rate = 0.5f;
+    a = make(s);
+    b = make(s);
+    c = make(base()); /* no schedule: it comes with the checkpoint */
+    OK(mp_model_fit(a, &fd), a);
+    sa = take(a);
+    fd.epochs = 2;
+    OK(mp_model_fit(b, &fd), b);
+    bytes = save(b, &len);
+    if (bytes) OK(mp_model_load_from_memory(c, bytes, len), c);
+    CHECK(mp_model_learning_rate(c) == mp_model_learning_rate(b) && mp_model_learning_rate(c) < 0.01f);
+    CHECK(mp_model_set_learning_rate(c, 0.1f) == MP_ERR_STATE);
+    fd.epochs = 4;
+    fd.initial_epoch = 2;
+    OK(mp_model_fit(c, &fd), c);
+    CHECK(same(c, &sa)); /* the decayed rates of the uninterrupted run */
+    free(bytes);
+    free(sa.bytes);
+    /* a constant rate set by hand */
+    d = make(base());
+    OK(mp_model_set_learning_rate(d, 0.0123f), d);
+    bytes = save(d, &len);
+    mp_model_destroy(d);
+    d = make(base());
+    if (bytes) OK(mp_model_load_from_memory(d, bytes, len), d);
+    CHECK(mp_model_learning_rate(d) == 0.0123f);
+    /* version 1: the same bytes without the schedule's 28 (kind,
+       initial_learning_rate, decay_steps (8), decay_rate, staircase, alpha),
+       which sit before the iteration count (8), the slots and the
+       loss-scale state (56 bytes) */
+    tail = 56 + mp_optimizer_slot_count(d) * 4 + 8 + 4;
+    v1 = (unsigned char *)xmalloc(len);
+    if (bytes && len > tail + 28 + 20) {
+        off = len - tail - 28;
+        for (i = 0; i < 28; i++) zeros &= bytes[off + i] == 0;
+        CHECK(zeros); /* a constant rate's schedule is all zeros */
+        memcpy(v1, bytes, off);
+        memcpy(v1 + off, bytes + off + 28, len - off - 28);
+        put_le(v1 + 8, 1, 4);
+        put_le(v1 + 12, len - 28, 8);
+        fix_crc(v1, len - 28);
+        mp_model_destroy(d);
+        d = make(base());
+        OK(mp_model_load_from_memory(d, v1, len - 28), d);
+        CHECK(mp_model_learning_rate(d) == 0.0123f);
+        free(v1);
+        v1 = save(d, &off);
+        CHECK(v1 && off == len && memcmp(v1, bytes, len) == 0); /* saved again as version 2: the same bytes */
+    }
+    free(v1);
+    free(bytes);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+    mp_model_destroy(c);
+    mp_model_destroy(d);
+}
+
+int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_ckpt_XXXXXX";
+    check_args(argc, argv);
     init_data();
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 2; }
     tmp_dir = dir;
-    test_round_trip();
-    test_resume_fit(MP_ADAM);
-    test_resume_fit(MP_RMSPROP);
-    test_resume_custom_loop();
-    test_initial_epoch_args();
-    test_truncations();
-    test_corruptions();
-    test_forged();
-    test_foreign();
-    test_wrong_model();
-    test_export();
-    test_files();
-    test_portable_bytes();
+    RUN(test_round_trip());
+    RUN(test_resume_fit(MP_ADAM));
+    RUN(test_resume_fit(MP_RMSPROP));
+    RUN(test_resume_custom_loop());
+    RUN(test_initial_epoch_args());
+    RUN(test_truncations());
+    RUN(test_corruptions());
+    RUN(test_forged());
+    RUN(test_foreign());
+    RUN(test_wrong_model());
+    RUN(test_export());
+    RUN(test_files());
+    RUN(test_portable_bytes());
+    RUN(test_learning_rate_state());
     rmdir(dir);
     return check_done("test_checkpoint");
 }

@@ -432,16 +432,17 @@ static void test_dtypes_policies_status(void) {
     CHECK(strcmp(mp_status_message((mp_status)999), "unknown status code") == 0);
 }
 
-int main(void) {
-    test_f16_boundaries();
-    test_bf16_boundaries();
-    test_from_f64();
-    test_arithmetic();
-    test_comparisons_and_constants();
-    test_bulk_matches_scalar();
-    test_fpu_mode_independence();
-    test_stats();
-    test_convert_errors();
-    test_dtypes_policies_status();
+int main(int argc, char **argv) {
+    check_args(argc, argv);
+    RUN(test_f16_boundaries());
+    RUN(test_bf16_boundaries());
+    RUN(test_from_f64());
+    RUN(test_arithmetic());
+    RUN(test_comparisons_and_constants());
+    RUN(test_bulk_matches_scalar());
+    RUN(test_fpu_mode_independence());
+    RUN(test_stats());
+    RUN(test_convert_errors());
+    RUN(test_dtypes_policies_status());
     return check_done("test_core");
 }

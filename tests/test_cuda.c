@@ -865,9 +865,10 @@ static int no_device(void) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     mp_cuda_config fast;
     char name[128];
+    check_args(argc, argv);
     if (mp_cuda_device_count() == 0) return no_device();
     memset(&fast, 0, sizeof fast);
     fast.tf32 = 1;
@@ -879,23 +880,23 @@ int main(void) {
         return 1;
     }
     if (mp_cuda_device_name(0, name, sizeof name) == MP_OK) printf("test_cuda: device 0 is %s\n", name);
-    test_casts();
-    test_gemm();
-    test_activations();
-    test_bias_grad();
-    test_losses();
-    test_loss_scaling();
-    test_optimizers();
-    test_conv_kernels();
-    test_dropout();
-    test_memory();
-    test_mlp_matches_cpu();
-    test_loss_scale_trajectory();
-    test_rerun_bit_identical();
-    test_conv_model();
-    test_model_memory();
-    test_sticky_error();
-    test_bad_device();
+    RUN(test_casts());
+    RUN(test_gemm());
+    RUN(test_activations());
+    RUN(test_bias_grad());
+    RUN(test_losses());
+    RUN(test_loss_scaling());
+    RUN(test_optimizers());
+    RUN(test_conv_kernels());
+    RUN(test_dropout());
+    RUN(test_memory());
+    RUN(test_mlp_matches_cpu());
+    RUN(test_loss_scale_trajectory());
+    RUN(test_rerun_bit_identical());
+    RUN(test_conv_model());
+    RUN(test_model_memory());
+    RUN(test_sticky_error());
+    RUN(test_bad_device());
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
     gpu_tf32.be->destroy(gpu_tf32.ctx);
     gpu.be->destroy(gpu.ctx);

@@ -751,19 +751,20 @@ static void test_advisor(void) {
     mp_model_destroy(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     mp_memory_info start = mp_get_memory_info();
+    check_args(argc, argv);
     make_data();
-    test_stats_float32();
-    test_stats_16bit_sources();
-    test_stats_wide();
-    test_recommend();
-    test_custom_loop_step();
-    test_fit_every();
-    test_check_forward();
-    test_check_backward();
-    test_set_errors();
-    test_advisor();
+    RUN(test_stats_float32());
+    RUN(test_stats_16bit_sources());
+    RUN(test_stats_wide());
+    RUN(test_recommend());
+    RUN(test_custom_loop_step());
+    RUN(test_fit_every());
+    RUN(test_check_forward());
+    RUN(test_check_backward());
+    RUN(test_set_errors());
+    RUN(test_advisor());
     CHECK_EQ(mp_get_memory_info().current, start.current); /* no leak */
     return check_done("test_diagnostics");
 }

@@ -1136,36 +1136,37 @@ static void test_alloc_failures(void) {
     if (verbose) printf("  the scenario makes %lu allocations; each failed once\n", (unsigned long)ref_allocs);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    check_args(argc, argv);
     verbose = getenv("MP_TEST_VERBOSE") && getenv("MP_TEST_VERBOSE")[0] == '1';
     init_data();
     init_scenario_data();
-    test_null_tensors_layers();
-    test_null_model();
-    test_null_fit_evaluate_predict();
-    test_null_custom_loop();
-    test_null_data();
-    test_shape_dense_after_rank3();
-    test_shape_conv_pool();
-    test_bad_model_desc();
-    test_bad_layer_args();
-    test_bad_loss_scale();
-    test_activation_names();
-    test_bad_compile();
-    test_state();
-    test_sizes_that_do_not_fit();
-    test_labels();
-    test_batch_epochs_split();
-    test_nonfinite_x();
-    test_idx_valid();
-    test_idx_bad_headers();
-    test_idx_prefixes();
-    test_idx_dataset_mismatch();
-    test_idx_fuzz();
-    test_idx_files();
-    test_tensor_alloc();
-    test_no_allocation_per_step();
-    test_alloc_failures();
+    RUN(test_null_tensors_layers());
+    RUN(test_null_model());
+    RUN(test_null_fit_evaluate_predict());
+    RUN(test_null_custom_loop());
+    RUN(test_null_data());
+    RUN(test_shape_dense_after_rank3());
+    RUN(test_shape_conv_pool());
+    RUN(test_bad_model_desc());
+    RUN(test_bad_layer_args());
+    RUN(test_bad_loss_scale());
+    RUN(test_activation_names());
+    RUN(test_bad_compile());
+    RUN(test_state());
+    RUN(test_sizes_that_do_not_fit());
+    RUN(test_labels());
+    RUN(test_batch_epochs_split());
+    RUN(test_nonfinite_x());
+    RUN(test_idx_valid());
+    RUN(test_idx_bad_headers());
+    RUN(test_idx_prefixes());
+    RUN(test_idx_dataset_mismatch());
+    RUN(test_idx_fuzz());
+    RUN(test_idx_files());
+    RUN(test_tensor_alloc());
+    RUN(test_no_allocation_per_step());
+    RUN(test_alloc_failures());
     CHECK(t_live_blocks == 0 && mp_get_memory_info().current == 0);
     return check_done("test_errors");
 }

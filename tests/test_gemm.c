@@ -934,22 +934,23 @@ static void test_model_threads(void) {
     free(labels);
 }
 
-int main(void) {
-    test_bad_input();
-    test_products();
-    test_long_k();
-    test_all_mixes();
-    test_products_pooled();
-    test_bf16_subnormals();
-    test_threads();
-    test_nan_inf();
-    test_overflow();
-    test_huge_finite();
-    test_model_threads();
+int main(int argc, char **argv) {
+    check_args(argc, argv);
+    RUN(test_bad_input());
+    RUN(test_products());
+    RUN(test_long_k());
+    RUN(test_all_mixes());
+    RUN(test_products_pooled());
+    RUN(test_bf16_subnormals());
+    RUN(test_threads());
+    RUN(test_nan_inf());
+    RUN(test_overflow());
+    RUN(test_huge_finite());
+    RUN(test_model_threads());
     printf("info: largest |c - ref| / tolerance over the random products: %.4f\n", worst_ratio);
     CHECK(mp_get_memory_info().current == 0); /* pools, workspaces and models all freed */
     printf("info: now sizes whose byte counts overflow (a crash here is a missing size check)\n");
     fflush(stdout);
-    test_sizes();
+    RUN(test_sizes());
     return check_done("test_gemm");
 }

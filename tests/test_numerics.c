@@ -331,13 +331,14 @@ static void test_arithmetic(void) {
     printf("  float16, bfloat16 sqrt: all 65536 values    %s\n", bad_sqrt ? "FAILED" : "ok");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    check_args(argc, argv);
     printf("exhaustive numeric checks (%ld threads)\n", sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
-    decode_all();
+    RUN(decode_all());
     lap();
-    test_all_16bit();
-    test_arithmetic();
-    test_narrow_all_f32();
+    RUN(test_all_16bit());
+    RUN(test_arithmetic());
+    RUN(test_narrow_all_f32());
     return check_done("test_numerics");
 }

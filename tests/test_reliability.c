@@ -926,24 +926,25 @@ static void test_concurrent_saves(void) {
     mp_model_destroy(r);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     int i;
+    check_args(argc, argv);
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/mp_reliability_%ld", (long)getpid());
     if (mkdir(tmp_dir, 0700) != 0) return fprintf(stderr, "cannot make %s\n", tmp_dir), 2;
     for (i = 0; i < NS * 4; i++) sx[i] = (float)((i * 13) % 17) / 16.0f - 0.4f;
     for (i = 0; i < NS; i++) sl[i] = (i * 5) % 3;
-    test_transactional();
-    test_refusals();
-    test_split_counts();
-    test_split_near_2_24();
-    test_windows_and_counts();
-    test_constructor_leaks();
-    test_nonfinite_targets();
-    test_settings();
-    test_impossible_slots();
-    test_bounded_reads();
-    test_out_params();
-    test_concurrent_saves();
+    RUN(test_transactional());
+    RUN(test_refusals());
+    RUN(test_split_counts());
+    RUN(test_split_near_2_24());
+    RUN(test_windows_and_counts());
+    RUN(test_constructor_leaks());
+    RUN(test_nonfinite_targets());
+    RUN(test_settings());
+    RUN(test_impossible_slots());
+    RUN(test_bounded_reads());
+    RUN(test_out_params());
+    RUN(test_concurrent_saves());
     remove(in_tmp("later.ckpt")), remove(in_tmp("later.f16"));
     rmdir(tmp_dir);
     CHECK(t_live_blocks == 0 && mp_get_memory_info().current == 0);
