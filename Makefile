@@ -1,5 +1,7 @@
 # mixprec: `make` builds the examples, `make demo` runs them, `make test` runs
 # the test matrix (last line: N passed, N failed), `make bench` the benchmarks.
+# They need make and gcc; `make deps` (as root) installs the rest of what the
+# full test matrix uses, which otherwise skips, by name, what is missing.
 CC     ?= cc
 ARCH   ?= -march=native
 CFLAGS ?= -O2
@@ -22,10 +24,23 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo test bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all deps examples data demo test bench bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
+
+# Debian 12's packages for every step of the test matrix (.ci/run installs
+# them the same way): compilers, sanitizer runtimes and libFuzzer, the cross
+# targets and qemu, the data set, OpenBLAS, gnuplot. Not the CUDA toolkit.
+DEPS = make gcc g++ clang libclang-rt-14-dev libc6-dev \
+       gcc-arm-none-eabi libnewlib-arm-none-eabi \
+       gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user \
+       gzip dataset-fashion-mnist libopenblas-dev gnuplot-nox
+
+deps:
+	@if [ "$$(id -u)" -ne 0 ]; then echo "deps: apt-get needs root: sudo make deps"; exit 1; fi
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEPS)
 
 $(B):
 	mkdir -p $(B)
