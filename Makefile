@@ -45,7 +45,7 @@ deps:
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c examples/example.h examples/fashion_mnist.h mixprec.h | $(B)
+$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
 # Uncompress the packaged files once (a .tmp first, so an interrupted run
@@ -65,12 +65,17 @@ data:
 # Every example, sized to finish in about a minute on 2 cores. custom_loop
 # starts its loss scale at 2^24 (Keras: 2^15) so that the demo shows the
 # scale falling, skipping steps, to a value where float16 gradients fit.
+# Each example adds a line on what it showed to $(B)/demo_summary.txt (see
+# ex_summary in examples/example.h); the demo ends with them.
+demo: export MIXPREC_DEMO_SUMMARY = $(B)/demo_summary.txt
 demo: data $(EXAMPLES)
+	@rm -f $(B)/demo_summary.txt
 	./$(B)/overflow
 	./$(B)/mnist_mlp --units 256 --epochs 2 --batch-size 128
 	./$(B)/custom_loop --units 128 --epochs 2 --batch-size 128 --initial-scale 16777216
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
+	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 test:
 	@bash tests/matrix.sh

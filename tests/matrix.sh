@@ -88,7 +88,7 @@ run() {
         f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f))
+    passed=$((passed + p)); failed=$((failed + f)); TALLY[$name]=$p
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
     if [ "$f" -ne 0 ] && [ "${LIVE:-0}" = 1 ]; then return; fi
     if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | tail -n 40 | sed 's/^/      /'; fi
@@ -121,6 +121,23 @@ skip_summary() {
     echo "skipped: $line"
 }
 
+# The check counts README.md gives each test program, `**`tests/NAME.c`**
+# (N checks`, against this run's gcc build of NAME (every build counts the
+# same); a program this run did not build is not compared.
+declare -A TALLY=()
+readme_counts() {
+    local line name n got bad=0
+    while IFS=: read -r line name n; do
+        got=${TALLY["$name, gcc"]:-${TALLY["$name, gcc, SIMD path"]:-}}
+        if [ -n "$got" ] && [ "$got" != "$n" ]; then
+            echo "README.md:$line says $name has $n checks; this run counted $got"
+            bad=1
+        fi
+    done < <(grep -no '\*\*`tests/[a-z_]*\.c`\*\* ([0-9]* checks' README.md |
+             sed -E 's/^([0-9]+):.*tests\/([a-z_]+)\.c.*\(([0-9]+) checks/\1:\2:\3/')
+    return $bad
+}
+
 # should_fail NAME CMD...: a build that must be refused
 should_fail() {
     local name=$1
@@ -140,6 +157,12 @@ step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tes
 step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
 step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
 should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
+
+echo "== the code blocks of README.md and of the header's doc block compile as written"
+for cc in gcc clang g++; do
+    if have $cc; then step "tests/doc_snippets.sh $cc" bash tests/doc_snippets.sh $cc $B/snippets
+    else skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
+done
 
 echo "== unit tests (test_core) in every build"
 step "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm
@@ -249,6 +272,12 @@ fi
 
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
+if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
+    step "README's figures from the examples on Fashion-MNIST (tests/readme_figures.sh)" \
+        bash tests/readme_figures.sh $B/ex build/fashion-mnist
+else
+    skip "README's figures from the examples" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
+fi
 step "make bench-build" make -s bench-build B=$B/bench
 if have gnuplot; then
     # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
@@ -283,6 +312,9 @@ fi
 echo "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
 step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
 LIVE=1 run "test_numerics" $B/numerics
+
+echo "== README's figures"
+step "README's check counts are this run's" readme_counts
 
 echo
 if [ "$skipped" -gt 0 ]; then skip_summary; echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
