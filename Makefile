@@ -66,7 +66,7 @@ data:
 # starts its loss scale at 2^24 (Keras: 2^15) so that the demo shows the
 # scale falling, skipping steps, to a value where float16 gradients fit.
 # Each example adds a line on what it showed to $(B)/demo_summary.txt (see
-# ex_summary in examples/example.h); the demo ends with them.
+# ex_summary in examples/summary.h); the demo ends with them.
 demo: export MIXPREC_DEMO_SUMMARY = $(B)/demo_summary.txt
 demo: data $(EXAMPLES)
 	@rm -f $(B)/demo_summary.txt

@@ -13,15 +13,12 @@ QUICK START
     and plain `#include "mixprec.h"` everywhere else. Then, in a function:
 
         float src32[3] = {256.0f, 1e-8f, 70000.0f};
-        mp_f16 dst16[3], h = mp_f16_from_f32(256.0f);
-        float y = mp_f16_to_f32(mp_f16_mul(h, h));         // inf: 65536 > 65504
+        mp_f16 dst16[3];
         mp_cast_stats st = {0};                            // casts add to it
-        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st);
-        if (st.overflow || st.underflow || y > 65504.0f) { // the data do not fit
-            mp_policy p;
-            mp_policy_from_name("mixed_float16", &p);      // compute f16, variables f32
-            mp_set_global_policy(p);
-        }
+        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st);  // 1e-8: 0, 70000: Inf
+        mp_policy p;                                       // float16's range too narrow?
+        mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p);
+        mp_set_global_policy(p);                           // 16-bit compute, float32 variables
 
     Training, the TensorFlow mixed precision guide's model, on an MNIST-format
     data set (C99's designated initializers; a zero field means the default):

@@ -226,7 +226,9 @@ static void summarize(const result *r, int n, int synthetic) {
         len += (size_t)snprintf(accuracies + len, sizeof accuracies - len, "%s%s %.4f", i ? ", " : "",
                                 r[i].policy, (double)r[i].test_accuracy);
     ex_summary("mnist_mlp", "the guide's model from the same initial weights, test accuracy on %s: %s",
-               synthetic ? "the synthetic data" : "Fashion-MNIST", accuracies);
+               synthetic ? "the synthetic stand-in (apt-get install dataset-fashion-mnist for the real one)"
+                         : "Fashion-MNIST",
+               accuracies);
 }
 
 int main(int argc, char **argv) {
