@@ -122,8 +122,9 @@ skip_summary() {
 }
 
 # The check counts README.md gives each test program, `**`tests/NAME.c`**
-# (N checks`, against this run's gcc build of NAME (every build counts the
-# same); a program this run did not build is not compared.
+# (N checks`, against this run's gcc build of NAME (a few checks differ
+# between builds: threads, SIMD); a program this run did not build with gcc
+# is not compared.
 declare -A TALLY=()
 readme_counts() {
     local line name n got bad=0
