@@ -2,7 +2,9 @@
 # runs the unit tests once (gcc, no sanitizers, well under a minute), `make
 # test-NAME` one test program (T=name runs one test in it), `make test` the
 # whole matrix CI runs (last line: N passed, N failed), `make bench` the
-# benchmarks.
+# benchmarks. They need make and gcc; `make deps` (as root) installs the rest
+# of what the full test matrix uses, which otherwise skips, by name, what is
+# missing.
 CC     ?= cc
 ARCH   ?= -march=native
 CFLAGS ?= -O2
@@ -25,15 +27,28 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo check test bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all deps examples data demo check test bench bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
 
+# Debian 12's packages for every step of the test matrix (.ci/run installs
+# them the same way): compilers, sanitizer runtimes and libFuzzer, the cross
+# targets and qemu, the data set, OpenBLAS, gnuplot. Not the CUDA toolkit.
+DEPS = make gcc g++ clang libclang-rt-14-dev libc6-dev \
+       gcc-arm-none-eabi libnewlib-arm-none-eabi \
+       gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user \
+       gzip dataset-fashion-mnist libopenblas-dev gnuplot-nox
+
+deps:
+	@if [ "$$(id -u)" -ne 0 ]; then echo "deps: apt-get needs root: sudo make deps"; exit 1; fi
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(DEPS)
+
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c examples/example.h examples/fashion_mnist.h mixprec.h | $(B)
+$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
 # Uncompress the packaged files once (a .tmp first, so an interrupted run
@@ -53,13 +68,18 @@ data:
 # Every example, sized to finish in about a minute on 2 cores. custom_loop
 # starts its loss scale at 2^24 (Keras: 2^15) so that the demo shows the
 # scale falling, skipping steps, to a value where float16 gradients fit.
+# Each example adds a line on what it showed to $(B)/demo_summary.txt (see
+# ex_summary in examples/summary.h); the demo ends with them.
+demo: export MIXPREC_DEMO_SUMMARY = $(B)/demo_summary.txt
 demo: data $(EXAMPLES)
+	@rm -f $(B)/demo_summary.txt
 	./$(B)/overflow
 	./$(B)/mnist_mlp --units 256 --epochs 2 --batch-size 128
 	./$(B)/custom_loop --units 128 --epochs 2 --batch-size 128 --initial-scale 16777216
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
+	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 test:
 	@bash tests/matrix.sh

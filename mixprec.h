@@ -11,23 +11,23 @@ QUICK START
         #define MIXPREC_IMPLEMENTATION
         #include "mixprec.h"
 
-    and plain `#include "mixprec.h"` everywhere else. Then:
+    and plain `#include "mixprec.h"` everywhere else. Then, in a function:
 
-        mp_f16 h = mp_f16_from_f32(256.0f);
-        float  y = mp_f16_to_f32(mp_f16_mul(h, h));      // inf: 65536 > 65504
+        float src32[3] = {256.0f, 1e-8f, 70000.0f};
+        mp_f16 dst16[3];
+        mp_cast_stats st = {0};                            // casts add to it
+        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st);  // 1e-8: 0, 70000: Inf
+        mp_policy p;                                       // float16's range too narrow?
+        mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p);
+        mp_set_global_policy(p);                           // 16-bit compute, float32 variables
 
-        mp_cast_stats st = {0};
-        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, n, &st);
-        if (st.overflow || st.underflow) { ... }          // the data does not fit
+    Training, the TensorFlow mixed precision guide's model, on an MNIST-format
+    data set (C99's designated initializers; a zero field means the default):
 
-        mp_policy p;
-        mp_policy_from_name("mixed_float16", &p);          // compute f16, variables f32
-        mp_set_global_policy(p);
-
-    Training, the TensorFlow mixed precision guide's model:
-
+        mp_dataset d;
+        mp_load_idx("train-images-idx3-ubyte", "train-labels-idx1-ubyte", &d);
         mp_set_global_policy_name("mixed_float16");
-        mp_model_desc md = {{784}};                        // input shape
+        mp_model_desc md = {.input_shape = {784}};
         mp_model *m;
         mp_model_create(&m, &md);
         mp_model_add(m, mp_dense(4096, MP_RELU));
@@ -35,20 +35,34 @@ QUICK START
         mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
         out.dtype = "float32";                             // keep the output float32
         mp_model_add(m, out);
-        mp_compile_desc cd = {MP_SPARSE_CATEGORICAL_CROSSENTROPY};
-        cd.metrics = MP_METRIC_ACCURACY;                   // RMSprop by default;
+        mp_compile_desc cd = {.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY,
+                              .metrics = MP_METRIC_ACCURACY};  // RMSprop by default,
         mp_model_compile(m, &cd);                          // loss scaling by itself
-        mp_fit_desc fd = {{x, labels, NULL, n}};
-        fd.batch_size = 8192; fd.epochs = 5; fd.validation_split = 0.2f;
+        mp_fit_desc fd = {.data = {.x = d.x, .labels = d.labels, .n = d.n},
+                          .batch_size = 8192, .epochs = 5, .validation_split = 0.2f};
         mp_model_fit(m, &fd);                              // Keras-style progress lines
         mp_model_destroy(m);
+        mp_dataset_free(&d);
 
-    Link with -lm (sqrtf, expf, ...) and, for the thread pool on older
-    glibc, -pthread. Define _POSIX_C_SOURCE 199309L before the includes of
-    the implementation file to time epochs by the wall clock
-    (clock_gettime); otherwise fit reports processor time. Checkpoint saves
-    fsync the file and its directory on any POSIX system, whatever feature
-    macros are defined.
+    The same descriptor in C++:
+
+        mp_model_desc md = {};                             // zero, then by name
+        md.input_shape[0] = 784;
+        mp_model *m;
+        mp_model_create(&m, &md);
+        mp_model_destroy(m);
+
+    Compile with -O2 -march=native (the SIMD paths need the instructions
+    enabled; -march=native ties the binary to CPUs like the building one)
+    and link with -lm (expf, logf, powf, sqrtf) and, for the thread pool on
+    glibc before 2.34, -pthread:
+    cc -std=c99 -O2 -march=native app.c -o app -lm
+    Define _POSIX_C_SOURCE 199309L before the includes of the
+    implementation file to time epochs by the wall clock (clock_gettime);
+    otherwise fit reports processor time. Every code block above compiles
+    with -Wall -Wextra -Wpedantic -Werror (tests/doc_snippets.sh).
+    Checkpoint saves fsync the file and its directory on any POSIX system,
+    whatever feature macros are defined.
 
 CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_STATIC          make every function static to the including file
@@ -975,7 +989,7 @@ MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
 
 /* >>custom training loop: the guide's train_step, one call per line
        mp_forward(m, x, batch, 1);                       // predictions = model(x)
-       mp_compute_loss(m, labels, NULL, &loss);          // loss = loss_object(y, predictions)
+       mp_compute_loss(m, labels, NULL, &loss, NULL);    // loss = loss_object(y, predictions)
        scaled = mp_get_scaled_loss(m, loss);             // optimizer.get_scaled_loss(loss)
        mp_compute_scaled_gradients(m);                   // tape.gradient(scaled_loss, ...)
        mp_get_unscaled_gradients(m);                     // optimizer.get_unscaled_gradients

@@ -102,6 +102,9 @@ int main(int argc, char **argv) {
     printf("test accuracy %.4f (weights of epoch %d; best val_loss %.4f saved %d time(s) to %s)%s\n", test.accuracy,
            early.best_epoch + 1, best.best, best.saves, checkpoint,
            goal.reached_at ? ", stopped by the target" : "");
+    ex_summary("callbacks", "fit's Keras-style callbacks: CosineDecay, EarlyStopping kept epoch %d's weights, "
+               "ModelCheckpoint saved the best %d time(s), one's own callback reported each epoch",
+               early.best_epoch + 1, best.saves);
     mp_model_destroy(m);
     fm_free(&data);
     return 0;

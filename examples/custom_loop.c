@@ -175,6 +175,9 @@ static void train(mp_model *m, const fm_data *d, const config *c) {
                now_seconds() - t0, (double)mp_current_loss_scale(m),
                (unsigned long long)mp_model_loss_scale(m)->skipped_steps);
     }
+    ex_summary("custom_loop", "the guide's train_step: the loss scale fell from %ld to %.0f, skipping the %llu "
+               "steps whose float16 gradients overflowed", c->initial_scale ? c->initial_scale : 32768L,
+               (double)mp_current_loss_scale(m), (unsigned long long)mp_model_loss_scale(m)->skipped_steps);
     free(order);
     free(xb);
     free(yb);

@@ -7,6 +7,8 @@
 
 #include "../mixprec.h"
 
+#include "summary.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,6 +6,7 @@
    Build and run: make demo */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#include "summary.h"
 
 #include <stdio.h>
 
@@ -38,6 +39,7 @@ int main(void) {
     static mp_f16 half[N];
     const float scale = 32768.0f; /* Keras's initial loss scale, 2^15 */
     mp_cast_stats s;
+    uint64_t lost_unscaled;
     char repr[64];
     mp_policy policy;
     size_t i;
@@ -53,6 +55,7 @@ int main(void) {
     printf("A float32 tensor of %d small gradients cast to float16:\n", N);
     s = cast_to_f16(grads, half, N);
     show_stats("as they are:", &s);
+    lost_unscaled = s.underflow;
     for (i = 0; i < N; i++) scaled[i] = grads[i] * scale;
     s = cast_to_f16(scaled, half, N);
     show_stats("scaled by 2^15 first:", &s);
@@ -65,5 +68,8 @@ int main(void) {
                mp_dtype_name(policy.variable_dtype));
     if (mp_policy_from_name("mixed_float32", &policy) != MP_OK)
         printf("'mixed_float32': %s\n", mp_status_message(MP_ERR_UNKNOWN_POLICY));
+    ex_summary("overflow", "float16 stops at 65504 (256 squared is Inf) and 1e-5 squared is 0; of %d small "
+               "gradients %llu underflowed as they were, %llu once scaled by 2^15",
+               N, (unsigned long long)lost_unscaled, (unsigned long long)s.underflow);
     return 0;
 }

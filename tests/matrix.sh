@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # matrix.sh - the build and test matrix behind `make test`. Each build or
 # check counts as one test; each test binary adds its own tally (its line
-# `NAME: N passed, N failed`). A step whose tool is missing prints why it
-# was skipped. The last line is `N passed, N failed[, N skipped]`.
+# `NAME: N passed, N failed`). Only bash, make and gcc are needed: a step
+# whose tool is missing (clang, g++, a sanitizer runtime, a cross compiler,
+# ...) is a named skip, never a failure, and the run ends with one line
+# naming what was skipped and the apt-get line that enables it (`make deps`
+# installs it all). The last line is `N passed, N failed[, N skipped]`.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 B=${B:-build}/matrix
@@ -14,10 +17,50 @@ passed=0 failed=0 skipped=0
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
-# step NAME CMD...: a build or check that passes or fails as a whole
+# The Debian package (bookworm) of each tool a step may name.
+declare -A PACKAGE=([gcc]=gcc [g++]=g++ [clang]=clang [clang++]=clang
+                    [s390x-linux-gnu-gcc]="gcc-s390x-linux-gnu libc6-dev-s390x-cross")
+
+# usable CMD...: whether the compiler (or tool) CMD starts with is here and,
+# when CMD builds with sanitizers, links their runtimes; if not, sets
+# $why and $pkgs for skip.
+declare -A SAN_OK=()
+usable() {
+    local tool=$1 lang=c
+    case $tool in make | bash) return 0 ;; esac
+    if ! have "$tool"; then
+        why="$tool not installed" pkgs=${PACKAGE[$tool]:-$tool}
+        return 1
+    fi
+    case " $* " in *" -fsanitize=address,undefined "*) ;; *) return 0 ;; esac
+    case $tool in *++) lang=c++ ;; esac
+    if [ -z "${SAN_OK[$tool]:-}" ]; then
+        SAN_OK[$tool]=no
+        echo 'int main(void) { return 0; }' | $tool $SAN -x $lang - -o $B/san_probe >/dev/null 2>&1 && SAN_OK[$tool]=yes
+    fi
+    [ "${SAN_OK[$tool]}" = yes ] && return 0
+    why="$tool's ASan and UBSan runtimes not installed"
+    pkgs=$(sanitizer_package "$tool")
+    return 1
+}
+
+# The package of a compiler's sanitizer runtimes: clang's are versioned
+# (libclang-rt-14-dev on bookworm), gcc's come with gcc.
+sanitizer_package() {
+    case $1 in
+    clang*) echo "libclang-rt-$($1 -dumpversion | cut -d. -f1)-dev" ;;
+    *) echo "$1" ;;
+    esac
+}
+
+# step NAME CMD...: a build or check that passes or fails as a whole; skipped
+# (and so is the run after it) when its tool is missing
+step_skipped=0
 step() {
     local name=$1 out
     shift
+    step_skipped=0
+    if ! usable "$@"; then step_skipped=1; skip "$name" "$why" "$pkgs"; return; fi
     if out=$("$@" 2>&1); then
         passed=$((passed + 1)); echo "ok    $name"
     else
@@ -26,11 +69,18 @@ step() {
 }
 
 # run NAME CMD...: a test binary; adds its tally, and one failure if it
-# crashed or exited non-zero without reporting one
+# crashed or exited non-zero without reporting one. LIVE=1: its output is
+# shown as it comes (a long test's progress), not only at the end.
 run() {
     local name=$1 out rc tally p f
     shift
-    out=$("$@" 2>&1); rc=$?
+    if [ "$step_skipped" = 1 ]; then skip "$name" "$why" "$pkgs"; return; fi
+    if [ "${LIVE:-0}" = 1 ]; then
+        "$@" 2>&1 | tee $B/live.log | sed -u 's/^/      /'; rc=${PIPESTATUS[0]}
+        out=$(cat $B/live.log)
+    else
+        out=$("$@" 2>&1); rc=$?
+    fi
     tally=$(echo "$out" | grep -E '^[a-z_]+: [0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     p=0 f=0
     if [ -n "$tally" ]; then
@@ -38,17 +88,62 @@ run() {
         f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f))
+    passed=$((passed + p)); failed=$((failed + f)); TALLY[$name]=$p
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
+    if [ "$f" -ne 0 ] && [ "${LIVE:-0}" = 1 ]; then return; fi
     if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
 }
 
-skip() { skipped=$((skipped + 1)); echo "skip  $1: $2"; }
+# skip NAME WHY [PACKAGES]: a step that cannot run here. Each reason is
+# counted for the summary, and PACKAGES (what would let the step run) go
+# into its apt-get line.
+declare -A SKIPS=()
+skip_reasons=() skip_packages=()
+skip() {
+    skipped=$((skipped + 1))
+    echo "skip  $1: $2${3:+ (apt-get install $3)}"
+    [ -n "${SKIPS[$2]:-}" ] || skip_reasons+=("$2")
+    SKIPS[$2]=$((${SKIPS[$2]:-0} + 1))
+    local p
+    for p in ${3:-}; do
+        case " ${skip_packages[*]} " in *" $p "*) ;; *) skip_packages+=("$p") ;; esac
+    done
+}
+
+# The line before the tally: every reason for a skip (how many steps it
+# skipped), then the one apt-get line that enables the steps it can.
+skip_summary() {
+    local r line=""
+    for r in "${skip_reasons[@]}"; do line+="${line:+; }$r (${SKIPS[$r]})"; done
+    if [ ${#skip_packages[@]} -gt 0 ]; then
+        line+=". To run them: apt-get install ${skip_packages[*]} (as root; or make deps for the whole matrix)"
+    fi
+    echo "skipped: $line"
+}
+
+# The check counts README.md gives each test program, `**`tests/NAME.c`**
+# (N checks`, against this run's gcc build of NAME (a few checks differ
+# between builds: threads, SIMD); a program this run did not build with gcc
+# is not compared.
+declare -A TALLY=()
+readme_counts() {
+    local line name n got bad=0
+    while IFS=: read -r line name n; do
+        got=${TALLY["$name, gcc"]:-${TALLY["$name, gcc, SIMD path"]:-}}
+        if [ -n "$got" ] && [ "$got" != "$n" ]; then
+            echo "README.md:$line says $name has $n checks; this run counted $got"
+            bad=1
+        fi
+    done < <(grep -no '\*\*`tests/[a-z_]*\.c`\*\* ([0-9]* checks' README.md |
+             sed -E 's/^([0-9]+):.*tests\/([a-z_]+)\.c.*\(([0-9]+) checks/\1:\2:\3/')
+    return $bad
+}
 
 # should_fail NAME CMD...: a build that must be refused
 should_fail() {
     local name=$1
     shift
+    if ! usable "$@"; then skip "$name" "$why" "$pkgs"; return; fi
     if "$@" >/dev/null 2>&1; then failed=$((failed + 1)); echo "FAIL  $name (it built)"
     else passed=$((passed + 1)); echo "ok    $name"; fi
 }
@@ -64,6 +159,12 @@ step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic
 step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -O2 -x c++ -c tests/header_only.c -o $B/h7b.o
 step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
 should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
+
+echo "== the code blocks of README.md and of the header's doc block compile as written"
+for cc in gcc clang g++; do
+    if have $cc; then step "tests/doc_snippets.sh $cc" bash tests/doc_snippets.sh $cc $B/snippets
+    else skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
+done
 
 echo "== unit tests (test_core) in every build"
 step "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm
@@ -101,7 +202,7 @@ if echo '#include <cblas.h>' | gcc -E - >/dev/null 2>&1 && [ -e /usr/lib/x86_64-
     step "build test_gemm, MIXPREC_USE_CBLAS with OpenBLAS" gcc $WARN -O2 -march=native -DMIXPREC_USE_CBLAS tests/test_gemm.c -o $B/gemm_cblas -lopenblas -lm
     run "test_gemm, float32 products through cblas_sgemm" $B/gemm_cblas
 else
-    skip "MIXPREC_USE_CBLAS" "no CBLAS (apt-get install libopenblas-dev)"
+    skip "MIXPREC_USE_CBLAS" "OpenBLAS not installed" libopenblas-dev
 fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
     step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
@@ -115,14 +216,16 @@ make -s data B=build >/dev/null
 if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
     VERBOSE=1 run "test_train on Fashion-MNIST" $B/test_train_gcc build/fashion-mnist
 else
-    skip "Fashion-MNIST run" "the data set is missing (apt-get install dataset-fashion-mnist)"
+    skip "Fashion-MNIST run" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
 fi
 
 echo "== fuzzing (libFuzzer, bounded)"
 # Each reader for 20 s from seeds its target writes; ASan's leak check is on.
 # On a failure the last lines (the sanitizer's report) are shown and the
 # input is kept as $B/crash-*; replay it with `$B/fuzz_NAME $B/crash-...`.
-if printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
+if ! have clang; then
+    skip "fuzzing" "clang not installed" clang
+elif printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
         clang -fsanitize=fuzzer -x c - -o $B/fuzz_probe >/dev/null 2>&1; then
     for f in fuzz_checkpoint fuzz_idx; do
         rm -rf $B/corpus_$f && mkdir -p $B/corpus_$f
@@ -132,7 +235,7 @@ if printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(
             $B/corpus_$f -max_total_time=20 -timeout=5 -rss_limit_mb=2048 -artifact_prefix=$B/ 2>&1 | tail -n 25"
     done
 else
-    skip "fuzzing" "clang's libFuzzer is missing (apt-get install clang)"
+    skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
 fi
 
 echo "== CUDA backend (cuda/)"
@@ -172,6 +275,12 @@ fi
 
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
+if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
+    step "README's figures from the examples on Fashion-MNIST (tests/readme_figures.sh)" \
+        bash tests/readme_figures.sh $B/ex build/fashion-mnist
+else
+    skip "README's figures from the examples" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
+fi
 step "make bench-build" make -s bench-build B=$B/bench
 if have gnuplot; then
     # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
@@ -183,7 +292,7 @@ if have gnuplot; then
         gnuplot -e \"log='$B/plot_mixed_float16.csv'; out='$B/plot.png'\" examples/plot_log.gp &&
         od -An -tx1 -N24 $B/plot.png | tr -d ' \n' | grep -q '^89504e470d0a1a0a0000000d4948445200000384000001f4'"
 else
-    skip "plot_log.gp" "gnuplot not installed (apt-get install gnuplot-nox)"
+    skip "plot_log.gp" "gnuplot not installed" gnuplot-nox
 fi
 
 echo "== embedded and big-endian targets"
@@ -194,13 +303,13 @@ if have arm-none-eabi-gcc; then
     step "Cortex-M4 object uses no double-precision arithmetic" \
         bash -c "! arm-none-eabi-nm $B/embedded.o | grep -E ' U __aeabi_(d|[lu]?[il]2d|f2d)'"
 else
-    skip "Cortex-M4 bare metal" "arm-none-eabi-gcc not installed (apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi)"
+    skip "Cortex-M4 bare metal" "arm-none-eabi-gcc not installed" "gcc-arm-none-eabi libnewlib-arm-none-eabi"
 fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
     step "build test_core for s390x (big-endian)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_core.c -o $B/core_s390x -lm
     run "test_core on s390x under qemu-user" qemu-s390x $B/core_s390x
 else
-    skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed (apt-get install gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user)"
+    skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed" "gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user"
 fi
 
 echo "== against the real Keras (optional: never in CI's default path)"
@@ -222,8 +331,11 @@ fi
 
 echo "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
 step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
-VERBOSE=1 run "test_numerics" $B/numerics
+LIVE=1 run "test_numerics" $B/numerics
+
+echo "== README's figures"
+step "README's check counts are this run's" readme_counts
 
 echo
-if [ "$skipped" -gt 0 ]; then echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
+if [ "$skipped" -gt 0 ]; then skip_summary; echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]

@@ -38,12 +38,21 @@ typedef struct tally {
 /* ctx: what the sweep checks, read-only while the threads run */
 typedef void (*chunk_fn)(uint64_t begin, const void *ctx, tally *t);
 typedef struct worker {
+    const char *what;     /* the sweep's name, for its progress lines */
     chunk_fn fn;
     const void *ctx;
     uint64_t total, *next;
     pthread_mutex_t *lock;
     tally t;
 } worker;
+
+/* A line at each quarter of a long sweep, so that `make test` is not silent
+   for minutes (stdout is line-buffered; the caller holds the lock). */
+static void progress(const worker *w, uint64_t begin) {
+    uint64_t quarter = w->total / 4;
+    if (w->total < (1ull << 32) || begin == 0 || begin >= w->total || begin % quarter) return;
+    printf("  %-44s %d%%\n", w->what, (int)(begin / quarter) * 25);
+}
 
 static void *worker_main(void *arg) {
     worker *w = (worker *)arg;
@@ -52,13 +61,14 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(w->lock);
         begin = *w->next;
         *w->next += CHUNK;
+        progress(w, begin);
         pthread_mutex_unlock(w->lock);
         if (begin >= w->total) return NULL;
         w->fn(begin, w->ctx, &w->t);
     }
 }
 
-static void parallel_chunks(uint64_t total, chunk_fn fn, const void *ctx, tally *out) {
+static void parallel_chunks(const char *what, uint64_t total, chunk_fn fn, const void *ctx, tally *out) {
     pthread_t th[MAX_THREADS];
     worker w[MAX_THREADS];
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -69,13 +79,13 @@ static void parallel_chunks(uint64_t total, chunk_fn fn, const void *ctx, tally 
     memset(out, 0, sizeof *out);
     for (i = 0; i < n; i++) {
         memset(&w[i], 0, sizeof w[i]);
-        w[i].fn = fn, w[i].ctx = ctx, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
+        w[i].what = what, w[i].fn = fn, w[i].ctx = ctx, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
         if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0) { n = i; break; }
     }
     if (n == 0) { /* no threads to be had: run here */
         worker one;
         memset(&one, 0, sizeof one);
-        one.fn = fn, one.ctx = ctx, one.total = total, one.next = &next, one.lock = &lock;
+        one.what = what, one.fn = fn, one.ctx = ctx, one.total = total, one.next = &next, one.lock = &lock;
         worker_main(&one);
         *out = one.t;
         return;
@@ -113,6 +123,13 @@ static void report(const char *what, const tally *t, const char *const kinds[8])
                     (unsigned long long)t->bad[k], (unsigned long long)t->first[k]);
     }
     printf("  %-44s %s  (%.1f s)\n", what, ok ? "ok" : "FAILED", lap());
+}
+
+/* One exhaustive sweep over [0, total) and its report. */
+static void sweep(const char *what, uint64_t total, chunk_fn fn, const void *ctx, const char *const kinds[8]) {
+    tally t;
+    parallel_chunks(what, total, fn, ctx, &t);
+    report(what, &t, kinds);
 }
 
 /* ---- float32 -> float16 / bfloat16, all 2^32 inputs */
@@ -168,13 +185,10 @@ static void narrow_chunk(uint64_t begin, const void *ctx, tally *t) {
 }
 
 static void test_narrow_all_f32(void) {
-    tally t;
     target f16 = {1, MP_FLOAT16, ORACLE_F16, 0x7C00u, 0x0400u};
     target bf16 = {0, MP_BFLOAT16, ORACLE_BF16, 0x7F80u, 0x0080u};
-    parallel_chunks(1ull << 32, narrow_chunk, &f16, &t);
-    report("all 2^32 float32 -> float16", &t, narrow_kinds);
-    parallel_chunks(1ull << 32, narrow_chunk, &bf16, &t);
-    report("all 2^32 float32 -> bfloat16", &t, narrow_kinds);
+    sweep("all 2^32 float32 -> float16", 1ull << 32, narrow_chunk, &f16, narrow_kinds);
+    sweep("all 2^32 float32 -> bfloat16", 1ull << 32, narrow_chunk, &bf16, narrow_kinds);
 #if !defined(__F16C__)
     printf("  (F16C not enabled in this build: hardware comparison skipped)\n");
 #endif
@@ -312,17 +326,13 @@ static void bf16_ops_chunk(uint64_t begin, const void *ctx, tally *t) {
 
 static void test_arithmetic(void) {
     static uint16_t f16_operands[NSAMPLE], bf16_operands[NSAMPLE];
-    tally t;
     uint64_t bad_sqrt = 0;
     uint32_t i;
-    parallel_chunks(1ull << 32, f16_pairs_chunk, NULL, &t);
-    report("float16 add, mul: all 2^32 pairs", &t, op_kinds);
+    sweep("float16 add, mul: all 2^32 pairs", 1ull << 32, f16_pairs_chunk, NULL, op_kinds);
     boundary_operands(f16_operands, NSAMPLE, 1);
-    parallel_chunks(65536ull * NSAMPLE, f16_div_chunk, f16_operands, &t);
-    report("float16 div: 65536 x 1024 boundary/random", &t, op_kinds);
+    sweep("float16 div: 65536 x 1024 boundary/random", 65536ull * NSAMPLE, f16_div_chunk, f16_operands, op_kinds);
     boundary_operands(bf16_operands, NSAMPLE, 0);
-    parallel_chunks(65536ull * NSAMPLE, bf16_ops_chunk, bf16_operands, &t);
-    report("bfloat16 add/sub/mul/div: 65536 x 1024", &t, op_kinds);
+    sweep("bfloat16 add/sub/mul/div: 65536 x 1024", 65536ull * NSAMPLE, bf16_ops_chunk, bf16_operands, op_kinds);
     for (i = 0; i < 65536; i++) { /* sqrt in double is correctly rounded, then innocuous */
         bad_sqrt += !same_result(mp_f16_sqrt(mp_f16_from_bits((uint16_t)i)).bits, sqrt(f16v(i)), ORACLE_F16);
         bad_sqrt += !same_result(mp_bf16_sqrt(mp_bf16_from_bits((uint16_t)i)).bits, sqrt(bf16v(i)), ORACLE_BF16);
@@ -333,8 +343,8 @@ static void test_arithmetic(void) {
 
 int main(int argc, char **argv) {
     check_args(argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is printed: the progress of make test */
     printf("exhaustive numeric checks (%ld threads)\n", sysconf(_SC_NPROCESSORS_ONLN));
-    fflush(stdout);
     RUN(decode_all());
     lap();
     RUN(test_all_16bit());
