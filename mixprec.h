@@ -214,9 +214,11 @@ CONTENTS
     >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
     >>losses, metrics and optimizers: learning-rate schedules
     >>loss scaling           mp_loss_scale_init, mp_loss_scale_update
+    >>automatic mixed precision   the pass that decides each layer's dtypes
+                             (before >>model, whose compile calls it; it
+                             needs nothing of the model's code)
     >>model                  create, add, build, compile, the activation plan
     >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
-    >>automatic mixed precision   the pass that decides each layer's dtypes
     >>fit                    the training loop, evaluate, predict
     >>fit: callbacks         calling the hooks, monitors
     >>fit: built-in callbacks    History, EarlyStopping, ProgbarLogger, ...
