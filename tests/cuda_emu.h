@@ -26,10 +26,10 @@
 #ifndef MIXPREC_CUDA_EMU_H
 #define MIXPREC_CUDA_EMU_H
 
-#define __host__
-#define __device__
-#define __global__
 #include <cuda_runtime.h>
+#ifndef MIXPREC_CUDA_EMU_RUNTIME_H
+#error "cuda_emu.h needs its stand-in headers first on the include path: -Itests/cuda_emu"
+#endif
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>

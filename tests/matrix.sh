@@ -135,14 +135,41 @@ else
 fi
 
 echo "== CUDA backend (cuda/)"
-# Built wherever nvcc is; its GPU tests run on a GPU, and everywhere under
-# tests/cuda_emu.h, a host emulation of the CUDA and cuBLASLt calls.
+# The backend's logic runs everywhere under tests/cuda_emu.h, a host
+# emulation of the CUDA runtime and cuBLASLt calls, built by g++/clang++
+# against the stand-in headers of tests/cuda_emu/ (no CUDA toolkit needed).
+# Where nvcc is, the real library is built against the real headers too,
+# and its test runs on a GPU when there is one.
+mkdir -p $B/cuda && rm -f $B/cuda/emu*.o
+EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -Itests/cuda_emu -c cuda/mixprec_cuda.cu"
+# the emulated backend: plain, and with each sanitizer runtime (under ASan
+# the kernels' reads and writes of "device" memory are checked)
+EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN")
+for build in "${EMU_BUILDS[@]}"; do
+    tag=${build%%|*} cxx=${build#*|}
+    if have "${cxx%% *}"; then step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
+    else skip "the emulated backend, ${cxx%% *}" "${cxx%% *} not installed (apt-get install ${cxx%% *})"; fi
+done
+for build in "${TRAIN_BUILDS[@]}"; do
+    tag=${build%%|*} cc=${build#*|}
+    emu=$B/cuda/emu.o
+    case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
+    if ! have "${cc%% *}"; then
+        skip "test_cuda under the emulation, $tag" "${cc%% *} not installed (apt-get install ${cc%% *})"; continue
+    elif [ ! -e "$emu" ]; then
+        skip "test_cuda under the emulation, $tag" "its emulated backend was not built (see above)"; continue
+    fi
+    step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
+    run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
+done
+if [ -x $B/cuda/test_cuda_gcc ]; then
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+fi
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -n "$NVCC" ]; then
     CUDA_DIR=$(dirname "$NVCC")/..
     CUDA_LINK="-L$B/cuda -lmixprec_cuda -L$CUDA_DIR/lib64 -Wl,-rpath,$CUDA_DIR/lib64 -lcublasLt -lcudart -lstdc++ -lm"
-    EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -I$CUDA_DIR/include -c cuda/mixprec_cuda.cu"
-    step "make cuda (nvcc, the static library)" make -s cuda B=$B/cuda NVCC="$NVCC"
+    step "make cuda (nvcc, the static library, the real CUDA headers)" make -s cuda B=$B/cuda NVCC="$NVCC"
     step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda $CUDA_LINK
     out=$($B/cuda/test_cuda 2>&1); rc=$?
     if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_cuda: skipped'; then
@@ -151,21 +178,9 @@ if [ -n "$NVCC" ]; then
         run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
-    # the emulated backend: plain, and with each sanitizer runtime (under
-    # ASan the kernels' reads and writes of "device" memory are checked)
-    step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
-    step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
-    step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
-    for build in "${TRAIN_BUILDS[@]}"; do
-        tag=${build%%|*} cc=${build#*|}
-        emu=$B/cuda/emu.o
-        case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
-        step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
-        run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
-    done
-    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
 else
-    skip "CUDA backend" "nvcc not found (the CUDA toolkit: nvcc, cuBLAS)"
+    skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train" \
+        "nvcc not found: these need the CUDA toolkit (nvcc, cuBLASLt); the backend's logic ran above under the emulation"
 fi
 
 echo "== examples and benchmarks build"
