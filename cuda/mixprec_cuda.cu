@@ -884,10 +884,13 @@ static const void *mp__cu_widen(mp__cu *c, mp__cu_buf *buf, const void *src, mp_
 }
 
 /* Whether cuBLASLt can write C: its dtype, a bias in C's dtype (AMP may
-   hand a float32 bias to a 16-bit C), and an epilogue it does exactly. */
+   hand a float32 bias to a 16-bit C) and 16-byte aligned (cuBLASLt states
+   no alignment for the BIAS epilogue's pointer, but its kernels may assume
+   16 bytes and fault with a sticky misaligned address: reference.md
+   section 5), and an epilogue it does exactly. */
 static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
     return (g->ct == ab || g->ct == MP_FLOAT32) && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
-           (!g->bias || g->biast == g->ct);
+           (!g->bias || (g->biast == g->ct && (uintptr_t)g->bias % 16 == 0));
 }
 
 static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {

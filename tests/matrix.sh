@@ -140,11 +140,12 @@ echo "== CUDA backend (cuda/)"
 # against the stand-in headers of tests/cuda_emu/ (no CUDA toolkit needed).
 # Where nvcc is, the real library is built against the real headers too,
 # and its test runs on a GPU when there is one.
-mkdir -p $B/cuda && rm -f $B/cuda/emu*.o
+mkdir -p $B/cuda && rm -f $B/cuda/emu*.o $B/cuda/test_cuda_*
 EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -Itests/cuda_emu -c cuda/mixprec_cuda.cu"
 # the emulated backend: plain, and with each sanitizer runtime (under ASan
-# the kernels' reads and writes of "device" memory are checked)
-EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN")
+# the kernels' reads and writes of "device" memory are checked; clang's
+# C++-only UBSan checks need a runtime its C driver does not link)
+EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN -fno-sanitize=function,vptr")
 for build in "${EMU_BUILDS[@]}"; do
     tag=${build%%|*} cxx=${build#*|}
     if have "${cxx%% *}"; then step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
@@ -162,6 +163,13 @@ for build in "${TRAIN_BUILDS[@]}"; do
     step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
     run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
 done
+# the emulation's own rules, on the CUDA and cuBLASLt calls themselves
+if have g++; then
+    step "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror $SAN -Itests/cuda_emu tests/test_cuda_emu.cpp -o $B/cuda/test_cuda_emu
+    run "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
+else
+    skip "test_cuda_emu" "g++ not installed (apt-get install g++)"
+fi
 if [ -x $B/cuda/test_cuda_gcc ]; then
     run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
 fi
