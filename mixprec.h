@@ -916,7 +916,10 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m);
    only the step state (a few dozen bytes) and what the user asks for.
    Pointers an op receives are the backend's unless named host_. Ops are
    queued in order; `copy` to the host and `sync` wait for what is queued and
-   report the first error a device raised (MP_ERR_BACKEND). */
+   report the first error a device raised (MP_ERR_BACKEND). A copy to the
+   backend may return before it ran: from ordinary memory the caller may
+   reuse its buffer at once (the driver took the bytes); from memory of
+   host_alloc (pinned, for fast asynchronous copies) not before host_wait. */
 #if defined(__CUDACC__)
 #define MIXPREC_HD __host__ __device__ /* shared by host and device code */
 #else
@@ -974,8 +977,10 @@ struct mp_backend {
     const char *(*last_error)(void *ctx); /* what failed first, for the model's error message */
     /* Reserves scratch for products up to these sizes, so no step allocates. */
     mp_status (*gemm_reserve)(void *ctx, size_t m, size_t n, size_t k);
-    /* The batch in: n host float32 values cast into dst (dt). */
-    void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n);
+    /* The batch in: n host float32 values cast into dst (dt); nonfinite,
+       the backend's memory or NULL, is set to 1 when any of them is Inf or
+       NaN (a device checks in its cast, so the host need not scan). */
+    void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite);
     /* dst = src cast from st to dt (a copy when they agree); stats, a host
        pointer or NULL, get the narrowing counts added as mp_convert's. */
     void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats);
@@ -1018,6 +1023,13 @@ struct mp_backend {
     /* y = mask ? x * scale : 0, x in xt, y in yt. */
     void (*dropout)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                     size_t n, float scale);
+    /* A device backend's staging memory (NULL where the host's memory is the
+       backend's): host memory whose copies to the backend run without the
+       host waiting (pinned). host_wait(p) returns once no queued copy still
+       reads the host_alloc block holding p, so the host may write it. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void (*host_wait)(void *ctx, const void *p);
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
@@ -3187,8 +3199,11 @@ static mp_status mp__cpu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
     return mp__pool_reserve(mp__pool_of(ctx), mp__panel_floats(m, k, n));
 }
 
-static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
+    size_t i;
     mp__cpu_cast(ctx, dst, dt, host_src, MP_FLOAT32, n, NULL);
+    for (i = 0; nonfinite && i < n; i++)
+        if ((mp__f32_bits(host_src[i]) & MP__F32_INF) == MP__F32_INF) *nonfinite = 1;
 }
 
 /* A product gemm_reserve did not size gets its panels here (a caller of
@@ -3212,6 +3227,7 @@ static const mp_backend mp__cpu_backend = {
     mp__cpu_scale_cast, mp__cpu_unscale_check, mp__cpu_loss_scale_update, mp__cpu_optimizer_update,
     mp__cpu_im2col, mp__cpu_col2im, mp__cpu_max_pool, mp__cpu_max_pool_backward,
     mp__cpu_dropout_mask, mp__cpu_dropout,
+    NULL, NULL, NULL, /* no staging: the host's memory is the CPU's */
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -3252,10 +3268,18 @@ typedef struct mp__step_state {
     mp_loss_scale ls;
     float metrics[2]; /* sum of the batch's losses, samples counted right */
     int found_inf;
+    int bad_input;    /* a batch sent since the last read held Inf or NaN (a device's cast_in saw it) */
 } mp__step_state;
 
+/* fit on a device backend logs each step's metrics on the device and
+   reads them when the host needs them (a progress-bar refresh, the end of
+   an epoch, a CSV row, a full log), so that a step never waits for one. */
+#define MP__METRIC_LOG 64
+
 /* A device backend's batch passes through host memory: the gathered
-   inputs and targets on the way in, the output on the way out. */
+   inputs and targets on the way in, the output on the way out. Two sets,
+   in the backend's pinned memory where it has some: the host gathers batch
+   k+1 into one while batch k's copy may still read the other. */
 typedef struct mp__stage {
     float *x, *y, *out;
     int32_t *labels;
@@ -3295,8 +3319,12 @@ struct mp_model {
     void *grad[2];
     void *col;
     float *dcol, *img;
-    void *stage_block;    /* host memory for a batch on its way to a device backend */
-    mp__stage stage;
+    void *stage_block[2]; /* host memory for a batch on its way to a device backend */
+    int stage_pinned;     /* stage_block came from the backend's host_alloc */
+    mp__stage stages[2];
+    int stage_turn;       /* the set the next batch fills */
+    float *metric_log;    /* [MP__METRIC_LOG][2]: each unread fit step's metrics, on the backend */
+    size_t metric_batch[MP__METRIC_LOG], metric_count; /* their batch sizes; how many */
     /* where the custom loop stands */
     int training, have_loss, have_grads, have_unscaled;
     int grads_ready; /* mp_get_gradients has something to give */
@@ -4191,13 +4219,15 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     return MP_OK;
 }
 
+static void mp__free_stage(mp_model *m);
+
 MIXPREC_API void mp_model_destroy(mp_model *m) {
     if (!m) return;
     m->be->free(m->ctx, m->act_block);
     m->be->free(m->ctx, m->slots_block);
     m->be->free(m->ctx, m->params_block);
+    mp__free_stage(m);
     m->be->destroy(m->ctx);
-    mp__free(m->stage_block);
     mp__free(m->layers);
     mp__numerics_free(m->num);
     mp__free(m->amp);
@@ -4259,6 +4289,7 @@ static void mp__plan_params(mp_model *m, mp__arena *a) {
     m->w = (float *)mp__carve(a, m->n_params, sizeof(float));
     m->g = (float *)mp__carve(a, m->n_params, sizeof(float));
     m->state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
+    m->metric_log = (float *)mp__carve(a, MP__METRIC_LOG * 2, sizeof(float));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         int own = l->dt != MP_FLOAT32 && mp__params(l);
@@ -4472,17 +4503,32 @@ static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__st
     st->labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
 }
 
+static void mp__free_stage(mp_model *m) {
+    int i;
+    for (i = 0; i < 2; i++) {
+        if (m->stage_pinned) m->be->host_free(m->ctx, m->stage_block[i]);
+        else mp__free(m->stage_block[i]);
+        m->stage_block[i] = NULL;
+    }
+}
+
+/* Two staging sets, a block each (so that waiting for one set's copies
+   never waits for the other's), in the backend's pinned memory if it has
+   any, else the host's. */
 static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
+    int i;
     if (!m->be->device_memory) return MP_OK;
-    mp__free(m->stage_block);
-    m->stage_block = NULL;
-    mp__plan_stage(m, &a, batch, &m->stage);
-    if (a.overflow || !(a.base = (unsigned char *)mp__alloc(a.used)))
-        return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
-    m->stage_block = a.base;
-    a.used = 0;
-    mp__plan_stage(m, &a, batch, &m->stage);
+    mp__free_stage(m);
+    mp__plan_stage(m, &a, batch, &m->stages[0]);
+    m->stage_pinned = m->be->host_alloc != NULL;
+    for (i = 0; i < 2 && !a.overflow; i++) {
+        a.base = m->stage_pinned ? (unsigned char *)m->be->host_alloc(m->ctx, a.used) : (unsigned char *)mp__alloc(a.used);
+        if (!(m->stage_block[i] = a.base)) break;
+        a.used = 0;
+        mp__plan_stage(m, &a, batch, &m->stages[i]);
+    }
+    if (a.overflow || i < 2) return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
     return MP_OK;
 }
 
@@ -4580,11 +4626,15 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
 
 /* The batch in: count samples of d from `first` (through idx when
    shuffled) into the input, labels and targets. A device backend gets them
-   gathered on the host and sent in one copy each. */
+   gathered on the host and sent in one copy each, and checks them for Inf
+   and NaN in its cast (the host scanned the CPU's; mp__read_state reports
+   the device's finding). */
 static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labels, const float *y, size_t count) {
     size_t outs = mp__last(m)->out_size;
     mp_dtype dt = m->layers[0].dt;
-    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size);
+    int *bad = m->be->device_memory ? &m->state->bad_input : NULL;
+    if (bad && at == 0) m->be->zero(m->ctx, bad, sizeof(int)); /* a new batch */
+    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size, bad);
     if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
 }
@@ -4600,7 +4650,8 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
             mp__send(m, i, d->x + s * in, d->labels ? d->labels + s : NULL, d->y ? d->y + s * outs : NULL, 1);
         }
     } else {
-        const mp__stage *st = &m->stage;
+        const mp__stage *st = &m->stages[m->stage_turn ^= 1];
+        if (m->stage_pinned) m->be->host_wait(m->ctx, st->x); /* its last batch has gone */
         for (i = 0; i < count; i++) {
             size_t s = idx[first + i];
             memcpy(st->x + i * in, d->x + s * in, in * sizeof(float));
@@ -4616,7 +4667,7 @@ MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int tra
     if (!m) return MP_ERR_NULL;
     if (!x) return mp__fail(m, MP_ERR_NULL, "the input x is NULL");
     if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
-    if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
+    if (!m->be->device_memory && (st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
     mp__send(m, 0, x, NULL, NULL, (size_t)batch);
     return mp__run_forward(m, (size_t)batch, training != 0);
@@ -4628,7 +4679,7 @@ static const void *mp__host_output(const mp_model *m) {
     const mp__layer *l = mp__last(m);
     float *out;
     if (!m->be->device_memory) return l->y;
-    out = m->stage.out;
+    out = m->stages[0].out;
     m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->yt].size, MP_COPY_TO_HOST);
     return out;
 }
@@ -4653,20 +4704,31 @@ static mp_status mp__sync(mp_model *m) {
     return mp__fail(m, MP_ERR_BACKEND, "the %s backend failed: %s", m->be->name, m->be->last_error(m->ctx));
 }
 
-/* The host's copy of the step state: the metrics out, and the loss scale. */
+/* The host's copy of the step state: the metrics out, and the loss scale.
+   A device's cast_in found Inf or NaN in the last batch: the model's
+   NONFINITE error (no update used that batch: fit checks its data before
+   any step, and the custom loop's mp_compute_loss reads the state before
+   gradients can be taken). */
 static mp_status mp__read_state(mp_model *m) {
+    mp_status st;
     m->be->copy(m->ctx, &m->seen, m->state, sizeof m->seen, MP_COPY_TO_HOST);
-    return mp__sync(m);
+    if ((st = mp__sync(m)) != MP_OK || !m->seen.bad_input) return st;
+    return mp__fail(m, MP_ERR_NONFINITE, "the input of the last mp_forward holds Inf or NaN (found by the %s backend)",
+                    m->be->name);
 }
 
 /* The compiled loss over the batch in place: labels for sparse
    crossentropy, float targets for the rest. */
-static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
+static void mp__loss_into(mp_model *m, float *metrics) {
     const mp__layer *l = mp__last(m);
     int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    mp_status st;
     m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits, l->y, l->yt, sparse ? m->batch_labels : NULL,
-                sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, m->state->metrics);
+                sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, metrics);
+}
+
+static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
+    mp_status st;
+    mp__loss_into(m, m->state->metrics);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
     *right += (size_t)m->seen.metrics[1];
@@ -4743,13 +4805,11 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
 }
 
-MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
+/* Queues the update; the backend decides from its found-Inf flag whether
+   it applies (nothing is read back). */
+static void mp__apply(mp_model *m) {
     const int *skip;
-    mp_status st;
     int i;
-    if (applied) *applied = 0;
-    if (!m) return MP_ERR_NULL;
-    if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
     /* Without loss scaling the step is applied whatever it holds, as Keras;
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
@@ -4763,8 +4823,16 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
                                 mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
     }
     m->have_unscaled = 0;
+}
+
+MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
+    mp_status st;
+    if (applied) *applied = 0;
+    if (!m) return MP_ERR_NULL;
+    if (!m->have_unscaled) return mp__fail(m, MP_ERR_STATE, "run mp_get_unscaled_gradients first");
+    mp__apply(m);
     if ((st = mp__read_state(m)) != MP_OK) return st;
-    if (applied) *applied = !skip || !m->seen.found_inf;
+    if (applied) *applied = !m->has_loss_scale || !m->seen.found_inf;
     return MP_OK;
 }
 
@@ -4896,7 +4964,7 @@ typedef struct mp__progress {
     int live;        /* a bar redrawn in place (terminal), or one line at the end */
     size_t total;    /* steps in the epoch */
     size_t last_len; /* to blank out a longer previous line */
-    mp__clock start;
+    mp__clock start, drawn;
 } mp__progress;
 
 /* Keras's progress bar: `6/6 [====>.....] - ETA: 1s - loss: ...`, and at
@@ -4965,16 +5033,39 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
     }
 }
 
-/* One training step on the gathered batch: the custom loop's six lines. */
-static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *correct) {
+/* One training step on the gathered batch: the custom loop's six lines,
+   with nothing read back (a GPU runs on while the host gathers the next
+   batch): the batch's metrics go to the metric log. */
+static mp_status mp__train_step(mp_model *m, size_t batch) {
     mp_status st;
-    float sum = 0.0f;
     if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
-    if ((st = mp__loss(m, &sum, correct)) != MP_OK) return st;
-    *loss = sum / (float)batch;
+    m->metric_batch[m->metric_count] = batch;
+    mp__loss_into(m, m->metric_log + 2 * m->metric_count++);
+    m->have_loss = 1;
+    m->have_grads = m->have_unscaled = 0;
     if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
     if ((st = mp_get_unscaled_gradients(m)) != MP_OK) return st;
-    return mp_apply_gradients(m, NULL);
+    mp__apply(m);
+    return MP_OK;
+}
+
+/* The logged steps' metrics and the step state, read; added in step order
+   as the steps were (a batch's mean loss weighed by its size, as Keras). */
+static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *seen) {
+    float logged[MP__METRIC_LOG * 2];
+    size_t i, n = m->metric_count;
+    mp_status st;
+    m->metric_count = 0;
+    m->be->copy(m->ctx, logged, m->metric_log, n * 2 * sizeof(float), MP_COPY_TO_HOST);
+    if ((st = mp__read_state(m)) != MP_OK) return st;
+    for (i = 0; i < n; i++) {
+        float batch_sum = 0.0f, b = (float)m->metric_batch[i];
+        batch_sum += logged[2 * i];
+        *sum += batch_sum / b * b;
+        *right += (size_t)logged[2 * i + 1];
+        *seen += m->metric_batch[i];
+    }
+    return MP_OK;
 }
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
@@ -5026,24 +5117,35 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         bar.live = mp__live_bar(d.verbose);
         bar.total = steps;
         bar.last_len = 0;
-        bar.start = start;
+        bar.start = bar.drawn = start;
         if (d.verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", epoch + 1, epochs);
 #endif
         memset(&lg, 0, sizeof lg);
         if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
+        m->metric_count = 0;
         for (s = 0; s < steps && st == MP_OK; s++) {
-            size_t b = mp__min(batch, n_train - s * batch), c = 0;
-            float loss = 0.0f;
+            size_t b = mp__min(batch, n_train - s * batch);
+            int show = 0, row = 0;
             mp__gather(m, &d.data, idx, s * batch, b);
-            st = mp__train_step(m, b, &loss, &c);
-            sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
-            right += c;
-            seen += b;
-            lg.loss = sum / (float)seen;
-            lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
+            if ((st = mp__train_step(m, b)) != MP_OK) break;
 #ifndef MIXPREC_NO_STDIO
-            if (bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT) mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
-            if (csv && d.csv_per_step && st == MP_OK) {
+            /* a device's bar a few times a second: each refresh waits for the device */
+            show = bar.live && s + 1 < steps && d.verbose != MP_VERBOSE_SILENT &&
+                   (!m->be->device_memory || mp__seconds_since(bar.drawn) >= 0.25f);
+            row = csv && d.csv_per_step;
+#endif
+            /* A device's metrics stay there until the host needs them. */
+            if (!m->be->device_memory || show || row || s + 1 == steps || m->metric_count == MP__METRIC_LOG) {
+                if ((st = mp__read_log(m, &sum, &right, &seen)) != MP_OK) break;
+                lg.loss = sum / (float)seen;
+                lg.accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
+            }
+#ifndef MIXPREC_NO_STDIO
+            if (show) {
+                mp__progress_show(&bar, s + 1, &lg, m->compile.metrics != 0, 0);
+                bar.drawn = mp__now();
+            }
+            if (row) {
                 lg.loss_scale = mp_current_loss_scale(m);
                 lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
                 mp__csv_row(csv, "step", epoch + 1, (size_t)epoch * steps + s + 1, &lg, 0);

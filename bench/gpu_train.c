@@ -189,9 +189,9 @@ static void time_gemm(mp_dtype dt, int tf32, int n, peaks pk) {
     a = be->alloc(ctx, bytes), b = be->alloc(ctx, bytes), c = be->alloc(ctx, bytes);
     if (!a || !b || !c) check(MP_ERR_ALLOC, NULL, "GEMM operands");
     random_fill(host, count, 1);
-    be->cast_in(ctx, a, dt, host, count);
+    be->cast_in(ctx, a, dt, host, count, NULL);
     random_fill(host, count, 2);
-    be->cast_in(ctx, b, dt, host, count);
+    be->cast_in(ctx, b, dt, host, count, NULL);
     memset(&g, 0, sizeof g);
     g.m = g.n = g.k = (size_t)n;
     g.a = a, g.b = b, g.c = c;

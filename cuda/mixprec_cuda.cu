@@ -34,6 +34,7 @@
 #define MP__CU_THREADS 256      /* threads per block */
 #define MP__CU_MAX_BLOCKS 65536 /* grid-stride loops cover the rest */
 #define MP__CU_BLOCKS 64        /* allocations one context tracks */
+#define MP__CU_PINNED 8         /* pinned host blocks (staging) one context tracks */
 #define MP__CU_PLANS 64         /* cached cuBLASLt plans */
 #define MP__CU_PART_ROWS 256    /* rows per partial column sum */
 #define MP__CU_WORKSPACE (32u << 20)
@@ -66,13 +67,25 @@ typedef struct mp__cu_stats { /* mp__scan's counts, on the device */
     unsigned int max_abs, min_abs; /* float32 bits of finite nonzero magnitudes */
 } mp__cu_stats;
 
+/* A pinned host block (host_alloc) and, for each stream, an event after
+   the last copy that reads it: the host may write it once both are done. */
+typedef struct mp__cu_pinned {
+    void *p;
+    size_t bytes;
+    cudaEvent_t read[2]; /* on the compute stream, on the copy stream */
+} mp__cu_pinned;
+
 typedef struct mp__cu {
     int device, tf32;
-    cudaStream_t stream;
+    cudaStream_t stream;         /* every kernel, product and copy but the batch's */
+    cudaStream_t copy;           /* cast_in's upload, ahead of the compute */
     cublasLtHandle_t lt;
     mp__cu_buf ws;               /* cuBLASLt workspace */
     mp__cu_buf d32, a32, b32;    /* a product's float32 result; widened operands */
-    mp__cu_buf stage;            /* cast_in: the batch as float32 */
+    mp__cu_buf stage[2];         /* cast_in: two batches as float32, alternating */
+    cudaEvent_t uploaded[2], consumed[2]; /* stage[j] written (copy stream), read (compute stream) */
+    int turn;                    /* the stage the next batch goes to */
+    mp__cu_pinned pinned[MP__CU_PINNED];
     mp__cu_buf rows;             /* per-row losses and counts, partial column sums */
     mp__cu_buf stats;            /* one mp__cu_stats */
     mp__cu_buf blocks[MP__CU_BLOCKS]; /* what alloc handed out */
@@ -186,6 +199,16 @@ static unsigned mp__cu_grid(size_t n) {
 /* >>elementwise kernels */
 static __global__ void mp__k_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
     MP__CU_LOOP(i, n) mp__st(dst, dt, i, mp__ld(src, st, i));
+}
+
+/* The batch's cast, and *nonfinite = 1 if any value is Inf or NaN. */
+static __global__ void mp__k_cast_in(void *dst, mp_dtype dt, const float *src, size_t n, int *nonfinite) {
+    unsigned bad = 0;
+    MP__CU_LOOP(i, n) {
+        bad |= (__float_as_uint(src[i]) & 0x7F800000u) == 0x7F800000u;
+        mp__st(dst, dt, i, src[i]);
+    }
+    if (bad && nonfinite) atomicOr(nonfinite, 1);
 }
 
 /* bias_act without softmax: y = act(x + bias[col]) */
@@ -522,6 +545,19 @@ static __global__ void mp__k_max_pool_backward(void *dx, mp_dtype dxt, const voi
 /* >>backend ops */
 static mp__cu *mp__cu_of(void *ctx) { return (mp__cu *)ctx; }
 
+static int mp__cu_events(mp__cu *c, cudaEvent_t *e, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!mp__cu_ok(c, cudaEventCreateWithFlags(&e[i], cudaEventDisableTiming), "cudaEventCreateWithFlags")) return 0;
+    return 1;
+}
+
+static void mp__cu_drop_events(cudaEvent_t *e, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (e[i]) (void)cudaEventDestroy(e[i]);
+}
+
 static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     const mp_cuda_config *cfg = (const mp_cuda_config *)config;
     int count = mp_cuda_device_count(), device = cfg ? cfg->device : 0;
@@ -542,6 +578,8 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     c->ws.bytes = cfg && cfg->workspace_bytes ? cfg->workspace_bytes : MP__CU_WORKSPACE;
     if (mp__cu_ok(c, cudaSetDevice(device), "cudaSetDevice") &&
         mp__cu_ok(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        mp__cu_ok(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copy)") &&
+        mp__cu_events(c, c->uploaded, 2) && mp__cu_events(c, c->consumed, 2) &&
         mp__lt_ok(c, cublasLtCreate(&c->lt), "cublasLtCreate") &&
         mp__cu_ok(c, cudaMalloc(&c->ws.p, c->ws.bytes), "cudaMalloc (cuBLASLt workspace)")) {
         mp__cu_count(c, c->ws.bytes, 0);
@@ -551,6 +589,9 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     }
     mp__cu_set_reason(c->error, "");
     if (c->lt) cublasLtDestroy(c->lt);
+    mp__cu_drop_events(c->uploaded, 2);
+    mp__cu_drop_events(c->consumed, 2);
+    if (c->copy) cudaStreamDestroy(c->copy);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     return MP_ERR_BACKEND;
@@ -565,22 +606,30 @@ static void mp__cu_plan_free(mp__cu_plan *p) {
     p->used = 0;
 }
 
+static void mp__cu_host_free(void *ctx, void *p);
+
 static void mp__cu_destroy(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
     int i;
     if (!c) return;
     (void)cudaSetDevice(c->device);
+    (void)cudaStreamSynchronize(c->copy);
     (void)cudaStreamSynchronize(c->stream);
     for (i = 0; i < MP__CU_PLANS; i++) mp__cu_plan_free(&c->plans[i]);
+    for (i = 0; i < MP__CU_PINNED; i++) mp__cu_host_free(c, c->pinned[i].p);
     for (i = 0; i < MP__CU_BLOCKS; i++) mp__cu_release(c, &c->blocks[i]); /* what the caller did not free */
     mp__cu_release(c, &c->ws);
     mp__cu_release(c, &c->d32);
     mp__cu_release(c, &c->a32);
     mp__cu_release(c, &c->b32);
-    mp__cu_release(c, &c->stage);
+    mp__cu_release(c, &c->stage[0]);
+    mp__cu_release(c, &c->stage[1]);
     mp__cu_release(c, &c->rows);
     mp__cu_release(c, &c->stats);
     cublasLtDestroy(c->lt);
+    mp__cu_drop_events(c->uploaded, 2);
+    mp__cu_drop_events(c->consumed, 2);
+    cudaStreamDestroy(c->copy);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -629,20 +678,78 @@ static void mp__cu_memory(void *ctx, mp_backend_memory *out) {
     const mp__cu *c = mp__cu_of(ctx);
     out->current = c->current;
     out->peak = c->peak;
-    out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage.bytes + c->rows.bytes +
+    out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage[0].bytes + c->stage[1].bytes + c->rows.bytes +
                      c->stats.bytes;
 }
 
-/* Copies to the host wait for them; so do copies from it, so that the
-   caller may reuse its buffer at once (pageable or pinned alike). */
+/* >>pinned staging: host_alloc's blocks, and when the host may write them */
+static mp__cu_pinned *mp__cu_pinned_of(mp__cu *c, const void *p) {
+    int i;
+    for (i = 0; i < MP__CU_PINNED; i++) {
+        const char *b = (const char *)c->pinned[i].p;
+        if (b && (const char *)p >= b && (const char *)p < b + c->pinned[i].bytes) return &c->pinned[i];
+    }
+    return NULL;
+}
+
+/* After a copy from host memory on stream `on` (0 compute, 1 copy): if the
+   memory is pinned, the copy reads it when it runs, so mark when that is. */
+static void mp__cu_mark_read(mp__cu *c, const void *src, int on) {
+    mp__cu_pinned *b = mp__cu_pinned_of(c, src);
+    if (b) (void)mp__cu_ok(c, cudaEventRecord(b->read[on], on ? c->copy : c->stream), "cudaEventRecord (pinned)");
+}
+
+/* NULL when out of pinned memory or slots: mixprec then stages in its own. */
+static void *mp__cu_host_alloc(void *ctx, size_t bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b;
+    int i;
+    if (!mp__cu_live(c)) return NULL;
+    for (i = 0; i < MP__CU_PINNED && c->pinned[i].p; i++) {}
+    if (i == MP__CU_PINNED) return NULL;
+    b = &c->pinned[i];
+    if (cudaHostAlloc(&b->p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of pinned memory is not sticky */
+        b->p = NULL;
+        return NULL;
+    }
+    b->bytes = bytes;
+    if (!mp__cu_events(c, b->read, 2)) return NULL;
+    return b->p;
+}
+
+static void mp__cu_host_free(void *ctx, void *p) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b = p ? mp__cu_pinned_of(c, p) : NULL;
+    if (!b) return;
+    (void)cudaFreeHost(b->p); /* waits for the device */
+    mp__cu_drop_events(b->read, 2);
+    memset(b, 0, sizeof *b);
+}
+
+/* Waits (on the host) for the copies that read p's block: the ones queued
+   before this batch's, so the device keeps computing meanwhile. */
+static void mp__cu_host_wait(void *ctx, const void *p) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b = mp__cu_pinned_of(c, p);
+    if (b && mp__cu_live(c))
+        (void)(mp__cu_ok(c, cudaEventSynchronize(b->read[0]), "waiting for a staging buffer") &&
+               mp__cu_ok(c, cudaEventSynchronize(b->read[1]), "waiting for a staging buffer"));
+}
+
+/* Copies to the host wait for them. Copies from it do not: from pageable
+   memory the driver takes the bytes before it returns (the caller may
+   reuse its buffer), from pinned memory the copy reads it when it runs
+   (host_wait says when the host may write it again). */
 static void mp__cu_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind) {
     mp__cu *c = mp__cu_of(ctx);
     cudaMemcpyKind k = kind == MP_COPY_TO_BACKEND ? cudaMemcpyHostToDevice
                        : kind == MP_COPY_TO_HOST  ? cudaMemcpyDeviceToHost
                                                   : cudaMemcpyDeviceToDevice;
     if (!bytes || !mp__cu_live(c)) return;
-    if (mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync") && kind != MP_COPY_WITHIN)
-        (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "a copy between host and device");
+    if (!mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync")) return;
+    if (kind == MP_COPY_TO_BACKEND) mp__cu_mark_read(c, src, 0);
+    if (kind == MP_COPY_TO_HOST) (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "a copy to the host");
 }
 
 static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
@@ -676,17 +783,28 @@ static mp_status mp__cu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
 static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n,
                         mp_cast_stats *stats);
 
-static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+/* The batch in: uploaded on the copy stream into one of two float32
+   stages (the other may still be read by the previous batch's cast), then
+   cast on the compute stream, which waits for the upload only: so batch
+   k+1's upload overlaps step k's compute. The cast checks every value for
+   Inf and NaN, so the host need not scan the batch. */
+static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
     mp__cu *c = mp__cu_of(ctx);
-    void *stage;
+    int j;
+    float *stage;
     if (!n || !mp__cu_live(c)) return;
-    if (dt == MP_FLOAT32) {
-        mp__cu_copy(ctx, dst, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
-        return;
+    j = c->turn ^= 1;
+    if (!(stage = (float *)mp__cu_grow(c, &c->stage[j], n * sizeof(float)))) return;
+    if (mp__cu_ok(c, cudaStreamWaitEvent(c->copy, c->consumed[j], 0), "cudaStreamWaitEvent (stage free)") &&
+        mp__cu_ok(c, cudaMemcpyAsync(stage, host_src, n * sizeof(float), cudaMemcpyHostToDevice, c->copy),
+                  "cudaMemcpyAsync (the batch)")) {
+        mp__cu_mark_read(c, host_src, 1);
+        if (mp__cu_ok(c, cudaEventRecord(c->uploaded[j], c->copy), "cudaEventRecord (uploaded)") &&
+            mp__cu_ok(c, cudaStreamWaitEvent(c->stream, c->uploaded[j], 0), "cudaStreamWaitEvent (uploaded)")) {
+            MP__CU_LAUNCH(c, n, mp__k_cast_in, dst, dt, stage, n, nonfinite);
+            (void)mp__cu_ok(c, cudaEventRecord(c->consumed[j], c->stream), "cudaEventRecord (consumed)");
+        }
     }
-    if (!(stage = mp__cu_grow(c, &c->stage, n * sizeof(float)))) return;
-    mp__cu_copy(ctx, stage, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
-    mp__cu_cast(ctx, dst, dt, stage, MP_FLOAT32, n, NULL);
 }
 
 /* With stats: the counts of mp_convert, made on the device and added to
@@ -1048,6 +1166,7 @@ static const mp_backend mp__cu_backend = {
     mp__cu_scale_cast, mp__cu_unscale_check, mp__cu_loss_scale_update, mp__cu_optimizer_update,
     mp__cu_im2col, mp__cu_col2im, mp__cu_max_pool, mp__cu_max_pool_backward,
     mp__cu_dropout_mask, mp__cu_dropout,
+    mp__cu_host_alloc, mp__cu_host_free, mp__cu_host_wait,
 };
 
 /* >>public */

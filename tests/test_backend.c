@@ -21,7 +21,7 @@
 #define OFFSET ((uintptr_t)1 << 46) /* far above any x86-64 user mapping */
 
 static const mp_backend *cpu;
-static size_t bytes_in, bytes_out, copies_in, copies_out, casts_in, cast_in_values;
+static size_t bytes_in, bytes_out, copies_in, copies_out, casts_in, cast_in_values, host_allocs, host_waits;
 
 static void *real(const void *p) { return p ? (void *)((uintptr_t)p - OFFSET) : NULL; }
 static void *fake(void *p) { return p ? (void *)((uintptr_t)p + OFFSET) : NULL; }
@@ -42,10 +42,10 @@ static void r_zero(void *ctx, void *p, size_t bytes) { cpu->zero(ctx, real(p), b
 static mp_status r_sync(void *ctx) { return cpu->sync(ctx); }
 static const char *r_last_error(void *ctx) { return cpu->last_error(ctx); }
 static mp_status r_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) { return cpu->gemm_reserve(ctx, m, n, k); }
-static void r_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+static void r_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
     casts_in++;
     cast_in_values += n;
-    cpu->cast_in(ctx, real(dst), dt, host_src, n);
+    cpu->cast_in(ctx, real(dst), dt, host_src, n, (int *)real(nonfinite));
 }
 static void r_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats) {
     cpu->cast(ctx, real(dst), dt, real(src), st, n, stats);
@@ -111,15 +111,34 @@ static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype x
     cpu->dropout(ctx, real(y), yt, real(x), xt, (const unsigned char *)real(mask), n, scale);
 }
 
+/* Staging memory: plain host memory here (copies run at once), counted. */
+static void *r_host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    host_allocs++;
+    return malloc(bytes);
+}
+static void r_host_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+static void r_host_wait(void *ctx, const void *p) {
+    (void)ctx;
+    (void)p;
+    host_waits++;
+}
+
 static const mp_backend remote = {
     "remote", 1, 0,
     r_create, r_destroy, r_threads, r_alloc, r_free, r_memory, r_copy, r_zero, r_sync, r_last_error,
     r_gemm_reserve, r_cast_in, r_cast, r_gemm, r_bias_act, r_act_backward, r_bias_grad, r_loss,
     r_scale_cast, r_unscale_check, r_loss_scale_update, r_optimizer_update,
     r_im2col, r_col2im, r_max_pool, r_max_pool_backward, r_dropout_mask, r_dropout,
+    r_host_alloc, r_host_free, r_host_wait,
 };
 
-static void reset_counts(void) { bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = 0; }
+static void reset_counts(void) {
+    bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = host_allocs = host_waits = 0;
+}
 
 /* >>data and models */
 #define N 96
@@ -219,8 +238,10 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
 }
 
 /* What one training step moves: the batch in (the input cast in once, the
-   labels copied once), the step state out twice (after the loss, after the
-   update). The weights, gradients, slots and loss scale never travel. */
+   labels copied once, gathered in one of two staging sets after waiting for
+   that set's last copies), and nothing out: the metrics are read with the
+   step state once, at the end of the epoch (fit prints nothing here). The
+   weights, gradients, slots and loss scale never travel. */
 static void test_step_traffic(void) {
     mp_model *m = conv_net(&remote, "mixed_float16", MP_ADAM);
     mp_fit_desc fd;
@@ -240,8 +261,10 @@ static void test_step_traffic(void) {
     CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
     CHECK_EQ(copies_in, steps); /* the labels */
     CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
-    CHECK_EQ(copies_out, 2 * steps);
-    CHECK(copies_out && bytes_out % copies_out == 0 && bytes_out / copies_out <= 128); /* one small record */
+    CHECK_EQ(host_waits, steps);
+    CHECK_EQ(host_allocs, 0); /* the staging sets of the first fit, kept */
+    CHECK_EQ(copies_out, 2); /* the metric log and the step state */
+    CHECK(bytes_out <= steps * 2 * sizeof(float) + 128);
     CHECK(mp_model_memory_info(m, &mem) == MP_OK);
     CHECK(!strcmp(mem.backend, "remote") && mem.current > 0 && mem.peak >= mem.current);
     CHECK(mem.current >= mem.weights + mem.optimizer + mem.activations);
@@ -275,6 +298,30 @@ static void test_reads(void) {
     free(gb);
     CHECK(mp_model_predict(a, xs, 8, 3, pa) == MP_OK && mp_model_predict(b, xs, 8, 3, pb) == MP_OK);
     CHECK(memcmp(pa, pb, sizeof pa) == 0);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+/* A device backend does not scan mp_forward's batch on the host: its
+   cast_in finds the NaN, and mp_compute_loss (which reads the step state)
+   reports it, so no gradient or update can follow; the CPU refuses at once.
+   The weights stay the CPU's, and the next clean batch gives the same loss. */
+static void test_device_nonfinite(void) {
+    mp_model *a = conv_net(mp_cpu_backend(), "mixed_float16", MP_SGD), *b = conv_net(&remote, "mixed_float16", MP_SGD);
+    float bad[8 * 8 * 8 * 2], la = 0.0f, lb = 0.0f;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    memcpy(bad, xs, sizeof bad);
+    bad[77] = NAN;
+    CHECK(mp_forward(a, bad, 8, 1) == MP_ERR_NONFINITE);
+    CHECK(mp_forward(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
+    CHECK(mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_ERR_NONFINITE);
+    CHECK(strstr(mp_model_error(b), "Inf or NaN") != NULL);
+    CHECK(mp_compute_scaled_gradients(b) == MP_ERR_STATE);
+    CHECK(same_weights(a, b));
+    /* (inference: b's training forward drew a dropout mask, a's did not) */
+    CHECK(mp_forward(a, xs, 8, 0) == MP_OK && mp_forward(b, xs, 8, 0) == MP_OK);
+    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(la == lb);
     mp_model_destroy(a);
     mp_model_destroy(b);
 }
@@ -434,6 +481,7 @@ int main(void) {
     test_same_training("amp", MP_ADAM); /* layers whose output dtype differs from their compute dtype */
     test_step_traffic();
     test_reads();
+    test_device_nonfinite();
     test_diagnostics();
     test_checkpoint();
     test_amp_output();

@@ -184,8 +184,8 @@ static void test_casts(void) {
         float *x = (float *)zalloc(n * sizeof(float));
         arg *dst = new_arg(n * dsize(dtypes[d]));
         for (i = 0; i < n; i++) x[i] = uniform(-70000.0f, 70000.0f);
-        cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n);
-        gpu.be->cast_in(gpu.ctx, dst->dev, dtypes[d], x, n);
+        cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n, NULL);
+        gpu.be->cast_in(gpu.ctx, dst->dev, dtypes[d], x, n, NULL);
         agree("cast_in", dst, dtypes[d], n, EXACT);
         free(x);
         free_args();
@@ -801,6 +801,69 @@ static void test_model_memory(void) {
     free(labels);
 }
 
+/* Under tests/cuda_emu.h (absent from the real library: weak, NULL) */
+typedef struct cuda_emu_counts {
+    unsigned long long launches, waits, drains, pageable, pinned, bytes_in;
+} cuda_emu_counts;
+void cuda_emu_counters(cuda_emu_counts *out) __attribute__((weak));
+
+/* fit's steady state: what `steps` more steps of a fit that prints nothing
+   cost in host waits, drains (waits after which the device would idle) and
+   copies. The emulation runs nothing before the host waits, so a wait here
+   is one a GPU may make the host sit through. */
+static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps) {
+    mp_fit_desc fd;
+    cuda_emu_counts before, after;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x;
+    fd.data.labels = labels;
+    fd.data.n = steps * BATCH;
+    fd.batch_size = BATCH;
+    fd.verbose = MP_VERBOSE_SILENT;
+    cuda_emu_counters(&before);
+    CHECK(mp_model_fit(m, &fd) == MP_OK);
+    cuda_emu_counters(&after);
+    after.launches -= before.launches, after.waits -= before.waits, after.drains -= before.drains;
+    after.pageable -= before.pageable, after.pinned -= before.pinned, after.bytes_in -= before.bytes_in;
+    return after;
+}
+
+/* A steady-state step blocks on nothing: no drain (the device never idles
+   for the host), one wait for the staging set it refills (the batch before
+   last's copies: the device still has the last batch to work on), no
+   pageable copy; the batch in is one pinned copy of the inputs and one of
+   the labels. */
+static void test_steady_state(void) {
+    size_t steps = 8;
+    float *x = (float *)zalloc(2 * steps * BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(2 * steps * BATCH * sizeof(int32_t));
+    mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+    cuda_emu_counts one, two;
+    if (!cuda_emu_counters) { /* a real GPU: its counts are Nsight's to take */
+        mp_model_destroy(m);
+        free(x);
+        free(labels);
+        return;
+    }
+    synthetic(x, labels, 2 * steps * BATCH, INPUTS);
+    if (!CHECK(m != NULL)) return;
+    (void)fit_counts(m, x, labels, 2 * steps); /* sizes everything */
+    one = fit_counts(m, x, labels, steps);
+    two = fit_counts(m, x, labels, 2 * steps);
+    printf("test_cuda: a steady-state fit step: %llu launches, %llu waits, %llu drains, %llu pageable and %llu pinned "
+           "copies, %llu bytes in\n", (two.launches - one.launches) / steps, (two.waits - one.waits) / steps,
+           (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps, (two.pinned - one.pinned) / steps,
+           (two.bytes_in - one.bytes_in) / steps);
+    CHECK(two.drains == one.drains);
+    CHECK(two.waits - one.waits == steps);
+    CHECK(two.pageable == one.pageable);
+    CHECK(two.pinned - one.pinned == 2 * steps);
+    CHECK(two.bytes_in - one.bytes_in == steps * BATCH * (INPUTS * sizeof(float) + sizeof(int32_t)));
+    mp_model_destroy(m);
+    free(x);
+    free(labels);
+}
+
 /* A bias not 16-byte aligned (one element into its block, as inside a
    packed weight block): cuBLASLt's BIAS epilogue may fault on it (a
    sticky misaligned address under the emulation), so the backend adds it
@@ -910,6 +973,7 @@ int main(void) {
     test_rerun_bit_identical();
     test_conv_model();
     test_model_memory();
+    test_steady_state();
     test_unaligned_bias();
     test_sticky_error();
     test_bad_device();
