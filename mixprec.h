@@ -616,6 +616,8 @@ typedef struct mp_model_memory {
        model was created: the host's for the CPU, device memory for a GPU */
     size_t current, peak;
     const char *backend; /* "cpu", "cuda" */
+    size_t fallbacks;    /* products the backend ran on a slower path than their dtypes ask
+                            (a refused 16-bit plan widened to float32...); 0 on the CPU */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
@@ -957,6 +959,7 @@ typedef enum mp_copy_kind { MP_COPY_TO_BACKEND, MP_COPY_TO_HOST, MP_COPY_WITHIN 
 typedef struct mp_backend_memory {
     size_t current, peak; /* bytes the backend holds for the model now, and at most */
     size_t workspace;     /* of current: scratch (GEMM panels, cuBLASLt workspace) */
+    size_t fallbacks;     /* products run on a slower path than their dtypes ask, so far */
 } mp_backend_memory;
 
 struct mp_backend {
@@ -3173,6 +3176,7 @@ static size_t mp__pool_bytes(const mp_pool *p) {
 static void mp__cpu_memory(void *ctx, mp_backend_memory *out) {
     const mp__cpu *c = (const mp__cpu *)ctx;
     out->workspace = mp__pool_bytes(c->pool);
+    out->fallbacks = 0;
     out->current = c->current + out->workspace;
     out->peak = c->peak + out->workspace; /* panels are reserved once and kept */
 }
@@ -5223,6 +5227,7 @@ MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *o
     out->current = bm.current;
     out->peak = bm.peak;
     out->backend = m->be->name;
+    out->fallbacks = bm.fallbacks;
     return MP_OK;
 }
 

@@ -55,7 +55,7 @@ typedef struct mp__cu_key {
 } mp__cu_key;
 
 typedef struct mp__cu_plan {
-    int used;
+    int used, refused; /* refused: the heuristic or cublasLtMatmul said no; remembered */
     mp__cu_key key;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
@@ -93,10 +93,13 @@ typedef struct mp__cu {
     mp__cu_plan plans[MP__CU_PLANS];
     int next_plan;
     cublasStatus_t refused;      /* the heuristic's last refusal, for the error message */
+    size_t fallbacks;            /* products on a slower path than their dtypes ask (memory().fallbacks) */
+    int warned;                  /* the first fallback was named on stderr */
     char error[256];             /* the first failure; "" while none */
 } mp__cu;
 
 static char mp__cu_reason[256]; /* mp_cuda_last_error() */
+static int mp__cu_poisoned;     /* a device fault: the process's CUDA context is lost */
 
 static void mp__cu_set_reason(const char *what, const char *why) {
     snprintf(mp__cu_reason, sizeof mp__cu_reason, "%s%s%s", what, why[0] ? ": " : "", why);
@@ -107,13 +110,26 @@ static int mp__cu_fail(mp__cu *c, const char *what, const char *why) {
     return 0;
 }
 
+/* A sticky error (CUDA Runtime API, cudaError: "the process must be
+   terminated and relaunched"): a kernel's illegal or misaligned address, a
+   trap, a launch failure. Allocation failures and bad arguments are not. */
+static int mp__cu_fault(cudaError_t e) {
+    return e == cudaErrorIllegalAddress || e == cudaErrorMisalignedAddress || e == cudaErrorLaunchFailure ||
+           e == cudaErrorAssert || e == cudaErrorIllegalInstruction;
+}
+
 /* 1 on success; else records the first error and returns 0. The runtime's
    own last error is cleared, so that the next launch's check (of this or
    another context) does not see it again. */
 static int mp__cu_ok(mp__cu *c, cudaError_t e, const char *what) {
+    char why[200];
     if (e == cudaSuccess) return 1;
     (void)cudaGetLastError();
-    return mp__cu_fail(c, what, cudaGetErrorString(e));
+    if (!mp__cu_fault(e)) return mp__cu_fail(c, what, cudaGetErrorString(e));
+    mp__cu_poisoned = 1;
+    snprintf(why, sizeof why, "%s: a device fault, which poisons the CUDA context of the whole process (every model "
+             "on this GPU fails from now on): restart the process", cudaGetErrorString(e));
+    return mp__cu_fail(c, what, why);
 }
 
 static int mp__lt_ok(mp__cu *c, cublasStatus_t s, const char *what) {
@@ -565,6 +581,10 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     (void)threads; /* the host thread only queues work */
     *ctx = NULL;
     if (count == 0) return MP_ERR_BACKEND; /* the reason is set */
+    if (mp__cu_poisoned) {
+        mp__cu_set_reason("an earlier device fault poisoned this process's CUDA context", "restart the process");
+        return MP_ERR_BACKEND;
+    }
     if (device < 0 || device >= count) {
         snprintf(mp__cu_reason, sizeof mp__cu_reason, "device %d requested, the driver sees %d", device, count);
         return MP_ERR_ARG;
@@ -598,12 +618,11 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
 }
 
 static void mp__cu_plan_free(mp__cu_plan *p) {
-    if (!p->used) return;
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->d);
-    cublasLtMatmulDescDestroy(p->op);
-    p->used = 0;
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
 }
 
 static void mp__cu_host_free(void *ctx, void *p);
@@ -676,6 +695,7 @@ static void mp__cu_free(void *ctx, void *p) {
 
 static void mp__cu_memory(void *ctx, mp_backend_memory *out) {
     const mp__cu *c = mp__cu_of(ctx);
+    out->fallbacks = c->fallbacks;
     out->current = c->current;
     out->peak = c->peak;
     out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage[0].bytes + c->stage[1].bytes + c->rows.bytes +
@@ -930,12 +950,11 @@ static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, co
         }
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!ok || !found) {
-        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-        if (p->d) cublasLtMatrixLayoutDestroy(p->d);
-        if (p->op) cublasLtMatmulDescDestroy(p->op);
-        memset(p, 0, sizeof *p);
+    if (!ok || !found) { /* a refusal is kept, so the heuristic is asked once */
+        mp__cu_plan_free(p);
+        p->used = ok;
+        p->refused = 1;
+        p->key = *key;
         return ok ? 0 : -1;
     }
     p->used = 1;
@@ -944,21 +963,21 @@ static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, co
     return 1;
 }
 
-/* The cached plan for key, or a new one in place of the oldest. */
+/* The cached plan for key (a remembered refusal: NULL, status 0), or a new
+   one in place of the oldest. */
 static mp__cu_plan *mp__cu_plan_for(mp__cu *c, const mp__cu_key *key, const void *bias, int *status) {
     mp__cu_plan *p;
     int i;
     for (i = 0; i < MP__CU_PLANS; i++)
         if (c->plans[i].used && mp__cu_key_eq(&c->plans[i].key, key)) {
-            *status = 1;
-            return &c->plans[i];
+            *status = c->plans[i].refused ? 0 : 1;
+            return c->plans[i].refused ? NULL : &c->plans[i];
         }
     p = &c->plans[c->next_plan];
     mp__cu_plan_free(p);
     *status = mp__cu_plan_make(c, p, key, bias);
-    if (*status != 1) return NULL;
-    c->next_plan = (c->next_plan + 1) % MP__CU_PLANS;
-    return p;
+    if (*status >= 0) c->next_plan = (c->next_plan + 1) % MP__CU_PLANS;
+    return *status == 1 ? p : NULL;
 }
 
 /* One cuBLASLt call: D (dt) = op(A) op(B) [+ C if accumulate] [+ bias].
@@ -969,6 +988,7 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
     mp__cu_plan *p;
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     int status;
+    cublasStatus_t s;
     memset(&key, 0, sizeof key); /* compared with memcmp: padding too */
     key.op_a = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     key.op_b = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -976,20 +996,31 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
     key.ab_type = mp__cu_type(ab);
     key.d_type = mp__cu_type(dt);
     key.compute = ab != MP_FLOAT32 ? CUBLAS_COMPUTE_32F : c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
+    /* PEDANTIC refused (it need not have a kernel for every shape): plain
+       CUBLAS_COMPUTE_32F, also float32 without TF32 unless asked (FAST_TF32) */
     key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     key.align[0] = mp__cu_align(b);
     key.align[1] = mp__cu_align(a);
     key.align[2] = mp__cu_align(d);
     key.align[3] = bias ? mp__cu_align(bias) : 0;
-    if (!(p = mp__cu_plan_for(c, &key, bias, &status))) return status;
+    p = mp__cu_plan_for(c, &key, bias, &status);
+    if (!p && status == 0 && key.compute == CUBLAS_COMPUTE_32F_PEDANTIC) {
+        key.compute = CUBLAS_COMPUTE_32F;
+        p = mp__cu_plan_for(c, &key, bias, &status);
+    }
+    if (!p) return status;
     if (bias && !mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                            "BIAS_POINTER"))
         return -1;
-    return mp__lt_ok(c, cublasLtMatmul(c->lt, p->op, &alpha, b, p->a, a, p->b, &beta, d, p->d, d, p->d, &p->algo, c->ws.p,
-                                       c->ws.bytes, c->stream),
-                     "cublasLtMatmul")
-               ? 1
-               : -1;
+    s = cublasLtMatmul(c->lt, p->op, &alpha, b, p->a, a, p->b, &beta, d, p->d, d, p->d, &p->algo, c->ws.p, c->ws.bytes,
+                       c->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) { /* the plan cannot run after all: a refusal, remembered */
+        mp__cu_plan_free(p);
+        p->used = p->refused = 1;
+        p->key = key;
+        return 0;
+    }
+    return mp__lt_ok(c, s, "cublasLtMatmul") ? 1 : -1;
 }
 
 /* n elements of src (t) as float32 in scratch buf. */
@@ -1006,9 +1037,29 @@ static const void *mp__cu_widen(mp__cu *c, mp__cu_buf *buf, const void *src, mp_
    no alignment for the BIAS epilogue's pointer, but its kernels may assume
    16 bytes and fault with a sticky misaligned address: reference.md
    section 5), and an epilogue it does exactly. */
-static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
+static int mp__cu_direct_if_aligned(const mp_gemm_args *g, mp_dtype ab) {
     return (g->ct == ab || g->ct == MP_FLOAT32) && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
-           (!g->bias || (g->biast == g->ct && (uintptr_t)g->bias % 16 == 0));
+           (!g->bias || g->biast == g->ct);
+}
+
+static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
+    return mp__cu_direct_if_aligned(g, ab) && (!g->bias || (uintptr_t)g->bias % 16 == 0);
+}
+
+static const char *mp__cu_name(mp_dtype t) { return t == MP_FLOAT32 ? "float32" : t == MP_FLOAT16 ? "float16" : "bfloat16"; }
+
+/* A product on a slower path than its dtypes ask: counted (memory's
+   fallbacks), and the first one of a context named on stderr, so that a
+   refused 16-bit plan (10-15x slower widened to float32 on an H100) or an
+   under-aligned bias never passes unseen. */
+static void mp__cu_fallback(mp__cu *c, const mp_gemm_args *g, const char *how) {
+    c->fallbacks++;
+    if (c->warned) return;
+    c->warned = 1;
+    fprintf(stderr,
+            "WARNING: mixprec: the cuda backend: a %zux%zux%zu product (%s x %s -> %s) %s; counted in "
+            "mp_model_memory_info's fallbacks\n",
+            g->m, g->n, g->k, mp__cu_name(g->at), mp__cu_name(g->bt), mp__cu_name(g->ct), how);
 }
 
 static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
@@ -1017,6 +1068,7 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
     mp_dtype ab = g->at;
     size_t mn = g->m * g->n;
     float *d32 = NULL;
+    const char *slow = NULL; /* why the product is slower than its dtypes ask, if it is */
     int r, direct;
     if (!g->m || !g->n || !mp__cu_live(c)) return;
     if (g->k == 0) { /* no product: the epilogue over zeros */
@@ -1029,10 +1081,13 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
         b = mp__cu_widen(c, &c->b32, g->b, g->bt, g->k * g->n);
         ab = MP_FLOAT32;
     }
+    if (g->bias && mp__cu_direct(g, ab) != mp__cu_direct_if_aligned(g, ab))
+        slow = "has a bias not 16-byte aligned for cuBLASLt's BIAS epilogue: added by a kernel of ours";
     for (;;) { /* cuBLASLt writes C; else the float32 scratch; else widen and retry */
         if (!a || !b) return; /* widening failed: recorded */
         direct = mp__cu_direct(g, ab);
         r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias) : 0;
+        if (r == 0 && direct) slow = "has no cuBLASLt plan writing C: a float32 result and an epilogue of ours";
         if (r == 0) {
             direct = 0;
             if (!(d32 = (float *)mp__cu_grow(c, &c->d32, mn * sizeof(float)))) return;
@@ -1044,11 +1099,13 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
                               c->refused == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(c->refused));
             return;
         }
+        slow = "has no 16-bit cuBLASLt plan: widened to float32";
         a = mp__cu_widen(c, &c->a32, a, ab, g->m * g->k); /* 16-bit without an algorithm */
         b = mp__cu_widen(c, &c->b32, b, ab, g->k * g->n);
         ab = MP_FLOAT32;
     }
     if (r < 0) return;
+    if (slow) mp__cu_fallback(c, g, slow);
     if (direct && g->act == MP_RELU) MP__CU_LAUNCH(c, mn, mp__k_relu, g->c, g->ct, mn);
     if (!direct)
         MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, d32, g->accumulate, g->bias, g->biast, g->z, g->act, mn, g->n);

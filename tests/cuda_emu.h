@@ -40,8 +40,12 @@
    tests). What it cannot check: CUDA's own rounding of expf/erff/... (the
    host's libm runs), launch limits beyond an empty grid, cuBLASLt's real
    algorithms, timing, real concurrency between streams.
-   MIXPREC_CUDA_EMU_NO_BF16=1 in the environment makes the heuristic find
-   no bfloat16 algorithm (as before Ampere), to test the float32 fallback. */
+   In the environment, MIXPREC_CUDA_EMU_NO_BF16=1 makes the heuristic find
+   no bfloat16 algorithm (as before Ampere), MIXPREC_CUDA_EMU_NO_PEDANTIC=1
+   none for CUBLAS_COMPUTE_32F_PEDANTIC, and MIXPREC_CUDA_EMU_RUN_REFUSES=1
+   makes cublasLtMatmul itself answer CUBLAS_STATUS_NOT_SUPPORTED for
+   16-bit operands (a plan the heuristic gave that cannot run after all):
+   each tests a fallback. */
 #ifndef MIXPREC_CUDA_EMU_H
 #define MIXPREC_CUDA_EMU_H
 
@@ -74,6 +78,7 @@ typedef struct cuda_emu_counts {
     unsigned long long pageable;   /* copies from or to pageable host memory */
     unsigned long long pinned;     /* copies from or to pinned (cudaHostAlloc) memory */
     unsigned long long bytes_in;   /* bytes copied host to device */
+    unsigned long long heuristics; /* cublasLtMatmulAlgoGetHeuristic calls */
 } cuda_emu_counts;
 void cuda_emu_counters(cuda_emu_counts *out);
 void cuda_emu_fault_after(long launches); /* the launch after `launches` more faults (illegal address) */
@@ -614,6 +619,7 @@ static cublasStatus_t emu_check(const emu_desc *d, const emu_layout *a, const em
     if (d->scale != CUDA_R_32F || a->type != b->type || !emu_types_ok(d->compute, a->type, dl->type))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (a->type == CUDA_R_16BF && getenv("MIXPREC_CUDA_EMU_NO_BF16")) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (d->compute == CUBLAS_COMPUTE_32F_PEDANTIC && getenv("MIXPREC_CUDA_EMU_NO_PEDANTIC")) return CUBLAS_STATUS_NOT_SUPPORTED;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -626,6 +632,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     cublasStatus_t s = emu_check((const emu_desc *)desc, (const emu_layout *)a, (const emu_layout *)b,
                                  (const emu_layout *)c, (const emu_layout *)d);
     *count = 0;
+    emu_count.heuristics++;
     if (h != (cublasLtHandle_t)&emu_handle || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     memset(&results[0], 0, sizeof results[0]);
@@ -709,6 +716,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     if (emu_sticky != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
     if (h != (cublasLtHandle_t)&emu_handle || !algo || !emu_stream_ok(stream)) return CUBLAS_STATUS_INVALID_VALUE;
     if (emu_check(&e, &A, &B, (const emu_layout *)cl, &D) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_INVALID_VALUE;
+    if (A.type != CUDA_R_32F && getenv("MIXPREC_CUDA_EMU_RUN_REFUSES")) return CUBLAS_STATUS_NOT_SUPPORTED;
     memcpy(need, algo->data, sizeof need);
     if ((uintptr_t)a % need[0] || (uintptr_t)b % need[1] || (uintptr_t)c % need[2] || (uintptr_t)d % need[3]) {
         fprintf(stderr, "cuda_emu: cublasLtMatmul: a pointer is less aligned than the heuristic was told\n");

@@ -19,7 +19,7 @@
    Build (after `make cuda`):
        gcc -std=c99 -O2 tests/test_cuda.c -o test_cuda -Lbuild -lmixprec_cuda \
            -L/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ -lm */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime, for fit's epoch timer */
+#define _POSIX_C_SOURCE 200112L /* clock_gettime, for fit's epoch timer; setenv */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "../cuda/mixprec_cuda.h"
@@ -213,10 +213,12 @@ static void gemm_case(const side *g_side, int ta, int tb, size_t m, size_t n, si
     CHECK(cpu.be->gemm_reserve(cpu.ctx, m, n, k) == MP_OK && g_side->be->gemm_reserve(g_side->ctx, m, n, k) == MP_OK);
     cpu.be->gemm(cpu.ctx, &g);
     g.a = a->dev, g.b = b->dev, g.c = c->dev, g.bias = bias ? (char *)bias->dev + skip : NULL, g.z = z ? z->dev : NULL;
+    if (g_side != &gpu) CHECK(gpu.be->sync(gpu.ctx) == MP_OK); /* the operands went in on gpu's stream */
     g_side->be->gemm(g_side->ctx, &g);
     sprintf(what, "gemm %s%s %zux%zux%zu %s x %s -> %s%s%s act %d", ta ? "T" : "N", tb ? "T" : "N", m, n, k, dn(at),
             dn(bt), dn(ct), accumulate ? " +=" : "",
             with_bias == 2 ? " +float32 bias" : with_bias == 3 ? " +bias at 2/4 bytes" : with_bias ? " +bias" : "", (int)act);
+    if (g_side != &gpu) CHECK(g_side->be->sync(g_side->ctx) == MP_OK); /* before gpu's stream reads c */
     agree(what, c, ct, m * n, t);
     if (z) agree("gemm z (pre-activation)", z, ct, m * n, tol_gemm(ct));
     free_args();
@@ -803,9 +805,16 @@ static void test_model_memory(void) {
 
 /* Under tests/cuda_emu.h (absent from the real library: weak, NULL) */
 typedef struct cuda_emu_counts {
-    unsigned long long launches, waits, drains, pageable, pinned, bytes_in;
+    unsigned long long launches, waits, drains, pageable, pinned, bytes_in, heuristics;
 } cuda_emu_counts;
+#ifdef __cplusplus
+extern "C" {
+#endif
 void cuda_emu_counters(cuda_emu_counts *out) __attribute__((weak));
+void cuda_emu_fault_after(long launches) __attribute__((weak));
+#ifdef __cplusplus
+}
+#endif
 
 /* fit's steady state: what `steps` more steps of a fit that prints nothing
    cost in host waits, drains (waits after which the device would idle) and
@@ -859,6 +868,11 @@ static void test_steady_state(void) {
     CHECK(two.pageable == one.pageable);
     CHECK(two.pinned - one.pinned == 2 * steps);
     CHECK(two.bytes_in - one.bytes_in == steps * BATCH * (INPUTS * sizeof(float) + sizeof(int32_t)));
+    CHECK(two.heuristics == one.heuristics); /* every plan cached */
+    {   /* aligned float16 products: no fallback */
+        mp_model_memory mem;
+        CHECK(mp_model_memory_info(m, &mem) == MP_OK && mem.fallbacks == 0);
+    }
     mp_model_destroy(m);
     free(x);
     free(labels);
@@ -872,9 +886,70 @@ static void test_steady_state(void) {
 static void test_unaligned_bias(void) {
     static const mp_activation acts[] = {MP_LINEAR, MP_RELU};
     size_t i, x;
+    mp_backend_memory before, after;
+    gpu.be->memory(gpu.ctx, &before);
     for (i = 0; i < COUNT(dtypes); i++)
         for (x = 0; x < COUNT(acts); x++)
             gemm_case(&gpu, 0, 0, 50, 24, 40, dtypes[i], dtypes[i], dtypes[i], 0, 3, acts[x], tol_gemm(dtypes[i]));
+    gpu.be->memory(gpu.ctx, &after);
+    CHECK(after.fallbacks - before.fallbacks == COUNT(dtypes) * COUNT(acts)); /* each counted */
+}
+
+/* cuBLASLt's refusals (made by the emulation on request; on a GPU the
+   variables do nothing and these are plain products): each product still
+   right, on the slower path counted in memory's fallbacks unless it is
+   not slower, and the refusal remembered (the heuristic asked once). */
+static void test_refusals(void) {
+    side s;
+    mp_backend_memory bm;
+    cuda_emu_counts c0, c1;
+    s.be = mp_cuda_backend();
+    /* PEDANTIC refused: CUBLAS_COMPUTE_32F, float32 all the same: no fallback */
+    setenv("MIXPREC_CUDA_EMU_NO_PEDANTIC", "1", 1);
+    if (!CHECK(s.be->create(&s.ctx, 1, NULL) == MP_OK)) return;
+    gemm_case(&s, 0, 0, 37, 45, 29, F32, F32, F32, 0, 1, MP_LINEAR, tol_gemm(F32));
+    s.be->memory(s.ctx, &bm);
+    CHECK(bm.fallbacks == 0);
+    s.be->destroy(s.ctx);
+    unsetenv("MIXPREC_CUDA_EMU_NO_PEDANTIC");
+    /* cublasLtMatmul's own NOT_SUPPORTED: a refusal (not a sticky error),
+       widened to float32, counted once per product */
+    setenv("MIXPREC_CUDA_EMU_RUN_REFUSES", "1", 1);
+    if (!CHECK(s.be->create(&s.ctx, 1, NULL) == MP_OK)) return;
+    gemm_case(&s, 0, 0, 37, 45, 29, F16, F16, F16, 0, 1, MP_LINEAR, tol_gemm(F16));
+    if (cuda_emu_counters) cuda_emu_counters(&c0);
+    gemm_case(&s, 0, 0, 37, 45, 29, F16, F16, F16, 0, 1, MP_LINEAR, tol_gemm(F16));
+    if (cuda_emu_counters) {
+        cuda_emu_counters(&c1);
+        CHECK(c1.heuristics == c0.heuristics); /* the refusal remembered */
+    }
+    s.be->memory(s.ctx, &bm);
+    CHECK(bm.fallbacks == (cuda_emu_counters ? 2u : 0u));
+    CHECK(s.be->sync(s.ctx) == MP_OK);
+    s.be->destroy(s.ctx);
+    unsetenv("MIXPREC_CUDA_EMU_RUN_REFUSES");
+}
+
+/* A device fault (an illegal address in a kernel, injected by the
+   emulation) poisons the process's CUDA context: the error says so, every
+   context fails, and no new one can be made. Last: it cannot be undone. */
+static void test_device_fault(void) {
+    arg *x;
+    if (!cuda_emu_fault_after) return; /* not on a real GPU */
+    x = new_arg(1024);
+    cuda_emu_fault_after(0);
+    gpu.be->zero(gpu.ctx, x->dev, 1024);
+    gpu.be->cast(gpu.ctx, x->dev, F16, x->dev, F32, 256, NULL);
+    CHECK(gpu.be->sync(gpu.ctx) == MP_ERR_BACKEND);
+    CHECK(strstr(gpu.be->last_error(gpu.ctx), "poisons the CUDA context of the whole process") != NULL);
+    CHECK(gpu_tf32.be->sync(gpu_tf32.ctx) == MP_ERR_BACKEND); /* another model's context too */
+    CHECK(strstr(gpu_tf32.be->last_error(gpu_tf32.ctx), "whole process") != NULL);
+    {
+        void *ctx = NULL;
+        CHECK(mp_cuda_backend()->create(&ctx, 1, NULL) == MP_ERR_BACKEND && ctx == NULL);
+        CHECK(strstr(mp_cuda_last_error(), "poisoned") != NULL);
+    }
+    free_args();
 }
 
 /* A failure is recorded, reported by sync and last_error, and sticks: the
@@ -975,9 +1050,11 @@ int main(void) {
     test_model_memory();
     test_steady_state();
     test_unaligned_bias();
+    test_refusals();
     test_sticky_error();
     test_bad_device();
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
+    test_device_fault();
     gpu_tf32.be->destroy(gpu_tf32.ctx);
     gpu.be->destroy(gpu.ctx);
     cpu.be->destroy(cpu.ctx);
