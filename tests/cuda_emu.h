@@ -513,6 +513,7 @@ typedef struct emu_layout {
 typedef struct emu_pref {
     uint64_t workspace;
     uint32_t align[4]; /* A, B, C, D */
+    uint32_t reduction; /* the split-K schemes allowed */
 } emu_pref;
 static int emu_handle;
 
@@ -566,6 +567,7 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
     emu_pref *e = (emu_pref *)calloc(1, sizeof *e);
     e->align[0] = e->align[1] = e->align[2] = e->align[3] = 256; /* cuBLASLt's default */
+    e->reduction = CUBLASLT_REDUCTION_SCHEME_MASK;                /* LT: every scheme by default */
     *p = (cublasLtMatmulPreference_t)e;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -578,7 +580,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     size_t size) {
     emu_pref *e = (emu_pref *)p;
     if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == 8) memcpy(&e->workspace, buf, 8);
-    else if (a == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK && size == 4) {}
+    else if (a == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK && size == 4) memcpy(&e->reduction, buf, 4);
     else if (a >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES && size == 4)
         memcpy(&e->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
     else
@@ -637,6 +639,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     memset(&results[0], 0, sizeof results[0]);
     memcpy(results[0].algo.data, p->align, sizeof p->align);
+    /* LT cublasLtReductionScheme_t: where the preference allows reducing
+       split-K parts in the output type (INPLACE, OUTPUT_TYPE), the emulated
+       algorithm does, for a 16-bit D: each part rounded into D's type, then
+       their sum rounded again (two roundings, as a GPU may) */
+    results[0].algo.data[4] = (p->reduction & (CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) &&
+                              ((const emu_layout *)d)->type != CUDA_R_32F;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     *count = 1;
     return CUBLAS_STATUS_SUCCESS;
@@ -672,8 +680,15 @@ static int emu_fits(const void *p, const emu_layout *l) {
    fault with a misaligned address, which is sticky (reference.md section 5):
    the emulation faults on any bias not 16-byte aligned. An operand outside
    device memory is an illegal address. */
+/* A value rounded into t and back. */
+static float emu_round(cudaDataType t, float v) {
+    unsigned char buf[4];
+    emu_store(buf, t, 0, v);
+    return emu_load(buf, t, 0);
+}
+
 static void emu_matmul_run(emu_desc e, emu_layout A, emu_layout B, emu_layout D, float al_f, float be_f, const void *a,
-                           const void *b, const void *c, void *d, void *ws, size_t ws_bytes) {
+                           const void *b, const void *c, void *d, void *ws, size_t ws_bytes, int split_in_output) {
     uint64_t i, j, l, k = e.trans[0] == CUBLAS_OP_N ? A.cols : A.rows;
     int tf32 = e.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     if ((e.epilogue & CUBLASLT_EPILOGUE_BIAS) && (uintptr_t)e.bias % 16 != 0) {
@@ -688,12 +703,13 @@ static void emu_matmul_run(emu_desc e, emu_layout A, emu_layout B, emu_layout D,
     }
     for (j = 0; j < D.cols; j++)
         for (i = 0; i < D.rows; i++) {
-            float acc = 0.0f, v;
+            float acc = 0.0f, part = 0.0f, v;
             for (l = 0; l < k; l++) {
                 float x = emu_op(a, &A, e.trans[0], i, l), y = emu_op(b, &B, e.trans[1], l, j);
+                if (split_in_output && l == k / 2) part = emu_round(D.type, al_f * acc), acc = 0.0f;
                 acc += tf32 ? emu_tf32(x) * emu_tf32(y) : x * y;
             }
-            v = al_f * acc;
+            v = split_in_output ? emu_round(D.type, part + emu_round(D.type, al_f * acc)) : al_f * acc;
             if (be_f != 0.0f) v += be_f * emu_load(c, D.type, i + j * (uint64_t)D.ld);
             if (e.epilogue & CUBLASLT_EPILOGUE_BIAS) v += emu_load(e.bias, D.type, i);
             if ((e.epilogue & CUBLASLT_EPILOGUE_RELU) && v < 0.0f) v = 0.0f;
@@ -723,7 +739,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     emu_count.launches++;
-    emu_enqueue(stream, [=]() { emu_matmul_run(e, A, B, D, al_f, be_f, a, b, c, d, ws, ws_bytes); });
+    int split = (int)algo->data[4];
+    emu_enqueue(stream, [=]() { emu_matmul_run(e, A, B, D, al_f, be_f, a, b, c, d, ws, ws_bytes, split); });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -121,7 +121,7 @@ static void test_faults(cudaStream_t s) {
 /* cuBLASLt: the documented type table, and the BIAS epilogue's bias. */
 static cublasStatus_t heuristic(cublasLtHandle_t lt, cublasComputeType_t compute, cudaDataType_t ab, cudaDataType_t dt,
                                 const void *bias, cublasLtMatmulAlgo_t *algo, cublasLtMatmulDesc_t *desc,
-                                cublasLtMatrixLayout_t *lab, cublasLtMatrixLayout_t *ld) {
+                                cublasLtMatrixLayout_t *lab, cublasLtMatrixLayout_t *ld, uint32_t reduction = 0) {
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t r;
     int found = 0;
@@ -133,6 +133,8 @@ static cublasStatus_t heuristic(cublasLtHandle_t lt, cublasComputeType_t compute
     cublasLtMatrixLayoutCreate(lab, ab, 8, 8, 8);
     cublasLtMatrixLayoutCreate(ld, dt, 8, 8, 8);
     cublasLtMatmulPreferenceCreate(&pref);
+    if (reduction)
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction);
     st = cublasLtMatmulAlgoGetHeuristic(lt, *desc, *lab, *lab, *ld, *ld, pref, 1, &r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     *algo = r.algo;
@@ -182,6 +184,26 @@ static void test_cublaslt(cudaStream_t s) {
         cublasLtMatmulDescDestroy(desc);
         cublasLtMatrixLayoutDestroy(lab);
         cublasLtMatrixLayoutDestroy(ld);
+    }
+    {   /* split-K: allowed to reduce in the output type (cuBLASLt's default
+           preference), a 16-bit D is rounded twice and some results move;
+           with only the compute-type scheme, never */
+        __half h[64], got[2][64];
+        int differ = 0;
+        for (i = 0; i < 64; i++) h[i] = __float2half_rn((float)((i * 37) % 64) / 64.0f - 0.3f);
+        CHECK(cudaMemcpyAsync(a, h, sizeof h, cudaMemcpyHostToDevice, s) == cudaSuccess);
+        for (i = 0; i < 2; i++) {
+            CHECK(heuristic(lt, CUBLAS_COMPUTE_32F, CUDA_R_16F, CUDA_R_16F, NULL, &algo, &desc, &lab, &ld,
+                            i ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : 0) == CUBLAS_STATUS_SUCCESS);
+            CHECK(cublasLtMatmul(lt, desc, &one, a, lab, a, lab, &zero, dd, ld, dd, ld, &algo, ws, 1024, s) ==
+                  CUBLAS_STATUS_SUCCESS);
+            CHECK(cudaMemcpyAsync(got[i], dd, sizeof got[i], cudaMemcpyDeviceToHost, s) == cudaSuccess);
+            cublasLtMatmulDescDestroy(desc);
+            cublasLtMatrixLayoutDestroy(lab);
+            cublasLtMatrixLayoutDestroy(ld);
+        }
+        for (i = 0; i < 64; i++) differ += got[0][i].x != got[1][i].x;
+        CHECK(differ > 0);
     }
     CHECK(cublasLtDestroy(lt) == CUBLAS_STATUS_SUCCESS);
     CHECK(cudaFree(a) == cudaSuccess && cudaFree(dd) == cudaSuccess);
