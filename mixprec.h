@@ -1016,8 +1016,10 @@ struct mp_backend {
        in wt (the copy the layer reads) in the same pass. */
     void (*optimizer_update)(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
                              size_t n, void *wc, mp_dtype wt, const int *found_inf);
-    void (*im2col)(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt);
-    void (*col2im)(void *ctx, float *img, const float *col, const mp_conv_geom *g); /* overwrites img */
+    /* n NHWC images <-> their columns, [n*OH*OW, KH*KW*C]: the batch's
+       convolution is one product. col2im overwrites img (n images). */
+    void (*im2col)(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt);
+    void (*col2im)(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g);
     void (*max_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
     void (*max_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
                               const mp_conv_geom *g, mp_dtype dt);
@@ -3020,36 +3022,76 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
 }
 
-/* >>conv kernels (NHWC, one image; Keras's channels_last) */
-static void mp__cpu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
-    size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
-    unsigned char *out = (unsigned char *)col;
+/* >>conv kernels (NHWC; Keras's channels_last), image by image */
+typedef struct mp__conv_args {
+    void *col;
+    const void *img;
+    float *fimg;
+    const float *fcol;
+    const mp_conv_geom *g;
+    mp_dtype dt;
+} mp__conv_args;
+
+static size_t mp__col_elems(const mp_conv_geom *g) { return (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c; }
+static size_t mp__img_elems(const mp_conv_geom *g) { return (size_t)g->h * (size_t)g->w * (size_t)g->c; }
+
+static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__conv_args *a = (const mp__conv_args *)args;
+    const mp_conv_geom *g = a->g;
+    size_t es = mp__dtypes[a->dt].size, run = (size_t)g->c * es, i;
     int oy, ox, ky, kx;
-    (void)ctx;
-    for (oy = 0; oy < g->oh; oy++)
-        for (ox = 0; ox < g->ow; ox++)
-            for (ky = 0; ky < g->kh; ky++)
-                for (kx = 0; kx < g->kw; kx++, out += run) {
-                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
-                    else memcpy(out, mp__at(img, dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
-                }
+    (void)thread;
+    for (i = begin; i < end; i++) {
+        unsigned char *out = (unsigned char *)a->col + i * mp__col_elems(g) * es;
+        const void *img = mp__at(a->img, a->dt, i * mp__img_elems(g));
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++, out += run) {
+                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
+                        else memcpy(out, mp__at(img, a->dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
+                    }
+    }
 }
 
-static void mp__cpu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+static void mp__col2im_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__conv_args *a = (const mp__conv_args *)args;
+    const mp_conv_geom *g = a->g;
+    size_t i;
     int oy, ox, ky, kx, ch;
-    (void)ctx;
-    memset(img, 0, (size_t)g->h * (size_t)g->w * (size_t)g->c * sizeof(float));
-    for (oy = 0; oy < g->oh; oy++)
-        for (ox = 0; ox < g->ow; ox++)
-            for (ky = 0; ky < g->kh; ky++)
-                for (kx = 0; kx < g->kw; kx++, col += g->c) {
-                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                    float *px;
-                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                    px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
-                    for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
-                }
+    (void)thread;
+    for (i = begin; i < end; i++) {
+        float *img = a->fimg + i * mp__img_elems(g);
+        const float *col = a->fcol + i * mp__col_elems(g);
+        memset(img, 0, mp__img_elems(g) * sizeof(float));
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++, col += g->c) {
+                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                        float *px;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                        px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
+                        for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
+                    }
+    }
+}
+
+/* The images split among the threads: each image's bytes are the same
+   whichever thread makes them. */
+static void mp__cpu_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__conv_args a;
+    memset(&a, 0, sizeof a);
+    a.col = col, a.img = img, a.g = g, a.dt = dt;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__im2col_range, &a);
+}
+
+static void mp__cpu_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
+    mp__conv_args a;
+    memset(&a, 0, sizeof a);
+    a.fimg = img, a.fcol = col, a.g = g;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__col2im_range, &a);
 }
 
 /* Max pooling with strides equal to the pool (Keras's default), valid
@@ -3466,61 +3508,71 @@ static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, voi
                             l->desc.activation, l->dt);
 }
 
-/* Conv2D by im2col + GEMM, one image at a time so the column buffer stays
-   one image big; a 1x1 stride-1 kernel reads the image as its own columns.
-   y_i [OH*OW, F] = col_i [OH*OW, KH*KW*C] W [KH*KW*C, F] */
+/* Conv2D by im2col + GEMM over groups of images: on a device the whole
+   batch, one im2col and one product per layer and direction (a handful of
+   launches whatever the batch); on the host as many images as keep their
+   columns in cache (MP__CONV_CACHE bytes; the same groups at any thread
+   count). A 1x1 stride-1 kernel reads the NHWC batch as its own columns.
+   y [G*OH*OW, F] = col [G*OH*OW, KH*KW*C] W [KH*KW*C, F] */
+#define MP__CONV_CACHE ((size_t)1 << 20)
 static int mp__pointwise(const mp__layer *l) {
     const mp_conv_geom *g = &l->geom;
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
 }
 
-static const void *mp__columns(mp_model *m, const mp__layer *l, const void *img) {
-    if (mp__pointwise(l)) return img;
-    m->be->im2col(m->ctx, m->col, img, &l->geom, l->dt);
+static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
+    size_t per = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters) * sizeof(float);
+    if (m->be->device_memory) return batch;
+    return MP__CONV_CACHE / per > 1 ? mp__min(batch, MP__CONV_CACHE / per) : 1;
+}
+
+static const void *mp__columns(mp_model *m, const mp__layer *l, const void *x, size_t images) {
+    if (mp__pointwise(l)) return x;
+    m->be->im2col(m->ctx, m->col, x, images, &l->geom, l->dt);
     return m->col;
 }
 
 static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
-    size_t patch = l->n_kernel / f;
-    for (i = 0; i < batch; i++) {
-        mp_gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
+    size_t group = mp__conv_group(m, l, batch), i;
+    for (i = 0; i < batch; i += group) {
+        size_t n = mp__min(group, batch - i);
+        mp_gemm_args g = mp__product(0, 0, n * pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size), n),
                                       l->wc, l->dt, mp__at_mut(l->y, l->yt, i * l->out_size), l->yt);
-        if (l->z) g.z = mp__at_mut(l->z, l->yt, i * l->out_size);
+        g.z = l->z ? mp__at_mut(l->z, l->yt, i * l->out_size) : NULL;
         mp__linear_forward(m, l, g);
     }
     mp__softmax_after(m, l, batch * pixels, f);
 }
 
 static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    const void *x = mp__saved_input(l);
-    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
-    size_t patch = l->n_kernel / f;
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
+    size_t group = mp__conv_group(m, l, batch), i;
     dy = mp__dz(m, l, dy, batch * pixels, f);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
-    /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
-    for (i = 0; i < batch; i++) {
-        mp_gemm_args dw = mp__product(1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+    /* dW [patch, F] = sum over the groups of col^T dy, in float32 (in g), rounded once into gc */
+    for (i = 0; i < batch; i += group) {
+        size_t n = mp__min(group, batch - i);
+        mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, mp__columns(m, l, mp__at(mp__saved_input(l), l->dt, i * l->in_size), n),
                                        mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32);
         dw.accumulate = i > 0;
         m->be->gemm(m->ctx, &dw);
     }
     m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
-    if (!dx) return;
-    for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
-        const void *dyi = mp__at(dy, l->dt, i * l->out_size);
+    for (i = 0; dx && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
+        size_t n = mp__min(group, batch - i);
         void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
-        mp_gemm_args dcol = mp__product(0, 1, pixels, patch, f, dyi, l->wc, l->dt, dxi, l->xt);
-        if (mp__pointwise(l)) {
+        mp_gemm_args dcol = mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt);
+        if (mp__pointwise(l)) { /* a 1x1 kernel's dcol is dx itself */
             m->be->gemm(m->ctx, &dcol);
             continue;
         }
         dcol.c = m->dcol;
         dcol.ct = MP_FLOAT32;
         m->be->gemm(m->ctx, &dcol);
-        m->be->col2im(m->ctx, m->img, m->dcol, &l->geom);
-        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, l->in_size, NULL);
+        m->be->col2im(m->ctx, m->img, m->dcol, n, &l->geom);
+        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, n * l->in_size, NULL);
     }
 }
 
@@ -4440,7 +4492,7 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
    input, output and caches, two gradient buffers used in turn (layer i's
    dx is layer i-1's dy), the loss gradient and conv scratch. */
 static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
-    size_t grad_bytes = 0, col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
+    size_t grad_bytes = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
     const void *prev = NULL;
     mp_dtype prev_t = m->layers[0].dt; /* the first layer's cast on entry happens as the batch comes in */
     int i;
@@ -4463,20 +4515,23 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
         l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
         if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
-        if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
+        if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) { /* per group of images */
             size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
-            if (patches * es > col) col = patches * es;
-            if (patches > dcol) dcol = patches;
-            if (l->in_size > img) img = l->in_size;
+            size_t group = mp__conv_group(m, l, batch), col_bytes = 0, img_bytes = 0;
+            if (!mp__mul_ok(group, patches * sizeof(float), &col_bytes) ||
+                !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
+                a->overflow = 1;
+            if (col_bytes > dcol) dcol = col_bytes;
+            if (img_bytes > img) img = img_bytes;
         }
         prev = l->y;
         prev_t = l->yt;
     }
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
-    m->col = mp__carve(a, col, 1);
-    m->dcol = (float *)mp__carve(a, dcol, sizeof(float));
-    m->img = (float *)mp__carve(a, img, sizeof(float));
+    m->col = mp__carve(a, dcol, 1); /* the columns in any dtype fit the float32 dcol's size */
+    m->dcol = (float *)mp__carve(a, dcol, 1);
+    m->img = (float *)mp__carve(a, img, 1);
 }
 
 /* Every product the model runs, (m, n, k) of each forward, weight-gradient
@@ -4491,7 +4546,9 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
         if (l->desc.kind != MP_DENSE && l->desc.kind != MP_CONV2D) continue;
         f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
         patch = l->n_kernel / f;
-        rows = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : batch;
+        if (!mp__mul_ok(l->desc.kind == MP_CONV2D ? mp__conv_group(m, l, batch) : batch,
+                        l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1, &rows))
+            return MP_ERR_SIZE;
         if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
             (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
             st = m->be->gemm_reserve(m->ctx, rows, patch, f);                   /* dx = dy W^T */

@@ -463,12 +463,12 @@ static __device__ __forceinline__ size_t mp__cu_nhwc(size_t img, size_t y, size_
     return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
 }
 
-/* col [OH*OW, KH*KW*C]: one thread per element, a raw copy or zero. */
+/* col [n*OH*OW, KH*KW*C] of n images: one thread per element, a raw copy or zero. */
 template <typename T>
-static __global__ void mp__k_im2col(T *col, const T *img, mp_conv_geom g) {
-    size_t n = (size_t)g.oh * g.ow * g.kh * g.kw * g.c;
-    MP__CU_LOOP(e, n) {
-        size_t q = e / (size_t)g.c, ch = e % (size_t)g.c;
+static __global__ void mp__k_im2col(T *col, const T *img, size_t images, mp_conv_geom g) {
+    size_t per = (size_t)g.oh * g.ow * g.kh * g.kw * g.c;
+    MP__CU_LOOP(e, images * per) {
+        size_t q = e % per / (size_t)g.c, ch = e % (size_t)g.c, at = e / per * (size_t)g.h * g.w * g.c;
         int kx = (int)(q % (size_t)g.kw), ky, ox, oy, iy, ix;
         q /= (size_t)g.kw;
         ky = (int)(q % (size_t)g.kh);
@@ -477,17 +477,18 @@ static __global__ void mp__k_im2col(T *col, const T *img, mp_conv_geom g) {
         oy = (int)(q / (size_t)g.ow);
         iy = oy * g.sh - g.pt + ky;
         ix = ox * g.sw - g.pl + kx;
-        col[e] = iy < 0 || iy >= g.h || ix < 0 || ix >= g.w ? (T)0 : img[((size_t)iy * g.w + (size_t)ix) * g.c + ch];
+        col[e] = iy < 0 || iy >= g.h || ix < 0 || ix >= g.w ? (T)0 : img[at + ((size_t)iy * g.w + (size_t)ix) * g.c + ch];
     }
 }
 
 /* img = the sum of the columns that read each pixel, one thread per pixel
    and channel, adding in the CPU's order: windows by (oy, ox) ascending,
    which is (ky, kx) descending. Overwrites img. */
-static __global__ void mp__k_col2im(float *img, const float *col, mp_conv_geom g) {
-    size_t n = (size_t)g.h * g.w * g.c;
-    MP__CU_LOOP(e, n) {
-        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c;
+static __global__ void mp__k_col2im(float *img, const float *col_all, size_t images, mp_conv_geom g) {
+    size_t per = (size_t)g.h * g.w * g.c;
+    MP__CU_LOOP(e, images * per) {
+        const float *col = col_all + e / per * ((size_t)g.oh * g.ow * g.kh * g.kw * g.c);
+        size_t ch = e % (size_t)g.c, q = e % per / (size_t)g.c;
         int ix = (int)(q % (size_t)g.w), iy = (int)(q / (size_t)g.w), ky, kx;
         float sum = 0.0f;
         for (ky = g.kh - 1; ky >= 0; ky--) {
@@ -1178,17 +1179,18 @@ static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w
     MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, s1, s2, n, wc, wt, found_inf);
 }
 
-static void mp__cu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
+static void mp__cu_im2col(void *ctx, void *col, const void *img, size_t images, const mp_conv_geom *g, mp_dtype dt) {
     mp__cu *c = mp__cu_of(ctx);
-    size_t n = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+    size_t n = images * (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
     if (!mp__cu_live(c)) return;
-    if (dt == MP_FLOAT32) MP__CU_LAUNCH(c, n, mp__k_im2col<uint32_t>, (uint32_t *)col, (const uint32_t *)img, *g);
-    else MP__CU_LAUNCH(c, n, mp__k_im2col<uint16_t>, (uint16_t *)col, (const uint16_t *)img, *g);
+    if (dt == MP_FLOAT32) MP__CU_LAUNCH(c, n, mp__k_im2col<uint32_t>, (uint32_t *)col, (const uint32_t *)img, images, *g);
+    else MP__CU_LAUNCH(c, n, mp__k_im2col<uint16_t>, (uint16_t *)col, (const uint16_t *)img, images, *g);
 }
 
-static void mp__cu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+static void mp__cu_col2im(void *ctx, float *img, const float *col, size_t images, const mp_conv_geom *g) {
     mp__cu *c = mp__cu_of(ctx);
-    if (mp__cu_live(c)) MP__CU_LAUNCH(c, (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, *g);
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, images * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, images, *g);
 }
 
 static void mp__cu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {

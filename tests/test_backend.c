@@ -90,11 +90,11 @@ static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, con
     cpu->optimizer_update(ctx, step, (float *)real(w), (const float *)real(g), (float *)real(s1), (float *)real(s2),
                           n, real(wc), wt, (const int *)real(found_inf));
 }
-static void r_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
-    cpu->im2col(ctx, real(col), real(img), g, dt);
+static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    cpu->im2col(ctx, real(col), real(img), n, g, dt);
 }
-static void r_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
-    cpu->col2im(ctx, (float *)real(img), (const float *)real(col), g);
+static void r_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
+    cpu->col2im(ctx, (float *)real(img), (const float *)real(col), n, g);
 }
 static void r_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->max_pool(ctx, real(y), real(x), n, g, dt);

@@ -477,15 +477,15 @@ static void test_conv_kernels(void) {
     for (i = 0; i < COUNT(geoms); i++)
         for (d = 0; d < COUNT(dtypes); d++) {
             const mp_conv_geom *g = &geoms[i];
-            size_t pixels = (size_t)g->h * (size_t)g->w * (size_t)g->c;
-            size_t cols = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+            size_t pixels = imgs * (size_t)g->h * (size_t)g->w * (size_t)g->c;
+            size_t cols = imgs * (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
             arg *img = rand_arg(dtypes[d], pixels, -1.0f, 1.0f), *col = new_arg(cols * dsize(dtypes[d]));
             arg *dcol = rand_arg(F32, cols, -1.0f, 1.0f), *back = rand_arg(F32, pixels, 5.0f, 6.0f); /* overwritten */
-            cpu.be->im2col(cpu.ctx, col->host, img->host, g, dtypes[d]);
-            gpu.be->im2col(gpu.ctx, col->dev, img->dev, g, dtypes[d]);
+            cpu.be->im2col(cpu.ctx, col->host, img->host, imgs, g, dtypes[d]);
+            gpu.be->im2col(gpu.ctx, col->dev, img->dev, imgs, g, dtypes[d]);
             agree("im2col", col, dtypes[d], cols, EXACT);
-            cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, g);
-            gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, g);
+            cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, imgs, g);
+            gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, imgs, g);
             agree("col2im (the CPU's order of sums)", back, F32, pixels, EXACT);
             free_args();
         }
@@ -725,6 +725,19 @@ static void test_rerun_bit_identical(void) {
     free(labels);
 }
 
+/* Under tests/cuda_emu.h (absent from the real library: weak, NULL) */
+typedef struct cuda_emu_counts {
+    unsigned long long launches, waits, drains, pageable, pinned, bytes_in, heuristics;
+} cuda_emu_counts;
+#ifdef __cplusplus
+extern "C" {
+#endif
+void cuda_emu_counters(cuda_emu_counts *out) __attribute__((weak));
+void cuda_emu_fault_after(long launches) __attribute__((weak));
+#ifdef __cplusplus
+}
+#endif
+
 /* Conv2D (im2col, col2im), MaxPooling2D, Flatten, Dropout and a
    categorical crossentropy from logits, trained on both backends. */
 static void test_conv_model(void) {
@@ -774,6 +787,15 @@ static void test_conv_model(void) {
                 fprintf(stderr, "  conv %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
                         (double)loss[0][s]);
         }
+        if (cuda_emu_counters) { /* the batch is one im2col and one product per layer and direction */
+            cuda_emu_counts c0, c1, c2;
+            cuda_emu_counters(&c0);
+            CHECK(mp_forward(m[1], x, (int)n / 2, 1) == MP_OK);
+            cuda_emu_counters(&c1);
+            CHECK(mp_forward(m[1], x, (int)n, 1) == MP_OK);
+            cuda_emu_counters(&c2);
+            CHECK(c2.launches - c1.launches == c1.launches - c0.launches); /* whatever the batch */
+        }
         mp_model_destroy(m[0]);
         mp_model_destroy(m[1]);
     }
@@ -802,19 +824,6 @@ static void test_model_memory(void) {
     free(x);
     free(labels);
 }
-
-/* Under tests/cuda_emu.h (absent from the real library: weak, NULL) */
-typedef struct cuda_emu_counts {
-    unsigned long long launches, waits, drains, pageable, pinned, bytes_in, heuristics;
-} cuda_emu_counts;
-#ifdef __cplusplus
-extern "C" {
-#endif
-void cuda_emu_counters(cuda_emu_counts *out) __attribute__((weak));
-void cuda_emu_fault_after(long launches) __attribute__((weak));
-#ifdef __cplusplus
-}
-#endif
 
 /* fit's steady state: what `steps` more steps of a fit that prints nothing
    cost in host waits, drains (waits after which the device would idle) and
