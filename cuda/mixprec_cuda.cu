@@ -56,6 +56,7 @@ typedef struct mp__cu_key {
 
 typedef struct mp__cu_plan {
     int used, refused; /* refused: the heuristic or cublasLtMatmul said no; remembered */
+    unsigned long long last; /* when last asked for: the least recent is evicted */
     mp__cu_key key;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
@@ -91,7 +92,7 @@ typedef struct mp__cu {
     mp__cu_buf blocks[MP__CU_BLOCKS]; /* what alloc handed out */
     size_t current, peak;        /* bytes held: blocks and scratch; the most */
     mp__cu_plan plans[MP__CU_PLANS];
-    int next_plan;
+    unsigned long long plan_clock; /* plan lookups so far */
     cublasStatus_t refused;      /* the heuristic's last refusal, for the error message */
     size_t fallbacks;            /* products on a slower path than their dtypes ask (memory().fallbacks) */
     int warned;                  /* the first fallback was named on stderr */
@@ -312,15 +313,6 @@ static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int 
         if (bias) acc += mp__ld(bias, biast, i % n);
         if (z) mp__st(z, ct, i, acc);
         mp__st(c, ct, i, mp__act(act, acc));
-    }
-}
-
-/* ReLU on a product cuBLASLt already rounded into C (exact: rounding to
-   nearest keeps the sign, so relu(round(x)) == round(relu(x)) up to -0). */
-static __global__ void mp__k_relu(void *c, mp_dtype ct, size_t n) {
-    MP__CU_LOOP(i, n) {
-        float v = mp__ld(c, ct, i);
-        mp__st(c, ct, i, v < 0.0f ? 0.0f : v);
     }
 }
 
@@ -875,7 +867,7 @@ static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_d
    may only reduce in float32 (never in C's dtype, which would round twice).
    cuBLASLt writes C itself, with beta = 1 to accumulate and its bias
    epilogue, when C's dtype is the operands' or float32 and the activation
-   is linear or ReLU (a separate pass, exact). Otherwise it writes a float32
+   is linear or ReLU (its RELU epilogue: before the rounding, as the CPU). Otherwise it writes a float32
    scratch and mp__k_epilogue does the CPU's epilogue: sigmoid, tanh and
    gelu see the unrounded sum, and gelu's pre-activation is kept. */
 static cudaDataType_t mp__cu_type(mp_dtype t) {
@@ -965,26 +957,31 @@ static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, co
 }
 
 /* The cached plan for key (a remembered refusal: NULL, status 0), or a new
-   one in place of the oldest. */
+   one in place of the least recently used (a model's few dozen products
+   stay cached whatever else runs). */
 static mp__cu_plan *mp__cu_plan_for(mp__cu *c, const mp__cu_key *key, const void *bias, int *status) {
-    mp__cu_plan *p;
+    mp__cu_plan *p = &c->plans[0];
     int i;
-    for (i = 0; i < MP__CU_PLANS; i++)
-        if (c->plans[i].used && mp__cu_key_eq(&c->plans[i].key, key)) {
-            *status = c->plans[i].refused ? 0 : 1;
-            return c->plans[i].refused ? NULL : &c->plans[i];
+    c->plan_clock++;
+    for (i = 0; i < MP__CU_PLANS; i++) {
+        mp__cu_plan *q = &c->plans[i];
+        if (q->used && mp__cu_key_eq(&q->key, key)) {
+            q->last = c->plan_clock;
+            *status = q->refused ? 0 : 1;
+            return q->refused ? NULL : q;
         }
-    p = &c->plans[c->next_plan];
+        if (!q->used || (p->used && q->last < p->last)) p = q;
+    }
     mp__cu_plan_free(p);
     *status = mp__cu_plan_make(c, p, key, bias);
-    if (*status >= 0) c->next_plan = (c->next_plan + 1) % MP__CU_PLANS;
+    p->last = c->plan_clock;
     return *status == 1 ? p : NULL;
 }
 
-/* One cuBLASLt call: D (dt) = op(A) op(B) [+ C if accumulate] [+ bias].
+/* One cuBLASLt call: D (dt) = relu?(op(A) op(B) [+ C if accumulate] [+ bias]).
    a, b: our operands in ab. 1: ran; 0: no algorithm; -1: error. */
 static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const void *b, mp_dtype ab, void *d,
-                         mp_dtype dt, int accumulate, const void *bias) {
+                         mp_dtype dt, int accumulate, const void *bias, int relu) {
     mp__cu_key key;
     mp__cu_plan *p;
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -999,7 +996,9 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
     key.compute = ab != MP_FLOAT32 ? CUBLAS_COMPUTE_32F : c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
     /* PEDANTIC refused (it need not have a kernel for every shape): plain
        CUBLAS_COMPUTE_32F, also float32 without TF32 unless asked (FAST_TF32) */
-    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    /* ReLU in cuBLASLt's epilogue, before the one rounding, as the CPU's */
+    key.epilogue = bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                        : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
     key.align[0] = mp__cu_align(b);
     key.align[1] = mp__cu_align(a);
     key.align[2] = mp__cu_align(d);
@@ -1087,12 +1086,12 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
     for (;;) { /* cuBLASLt writes C; else the float32 scratch; else widen and retry */
         if (!a || !b) return; /* widening failed: recorded */
         direct = mp__cu_direct(g, ab);
-        r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias) : 0;
+        r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias, g->act == MP_RELU) : 0;
         if (r == 0 && direct) slow = "has no cuBLASLt plan writing C: a float32 result and an epilogue of ours";
         if (r == 0) {
             direct = 0;
             if (!(d32 = (float *)mp__cu_grow(c, &c->d32, mn * sizeof(float)))) return;
-            r = mp__cu_matmul(c, g, a, b, ab, d32, MP_FLOAT32, 0, NULL);
+            r = mp__cu_matmul(c, g, a, b, ab, d32, MP_FLOAT32, 0, NULL, 0);
         }
         if (r != 0) break;
         if (ab == MP_FLOAT32) { /* nothing left to fall back to */
@@ -1107,7 +1106,6 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
     }
     if (r < 0) return;
     if (slow) mp__cu_fallback(c, g, slow);
-    if (direct && g->act == MP_RELU) MP__CU_LAUNCH(c, mn, mp__k_relu, g->c, g->ct, mn);
     if (!direct)
         MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, d32, g->accumulate, g->bias, g->biast, g->z, g->act, mn, g->n);
 }

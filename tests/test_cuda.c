@@ -939,6 +939,23 @@ static void test_refusals(void) {
     unsetenv("MIXPREC_CUDA_EMU_RUN_REFUSES");
 }
 
+/* The plan cache keeps what is used: a product run between 70 others
+   (more than the cache holds) keeps its plan (the heuristic is not asked
+   again), where a first-in first-out cache would have dropped it. */
+static void test_plan_cache(void) {
+    cuda_emu_counts c0, c1;
+    size_t i;
+    if (!cuda_emu_counters) return;
+    for (i = 0; i < 70; i++) {
+        gemm_case(&gpu, 0, 0, 8, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+        gemm_case(&gpu, 0, 0, 9 + i, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+    }
+    cuda_emu_counters(&c0);
+    gemm_case(&gpu, 0, 0, 8, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+    cuda_emu_counters(&c1);
+    CHECK(c1.heuristics == c0.heuristics);
+}
+
 /* A device fault (an illegal address in a kernel, injected by the
    emulation) poisons the process's CUDA context: the error says so, every
    context fails, and no new one can be made. Last: it cannot be undone. */
@@ -1060,6 +1077,7 @@ int main(void) {
     test_steady_state();
     test_unaligned_bias();
     test_refusals();
+    test_plan_cache();
     test_sticky_error();
     test_bad_device();
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
