@@ -100,6 +100,7 @@ typedef struct mp__cu {
 } mp__cu;
 
 static char mp__cu_reason[256]; /* mp_cuda_last_error() */
+static mp_cuda_stats mp__cu_stats_now; /* mp_cuda_get_stats(): every context's, process-wide */
 static int mp__cu_poisoned;     /* a device fault: the process's CUDA context is lost */
 
 static void mp__cu_set_reason(const char *what, const char *why) {
@@ -109,6 +110,12 @@ static void mp__cu_set_reason(const char *what, const char *why) {
 static int mp__cu_fail(mp__cu *c, const char *what, const char *why) {
     if (!c->error[0]) snprintf(c->error, sizeof c->error, "%s: %s", what, why);
     return 0;
+}
+
+/* Counts a host wait (the call's result passes through). */
+static cudaError_t mp__cu_waited(cudaError_t e) {
+    mp__cu_stats_now.host_waits++;
+    return e;
 }
 
 /* A sticky error (CUDA Runtime API, cudaError: "the process must be
@@ -159,7 +166,7 @@ static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
 static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
     void *p = NULL;
     if (b->bytes >= bytes) return b->p;
-    if (!mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to grow a scratch buffer")) return NULL;
+    if (!mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting to grow a scratch buffer")) return NULL;
     if (!mp__cu_ok(c, cudaMalloc(&p, bytes), "cudaMalloc (scratch)")) return NULL;
     mp__cu_count(c, bytes, 0); /* both, for a moment */
     mp__cu_release(c, b);
@@ -202,6 +209,7 @@ static unsigned mp__cu_grid(size_t n) {
     do {                                                                                  \
         if ((n) > 0) {                                                                    \
             MP__CU_RUN(mp__cu_grid(n), MP__CU_THREADS, (c)->stream, kernel, __VA_ARGS__);  \
+            mp__cu_stats_now.launches++;                                                  \
             (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                            \
         }                                                                                 \
     } while (0)
@@ -210,6 +218,7 @@ static unsigned mp__cu_grid(size_t n) {
 #define MP__CU_LAUNCH1(c, kernel, ...)                                                    \
     do {                                                                                  \
         MP__CU_RUN(1, 1, (c)->stream, kernel, __VA_ARGS__);                               \
+        mp__cu_stats_now.launches++;                                                      \
         (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                                \
     } while (0)
 
@@ -682,7 +691,7 @@ static void mp__cu_free(void *ctx, void *p) {
     for (i = 0; i < MP__CU_BLOCKS && c->blocks[i].p != p; i++) {}
     if (i == MP__CU_BLOCKS) return; /* not ours */
     (void)cudaSetDevice(c->device);
-    (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to free a block");
+    (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting to free a block");
     mp__cu_release(c, &c->blocks[i]);
 }
 
@@ -746,7 +755,7 @@ static void mp__cu_host_wait(void *ctx, const void *p) {
     mp__cu *c = mp__cu_of(ctx);
     mp__cu_pinned *b = mp__cu_pinned_of(c, p);
     if (b && mp__cu_live(c))
-        (void)(mp__cu_ok(c, cudaEventSynchronize(b->read[0]), "waiting for a staging buffer") &&
+        (void)(mp__cu_ok(c, mp__cu_waited(cudaEventSynchronize(b->read[0])), "waiting for a staging buffer") &&
                mp__cu_ok(c, cudaEventSynchronize(b->read[1]), "waiting for a staging buffer"));
 }
 
@@ -761,8 +770,9 @@ static void mp__cu_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_
                                                   : cudaMemcpyDeviceToDevice;
     if (!bytes || !mp__cu_live(c)) return;
     if (!mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync")) return;
+    if (kind == MP_COPY_TO_BACKEND) mp__cu_stats_now.bytes_in += bytes;
     if (kind == MP_COPY_TO_BACKEND) mp__cu_mark_read(c, src, 0);
-    if (kind == MP_COPY_TO_HOST) (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "a copy to the host");
+    if (kind == MP_COPY_TO_HOST) (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "a copy to the host");
 }
 
 static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
@@ -772,7 +782,7 @@ static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
 
 static mp_status mp__cu_sync(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
-    if (mp__cu_live(c)) (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the queued work");
+    if (mp__cu_live(c)) (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "the queued work");
     return c->error[0] ? MP_ERR_BACKEND : MP_OK;
 }
 
@@ -812,6 +822,7 @@ static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_
         mp__cu_ok(c, cudaMemcpyAsync(stage, host_src, n * sizeof(float), cudaMemcpyHostToDevice, c->copy),
                   "cudaMemcpyAsync (the batch)")) {
         mp__cu_mark_read(c, host_src, 1);
+        mp__cu_stats_now.bytes_in += n * sizeof(float);
         if (mp__cu_ok(c, cudaEventRecord(c->uploaded[j], c->copy), "cudaEventRecord (uploaded)") &&
             mp__cu_ok(c, cudaStreamWaitEvent(c->stream, c->uploaded[j], 0), "cudaStreamWaitEvent (uploaded)")) {
             MP__CU_LAUNCH(c, n, mp__k_cast_in, dst, dt, stage, n, nonfinite);
@@ -829,7 +840,7 @@ static void mp__cu_add_stats(mp__cu *c, const void *src, mp_dtype st, mp_dtype d
     MP__CU_LAUNCH1(c, mp__k_stats_init, d);
     MP__CU_LAUNCH(c, n, mp__k_stats, d, src, st, n, mp__cu_ranges_of[dt]);
     if (c->error[0] || !mp__cu_ok(c, cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (stats)") ||
-        !mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the cast stats"))
+        !mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "the cast stats"))
         return;
     stats->count += n;
     stats->nan_in += h.nan;
@@ -1020,6 +1031,7 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
         p->key = key;
         return 0;
     }
+    if (s == CUBLAS_STATUS_SUCCESS) mp__cu_stats_now.launches++;
     return mp__lt_ok(c, s, "cublasLtMatmul") ? 1 : -1;
 }
 
@@ -1054,6 +1066,7 @@ static const char *mp__cu_name(mp_dtype t) { return t == MP_FLOAT32 ? "float32" 
    under-aligned bias never passes unseen. */
 static void mp__cu_fallback(mp__cu *c, const mp_gemm_args *g, const char *how) {
     c->fallbacks++;
+    mp__cu_stats_now.fallbacks++;
     if (c->warned) return;
     c->warned = 1;
     fprintf(stderr,
@@ -1257,3 +1270,7 @@ extern "C" mp_status mp_cuda_device_name(int device, char *buf, size_t size) {
 }
 
 extern "C" const char *mp_cuda_last_error(void) { return mp__cu_reason; }
+
+extern "C" void mp_cuda_get_stats(mp_cuda_stats *out) {
+    if (out) *out = mp__cu_stats_now;
+}

@@ -829,9 +829,10 @@ static void test_model_memory(void) {
    cost in host waits, drains (waits after which the device would idle) and
    copies. The emulation runs nothing before the host waits, so a wait here
    is one a GPU may make the host sit through. */
-static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps) {
+static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps, mp_cuda_stats *own) {
     mp_fit_desc fd;
     cuda_emu_counts before, after;
+    mp_cuda_stats own_before;
     memset(&fd, 0, sizeof fd);
     fd.data.x = x;
     fd.data.labels = labels;
@@ -839,8 +840,12 @@ static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *la
     fd.batch_size = BATCH;
     fd.verbose = MP_VERBOSE_SILENT;
     cuda_emu_counters(&before);
+    mp_cuda_get_stats(&own_before);
     CHECK(mp_model_fit(m, &fd) == MP_OK);
     cuda_emu_counters(&after);
+    mp_cuda_get_stats(own);
+    own->launches -= own_before.launches, own->host_waits -= own_before.host_waits;
+    own->bytes_in -= own_before.bytes_in, own->fallbacks -= own_before.fallbacks;
     after.launches -= before.launches, after.waits -= before.waits, after.drains -= before.drains;
     after.pageable -= before.pageable, after.pinned -= before.pinned, after.bytes_in -= before.bytes_in;
     return after;
@@ -857,6 +862,7 @@ static void test_steady_state(void) {
     int32_t *labels = (int32_t *)zalloc(2 * steps * BATCH * sizeof(int32_t));
     mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
     cuda_emu_counts one, two;
+    mp_cuda_stats own_one, own_two;
     if (!cuda_emu_counters) { /* a real GPU: its counts are Nsight's to take */
         mp_model_destroy(m);
         free(x);
@@ -865,9 +871,9 @@ static void test_steady_state(void) {
     }
     synthetic(x, labels, 2 * steps * BATCH, INPUTS);
     if (!CHECK(m != NULL)) return;
-    (void)fit_counts(m, x, labels, 2 * steps); /* sizes everything */
-    one = fit_counts(m, x, labels, steps);
-    two = fit_counts(m, x, labels, 2 * steps);
+    (void)fit_counts(m, x, labels, 2 * steps, &own_one); /* sizes everything */
+    one = fit_counts(m, x, labels, steps, &own_one);
+    two = fit_counts(m, x, labels, 2 * steps, &own_two);
     printf("test_cuda: a steady-state fit step: %llu launches, %llu waits, %llu drains, %llu pageable and %llu pinned "
            "copies, %llu bytes in\n", (two.launches - one.launches) / steps, (two.waits - one.waits) / steps,
            (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps, (two.pinned - one.pinned) / steps,
@@ -878,6 +884,10 @@ static void test_steady_state(void) {
     CHECK(two.pinned - one.pinned == 2 * steps);
     CHECK(two.bytes_in - one.bytes_in == steps * BATCH * (INPUTS * sizeof(float) + sizeof(int32_t)));
     CHECK(two.heuristics == one.heuristics); /* every plan cached */
+    /* the backend's own counts (mp_cuda_get_stats, as bench/gpu_train reports them) agree */
+    CHECK(own_two.launches - own_one.launches == two.launches - one.launches);
+    CHECK(own_two.bytes_in - own_one.bytes_in == two.bytes_in - one.bytes_in);
+    CHECK(own_two.host_waits - own_one.host_waits == steps && own_two.fallbacks == 0);
     {   /* aligned float16 products: no fallback */
         mp_model_memory mem;
         CHECK(mp_model_memory_info(m, &mem) == MP_OK && mem.fallbacks == 0);
