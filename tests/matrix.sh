@@ -173,6 +173,18 @@ fi
 if [ -x $B/cuda/test_cuda_gcc ]; then
     run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
 fi
+# the examples with --backend cuda, once each, small, on the emulated backend
+if [ -e $B/cuda/emu.o ]; then
+    EX_RUNS=("mnist_mlp|--policy mixed_float16 --units 16 --epochs 1 --batch-size 64 --train-limit 512"
+             "custom_loop|--units 16 --epochs 1 --batch-size 64 --train-limit 512"
+             "conv_memory|--image-size 8 --images 20 --filters 8 --batch-size 10"
+             "numerics|--units 16 --train-limit 300")
+    for ex in "${EX_RUNS[@]}"; do
+        e=${ex%%|*} flags=${ex#*|}
+        step "examples/$e --backend cuda under the emulation" bash -c "gcc $WARN -O2 -march=native -DEXAMPLE_CUDA \
+            examples/$e.c -o $B/cuda/ex_$e -x none $B/cuda/emu.o -lstdc++ -lm && $B/cuda/ex_$e --backend cuda $flags"
+    done
+fi
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -n "$NVCC" ]; then
     CUDA_DIR=$(dirname "$NVCC")/..
@@ -186,8 +198,9 @@ if [ -n "$NVCC" ]; then
         run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
+    step "make examples-cuda (the examples against the library)" make -s examples-cuda B=$B/cuda NVCC="$NVCC"
 else
-    skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train" \
+    skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train, make examples-cuda" \
         "nvcc not found: these need the CUDA toolkit (nvcc, cuBLASLt); the backend's logic ran above under the emulation"
 fi
 
