@@ -3032,7 +3032,9 @@ typedef struct mp__conv_args {
     mp_dtype dt;
 } mp__conv_args;
 
-static size_t mp__col_elems(const mp_conv_geom *g) { return (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c; }
+static size_t mp__col_elems(const mp_conv_geom *g) {
+    return (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+}
 static size_t mp__img_elems(const mp_conv_geom *g) { return (size_t)g->h * (size_t)g->w * (size_t)g->c; }
 
 static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
@@ -3314,7 +3316,7 @@ typedef struct mp__step_state {
     mp_loss_scale ls;
     float metrics[2]; /* sum of the batch's losses, samples counted right */
     int found_inf;
-    int bad_input;    /* a batch sent since the last read held Inf or NaN (a device's cast_in saw it) */
+    int bad_input;    /* the last batch sent held Inf or NaN (a device's cast_in saw it) */
 } mp__step_state;
 
 /* fit on a device backend logs each step's metrics on the device and
@@ -3554,8 +3556,9 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
     /* dW [patch, F] = sum over the groups of col^T dy, in float32 (in g), rounded once into gc */
     for (i = 0; i < batch; i += group) {
         size_t n = mp__min(group, batch - i);
-        mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, mp__columns(m, l, mp__at(mp__saved_input(l), l->dt, i * l->in_size), n),
-                                       mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32);
+        const void *cols = mp__columns(m, l, mp__at(mp__saved_input(l), l->dt, i * l->in_size), n);
+        mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, cols, mp__at(dy, l->dt, i * l->out_size), l->dt, l->g,
+                                      MP_FLOAT32);
         dw.accumulate = i > 0;
         m->be->gemm(m->ctx, &dw);
     }
@@ -3563,7 +3566,8 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
     for (i = 0; dx && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
         size_t n = mp__min(group, batch - i);
         void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
-        mp_gemm_args dcol = mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt);
+        mp_gemm_args dcol =
+            mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt);
         if (mp__pointwise(l)) { /* a 1x1 kernel's dcol is dx itself */
             m->be->gemm(m->ctx, &dcol);
             continue;
@@ -4492,7 +4496,7 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
    input, output and caches, two gradient buffers used in turn (layer i's
    dx is layer i-1's dy), the loss gradient and conv scratch. */
 static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
-    size_t grad_bytes = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
+    size_t grad_bytes = 0, col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
     const void *prev = NULL;
     mp_dtype prev_t = m->layers[0].dt; /* the first layer's cast on entry happens as the batch comes in */
     int i;
@@ -4517,11 +4521,12 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
         if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) { /* per group of images */
             size_t patches = (size_t)l->geom.oh * (size_t)l->geom.ow * (l->n_kernel / (size_t)l->desc.filters);
-            size_t group = mp__conv_group(m, l, batch), col_bytes = 0, img_bytes = 0;
-            if (!mp__mul_ok(group, patches * sizeof(float), &col_bytes) ||
+            size_t group = mp__conv_group(m, l, batch), col_bytes = 0, dcol_bytes = 0, img_bytes = 0;
+            if (!mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, patches * sizeof(float), &dcol_bytes) ||
                 !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
                 a->overflow = 1;
-            if (col_bytes > dcol) dcol = col_bytes;
+            if (col_bytes > col) col = col_bytes;
+            if (dcol_bytes > dcol) dcol = dcol_bytes;
             if (img_bytes > img) img = img_bytes;
         }
         prev = l->y;
@@ -4529,7 +4534,7 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     }
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
-    m->col = mp__carve(a, dcol, 1); /* the columns in any dtype fit the float32 dcol's size */
+    m->col = mp__carve(a, col, 1);
     m->dcol = (float *)mp__carve(a, dcol, 1);
     m->img = (float *)mp__carve(a, img, 1);
 }
