@@ -665,6 +665,9 @@ typedef struct mp_fit_desc {
     mp_logs *history;        /* NULL, or an array of `epochs - initial_epoch` entries */
     const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
     int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
+    int host_data;           /* nonzero: send each batch from the host. 0: a device backend
+                                uploads the data once when it fits in half its free memory,
+                                and shuffles and batches it there (fit's first line says so) */
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
@@ -1035,6 +1038,11 @@ struct mp_backend {
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
     void (*host_wait)(void *ctx, const void *p);
+    /* Data on a device (NULL on the CPU): its free memory in bytes, and
+       rows of a table gathered: dst row i = src row idx[i], row_bytes each
+       (a multiple of 4), all three the backend's memory. */
+    size_t (*free_memory)(void *ctx);
+    void (*gather)(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes);
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
@@ -3276,6 +3284,7 @@ static const mp_backend mp__cpu_backend = {
     mp__cpu_im2col, mp__cpu_col2im, mp__cpu_max_pool, mp__cpu_max_pool_backward,
     mp__cpu_dropout_mask, mp__cpu_dropout,
     NULL, NULL, NULL, /* no staging: the host's memory is the CPU's */
+    NULL, NULL,       /* no data on a device */
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -3372,6 +3381,11 @@ struct mp_model {
     mp__stage stages[2];
     int stage_turn;       /* the set the next batch fills */
     float *metric_log;    /* [MP__METRIC_LOG][2]: each unread fit step's metrics, on the backend */
+    void *data_block;     /* fit's data on a device backend, or NULL (see mp__upload_data) */
+    const float *data_x, *data_y;
+    const int32_t *data_labels;
+    uint32_t *data_idx;   /* this epoch's order */
+    float *data_batch;    /* a batch's inputs gathered, float32, before the cast */
     size_t metric_batch[MP__METRIC_LOG], metric_count; /* their batch sizes; how many */
     /* where the custom loop stands */
     int training, have_loss, have_grads, have_unscaled;
@@ -4707,7 +4721,14 @@ static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labe
 
 static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
     size_t i, outs = mp__last(m)->out_size, in = m->in_size;
-    if (!idx) {
+    if (idx && m->data_block) { /* the data on the device: nothing crosses */
+        const mp__layer *l0 = &m->layers[0];
+        m->be->gather(m->ctx, m->data_batch, m->data_x, m->data_idx + first, count, in * sizeof(float));
+        m->be->cast(m->ctx, m->input, l0->dt, m->data_batch, MP_FLOAT32, count * in, NULL);
+        if (m->data_labels)
+            m->be->gather(m->ctx, m->batch_labels, m->data_labels, m->data_idx + first, count, sizeof(int32_t));
+        if (m->data_y) m->be->gather(m->ctx, m->batch_y, m->data_y, m->data_idx + first, count, outs * sizeof(float));
+    } else if (!idx) {
         mp__send(m, 0, d->x + first * in, d->labels ? d->labels + first : NULL, d->y ? d->y + first * outs : NULL,
                  count);
     } else if (!m->be->device_memory) {
@@ -5099,6 +5120,52 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
     }
 }
 
+/* fit's data on a device backend that can hold it in half its free memory
+   (and host_data unset): uploaded once, then each epoch's order, so that a
+   step gathers its batch there and copies nothing in. Else (or when the
+   allocation fails) nothing: batches go from the host. */
+static void mp__upload_data(mp_model *m, const mp_fit_desc *d, size_t n_train, size_t batch) {
+    size_t n = d->data.n, in = m->in_size, outs = mp__last(m)->out_size, need;
+    mp__arena a = {NULL, 0, 0};
+    int i;
+    if (d->host_data || !m->be->device_memory || !m->be->gather || !m->be->free_memory || n > UINT32_MAX) return;
+    for (i = 0; i < 2; i++) {
+        m->data_x = (const float *)mp__carve(&a, n, in * sizeof(float));
+        m->data_labels = d->data.labels ? (const int32_t *)mp__carve(&a, n, sizeof(int32_t)) : NULL;
+        m->data_y = d->data.y ? (const float *)mp__carve(&a, n, outs * sizeof(float)) : NULL;
+        m->data_idx = (uint32_t *)mp__carve(&a, n_train, sizeof(uint32_t));
+        m->data_batch = (float *)mp__carve(&a, batch, in * sizeof(float));
+        need = a.used;
+        if (i == 1) break;
+        if (a.overflow || need > m->be->free_memory(m->ctx) / 2 || !(a.base = (unsigned char *)m->be->alloc(m->ctx, need)))
+            return;
+        m->data_block = a.base;
+        a.used = 0;
+    }
+    m->be->copy(m->ctx, (void *)(uintptr_t)m->data_x, d->data.x, n * in * sizeof(float), MP_COPY_TO_BACKEND);
+    if (m->data_labels)
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, d->data.labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    if (m->data_y)
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_y, d->data.y, n * outs * sizeof(float), MP_COPY_TO_BACKEND);
+#ifndef MIXPREC_NO_STDIO
+    if (d->verbose != MP_VERBOSE_SILENT)
+        printf("fit: the data (%.1f MB) stays on the %s backend: batches are gathered there (host_data = 1: from the host)\n",
+               (double)need / 1e6, m->be->name);
+#endif
+}
+
+/* This epoch's order, to the device (as 32-bit indices, through u32). */
+static void mp__send_order(mp_model *m, const size_t *idx, uint32_t *u32, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) u32[i] = (uint32_t)idx[i];
+    m->be->copy(m->ctx, m->data_idx, u32, n * sizeof(uint32_t), MP_COPY_TO_BACKEND);
+}
+
+static void mp__free_data(mp_model *m) {
+    m->be->free(m->ctx, m->data_block);
+    m->data_block = NULL;
+}
+
 /* One training step on the gathered batch: the custom loop's six lines,
    with nothing read back (a GPU runs on while the host gathers the next
    batch): the batch's metrics go to the metric log. */
@@ -5137,6 +5204,7 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_desc d;
     size_t n_train, steps, *idx, batch;
+    uint32_t *order = NULL; /* the order as the device takes it */
     uint64_t rng;
     mp_status st = MP_OK;
     int epoch, epochs;
@@ -5171,6 +5239,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 #endif
     for (steps = 0; steps < n_train; steps++) idx[steps] = steps;
     steps = (n_train + batch - 1) / batch;
+    mp__upload_data(m, &d, n_train, batch);
+    if (m->data_block && !(order = (uint32_t *)mp__alloc(n_train * sizeof(uint32_t)))) mp__free_data(m);
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
     for (epoch = 0; epoch < d.initial_epoch && !d.no_shuffle; epoch++) mp__shuffle(idx, n_train, &rng);
     for (epoch = d.initial_epoch; epoch < epochs && st == MP_OK; epoch++) {
@@ -5188,6 +5258,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 #endif
         memset(&lg, 0, sizeof lg);
         if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
+        if (m->data_block) mp__send_order(m, idx, order, n_train);
         m->metric_count = 0;
         for (s = 0; s < steps && st == MP_OK; s++) {
             size_t b = mp__min(batch, n_train - s * batch);
@@ -5234,6 +5305,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         if (d.history) d.history[epoch - d.initial_epoch] = lg;
     }
     mp__free(idx);
+    mp__free(order);
+    mp__free_data(m);
 #ifndef MIXPREC_NO_STDIO
     if (csv && (ferror(csv) | fclose(csv)) && st == MP_OK) /* the log is short: say so, the weights stand */
         return mp__fail(m, MP_ERR_IO, "writing the CSV log %s failed", d.csv_path);

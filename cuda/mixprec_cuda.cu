@@ -237,6 +237,11 @@ static __global__ void mp__k_cast_in(void *dst, mp_dtype dt, const float *src, s
     if (bad && nonfinite) atomicOr(nonfinite, 1);
 }
 
+/* Rows of 32-bit words gathered: dst row r = src row idx[r]. */
+static __global__ void mp__k_gather(uint32_t *dst, const uint32_t *src, const uint32_t *idx, size_t rows, size_t words) {
+    MP__CU_LOOP(e, rows * words) dst[e] = src[(size_t)idx[e / words] * words + e % words];
+}
+
 /* bias_act without softmax: y = act(x + bias[col]) */
 static __global__ void mp__k_bias_act(void *y, const void *x, const void *bias, size_t n, size_t cols, mp_activation act,
                                mp_dtype dt) {
@@ -1227,6 +1232,24 @@ static void mp__cu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dt
     if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout, y, yt, x, xt, mask, n, scale);
 }
 
+/* Free device memory (0 if it cannot be queried: fit then sends batches). */
+static size_t mp__cu_free_memory(void *ctx) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t free_bytes = 0, total = 0;
+    if (!mp__cu_live(c) || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free_bytes;
+}
+
+static void mp__cu_gather(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t words = row_bytes / 4;
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, rows * words, mp__k_gather, (uint32_t *)dst, (const uint32_t *)src, idx, rows, words);
+}
+
 static const mp_backend mp__cu_backend = {
     "cuda", 1, 1,
     mp__cu_create, mp__cu_destroy, mp__cu_threads,
@@ -1236,7 +1259,7 @@ static const mp_backend mp__cu_backend = {
     mp__cu_scale_cast, mp__cu_unscale_check, mp__cu_loss_scale_update, mp__cu_optimizer_update,
     mp__cu_im2col, mp__cu_col2im, mp__cu_max_pool, mp__cu_max_pool_backward,
     mp__cu_dropout_mask, mp__cu_dropout,
-    mp__cu_host_alloc, mp__cu_host_free, mp__cu_host_wait,
+    mp__cu_host_alloc, mp__cu_host_free, mp__cu_host_wait, mp__cu_free_memory, mp__cu_gather,
 };
 
 /* >>public */

@@ -127,13 +127,25 @@ static void r_host_wait(void *ctx, const void *p) {
     host_waits++;
 }
 
+/* Data on the "device": plenty of room; the gather as a device would. */
+static size_t r_free_memory(void *ctx) {
+    (void)ctx;
+    return (size_t)1 << 34;
+}
+static void r_gather(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes) {
+    const uint32_t *at = (const uint32_t *)real(idx);
+    size_t i;
+    (void)ctx;
+    for (i = 0; i < rows; i++) memcpy((char *)real(dst) + i * row_bytes, (const char *)real(src) + at[i] * row_bytes, row_bytes);
+}
+
 static const mp_backend remote = {
     "remote", 1, 0,
     r_create, r_destroy, r_threads, r_alloc, r_free, r_memory, r_copy, r_zero, r_sync, r_last_error,
     r_gemm_reserve, r_cast_in, r_cast, r_gemm, r_bias_act, r_act_backward, r_bias_grad, r_loss,
     r_scale_cast, r_unscale_check, r_loss_scale_update, r_optimizer_update,
     r_im2col, r_col2im, r_max_pool, r_max_pool_backward, r_dropout_mask, r_dropout,
-    r_host_alloc, r_host_free, r_host_wait,
+    r_host_alloc, r_host_free, r_host_wait, r_free_memory, r_gather,
 };
 
 static void reset_counts(void) {
@@ -224,6 +236,8 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     fd.epochs = 2;
     fd.validation_split = 0.25f;
     fd.verbose = MP_VERBOSE_SILENT;
+    /* batches gathered on the device, or (two of the four) sent from the host */
+    fd.host_data = !strcmp(policy, "mixed_bfloat16") || !strcmp(policy, "amp");
     fd.history = ha;
     CHECK(mp_model_fit(a, &fd) == MP_OK);
     fd.history = hb;
@@ -237,34 +251,46 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     mp_model_destroy(b);
 }
 
-/* What one training step moves: the batch in (the input cast in once, the
-   labels copied once, gathered in one of two staging sets after waiting for
-   that set's last copies), and nothing out: the metrics are read with the
-   step state once, at the end of the epoch (fit prints nothing here). The
-   weights, gradients, slots and loss scale never travel. */
+/* What one training step moves. With the data on the device (fit's
+   default there): nothing; the data go in once per fit (inputs, labels)
+   and the order once per epoch. With host_data: the batch (the input cast
+   in once, the labels copied once, gathered in one of two staging sets
+   after waiting for that set's last copies). Either way nothing comes out
+   but the metrics and the step state, once, at the end of the epoch (fit
+   prints nothing here). The weights, gradients, slots and loss scale never
+   travel. */
 static void test_step_traffic(void) {
     mp_model *m = conv_net(&remote, "mixed_float16", MP_ADAM);
     mp_fit_desc fd;
     mp_model_memory mem;
-    size_t steps = 6, batch = 16;
+    size_t steps = 6, batch = 16, n = steps * batch, x_bytes = n * 8 * 8 * 2 * sizeof(float);
     if (!m) return;
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
     fd.data.labels = labels;
-    fd.data.n = steps * batch;
+    fd.data.n = n;
     fd.batch_size = (int)batch;
     fd.verbose = MP_VERBOSE_SILENT;
-    CHECK(mp_model_fit(m, &fd) == MP_OK); /* the first fit sizes everything */
-    reset_counts();
-    CHECK(mp_model_fit(m, &fd) == MP_OK);
-    CHECK_EQ(casts_in, steps);
-    CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
-    CHECK_EQ(copies_in, steps); /* the labels */
-    CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
-    CHECK_EQ(host_waits, steps);
-    CHECK_EQ(host_allocs, 0); /* the staging sets of the first fit, kept */
-    CHECK_EQ(copies_out, 2); /* the metric log and the step state */
-    CHECK(bytes_out <= steps * 2 * sizeof(float) + 128);
+    for (fd.host_data = 0; fd.host_data < 2; fd.host_data++) {
+        CHECK(mp_model_fit(m, &fd) == MP_OK); /* the first fit sizes everything */
+        reset_counts();
+        CHECK(mp_model_fit(m, &fd) == MP_OK);
+        if (!fd.host_data) {
+            CHECK_EQ(casts_in, 0);
+            CHECK_EQ(copies_in, 3); /* inputs, labels, the order */
+            CHECK_EQ(bytes_in, x_bytes + n * sizeof(int32_t) + n * sizeof(uint32_t));
+            CHECK_EQ(host_waits, 0);
+        } else {
+            CHECK_EQ(casts_in, steps);
+            CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
+            CHECK_EQ(copies_in, steps); /* the labels */
+            CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
+            CHECK_EQ(host_waits, steps);
+            CHECK_EQ(host_allocs, 0); /* the staging sets of the first fit, kept */
+        }
+        CHECK_EQ(copies_out, 2); /* the metric log and the step state */
+        CHECK(bytes_out <= steps * 2 * sizeof(float) + 128);
+    }
     CHECK(mp_model_memory_info(m, &mem) == MP_OK);
     CHECK(!strcmp(mem.backend, "remote") && mem.current > 0 && mem.peak >= mem.current);
     CHECK(mem.current >= mem.weights + mem.optimizer + mem.activations);
@@ -438,37 +464,69 @@ static void test_amp_output(void) {
 
 /* A backend with Tensor Cores warns once per model, naming each layer whose
    sizes are not multiples of 8 and the padding that fixes it. */
-static void test_tensor_core_warning(void) {
-    mp_backend tc = remote;
-    mp_model *m;
-    char path[] = "/tmp/mixprec_warnXXXXXX", text[4096];
-    int fd = mkstemp(path), saved = dup(2);
+/* What run(arg) writes to file descriptor out (1 or 2), into text. */
+static void capture(int out, char *text, size_t cap, void (*run)(void *), void *arg) {
+    char path[] = "/tmp/mixprec_outXXXXXX";
+    int fd = mkstemp(path), saved = dup(out);
     FILE *f;
-    size_t len;
-    const char *first;
-    tc.tensor_cores = 1;
+    size_t len = 0;
+    text[0] = 0;
     if (!CHECK(fd >= 0 && saved >= 0)) return;
-    fflush(stderr);
-    dup2(fd, 2);
-    m = conv_net(&tc, "mixed_float16", MP_SGD);
-    if (m) {
-        CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
-        CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
-    }
-    fflush(stderr);
-    dup2(saved, 2);
+    fflush(out == 1 ? stdout : stderr);
+    dup2(fd, out);
+    run(arg);
+    fflush(out == 1 ? stdout : stderr);
+    dup2(saved, out);
     close(saved);
-    mp_model_destroy(m);
     f = fdopen(fd, "r");
     rewind(f);
-    len = fread(text, 1, sizeof text - 1, f);
+    len = fread(text, 1, cap - 1, f);
     text[len] = 0;
     fclose(f);
     unlink(path);
+}
+
+static void two_forwards(void *arg) {
+    mp_model *m = (mp_model *)arg;
+    if (!m) return;
+    CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
+    CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
+}
+
+static void test_tensor_core_warning(void) {
+    mp_backend tc = remote;
+    mp_model *m;
+    char text[4096];
+    const char *first;
+    tc.tensor_cores = 1;
+    m = conv_net(&tc, "mixed_float16", MP_SGD);
+    capture(2, text, sizeof text, two_forwards, m); /* the warning comes as a batch is first sized */
+    mp_model_destroy(m);
     first = strstr(text, "WARNING: mixprec: the remote backend");
     CHECK(first && !strstr(first + 1, "WARNING"));
     CHECK(strstr(text, "conv2d_1 (Conv2D, 16-bit compute): filters 6 -> pad to 8") != NULL);
     CHECK(strstr(text, "units 4 -> pad to 8") != NULL && strstr(text, "batch size 5 -> pad to 8") != NULL);
+}
+
+static void verbose_fit(void *arg) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = 32;
+    fd.batch_size = 16;
+    fd.verbose = MP_VERBOSE_LINES;
+    CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
+}
+
+/* fit says in its first line that the data stay on the device. */
+static void test_data_on_device_line(void) {
+    mp_model *m = conv_net(&remote, "float32", MP_SGD);
+    char text[4096];
+    if (!m) return;
+    capture(1, text, sizeof text, verbose_fit, m);
+    CHECK(strncmp(text, "fit: the data (", 15) == 0 && strstr(text, "stays on the remote backend") != NULL);
+    mp_model_destroy(m);
 }
 
 int main(void) {
@@ -486,6 +544,7 @@ int main(void) {
     test_checkpoint();
     test_amp_output();
     test_tensor_core_warning();
+    test_data_on_device_line();
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }

@@ -829,7 +829,8 @@ static void test_model_memory(void) {
    cost in host waits, drains (waits after which the device would idle) and
    copies. The emulation runs nothing before the host waits, so a wait here
    is one a GPU may make the host sit through. */
-static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps, mp_cuda_stats *own) {
+static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps, int host_data,
+                                  mp_cuda_stats *own) {
     mp_fit_desc fd;
     cuda_emu_counts before, after;
     mp_cuda_stats own_before;
@@ -839,6 +840,7 @@ static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *la
     fd.data.n = steps * BATCH;
     fd.batch_size = BATCH;
     fd.verbose = MP_VERBOSE_SILENT;
+    fd.host_data = host_data;
     cuda_emu_counters(&before);
     mp_cuda_get_stats(&own_before);
     CHECK(mp_model_fit(m, &fd) == MP_OK);
@@ -852,17 +854,19 @@ static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *la
 }
 
 /* A steady-state step blocks on nothing: no drain (the device never idles
-   for the host), one wait for the staging set it refills (the batch before
-   last's copies: the device still has the last batch to work on), no
-   pageable copy; the batch in is one pinned copy of the inputs and one of
-   the labels. */
+   for the host). With the data on the device (fit's default): no wait and
+   nothing copied in at all. With host_data: one wait, for the staging set
+   it refills (the batch before last's copies: the device still has the
+   last batch to work on), no pageable copy, and the batch in as one pinned
+   copy of the inputs and one of the labels. */
 static void test_steady_state(void) {
-    size_t steps = 8;
+    size_t steps = 8, per_batch = BATCH * (INPUTS * sizeof(float) + sizeof(int32_t));
     float *x = (float *)zalloc(2 * steps * BATCH * INPUTS * sizeof(float));
     int32_t *labels = (int32_t *)zalloc(2 * steps * BATCH * sizeof(int32_t));
     mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
     cuda_emu_counts one, two;
     mp_cuda_stats own_one, own_two;
+    int host;
     if (!cuda_emu_counters) { /* a real GPU: its counts are Nsight's to take */
         mp_model_destroy(m);
         free(x);
@@ -871,23 +875,26 @@ static void test_steady_state(void) {
     }
     synthetic(x, labels, 2 * steps * BATCH, INPUTS);
     if (!CHECK(m != NULL)) return;
-    (void)fit_counts(m, x, labels, 2 * steps, &own_one); /* sizes everything */
-    one = fit_counts(m, x, labels, steps, &own_one);
-    two = fit_counts(m, x, labels, 2 * steps, &own_two);
-    printf("test_cuda: a steady-state fit step: %llu launches, %llu waits, %llu drains, %llu pageable and %llu pinned "
-           "copies, %llu bytes in\n", (two.launches - one.launches) / steps, (two.waits - one.waits) / steps,
-           (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps, (two.pinned - one.pinned) / steps,
-           (two.bytes_in - one.bytes_in) / steps);
-    CHECK(two.drains == one.drains);
-    CHECK(two.waits - one.waits == steps);
-    CHECK(two.pageable == one.pageable);
-    CHECK(two.pinned - one.pinned == 2 * steps);
-    CHECK(two.bytes_in - one.bytes_in == steps * BATCH * (INPUTS * sizeof(float) + sizeof(int32_t)));
-    CHECK(two.heuristics == one.heuristics); /* every plan cached */
-    /* the backend's own counts (mp_cuda_get_stats, as bench/gpu_train reports them) agree */
-    CHECK(own_two.launches - own_one.launches == two.launches - one.launches);
-    CHECK(own_two.bytes_in - own_one.bytes_in == two.bytes_in - one.bytes_in);
-    CHECK(own_two.host_waits - own_one.host_waits == steps && own_two.fallbacks == 0);
+    for (host = 0; host < 2; host++) {
+        (void)fit_counts(m, x, labels, 2 * steps, host, &own_one); /* sizes everything */
+        one = fit_counts(m, x, labels, steps, host, &own_one);
+        two = fit_counts(m, x, labels, 2 * steps, host, &own_two);
+        printf("test_cuda: a steady-state fit step (%s): %llu launches, %llu waits, %llu drains, %llu pageable and "
+               "%llu pinned copies\n", host ? "host_data" : "data on the device", (two.launches - one.launches) / steps,
+               (two.waits - one.waits) / steps, (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps,
+               (two.pinned - one.pinned) / steps);
+        CHECK(two.drains == one.drains);
+        CHECK(two.waits - one.waits == (host ? steps : 0));
+        CHECK(two.pinned - one.pinned == (host ? 2 * steps : 0));
+        if (host) CHECK(two.pageable == one.pageable && two.bytes_in - one.bytes_in == steps * per_batch);
+        else /* the data once per fit (more of it in the longer fit), the order once per epoch */
+            CHECK(two.bytes_in - one.bytes_in == steps * (per_batch + BATCH * sizeof(uint32_t)));
+        CHECK(two.heuristics == one.heuristics); /* every plan cached */
+        /* the backend's own counts (mp_cuda_get_stats, as bench/gpu_train reports them) agree */
+        CHECK(own_two.launches - own_one.launches == two.launches - one.launches);
+        CHECK(own_two.bytes_in - own_one.bytes_in == two.bytes_in - one.bytes_in);
+        CHECK(own_two.host_waits - own_one.host_waits == (host ? steps : 0) && own_two.fallbacks == 0);
+    }
     {   /* aligned float16 products: no fallback */
         mp_model_memory mem;
         CHECK(mp_model_memory_info(m, &mem) == MP_OK && mem.fallbacks == 0);
