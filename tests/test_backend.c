@@ -352,6 +352,18 @@ static void test_device_nonfinite(void) {
     mp_model_destroy(b);
 }
 
+/* A fit of two batches of 16. */
+static mp_fit_desc two_batches(mp_verbose verbose) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = 32;
+    fd.batch_size = 16;
+    fd.verbose = verbose;
+    return fd;
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -363,12 +375,7 @@ static void test_diagnostics(void) {
     memset(&nd, 0, sizeof nd);
     nd.every = 2;
     CHECK(mp_model_set_numerics(a, &nd) == MP_OK && mp_model_set_numerics(b, &nd) == MP_OK);
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = 32;
-    fd.batch_size = 16;
-    fd.verbose = MP_VERBOSE_SILENT;
+    fd = two_batches(MP_VERBOSE_SILENT);
     CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
     CHECK(mp_model_numerics_step(b) == 2 && mp_model_numerics_step(a) == 2);
     for (i = 0; i < mp_model_layer_count(a); i++)
@@ -509,13 +516,7 @@ static void test_tensor_core_warning(void) {
 }
 
 static void verbose_fit(void *arg) {
-    mp_fit_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = 32;
-    fd.batch_size = 16;
-    fd.verbose = MP_VERBOSE_LINES;
+    mp_fit_desc fd = two_batches(MP_VERBOSE_LINES);
     CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
 }
 
