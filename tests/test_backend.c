@@ -352,13 +352,13 @@ static void test_device_nonfinite(void) {
     mp_model_destroy(b);
 }
 
-/* A fit of two batches of 16. */
-static mp_fit_desc two_batches(mp_verbose verbose) {
+/* A fit of n samples in batches of 16. */
+static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
     mp_fit_desc fd;
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
     fd.data.labels = labels;
-    fd.data.n = 32;
+    fd.data.n = n;
     fd.batch_size = 16;
     fd.verbose = verbose;
     return fd;
@@ -375,7 +375,7 @@ static void test_diagnostics(void) {
     memset(&nd, 0, sizeof nd);
     nd.every = 2;
     CHECK(mp_model_set_numerics(a, &nd) == MP_OK && mp_model_set_numerics(b, &nd) == MP_OK);
-    fd = two_batches(MP_VERBOSE_SILENT);
+    fd = batches_of_16(32, MP_VERBOSE_SILENT);
     CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
     CHECK(mp_model_numerics_step(b) == 2 && mp_model_numerics_step(a) == 2);
     for (i = 0; i < mp_model_layer_count(a); i++)
@@ -399,12 +399,7 @@ static void test_checkpoint(void) {
     size_t la = 0, lb = 0;
     unsigned char *ca, *cb;
     if (!a || !b || !c) { mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); return; }
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = 48;
-    fd.batch_size = 16;
-    fd.verbose = MP_VERBOSE_SILENT;
+    fd = batches_of_16(48, MP_VERBOSE_SILENT);
     CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
     CHECK(mp_model_save_to_memory(a, NULL, 0, &la) == MP_OK && mp_model_save_to_memory(b, NULL, 0, &lb) == MP_OK);
     ca = (unsigned char *)malloc(la);
@@ -516,7 +511,7 @@ static void test_tensor_core_warning(void) {
 }
 
 static void verbose_fit(void *arg) {
-    mp_fit_desc fd = two_batches(MP_VERBOSE_LINES);
+    mp_fit_desc fd = batches_of_16(32, MP_VERBOSE_LINES);
     CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
 }
 
