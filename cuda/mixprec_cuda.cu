@@ -9,8 +9,8 @@
    The activations, the losses of a row and the accuracy are mixprec.h's
    own (>>rules, compiled here for the device through MIXPREC_RULES).
    Where the CPU sums in a loop the kernel sums in the same order, one
-   thread per row or column (column sums over more than 256 rows go in
-   parts of 256, added in order); no kernel adds floats with atomics, so
+   thread per row or column (the loss sum and column sums over more than
+   256 rows go in parts of 256, added in order); no kernel adds floats with atomics, so
    results never depend on scheduling.
 
    Everything is queued on one non-blocking stream. A failing call records
@@ -452,13 +452,30 @@ static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void
     }
 }
 
-/* The batch's sums in row order, as the CPU: one thread. */
-static __global__ void mp__k_loss_sum(float *metrics, const float *row_loss, const unsigned *right, size_t rows) {
+/* The batch's sums in a fixed two-level order (deterministic run to run):
+   each thread sums MP__CU_PART_ROWS rows in order, then one thread adds
+   the parts in order. Up to MP__CU_PART_ROWS rows this is the CPU's sum. */
+static __global__ void mp__k_loss_parts(float *part_loss, unsigned *part_right, const float *row_loss,
+                                        const unsigned *right, size_t rows, size_t parts) {
+    MP__CU_LOOP(p, parts) {
+        size_t r = p * MP__CU_PART_ROWS, end = r + MP__CU_PART_ROWS < rows ? r + MP__CU_PART_ROWS : rows;
+        float sum = 0.0f;
+        unsigned correct = 0;
+        for (; r < end; r++) {
+            sum += row_loss[r];
+            correct += right[r];
+        }
+        part_loss[p] = sum;
+        part_right[p] = correct;
+    }
+}
+
+static __global__ void mp__k_loss_sum(float *metrics, const float *part_loss, const unsigned *part_right, size_t parts) {
     float sum = 0.0f;
-    size_t r, correct = 0;
-    for (r = 0; r < rows; r++) {
-        sum += row_loss[r];
-        correct += right[r];
+    size_t p, correct = 0;
+    for (p = 0; p < parts; p++) {
+        sum += part_loss[p];
+        correct += part_right[p];
     }
     metrics[0] = sum;
     metrics[1] = (float)correct;
@@ -1158,13 +1175,18 @@ static void mp__cu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, s
 static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const int32_t *labels,
                         const float *y, size_t rows, size_t cols, float *dpred, float *metrics) {
     mp__cu *c = mp__cu_of(ctx);
-    float *row_loss;
+    float *row_loss, *part;
+    size_t parts = (rows + MP__CU_PART_ROWS - 1) / MP__CU_PART_ROWS;
     if (!mp__cu_live(c)) return;
     /* a loss and a count per row (rows <= the floats of dpred) */
-    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
+    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float) + parts * 2 * sizeof(float))))
+        return;
     MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, labels, y, rows, cols, dpred, 1.0f / (float)rows,
                   row_loss, (unsigned *)(row_loss + rows));
-    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
+    part = row_loss + 2 * rows;
+    MP__CU_LAUNCH(c, parts, mp__k_loss_parts, part, (unsigned *)(part + parts), row_loss, (const unsigned *)(row_loss + rows),
+                  rows, parts);
+    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, part, (const unsigned *)(part + parts), parts);
 }
 
 static void mp__cu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {

@@ -338,10 +338,10 @@ static void test_bias_grad(void) {
 }
 
 /* Each loss from logits and from probabilities, predictions in each dtype. */
-static void test_losses(void) {
+static void test_losses_of(size_t rows) {
     static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
                                     MP_BINARY_CROSSENTROPY, MP_MEAN_SQUARED_ERROR};
-    size_t k, i, r, j, rows = 50;
+    size_t k, i, r, j;
     int logits;
     for (k = 0; k < COUNT(kinds); k++)
         for (logits = 0; logits < 2; logits++)
@@ -386,6 +386,10 @@ static void test_losses(void) {
                 free_args();
             }
 }
+
+/* 50 rows: the CPU's sum; 600: summed in parts of 256, then the parts */
+static void test_losses(void) { test_losses_of(50); }
+static void test_losses_in_parts(void) { test_losses_of(600); } /* last: the others' data stay as they were */
 
 static void test_loss_scaling(void) {
     static const int flags[] = {0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
@@ -1093,6 +1097,7 @@ int main(void) {
     test_model_memory();
     test_steady_state();
     test_unaligned_bias();
+    test_losses_in_parts();
     test_refusals();
     test_plan_cache();
     test_sticky_error();
