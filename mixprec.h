@@ -4592,23 +4592,33 @@ static void mp__free_stage(mp_model *m) {
     }
 }
 
-/* Two staging sets, a block each (so that waiting for one set's copies
-   never waits for the other's), in the backend's pinned memory if it has
-   any, else the host's. */
-static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
+/* Two staging sets of `bytes`, a block each (so that waiting for one set's
+   copies never waits for the other's), pinned (the backend's host_alloc)
+   or the host's; 0 (and none) when an allocation fails. */
+static int mp__alloc_stage(mp_model *m, size_t bytes, int pinned, size_t batch) {
     mp__arena a = {NULL, 0, 0};
     int i;
-    if (!m->be->device_memory) return MP_OK;
-    mp__free_stage(m);
-    mp__plan_stage(m, &a, batch, &m->stages[0]);
-    m->stage_pinned = m->be->host_alloc != NULL;
-    for (i = 0; i < 2 && !a.overflow; i++) {
-        a.base = m->stage_pinned ? (unsigned char *)m->be->host_alloc(m->ctx, a.used) : (unsigned char *)mp__alloc(a.used);
-        if (!(m->stage_block[i] = a.base)) break;
+    m->stage_pinned = pinned;
+    for (i = 0; i < 2; i++) {
+        a.base = pinned ? (unsigned char *)m->be->host_alloc(m->ctx, bytes) : (unsigned char *)mp__alloc(bytes);
+        if (!(m->stage_block[i] = a.base)) {
+            mp__free_stage(m);
+            return 0;
+        }
         a.used = 0;
         mp__plan_stage(m, &a, batch, &m->stages[i]);
     }
-    if (a.overflow || i < 2) return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
+    return 1;
+}
+
+/* Pinned if the backend has such memory, else (or when that fails) the host's. */
+static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
+    mp__arena a = {NULL, 0, 0};
+    if (!m->be->device_memory) return MP_OK;
+    mp__free_stage(m);
+    mp__plan_stage(m, &a, batch, &m->stages[0]);
+    if (a.overflow || (!(m->be->host_alloc && mp__alloc_stage(m, a.used, 1, batch)) && !mp__alloc_stage(m, a.used, 0, batch)))
+        return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
     return MP_OK;
 }
 

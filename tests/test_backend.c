@@ -117,6 +117,11 @@ static void *r_host_alloc(void *ctx, size_t bytes) {
     host_allocs++;
     return malloc(bytes);
 }
+static void *r_host_alloc_none(void *ctx, size_t bytes) {
+    (void)ctx;
+    (void)bytes;
+    return NULL; /* out of pinned memory */
+}
 static void r_host_free(void *ctx, void *p) {
     (void)ctx;
     free(p);
@@ -297,6 +302,38 @@ static void test_step_traffic(void) {
     mp_model_destroy(m);
 }
 
+/* A fit of n samples in batches of 16. */
+static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = n;
+    fd.batch_size = 16;
+    fd.verbose = verbose;
+    return fd;
+}
+
+/* No pinned memory to be had: the staging sets are the host's, nothing
+   waits for them (the copies took the bytes), and it trains the same. */
+static void test_no_pinned_memory(void) {
+    mp_backend nopin = remote;
+    mp_model *a, *b;
+    mp_fit_desc fd = batches_of_16(48, MP_VERBOSE_SILENT);
+    nopin.host_alloc = r_host_alloc_none;
+    a = conv_net(&remote, "mixed_float16", MP_SGD), b = conv_net(&nopin, "mixed_float16", MP_SGD);
+    fd.host_data = 1;
+    if (a && b) {
+        CHECK(mp_model_fit(a, &fd) == MP_OK);
+        reset_counts();
+        CHECK(mp_model_fit(b, &fd) == MP_OK);
+        CHECK_EQ(host_waits, 0);
+        CHECK(same_weights(a, b));
+    }
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 /* The custom loop, predict and get_weights read through the backend. */
 static void test_reads(void) {
     mp_model *a = conv_net(mp_cpu_backend(), "mixed_bfloat16", MP_SGD), *b = conv_net(&remote, "mixed_bfloat16", MP_SGD);
@@ -350,18 +387,6 @@ static void test_device_nonfinite(void) {
     CHECK(la == lb);
     mp_model_destroy(a);
     mp_model_destroy(b);
-}
-
-/* A fit of n samples in batches of 16. */
-static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
-    mp_fit_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = n;
-    fd.batch_size = 16;
-    fd.verbose = verbose;
-    return fd;
 }
 
 /* Numerics diagnostics see a device's tensors through copies: the same
@@ -534,6 +559,7 @@ int main(void) {
     test_same_training("mixed_bfloat16", MP_SGD);
     test_same_training("amp", MP_ADAM); /* layers whose output dtype differs from their compute dtype */
     test_step_traffic();
+    test_no_pinned_memory();
     test_reads();
     test_device_nonfinite();
     test_diagnostics();
