@@ -1098,6 +1098,59 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #define MIXPREC_RULES_DONE
 #include <math.h>
 
+/* The casts' rounding, integer code (>>conversion builds on it), so that a
+   device's casts give the library's bits, NaN sign and payload included. */
+/* float32 -> float16, round to nearest even (IEEE 754 4.3.1). */
+static MIXPREC_HD inline uint16_t mp__f16_from_f32_bits(uint32_t x) {
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7FFFFFFFu;
+    /* NaN: quiet bit forced, top 9 payload bits kept (as vcvtps2ph does). */
+    uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
+    /* Normal result (|x| >= 2^-14): rebias 127 -> 15 (subtract 112 << 23), then
+       add half an ulp minus one plus the kept lsb: ties go to even. A carry
+       out of the fraction correctly bumps the exponent. */
+    uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    /* Subnormal result: |x| / 2^-24 = m >> (126 - e), rounded the same way.
+       Clamp the shift to [14, 31] so it stays defined for lanes not selected
+       (shifts past 24 give 0: inputs below 2^-25 round to zero). */
+    uint32_t e = a >> 23;
+    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = e > 112u ? 14u : e < 95u ? 31u : 126u - e;
+    uint32_t sub = (m + (1u << (shift - 1u)) - 1u + ((m >> shift) & 1u)) >> shift;
+    /* Select with masks rather than ?: so that compilers if-convert the loop. */
+    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
+    uint32_t is_inf = 0u - (uint32_t)(a >= 0x477FF000u);  /* 65520 and up, Inf, NaN */
+    uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);
+    uint32_t r = (sub & ~is_normal) | (normal & is_normal & ~is_inf) | (0x7C00u & is_inf & ~is_nan) | (nan & is_nan);
+    return (uint16_t)(sign | r);
+}
+
+/* float16 -> float32, exact; signalling NaNs are quieted (as vcvtph2ps). */
+static MIXPREC_HD inline uint32_t mp__f32_bits_from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t a = h & 0x7FFFu;
+    uint32_t special = 0x7F800000u | (a & 0x3FFu) << 13 | (a > 0x7C00u ? 0x400000u : 0u);
+    uint32_t normal = (a << 13) + 0x38000000u; /* rebias 15 -> 127 */
+    /* Subnormal a * 2^-24: shift the top set bit up to bit 10 (k steps, a
+       binary search with selects), which makes it the implicit bit. */
+    uint32_t m = a, k = 0, s;
+    s = m < 0x8u ? 8u : 0u;   m <<= s; k += s;
+    s = m < 0x80u ? 4u : 0u;  m <<= s; k += s;
+    s = m < 0x200u ? 2u : 0u; m <<= s; k += s;
+    s = m < 0x400u ? 1u : 0u; m <<= s; k += s;
+    uint32_t sub = (113u - k) << 23 | (m & 0x3FFu) << 13; /* 2^(10-k-24), biased */
+    return sign | (a >= 0x7C00u ? special : a >= 0x400u ? normal : a ? sub : 0u);
+}
+
+/* float32 -> bfloat16, round to nearest even; NaN: sign|0x7FC0|(fraction>>16). */
+static MIXPREC_HD inline uint16_t mp__bf16_from_f32_bits(uint32_t x) {
+    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    uint32_t nan = (x >> 16) | 0x0040u;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (uint32_t)h << 16; }
+
 /* Every float operation rounds on its own, as written: C++ and GNU modes
    let compilers fuse a*b+c into one FMA, which would make the kernels' bits
    depend on the build (the GEMM asks for FMA through intrinsics). nvcc
@@ -1309,57 +1362,6 @@ MIXPREC_API const char *mp_status_name(mp_status status) {
 
 static uint32_t mp__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static float mp__f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-
-/* float32 -> float16, round to nearest even (IEEE 754 4.3.1). */
-static uint16_t mp__f16_from_f32_bits(uint32_t x) {
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t a = x & 0x7FFFFFFFu;
-    /* NaN: quiet bit forced, top 9 payload bits kept (as vcvtps2ph does). */
-    uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
-    /* Normal result (|x| >= 2^-14): rebias 127 -> 15 (subtract 112 << 23), then
-       add half an ulp minus one plus the kept lsb: ties go to even. A carry
-       out of the fraction correctly bumps the exponent. */
-    uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
-    /* Subnormal result: |x| / 2^-24 = m >> (126 - e), rounded the same way.
-       Clamp the shift to [14, 31] so it stays defined for lanes not selected
-       (shifts past 24 give 0: inputs below 2^-25 round to zero). */
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    uint32_t shift = e > 112u ? 14u : e < 95u ? 31u : 126u - e;
-    uint32_t sub = (m + (1u << (shift - 1u)) - 1u + ((m >> shift) & 1u)) >> shift;
-    /* Select with masks rather than ?: so that compilers if-convert the loop. */
-    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
-    uint32_t is_inf = 0u - (uint32_t)(a >= 0x477FF000u);  /* 65520 and up, Inf, NaN */
-    uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);
-    uint32_t r = (sub & ~is_normal) | (normal & is_normal & ~is_inf) | (0x7C00u & is_inf & ~is_nan) | (nan & is_nan);
-    return (uint16_t)(sign | r);
-}
-
-/* float16 -> float32, exact; signalling NaNs are quieted (as vcvtph2ps). */
-static uint32_t mp__f32_bits_from_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t a = h & 0x7FFFu;
-    uint32_t special = 0x7F800000u | (a & 0x3FFu) << 13 | (a > 0x7C00u ? 0x400000u : 0u);
-    uint32_t normal = (a << 13) + 0x38000000u; /* rebias 15 -> 127 */
-    /* Subnormal a * 2^-24: shift the top set bit up to bit 10 (k steps, a
-       binary search with selects), which makes it the implicit bit. */
-    uint32_t m = a, k = 0, s;
-    s = m < 0x8u ? 8u : 0u;   m <<= s; k += s;
-    s = m < 0x80u ? 4u : 0u;  m <<= s; k += s;
-    s = m < 0x200u ? 2u : 0u; m <<= s; k += s;
-    s = m < 0x400u ? 1u : 0u; m <<= s; k += s;
-    uint32_t sub = (113u - k) << 23 | (m & 0x3FFu) << 13; /* 2^(10-k-24), biased */
-    return sign | (a >= 0x7C00u ? special : a >= 0x400u ? normal : a ? sub : 0u);
-}
-
-/* float32 -> bfloat16, round to nearest even; NaN: sign|0x7FC0|(fraction>>16). */
-static uint16_t mp__bf16_from_f32_bits(uint32_t x) {
-    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-    uint32_t nan = (x >> 16) | 0x0040u;
-    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-}
-
-static uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (uint32_t)h << 16; }
 
 /* float64 -> float32 rounded to odd: truncate, then set the lsb if anything
    nonzero was dropped. Rounding to odd with at least two spare bits and then

@@ -4,8 +4,8 @@
    Each op of mp_backend is one function below; the kernels it launches
    repeat, line for line, what the CPU backend's function of the same name
    (mp__cpu_*) does to one element, row or column, widening every dtype to
-   float32 and rounding once on the way out (__float2half_rn and
-   __float2bfloat16_rn round to nearest even, as mixprec's conversions).
+   float32 and rounding once on the way out with mixprec.h's own integer
+   rounding (>>rules), so casts give the CPU's bits, NaN included.
    The activations, the losses of a row and the accuracy are mixprec.h's
    own (>>rules, compiled here for the device through MIXPREC_RULES).
    Where the CPU sums in a loop the kernel sums in the same order, one
@@ -178,16 +178,19 @@ static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
 /* >>device helpers: one element of a dtype as float32, and back, rounding once */
 static size_t mp__cu_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
 
+/* mixprec.h's own rounding (>>rules), not __float2half_rn and friends:
+   the same bits as the CPU, NaN sign and payload included (CUDA's give a
+   canonical NaN). */
 static __device__ __forceinline__ float mp__ld(const void *p, mp_dtype t, size_t i) {
     if (t == MP_FLOAT32) return ((const float *)p)[i];
-    if (t == MP_FLOAT16) return __half2float(((const __half *)p)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (t == MP_FLOAT16) return __uint_as_float(mp__f32_bits_from_f16(((const uint16_t *)p)[i]));
+    return __uint_as_float(mp__f32_bits_from_bf16(((const uint16_t *)p)[i]));
 }
 
 static __device__ __forceinline__ void mp__st(void *p, mp_dtype t, size_t i, float v) {
     if (t == MP_FLOAT32) ((float *)p)[i] = v;
-    else if (t == MP_FLOAT16) ((__half *)p)[i] = __float2half_rn(v);
-    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (t == MP_FLOAT16) ((uint16_t *)p)[i] = mp__f16_from_f32_bits(__float_as_uint(v));
+    else ((uint16_t *)p)[i] = mp__bf16_from_f32_bits(__float_as_uint(v));
 }
 
 #define MP__CU_LOOP(i, n) \

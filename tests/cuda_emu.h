@@ -378,6 +378,11 @@ static inline unsigned __float_as_uint(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* >>memory calls */
 #define EMU_MEMORY ((size_t)64 << 30) /* a GPU's worth: larger requests fail */
