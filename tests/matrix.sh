@@ -147,9 +147,9 @@ EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -Itests/c
 # C++-only UBSan checks need a runtime its C driver does not link)
 EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN -fno-sanitize=function,vptr")
 for build in "${EMU_BUILDS[@]}"; do
-    tag=${build%%|*} cxx=${build#*|}
+    tag=${build%%|*} cxx=${build#*|} pkg=${build#*|} pkg=${pkg%% *}
     if have "${cxx%% *}"; then step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
-    else skip "the emulated backend, ${cxx%% *}" "${cxx%% *} not installed (apt-get install ${cxx%% *})"; fi
+    else skip "the emulated backend, ${cxx%% *}" "${cxx%% *} not installed (apt-get install ${pkg/clang++/clang})"; fi
 done
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
