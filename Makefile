@@ -27,7 +27,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all deps examples data demo check test bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all deps examples data demo check test bench bench-build bench-quick cuda examples-cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -163,6 +163,15 @@ cuda:
 $(B)/libmixprec_cuda.a: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h mixprec.h | $(B)
 	$(NVCC) $(NVCCFLAGS) --fmad=false $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall,-Wextra -c $< -o $(B)/mixprec_cuda.o
 	ar rcs $@ $(B)/mixprec_cuda.o
+
+# The examples built against the CUDA library: each takes `--backend cuda`
+# (build/cuda-examples/NAME). Without nvcc it says so and succeeds.
+examples-cuda:
+	@if [ -z "$(NVCC)" ]; then echo "examples-cuda: nvcc not found (put it on PATH or set NVCC=...): not built"; \
+	else $(MAKE) --no-print-directory $(B)/libmixprec_cuda.a && mkdir -p $(B)/cuda-examples && \
+	    for e in $(notdir $(EXAMPLES)); do \
+	        $(CC) $(WARN) $(CFLAGS) $(ARCH) -DEXAMPLE_CUDA examples/$$e.c -o $(B)/cuda-examples/$$e $(CUDA_LIBS) || exit 1; \
+	    done; echo "examples-cuda: $(B)/cuda-examples/ (run with --backend cuda)"; fi
 
 # The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
 # where python3 has torch. Without a GPU it prints available=0.

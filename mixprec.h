@@ -784,6 +784,8 @@ typedef struct mp_model_memory {
        model was created: the host's for the CPU, device memory for a GPU */
     size_t current, peak;
     const char *backend; /* "cpu", "cuda" */
+    size_t fallbacks;    /* products the backend ran on a slower path than their dtypes ask
+                            (a refused 16-bit plan widened to float32...); 0 on the CPU */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
@@ -866,6 +868,9 @@ typedef struct mp_fit_desc {
     mp_logs *history;        /* NULL, or an array of `epochs - initial_epoch` entries */
     const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
     int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
+    int host_data;           /* nonzero: send each batch from the host. 0: a device backend
+                                uploads the data once when it fits in half its free memory,
+                                and shuffles and batches it there (fit's first line says so) */
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
@@ -1236,7 +1241,10 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m);
    only the step state (a few dozen bytes) and what the user asks for.
    Pointers an op receives are the backend's unless named host_. Ops are
    queued in order; `copy` to the host and `sync` wait for what is queued and
-   report the first error a device raised (MP_ERR_BACKEND). */
+   report the first error a device raised (MP_ERR_BACKEND). A copy to the
+   backend may return before it ran: from ordinary memory the caller may
+   reuse its buffer at once (the driver took the bytes); from memory of
+   host_alloc (pinned, for fast asynchronous copies) not before host_wait. */
 #if defined(__CUDACC__)
 #define MIXPREC_HD __host__ __device__ /* shared by host and device code */
 #else
@@ -1287,6 +1295,7 @@ typedef enum mp_copy_kind { MP_COPY_TO_BACKEND, MP_COPY_TO_HOST, MP_COPY_WITHIN 
 typedef struct mp_backend_memory {
     size_t current, peak; /* bytes the backend holds for the model now, and at most */
     size_t workspace;     /* of current: scratch (GEMM panels, cuBLASLt workspace) */
+    size_t fallbacks;     /* products run on a slower path than their dtypes ask, so far */
 } mp_backend_memory;
 
 struct mp_backend {
@@ -1307,8 +1316,10 @@ struct mp_backend {
     const char *(*last_error)(void *ctx); /* what failed first, for the model's error message */
     /* Reserves scratch for products up to these sizes, so no step allocates. */
     mp_status (*gemm_reserve)(void *ctx, size_t m, size_t n, size_t k);
-    /* The batch in: n host float32 values cast into dst (dt). */
-    void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n);
+    /* The batch in: n host float32 values cast into dst (dt); nonfinite,
+       the backend's memory or NULL, is set to 1 when any of them is Inf or
+       NaN (a device checks in its cast, so the host need not scan). */
+    void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite);
     /* dst = src cast from st to dt (a copy when they agree); stats, a host
        pointer or NULL, get the narrowing counts added as mp_convert's. */
     void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats);
@@ -1344,8 +1355,10 @@ struct mp_backend {
        in wt (the copy the layer reads) in the same pass. */
     void (*optimizer_update)(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
                              size_t n, void *wc, mp_dtype wt, const int *found_inf);
-    void (*im2col)(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt);
-    void (*col2im)(void *ctx, float *img, const float *col, const mp_conv_geom *g); /* overwrites img */
+    /* n NHWC images <-> their columns, [n*OH*OW, KH*KW*C]: the batch's
+       convolution is one product. col2im overwrites img (n images). */
+    void (*im2col)(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt);
+    void (*col2im)(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g);
     void (*max_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
     void (*max_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
                               const mp_conv_geom *g, mp_dtype dt);
@@ -1354,6 +1367,18 @@ struct mp_backend {
     /* y = mask ? x * scale : 0, x in xt, y in yt. */
     void (*dropout)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                     size_t n, float scale);
+    /* A device backend's staging memory (NULL where the host's memory is the
+       backend's): host memory whose copies to the backend run without the
+       host waiting (pinned). host_wait(p) returns once no queued copy still
+       reads the host_alloc block holding p, so the host may write it. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void (*host_wait)(void *ctx, const void *p);
+    /* Data on a device (NULL on the CPU): its free memory in bytes, and
+       rows of a table gathered: dst row i = src row idx[i], row_bytes each
+       (a multiple of 4), all three the backend's memory. */
+    size_t (*free_memory)(void *ctx);
+    void (*gather)(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes);
 };
 
 /* >>cpu backend: the table of the CPU's kernels, the default. */
@@ -1416,6 +1441,59 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #if (defined(MIXPREC_IMPLEMENTATION) || defined(MIXPREC_RULES)) && !defined(MIXPREC_RULES_DONE)
 #define MIXPREC_RULES_DONE
 #include <math.h>
+
+/* The casts' rounding, integer code (>>conversion builds on it), so that a
+   device's casts give the library's bits, NaN sign and payload included. */
+/* float32 -> float16, round to nearest even (IEEE 754 4.3.1). */
+static MIXPREC_HD inline uint16_t mp__f16_from_f32_bits(uint32_t x) {
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t a = x & 0x7FFFFFFFu;
+    /* NaN: quiet bit forced, top 9 payload bits kept (as vcvtps2ph does). */
+    uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
+    /* Normal result (|x| >= 2^-14): rebias 127 -> 15 (subtract 112 << 23), then
+       add half an ulp minus one plus the kept lsb: ties go to even. A carry
+       out of the fraction correctly bumps the exponent. */
+    uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    /* Subnormal result: |x| / 2^-24 = m >> (126 - e), rounded the same way.
+       Clamp the shift to [14, 31] so it stays defined for lanes not selected
+       (shifts past 24 give 0: inputs below 2^-25 round to zero). */
+    uint32_t e = a >> 23;
+    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = e > 112u ? 14u : e < 95u ? 31u : 126u - e;
+    uint32_t sub = (m + (1u << (shift - 1u)) - 1u + ((m >> shift) & 1u)) >> shift;
+    /* Select with masks rather than ?: so that compilers if-convert the loop. */
+    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
+    uint32_t is_inf = 0u - (uint32_t)(a >= 0x477FF000u);  /* 65520 and up, Inf, NaN */
+    uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);
+    uint32_t r = (sub & ~is_normal) | (normal & is_normal & ~is_inf) | (0x7C00u & is_inf & ~is_nan) | (nan & is_nan);
+    return (uint16_t)(sign | r);
+}
+
+/* float16 -> float32, exact; signalling NaNs are quieted (as vcvtph2ps). */
+static MIXPREC_HD inline uint32_t mp__f32_bits_from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t a = h & 0x7FFFu;
+    uint32_t special = 0x7F800000u | (a & 0x3FFu) << 13 | (a > 0x7C00u ? 0x400000u : 0u);
+    uint32_t normal = (a << 13) + 0x38000000u; /* rebias 15 -> 127 */
+    /* Subnormal a * 2^-24: shift the top set bit up to bit 10 (k steps, a
+       binary search with selects), which makes it the implicit bit. */
+    uint32_t m = a, k = 0, s;
+    s = m < 0x8u ? 8u : 0u;   m <<= s; k += s;
+    s = m < 0x80u ? 4u : 0u;  m <<= s; k += s;
+    s = m < 0x200u ? 2u : 0u; m <<= s; k += s;
+    s = m < 0x400u ? 1u : 0u; m <<= s; k += s;
+    uint32_t sub = (113u - k) << 23 | (m & 0x3FFu) << 13; /* 2^(10-k-24), biased */
+    return sign | (a >= 0x7C00u ? special : a >= 0x400u ? normal : a ? sub : 0u);
+}
+
+/* float32 -> bfloat16, round to nearest even; NaN: sign|0x7FC0|(fraction>>16). */
+static MIXPREC_HD inline uint16_t mp__bf16_from_f32_bits(uint32_t x) {
+    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    uint32_t nan = (x >> 16) | 0x0040u;
+    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (uint32_t)h << 16; }
 
 /* Every float operation rounds on its own, as written: C++ and GNU modes
    let compilers fuse a*b+c into one FMA, which would make the kernels' bits
@@ -1641,57 +1719,6 @@ MIXPREC_API const char *mp_status_name(mp_status status) {
 
 static uint32_t mp__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static float mp__f32_from_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-
-/* float32 -> float16, round to nearest even (IEEE 754 4.3.1). */
-static uint16_t mp__f16_from_f32_bits(uint32_t x) {
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t a = x & 0x7FFFFFFFu;
-    /* NaN: quiet bit forced, top 9 payload bits kept (as vcvtps2ph does). */
-    uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
-    /* Normal result (|x| >= 2^-14): rebias 127 -> 15 (subtract 112 << 23), then
-       add half an ulp minus one plus the kept lsb: ties go to even. A carry
-       out of the fraction correctly bumps the exponent. */
-    uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
-    /* Subnormal result: |x| / 2^-24 = m >> (126 - e), rounded the same way.
-       Clamp the shift to [14, 31] so it stays defined for lanes not selected
-       (shifts past 24 give 0: inputs below 2^-25 round to zero). */
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    uint32_t shift = e > 112u ? 14u : e < 95u ? 31u : 126u - e;
-    uint32_t sub = (m + (1u << (shift - 1u)) - 1u + ((m >> shift) & 1u)) >> shift;
-    /* Select with masks rather than ?: so that compilers if-convert the loop. */
-    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
-    uint32_t is_inf = 0u - (uint32_t)(a >= 0x477FF000u);  /* 65520 and up, Inf, NaN */
-    uint32_t is_normal = 0u - (uint32_t)(a >= 0x38800000u);
-    uint32_t r = (sub & ~is_normal) | (normal & is_normal & ~is_inf) | (0x7C00u & is_inf & ~is_nan) | (nan & is_nan);
-    return (uint16_t)(sign | r);
-}
-
-/* float16 -> float32, exact; signalling NaNs are quieted (as vcvtph2ps). */
-static uint32_t mp__f32_bits_from_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t a = h & 0x7FFFu;
-    uint32_t special = 0x7F800000u | (a & 0x3FFu) << 13 | (a > 0x7C00u ? 0x400000u : 0u);
-    uint32_t normal = (a << 13) + 0x38000000u; /* rebias 15 -> 127 */
-    /* Subnormal a * 2^-24: shift the top set bit up to bit 10 (k steps, a
-       binary search with selects), which makes it the implicit bit. */
-    uint32_t m = a, k = 0, s;
-    s = m < 0x8u ? 8u : 0u;   m <<= s; k += s;
-    s = m < 0x80u ? 4u : 0u;  m <<= s; k += s;
-    s = m < 0x200u ? 2u : 0u; m <<= s; k += s;
-    s = m < 0x400u ? 1u : 0u; m <<= s; k += s;
-    uint32_t sub = (113u - k) << 23 | (m & 0x3FFu) << 13; /* 2^(10-k-24), biased */
-    return sign | (a >= 0x7C00u ? special : a >= 0x400u ? normal : a ? sub : 0u);
-}
-
-/* float32 -> bfloat16, round to nearest even; NaN: sign|0x7FC0|(fraction>>16). */
-static uint16_t mp__bf16_from_f32_bits(uint32_t x) {
-    uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
-    uint32_t nan = (x >> 16) | 0x0040u;
-    return (uint16_t)((x & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
-}
-
-static uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (uint32_t)h << 16; }
 
 /* float64 -> float32 rounded to odd: truncate, then set the lsb if anything
    nonzero was dropped. Rounding to odd with at least two spare bits and then
@@ -3373,36 +3400,78 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
 }
 
-/* >>cpu backend: convolution, pooling, dropout (NHWC, one image; Keras's channels_last) */
-static void mp__cpu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
-    size_t es = mp__dtypes[dt].size, run = (size_t)g->c * es;
-    unsigned char *out = (unsigned char *)col;
+/* >>cpu backend: convolution, pooling, dropout (NHWC; Keras's channels_last), images in groups */
+typedef struct mp__conv_args {
+    void *col;
+    const void *img;
+    float *fimg;
+    const float *fcol;
+    const mp_conv_geom *g;
+    mp_dtype dt;
+} mp__conv_args;
+
+static size_t mp__col_elems(const mp_conv_geom *g) {
+    return (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+}
+static size_t mp__img_elems(const mp_conv_geom *g) { return (size_t)g->h * (size_t)g->w * (size_t)g->c; }
+
+static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__conv_args *a = (const mp__conv_args *)args;
+    const mp_conv_geom *g = a->g;
+    size_t es = mp__dtypes[a->dt].size, run = (size_t)g->c * es, i;
     int oy, ox, ky, kx;
-    (void)ctx;
-    for (oy = 0; oy < g->oh; oy++)
-        for (ox = 0; ox < g->ow; ox++)
-            for (ky = 0; ky < g->kh; ky++)
-                for (kx = 0; kx < g->kw; kx++, out += run) {
-                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
-                    else memcpy(out, mp__at(img, dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
-                }
+    (void)thread;
+    for (i = begin; i < end; i++) {
+        unsigned char *out = (unsigned char *)a->col + i * mp__col_elems(g) * es;
+        const void *img = mp__at(a->img, a->dt, i * mp__img_elems(g));
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++, out += run) {
+                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
+                        else memcpy(out, mp__at(img, a->dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
+                    }
+    }
 }
 
-static void mp__cpu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+static void mp__col2im_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__conv_args *a = (const mp__conv_args *)args;
+    const mp_conv_geom *g = a->g;
+    size_t i;
     int oy, ox, ky, kx, ch;
-    (void)ctx;
-    memset(img, 0, (size_t)g->h * (size_t)g->w * (size_t)g->c * sizeof(float));
-    for (oy = 0; oy < g->oh; oy++)
-        for (ox = 0; ox < g->ow; ox++)
-            for (ky = 0; ky < g->kh; ky++)
-                for (kx = 0; kx < g->kw; kx++, col += g->c) {
-                    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                    float *px;
-                    if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                    px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
-                    for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
-                }
+    (void)thread;
+    for (i = begin; i < end; i++) {
+        float *img = a->fimg + i * mp__img_elems(g);
+        const float *col = a->fcol + i * mp__col_elems(g);
+        memset(img, 0, mp__img_elems(g) * sizeof(float));
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++, col += g->c) {
+                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
+                        float *px;
+                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
+                        px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
+                        for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
+                    }
+    }
+}
+
+/* The images split among the threads: each image's bytes are the same
+   whichever thread makes them. */
+static void mp__cpu_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__conv_args a;
+    memset(&a, 0, sizeof a);
+    a.col = col, a.img = img, a.g = g, a.dt = dt;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__im2col_range, &a);
+}
+
+static void mp__cpu_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
+    mp__conv_args a;
+    memset(&a, 0, sizeof a);
+    a.fimg = img, a.fcol = col, a.g = g;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__col2im_range, &a);
 }
 
 /* Max pooling with strides equal to the pool (Keras's default), valid
@@ -3530,6 +3599,7 @@ static size_t mp__pool_bytes(const mp_pool *p) {
 static void mp__cpu_memory(void *ctx, mp_backend_memory *out) {
     const mp__cpu *c = (const mp__cpu *)ctx;
     out->workspace = mp__pool_bytes(c->pool);
+    out->fallbacks = 0;
     out->current = c->current + out->workspace;
     out->peak = c->peak + out->workspace; /* panels are reserved once and kept */
 }
@@ -3556,8 +3626,11 @@ static mp_status mp__cpu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
     return mp__pool_reserve(mp__pool_of(ctx), mp__panel_floats(m, k, n));
 }
 
-static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
+    size_t i;
     mp__cpu_cast(ctx, dst, dt, host_src, MP_FLOAT32, n, NULL);
+    for (i = 0; nonfinite && i < n; i++)
+        if ((mp__f32_bits(host_src[i]) & MP__F32_INF) == MP__F32_INF) *nonfinite = 1;
 }
 
 /* A product gemm_reserve did not size gets its panels here (a caller of
@@ -3602,6 +3675,11 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
     MP_OP(dropout_mask) mp__cpu_dropout_mask,
     MP_OP(dropout) mp__cpu_dropout,
+    MP_OP(host_alloc) NULL, /* no staging: the host's memory is the CPU's */
+    MP_OP(host_free) NULL,
+    MP_OP(host_wait) NULL,
+    MP_OP(free_memory) NULL, /* no data on a device */
+    MP_OP(gather) NULL,
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -3642,10 +3720,18 @@ typedef struct mp__step_state {
     mp_loss_scale ls;
     float metrics[2]; /* sum of the batch's losses, samples counted right */
     int found_inf;
+    int bad_input;    /* the last batch sent held Inf or NaN (a device's cast_in saw it) */
 } mp__step_state;
 
+/* fit on a device backend logs each step's metrics on the device and
+   reads them when the host needs them (a progress-bar refresh, the end of
+   an epoch, a CSV row, a full log), so that a step never waits for one. */
+#define MP__METRIC_LOG 64
+
 /* A device backend's batch passes through host memory: the gathered
-   inputs and targets on the way in, the output on the way out. */
+   inputs and targets on the way in, the output on the way out. Two sets,
+   in the backend's pinned memory where it has some: the host gathers batch
+   k+1 into one while batch k's copy may still read the other. */
 typedef struct mp__stage {
     float *x, *y, *out;
     int32_t *labels;
@@ -3698,10 +3784,19 @@ struct mp_model {
     void *grad[2];
     void *col;
     float *dcol, *img;
-    void *stage_block;    /* host memory for a batch on its way to a device backend */
-    mp__stage stage;
-    mp__loop loop;   /* where the custom loop stands (mp__loop_move) */
-    int training;    /* the last forward's mode, Keras's `training` argument */
+    void *stage_block[2]; /* host memory for a batch on its way to a device backend */
+    int stage_pinned;     /* stage_block came from the backend's host_alloc */
+    mp__stage stages[2];
+    int stage_turn;       /* the set the next batch fills */
+    float *metric_log;    /* [MP__METRIC_LOG][2]: each unread fit step's metrics, on the backend */
+    void *data_block;     /* fit's data on a device backend, or NULL (see mp__upload_data) */
+    const float *data_x, *data_y;
+    const int32_t *data_labels;
+    uint32_t *data_idx;   /* this epoch's order */
+    float *data_batch;    /* a batch's inputs gathered, float32, before the cast */
+    size_t metric_batch[MP__METRIC_LOG], metric_count; /* their batch sizes; how many */
+    mp__loop loop;        /* where the custom loop stands (mp__loop_move) */
+    int training;         /* the last forward's mode, Keras's `training` argument */
     int grads_ready; /* mp_get_gradients has something to give */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
@@ -3897,61 +3992,76 @@ static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, voi
                             l->desc.activation, l->dt);
 }
 
-/* Conv2D by im2col + GEMM, one image at a time so the column buffer stays
-   one image big; a 1x1 stride-1 kernel reads the image as its own columns.
-   y_i [OH*OW, F] = col_i [OH*OW, KH*KW*C] W [KH*KW*C, F] */
+/* Conv2D by im2col + GEMM over groups of images: on a device the whole
+   batch, one im2col and one product per layer and direction (a handful of
+   launches whatever the batch); on the host as many images as keep their
+   columns in cache (MP__CONV_CACHE bytes; the same groups at any thread
+   count). A 1x1 stride-1 kernel reads the NHWC batch as its own columns.
+   y [G*OH*OW, F] = col [G*OH*OW, KH*KW*C] W [KH*KW*C, F] */
+#define MP__CONV_CACHE ((size_t)1 << 20)
 static int mp__pointwise(const mp__layer *l) {
     const mp_conv_geom *g = &l->geom;
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
 }
 
-static const void *mp__columns(mp_model *m, const mp__layer *l, const void *img) {
-    if (mp__pointwise(l)) return img;
-    m->be->im2col(m->ctx, m->col, img, &l->geom, l->dt);
+static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
+    size_t patches = 0, per = 0; /* an image's columns in float32 (the planner refuses what overflows) */
+    if (m->be->device_memory) return batch;
+    if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
+        !mp__mul_ok(patches, sizeof(float), &per))
+        return 1;
+    return MP__CONV_CACHE / per > 1 ? mp__min(batch, MP__CONV_CACHE / per) : 1;
+}
+
+static const void *mp__columns(mp_model *m, const mp__layer *l, const void *x, size_t images) {
+    if (mp__pointwise(l)) return x;
+    m->be->im2col(m->ctx, m->col, x, images, &l->geom, l->dt);
     return m->col;
 }
 
 static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, batch);
-    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
-    size_t patch = l->n_kernel / f;
-    for (i = 0; i < batch; i++) {
-        mp_gemm_args g = mp__product(0, 0, pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
+    size_t group = mp__conv_group(m, l, batch), i;
+    for (i = 0; i < batch; i += group) {
+        size_t n = mp__min(group, batch - i);
+        mp_gemm_args g = mp__product(0, 0, n * pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size), n),
                                       l->wc, l->dt, mp__at_mut(l->y, l->yt, i * l->out_size), l->yt);
-        if (l->z) g.z = mp__at_mut(l->z, l->yt, i * l->out_size);
+        g.z = l->z ? mp__at_mut(l->z, l->yt, i * l->out_size) : NULL;
         mp__linear_forward(m, l, g);
     }
     mp__softmax_after(m, l, batch * pixels, f);
 }
 
 static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    const void *x = mp__saved_input(l);
-    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, i;
-    size_t patch = l->n_kernel / f;
+    size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
+    size_t group = mp__conv_group(m, l, batch), i;
     dy = mp__dz(m, l, dy, batch * pixels, f);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
-    /* dW = sum_i col_i^T dy_i, summed in float32 (in g) and rounded once into gc */
-    for (i = 0; i < batch; i++) {
-        mp_gemm_args dw = mp__product(1, 0, patch, f, pixels, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size)),
-                                       mp__at(dy, l->dt, i * l->out_size), l->dt, l->g, MP_FLOAT32);
+    /* dW [patch, F] = sum over the groups of col^T dy, in float32 (in g), rounded once into gc */
+    for (i = 0; i < batch; i += group) {
+        size_t n = mp__min(group, batch - i);
+        const void *cols = mp__columns(m, l, mp__at(mp__saved_input(l), l->dt, i * l->in_size), n);
+        mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, cols, mp__at(dy, l->dt, i * l->out_size), l->dt, l->g,
+                                      MP_FLOAT32);
         dw.accumulate = i > 0;
         m->be->gemm(m->ctx, &dw);
     }
     m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
-    if (!dx) return;
-    for (i = 0; i < batch; i++) { /* dcol_i = dy_i W^T, folded back onto the image */
-        const void *dyi = mp__at(dy, l->dt, i * l->out_size);
+    for (i = 0; dx && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
+        size_t n = mp__min(group, batch - i);
         void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
-        mp_gemm_args dcol = mp__product(0, 1, pixels, patch, f, dyi, l->wc, l->dt, dxi, l->xt);
-        if (mp__pointwise(l)) {
+        mp_gemm_args dcol =
+            mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt);
+        if (mp__pointwise(l)) { /* a 1x1 kernel's dcol is dx itself */
             m->be->gemm(m->ctx, &dcol);
             continue;
         }
         dcol.c = m->dcol;
         dcol.ct = MP_FLOAT32;
         m->be->gemm(m->ctx, &dcol);
-        m->be->col2im(m->ctx, m->img, m->dcol, &l->geom);
-        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, l->in_size, NULL);
+        m->be->col2im(m->ctx, m->img, m->dcol, n, &l->geom);
+        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, n * l->in_size, NULL);
     }
 }
 
@@ -4654,13 +4764,15 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     return MP_OK;
 }
 
+static void mp__free_stage(mp_model *m);
+
 MIXPREC_API void mp_model_destroy(mp_model *m) {
     if (!m) return;
     m->be->free(m->ctx, m->act_block);
     m->be->free(m->ctx, m->slots_block);
     m->be->free(m->ctx, m->params_block);
+    mp__free_stage(m);
     m->be->destroy(m->ctx);
-    mp__free(m->stage_block);
     mp__free(m->layers);
     mp__numerics_free(m->num);
     mp__free(m->amp);
@@ -4727,7 +4839,8 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
     float *w = (float *)mp__carve(a, m->n_params, sizeof(float)), *g = (float *)mp__carve(a, m->n_params, sizeof(float));
     mp__step_state *state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
     int i;
-    if (a->base) m->w = w, m->g = g, m->state = state;
+    float *log = (float *)mp__carve(a, MP__METRIC_LOG * 2, sizeof(float));
+    if (a->base) m->w = w, m->g = g, m->state = state, m->metric_log = log;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         mp_dtype dt, yt;
@@ -4985,14 +5098,16 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
         l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
         if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
         if (out_bytes > grad_bytes) grad_bytes = out_bytes;
-        if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) {
-            size_t patches = 0, bytes = 0; /* the im2col matrix: one row per output pixel */
+        if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) { /* per group of images */
+            size_t patches = 0, fbytes = 0, group = mp__conv_group(m, l, batch), col_bytes = 0, dcol_bytes = 0,
+                   img_bytes = 0; /* the im2col matrix: one row per output pixel */
             if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
-                !mp__mul_ok(patches, es, &bytes))
+                !mp__mul_ok(patches, sizeof(float), &fbytes) || !mp__mul_ok(group, fbytes, &dcol_bytes) ||
+                !mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
                 a->overflow = 1;
-            if (bytes > col) col = bytes;
-            if (patches > dcol) dcol = patches;
-            if (l->in_size > img) img = l->in_size;
+            if (col_bytes > col) col = col_bytes;
+            if (dcol_bytes > dcol) dcol = dcol_bytes;
+            if (img_bytes > img) img = img_bytes;
         }
         prev = l->y;
         prev_t = l->yt;
@@ -5000,8 +5115,8 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
     m->col = mp__carve(a, col, 1);
-    m->dcol = (float *)mp__carve(a, dcol, sizeof(float));
-    m->img = (float *)mp__carve(a, img, sizeof(float));
+    m->dcol = (float *)mp__carve(a, dcol, 1);
+    m->img = (float *)mp__carve(a, img, 1);
 }
 
 /* Every product the model runs, (m, n, k) of each forward, weight-gradient
@@ -5016,7 +5131,9 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
         if (l->desc.kind != MP_DENSE && l->desc.kind != MP_CONV2D) continue;
         f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
         patch = l->n_kernel / f;
-        rows = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : batch;
+        if (!mp__mul_ok(l->desc.kind == MP_CONV2D ? mp__conv_group(m, l, batch) : batch,
+                        l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1, &rows))
+            return MP_ERR_SIZE;
         if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
             (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
             st = m->be->gemm_reserve(m->ctx, rows, patch, f);                   /* dx = dy W^T */
@@ -5032,17 +5149,42 @@ static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__st
     st->labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
 }
 
+static void mp__free_stage(mp_model *m) {
+    int i;
+    for (i = 0; i < 2; i++) {
+        if (m->stage_pinned) m->be->host_free(m->ctx, m->stage_block[i]);
+        else mp__free(m->stage_block[i]);
+        m->stage_block[i] = NULL;
+    }
+}
+
+/* Two staging sets of `bytes`, a block each (so that waiting for one set's
+   copies never waits for the other's), pinned (the backend's host_alloc)
+   or the host's; 0 (and none) when an allocation fails. */
+static int mp__alloc_stage(mp_model *m, size_t bytes, int pinned, size_t batch) {
+    mp__arena a = {NULL, 0, 0};
+    int i;
+    m->stage_pinned = pinned;
+    for (i = 0; i < 2; i++) {
+        a.base = pinned ? (unsigned char *)m->be->host_alloc(m->ctx, bytes) : (unsigned char *)mp__alloc(bytes);
+        if (!(m->stage_block[i] = a.base)) {
+            mp__free_stage(m);
+            return 0;
+        }
+        a.used = 0;
+        mp__plan_stage(m, &a, batch, &m->stages[i]);
+    }
+    return 1;
+}
+
+/* Pinned if the backend has such memory, else (or when that fails) the host's. */
 static mp_status mp__ensure_stage(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
     if (!m->be->device_memory) return MP_OK;
-    mp__free(m->stage_block);
-    m->stage_block = NULL;
-    mp__plan_stage(m, &a, batch, &m->stage);
-    if (a.overflow || !(a.base = (unsigned char *)mp__alloc(a.used)))
+    mp__free_stage(m);
+    mp__plan_stage(m, &a, batch, &m->stages[0]);
+    if (a.overflow || (!(m->be->host_alloc && mp__alloc_stage(m, a.used, 1, batch)) && !mp__alloc_stage(m, a.used, 0, batch)))
         return mp__fail(m, MP_ERR_ALLOC, "the host staging buffers for batch %z", batch);
-    m->stage_block = a.base;
-    a.used = 0;
-    mp__plan_stage(m, &a, batch, &m->stage);
     return MP_OK;
 }
 
@@ -5157,18 +5299,29 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
 
 /* The batch in: count samples of d from `first` (through idx when
    shuffled) into the input, labels and targets. A device backend gets them
-   gathered on the host and sent in one copy each. */
+   gathered on the host and sent in one copy each, and checks them for Inf
+   and NaN in its cast (the host scanned the CPU's; mp__read_state reports
+   the device's finding). */
 static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labels, const float *y, size_t count) {
     size_t outs = mp__last(m)->out_size;
     mp_dtype dt = m->layers[0].dt;
-    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size);
+    int *bad = m->be->device_memory ? &m->state->bad_input : NULL;
+    if (bad && at == 0) m->be->zero(m->ctx, bad, sizeof(int)); /* a new batch */
+    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size, bad);
     if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
 }
 
 static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
     size_t i, outs = mp__last(m)->out_size, in = m->in_size;
-    if (!idx) {
+    if (idx && m->data_block) { /* the data on the device: nothing crosses */
+        const mp__layer *l0 = &m->layers[0];
+        m->be->gather(m->ctx, m->data_batch, m->data_x, m->data_idx + first, count, in * sizeof(float));
+        m->be->cast(m->ctx, m->input, l0->dt, m->data_batch, MP_FLOAT32, count * in, NULL);
+        if (m->data_labels)
+            m->be->gather(m->ctx, m->batch_labels, m->data_labels, m->data_idx + first, count, sizeof(int32_t));
+        if (m->data_y) m->be->gather(m->ctx, m->batch_y, m->data_y, m->data_idx + first, count, outs * sizeof(float));
+    } else if (!idx) {
         mp__send(m, 0, d->x + first * in, d->labels ? d->labels + first : NULL, d->y ? d->y + first * outs : NULL,
                  count);
     } else if (!m->be->device_memory) {
@@ -5177,7 +5330,8 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
             mp__send(m, i, d->x + s * in, d->labels ? d->labels + s : NULL, d->y ? d->y + s * outs : NULL, 1);
         }
     } else {
-        const mp__stage *st = &m->stage;
+        const mp__stage *st = &m->stages[m->stage_turn ^= 1];
+        if (m->stage_pinned) m->be->host_wait(m->ctx, st->x); /* its last batch has gone */
         for (i = 0; i < count; i++) {
             size_t s = idx[first + i];
             memcpy(st->x + i * in, d->x + s * in, in * sizeof(float));
@@ -5195,7 +5349,7 @@ MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int tra
     if (!m) return MP_ERR_NULL;
     if (!x) return mp__fail(m, MP_ERR_NULL, "the input x is NULL");
     if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
-    if ((st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
+    if (!m->be->device_memory && (st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
     if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
     mp__send(m, 0, x, NULL, NULL, (size_t)batch);
     return mp__run_forward(m, (size_t)batch, training != 0);
@@ -5207,7 +5361,7 @@ static const void *mp__host_output(const mp_model *m) {
     const mp__layer *l = mp__last(m);
     float *out;
     if (!m->be->device_memory) return l->y;
-    out = m->stage.out;
+    out = m->stages[0].out;
     m->be->copy(m->ctx, out, l->y, m->batch * l->out_size * mp__dtypes[l->yt].size, MP_COPY_TO_HOST);
     return out;
 }
@@ -5235,27 +5389,37 @@ static mp_status mp__sync(mp_model *m) {
     return mp__fail(m, MP_ERR_BACKEND, "the %s backend failed: %s", m->be->name, m->be->last_error(m->ctx));
 }
 
-/* The host's copy of the step state: the metrics out, and the loss scale. */
+/* The host's copy of the step state: the metrics out, and the loss scale.
+   A device's cast_in found Inf or NaN in the last batch: the model's
+   NONFINITE error (no update used that batch: fit checks its data before
+   any step, and the custom loop's mp_compute_loss reads the state before
+   gradients can be taken). */
 static mp_status mp__read_state(mp_model *m) {
+    mp_status st;
     m->be->copy(m->ctx, &m->seen, m->state, sizeof m->seen, MP_COPY_TO_HOST);
-    return mp__sync(m);
+    if ((st = mp__sync(m)) != MP_OK || !m->seen.bad_input) return st;
+    return mp__fail(m, MP_ERR_NONFINITE, "the input of the last mp_forward holds Inf or NaN (found by the %s backend)",
+                    m->be->name);
 }
 
 /* The compiled loss over the batch in place: labels for sparse
    crossentropy, float targets for the rest. */
-static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
+static void mp__loss_into(mp_model *m, float *metrics) {
     const mp__layer *l = mp__last(m);
     int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY, logits = mp__loss_from_logits(m, l);
     const void *pred = l->y;
     mp_dtype pt = l->yt;
-    mp_status st;
     if (logits) { /* the softmax's or sigmoid's input (see mp__loss_from_logits) */
         pred = l->desc.kind == MP_ACTIVATION ? mp__saved_input(l) : l->z;
         pt = l->desc.kind == MP_ACTIVATION ? l->dt : l->yt;
     }
     m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits || logits, pred, pt, l->y, l->yt,
-                sparse ? m->batch_labels : NULL, sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred,
-                m->state->metrics);
+                sparse ? m->batch_labels : NULL, sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, metrics);
+}
+
+static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
+    mp_status st;
+    mp__loss_into(m, m->state->metrics);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     *sum += m->seen.metrics[0];
     *right += (size_t)m->seen.metrics[1];
@@ -5329,12 +5493,11 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
 }
 
-MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
+/* Queues the update; the backend decides from its found-Inf flag whether
+   it applies (nothing is read back). */
+static void mp__apply(mp_model *m) {
     const int *skip;
-    mp_status st;
     int i;
-    if (!m) return MP_ERR_NULL;
-    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
     /* Without loss scaling the step is applied whatever it holds, as Keras;
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
@@ -5349,8 +5512,15 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
                                 mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
     }
     mp__loop_move(m, MP__CALL_APPLY);
+}
+
+MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
+    mp__apply(m);
     if ((st = mp__read_state(m)) != MP_OK) return st;
-    if (applied) *applied = !skip || !m->seen.found_inf;
+    if (applied) *applied = !m->has_loss_scale || !m->seen.found_inf;
     return MP_OK;
 }
 
@@ -5586,16 +5756,84 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
     }
 }
 
-/* One training step on the gathered batch: the custom loop's six lines. */
-static mp_status mp__train_step(mp_model *m, size_t batch, float *loss, size_t *correct) {
+/* fit's data on a device backend that can hold it in half its free memory
+   (and host_data unset): uploaded once, then each epoch's order, so that a
+   step gathers its batch there and copies nothing in. Else (or when the
+   allocation fails) nothing: batches go from the host. */
+static void mp__upload_data(mp_model *m, const mp_fit_desc *d, size_t n_train, size_t batch) {
+    size_t n = d->data.n, in = m->in_size, outs = mp__last(m)->out_size, need;
+    mp__arena a = {NULL, 0, 0};
+    int i;
+    if (d->host_data || !m->be->device_memory || !m->be->gather || !m->be->free_memory || n > UINT32_MAX) return;
+    for (i = 0; i < 2; i++) {
+        m->data_x = (const float *)mp__carve(&a, n, in * sizeof(float));
+        m->data_labels = d->data.labels ? (const int32_t *)mp__carve(&a, n, sizeof(int32_t)) : NULL;
+        m->data_y = d->data.y ? (const float *)mp__carve(&a, n, outs * sizeof(float)) : NULL;
+        m->data_idx = (uint32_t *)mp__carve(&a, n_train, sizeof(uint32_t));
+        m->data_batch = (float *)mp__carve(&a, batch, in * sizeof(float));
+        need = a.used;
+        if (i == 1) break;
+        if (a.overflow || need > m->be->free_memory(m->ctx) / 2 || !(a.base = (unsigned char *)m->be->alloc(m->ctx, need)))
+            return;
+        m->data_block = a.base;
+        a.used = 0;
+    }
+    m->be->copy(m->ctx, (void *)(uintptr_t)m->data_x, d->data.x, n * in * sizeof(float), MP_COPY_TO_BACKEND);
+    if (m->data_labels)
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, d->data.labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    if (m->data_y)
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_y, d->data.y, n * outs * sizeof(float), MP_COPY_TO_BACKEND);
+#ifndef MIXPREC_NO_STDIO
+    if (d->verbose != MP_VERBOSE_SILENT)
+        printf("fit: the data (%.1f MB) stays on the %s backend: batches are gathered there (host_data = 1: from the host)\n",
+               (double)need / 1e6, m->be->name);
+#endif
+}
+
+/* This epoch's order, to the device (as 32-bit indices, through u32). */
+static void mp__send_order(mp_model *m, const size_t *idx, uint32_t *u32, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) u32[i] = (uint32_t)idx[i];
+    m->be->copy(m->ctx, m->data_idx, u32, n * sizeof(uint32_t), MP_COPY_TO_BACKEND);
+}
+
+static void mp__free_data(mp_model *m) {
+    m->be->free(m->ctx, m->data_block);
+    m->data_block = NULL;
+}
+
+/* One training step on the gathered batch: the custom loop's six lines,
+   with nothing read back (a GPU runs on while the host gathers the next
+   batch): the batch's metrics go to the metric log. */
+static mp_status mp__train_step(mp_model *m, size_t batch) {
     mp_status st;
-    float sum = 0.0f;
     if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
-    if ((st = mp__loss(m, &sum, correct)) != MP_OK) return st;
-    *loss = sum / (float)batch;
+    m->metric_batch[m->metric_count] = batch;
+    mp__loss_into(m, m->metric_log + 2 * m->metric_count++);
+    mp__loop_move(m, MP__CALL_LOSS);
     if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
     if ((st = mp_get_unscaled_gradients(m)) != MP_OK) return st;
-    return mp_apply_gradients(m, NULL);
+    mp__apply(m);
+    return MP_OK;
+}
+
+/* The logged steps' metrics and the step state, read; added in step order
+   as the steps were (a batch's mean loss weighed by its size, as Keras). */
+static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *seen) {
+    float logged[MP__METRIC_LOG * 2];
+    size_t i, n = m->metric_count;
+    mp_status st;
+    m->metric_count = 0;
+    m->be->copy(m->ctx, logged, m->metric_log, n * 2 * sizeof(float), MP_COPY_TO_HOST);
+    if ((st = mp__read_state(m)) != MP_OK) return st;
+    for (i = 0; i < n; i++) {
+        float batch_sum = 0.0f, b = (float)m->metric_batch[i];
+        batch_sum += logged[2 * i];
+        *sum += batch_sum / b * b;
+        *right += (size_t)logged[2 * i + 1];
+        *seen += m->metric_batch[i];
+    }
+    return MP_OK;
 }
 
 /* >>fit: callbacks. Which hook of a callback, by mp__hook's index. */
@@ -5972,28 +6210,49 @@ static void mp__fit_logs(mp_model *m, mp_logs *lg) {
     lg->learning_rate = mp_model_learning_rate(m);
 }
 
+/* The metrics of the steps since the last read, into the epoch's running
+   loss and accuracy (lg). */
+static mp_status mp__fit_read(mp_model *m, float *sum, size_t *right, size_t *seen, mp_logs *lg) {
+    mp_status st = mp__read_log(m, sum, right, seen);
+    lg->loss = *sum / (float)*seen;
+    lg->accuracy = m->compile.metrics ? (float)*right / (float)*seen : 0.0f;
+    mp__fit_logs(m, lg);
+    return st;
+}
+
+/* A device's metrics stay there until the host needs them: at the epoch's
+   end, when the log is full, and for batch hooks a few times a second (each
+   read waits for the device). So on a device backend on_batch_end comes
+   after the step of a read, as Keras calls batch hooks once per
+   steps_per_execution; on the CPU, after every step. */
+static int mp__fit_read_now(const mp_model *m, const mp__fit_callbacks *cb, int last, mp__clock read) {
+    int i, hooks = 0;
+    if (!m->be->device_memory || last || m->metric_count == MP__METRIC_LOG) return 1;
+    for (i = 0; i < cb->n; i++) hooks |= cb->list[i].on_batch_end != NULL;
+    return hooks && mp__seconds_since(read) >= 0.25f;
+}
+
 /* One epoch: its shuffled batches, each a training step and the batch
    hooks, then validation. */
 static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_callbacks *cb, mp_fit_state *s,
-                               const size_t *idx, size_t n_train, size_t batch, mp_logs *lg) {
+                               const size_t *idx, uint32_t *order, size_t n_train, size_t batch, mp_logs *lg) {
     float sum = 0.0f;
     size_t right = 0, seen = 0;
-    mp__clock start = mp__now();
+    mp__clock start = mp__now(), read = start;
     mp_status st = MP_OK;
     memset(lg, 0, sizeof *lg);
+    if (m->data_block) mp__send_order(m, idx, order, n_train);
+    m->metric_count = 0;
     for (s->step = 0; s->step < s->steps && st == MP_OK && !s->stop_training; s->step++) {
-        size_t b = mp__min(batch, n_train - s->step * batch), c = 0;
-        float loss = 0.0f;
+        size_t b = mp__min(batch, n_train - s->step * batch);
         mp__gather(m, &d->data, idx, s->step * batch, b);
-        if ((st = mp__train_step(m, b, &loss, &c)) != MP_OK) break;
-        sum += loss * (float)b; /* Keras weighs each batch's loss by its size */
-        right += c;
-        seen += b;
-        lg->loss = sum / (float)seen;
-        lg->accuracy = m->compile.metrics ? (float)right / (float)seen : 0.0f;
-        mp__fit_logs(m, lg);
+        if ((st = mp__train_step(m, b)) != MP_OK) break;
+        if (!mp__fit_read_now(m, cb, s->step + 1 == s->steps, read)) continue;
+        if ((st = mp__fit_read(m, &sum, &right, &seen, lg)) != MP_OK) break;
+        read = mp__now();
         st = mp__call_hooks(cb->list, cb->n, MP__BATCH_END, s, lg);
     }
+    if (st == MP_OK && m->metric_count) st = mp__fit_read(m, &sum, &right, &seen, lg); /* stopped early */
     if (st == MP_OK && s->has_validation)
         st = mp__evaluate_range(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
     lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
@@ -6038,6 +6297,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_state s;
     mp_callback *list;
     size_t n_train = 0, batch = 0, i, *idx, list_bytes;
+    uint32_t *order = NULL; /* the order as the device takes it */
     uint64_t rng;
     mp_status st;
     int begun = 0;
@@ -6055,6 +6315,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     idx = (size_t *)(void *)((char *)list + list_bytes);
     mp__fit_callbacks_init(&d, s.epochs, list, &cb);
     for (i = 0; i < n_train; i++) idx[i] = i;
+    mp__upload_data(m, &d, n_train, batch);
+    if (m->data_block && !(order = (uint32_t *)mp__alloc(n_train * sizeof(uint32_t)))) mp__free_data(m);
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
     for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
     /* on_train_begin one callback at a time: on_train_end goes to those it reached */
@@ -6065,7 +6327,7 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         mp_logs lg;
         if ((st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_BEGIN, &s, NULL)) != MP_OK) break;
         if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
-        if ((st = mp__fit_epoch(m, &d, &cb, &s, idx, n_train, batch, &lg)) != MP_OK) break;
+        if ((st = mp__fit_epoch(m, &d, &cb, &s, idx, order, n_train, batch, &lg)) != MP_OK) break;
         st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_END, &s, &lg);
     }
     s.status = st;
@@ -6074,6 +6336,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
         if (st == MP_OK) st = end;
     }
     mp__free(list);
+    mp__free(order);
+    mp__free_data(m);
     return st;
 }
 
@@ -6128,6 +6392,7 @@ MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *o
     out->current = bm.current;
     out->peak = bm.peak;
     out->backend = m->be->name;
+    out->fallbacks = bm.fallbacks;
     return MP_OK;
 }
 

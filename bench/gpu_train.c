@@ -81,6 +81,7 @@ typedef struct mlp_run {
     double step_s;
     long steps;
     size_t peak;
+    mp_cuda_stats before, after; /* the backend's counts around the timed steps */
 } mlp_run;
 
 static mp_model *build_mlp(const char *policy, const mp_cuda_config *cfg) {
@@ -136,19 +137,25 @@ static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     train_step(m, x, labels, S.batch); /* allocates the activations and scratch */
     train_step(m, x, labels, S.batch);
     r->steps = 0;
+    mp_cuda_get_stats(&r->before);
     t0 = now_s();
     do {
         train_step(m, x, labels, S.batch);
         r->steps++;
     } while (r->steps < 5 || now_s() - t0 < S.min_s);
     r->step_s = (now_s() - t0) / (double)r->steps;
+    mp_cuda_get_stats(&r->after);
     check(mp_model_memory_info(m, &mem), m, "memory info");
     r->peak = mem.peak;
     mp_model_destroy(m);
     printf("bench=gpu_train impl=mixprec what=mlp units=%d batch=%d policy=%s tf32=%d steps=%ld ms_per_step=%.2f "
-           "images_per_s=%.0f tflops=%.1f peak_mib=%.0f\n",
+           "images_per_s=%.0f tflops=%.1f peak_mib=%.0f host_waits_per_step=%.1f bytes_in_per_step=%.0f "
+           "launches_per_step=%.1f fallbacks=%llu\n",
            S.units, S.batch, r->policy, r->tf32, r->steps, r->step_s * 1e3, S.batch / r->step_s,
-           mlp_step_flops() / r->step_s * 1e-12, (double)r->peak / MIB);
+           mlp_step_flops() / r->step_s * 1e-12, (double)r->peak / MIB,
+           (double)(r->after.host_waits - r->before.host_waits) / (double)r->steps,
+           (double)(r->after.bytes_in - r->before.bytes_in) / (double)r->steps,
+           (double)(r->after.launches - r->before.launches) / (double)r->steps, r->after.fallbacks - r->before.fallbacks);
     fflush(stdout);
 }
 
@@ -189,9 +196,9 @@ static void time_gemm(mp_dtype dt, int tf32, int n, peaks pk) {
     a = be->alloc(ctx, bytes), b = be->alloc(ctx, bytes), c = be->alloc(ctx, bytes);
     if (!a || !b || !c) check(MP_ERR_ALLOC, NULL, "GEMM operands");
     random_fill(host, count, 1);
-    be->cast_in(ctx, a, dt, host, count);
+    be->cast_in(ctx, a, dt, host, count, NULL);
     random_fill(host, count, 2);
-    be->cast_in(ctx, b, dt, host, count);
+    be->cast_in(ctx, b, dt, host, count, NULL);
     memset(&g, 0, sizeof g);
     g.m = g.n = g.k = (size_t)n;
     g.a = a, g.b = b, g.c = c;

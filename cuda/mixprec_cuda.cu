@@ -4,13 +4,13 @@
    Each op of mp_backend is one function below; the kernels it launches
    repeat, line for line, what the CPU backend's function of the same name
    (mp__cpu_*) does to one element, row or column, widening every dtype to
-   float32 and rounding once on the way out (__float2half_rn and
-   __float2bfloat16_rn round to nearest even, as mixprec's conversions).
+   float32 and rounding once on the way out with mixprec.h's own integer
+   rounding (>>rules), so casts give the CPU's bits, NaN included.
    The activations, the losses of a row and the accuracy are mixprec.h's
    own (>>rules, compiled here for the device through MIXPREC_RULES).
    Where the CPU sums in a loop the kernel sums in the same order, one
-   thread per row or column (column sums over more than 256 rows go in
-   parts of 256, added in order); no kernel adds floats with atomics, so
+   thread per row or column (the loss sum and column sums over more than
+   256 rows go in parts of 256, added in order); no kernel adds floats with atomics, so
    results never depend on scheduling.
 
    Everything is queued on one non-blocking stream. A failing call records
@@ -34,6 +34,7 @@
 #define MP__CU_THREADS 256      /* threads per block */
 #define MP__CU_MAX_BLOCKS 65536 /* grid-stride loops cover the rest */
 #define MP__CU_BLOCKS 64        /* allocations one context tracks */
+#define MP__CU_PINNED 8         /* pinned host blocks (staging) one context tracks */
 #define MP__CU_PLANS 64         /* cached cuBLASLt plans */
 #define MP__CU_PART_ROWS 256    /* rows per partial column sum */
 #define MP__CU_WORKSPACE (32u << 20)
@@ -54,7 +55,8 @@ typedef struct mp__cu_key {
 } mp__cu_key;
 
 typedef struct mp__cu_plan {
-    int used;
+    int used, refused; /* refused: the heuristic or cublasLtMatmul said no; remembered */
+    unsigned long long last; /* when last asked for: the least recent is evicted */
     mp__cu_key key;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
@@ -66,24 +68,40 @@ typedef struct mp__cu_stats { /* mp__scan's counts, on the device */
     unsigned int max_abs, min_abs; /* float32 bits of finite nonzero magnitudes */
 } mp__cu_stats;
 
+/* A pinned host block (host_alloc) and, for each stream, an event after
+   the last copy that reads it: the host may write it once both are done. */
+typedef struct mp__cu_pinned {
+    void *p;
+    size_t bytes;
+    cudaEvent_t read[2]; /* on the compute stream, on the copy stream */
+} mp__cu_pinned;
+
 typedef struct mp__cu {
     int device, tf32;
-    cudaStream_t stream;
+    cudaStream_t stream;         /* every kernel, product and copy but the batch's */
+    cudaStream_t copy;           /* cast_in's upload, ahead of the compute */
     cublasLtHandle_t lt;
     mp__cu_buf ws;               /* cuBLASLt workspace */
     mp__cu_buf d32, a32, b32;    /* a product's float32 result; widened operands */
-    mp__cu_buf stage;            /* cast_in: the batch as float32 */
+    mp__cu_buf stage[2];         /* cast_in: two batches as float32, alternating */
+    cudaEvent_t uploaded[2], consumed[2]; /* stage[j] written (copy stream), read (compute stream) */
+    int turn;                    /* the stage the next batch goes to */
+    mp__cu_pinned pinned[MP__CU_PINNED];
     mp__cu_buf rows;             /* per-row losses and counts, partial column sums */
     mp__cu_buf stats;            /* one mp__cu_stats */
     mp__cu_buf blocks[MP__CU_BLOCKS]; /* what alloc handed out */
     size_t current, peak;        /* bytes held: blocks and scratch; the most */
     mp__cu_plan plans[MP__CU_PLANS];
-    int next_plan;
+    unsigned long long plan_clock; /* plan lookups so far */
     cublasStatus_t refused;      /* the heuristic's last refusal, for the error message */
+    size_t fallbacks;            /* products on a slower path than their dtypes ask (memory().fallbacks) */
+    int warned;                  /* the first fallback was named on stderr */
     char error[256];             /* the first failure; "" while none */
 } mp__cu;
 
 static char mp__cu_reason[256]; /* mp_cuda_last_error() */
+static mp_cuda_stats mp__cu_stats_now; /* mp_cuda_get_stats(): every context's, process-wide */
+static int mp__cu_poisoned;     /* a device fault: the process's CUDA context is lost */
 
 static void mp__cu_set_reason(const char *what, const char *why) {
     snprintf(mp__cu_reason, sizeof mp__cu_reason, "%s%s%s", what, why[0] ? ": " : "", why);
@@ -94,13 +112,32 @@ static int mp__cu_fail(mp__cu *c, const char *what, const char *why) {
     return 0;
 }
 
+/* Counts a host wait (the call's result passes through). */
+static cudaError_t mp__cu_waited(cudaError_t e) {
+    mp__cu_stats_now.host_waits++;
+    return e;
+}
+
+/* A sticky error (CUDA Runtime API, cudaError: "the process must be
+   terminated and relaunched"): a kernel's illegal or misaligned address, a
+   trap, a launch failure. Allocation failures and bad arguments are not. */
+static int mp__cu_fault(cudaError_t e) {
+    return e == cudaErrorIllegalAddress || e == cudaErrorMisalignedAddress || e == cudaErrorLaunchFailure ||
+           e == cudaErrorAssert || e == cudaErrorIllegalInstruction;
+}
+
 /* 1 on success; else records the first error and returns 0. The runtime's
    own last error is cleared, so that the next launch's check (of this or
    another context) does not see it again. */
 static int mp__cu_ok(mp__cu *c, cudaError_t e, const char *what) {
+    char why[200];
     if (e == cudaSuccess) return 1;
     (void)cudaGetLastError();
-    return mp__cu_fail(c, what, cudaGetErrorString(e));
+    if (!mp__cu_fault(e)) return mp__cu_fail(c, what, cudaGetErrorString(e));
+    mp__cu_poisoned = 1;
+    snprintf(why, sizeof why, "%s: a device fault, which poisons the CUDA context of the whole process (every model "
+             "on this GPU fails from now on): restart the process", cudaGetErrorString(e));
+    return mp__cu_fail(c, what, why);
 }
 
 static int mp__lt_ok(mp__cu *c, cublasStatus_t s, const char *what) {
@@ -129,7 +166,7 @@ static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
 static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
     void *p = NULL;
     if (b->bytes >= bytes) return b->p;
-    if (!mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to grow a scratch buffer")) return NULL;
+    if (!mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting to grow a scratch buffer")) return NULL;
     if (!mp__cu_ok(c, cudaMalloc(&p, bytes), "cudaMalloc (scratch)")) return NULL;
     mp__cu_count(c, bytes, 0); /* both, for a moment */
     mp__cu_release(c, b);
@@ -141,16 +178,19 @@ static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
 /* >>device helpers: one element of a dtype as float32, and back, rounding once */
 static size_t mp__cu_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
 
+/* mixprec.h's own rounding (>>rules), not __float2half_rn and friends:
+   the same bits as the CPU, NaN sign and payload included (CUDA's give a
+   canonical NaN). */
 static __device__ __forceinline__ float mp__ld(const void *p, mp_dtype t, size_t i) {
     if (t == MP_FLOAT32) return ((const float *)p)[i];
-    if (t == MP_FLOAT16) return __half2float(((const __half *)p)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (t == MP_FLOAT16) return __uint_as_float(mp__f32_bits_from_f16(((const uint16_t *)p)[i]));
+    return __uint_as_float(mp__f32_bits_from_bf16(((const uint16_t *)p)[i]));
 }
 
 static __device__ __forceinline__ void mp__st(void *p, mp_dtype t, size_t i, float v) {
     if (t == MP_FLOAT32) ((float *)p)[i] = v;
-    else if (t == MP_FLOAT16) ((__half *)p)[i] = __float2half_rn(v);
-    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (t == MP_FLOAT16) ((uint16_t *)p)[i] = mp__f16_from_f32_bits(__float_as_uint(v));
+    else ((uint16_t *)p)[i] = mp__bf16_from_f32_bits(__float_as_uint(v));
 }
 
 #define MP__CU_LOOP(i, n) \
@@ -172,6 +212,7 @@ static unsigned mp__cu_grid(size_t n) {
     do {                                                                                  \
         if ((n) > 0) {                                                                    \
             MP__CU_RUN(mp__cu_grid(n), MP__CU_THREADS, (c)->stream, kernel, __VA_ARGS__);  \
+            mp__cu_stats_now.launches++;                                                  \
             (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                            \
         }                                                                                 \
     } while (0)
@@ -180,12 +221,28 @@ static unsigned mp__cu_grid(size_t n) {
 #define MP__CU_LAUNCH1(c, kernel, ...)                                                    \
     do {                                                                                  \
         MP__CU_RUN(1, 1, (c)->stream, kernel, __VA_ARGS__);                               \
+        mp__cu_stats_now.launches++;                                                      \
         (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                                \
     } while (0)
 
 /* >>elementwise kernels */
 static __global__ void mp__k_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
     MP__CU_LOOP(i, n) mp__st(dst, dt, i, mp__ld(src, st, i));
+}
+
+/* The batch's cast, and *nonfinite = 1 if any value is Inf or NaN. */
+static __global__ void mp__k_cast_in(void *dst, mp_dtype dt, const float *src, size_t n, int *nonfinite) {
+    unsigned bad = 0;
+    MP__CU_LOOP(i, n) {
+        bad |= (__float_as_uint(src[i]) & 0x7F800000u) == 0x7F800000u;
+        mp__st(dst, dt, i, src[i]);
+    }
+    if (bad && nonfinite) atomicOr(nonfinite, 1);
+}
+
+/* Rows of 32-bit words gathered: dst row r = src row idx[r]. */
+static __global__ void mp__k_gather(uint32_t *dst, const uint32_t *src, const uint32_t *idx, size_t rows, size_t words) {
+    MP__CU_LOOP(e, rows * words) dst[e] = src[(size_t)idx[e / words] * words + e % words];
 }
 
 /* bias_act without softmax: y = act(x + bias[col]) */
@@ -273,15 +330,6 @@ static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int 
         if (bias) acc += mp__ld(bias, biast, i % n);
         if (z) mp__st(z, ct, i, acc);
         mp__st(c, ct, i, mp__act(act, acc));
-    }
-}
-
-/* ReLU on a product cuBLASLt already rounded into C (exact: rounding to
-   nearest keeps the sign, so relu(round(x)) == round(relu(x)) up to -0). */
-static __global__ void mp__k_relu(void *c, mp_dtype ct, size_t n) {
-    MP__CU_LOOP(i, n) {
-        float v = mp__ld(c, ct, i);
-        mp__st(c, ct, i, v < 0.0f ? 0.0f : v);
     }
 }
 
@@ -409,13 +457,30 @@ static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void
     }
 }
 
-/* The batch's sums in row order, as the CPU: one thread. */
-static __global__ void mp__k_loss_sum(float *metrics, const float *row_loss, const unsigned *right, size_t rows) {
+/* The batch's sums in a fixed two-level order (deterministic run to run):
+   each thread sums MP__CU_PART_ROWS rows in order, then one thread adds
+   the parts in order. Up to MP__CU_PART_ROWS rows this is the CPU's sum. */
+static __global__ void mp__k_loss_parts(float *part_loss, unsigned *part_right, const float *row_loss,
+                                        const unsigned *right, size_t rows, size_t parts) {
+    MP__CU_LOOP(p, parts) {
+        size_t r = p * MP__CU_PART_ROWS, end = r + MP__CU_PART_ROWS < rows ? r + MP__CU_PART_ROWS : rows;
+        float sum = 0.0f;
+        unsigned correct = 0;
+        for (; r < end; r++) {
+            sum += row_loss[r];
+            correct += right[r];
+        }
+        part_loss[p] = sum;
+        part_right[p] = correct;
+    }
+}
+
+static __global__ void mp__k_loss_sum(float *metrics, const float *part_loss, const unsigned *part_right, size_t parts) {
     float sum = 0.0f;
-    size_t r, correct = 0;
-    for (r = 0; r < rows; r++) {
-        sum += row_loss[r];
-        correct += right[r];
+    size_t p, correct = 0;
+    for (p = 0; p < parts; p++) {
+        sum += part_loss[p];
+        correct += part_right[p];
     }
     metrics[0] = sum;
     metrics[1] = (float)correct;
@@ -426,12 +491,12 @@ static __device__ __forceinline__ size_t mp__cu_nhwc(size_t img, size_t y, size_
     return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
 }
 
-/* col [OH*OW, KH*KW*C]: one thread per element, a raw copy or zero. */
+/* col [n*OH*OW, KH*KW*C] of n images: one thread per element, a raw copy or zero. */
 template <typename T>
-static __global__ void mp__k_im2col(T *col, const T *img, mp_conv_geom g) {
-    size_t n = (size_t)g.oh * g.ow * g.kh * g.kw * g.c;
-    MP__CU_LOOP(e, n) {
-        size_t q = e / (size_t)g.c, ch = e % (size_t)g.c;
+static __global__ void mp__k_im2col(T *col, const T *img, size_t images, mp_conv_geom g) {
+    size_t per = (size_t)g.oh * g.ow * g.kh * g.kw * g.c;
+    MP__CU_LOOP(e, images * per) {
+        size_t q = e % per / (size_t)g.c, ch = e % (size_t)g.c, at = e / per * (size_t)g.h * g.w * g.c;
         int kx = (int)(q % (size_t)g.kw), ky, ox, oy, iy, ix;
         q /= (size_t)g.kw;
         ky = (int)(q % (size_t)g.kh);
@@ -440,17 +505,18 @@ static __global__ void mp__k_im2col(T *col, const T *img, mp_conv_geom g) {
         oy = (int)(q / (size_t)g.ow);
         iy = oy * g.sh - g.pt + ky;
         ix = ox * g.sw - g.pl + kx;
-        col[e] = iy < 0 || iy >= g.h || ix < 0 || ix >= g.w ? (T)0 : img[((size_t)iy * g.w + (size_t)ix) * g.c + ch];
+        col[e] = iy < 0 || iy >= g.h || ix < 0 || ix >= g.w ? (T)0 : img[at + ((size_t)iy * g.w + (size_t)ix) * g.c + ch];
     }
 }
 
 /* img = the sum of the columns that read each pixel, one thread per pixel
    and channel, adding in the CPU's order: windows by (oy, ox) ascending,
    which is (ky, kx) descending. Overwrites img. */
-static __global__ void mp__k_col2im(float *img, const float *col, mp_conv_geom g) {
-    size_t n = (size_t)g.h * g.w * g.c;
-    MP__CU_LOOP(e, n) {
-        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c;
+static __global__ void mp__k_col2im(float *img, const float *col_all, size_t images, mp_conv_geom g) {
+    size_t per = (size_t)g.h * g.w * g.c;
+    MP__CU_LOOP(e, images * per) {
+        const float *col = col_all + e / per * ((size_t)g.oh * g.ow * g.kh * g.kw * g.c);
+        size_t ch = e % (size_t)g.c, q = e % per / (size_t)g.c;
         int ix = (int)(q % (size_t)g.w), iy = (int)(q / (size_t)g.w), ky, kx;
         float sum = 0.0f;
         for (ky = g.kh - 1; ky >= 0; ky--) {
@@ -524,6 +590,19 @@ static __global__ void mp__k_max_pool_backward(void *dx, mp_dtype dxt, const voi
 /* >>backend ops */
 static mp__cu *mp__cu_of(void *ctx) { return (mp__cu *)ctx; }
 
+static int mp__cu_events(mp__cu *c, cudaEvent_t *e, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!mp__cu_ok(c, cudaEventCreateWithFlags(&e[i], cudaEventDisableTiming), "cudaEventCreateWithFlags")) return 0;
+    return 1;
+}
+
+static void mp__cu_drop_events(cudaEvent_t *e, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (e[i]) (void)cudaEventDestroy(e[i]);
+}
+
 static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     const mp_cuda_config *cfg = (const mp_cuda_config *)config;
     int count = mp_cuda_device_count(), device = cfg ? cfg->device : 0;
@@ -531,6 +610,10 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     (void)threads; /* the host thread only queues work */
     *ctx = NULL;
     if (count == 0) return MP_ERR_BACKEND; /* the reason is set */
+    if (mp__cu_poisoned) {
+        mp__cu_set_reason("an earlier device fault poisoned this process's CUDA context", "restart the process");
+        return MP_ERR_BACKEND;
+    }
     if (device < 0 || device >= count) {
         snprintf(mp__cu_reason, sizeof mp__cu_reason, "device %d requested, the driver sees %d", device, count);
         return MP_ERR_ARG;
@@ -544,6 +627,8 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     c->ws.bytes = cfg && cfg->workspace_bytes ? cfg->workspace_bytes : MP__CU_WORKSPACE;
     if (mp__cu_ok(c, cudaSetDevice(device), "cudaSetDevice") &&
         mp__cu_ok(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        mp__cu_ok(c, cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (copy)") &&
+        mp__cu_events(c, c->uploaded, 2) && mp__cu_events(c, c->consumed, 2) &&
         mp__lt_ok(c, cublasLtCreate(&c->lt), "cublasLtCreate") &&
         mp__cu_ok(c, cudaMalloc(&c->ws.p, c->ws.bytes), "cudaMalloc (cuBLASLt workspace)")) {
         mp__cu_count(c, c->ws.bytes, 0);
@@ -553,36 +638,46 @@ static mp_status mp__cu_create(void **ctx, int threads, const void *config) {
     }
     mp__cu_set_reason(c->error, "");
     if (c->lt) cublasLtDestroy(c->lt);
+    mp__cu_drop_events(c->uploaded, 2);
+    mp__cu_drop_events(c->consumed, 2);
+    if (c->copy) cudaStreamDestroy(c->copy);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     return MP_ERR_BACKEND;
 }
 
 static void mp__cu_plan_free(mp__cu_plan *p) {
-    if (!p->used) return;
-    cublasLtMatrixLayoutDestroy(p->a);
-    cublasLtMatrixLayoutDestroy(p->b);
-    cublasLtMatrixLayoutDestroy(p->d);
-    cublasLtMatmulDescDestroy(p->op);
-    p->used = 0;
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
 }
+
+static void mp__cu_host_free(void *ctx, void *p);
 
 static void mp__cu_destroy(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
     int i;
     if (!c) return;
     (void)cudaSetDevice(c->device);
+    (void)cudaStreamSynchronize(c->copy);
     (void)cudaStreamSynchronize(c->stream);
     for (i = 0; i < MP__CU_PLANS; i++) mp__cu_plan_free(&c->plans[i]);
+    for (i = 0; i < MP__CU_PINNED; i++) mp__cu_host_free(c, c->pinned[i].p);
     for (i = 0; i < MP__CU_BLOCKS; i++) mp__cu_release(c, &c->blocks[i]); /* what the caller did not free */
     mp__cu_release(c, &c->ws);
     mp__cu_release(c, &c->d32);
     mp__cu_release(c, &c->a32);
     mp__cu_release(c, &c->b32);
-    mp__cu_release(c, &c->stage);
+    mp__cu_release(c, &c->stage[0]);
+    mp__cu_release(c, &c->stage[1]);
     mp__cu_release(c, &c->rows);
     mp__cu_release(c, &c->stats);
     cublasLtDestroy(c->lt);
+    mp__cu_drop_events(c->uploaded, 2);
+    mp__cu_drop_events(c->consumed, 2);
+    cudaStreamDestroy(c->copy);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -623,28 +718,88 @@ static void mp__cu_free(void *ctx, void *p) {
     for (i = 0; i < MP__CU_BLOCKS && c->blocks[i].p != p; i++) {}
     if (i == MP__CU_BLOCKS) return; /* not ours */
     (void)cudaSetDevice(c->device);
-    (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "waiting to free a block");
+    (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting to free a block");
     mp__cu_release(c, &c->blocks[i]);
 }
 
 static void mp__cu_memory(void *ctx, mp_backend_memory *out) {
     const mp__cu *c = mp__cu_of(ctx);
+    out->fallbacks = c->fallbacks;
     out->current = c->current;
     out->peak = c->peak;
-    out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage.bytes + c->rows.bytes +
+    out->workspace = c->ws.bytes + c->d32.bytes + c->a32.bytes + c->b32.bytes + c->stage[0].bytes + c->stage[1].bytes + c->rows.bytes +
                      c->stats.bytes;
 }
 
-/* Copies to the host wait for them; so do copies from it, so that the
-   caller may reuse its buffer at once (pageable or pinned alike). */
+/* >>pinned staging: host_alloc's blocks, and when the host may write them */
+static mp__cu_pinned *mp__cu_pinned_of(mp__cu *c, const void *p) {
+    int i;
+    for (i = 0; i < MP__CU_PINNED; i++) {
+        const char *b = (const char *)c->pinned[i].p;
+        if (b && (const char *)p >= b && (const char *)p < b + c->pinned[i].bytes) return &c->pinned[i];
+    }
+    return NULL;
+}
+
+/* After a copy from host memory on stream `on` (0 compute, 1 copy): if the
+   memory is pinned, the copy reads it when it runs, so mark when that is. */
+static void mp__cu_mark_read(mp__cu *c, const void *src, int on) {
+    mp__cu_pinned *b = mp__cu_pinned_of(c, src);
+    if (b) (void)mp__cu_ok(c, cudaEventRecord(b->read[on], on ? c->copy : c->stream), "cudaEventRecord (pinned)");
+}
+
+/* NULL when out of pinned memory or slots: mixprec then stages in its own. */
+static void *mp__cu_host_alloc(void *ctx, size_t bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b;
+    int i;
+    if (!mp__cu_live(c)) return NULL;
+    for (i = 0; i < MP__CU_PINNED && c->pinned[i].p; i++) {}
+    if (i == MP__CU_PINNED) return NULL;
+    b = &c->pinned[i];
+    if (cudaHostAlloc(&b->p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of pinned memory is not sticky */
+        b->p = NULL;
+        return NULL;
+    }
+    b->bytes = bytes;
+    if (!mp__cu_events(c, b->read, 2)) return NULL;
+    return b->p;
+}
+
+static void mp__cu_host_free(void *ctx, void *p) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b = p ? mp__cu_pinned_of(c, p) : NULL;
+    if (!b) return;
+    (void)cudaFreeHost(b->p); /* waits for the device */
+    mp__cu_drop_events(b->read, 2);
+    memset(b, 0, sizeof *b);
+}
+
+/* Waits (on the host) for the copies that read p's block: the ones queued
+   before this batch's, so the device keeps computing meanwhile. */
+static void mp__cu_host_wait(void *ctx, const void *p) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__cu_pinned *b = mp__cu_pinned_of(c, p);
+    if (b && mp__cu_live(c))
+        (void)(mp__cu_ok(c, mp__cu_waited(cudaEventSynchronize(b->read[0])), "waiting for a staging buffer") &&
+               mp__cu_ok(c, cudaEventSynchronize(b->read[1]), "waiting for a staging buffer"));
+}
+
+/* Copies to the host wait for them. Copies from it do not: from pageable
+   memory the driver takes the bytes before it returns (the caller may
+   reuse its buffer), from pinned memory the copy reads it when it runs
+   (host_wait says when the host may write it again). */
 static void mp__cu_copy(void *ctx, void *dst, const void *src, size_t bytes, mp_copy_kind kind) {
     mp__cu *c = mp__cu_of(ctx);
     cudaMemcpyKind k = kind == MP_COPY_TO_BACKEND ? cudaMemcpyHostToDevice
                        : kind == MP_COPY_TO_HOST  ? cudaMemcpyDeviceToHost
                                                   : cudaMemcpyDeviceToDevice;
     if (!bytes || !mp__cu_live(c)) return;
-    if (mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync") && kind != MP_COPY_WITHIN)
-        (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "a copy between host and device");
+    if (!mp__cu_ok(c, cudaMemcpyAsync(dst, src, bytes, k, c->stream), "cudaMemcpyAsync")) return;
+    if (kind == MP_COPY_TO_BACKEND) mp__cu_stats_now.bytes_in += bytes;
+    if (kind == MP_COPY_TO_BACKEND) mp__cu_mark_read(c, src, 0);
+    if (kind == MP_COPY_TO_HOST) (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "a copy to the host");
 }
 
 static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
@@ -654,7 +809,7 @@ static void mp__cu_zero(void *ctx, void *p, size_t bytes) {
 
 static mp_status mp__cu_sync(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
-    if (mp__cu_live(c)) (void)mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the queued work");
+    if (mp__cu_live(c)) (void)mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "the queued work");
     return c->error[0] ? MP_ERR_BACKEND : MP_OK;
 }
 
@@ -678,17 +833,29 @@ static mp_status mp__cu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
 static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n,
                         mp_cast_stats *stats);
 
-static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+/* The batch in: uploaded on the copy stream into one of two float32
+   stages (the other may still be read by the previous batch's cast), then
+   cast on the compute stream, which waits for the upload only: so batch
+   k+1's upload overlaps step k's compute. The cast checks every value for
+   Inf and NaN, so the host need not scan the batch. */
+static void mp__cu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
     mp__cu *c = mp__cu_of(ctx);
-    void *stage;
+    int j;
+    float *stage;
     if (!n || !mp__cu_live(c)) return;
-    if (dt == MP_FLOAT32) {
-        mp__cu_copy(ctx, dst, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
-        return;
+    j = c->turn ^= 1;
+    if (!(stage = (float *)mp__cu_grow(c, &c->stage[j], n * sizeof(float)))) return;
+    if (mp__cu_ok(c, cudaStreamWaitEvent(c->copy, c->consumed[j], 0), "cudaStreamWaitEvent (stage free)") &&
+        mp__cu_ok(c, cudaMemcpyAsync(stage, host_src, n * sizeof(float), cudaMemcpyHostToDevice, c->copy),
+                  "cudaMemcpyAsync (the batch)")) {
+        mp__cu_mark_read(c, host_src, 1);
+        mp__cu_stats_now.bytes_in += n * sizeof(float);
+        if (mp__cu_ok(c, cudaEventRecord(c->uploaded[j], c->copy), "cudaEventRecord (uploaded)") &&
+            mp__cu_ok(c, cudaStreamWaitEvent(c->stream, c->uploaded[j], 0), "cudaStreamWaitEvent (uploaded)")) {
+            MP__CU_LAUNCH(c, n, mp__k_cast_in, dst, dt, stage, n, nonfinite);
+            (void)mp__cu_ok(c, cudaEventRecord(c->consumed[j], c->stream), "cudaEventRecord (consumed)");
+        }
     }
-    if (!(stage = mp__cu_grow(c, &c->stage, n * sizeof(float)))) return;
-    mp__cu_copy(ctx, stage, host_src, n * sizeof(float), MP_COPY_TO_BACKEND);
-    mp__cu_cast(ctx, dst, dt, stage, MP_FLOAT32, n, NULL);
 }
 
 /* With stats: the counts of mp_convert, made on the device and added to
@@ -700,7 +867,7 @@ static void mp__cu_add_stats(mp__cu *c, const void *src, mp_dtype st, mp_dtype d
     MP__CU_LAUNCH1(c, mp__k_stats_init, d);
     MP__CU_LAUNCH(c, n, mp__k_stats, d, src, st, n, mp__cu_ranges_of[dt]);
     if (c->error[0] || !mp__cu_ok(c, cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (stats)") ||
-        !mp__cu_ok(c, cudaStreamSynchronize(c->stream), "the cast stats"))
+        !mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "the cast stats"))
         return;
     stats->count += n;
     stats->nan_in += h.nan;
@@ -738,7 +905,7 @@ static void mp__cu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_d
    may only reduce in float32 (never in C's dtype, which would round twice).
    cuBLASLt writes C itself, with beta = 1 to accumulate and its bias
    epilogue, when C's dtype is the operands' or float32 and the activation
-   is linear or ReLU (a separate pass, exact). Otherwise it writes a float32
+   is linear or ReLU (its RELU epilogue: before the rounding, as the CPU). Otherwise it writes a float32
    scratch and mp__k_epilogue does the CPU's epilogue: sigmoid, tanh and
    gelu see the unrounded sum, and gelu's pre-activation is kept. */
 static cudaDataType_t mp__cu_type(mp_dtype t) {
@@ -814,12 +981,11 @@ static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, co
         }
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!ok || !found) {
-        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-        if (p->d) cublasLtMatrixLayoutDestroy(p->d);
-        if (p->op) cublasLtMatmulDescDestroy(p->op);
-        memset(p, 0, sizeof *p);
+    if (!ok || !found) { /* a refusal is kept, so the heuristic is asked once */
+        mp__cu_plan_free(p);
+        p->used = ok;
+        p->refused = 1;
+        p->key = *key;
         return ok ? 0 : -1;
     }
     p->used = 1;
@@ -828,31 +994,37 @@ static int mp__cu_plan_make(mp__cu *c, mp__cu_plan *p, const mp__cu_key *key, co
     return 1;
 }
 
-/* The cached plan for key, or a new one in place of the oldest. */
+/* The cached plan for key (a remembered refusal: NULL, status 0), or a new
+   one in place of the least recently used (a model's few dozen products
+   stay cached whatever else runs). */
 static mp__cu_plan *mp__cu_plan_for(mp__cu *c, const mp__cu_key *key, const void *bias, int *status) {
-    mp__cu_plan *p;
+    mp__cu_plan *p = &c->plans[0];
     int i;
-    for (i = 0; i < MP__CU_PLANS; i++)
-        if (c->plans[i].used && mp__cu_key_eq(&c->plans[i].key, key)) {
-            *status = 1;
-            return &c->plans[i];
+    c->plan_clock++;
+    for (i = 0; i < MP__CU_PLANS; i++) {
+        mp__cu_plan *q = &c->plans[i];
+        if (q->used && mp__cu_key_eq(&q->key, key)) {
+            q->last = c->plan_clock;
+            *status = q->refused ? 0 : 1;
+            return q->refused ? NULL : q;
         }
-    p = &c->plans[c->next_plan];
+        if (!q->used || (p->used && q->last < p->last)) p = q;
+    }
     mp__cu_plan_free(p);
     *status = mp__cu_plan_make(c, p, key, bias);
-    if (*status != 1) return NULL;
-    c->next_plan = (c->next_plan + 1) % MP__CU_PLANS;
-    return p;
+    p->last = c->plan_clock;
+    return *status == 1 ? p : NULL;
 }
 
-/* One cuBLASLt call: D (dt) = op(A) op(B) [+ C if accumulate] [+ bias].
+/* One cuBLASLt call: D (dt) = relu?(op(A) op(B) [+ C if accumulate] [+ bias]).
    a, b: our operands in ab. 1: ran; 0: no algorithm; -1: error. */
 static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const void *b, mp_dtype ab, void *d,
-                         mp_dtype dt, int accumulate, const void *bias) {
+                         mp_dtype dt, int accumulate, const void *bias, int relu) {
     mp__cu_key key;
     mp__cu_plan *p;
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     int status;
+    cublasStatus_t s;
     memset(&key, 0, sizeof key); /* compared with memcmp: padding too */
     key.op_a = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     key.op_b = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -860,20 +1032,34 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
     key.ab_type = mp__cu_type(ab);
     key.d_type = mp__cu_type(dt);
     key.compute = ab != MP_FLOAT32 ? CUBLAS_COMPUTE_32F : c->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_PEDANTIC;
-    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    /* PEDANTIC refused (it need not have a kernel for every shape): plain
+       CUBLAS_COMPUTE_32F, also float32 without TF32 unless asked (FAST_TF32) */
+    /* ReLU in cuBLASLt's epilogue, before the one rounding, as the CPU's */
+    key.epilogue = bias ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                        : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
     key.align[0] = mp__cu_align(b);
     key.align[1] = mp__cu_align(a);
     key.align[2] = mp__cu_align(d);
     key.align[3] = bias ? mp__cu_align(bias) : 0;
-    if (!(p = mp__cu_plan_for(c, &key, bias, &status))) return status;
+    p = mp__cu_plan_for(c, &key, bias, &status);
+    if (!p && status == 0 && key.compute == CUBLAS_COMPUTE_32F_PEDANTIC) {
+        key.compute = CUBLAS_COMPUTE_32F;
+        p = mp__cu_plan_for(c, &key, bias, &status);
+    }
+    if (!p) return status;
     if (bias && !mp__lt_ok(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                            "BIAS_POINTER"))
         return -1;
-    return mp__lt_ok(c, cublasLtMatmul(c->lt, p->op, &alpha, b, p->a, a, p->b, &beta, d, p->d, d, p->d, &p->algo, c->ws.p,
-                                       c->ws.bytes, c->stream),
-                     "cublasLtMatmul")
-               ? 1
-               : -1;
+    s = cublasLtMatmul(c->lt, p->op, &alpha, b, p->a, a, p->b, &beta, d, p->d, d, p->d, &p->algo, c->ws.p, c->ws.bytes,
+                       c->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) { /* the plan cannot run after all: a refusal, remembered */
+        mp__cu_plan_free(p);
+        p->used = p->refused = 1;
+        p->key = key;
+        return 0;
+    }
+    if (s == CUBLAS_STATUS_SUCCESS) mp__cu_stats_now.launches++;
+    return mp__lt_ok(c, s, "cublasLtMatmul") ? 1 : -1;
 }
 
 /* n elements of src (t) as float32 in scratch buf. */
@@ -886,10 +1072,34 @@ static const void *mp__cu_widen(mp__cu *c, mp__cu_buf *buf, const void *src, mp_
 }
 
 /* Whether cuBLASLt can write C: its dtype, a bias in C's dtype (AMP may
-   hand a float32 bias to a 16-bit C), and an epilogue it does exactly. */
-static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
+   hand a float32 bias to a 16-bit C) and 16-byte aligned (cuBLASLt states
+   no alignment for the BIAS epilogue's pointer, but its kernels may assume
+   16 bytes and fault with a sticky misaligned address: reference.md
+   section 5), and an epilogue it does exactly. */
+static int mp__cu_direct_if_aligned(const mp_gemm_args *g, mp_dtype ab) {
     return (g->ct == ab || g->ct == MP_FLOAT32) && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
            (!g->bias || g->biast == g->ct);
+}
+
+static int mp__cu_direct(const mp_gemm_args *g, mp_dtype ab) {
+    return mp__cu_direct_if_aligned(g, ab) && (!g->bias || (uintptr_t)g->bias % 16 == 0);
+}
+
+static const char *mp__cu_name(mp_dtype t) { return t == MP_FLOAT32 ? "float32" : t == MP_FLOAT16 ? "float16" : "bfloat16"; }
+
+/* A product on a slower path than its dtypes ask: counted (memory's
+   fallbacks), and the first one of a context named on stderr, so that a
+   refused 16-bit plan (10-15x slower widened to float32 on an H100) or an
+   under-aligned bias never passes unseen. */
+static void mp__cu_fallback(mp__cu *c, const mp_gemm_args *g, const char *how) {
+    c->fallbacks++;
+    mp__cu_stats_now.fallbacks++;
+    if (c->warned) return;
+    c->warned = 1;
+    fprintf(stderr,
+            "WARNING: mixprec: the cuda backend: a %zux%zux%zu product (%s x %s -> %s) %s; counted in "
+            "mp_model_memory_info's fallbacks\n",
+            g->m, g->n, g->k, mp__cu_name(g->at), mp__cu_name(g->bt), mp__cu_name(g->ct), how);
 }
 
 static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
@@ -898,6 +1108,7 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
     mp_dtype ab = g->at;
     size_t mn = g->m * g->n;
     float *d32 = NULL;
+    const char *slow = NULL; /* why the product is slower than its dtypes ask, if it is */
     int r, direct;
     if (!g->m || !g->n || !mp__cu_live(c)) return;
     if (g->k == 0) { /* no product: the epilogue over zeros */
@@ -910,14 +1121,17 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
         b = mp__cu_widen(c, &c->b32, g->b, g->bt, g->k * g->n);
         ab = MP_FLOAT32;
     }
+    if (g->bias && mp__cu_direct(g, ab) != mp__cu_direct_if_aligned(g, ab))
+        slow = "has a bias not 16-byte aligned for cuBLASLt's BIAS epilogue: added by a kernel of ours";
     for (;;) { /* cuBLASLt writes C; else the float32 scratch; else widen and retry */
         if (!a || !b) return; /* widening failed: recorded */
         direct = mp__cu_direct(g, ab);
-        r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias) : 0;
+        r = direct ? mp__cu_matmul(c, g, a, b, ab, g->c, g->ct, g->accumulate, g->bias, g->act == MP_RELU) : 0;
+        if (r == 0 && direct) slow = "has no cuBLASLt plan writing C: a float32 result and an epilogue of ours";
         if (r == 0) {
             direct = 0;
             if (!(d32 = (float *)mp__cu_grow(c, &c->d32, mn * sizeof(float)))) return;
-            r = mp__cu_matmul(c, g, a, b, ab, d32, MP_FLOAT32, 0, NULL);
+            r = mp__cu_matmul(c, g, a, b, ab, d32, MP_FLOAT32, 0, NULL, 0);
         }
         if (r != 0) break;
         if (ab == MP_FLOAT32) { /* nothing left to fall back to */
@@ -925,12 +1139,13 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
                               c->refused == CUBLAS_STATUS_SUCCESS ? "none found" : cublasLtGetStatusString(c->refused));
             return;
         }
+        slow = "has no 16-bit cuBLASLt plan: widened to float32";
         a = mp__cu_widen(c, &c->a32, a, ab, g->m * g->k); /* 16-bit without an algorithm */
         b = mp__cu_widen(c, &c->b32, b, ab, g->k * g->n);
         ab = MP_FLOAT32;
     }
     if (r < 0) return;
-    if (direct && g->act == MP_RELU) MP__CU_LAUNCH(c, mn, mp__k_relu, g->c, g->ct, mn);
+    if (slow) mp__cu_fallback(c, g, slow);
     if (!direct)
         MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, d32, g->accumulate, g->bias, g->biast, g->z, g->act, mn, g->n);
 }
@@ -966,13 +1181,18 @@ static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pr
                         mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
                         float *metrics) {
     mp__cu *c = mp__cu_of(ctx);
-    float *row_loss;
+    float *row_loss, *part;
+    size_t parts = (rows + MP__CU_PART_ROWS - 1) / MP__CU_PART_ROWS;
     if (!mp__cu_live(c)) return;
     /* a loss and a count per row (rows <= the floats of dpred) */
-    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
+    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float) + parts * 2 * sizeof(float))))
+        return;
     MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
                   1.0f / (float)rows, row_loss, (unsigned *)(row_loss + rows));
-    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
+    part = row_loss + 2 * rows;
+    MP__CU_LAUNCH(c, parts, mp__k_loss_parts, part, (unsigned *)(part + parts), row_loss, (const unsigned *)(row_loss + rows),
+                  rows, parts);
+    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, part, (const unsigned *)(part + parts), parts);
 }
 
 static void mp__cu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {
@@ -1003,17 +1223,18 @@ static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w
     MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, s1, s2, n, wc, wt, found_inf);
 }
 
-static void mp__cu_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
+static void mp__cu_im2col(void *ctx, void *col, const void *img, size_t images, const mp_conv_geom *g, mp_dtype dt) {
     mp__cu *c = mp__cu_of(ctx);
-    size_t n = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+    size_t n = images * (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
     if (!mp__cu_live(c)) return;
-    if (dt == MP_FLOAT32) MP__CU_LAUNCH(c, n, mp__k_im2col<uint32_t>, (uint32_t *)col, (const uint32_t *)img, *g);
-    else MP__CU_LAUNCH(c, n, mp__k_im2col<uint16_t>, (uint16_t *)col, (const uint16_t *)img, *g);
+    if (dt == MP_FLOAT32) MP__CU_LAUNCH(c, n, mp__k_im2col<uint32_t>, (uint32_t *)col, (const uint32_t *)img, images, *g);
+    else MP__CU_LAUNCH(c, n, mp__k_im2col<uint16_t>, (uint16_t *)col, (const uint16_t *)img, images, *g);
 }
 
-static void mp__cu_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
+static void mp__cu_col2im(void *ctx, float *img, const float *col, size_t images, const mp_conv_geom *g) {
     mp__cu *c = mp__cu_of(ctx);
-    if (mp__cu_live(c)) MP__CU_LAUNCH(c, (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, *g);
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, images * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, images, *g);
 }
 
 static void mp__cu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
@@ -1037,6 +1258,24 @@ static void mp__cu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dt
                            size_t n, float scale) {
     mp__cu *c = mp__cu_of(ctx);
     if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout, y, yt, x, xt, mask, n, scale);
+}
+
+/* Free device memory (0 if it cannot be queried: fit then sends batches). */
+static size_t mp__cu_free_memory(void *ctx) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t free_bytes = 0, total = 0;
+    if (!mp__cu_live(c) || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free_bytes;
+}
+
+static void mp__cu_gather(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t words = row_bytes / 4;
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, rows * words, mp__k_gather, (uint32_t *)dst, (const uint32_t *)src, idx, rows, words);
 }
 
 static const mp_backend mp__cu_backend = {
@@ -1069,6 +1308,11 @@ static const mp_backend mp__cu_backend = {
     MP_OP(max_pool_backward) mp__cu_max_pool_backward,
     MP_OP(dropout_mask) mp__cu_dropout_mask,
     MP_OP(dropout) mp__cu_dropout,
+    MP_OP(host_alloc) mp__cu_host_alloc,
+    MP_OP(host_free) mp__cu_host_free,
+    MP_OP(host_wait) mp__cu_host_wait,
+    MP_OP(free_memory) mp__cu_free_memory,
+    MP_OP(gather) mp__cu_gather,
 };
 
 /* >>public */
@@ -1102,3 +1346,7 @@ extern "C" mp_status mp_cuda_device_name(int device, char *buf, size_t size) {
 }
 
 extern "C" const char *mp_cuda_last_error(void) { return mp__cu_reason; }
+
+extern "C" void mp_cuda_get_stats(mp_cuda_stats *out) {
+    if (out) *out = mp__cu_stats_now;
+}

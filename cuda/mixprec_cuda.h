@@ -58,6 +58,17 @@ mp_status mp_cuda_device_name(int device, char *buf, size_t size);
    mixprec's other global state). Never NULL. */
 const char *mp_cuda_last_error(void);
 
+/* What the backend has asked of the CUDA runtime so far, all contexts
+   together (not synchronised, as the rest of mixprec's global state):
+   take two readings around some steps for figures per step. */
+typedef struct mp_cuda_stats {
+    unsigned long long launches;   /* kernels and cuBLASLt products queued */
+    unsigned long long host_waits; /* stream or event synchronizations the host made */
+    unsigned long long bytes_in;   /* host to device */
+    unsigned long long fallbacks;  /* products on a slower path (see mp_model_memory.fallbacks) */
+} mp_cuda_stats;
+void mp_cuda_get_stats(mp_cuda_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,9 +56,10 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--target") == 0) goal.val_accuracy = (float)flag_long(argc, argv, i, 0) / 100.0f;
         else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) dir = argv[i + 1];
         else if (strcmp(argv[i], "--checkpoint") == 0 && i + 1 < argc) checkpoint = argv[i + 1];
+        else if (flag_backend(argc, argv, i)) {}
         else {
             fprintf(stderr, "usage: %s [--epochs N] [--units N] [--batch-size N] [--data DIR] [--train-limit N]\n"
-                            "       [--target PERCENT] [--checkpoint PATH]\n", argv[0]);
+                            "       [--target PERCENT] [--checkpoint PATH] [--backend cpu|cuda]\n", argv[0]);
             return 2;
         }
     }

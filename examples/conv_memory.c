@@ -30,7 +30,8 @@ typedef struct result {
 
 static void usage(const char *prog) {
     fprintf(stderr,
-            "usage: %s [--image-size N] [--images N] [--epochs N] [--batch-size N] [--filters N]\n",
+            "usage: %s [--image-size N] [--images N] [--epochs N] [--batch-size N] [--filters N]\n"
+            "       [--backend cpu|cuda]\n",
             prog);
     exit(2);
 }
@@ -39,7 +40,8 @@ static config parse_args(int argc, char **argv) {
     config c = {32, 200, 1, 50, 128};
     int i;
     for (i = 1; i < argc; i += 2) {
-        int v = (int)flag_long(argc, argv, i, 1);
+        int v = flag_backend(argc, argv, i) ? 0 : (int)flag_long(argc, argv, i, 1);
+        if (!v) continue; /* --backend */
         if (strcmp(argv[i], "--image-size") == 0) c.image_size = v;
         else if (strcmp(argv[i], "--images") == 0) c.images = v;
         else if (strcmp(argv[i], "--epochs") == 0) c.epochs = v;
@@ -77,6 +79,7 @@ static mp_model *build_model(const config *c) {
 
     memset(&md, 0, sizeof md);
     md.input_shape[0] = c->image_size;
+    md.backend = ex_backend;
     md.input_shape[1] = c->image_size;
     md.input_shape[2] = 3;
     CHECK(mp_model_create(&m, &md), NULL);
@@ -125,7 +128,7 @@ static result run_policy(const config *c, const char *policy, const float *x, co
     r.seconds = 0.0;
     for (e = 0; e < c->epochs; e++) r.seconds += (double)history[e].seconds;
     r.ms_per_step = history[c->epochs - 1].ms_per_step;
-    r.peak_bytes = mp_get_memory_info().peak;
+    r.peak_bytes = ex_peak_bytes(m, mp_get_memory_info().peak);
     printf("result policy=%s seconds=%.2f ms_per_step=%.1f peak_bytes=%zu\n", policy, r.seconds,
            (double)r.ms_per_step, r.peak_bytes);
     mp_model_destroy(m);

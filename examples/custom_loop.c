@@ -28,7 +28,7 @@ typedef struct config {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--epochs N] [--units N] [--batch-size N] [--data DIR] [--train-limit N]\n"
-            "       [--initial-scale S]\n",
+            "       [--initial-scale S] [--backend cpu|cuda]\n",
             prog);
     exit(2);
 }
@@ -46,6 +46,7 @@ static config parse_args(int argc, char **argv) {
         if (i + 1 >= argc) usage(argv[0]);
         if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--units") == 0) c.units = (int)flag_long(argc, argv, i, 1);
+        else if (flag_backend(argc, argv, i)) {}
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
@@ -73,6 +74,7 @@ static mp_model *build_model(const config *c) {
     CHECK(mp_set_global_policy_name("mixed_float16"), NULL);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = FM_PIXELS;
+    md.backend = ex_backend;
     CHECK(mp_model_create(&m, &md), NULL);
     fm_add_guide_layers(m, c->units);
 

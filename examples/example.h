@@ -45,6 +45,42 @@ static long flag_long(int argc, char **argv, int i, long min) {
     return v;
 }
 
+/* `--backend cpu|cuda`: the models' backend (NULL: the CPU). cuda exists in
+   builds against the CUDA library (`make examples-cuda`: EXAMPLE_CUDA). */
+#ifdef EXAMPLE_CUDA
+#include "../cuda/mixprec_cuda.h"
+#endif
+static const mp_backend *ex_backend;
+
+/* 1 when argv[i] is --backend (its value taken), else 0. */
+static int flag_backend(int argc, char **argv, int i) {
+    if (strcmp(argv[i], "--backend") != 0) return 0;
+    if (i + 1 < argc && strcmp(argv[i + 1], "cpu") == 0) ex_backend = NULL;
+#ifdef EXAMPLE_CUDA
+    else if (i + 1 < argc && strcmp(argv[i + 1], "cuda") == 0) ex_backend = mp_cuda_backend();
+#endif
+    else {
+        fprintf(stderr, "--backend: cpu%s (this build: %s)\n",
+#ifdef EXAMPLE_CUDA
+                " or cuda", "with the CUDA library"
+#else
+                "", "without CUDA; `make examples-cuda` builds the examples with it"
+#endif
+        );
+        exit(2);
+    }
+    return 1;
+}
+
+/* The model's peak memory: host_peak on the CPU, the device's own on a GPU
+   (where the host holds only staging). */
+static inline size_t ex_peak_bytes(const mp_model *m, size_t host_peak) {
+    mp_model_memory mm;
+    if (!ex_backend) return host_peak;
+    CHECK(mp_model_memory_info(m, &mm), m);
+    return mm.peak;
+}
+
 /* splitmix64: a tiny deterministic generator, the same on every platform. */
 static uint64_t ex_next(uint64_t *state) {
     uint64_t z = (*state += 0x9E3779B97F4A7C15ull);

@@ -126,6 +126,7 @@ static inline mp_model *fm_guide_model(const char *policy, int units) {
     CHECK(mp_set_global_policy_name(policy), NULL);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = FM_PIXELS;
+    md.backend = ex_backend; /* --backend (example.h) */
     CHECK(mp_model_create(&m, &md), NULL);
     fm_add_guide_layers(m, units);
     return m;

@@ -45,7 +45,7 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all|none] [--units N]\n"
             "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n"
-            "       [--csv PREFIX] [--amp float16|bfloat16]\n",
+            "       [--csv PREFIX] [--amp float16|bfloat16] [--backend cpu|cuda]\n",
             prog);
     exit(2);
 }
@@ -85,6 +85,7 @@ static config parse_args(int argc, char **argv) {
         if (i + 1 >= argc) usage(argv[0]);
         if (strcmp(argv[i], "--policy") == 0) set_policies(&c, argv[i + 1]);
         else if (strcmp(argv[i], "--units") == 0) c.units = (int)flag_long(argc, argv, i, 1);
+        else if (flag_backend(argc, argv, i)) {}
         else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
@@ -108,6 +109,7 @@ static mp_model *build_model(const config *c) {
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = FM_PIXELS;
+    md.backend = ex_backend;
     md.seed = c->seed;
     CHECK(mp_model_create(&m, &md), NULL);
     fm_add_guide_layers(m, c->units);
@@ -194,7 +196,7 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     r.policy = policy;
     r.test_accuracy = test.accuracy;
     r.ms_per_step = history[c->epochs - 1].ms_per_step; /* the first epoch warms up */
-    r.peak_bytes = mp_get_memory_info().peak - baseline;
+    r.peak_bytes = ex_peak_bytes(m, mp_get_memory_info().peak - baseline);
     r.loss_scale = mp_current_loss_scale(m);
     r.skipped_steps = history[c->epochs - 1].skipped_steps;
     printf("result policy=%s test_accuracy=%.4f ms_per_step=%.1f peak_bytes=%zu loss_scale=%g "

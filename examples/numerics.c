@@ -29,7 +29,7 @@ typedef struct config {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--units N] [--batch-size N] [--train-limit N] [--every N] [--data DIR]\n"
-            "       [--csv FILE]\n",
+            "       [--csv FILE] [--backend cpu|cuda]\n",
             prog);
     exit(2);
 }
@@ -47,6 +47,7 @@ static config parse_args(int argc, char **argv) {
         if (i + 1 >= argc) usage(argv[0]);
         if (strcmp(argv[i], "--units") == 0) c.units = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
+        else if (flag_backend(argc, argv, i)) {}
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--every") == 0) c.every = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];

@@ -239,14 +239,55 @@ else
 fi
 
 echo "== CUDA backend (cuda/)"
-# Built wherever nvcc is; its GPU tests run on a GPU, and everywhere under
-# tests/cuda_emu.h, a host emulation of the CUDA and cuBLASLt calls.
+# The backend's logic runs everywhere under tests/cuda_emu.h, a host
+# emulation of the CUDA runtime and cuBLASLt calls, built by g++/clang++
+# against the stand-in headers of tests/cuda_emu/ (no CUDA toolkit needed).
+# Where nvcc is, the real library is built against the real headers too,
+# and its test runs on a GPU when there is one.
+mkdir -p $B/cuda && rm -f $B/cuda/emu*.o $B/cuda/test_cuda_*
+EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -Itests/cuda_emu -c cuda/mixprec_cuda.cu"
+# the emulated backend: plain, and with each sanitizer runtime (under ASan
+# the kernels' reads and writes of "device" memory are checked; clang's
+# C++-only UBSan checks need a runtime its C driver does not link)
+EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN -fno-sanitize=function,vptr")
+for build in "${EMU_BUILDS[@]}"; do
+    tag=${build%%|*} cxx=${build#*|}
+    step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
+done
+step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
+for build in "${TRAIN_BUILDS[@]}"; do
+    tag=${build%%|*} cc=${build#*|}
+    emu=$B/cuda/emu.o
+    case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
+    if [ ! -e "$emu" ]; then
+        skip "test_cuda under the emulation, $tag" "its emulated backend was not built (see above)"; continue
+    fi
+    step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
+    run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
+done
+# the emulation's own rules, on the CUDA and cuBLASLt calls themselves
+step "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror $SAN -Itests/cuda_emu tests/test_cuda_emu.cpp -o $B/cuda/test_cuda_emu
+run "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
+if [ -x $B/cuda/test_cuda_gcc ]; then
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+fi
+# the examples with --backend cuda, once each, small, on the emulated backend
+if [ -e $B/cuda/emu.o ]; then
+    EX_RUNS=("mnist_mlp|--policy mixed_float16 --units 16 --epochs 1 --batch-size 64 --train-limit 512"
+             "custom_loop|--units 16 --epochs 1 --batch-size 64 --train-limit 512"
+             "conv_memory|--image-size 8 --images 20 --filters 8 --batch-size 10"
+             "numerics|--units 16 --train-limit 300")
+    for ex in "${EX_RUNS[@]}"; do
+        e=${ex%%|*} flags=${ex#*|}
+        step "examples/$e --backend cuda under the emulation" bash -c "gcc $WARN -O2 -march=native -DEXAMPLE_CUDA \
+            examples/$e.c -o $B/cuda/ex_$e -x none $B/cuda/emu.o -lstdc++ -lm && $B/cuda/ex_$e --backend cuda $flags"
+    done
+fi
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [ -n "$NVCC" ]; then
     CUDA_DIR=$(dirname "$NVCC")/..
     CUDA_LINK="-L$B/cuda -lmixprec_cuda -L$CUDA_DIR/lib64 -Wl,-rpath,$CUDA_DIR/lib64 -lcublasLt -lcudart -lstdc++ -lm"
-    EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -I$CUDA_DIR/include -c cuda/mixprec_cuda.cu"
-    step "make cuda (nvcc, the static library)" make -s cuda B=$B/cuda NVCC="$NVCC"
+    step "make cuda (nvcc, the static library, the real CUDA headers)" make -s cuda B=$B/cuda NVCC="$NVCC"
     step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda $CUDA_LINK
     out=$($B/cuda/test_cuda 2>&1); rc=$?
     if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_cuda: skipped'; then
@@ -255,22 +296,10 @@ if [ -n "$NVCC" ]; then
         run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
-    # the emulated backend: plain, and with each sanitizer runtime (under
-    # ASan the kernels' reads and writes of "device" memory are checked)
-    step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
-    step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
-    step "build the emulated backend, g++ ASan+UBSan" g++ $SAN $EMU -o $B/cuda/emu_asan_gcc.o
-    step "build the emulated backend, clang++ ASan+UBSan" clang++ $SAN $EMU -o $B/cuda/emu_asan_clang.o
-    for build in "${TRAIN_BUILDS[@]}"; do
-        tag=${build%%|*} cc=${build#*|}
-        emu=$B/cuda/emu.o
-        case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
-        step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
-        run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
-    done
-    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+    step "make examples-cuda (the examples against the library)" make -s examples-cuda B=$B/cuda NVCC="$NVCC"
 else
-    skip "CUDA backend" "nvcc not found (the CUDA toolkit: nvcc, cuBLAS)"
+    skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train, make examples-cuda" \
+        "nvcc not found: these need the CUDA toolkit (nvcc, cuBLASLt); the backend's logic ran above under the emulation"
 fi
 
 echo "== examples and benchmarks build"

@@ -21,7 +21,7 @@
 #define OFFSET ((uintptr_t)1 << 46) /* far above any x86-64 user mapping */
 
 static const mp_backend *cpu;
-static size_t bytes_in, bytes_out, copies_in, copies_out, casts_in, cast_in_values;
+static size_t bytes_in, bytes_out, copies_in, copies_out, casts_in, cast_in_values, host_allocs, host_waits;
 
 static void *real(const void *p) { return p ? (void *)((uintptr_t)p - OFFSET) : NULL; }
 static void *fake(void *p) { return p ? (void *)((uintptr_t)p + OFFSET) : NULL; }
@@ -42,10 +42,10 @@ static void r_zero(void *ctx, void *p, size_t bytes) { cpu->zero(ctx, real(p), b
 static mp_status r_sync(void *ctx) { return cpu->sync(ctx); }
 static const char *r_last_error(void *ctx) { return cpu->last_error(ctx); }
 static mp_status r_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) { return cpu->gemm_reserve(ctx, m, n, k); }
-static void r_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n) {
+static void r_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
     casts_in++;
     cast_in_values += n;
-    cpu->cast_in(ctx, real(dst), dt, host_src, n);
+    cpu->cast_in(ctx, real(dst), dt, host_src, n, (int *)real(nonfinite));
 }
 static void r_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats) {
     cpu->cast(ctx, real(dst), dt, real(src), st, n, stats);
@@ -91,11 +91,11 @@ static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, con
     cpu->optimizer_update(ctx, step, (float *)real(w), (const float *)real(g), (float *)real(s1), (float *)real(s2),
                           n, real(wc), wt, (const int *)real(found_inf));
 }
-static void r_im2col(void *ctx, void *col, const void *img, const mp_conv_geom *g, mp_dtype dt) {
-    cpu->im2col(ctx, real(col), real(img), g, dt);
+static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    cpu->im2col(ctx, real(col), real(img), n, g, dt);
 }
-static void r_col2im(void *ctx, float *img, const float *col, const mp_conv_geom *g) {
-    cpu->col2im(ctx, (float *)real(img), (const float *)real(col), g);
+static void r_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
+    cpu->col2im(ctx, (float *)real(img), (const float *)real(col), n, g);
 }
 static void r_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->max_pool(ctx, real(y), real(x), n, g, dt);
@@ -110,6 +110,39 @@ static void r_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate,
 static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                       size_t n, float scale) {
     cpu->dropout(ctx, real(y), yt, real(x), xt, (const unsigned char *)real(mask), n, scale);
+}
+
+/* Staging memory: plain host memory here (copies run at once), counted. */
+static void *r_host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    host_allocs++;
+    return malloc(bytes);
+}
+static void *r_host_alloc_none(void *ctx, size_t bytes) {
+    (void)ctx;
+    (void)bytes;
+    return NULL; /* out of pinned memory */
+}
+static void r_host_free(void *ctx, void *p) {
+    (void)ctx;
+    free(p);
+}
+static void r_host_wait(void *ctx, const void *p) {
+    (void)ctx;
+    (void)p;
+    host_waits++;
+}
+
+/* Data on the "device": plenty of room; the gather as a device would. */
+static size_t r_free_memory(void *ctx) {
+    (void)ctx;
+    return (size_t)1 << 34;
+}
+static void r_gather(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes) {
+    const uint32_t *at = (const uint32_t *)real(idx);
+    size_t i;
+    (void)ctx;
+    for (i = 0; i < rows; i++) memcpy((char *)real(dst) + i * row_bytes, (const char *)real(src) + at[i] * row_bytes, row_bytes);
 }
 
 static const mp_backend remote = {
@@ -142,9 +175,16 @@ static const mp_backend remote = {
     MP_OP(max_pool_backward) r_max_pool_backward,
     MP_OP(dropout_mask) r_dropout_mask,
     MP_OP(dropout) r_dropout,
+    MP_OP(host_alloc) r_host_alloc,
+    MP_OP(host_free) r_host_free,
+    MP_OP(host_wait) r_host_wait,
+    MP_OP(free_memory) r_free_memory,
+    MP_OP(gather) r_gather,
 };
 
-static void reset_counts(void) { bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = 0; }
+static void reset_counts(void) {
+    bytes_in = bytes_out = copies_in = copies_out = casts_in = cast_in_values = host_allocs = host_waits = 0;
+}
 
 /* >>data and models */
 #define N 96
@@ -230,6 +270,8 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     fd.epochs = 2;
     fd.validation_split = 0.25f;
     fd.verbose = MP_VERBOSE_SILENT;
+    /* batches gathered on the device, or (two of the four) sent from the host */
+    fd.host_data = !strcmp(policy, "mixed_bfloat16") || !strcmp(policy, "amp");
     fd.history = ha;
     CHECK(mp_model_fit(a, &fd) == MP_OK);
     fd.history = hb;
@@ -243,34 +285,82 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     mp_model_destroy(b);
 }
 
-/* What one training step moves: the batch in (the input cast in once, the
-   labels copied once), the step state out twice (after the loss, after the
-   update). The weights, gradients, slots and loss scale never travel. */
+/* What one training step moves. With the data on the device (fit's
+   default there): nothing; the data go in once per fit (inputs, labels)
+   and the order once per epoch. With host_data: the batch (the input cast
+   in once, the labels copied once, gathered in one of two staging sets
+   after waiting for that set's last copies). Either way nothing comes out
+   but the metrics and the step state, once, at the end of the epoch (fit
+   prints nothing here). The weights, gradients, slots and loss scale never
+   travel. */
 static void test_step_traffic(void) {
     mp_model *m = conv_net(&remote, "mixed_float16", MP_ADAM);
     mp_fit_desc fd;
     mp_model_memory mem;
-    size_t steps = 6, batch = 16;
+    size_t steps = 6, batch = 16, n = steps * batch, x_bytes = n * 8 * 8 * 2 * sizeof(float);
     if (!m) return;
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
     fd.data.labels = labels;
-    fd.data.n = steps * batch;
+    fd.data.n = n;
     fd.batch_size = (int)batch;
     fd.verbose = MP_VERBOSE_SILENT;
-    CHECK(mp_model_fit(m, &fd) == MP_OK); /* the first fit sizes everything */
-    reset_counts();
-    CHECK(mp_model_fit(m, &fd) == MP_OK);
-    CHECK_EQ(casts_in, steps);
-    CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
-    CHECK_EQ(copies_in, steps); /* the labels */
-    CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
-    CHECK_EQ(copies_out, 2 * steps);
-    CHECK(copies_out && bytes_out % copies_out == 0 && bytes_out / copies_out <= 128); /* one small record */
+    for (fd.host_data = 0; fd.host_data < 2; fd.host_data++) {
+        CHECK(mp_model_fit(m, &fd) == MP_OK); /* the first fit sizes everything */
+        reset_counts();
+        CHECK(mp_model_fit(m, &fd) == MP_OK);
+        if (!fd.host_data) {
+            CHECK_EQ(casts_in, 0);
+            CHECK_EQ(copies_in, 3); /* inputs, labels, the order */
+            CHECK_EQ(bytes_in, x_bytes + n * sizeof(int32_t) + n * sizeof(uint32_t));
+            CHECK_EQ(host_waits, 0);
+        } else {
+            CHECK_EQ(casts_in, steps);
+            CHECK_EQ(cast_in_values, steps * batch * 8 * 8 * 2);
+            CHECK_EQ(copies_in, steps); /* the labels */
+            CHECK_EQ(bytes_in, steps * batch * sizeof(int32_t));
+            CHECK_EQ(host_waits, steps);
+            CHECK_EQ(host_allocs, 0); /* the staging sets of the first fit, kept */
+        }
+        CHECK_EQ(copies_out, 2); /* the metric log and the step state */
+        CHECK(bytes_out <= steps * 2 * sizeof(float) + 128);
+    }
     CHECK(mp_model_memory_info(m, &mem) == MP_OK);
     CHECK(!strcmp(mem.backend, "remote") && mem.current > 0 && mem.peak >= mem.current);
     CHECK(mem.current >= mem.weights + mem.optimizer + mem.activations);
     mp_model_destroy(m);
+}
+
+/* A fit of n samples in batches of 16. */
+static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = xs;
+    fd.data.labels = labels;
+    fd.data.n = n;
+    fd.batch_size = 16;
+    fd.verbose = verbose;
+    return fd;
+}
+
+/* No pinned memory to be had: the staging sets are the host's, nothing
+   waits for them (the copies took the bytes), and it trains the same. */
+static void test_no_pinned_memory(void) {
+    mp_backend nopin = remote;
+    mp_model *a, *b;
+    mp_fit_desc fd = batches_of_16(48, MP_VERBOSE_SILENT);
+    nopin.host_alloc = r_host_alloc_none;
+    a = conv_net(&remote, "mixed_float16", MP_SGD), b = conv_net(&nopin, "mixed_float16", MP_SGD);
+    fd.host_data = 1;
+    if (a && b) {
+        CHECK(mp_model_fit(a, &fd) == MP_OK);
+        reset_counts();
+        CHECK(mp_model_fit(b, &fd) == MP_OK);
+        CHECK_EQ(host_waits, 0);
+        CHECK(same_weights(a, b));
+    }
+    mp_model_destroy(a);
+    mp_model_destroy(b);
 }
 
 /* The custom loop, predict and get_weights read through the backend. */
@@ -304,6 +394,30 @@ static void test_reads(void) {
     mp_model_destroy(b);
 }
 
+/* A device backend does not scan mp_forward's batch on the host: its
+   cast_in finds the NaN, and mp_compute_loss (which reads the step state)
+   reports it, so no gradient or update can follow; the CPU refuses at once.
+   The weights stay the CPU's, and the next clean batch gives the same loss. */
+static void test_device_nonfinite(void) {
+    mp_model *a = conv_net(mp_cpu_backend(), "mixed_float16", MP_SGD), *b = conv_net(&remote, "mixed_float16", MP_SGD);
+    float bad[8 * 8 * 8 * 2], la = 0.0f, lb = 0.0f;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    memcpy(bad, xs, sizeof bad);
+    bad[77] = NAN;
+    CHECK(mp_forward(a, bad, 8, 1) == MP_ERR_NONFINITE);
+    CHECK(mp_forward(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
+    CHECK(mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_ERR_NONFINITE);
+    CHECK(strstr(mp_model_error(b), "Inf or NaN") != NULL);
+    CHECK(mp_compute_scaled_gradients(b) == MP_ERR_STATE);
+    CHECK(same_weights(a, b));
+    /* (inference: b's training forward drew a dropout mask, a's did not) */
+    CHECK(mp_forward(a, xs, 8, 0) == MP_OK && mp_forward(b, xs, 8, 0) == MP_OK);
+    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(la == lb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -315,12 +429,7 @@ static void test_diagnostics(void) {
     memset(&nd, 0, sizeof nd);
     nd.every = 2;
     CHECK(mp_model_set_numerics(a, &nd) == MP_OK && mp_model_set_numerics(b, &nd) == MP_OK);
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = 32;
-    fd.batch_size = 16;
-    fd.verbose = MP_VERBOSE_SILENT;
+    fd = batches_of_16(32, MP_VERBOSE_SILENT);
     CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
     CHECK(mp_model_numerics_step(b) == 2 && mp_model_numerics_step(a) == 2);
     for (i = 0; i < mp_model_layer_count(a); i++)
@@ -344,12 +453,7 @@ static void test_checkpoint(void) {
     size_t la = 0, lb = 0;
     unsigned char *ca, *cb;
     if (!a || !b || !c) { mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); return; }
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = 48;
-    fd.batch_size = 16;
-    fd.verbose = MP_VERBOSE_SILENT;
+    fd = batches_of_16(48, MP_VERBOSE_SILENT);
     CHECK(mp_model_fit(a, &fd) == MP_OK && mp_model_fit(b, &fd) == MP_OK);
     CHECK(mp_model_save_to_memory(a, NULL, 0, &la) == MP_OK && mp_model_save_to_memory(b, NULL, 0, &lb) == MP_OK);
     ca = (unsigned char *)malloc(la);
@@ -417,37 +521,63 @@ static void test_amp_output(void) {
 
 /* A backend with Tensor Cores warns once per model, naming each layer whose
    sizes are not multiples of 8 and the padding that fixes it. */
-static void test_tensor_core_warning(void) {
-    mp_backend tc = remote;
-    mp_model *m;
-    char path[] = "/tmp/mixprec_warnXXXXXX", text[4096];
-    int fd = mkstemp(path), saved = dup(2);
+/* What run(arg) writes to file descriptor out (1 or 2), into text. */
+static void capture(int out, char *text, size_t cap, void (*run)(void *), void *arg) {
+    char path[] = "/tmp/mixprec_outXXXXXX";
+    int fd = mkstemp(path), saved = dup(out);
     FILE *f;
-    size_t len;
-    const char *first;
-    tc.tensor_cores = 1;
+    size_t len = 0;
+    text[0] = 0;
     if (!CHECK(fd >= 0 && saved >= 0)) return;
-    fflush(stderr);
-    dup2(fd, 2);
-    m = conv_net(&tc, "mixed_float16", MP_SGD);
-    if (m) {
-        CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
-        CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
-    }
-    fflush(stderr);
-    dup2(saved, 2);
+    fflush(out == 1 ? stdout : stderr);
+    dup2(fd, out);
+    run(arg);
+    fflush(out == 1 ? stdout : stderr);
+    dup2(saved, out);
     close(saved);
-    mp_model_destroy(m);
     f = fdopen(fd, "r");
     rewind(f);
-    len = fread(text, 1, sizeof text - 1, f);
+    len = fread(text, 1, cap - 1, f);
     text[len] = 0;
     fclose(f);
     unlink(path);
+}
+
+static void two_forwards(void *arg) {
+    mp_model *m = (mp_model *)arg;
+    if (!m) return;
+    CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
+    CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
+}
+
+static void test_tensor_core_warning(void) {
+    mp_backend tc = remote;
+    mp_model *m;
+    char text[4096];
+    const char *first;
+    tc.tensor_cores = 1;
+    m = conv_net(&tc, "mixed_float16", MP_SGD);
+    capture(2, text, sizeof text, two_forwards, m); /* the warning comes as a batch is first sized */
+    mp_model_destroy(m);
     first = strstr(text, "WARNING: mixprec: the remote backend");
     CHECK(first && !strstr(first + 1, "WARNING"));
     CHECK(strstr(text, "conv2d_1 (Conv2D, 16-bit compute): filters 6 -> pad to 8") != NULL);
     CHECK(strstr(text, "units 4 -> pad to 8") != NULL && strstr(text, "batch size 5 -> pad to 8") != NULL);
+}
+
+static void verbose_fit(void *arg) {
+    mp_fit_desc fd = batches_of_16(32, MP_VERBOSE_LINES);
+    CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
+}
+
+/* fit says in its first line that the data stay on the device. */
+static void test_data_on_device_line(void) {
+    mp_model *m = conv_net(&remote, "float32", MP_SGD);
+    char text[4096];
+    if (!m) return;
+    capture(1, text, sizeof text, verbose_fit, m);
+    CHECK(strncmp(text, "fit: the data (", 15) == 0 && strstr(text, "stays on the remote backend") != NULL);
+    mp_model_destroy(m);
 }
 
 int main(int argc, char **argv) {
@@ -460,11 +590,14 @@ int main(int argc, char **argv) {
     RUN(test_same_training("mixed_bfloat16", MP_SGD));
     RUN(test_same_training("amp", MP_ADAM)); /* layers whose output dtype differs from their compute dtype */
     RUN(test_step_traffic());
+    RUN(test_no_pinned_memory());
     RUN(test_reads());
+    RUN(test_device_nonfinite());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
     RUN(test_tensor_core_warning());
+    RUN(test_data_on_device_line());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }

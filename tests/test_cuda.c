@@ -19,7 +19,7 @@
    Build (after `make cuda`):
        gcc -std=c99 -O2 tests/test_cuda.c -o test_cuda -Lbuild -lmixprec_cuda \
            -L/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ -lm */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime, for fit's epoch timer */
+#define _POSIX_C_SOURCE 200112L /* clock_gettime, for fit's epoch timer; setenv */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "../cuda/mixprec_cuda.h"
@@ -159,7 +159,7 @@ static int same_bytes(const char *what, const arg *a) {
 
 static void test_casts(void) {
     static const float specials[] = {65504.0f, 65520.0f, 70000.0f, -1e30f, 3e-6f, 1e-8f, -2.9e-8f, 1e-40f,
-                                     INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 3.4e38f, 1.00048828125f};
+                                     INFINITY, -INFINITY, NAN, -NAN, 0.0f, -0.0f, 3.4e38f, 1.00048828125f};
     size_t n = 1000, i, s, d;
     for (s = 0; s < COUNT(dtypes); s++)
         for (d = 0; d < COUNT(dtypes); d++) {
@@ -175,8 +175,9 @@ static void test_casts(void) {
             gpu.be->cast(gpu.ctx, dst->dev, dt, src->dev, st, n, &gs);
             sprintf(what, "cast %s -> %s", dn(st), dn(dt));
             agree(what, dst, dt, n, EXACT);
+            same_bytes(what, dst); /* NaN's sign and payload too: the library's rules on the device */
             CHECK(memcmp(&cs, &gs, sizeof cs) == 0); /* every count, max and min */
-            CHECK(gs.count == n && gs.nan_in == 1);
+            CHECK(gs.count == n && gs.nan_in == 2);
             if (st == F32 && dt == F16) CHECK(gs.overflow > 0 && gs.underflow > 0 && gs.subnormal > 0);
             free_args();
         }
@@ -184,9 +185,10 @@ static void test_casts(void) {
         float *x = (float *)zalloc(n * sizeof(float));
         arg *dst = new_arg(n * dsize(dtypes[d]));
         for (i = 0; i < n; i++) x[i] = uniform(-70000.0f, 70000.0f);
-        cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n);
-        gpu.be->cast_in(gpu.ctx, dst->dev, dtypes[d], x, n);
+        cpu.be->cast_in(cpu.ctx, dst->host, dtypes[d], x, n, NULL);
+        gpu.be->cast_in(gpu.ctx, dst->dev, dtypes[d], x, n, NULL);
         agree("cast_in", dst, dtypes[d], n, EXACT);
+        same_bytes("cast_in", dst);
         free(x);
         free_args();
     }
@@ -194,26 +196,31 @@ static void test_casts(void) {
 
 /* One product on both backends from the same A, B (and C to add to).
    with_bias: 0 none, 1 a bias in C's dtype, 2 a float32 bias (as AMP
-   hands a layer whose product and output dtypes differ). */
+   hands a layer whose product and output dtypes differ), 3 a bias in C's
+   dtype one element into its block (as inside a packed weight block: not
+   16-byte aligned, which cuBLASLt's BIAS epilogue may fault on). */
 static void gemm_case(const side *g_side, int ta, int tb, size_t m, size_t n, size_t k, mp_dtype at, mp_dtype bt,
                       mp_dtype ct, int accumulate, int with_bias, mp_activation act, tol t) {
     arg *a = rand_arg(at, m * k, -1.0f, 1.0f), *b = rand_arg(bt, k * n, -1.0f, 1.0f);
     mp_dtype biast = with_bias == 2 ? MP_FLOAT32 : ct;
-    arg *c = rand_arg(ct, m * n, -1.0f, 1.0f), *bias = with_bias ? rand_arg(biast, n, -1.0f, 1.0f) : NULL;
+    size_t skip = with_bias == 3 ? dsize(biast) : 0; /* bytes before the bias */
+    arg *c = rand_arg(ct, m * n, -1.0f, 1.0f), *bias = with_bias ? rand_arg(biast, n + (skip != 0), -1.0f, 1.0f) : NULL;
     arg *z = act == MP_GELU ? new_arg(m * n * dsize(ct)) : NULL;
     mp_gemm_args g;
     char what[128];
     memset(&g, 0, sizeof g);
     g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k;
     g.at = at, g.bt = bt, g.ct = ct, g.accumulate = accumulate, g.act = act, g.biast = biast;
-    g.a = a->host, g.b = b->host, g.c = c->host, g.bias = bias ? bias->host : NULL, g.z = z ? z->host : NULL;
+    g.a = a->host, g.b = b->host, g.c = c->host, g.bias = bias ? (char *)bias->host + skip : NULL, g.z = z ? z->host : NULL;
     CHECK(cpu.be->gemm_reserve(cpu.ctx, m, n, k) == MP_OK && g_side->be->gemm_reserve(g_side->ctx, m, n, k) == MP_OK);
     cpu.be->gemm(cpu.ctx, &g);
-    g.a = a->dev, g.b = b->dev, g.c = c->dev, g.bias = bias ? bias->dev : NULL, g.z = z ? z->dev : NULL;
+    g.a = a->dev, g.b = b->dev, g.c = c->dev, g.bias = bias ? (char *)bias->dev + skip : NULL, g.z = z ? z->dev : NULL;
+    if (g_side != &gpu) CHECK(gpu.be->sync(gpu.ctx) == MP_OK); /* the operands went in on gpu's stream */
     g_side->be->gemm(g_side->ctx, &g);
     sprintf(what, "gemm %s%s %zux%zux%zu %s x %s -> %s%s%s act %d", ta ? "T" : "N", tb ? "T" : "N", m, n, k, dn(at),
-            dn(bt), dn(ct), accumulate ? " +=" : "", with_bias == 2 ? " +float32 bias" : with_bias ? " +bias" : "",
-            (int)act);
+            dn(bt), dn(ct), accumulate ? " +=" : "",
+            with_bias == 2 ? " +float32 bias" : with_bias == 3 ? " +bias at 2/4 bytes" : with_bias ? " +bias" : "", (int)act);
+    if (g_side != &gpu) CHECK(g_side->be->sync(g_side->ctx) == MP_OK); /* before gpu's stream reads c */
     agree(what, c, ct, m * n, t);
     if (z) agree("gemm z (pre-activation)", z, ct, m * n, tol_gemm(ct));
     free_args();
@@ -257,6 +264,9 @@ static void test_gemm(void) {
         CHECK(cpu.be->gemm_reserve(cpu.ctx, n, n, n) == MP_OK);
         cpu.be->gemm(cpu.ctx, &g);
         g.a = a->dev, g.b = b->dev, g.c = c->dev;
+        /* c was zeroed on gpu's stream: another context's stream must not
+           run ahead of that (the emulation runs the zeroing late) */
+        CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
         gpu_tf32.be->gemm(gpu_tf32.ctx, &g);
         CHECK(gpu_tf32.be->sync(gpu_tf32.ctx) == MP_OK);
         agree("gemm float32 with TF32", c, F32, n * n, tf32);
@@ -330,10 +340,10 @@ static void test_bias_grad(void) {
 }
 
 /* Each loss from logits and from probabilities, predictions in each dtype. */
-static void test_losses(void) {
+static void test_losses_of(size_t rows) {
     static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
                                     MP_BINARY_CROSSENTROPY, MP_MEAN_SQUARED_ERROR};
-    size_t k, i, r, j, rows = 50;
+    size_t k, i, r, j;
     int logits;
     for (k = 0; k < COUNT(kinds); k++)
         for (logits = 0; logits < 2; logits++)
@@ -378,6 +388,10 @@ static void test_losses(void) {
                 free_args();
             }
 }
+
+/* 50 rows: the CPU's sum; 600: summed in parts of 256, then the parts */
+static void test_losses(void) { test_losses_of(50); }
+static void test_losses_in_parts(void) { test_losses_of(600); } /* last: the others' data stay as they were */
 
 static void test_loss_scaling(void) {
     static const int flags[] = {0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
@@ -469,15 +483,15 @@ static void test_conv_kernels(void) {
     for (i = 0; i < COUNT(geoms); i++)
         for (d = 0; d < COUNT(dtypes); d++) {
             const mp_conv_geom *g = &geoms[i];
-            size_t pixels = (size_t)g->h * (size_t)g->w * (size_t)g->c;
-            size_t cols = (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
+            size_t pixels = imgs * (size_t)g->h * (size_t)g->w * (size_t)g->c;
+            size_t cols = imgs * (size_t)g->oh * (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c;
             arg *img = rand_arg(dtypes[d], pixels, -1.0f, 1.0f), *col = new_arg(cols * dsize(dtypes[d]));
             arg *dcol = rand_arg(F32, cols, -1.0f, 1.0f), *back = rand_arg(F32, pixels, 5.0f, 6.0f); /* overwritten */
-            cpu.be->im2col(cpu.ctx, col->host, img->host, g, dtypes[d]);
-            gpu.be->im2col(gpu.ctx, col->dev, img->dev, g, dtypes[d]);
+            cpu.be->im2col(cpu.ctx, col->host, img->host, imgs, g, dtypes[d]);
+            gpu.be->im2col(gpu.ctx, col->dev, img->dev, imgs, g, dtypes[d]);
             agree("im2col", col, dtypes[d], cols, EXACT);
-            cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, g);
-            gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, g);
+            cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, imgs, g);
+            gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, imgs, g);
             agree("col2im (the CPU's order of sums)", back, F32, pixels, EXACT);
             free_args();
         }
@@ -720,6 +734,19 @@ static void test_rerun_bit_identical(void) {
     free(labels);
 }
 
+/* Under tests/cuda_emu.h (absent from the real library: weak, NULL) */
+typedef struct cuda_emu_counts {
+    unsigned long long launches, waits, drains, pageable, pinned, bytes_in, heuristics;
+} cuda_emu_counts;
+#ifdef __cplusplus
+extern "C" {
+#endif
+void cuda_emu_counters(cuda_emu_counts *out) __attribute__((weak));
+void cuda_emu_fault_after(long launches) __attribute__((weak));
+#ifdef __cplusplus
+}
+#endif
+
 /* Conv2D (im2col, col2im), MaxPooling2D, Flatten, Dropout and a
    categorical crossentropy from logits, trained on both backends. */
 static void test_conv_model(void) {
@@ -769,6 +796,15 @@ static void test_conv_model(void) {
                 fprintf(stderr, "  conv %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
                         (double)loss[0][s]);
         }
+        if (cuda_emu_counters) { /* the batch is one im2col and one product per layer and direction */
+            cuda_emu_counts c0, c1, c2;
+            cuda_emu_counters(&c0);
+            CHECK(mp_forward(m[1], x, (int)n / 2, 1) == MP_OK);
+            cuda_emu_counters(&c1);
+            CHECK(mp_forward(m[1], x, (int)n, 1) == MP_OK);
+            cuda_emu_counters(&c2);
+            CHECK(c2.launches - c1.launches == c1.launches - c0.launches); /* whatever the batch */
+        }
         mp_model_destroy(m[0]);
         mp_model_destroy(m[1]);
     }
@@ -796,6 +832,176 @@ static void test_model_memory(void) {
     CHECK(mp_get_memory_info().current == host); /* the host's bytes back, too */
     free(x);
     free(labels);
+}
+
+/* fit's steady state: what `steps` more steps of a fit that prints nothing
+   cost in host waits, drains (waits after which the device would idle) and
+   copies. The emulation runs nothing before the host waits, so a wait here
+   is one a GPU may make the host sit through. */
+static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *labels, size_t steps, int host_data,
+                                  mp_cuda_stats *own) {
+    mp_fit_desc fd;
+    cuda_emu_counts before, after;
+    mp_cuda_stats own_before;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x;
+    fd.data.labels = labels;
+    fd.data.n = steps * BATCH;
+    fd.batch_size = BATCH;
+    fd.verbose = MP_VERBOSE_SILENT;
+    fd.host_data = host_data;
+    cuda_emu_counters(&before);
+    mp_cuda_get_stats(&own_before);
+    CHECK(mp_model_fit(m, &fd) == MP_OK);
+    cuda_emu_counters(&after);
+    mp_cuda_get_stats(own);
+    own->launches -= own_before.launches, own->host_waits -= own_before.host_waits;
+    own->bytes_in -= own_before.bytes_in, own->fallbacks -= own_before.fallbacks;
+    after.launches -= before.launches, after.waits -= before.waits, after.drains -= before.drains;
+    after.pageable -= before.pageable, after.pinned -= before.pinned, after.bytes_in -= before.bytes_in;
+    return after;
+}
+
+/* A steady-state step blocks on nothing: no drain (the device never idles
+   for the host). With the data on the device (fit's default): no wait and
+   nothing copied in at all. With host_data: one wait, for the staging set
+   it refills (the batch before last's copies: the device still has the
+   last batch to work on), no pageable copy, and the batch in as one pinned
+   copy of the inputs and one of the labels. */
+static void test_steady_state(void) {
+    size_t steps = 8, per_batch = BATCH * (INPUTS * sizeof(float) + sizeof(int32_t));
+    float *x = (float *)zalloc(2 * steps * BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(2 * steps * BATCH * sizeof(int32_t));
+    mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+    cuda_emu_counts one, two;
+    mp_cuda_stats own_one, own_two;
+    int host;
+    if (!cuda_emu_counters) { /* a real GPU: its counts are Nsight's to take */
+        mp_model_destroy(m);
+        free(x);
+        free(labels);
+        return;
+    }
+    synthetic(x, labels, 2 * steps * BATCH, INPUTS);
+    if (!CHECK(m != NULL)) return;
+    for (host = 0; host < 2; host++) {
+        (void)fit_counts(m, x, labels, 2 * steps, host, &own_one); /* sizes everything */
+        one = fit_counts(m, x, labels, steps, host, &own_one);
+        two = fit_counts(m, x, labels, 2 * steps, host, &own_two);
+        printf("test_cuda: a steady-state fit step (%s): %llu launches, %llu waits, %llu drains, %llu pageable and "
+               "%llu pinned copies\n", host ? "host_data" : "data on the device", (two.launches - one.launches) / steps,
+               (two.waits - one.waits) / steps, (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps,
+               (two.pinned - one.pinned) / steps);
+        CHECK(two.drains == one.drains);
+        CHECK(two.waits - one.waits == (host ? steps : 0));
+        CHECK(two.pinned - one.pinned == (host ? 2 * steps : 0));
+        if (host) CHECK(two.pageable == one.pageable && two.bytes_in - one.bytes_in == steps * per_batch);
+        else /* the data once per fit (more of it in the longer fit), the order once per epoch */
+            CHECK(two.bytes_in - one.bytes_in == steps * (per_batch + BATCH * sizeof(uint32_t)));
+        CHECK(two.heuristics == one.heuristics); /* every plan cached */
+        /* the backend's own counts (mp_cuda_get_stats, as bench/gpu_train reports them) agree */
+        CHECK(own_two.launches - own_one.launches == two.launches - one.launches);
+        CHECK(own_two.bytes_in - own_one.bytes_in == two.bytes_in - one.bytes_in);
+        CHECK(own_two.host_waits - own_one.host_waits == (host ? steps : 0) && own_two.fallbacks == 0);
+    }
+    {   /* aligned float16 products: no fallback */
+        mp_model_memory mem;
+        CHECK(mp_model_memory_info(m, &mem) == MP_OK && mem.fallbacks == 0);
+    }
+    mp_model_destroy(m);
+    free(x);
+    free(labels);
+}
+
+/* A bias not 16-byte aligned (one element into its block, as inside a
+   packed weight block): cuBLASLt's BIAS epilogue may fault on it (a
+   sticky misaligned address under the emulation), so the backend adds it
+   in its own epilogue. Last of the op tests, so that the others' random
+   data stay as they were. */
+static void test_unaligned_bias(void) {
+    static const mp_activation acts[] = {MP_LINEAR, MP_RELU};
+    size_t i, x;
+    mp_backend_memory before, after;
+    gpu.be->memory(gpu.ctx, &before);
+    for (i = 0; i < COUNT(dtypes); i++)
+        for (x = 0; x < COUNT(acts); x++)
+            gemm_case(&gpu, 0, 0, 50, 24, 40, dtypes[i], dtypes[i], dtypes[i], 0, 3, acts[x], tol_gemm(dtypes[i]));
+    gpu.be->memory(gpu.ctx, &after);
+    CHECK(after.fallbacks - before.fallbacks == COUNT(dtypes) * COUNT(acts)); /* each counted */
+}
+
+/* cuBLASLt's refusals (made by the emulation on request; on a GPU the
+   variables do nothing and these are plain products): each product still
+   right, on the slower path counted in memory's fallbacks unless it is
+   not slower, and the refusal remembered (the heuristic asked once). */
+static void test_refusals(void) {
+    side s;
+    mp_backend_memory bm;
+    cuda_emu_counts c0, c1;
+    s.be = mp_cuda_backend();
+    /* PEDANTIC refused: CUBLAS_COMPUTE_32F, float32 all the same: no fallback */
+    setenv("MIXPREC_CUDA_EMU_NO_PEDANTIC", "1", 1);
+    if (!CHECK(s.be->create(&s.ctx, 1, NULL) == MP_OK)) return;
+    gemm_case(&s, 0, 0, 37, 45, 29, F32, F32, F32, 0, 1, MP_LINEAR, tol_gemm(F32));
+    s.be->memory(s.ctx, &bm);
+    CHECK(bm.fallbacks == 0);
+    s.be->destroy(s.ctx);
+    unsetenv("MIXPREC_CUDA_EMU_NO_PEDANTIC");
+    /* cublasLtMatmul's own NOT_SUPPORTED: a refusal (not a sticky error),
+       widened to float32, counted once per product */
+    setenv("MIXPREC_CUDA_EMU_RUN_REFUSES", "1", 1);
+    if (!CHECK(s.be->create(&s.ctx, 1, NULL) == MP_OK)) return;
+    gemm_case(&s, 0, 0, 37, 45, 29, F16, F16, F16, 0, 1, MP_LINEAR, tol_gemm(F16));
+    if (cuda_emu_counters) cuda_emu_counters(&c0);
+    gemm_case(&s, 0, 0, 37, 45, 29, F16, F16, F16, 0, 1, MP_LINEAR, tol_gemm(F16));
+    if (cuda_emu_counters) {
+        cuda_emu_counters(&c1);
+        CHECK(c1.heuristics == c0.heuristics); /* the refusal remembered */
+    }
+    s.be->memory(s.ctx, &bm);
+    CHECK(bm.fallbacks == (cuda_emu_counters ? 2u : 0u));
+    CHECK(s.be->sync(s.ctx) == MP_OK);
+    s.be->destroy(s.ctx);
+    unsetenv("MIXPREC_CUDA_EMU_RUN_REFUSES");
+}
+
+/* The plan cache keeps what is used: a product run between 70 others
+   (more than the cache holds) keeps its plan (the heuristic is not asked
+   again), where a first-in first-out cache would have dropped it. */
+static void test_plan_cache(void) {
+    cuda_emu_counts c0, c1;
+    size_t i;
+    if (!cuda_emu_counters) return;
+    for (i = 0; i < 70; i++) {
+        gemm_case(&gpu, 0, 0, 8, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+        gemm_case(&gpu, 0, 0, 9 + i, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+    }
+    cuda_emu_counters(&c0);
+    gemm_case(&gpu, 0, 0, 8, 8, 8, F16, F16, F16, 0, 0, MP_LINEAR, tol_gemm(F16));
+    cuda_emu_counters(&c1);
+    CHECK(c1.heuristics == c0.heuristics);
+}
+
+/* A device fault (an illegal address in a kernel, injected by the
+   emulation) poisons the process's CUDA context: the error says so, every
+   context fails, and no new one can be made. Last: it cannot be undone. */
+static void test_device_fault(void) {
+    arg *x;
+    if (!cuda_emu_fault_after) return; /* not on a real GPU */
+    x = new_arg(1024);
+    cuda_emu_fault_after(0);
+    gpu.be->zero(gpu.ctx, x->dev, 1024);
+    gpu.be->cast(gpu.ctx, x->dev, F16, x->dev, F32, 256, NULL);
+    CHECK(gpu.be->sync(gpu.ctx) == MP_ERR_BACKEND);
+    CHECK(strstr(gpu.be->last_error(gpu.ctx), "poisons the CUDA context of the whole process") != NULL);
+    CHECK(gpu_tf32.be->sync(gpu_tf32.ctx) == MP_ERR_BACKEND); /* another model's context too */
+    CHECK(strstr(gpu_tf32.be->last_error(gpu_tf32.ctx), "whole process") != NULL);
+    {
+        void *ctx = NULL;
+        CHECK(mp_cuda_backend()->create(&ctx, 1, NULL) == MP_ERR_BACKEND && ctx == NULL);
+        CHECK(strstr(mp_cuda_last_error(), "poisoned") != NULL);
+    }
+    free_args();
 }
 
 /* A failure is recorded, reported by sync and last_error, and sticks: the
@@ -895,9 +1101,15 @@ int main(int argc, char **argv) {
     RUN(test_rerun_bit_identical());
     RUN(test_conv_model());
     RUN(test_model_memory());
+    RUN(test_steady_state());
+    RUN(test_unaligned_bias());
+    RUN(test_losses_in_parts());
+    RUN(test_refusals());
+    RUN(test_plan_cache());
     RUN(test_sticky_error());
     RUN(test_bad_device());
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
+    test_device_fault();
     gpu_tf32.be->destroy(gpu_tf32.ctx);
     gpu.be->destroy(gpu.ctx);
     cpu.be->destroy(cpu.ctx);
