@@ -92,7 +92,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
