@@ -25,7 +25,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo check test bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all examples data demo check test test-mpi bench bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -84,6 +84,10 @@ check: $(CHECK_TESTS:%=$(B)/test_%)
 
 test-%: $(B)/test_%
 	$(B)/test_$* $(T)
+
+# Data-parallel training under Open MPI (mpicc, mpirun): 2 and 3 ranks.
+test-mpi:
+	@bash tests/mpi.sh $(B)/mpi
 
 # test_numerics is exhaustive (minutes); test_cuda runs the CUDA backend on a
 # GPU, or under tests/cuda_emu.h (a host emulation) where there is none.

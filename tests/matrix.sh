@@ -135,6 +135,13 @@ else
     skip "fuzzing" "clang's libFuzzer is missing (apt-get install clang)"
 fi
 
+echo "== data-parallel training under Open MPI (tests/mpi.sh: 2 and 3 ranks, resume, failures)"
+if have mpicc && have mpirun; then
+    VERBOSE=1 run "test_mpi under mpirun (tests/mpi.sh)" bash tests/mpi.sh $B/mpi
+else
+    skip "data-parallel under MPI" "mpicc or mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+fi
+
 echo "== CUDA backend (cuda/)"
 # Built wherever nvcc is; its GPU tests run on a GPU, and everywhere under
 # tests/cuda_emu.h, a host emulation of the CUDA and cuBLASLt calls.
