@@ -10,6 +10,9 @@ WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
 EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks
+# Data-parallel training over MPI (mpi/mixprec_mpi.h): built where mpicc is.
+MPICC   ?= $(shell command -v mpicc 2>/dev/null)
+EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train
 # The GEMM and training benchmarks: gcc, as the issue's figures were taken.
 BENCH_CC ?= gcc
@@ -35,6 +38,9 @@ $(B):
 
 $(B)/%: examples/%.c examples/example.h examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
+
+$(B)/mnist_mpi: examples/mnist_mpi.c examples/example.h examples/fashion_mnist.h mixprec.h mpi/mixprec_mpi.h | $(B)
+	$(MPICC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 
 # Uncompress the packaged files once (a .tmp first, so an interrupted run
 # leaves no truncated file). Without the package, say how to get it and
