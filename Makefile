@@ -28,7 +28,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo check test test-mpi bench bench-build bench-quick cuda bench-gpu clean
+.PHONY: all examples data demo check test test-mpi bench bench-dp bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -118,6 +118,14 @@ $(B)/bench_gemm: bench/gemm.c bench/bench.h mixprec.h | $(B)
 
 $(B)/bench_train: bench/train.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
+# Data-parallel training over MPI (bench/dp.sh): where mpicc is.
+$(B)/bench_dp: bench/dp.c bench/bench.h mixprec.h mpi/mixprec_mpi.h | $(B)
+	$(MPICC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
+bench-dp:
+	@if [ -z "$(MPICC)" ]; then echo "bench=dp available=0 reason=mpicc_not_found"; \
+	else $(MAKE) --no-print-directory $(B)/bench_dp && bash bench/dp.sh $(B)/bench_dp; fi
 
 bench-build: $(BENCHES)
 
