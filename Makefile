@@ -28,7 +28,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all examples data demo check test test-mpi bench bench-dp bench-build bench-quick cuda bench-gpu clean
+.PHONY: all examples data demo check test test-mpi bench bench-dp nccl bench-build bench-quick cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -161,6 +161,20 @@ cuda:
 $(B)/libmixprec_cuda.a: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h mixprec.h | $(B)
 	$(NVCC) $(NVCCFLAGS) --fmad=false $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall,-Wextra -c $< -o $(B)/mixprec_cuda.o
 	ar rcs $@ $(B)/mixprec_cuda.o
+
+# The NCCL communicator (cuda/mixprec_nccl.h): where nvcc, nccl.h and mpicc
+# are. test_nccl runs on one GPU (mpirun -np 1); without one it skips.
+NCCL_OK = $(if $(NVCC),$(if $(MPICC),$(shell echo '\#include <nccl.h>' | $(NVCC) -E -x cu - >/dev/null 2>&1 && echo 1)))
+nccl:
+	@if [ -z "$(NCCL_OK)" ]; then echo "nccl: nvcc, nccl.h or mpicc not found: the NCCL communicator is not built"; \
+	else $(MAKE) --no-print-directory $(B)/libmixprec_nccl.a $(B)/test_nccl; fi
+
+$(B)/libmixprec_nccl.a: cuda/mixprec_nccl.cu cuda/mixprec_nccl.h cuda/mixprec_cuda.h mixprec.h | $(B)
+	$(NVCC) $(NVCCFLAGS) $(shell $(MPICC) --showme:compile 2>/dev/null) -Xcompiler -fPIC,-Wall,-Wextra,-Werror -c $< -o $(B)/mixprec_nccl.o
+	ar rcs $@ $(B)/mixprec_nccl.o
+
+$(B)/test_nccl: tests/test_nccl.c tests/check.h cuda/mixprec_nccl.h $(B)/libmixprec_nccl.a $(B)/libmixprec_cuda.a
+	$(MPICC) $(WARN) -O2 -isystem $(dir $(NVCC))../include $< -o $@ -L$(B) -lmixprec_nccl -lnccl $(CUDA_LIBS)
 
 # The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
 # where python3 has torch. Without a GPU it prints available=0.

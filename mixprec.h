@@ -1397,6 +1397,11 @@ struct mp_communicator {
     const char *(*last_error)(void *ctx); /* what failed first; never NULL */
 };
 
+/* The model's backend context (what create gave it; NULL for NULL), for a
+   companion that queues work beside the backend's, such as a device
+   communicator on the backend's stream (cuda/mixprec_nccl.h). */
+MIXPREC_API void *mp_model_backend_context(const mp_model *m);
+
 /* >>cpu backend: the table of the CPU's kernels, the default. */
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
 
@@ -6314,6 +6319,8 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
 }
 
 /* >>model: queries */
+MIXPREC_API void *mp_model_backend_context(const mp_model *m) { return m ? m->ctx : NULL; }
+
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {

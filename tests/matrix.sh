@@ -159,6 +159,18 @@ if [ -n "$NVCC" ]; then
         run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
+    # the NCCL communicator: built where nccl.h and mpicc are; it runs on a GPU only
+    step "make nccl (cuda/mixprec_nccl.cu, test_nccl)" make -s nccl B=$B/cuda NVCC="$NVCC"
+    if [ -x $B/cuda/test_nccl ]; then
+        out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 $B/cuda/test_nccl 2>&1); rc=$?
+        if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_nccl: skipped'; then
+            skip "test_nccl on a GPU" "$(echo "$out" | sed -n 's/^test_nccl: skipped (\(.*\)).*$/\1/p')"
+        else
+            run "test_nccl on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
+        fi
+    else
+        skip "NCCL communicator" "nccl.h or mpicc not found"
+    fi
     # the emulated backend: plain, and with each sanitizer runtime (under
     # ASan the kernels' reads and writes of "device" memory are checked)
     step "build the backend under the host emulation (g++)" g++ -O1 $EMU -o $B/cuda/emu.o
