@@ -24,6 +24,7 @@
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"
+#include "data_parallel.h"
 
 /* ======================================================================== */
 /* The communicator: forked ranks over one shared mapping */
@@ -140,20 +141,7 @@ static void run_ranks(int size, rank_fn fn, const void *arg) {
 }
 
 /* ======================================================================== */
-/* The model and data every test uses */
-
-#define NS 96 /* samples: NF features, 3 classes */
-#define NF 6
-static float xs[NS * NF];
-static int32_t ys[NS];
-
-static void make_data(void) {
-    int i, f;
-    for (i = 0; i < NS; i++) {
-        ys[i] = (int32_t)(i % 3);
-        for (f = 0; f < NF; f++) xs[i * NF + f] = normal() * 0.5f + (f % 3 == ys[i] ? 1.0f : 0.0f);
-    }
-}
+/* The fit every rank runs (the model and data: data_parallel.h) */
 
 typedef struct setup {
     const char *policy;
@@ -161,46 +149,6 @@ typedef struct setup {
     float validation_split;
     const char *load, *save, *csv; /* paths, or NULL; csv gets the rank's number appended */
 } setup;
-
-static mp_model *rank_model(const mp_communicator *comm, int rank, const char *policy) {
-    mp_model_desc md;
-    mp_compile_desc cd;
-    mp_model *m = NULL;
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = NF;
-    md.seed = 1000u + (uint64_t)rank * 77u; /* a different seed on every rank */
-    md.threads = 1;
-    md.comm = comm;
-    mp_set_global_policy_name(policy);
-    if (mp_model_create(&m, &md) != MP_OK) return NULL;
-    mp_model_add(m, mp_dense(16, MP_RELU));
-    mp_model_add(m, mp_dense(3, MP_LINEAR));
-    {
-        mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
-        out.dtype = "float32";
-        mp_model_add(m, out);
-    }
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.metrics = MP_METRIC_ACCURACY;
-    cd.optimizer.kind = MP_ADAM;
-    cd.optimizer.learning_rate = 0.01f;
-    if (mp_model_compile(m, &cd) != MP_OK) {
-        mp_model_destroy(m);
-        return NULL;
-    }
-    return m;
-}
-
-static uint32_t crc_of(const void *p, size_t bytes) {
-    const unsigned char *b = (const unsigned char *)p;
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < bytes; i++)
-        for (c ^= b[i], k = 0; k < 8; k++) c = c & 1u ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    return ~c;
-}
 
 static void report_state(mp_model *m, rank_report *out) {
     out->n_weights = mp_model_param_count(m);
@@ -229,7 +177,7 @@ static mp_status epoch_report(void *user, mp_fit_state *s, const mp_logs *lg) {
 /* One rank: a model (loaded from st->load if set), fit, the report. */
 static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
     const setup *st = (const setup *)arg;
-    mp_model *m = rank_model(comm, rank, st->policy);
+    mp_model *m = rank_model(comm, rank_seed(rank), st->policy);
     mp_fit_desc fd;
     mp_callback cb;
     mp_model_checkpoint ck;
@@ -276,17 +224,6 @@ done:
 
 static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
-/* max |a - b| / (1 + max |b|) */
-static float rel_diff(const float *a, const float *b, size_t n) {
-    float d = 0.0f, top = 0.0f;
-    size_t i;
-    for (i = 0; i < n; i++) {
-        if (fabsf(a[i] - b[i]) > d) d = fabsf(a[i] - b[i]);
-        if (fabsf(b[i]) > top) top = fabsf(b[i]);
-    }
-    return d / (1.0f + top);
-}
-
 /* Every rank ran, and holds rank 0's state bit for bit. */
 static void check_ranks_agree(int size, int epochs) {
     const rank_report *r0 = &W->report[0];
@@ -311,7 +248,7 @@ static void check_ranks_agree(int size, int epochs) {
 /* Tests */
 
 static void init_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
-    mp_model *m = rank_model(comm, rank, (const char *)arg);
+    mp_model *m = rank_model(comm, rank_seed(rank), (const char *)arg);
     out->status = m ? MP_OK : MP_ERR_STATE;
     if (m) report_state(m, out);
     mp_model_destroy(m);
@@ -319,7 +256,7 @@ static void init_rank(const mp_communicator *comm, int rank, rank_report *out, c
 
 /* Every rank starts from rank 0's weights, whatever its seed. */
 static void test_initial_weights(int size) {
-    mp_model *alone = rank_model(NULL, 0, "mixed_float16"), *other = rank_model(NULL, 1, "mixed_float16");
+    mp_model *alone = rank_model(NULL, rank_seed(0), "mixed_float16"), *other = rank_model(NULL, rank_seed(1), "mixed_float16");
     float w[MAXW], w1[MAXW];
     size_t n = mp_model_param_count(alone);
     int r;
@@ -363,7 +300,7 @@ static void test_fit_matches_one_process(int size, const char *policy, int n) {
 /* The custom loop: rank 1's batch overflows float16 (a finite float32
    input, Inf once cast), so every rank skips the step alike. */
 static void inf_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
-    mp_model *m = rank_model(comm, rank, "mixed_float16");
+    mp_model *m = rank_model(comm, rank_seed(rank), "mixed_float16");
     float x[8 * NF], loss = 0.0f;
     int step;
     (void)arg;

@@ -27,58 +27,20 @@
 #include "../mpi/mixprec_mpi.h"
 #include "check.h"
 #include "helpers.h"
+#include "data_parallel.h"
 
-#define NS 96
-#define NF 6
 #define MAXW 4096
-static float xs[NS * NF];
-static int32_t ys[NS];
 static mp_mpi C;
 
-static void make_data(void) { /* the same stream on every rank */
-    int i, f;
-    for (i = 0; i < NS; i++) {
-        ys[i] = (int32_t)(i % 3);
-        for (f = 0; f < NF; f++) xs[i * NF + f] = normal() * 0.5f + (f % 3 == ys[i] ? 1.0f : 0.0f);
-    }
-}
-
-static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const char *policy) {
-    mp_model_desc md;
-    mp_compile_desc cd;
-    mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
-    mp_model *m = NULL;
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = NF;
-    md.seed = seed;
-    md.threads = 1;
-    md.comm = comm;
-    mp_set_global_policy_name(policy);
-    if (mp_model_create(&m, &md) != MP_OK) return NULL;
-    mp_model_add(m, mp_dense(16, MP_RELU));
-    mp_model_add(m, mp_dense(3, MP_LINEAR));
-    out.dtype = "float32";
-    mp_model_add(m, out);
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.metrics = MP_METRIC_ACCURACY;
-    cd.optimizer.kind = MP_ADAM;
-    cd.optimizer.learning_rate = 0.01f;
-    if (mp_model_compile(m, &cd) != MP_OK) {
-        fprintf(stderr, "rank %d: %s\n", C.rank, mp_model_error(m));
+/* This rank's model (rank 0's seed without a communicator: the reference);
+   a failure ends the job. */
+static mp_model *my_model(const mp_communicator *comm, const char *policy) {
+    mp_model *m = rank_model(comm, rank_seed(comm ? C.rank : 0), policy);
+    if (!m) {
+        fprintf(stderr, "test_mpi: rank %d cannot make its model\n", C.rank);
         mp_mpi_abort(&C, 2);
     }
     return m;
-}
-
-static uint32_t crc_of(const void *p, size_t bytes) {
-    const unsigned char *b = (const unsigned char *)p;
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < bytes; i++)
-        for (c ^= b[i], k = 0; k < 8; k++) c = c & 1u ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    return ~c;
 }
 
 /* 1 on every rank when every rank holds the same bytes. */
@@ -103,16 +65,6 @@ static void get_state(mp_model *m, state *st) {
     if (st->ns <= MAXW) mp_get_optimizer_slots(m, st->s, st->ns);
     st->scale = mp_current_loss_scale(m);
     st->skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
-}
-
-static float rel_diff(const float *a, const float *b, size_t n) {
-    float d = 0.0f, top = 0.0f;
-    size_t i;
-    for (i = 0; i < n; i++) {
-        if (fabsf(a[i] - b[i]) > d) d = fabsf(a[i] - b[i]);
-        if (fabsf(b[i]) > top) top = fabsf(b[i]);
-    }
-    return d / (1.0f + top);
 }
 
 /* on_epoch_end: the weights and the epoch's logs are the same everywhere */
@@ -164,8 +116,8 @@ static mp_status fit(mp_model *m, int batch, int initial_epoch, int epochs, mp_c
 /* ======================================================================== */
 
 static void test_initial_weights(void) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
-    mp_model *zero = rank_model(NULL, 1000u, "mixed_float16");
+    mp_model *m = my_model(&C.table, "mixed_float16");
+    mp_model *zero = my_model(NULL, "mixed_float16");
     state a, b;
     get_state(m, &a);
     get_state(zero, &b);
@@ -177,8 +129,8 @@ static void test_initial_weights(void) {
 
 /* Per-rank batch 16 on N ranks against one process at 16 N. */
 static void test_ranks_match_one_process(const char *policy) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, policy);
-    mp_model *one = rank_model(NULL, 1000u, policy);
+    mp_model *m = my_model(&C.table, policy);
+    mp_model *one = my_model(NULL, policy);
     mp_data d = {xs, ys, NULL, NS};
     mp_logs a, b;
     state sa, sb;
@@ -200,7 +152,7 @@ static void test_ranks_match_one_process(const char *policy) {
 
 /* The custom loop: rank 1's input overflows float16 at the second step. */
 static void test_inf_on_one_rank(void) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
+    mp_model *m = my_model(&C.table, "mixed_float16");
     float x[8 * NF], loss = 0.0f;
     int step, applied = -1;
     state before, after;
@@ -235,7 +187,7 @@ static void train(void) {
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 
 static void save(const char *dir) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
+    mp_model *m = my_model(&C.table, "mixed_float16");
     mp_model_checkpoint ck;
     mp_callback cb;
     char path[512], csv[512], whole[512];
@@ -259,7 +211,7 @@ static void save(const char *dir) {
 }
 
 static void resume(const char *dir) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
+    mp_model *m = my_model(&C.table, "mixed_float16");
     char path[512], whole[512];
     state st, ref;
     FILE *f;
@@ -279,7 +231,7 @@ static void resume(const char *dir) {
 }
 
 static void die(void) {
-    mp_model *m = rank_model(&C.table, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
+    mp_model *m = my_model(&C.table, "mixed_float16");
     mp_callback cb;
     memset(&cb, 0, sizeof cb);
     cb.on_batch_end = batch_die;
@@ -303,7 +255,7 @@ static void fail(void) {
     mp_model *m;
     mp_status st;
     if (C.rank == 1) mine.all_reduce_sum = failing_sum;
-    m = rank_model(&mine, 1000u + 77u * (uint64_t)C.rank, "mixed_float16");
+    m = my_model(&mine, "mixed_float16");
     if ((st = fit(m, 16, 0, 3, NULL, 0, NULL)) != MP_OK) {
         fprintf(stderr, "test_mpi: rank %d: %s: %s\n", C.rank, mp_status_name(st), mp_model_error(m));
         mp_mpi_abort(&C, 3);
