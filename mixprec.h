@@ -735,6 +735,8 @@ typedef struct mp_model_desc {
     const void *backend_config;       /* the backend's own options, or NULL */
     int threads;                      /* 0 = mp_available_cores() */
     const mp_communicator *comm;      /* NULL = one process (see >>communicator) */
+    mp_dtype allreduce_dtype;         /* with comm: MP_FLOAT32 (0), or the gradients' sum
+                                         in float16/bfloat16: half the bytes */
 } mp_model_desc;
 
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc);
@@ -1380,6 +1382,12 @@ struct mp_backend {
      number of ranks. mp_model_save itself writes on every rank that calls it.
    - The custom loop: mp_get_unscaled_gradients reduces first; each rank's
      batch weighs the same (call it with equal batches on every rank).
+   - mp_model_desc.allreduce_dtype float16 or bfloat16 sums the gradients in
+     that dtype (the communicator's all_reduce_sum16; NULL there refuses it
+     at create): each rank's float32 share, already divided by the number of
+     ranks, is rounded to 16 bits, so the sum cannot overflow where each
+     part fits (PyTorch's fp16/bf16 compression hooks); then the same
+     unscale-and-check. Half the bytes, 16-bit rounding of the sum.
    A collective that fails gives MP_ERR_COMM and the communicator's
    last_error in the model's error. The other ranks may be waiting in a
    collective that never completes: end the job (mp_mpi_abort). */
@@ -1395,6 +1403,9 @@ struct mp_communicator {
     mp_status (*broadcast)(void *ctx, void *buf, size_t bytes, int root); /* root's bytes to every rank */
     mp_status (*barrier)(void *ctx);
     const char *(*last_error)(void *ctx); /* what failed first; never NULL */
+    /* The same for n float16 or bfloat16 values (dtype), or NULL where the
+       communicator has no 16-bit sum. */
+    mp_status (*all_reduce_sum16)(void *ctx, void *buf, mp_dtype dtype, size_t n);
 };
 
 /* The model's backend context (what create gave it; NULL for NULL), for a
@@ -3748,6 +3759,7 @@ struct mp_model {
     float *dpred, *batch_y;
     int32_t *batch_labels;
     void *grad[2];
+    void *grad16; /* the gradients' 16-bit sum (>>communicator), or NULL */
     void *col;
     float *dcol, *img;
     void *stage_block;    /* host memory for a batch on its way to a device backend */
@@ -4565,6 +4577,9 @@ static mp_status mp__comm_join(mp_model *m) {
     m->rank = c->rank(c->ctx);
     m->ranks = c->size(c->ctx);
     if (m->ranks < 1 || m->rank < 0 || m->rank >= m->ranks) return MP_ERR_ARG;
+    if ((unsigned)m->desc.allreduce_dtype >= (unsigned)MP_DTYPE_COUNT ||
+        (m->desc.allreduce_dtype != MP_FLOAT32 && !c->all_reduce_sum16))
+        return MP_ERR_ARG;
     return c->device_memory == m->be->device_memory ? MP_OK : MP_ERR_ARG; /* it reads the backend's memory */
 }
 
@@ -4583,12 +4598,13 @@ static mp_status mp__comm_failed(mp_model *m, const char *what) {
 /* A host communicator reads memory the backend has finished writing. */
 static mp_status mp__comm_ready(mp_model *m) { return m->desc.comm->device_memory ? MP_OK : mp__sync(m); }
 
-/* buf[0, n) (the backend's memory) summed over the ranks. */
-static mp_status mp__comm_sum(mp_model *m, float *buf, size_t n, const char *what) {
+/* buf[0, n) (the backend's memory, in dtype) summed over the ranks. */
+static mp_status mp__comm_sum(mp_model *m, void *buf, mp_dtype dtype, size_t n, const char *what) {
     const mp_communicator *c = m->desc.comm;
     mp_status st;
     if ((st = mp__comm_ready(m)) != MP_OK) return st;
-    return c->all_reduce_sum(c->ctx, buf, n) == MP_OK ? MP_OK : mp__comm_failed(m, what);
+    st = dtype == MP_FLOAT32 ? c->all_reduce_sum(c->ctx, (float *)buf, n) : c->all_reduce_sum16(c->ctx, buf, dtype, n);
+    return st == MP_OK ? MP_OK : mp__comm_failed(m, what);
 }
 
 /* Host values (at most four floats, or 16 bytes from rank 0) through the
@@ -4598,7 +4614,7 @@ static mp_status mp__comm_host(mp_model *m, void *v, size_t bytes, int sum, cons
     mp_status st;
     MIXPREC_ASSERT(bytes <= sizeof m->state->collective);
     m->be->copy(m->ctx, m->state->collective, v, bytes, MP_COPY_TO_BACKEND);
-    if (sum) st = mp__comm_sum(m, m->state->collective, bytes / sizeof(float), what);
+    if (sum) st = mp__comm_sum(m, m->state->collective, MP_FLOAT32, bytes / sizeof(float), what);
     else if ((st = mp__comm_ready(m)) == MP_OK && c->broadcast(c->ctx, m->state->collective, bytes, 0) != MP_OK)
         st = mp__comm_failed(m, what);
     if (st != MP_OK) return st;
@@ -5122,6 +5138,7 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     }
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
+    m->grad16 = m->ranks > 1 && m->desc.allreduce_dtype != MP_FLOAT32 ? mp__carve(a, m->n_params, 2) : NULL;
     m->col = mp__carve(a, col, 1);
     m->dcol = (float *)mp__carve(a, dcol, sizeof(float));
     m->img = (float *)mp__carve(a, img, sizeof(float));
@@ -5437,15 +5454,16 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
 }
 
 /* The fused unscale-and-check of every layer's gradients into g: from the
-   compute dtype's gc, or from g itself (float32, in place). */
-static void mp__unscale_layers(mp_model *m, int from_gc, const float *scale) {
+   compute dtype's gc (from NULL), or from a whole-model buffer in ft laid
+   out as g (g itself, in place; the 16-bit sum). */
+static void mp__unscale_layers(mp_model *m, const void *from, mp_dtype ft, const float *scale) {
     int i;
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         if (mp__params(l))
-            m->be->unscale_check(m->ctx, l->g, from_gc ? l->gc : l->g, from_gc ? l->dt : MP_FLOAT32, mp__params(l),
-                                 scale, &m->state->found_inf);
+            m->be->unscale_check(m->ctx, l->g, from ? mp__at(from, ft, (size_t)(l->g - m->g)) : l->gc,
+                                 from ? ft : l->dt, mp__params(l), scale, &m->state->found_inf);
     }
 }
 
@@ -5454,23 +5472,26 @@ static void mp__unscale_layers(mp_model *m, int from_gc, const float *scale) {
    sample), summed over the ranks, then unscaled and checked: an Inf on
    any rank is in every rank's sum, so every rank skips alike. */
 static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) {
+    mp_dtype wire = m->desc.allreduce_dtype;
+    void *sum = wire == MP_FLOAT32 ? (void *)m->g : m->grad16;
     mp_status st;
     if (batch) {
         float share = (float)global / (float)batch; /* exact for equal shares of a power-of-two batch */
         m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
-        mp__unscale_layers(m, 1, &m->state->share);
+        mp__unscale_layers(m, NULL, MP_FLOAT32, &m->state->share);
     } else {
         m->be->zero(m->ctx, m->g, m->n_params * sizeof(float));
     }
-    if ((st = mp__comm_sum(m, m->g, m->n_params, "the gradients' all-reduce")) != MP_OK) return st;
-    mp__unscale_layers(m, 0, mp__scale(m));
+    if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, m->g, m->n_params, NULL); /* divided, then rounded */
+    if ((st = mp__comm_sum(m, sum, wire, m->n_params, "the gradients' all-reduce")) != MP_OK) return st;
+    mp__unscale_layers(m, sum, wire, mp__scale(m));
     return MP_OK;
 }
 
 /* batch of the global batch's samples were this rank's (all of them in one process). */
 static mp_status mp__unscale_gradients(mp_model *m, size_t batch, size_t global) {
     mp_status st;
-    if (m->ranks == 1) mp__unscale_layers(m, 1, mp__scale(m));
+    if (m->ranks == 1) mp__unscale_layers(m, NULL, MP_FLOAT32, mp__scale(m));
     else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
     m->grads_ready = 1;
     mp__loop_move(m, MP__CALL_UNSCALE);

@@ -5,7 +5,8 @@
        bench=dp ranks= threads_per_rank= per_rank_batch= global_batch= units= policy=
             steps= images_per_s= ms_per_step= allreduce_ms_per_step= allreduce_share=
             bytes_per_step_per_rank= load1= cpu=
-   allreduce_ms is the time in the gradients' all-reduce (a rank that waits
+   --allreduce float16|bfloat16 sums the gradients in 16 bits (half the
+   bytes). allreduce_ms is the time in the gradients' all-reduce (a rank that waits
    for a slower one counts its wait), allreduce_share its part of the step;
    load1 the 1-minute load average when the run began (a shared machine).
    bench/dp.sh runs 1, 2 and 3 ranks of one thread each against one process
@@ -28,6 +29,12 @@ static mp_status timed_sum(void *ctx, float *buf, size_t n) {
     double t0 = now_s();
     mp_status st = mpi.table.all_reduce_sum(ctx, buf, n);
     if (n > 4) allreduce_s += now_s() - t0; /* not the metrics' two floats */
+    return st;
+}
+static mp_status timed_sum16(void *ctx, void *buf, mp_dtype dtype, size_t n) {
+    double t0 = now_s();
+    mp_status st = mpi.table.all_reduce_sum16(ctx, buf, dtype, n);
+    allreduce_s += now_s() - t0;
     return st;
 }
 
@@ -59,7 +66,7 @@ static float load1(void) {
 
 int main(int argc, char **argv) {
     int threads = 1, batch = 128, units = 1024, steps = 20, i;
-    const char *policy = "mixed_float16";
+    const char *policy = "mixed_float16", *wire = "float32";
     mp_communicator timed;
     mp_model_desc md;
     mp_compile_desc cd;
@@ -79,6 +86,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--policy") == 0) policy = argv[i + 1];
+        else if (strcmp(argv[i], "--allreduce") == 0) wire = argv[i + 1];
     }
     if (mp_mpi_init(&mpi, MPI_COMM_WORLD) != MP_OK) {
         fprintf(stderr, "%s\n", mpi.error);
@@ -86,6 +94,7 @@ int main(int argc, char **argv) {
     }
     timed = mpi.table;
     timed.all_reduce_sum = timed_sum;
+    timed.all_reduce_sum16 = timed_sum16;
     global = (size_t)batch * (size_t)mpi.size;
     n = global * (size_t)steps;
     x = (float *)xmalloc(n * 784 * sizeof(float));
@@ -98,6 +107,7 @@ int main(int argc, char **argv) {
     md.input_shape[0] = 784;
     md.threads = threads;
     md.comm = mpi.size > 1 ? &timed : NULL;
+    check(mp_dtype_from_name(wire, &md.allreduce_dtype), NULL, "--allreduce");
     check(mp_model_create(&m, &md), NULL, "create");
     check(mp_model_add(m, mp_dense(units, MP_RELU)), m, "add");
     check(mp_model_add(m, mp_dense(units, MP_RELU)), m, "add");
@@ -123,11 +133,12 @@ int main(int argc, char **argv) {
     MPI_Reduce(&seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     cpu_model(cpu, sizeof cpu);
     if (mpi.rank == 0)
-        printf("bench=dp ranks=%d threads_per_rank=%d per_rank_batch=%d global_batch=%zu units=%d policy=%s steps=%d "
+        printf("bench=dp ranks=%d threads_per_rank=%d per_rank_batch=%d global_batch=%zu units=%d policy=%s allreduce=%s steps=%d "
                "images_per_s=%.0f ms_per_step=%.2f allreduce_ms_per_step=%.2f allreduce_share=%.3f "
                "bytes_per_step_per_rank=%zu load1=%.2f cpu=%s\n",
-               mpi.size, threads, batch, global, units, policy, steps, (double)n / slowest, 1e3 * slowest / steps,
-               1e3 * allreduce_s / steps, allreduce_s / seconds, mpi.size > 1 ? mp_model_param_count(m) * sizeof(float) : 0,
+               mpi.size, threads, batch, global, units, policy, wire, steps, (double)n / slowest, 1e3 * slowest / steps,
+               1e3 * allreduce_s / steps, allreduce_s / seconds,
+               mpi.size > 1 ? mp_model_param_count(m) * (md.allreduce_dtype == MP_FLOAT32 ? 4 : 2) : 0,
                (double)l1, cpu);
     mp_model_destroy(m);
     free(x);

@@ -35,6 +35,14 @@ static mp_status mp__nc_all_reduce_sum(void *ctx, float *buf, size_t n) {
                                          (cudaStream_t)c->stream), "ncclAllReduce");
 }
 
+static mp_status mp__nc_all_reduce_sum16(void *ctx, void *buf, mp_dtype dtype, size_t n) {
+    mp_nccl *c = mp__nc_of(ctx);
+    mp_status st = mp__nc_ready(c);
+    if (st != MP_OK) return st;
+    return mp__nc_check(c, ncclAllReduce(buf, buf, n, dtype == MP_FLOAT16 ? ncclFloat16 : ncclBfloat16, ncclSum,
+                                         (ncclComm_t)c->comm, (cudaStream_t)c->stream), "ncclAllReduce");
+}
+
 static mp_status mp__nc_broadcast(void *ctx, void *buf, size_t bytes, int root) {
     mp_nccl *c = mp__nc_of(ctx);
     mp_status st = mp__nc_ready(c);
@@ -67,6 +75,7 @@ extern "C" mp_status mp_nccl_init(mp_nccl *c, MPI_Comm mpi, int device) {
         MP_OP(broadcast) mp__nc_broadcast,
         MP_OP(barrier) mp__nc_barrier,
         MP_OP(last_error) mp__nc_last_error,
+        MP_OP(all_reduce_sum16) mp__nc_all_reduce_sum16,
     };
     ncclUniqueId id;
     ncclComm_t comm;

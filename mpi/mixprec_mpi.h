@@ -44,6 +44,7 @@ extern "C" {
 typedef struct mp_mpi {
     mp_communicator table; /* for mp_model_desc.comm */
     MPI_Comm comm;
+    MPI_Op sum_f16, sum_bf16; /* the 16-bit sums (all_reduce_sum16) */
     int rank, size;
     char error[MPI_MAX_ERROR_STRING + 64];
 } mp_mpi;
@@ -82,23 +83,54 @@ static mp_status mp__mpi_check(mp_mpi *c, int rc, const char *call) {
 static int mp__mpi_rank(void *ctx) { return ((mp_mpi *)ctx)->rank; }
 static int mp__mpi_size(void *ctx) { return ((mp_mpi *)ctx)->size; }
 
-static mp_status mp__mpi_all_reduce_sum(void *ctx, float *buf, size_t n) {
-    mp_mpi *c = (mp_mpi *)ctx;
+/* n elements of `size` bytes (type) summed by op over the ranks. */
+static mp_status mp__mpi_sum(mp_mpi *c, void *buf, size_t size, size_t n, MPI_Datatype type, MPI_Op op) {
     size_t at;
     for (at = 0; at < n; at += MP__MPI_CHUNK) {
         int count = (int)(n - at < MP__MPI_CHUNK ? n - at : MP__MPI_CHUNK);
+        char *p = (char *)buf + at * size;
         mp_status st;
         if (c->size == 2) { /* one addition each: the same bits on both ranks */
-            st = mp__mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, buf + at, count, MPI_FLOAT, MPI_SUM, c->comm),
-                               "MPI_Allreduce");
+            st = mp__mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, c->comm), "MPI_Allreduce");
         } else {
-            void *send = c->rank == 0 ? MPI_IN_PLACE : (void *)(buf + at);
-            st = mp__mpi_check(c, MPI_Reduce(send, buf + at, count, MPI_FLOAT, MPI_SUM, 0, c->comm), "MPI_Reduce");
-            if (st == MP_OK) st = mp__mpi_check(c, MPI_Bcast(buf + at, count, MPI_FLOAT, 0, c->comm), "MPI_Bcast");
+            void *send = c->rank == 0 ? MPI_IN_PLACE : (void *)p;
+            st = mp__mpi_check(c, MPI_Reduce(send, p, count, type, op, 0, c->comm), "MPI_Reduce");
+            if (st == MP_OK) st = mp__mpi_check(c, MPI_Bcast(p, count, type, 0, c->comm), "MPI_Bcast");
         }
         if (st != MP_OK) return st;
     }
     return MP_OK;
+}
+
+static mp_status mp__mpi_all_reduce_sum(void *ctx, float *buf, size_t n) {
+    return mp__mpi_sum((mp_mpi *)ctx, buf, sizeof(float), n, MPI_FLOAT, MPI_SUM);
+}
+
+/* inout += in in 16-bit dt: widened to float32 (exact), added, rounded once
+   (mp_convert's vector casts, a tile at a time). */
+static void mp__mpi_add16(const void *in, void *inout, int len, mp_dtype dt) {
+    float a[512], b[512];
+    size_t at, n = (size_t)len;
+    for (at = 0; at < n; at += 512) {
+        size_t k, count = n - at < 512 ? n - at : 512;
+        mp_convert(a, MP_FLOAT32, (const uint16_t *)in + at, dt, count, NULL);
+        mp_convert(b, MP_FLOAT32, (uint16_t *)inout + at, dt, count, NULL);
+        for (k = 0; k < count; k++) a[k] += b[k];
+        mp_convert((uint16_t *)inout + at, dt, a, MP_FLOAT32, count, NULL);
+    }
+}
+static void mp__mpi_op_f16(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    mp__mpi_add16(in, inout, *len, MP_FLOAT16);
+}
+static void mp__mpi_op_bf16(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    mp__mpi_add16(in, inout, *len, MP_BFLOAT16);
+}
+
+static mp_status mp__mpi_all_reduce_sum16(void *ctx, void *buf, mp_dtype dtype, size_t n) {
+    mp_mpi *c = (mp_mpi *)ctx;
+    return mp__mpi_sum(c, buf, 2, n, MPI_UINT16_T, dtype == MP_FLOAT16 ? c->sum_f16 : c->sum_bf16);
 }
 
 static mp_status mp__mpi_broadcast(void *ctx, void *buf, size_t bytes, int root) {
@@ -133,6 +165,7 @@ MIXPREC_API mp_status mp_mpi_init(mp_mpi *c, MPI_Comm comm) {
         MP_OP(broadcast) mp__mpi_broadcast,
         MP_OP(barrier) mp__mpi_barrier,
         MP_OP(last_error) mp__mpi_last_error,
+        MP_OP(all_reduce_sum16) mp__mpi_all_reduce_sum16,
     };
     mp_status st;
     if (!c) return MP_ERR_NULL;
@@ -142,7 +175,9 @@ MIXPREC_API mp_status mp_mpi_init(mp_mpi *c, MPI_Comm comm) {
     c->comm = comm;
     if ((st = mp__mpi_check(c, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler")) != MP_OK ||
         (st = mp__mpi_check(c, MPI_Comm_rank(comm, &c->rank), "MPI_Comm_rank")) != MP_OK ||
-        (st = mp__mpi_check(c, MPI_Comm_size(comm, &c->size), "MPI_Comm_size")) != MP_OK)
+        (st = mp__mpi_check(c, MPI_Comm_size(comm, &c->size), "MPI_Comm_size")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Op_create(mp__mpi_op_f16, 1, &c->sum_f16), "MPI_Op_create")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Op_create(mp__mpi_op_bf16, 1, &c->sum_bf16), "MPI_Op_create")) != MP_OK)
         return st;
     return MP_OK;
 }

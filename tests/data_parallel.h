@@ -22,6 +22,8 @@ static void make_data(void) {
 /* Rank `rank`'s seed: a different one on every rank. */
 static uint64_t rank_seed(int rank) { return 1000u + (uint64_t)rank * 77u; }
 
+static mp_dtype rank_allreduce_dtype; /* mp_model_desc.allreduce_dtype of the next models */
+
 /* NF-16-3 with a float32 softmax, Adam, under `policy`; NULL on failure. */
 static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const char *policy) {
     mp_model_desc md;
@@ -33,6 +35,7 @@ static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const ch
     md.seed = seed;
     md.threads = 1;
     md.comm = comm;
+    md.allreduce_dtype = rank_allreduce_dtype;
     mp_set_global_policy_name(policy);
     if (mp_model_create(&m, &md) != MP_OK) return NULL;
     mp_model_add(m, mp_dense(16, MP_RELU));

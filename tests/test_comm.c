@@ -8,7 +8,8 @@
    process at 2B within float32 summation tolerance, with the same accuracy,
    also when the global batch's tail leaves a rank no sample; an Inf on one
    rank makes every rank skip that step with the same weights, slots and
-   halved scale; a checkpoint saved by 2 ranks resumes on 1 and on 3; only
+   halved scale; the 16-bit all-reduce keeps every rank's bits the same and
+   stays near the float32 one; a checkpoint saved by 2 ranks resumes on 1 and on 3; only
    rank 0 writes CSV logs and checkpoints; a failing all-reduce is
    MP_ERR_COMM with the communicator's message; a bad table is refused. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -85,6 +86,17 @@ static mp_status tc_all_reduce_sum(void *ctx, float *buf, size_t n) {
     free(sum);
     return MP_OK;
 }
+/* The same in float16 or bfloat16: summed in float32 in rank order, rounded once. */
+static mp_status tc_all_reduce_sum16(void *ctx, void *buf, mp_dtype dtype, size_t n) {
+    float *wide;
+    mp_status st;
+    if (n > SLOT) return MP_ERR_SIZE;
+    wide = floats(n);
+    mp_convert(wide, MP_FLOAT32, buf, dtype, n, NULL);
+    if ((st = tc_all_reduce_sum(ctx, wide, n)) == MP_OK) mp_convert(buf, dtype, wide, MP_FLOAT32, n, NULL);
+    free(wide);
+    return st;
+}
 static mp_status tc_broadcast(void *ctx, void *buf, size_t bytes, int root) {
     tc_rank *r = (tc_rank *)ctx;
     if (bytes > sizeof W->slot[0]) return MP_ERR_SIZE;
@@ -125,6 +137,7 @@ static void run_ranks(int size, rank_fn fn, const void *arg) {
             c.broadcast = tc_broadcast;
             c.barrier = tc_barrier;
             c.last_error = tc_last_error;
+            c.all_reduce_sum16 = tc_all_reduce_sum16;
             fn(&c, r, &W->report[r], arg);
             fflush(stdout);
             _exit(0);
@@ -148,6 +161,7 @@ typedef struct setup {
     int batch, epochs, n, initial_epoch;
     float validation_split;
     const char *load, *save, *csv; /* paths, or NULL; csv gets the rank's number appended */
+    mp_dtype allreduce_dtype;
 } setup;
 
 static void report_state(mp_model *m, rank_report *out) {
@@ -177,7 +191,9 @@ static mp_status epoch_report(void *user, mp_fit_state *s, const mp_logs *lg) {
 /* One rank: a model (loaded from st->load if set), fit, the report. */
 static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
     const setup *st = (const setup *)arg;
-    mp_model *m = rank_model(comm, rank_seed(rank), st->policy);
+    mp_model *m;
+    rank_allreduce_dtype = st->allreduce_dtype;
+    m = rank_model(comm, rank_seed(rank), st->policy);
     mp_fit_desc fd;
     mp_callback cb;
     mp_model_checkpoint ck;
@@ -375,6 +391,28 @@ static void test_resume_on_other_sizes(const char *dir) {
     remove(path);
 }
 
+/* The 16-bit all-reduce: every rank the same bits, near the float32 sum's
+   run, the same loss scale. */
+static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
+    setup st;
+    rank_report wide;
+    memset(&st, 0, sizeof st);
+    st.policy = policy;
+    st.batch = 32;
+    st.epochs = 3;
+    st.validation_split = 0.25f;
+    run_ranks(size, fit_rank, &st);
+    wide = W->report[0];
+    st.allreduce_dtype = wire;
+    run_ranks(size, fit_rank, &st);
+    check_ranks_agree(size, 3);
+    if (!CHECK(rel_diff(W->report[0].weights, wide.weights, wide.n_weights) < 5e-2f))
+        fprintf(stderr, "    %g\n", (double)rel_diff(W->report[0].weights, wide.weights, wide.n_weights));
+    CHECK(memcmp(W->report[0].weights, wide.weights, wide.n_weights * sizeof(float)) != 0); /* it did round */
+    CHECK(W->report[0].scale == wide.scale);
+    CHECK(fabsf(W->report[0].eval.accuracy - wide.eval.accuracy) <= 0.05f);
+}
+
 /* Only rank 0 writes its CSV log. */
 static void test_rank0_writes(const char *dir) {
     char base[256], path[300];
@@ -438,6 +476,12 @@ static void test_bad_table(void) {
     c.device_memory = 1;
     CHECK(mp_model_create(&m, &md) == MP_ERR_ARG && m == NULL);
     c.device_memory = 0;
+    md.allreduce_dtype = MP_FLOAT16; /* no 16-bit sum in the table */
+    CHECK(mp_model_create(&m, &md) == MP_ERR_ARG && m == NULL);
+    c.all_reduce_sum16 = tc_all_reduce_sum16;
+    md.allreduce_dtype = (mp_dtype)7;
+    CHECK(mp_model_create(&m, &md) == MP_ERR_ARG && m == NULL);
+    md.allreduce_dtype = MP_BFLOAT16;
     CHECK(mp_model_create(&m, &md) == MP_OK && m != NULL);
     mp_model_destroy(m);
 }
@@ -460,6 +504,8 @@ int main(int argc, char **argv) {
     RUN(test_fit_matches_one_process(3, "float32", 87)); /* 65 to train: the last global batch, 1 sample for 3 ranks */
     RUN(test_inf_on_one_rank(2));
     RUN(test_inf_on_one_rank(3));
+    RUN(test_allreduce_16bit(2, "mixed_float16", MP_FLOAT16));
+    RUN(test_allreduce_16bit(3, "mixed_bfloat16", MP_BFLOAT16));
     RUN(test_resume_on_other_sizes(dir));
     RUN(test_rank0_writes(dir));
     RUN(test_failing_all_reduce());
