@@ -8,7 +8,7 @@ set -u
 BIN=${1:?usage: dp.sh BENCH_DP [ROUNDS]}
 ROUNDS=${2:-2}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN="timeout 300 mpirun --oversubscribe --bind-to none"
+MPIRUN="timeout 300 mpirun --oversubscribe"
 for round in $(seq "$ROUNDS"); do
     "$BIN" --threads 1 --batch 128
     $MPIRUN -np 2 "$BIN" --threads 1 --batch 128
