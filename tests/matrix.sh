@@ -192,6 +192,7 @@ fi
 echo "== examples and benchmarks build"
 step "make examples" make -s examples B=$B/ex
 step "make bench-build" make -s bench-build B=$B/bench
+if have mpicc; then step "build bench/dp.c (mpicc)" make -s B=$B/bench $B/bench/bench_dp; fi
 if have gnuplot; then
     # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
     step "plot_log.gp draws a fit's CSV log as a PNG (gnuplot)" bash -c "
