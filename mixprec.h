@@ -201,6 +201,7 @@ CONTENTS
     >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
     >>losses, metrics and optimizers: learning-rate schedules
     >>loss scaling           mp_loss_scale_init, mp_loss_scale_update
+    >>communicator           joining a job, collectives on host values, rank 0's weights
     >>model                  create, add, build, compile, the activation plan
     >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
     >>automatic mixed precision   the pass that decides each layer's dtypes
