@@ -65,7 +65,7 @@ static float load1(void) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, batch = 128, units = 1024, steps = 20, i;
+    int threads = 1, batch = 128, units = 1024, steps = 50, i;
     const char *policy = "mixed_float16", *wire = "float32";
     mp_communicator timed;
     mp_model_desc md;
