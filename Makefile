@@ -12,6 +12,9 @@ WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
 EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks
+# Data-parallel training over MPI (mpi/mixprec_mpi.h): built where mpicc is.
+MPICC   ?= $(shell command -v mpicc 2>/dev/null)
+EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train
 # The GEMM and training benchmarks: gcc, as the issue's figures were taken.
 BENCH_CC ?= gcc
@@ -27,7 +30,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all deps examples data demo check test bench bench-build bench-quick cuda examples-cuda bench-gpu clean
+.PHONY: all deps examples data demo check test test-mpi bench bench-dp nccl bench-build bench-quick cuda examples-cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -38,7 +41,7 @@ examples: $(EXAMPLES)
 DEPS = make gcc g++ clang libclang-rt-14-dev libc6-dev \
        gcc-arm-none-eabi libnewlib-arm-none-eabi \
        gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user \
-       gzip dataset-fashion-mnist libopenblas-dev gnuplot-nox
+       gzip dataset-fashion-mnist libopenblas-dev gnuplot-nox openmpi-bin libopenmpi-dev
 
 deps:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "deps: apt-get needs root: sudo make deps"; exit 1; fi
@@ -50,6 +53,9 @@ $(B):
 
 $(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
+
+$(B)/mnist_mpi: examples/mnist_mpi.c examples/example.h examples/fashion_mnist.h mixprec.h mpi/mixprec_mpi.h | $(B)
+	$(MPICC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 
 # Uncompress the packaged files once (a .tmp first, so an interrupted run
 # leaves no truncated file). Without the package, say how to get it and
@@ -88,7 +94,7 @@ test:
 # runs the quick ones and adds up their tallies; a failing program's whole
 # output is shown. `make test-train` runs one program, `make test-train
 # T=grad_conv` one test in it (T may name several; `T=--list` lists them).
-CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks
+CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks comm
 $(B)/test_%: tests/test_%.c tests/*.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 
@@ -104,6 +110,10 @@ check: $(CHECK_TESTS:%=$(B)/test_%)
 
 test-%: $(B)/test_%
 	$(B)/test_$* $(T)
+
+# Data-parallel training under Open MPI (mpicc, mpirun): 2 and 3 ranks.
+test-mpi:
+	@bash tests/mpi.sh $(B)/mpi
 
 # test_numerics is exhaustive (minutes); test_cuda runs the CUDA backend on a
 # GPU, or under tests/cuda_emu.h (a host emulation) where there is none.
@@ -128,6 +138,14 @@ $(B)/bench_gemm: bench/gemm.c bench/bench.h mixprec.h | $(B)
 
 $(B)/bench_train: bench/train.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
+# Data-parallel training over MPI (bench/dp.sh): where mpicc is.
+$(B)/bench_dp: bench/dp.c bench/bench.h mixprec.h mpi/mixprec_mpi.h | $(B)
+	$(MPICC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
+bench-dp:
+	@if [ -z "$(MPICC)" ]; then echo "bench=dp available=0 reason=mpicc_not_found"; \
+	else $(MAKE) --no-print-directory $(B)/bench_dp && bash bench/dp.sh $(B)/bench_dp; fi
 
 bench-build: $(BENCHES)
 
@@ -172,6 +190,20 @@ examples-cuda:
 	    for e in $(notdir $(EXAMPLES)); do \
 	        $(CC) $(WARN) $(CFLAGS) $(ARCH) -DEXAMPLE_CUDA examples/$$e.c -o $(B)/cuda-examples/$$e $(CUDA_LIBS) || exit 1; \
 	    done; echo "examples-cuda: $(B)/cuda-examples/ (run with --backend cuda)"; fi
+
+# The NCCL communicator (cuda/mixprec_nccl.h): where nvcc, nccl.h and mpicc
+# are. test_nccl runs on one GPU (mpirun -np 1); without one it skips.
+NCCL_OK = $(if $(NVCC),$(if $(MPICC),$(shell echo '\#include <nccl.h>' | $(NVCC) -E -x cu - >/dev/null 2>&1 && echo 1)))
+nccl:
+	@if [ -z "$(NCCL_OK)" ]; then echo "nccl: nvcc, nccl.h or mpicc not found: the NCCL communicator is not built"; \
+	else $(MAKE) --no-print-directory $(B)/libmixprec_nccl.a $(B)/test_nccl; fi
+
+$(B)/libmixprec_nccl.a: cuda/mixprec_nccl.cu cuda/mixprec_nccl.h cuda/mixprec_cuda.h mixprec.h | $(B)
+	$(NVCC) $(NVCCFLAGS) $(shell $(MPICC) --showme:compile 2>/dev/null) -Xcompiler -fPIC,-Wall,-Wextra,-Werror -c $< -o $(B)/mixprec_nccl.o
+	ar rcs $@ $(B)/mixprec_nccl.o
+
+$(B)/test_nccl: tests/test_nccl.c tests/check.h cuda/mixprec_nccl.h $(B)/libmixprec_nccl.a $(B)/libmixprec_cuda.a
+	$(MPICC) $(WARN) -O2 -isystem $(dir $(NVCC))../include $< -o $@ -L$(B) -lmixprec_nccl -lnccl $(CUDA_LIBS)
 
 # The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
 # where python3 has torch. Without a GPU it prints available=0.

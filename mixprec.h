@@ -186,6 +186,7 @@ CONTENTS
     >>data                   IDX files (MNIST, Fashion-MNIST)
     >>backends               the table of operations a backend fills (MP_OP),
                              and the inline rules every backend shares
+    >>communicator           data-parallel training: the table of collectives
     >>cpu backend            mp_cpu_backend, the default table
     >>rules                  activations and loss rows, compiled by the
                              implementation and by device backends alike
@@ -217,6 +218,7 @@ CONTENTS
     >>automatic mixed precision   the pass that decides each layer's dtypes
                              (before >>model, whose compile calls it; it
                              needs nothing of the model's code)
+    >>communicator           joining a job, collectives on host values, rank 0's weights
     >>model                  create, add, build, compile, the activation plan
     >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
     >>fit                    the training loop, evaluate, predict
@@ -285,7 +287,9 @@ extern "C" {
     X(MP_ERR_FORMAT, "the file is corrupt, truncated or not of the expected kind " \
       "(an IDX file, a mixprec checkpoint)")                                      \
     X(MP_ERR_BACKEND, "the backend (a GPU, its driver or library) reported an "  \
-      "error; the model's error message names it")
+      "error; the model's error message names it")                                 \
+    X(MP_ERR_COMM, "a collective operation across the ranks of a data-parallel " \
+      "job failed (see >>communicator); end the job")
 
 typedef enum mp_status {
 #define MP__STATUS_ENUM(code, msg) code,
@@ -738,6 +742,7 @@ typedef struct mp_compile_desc {
    detail (which layer, which shape). */
 typedef struct mp_model mp_model;
 typedef struct mp_backend mp_backend;
+typedef struct mp_communicator mp_communicator;
 
 typedef struct mp_model_desc {
     int input_shape[MP_MAX_RANK - 1]; /* per sample, zero-terminated: {784} or {28, 28, 1} */
@@ -746,6 +751,9 @@ typedef struct mp_model_desc {
     const mp_backend *backend;        /* NULL = the CPU (see >>backends) */
     const void *backend_config;       /* the backend's own options, or NULL */
     int threads;                      /* 0 = mp_available_cores() */
+    const mp_communicator *comm;      /* NULL = one process (see >>communicator) */
+    mp_dtype allreduce_dtype;         /* with comm: MP_FLOAT32 (0), or the gradients' sum
+                                         in float16/bfloat16: half the bytes */
 } mp_model_desc;
 
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc);
@@ -838,6 +846,12 @@ typedef struct mp_fit_state {
     int has_validation; /* validation_split left samples to validate on */
     int stop_training;  /* a hook sets it: fit ends after this batch or epoch (Keras's model.stop_training) */
     mp_status status;   /* on_train_end: how fit ended */
+    /* data-parallel (>>communicator): batch_size is the global batch, split
+       across num_replicas; one process: 1, and both sizes are batch_size */
+    int num_replicas;
+    int replica;          /* this process's rank */
+    size_t global_batch;  /* samples a step, over all replicas */
+    size_t replica_batch; /* at most this many on each (ceil(global / replicas)) */
 } mp_fit_state;
 
 typedef mp_status (*mp_callback_fn)(void *user, mp_fit_state *state, const mp_logs *logs);
@@ -1380,6 +1394,66 @@ struct mp_backend {
     size_t (*free_memory)(void *ctx);
     void (*gather)(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes);
 };
+
+/* >>communicator
+   Data-parallel training across processes and machines: every rank (one
+   process each) creates the same model with the same communicator in
+   mp_model_desc.comm (NULL = one process) and makes the same calls; the
+   library keeps the ranks in step. mpi/mixprec_mpi.h fills the table with
+   MPI (host memory: the CPU backend); cuda/mixprec_nccl.h with NCCL (the
+   CUDA backend's device memory, on its stream). What it does:
+   - Initial weights: rank 0's, broadcast when the model is built (by build
+     or compile), whatever each rank's seed. fit's shuffle seed is rank 0's.
+   - fit's batch_size is the GLOBAL batch, as Keras's distribution
+     strategies: every rank shuffles alike and takes its slice of each
+     global batch of b samples (rank r of N: [b r / N, b (r + 1) / N)), at
+     most ceil(batch_size / N) samples (mp_fit_state has both sizes; rank
+     0's first line shows them). 2 ranks at batch_size 256 train as one
+     process at 256, 128 samples each.
+   - Gradients: each rank's, in float32 and weighted by its share of the
+     global batch, are summed over the ranks BEFORE the fused
+     unscale-and-check, so an Inf or NaN on any rank reaches every rank:
+     all skip the same steps and keep the same loss scale (Keras's
+     LossScaleOptimizer under a distribution strategy). The sum has the
+     same bits on every rank, so the weights and slots stay bit-identical.
+   - Metrics: fit's loss and accuracy, validation and evaluate are the
+     global figures on every rank (sums reduced).
+   - Only rank 0 prints (ProgbarLogger, EarlyStopping, LearningRateScheduler)
+     and writes (CSVLogger, ModelCheckpoint, the numerics CSV); the state
+     is the same on every rank, so a checkpoint from N ranks resumes on any
+     number of ranks. mp_model_save itself writes on every rank that calls it.
+   - The custom loop: mp_get_unscaled_gradients reduces first; each rank's
+     batch weighs the same (call it with equal batches on every rank).
+   - mp_model_desc.allreduce_dtype float16 or bfloat16 sums the gradients in
+     that dtype (the communicator's all_reduce_sum16; NULL there refuses it
+     at create): each rank's float32 share, already divided by the number of
+     ranks, is rounded to 16 bits, so the sum cannot overflow where each
+     part fits (PyTorch's fp16/bf16 compression hooks); then the same
+     unscale-and-check. Half the bytes, 16-bit rounding of the sum.
+   A collective that fails gives MP_ERR_COMM and the communicator's
+   last_error in the model's error. The other ranks may be waiting in a
+   collective that never completes: end the job (mp_mpi_abort). */
+struct mp_communicator {
+    const char *name;  /* "mpi", "nccl" */
+    int device_memory; /* 1: buffers are device memory (must match the backend's) */
+    void *ctx;         /* the implementation's, passed to each op */
+    int (*rank)(void *ctx); /* 0 ... size - 1 */
+    int (*size)(void *ctx); /* the number of ranks */
+    /* buf[0, n) = the sum over the ranks of their buf, with the same bits
+       on every rank (the backend's memory; its queued work is done first) */
+    mp_status (*all_reduce_sum)(void *ctx, float *buf, size_t n);
+    mp_status (*broadcast)(void *ctx, void *buf, size_t bytes, int root); /* root's bytes to every rank */
+    mp_status (*barrier)(void *ctx);
+    const char *(*last_error)(void *ctx); /* what failed first; never NULL */
+    /* The same for n float16 or bfloat16 values (dtype), or NULL where the
+       communicator has no 16-bit sum. */
+    mp_status (*all_reduce_sum16)(void *ctx, void *buf, mp_dtype dtype, size_t n);
+};
+
+/* The model's backend context (what create gave it; NULL for NULL), for a
+   companion that queues work beside the backend's, such as a device
+   communicator on the backend's stream (cuda/mixprec_nccl.h). */
+MIXPREC_API void *mp_model_backend_context(const mp_model *m);
 
 /* >>cpu backend: the table of the CPU's kernels, the default. */
 MIXPREC_API const mp_backend *mp_cpu_backend(void);
@@ -3721,6 +3795,11 @@ typedef struct mp__step_state {
     float metrics[2]; /* sum of the batch's losses, samples counted right */
     int found_inf;
     int bad_input;    /* the last batch sent held Inf or NaN (a device's cast_in saw it) */
+    /* data-parallel (>>communicator): the global batch over this rank's,
+       which divides its gradients; host values on their way through a
+       collective (the communicator reads the backend's memory) */
+    float share;
+    float collective[4];
 } mp__step_state;
 
 /* fit on a device backend logs each step's metrics on the device and
@@ -3754,6 +3833,7 @@ struct mp_model {
     mp_model_desc desc;
     const mp_backend *be;
     void *ctx;        /* the backend's context for this model */
+    int rank, ranks;  /* in desc.comm's job; 0 and 1 without one */
     mp_policy policy; /* the global policy at creation */
     int in_rank, in_shape[MP_MAX_RANK - 1];
     size_t in_size;
@@ -3782,6 +3862,7 @@ struct mp_model {
     float *dpred, *batch_y;
     int32_t *batch_labels;
     void *grad[2];
+    void *grad16; /* the gradients' 16-bit sum (>>communicator), or NULL */
     void *col;
     float *dcol, *img;
     void *stage_block[2]; /* host memory for a batch on its way to a device backend */
@@ -4581,7 +4662,7 @@ static void mp__amp_print(const mp_model *m) {
     char buf[160];
     mp__text t;
     int i;
-    if (!m->amp) return;
+    if (!m->amp || m->rank) return; /* rank 0 prints (>>communicator) */
     t.buf = buf;
     t.cap = sizeof buf;
     t.len = 0;
@@ -4605,6 +4686,79 @@ static void mp__amp_put_dtypes(mp__text *t, const mp__layer *l) {
         mp__put(t, "->");
         mp__put(t, mp_dtype_name(l->yt));
     }
+}
+
+/* >>communicator (see the declaration): the model's side of data-parallel
+   training. Without a communicator (ranks == 1) nothing here runs a
+   collective, and every figure is the one process's as before. */
+static mp_status mp__sync(mp_model *m);
+
+/* The communicator's table checked, and where this process stands in it. */
+static mp_status mp__comm_join(mp_model *m) {
+    const mp_communicator *c = m->desc.comm;
+    m->rank = 0;
+    m->ranks = 1;
+    if (!c) return MP_OK;
+    if (!c->rank || !c->size || !c->all_reduce_sum || !c->broadcast || !c->barrier || !c->last_error)
+        return MP_ERR_NULL;
+    m->rank = c->rank(c->ctx);
+    m->ranks = c->size(c->ctx);
+    if (m->ranks < 1 || m->rank < 0 || m->rank >= m->ranks) return MP_ERR_ARG;
+    if ((unsigned)m->desc.allreduce_dtype >= (unsigned)MP_DTYPE_COUNT ||
+        (m->desc.allreduce_dtype != MP_FLOAT32 && !c->all_reduce_sum16))
+        return MP_ERR_ARG;
+    return c->device_memory == m->be->device_memory ? MP_OK : MP_ERR_ARG; /* it reads the backend's memory */
+}
+
+/* Rank r's part of n things split over the ranks: [start(r), start(r + 1)),
+   floor(n r / ranks) without the product's overflow. */
+static size_t mp__slice_start(size_t n, int rank, int ranks) {
+    return n / (size_t)ranks * (size_t)rank + n % (size_t)ranks * (size_t)rank / (size_t)ranks;
+}
+
+static mp_status mp__comm_failed(mp_model *m, const char *what) {
+    const mp_communicator *c = m->desc.comm;
+    return mp__fail(m, MP_ERR_COMM, "%s: the %s communicator failed on rank %d of %d: %s", what,
+                    c->name ? c->name : "", m->rank, m->ranks, c->last_error(c->ctx));
+}
+
+/* A host communicator reads memory the backend has finished writing. */
+static mp_status mp__comm_ready(mp_model *m) { return m->desc.comm->device_memory ? MP_OK : mp__sync(m); }
+
+/* buf[0, n) (the backend's memory, in dtype) summed over the ranks. */
+static mp_status mp__comm_sum(mp_model *m, void *buf, mp_dtype dtype, size_t n, const char *what) {
+    const mp_communicator *c = m->desc.comm;
+    mp_status st;
+    if ((st = mp__comm_ready(m)) != MP_OK) return st;
+    st = dtype == MP_FLOAT32 ? c->all_reduce_sum(c->ctx, (float *)buf, n) : c->all_reduce_sum16(c->ctx, buf, dtype, n);
+    return st == MP_OK ? MP_OK : mp__comm_failed(m, what);
+}
+
+/* Host values (at most four floats, or 16 bytes from rank 0) through the
+   step state: a device communicator cannot read host memory. */
+static mp_status mp__comm_host(mp_model *m, void *v, size_t bytes, int sum, const char *what) {
+    const mp_communicator *c = m->desc.comm;
+    mp_status st;
+    MIXPREC_ASSERT(bytes <= sizeof m->state->collective);
+    m->be->copy(m->ctx, m->state->collective, v, bytes, MP_COPY_TO_BACKEND);
+    if (sum) st = mp__comm_sum(m, m->state->collective, MP_FLOAT32, bytes / sizeof(float), what);
+    else if ((st = mp__comm_ready(m)) == MP_OK && c->broadcast(c->ctx, m->state->collective, bytes, 0) != MP_OK)
+        st = mp__comm_failed(m, what);
+    if (st != MP_OK) return st;
+    m->be->copy(m->ctx, v, m->state->collective, bytes, MP_COPY_TO_HOST);
+    return mp__sync(m);
+}
+
+/* Rank 0's initial weights on every rank, whatever each rank's seed. */
+static mp_status mp__comm_share_weights(mp_model *m) {
+    const mp_communicator *c = m->desc.comm;
+    mp_status st;
+    if (m->ranks == 1) return MP_OK;
+    if ((st = mp__comm_ready(m)) != MP_OK) return st;
+    if (c->broadcast(c->ctx, m->w, m->n_params * sizeof(float), 0) != MP_OK)
+        return mp__comm_failed(m, "broadcasting rank 0's initial weights");
+    m->casts_fresh = 0; /* the next forward casts the new weights */
+    return MP_OK;
 }
 
 /* >>model */
@@ -4753,7 +4907,7 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (!m->desc.name) m->desc.name = "sequential";
     m->be = desc->backend ? desc->backend : &mp__cpu_backend;
     m->policy = mp_global_policy();
-    if ((st = m->be->create(&m->ctx, desc->threads, desc->backend_config)) != MP_OK) {
+    if ((st = mp__comm_join(m)) != MP_OK || (st = m->be->create(&m->ctx, desc->threads, desc->backend_config)) != MP_OK) {
         mp__free(m);
         return st;
     }
@@ -4934,7 +5088,7 @@ MIXPREC_API mp_status mp_model_build(mp_model *m) {
     if (mp__built(m)) return MP_OK;
     if ((st = mp__alloc_params(m, m->amp, &block, &bytes)) != MP_OK) return st;
     mp__adopt_params(m, block, bytes);
-    return MP_OK;
+    return mp__comm_share_weights(m);
 }
 
 static int mp__slots_per_weight(const mp_optimizer_desc *o) {
@@ -5050,6 +5204,7 @@ static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const m
 MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc) {
     mp__compiled c;
     mp_status st;
+    int fresh;
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "compile() needs a mp_compile_desc");
     if (desc->loss <= MP_LOSS_NONE || desc->loss >= MP_LOSS_COUNT)
@@ -5057,13 +5212,14 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     if ((unsigned)desc->metrics > (unsigned)MP_METRIC_ACCURACY || (unsigned)desc->loss_scale > (unsigned)MP_LOSS_SCALE_ON)
         return mp__fail(m, MP_ERR_ARG, "invalid metrics or loss_scale value");
     memset(&c, 0, sizeof c);
+    fresh = !mp__built(m);
     if ((st = mp__compile_prepare(m, desc, &c)) != MP_OK) {
         mp__compile_discard(m, &c);
         return st;
     }
     mp__compile_commit(m, desc, &c);
     mp__amp_print(m);
-    return MP_OK;
+    return fresh ? mp__comm_share_weights(m) : MP_OK; /* weights initialised here: rank 0's */
 }
 
 /* The activation block for `batch` samples: the input (in the first
@@ -5114,6 +5270,7 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
     }
     m->grad[0] = mp__carve(a, grad_bytes, 1);
     m->grad[1] = mp__carve(a, grad_bytes, 1);
+    m->grad16 = m->ranks > 1 && m->desc.allreduce_dtype != MP_FLOAT32 ? mp__carve(a, m->n_params, 2) : NULL;
     m->col = mp__carve(a, col, 1);
     m->dcol = (float *)mp__carve(a, dcol, 1);
     m->img = (float *)mp__carve(a, img, 1);
@@ -5477,20 +5634,56 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     return MP_OK;
 }
 
-MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
+/* The fused unscale-and-check of every layer's gradients into g: from the
+   compute dtype's gc (from NULL), or from a whole-model buffer in ft laid
+   out as g (g itself, in place; the 16-bit sum). */
+static void mp__unscale_layers(mp_model *m, const void *from, mp_dtype ft, const float *scale) {
     int i;
-    mp_status st;
-    if (!m) return MP_ERR_NULL;
-    if ((st = mp__loop_check(m, MP__CALL_UNSCALE)) != MP_OK) return st;
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         if (mp__params(l))
-            m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
+            m->be->unscale_check(m->ctx, l->g, from ? mp__at(from, ft, (size_t)(l->g - m->g)) : l->gc,
+                                 from ? ft : l->dt, mp__params(l), scale, &m->state->found_inf);
     }
+}
+
+/* Data-parallel (>>communicator): this rank's gradients in float32 over
+   its share of the global batch (zeros when the batch's tail left it no
+   sample), summed over the ranks, then unscaled and checked: an Inf on
+   any rank is in every rank's sum, so every rank skips alike. */
+static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) {
+    mp_dtype wire = m->desc.allreduce_dtype;
+    void *sum = wire == MP_FLOAT32 ? (void *)m->g : m->grad16;
+    mp_status st;
+    if (batch) {
+        float share = (float)global / (float)batch; /* exact for equal shares of a power-of-two batch */
+        m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
+        mp__unscale_layers(m, NULL, MP_FLOAT32, &m->state->share);
+    } else {
+        m->be->zero(m->ctx, m->g, m->n_params * sizeof(float));
+    }
+    if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, m->g, m->n_params, NULL); /* divided, then rounded */
+    if ((st = mp__comm_sum(m, sum, wire, m->n_params, "the gradients' all-reduce")) != MP_OK) return st;
+    mp__unscale_layers(m, sum, wire, mp__scale(m));
+    return MP_OK;
+}
+
+/* batch of the global batch's samples were this rank's (all of them in one process). */
+static mp_status mp__unscale_gradients(mp_model *m, size_t batch, size_t global) {
+    mp_status st;
+    if (m->ranks == 1) mp__unscale_layers(m, NULL, MP_FLOAT32, mp__scale(m));
+    else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
     m->grads_ready = 1;
     mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
+}
+
+MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if ((st = mp__loop_check(m, MP__CALL_UNSCALE)) != MP_OK) return st;
+    return mp__unscale_gradients(m, m->batch, m->batch * (size_t)m->ranks);
 }
 
 /* Queues the update; the backend decides from its found-Inf flag whether
@@ -5804,15 +5997,21 @@ static void mp__free_data(mp_model *m) {
 
 /* One training step on the gathered batch: the custom loop's six lines,
    with nothing read back (a GPU runs on while the host gathers the next
-   batch): the batch's metrics go to the metric log. */
-static mp_status mp__train_step(mp_model *m, size_t batch) {
+   batch): the batch's metrics go to the metric log. batch of the global
+   batch's samples are this rank's; a rank the batch's tail left none logs
+   nothing and adds zero gradients to the sum (>>communicator). */
+static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
     mp_status st;
-    if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
-    m->metric_batch[m->metric_count] = batch;
-    mp__loss_into(m, m->metric_log + 2 * m->metric_count++);
-    mp__loop_move(m, MP__CALL_LOSS);
-    if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
-    if ((st = mp_get_unscaled_gradients(m)) != MP_OK) return st;
+    if (batch) {
+        if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
+        m->metric_batch[m->metric_count] = batch;
+        mp__loss_into(m, m->metric_log + 2 * m->metric_count++);
+        mp__loop_move(m, MP__CALL_LOSS);
+        if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
+    } else {
+        m->loop = MP__LOOP_GRADIENTS;
+    }
+    if ((st = mp__unscale_gradients(m, batch, global)) != MP_OK) return st;
     mp__apply(m);
     return MP_OK;
 }
@@ -5833,6 +6032,27 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
         *right += (size_t)logged[2 * i + 1];
         *seen += m->metric_batch[i];
     }
+    return MP_OK;
+}
+
+/* mp__evaluate_range over this rank's part of [first, end), each rank
+   batch / ranks samples at a time, summed over the ranks. */
+static mp_status mp__evaluate_shared(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
+                                     float *loss, float *accuracy) {
+    size_t n = end - first, lo = first + mp__slice_start(n, m->rank, m->ranks);
+    size_t hi = first + mp__slice_start(n, m->rank + 1, m->ranks);
+    float got[2] = {0.0f, 0.0f};
+    mp_status st;
+    if (m->ranks == 1) return mp__evaluate_range(m, d, first, end, batch, loss, accuracy);
+    if (hi > lo) {
+        size_t each = (batch + (size_t)m->ranks - 1) / (size_t)m->ranks;
+        if ((st = mp__evaluate_range(m, d, lo, hi, each, loss, accuracy)) != MP_OK) return st;
+        got[0] = *loss * (float)(hi - lo);
+        got[1] = roundf(*accuracy * (float)(hi - lo)); /* the samples counted right, exactly */
+    }
+    if ((st = mp__comm_host(m, got, sizeof got, 1, "the metrics' all-reduce")) != MP_OK) return st;
+    *loss = got[0] / (float)n;
+    *accuracy = m->compile.metrics ? got[1] / (float)n : 0.0f;
     return MP_OK;
 }
 
@@ -5987,11 +6207,11 @@ static mp_status mp__early_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_status st = MP_OK;
     (void)lg;
 #ifndef MIXPREC_NO_STDIO
-    if (es->stopped_epoch > 0 && es->verbose) printf("Epoch %d: early stopping\n", es->stopped_epoch + 1);
+    if (es->stopped_epoch > 0 && es->verbose && !s->replica) printf("Epoch %d: early stopping\n", es->stopped_epoch + 1);
 #endif
     if (es->best_weights && es->best_epoch >= 0 && s->status == MP_OK) {
 #ifndef MIXPREC_NO_STDIO
-        if (es->verbose) printf("Restoring model weights from the end of the best epoch: %d.\n", es->best_epoch + 1);
+        if (es->verbose && !s->replica) printf("Restoring model weights from the end of the best epoch: %d.\n", es->best_epoch + 1);
 #endif
         st = mp_model_set_weights(s->model, es->best_weights, mp_model_param_count(s->model));
     }
@@ -6013,7 +6233,7 @@ static mp_status mp__scheduler_epoch_begin(void *user, mp_fit_state *s, const mp
     lr = ls->schedule(ls->user, s->epoch, mp_model_learning_rate(s->model));
     if ((st = mp_model_set_learning_rate(s->model, lr)) != MP_OK) return st;
 #ifndef MIXPREC_NO_STDIO
-    if (ls->verbose) {
+    if (ls->verbose && !s->replica) {
         char buf[64];
         mp__text t;
         t.buf = buf;
@@ -6030,6 +6250,10 @@ MIXPREC_API mp_callback mp_lr_scheduler_callback(mp_lr_scheduler *s) {
 }
 
 #ifndef MIXPREC_NO_STDIO
+/* Rank 0 prints (>>communicator). */
+static int mp__progbar_on(const mp_progbar_logger *p, const mp_fit_state *s) {
+    return p->verbose != MP_VERBOSE_SILENT && !s->replica;
+}
 static mp_status mp__progbar_epoch_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_progbar_logger *p = (mp_progbar_logger *)user;
     mp__clock now = mp__now();
@@ -6038,18 +6262,21 @@ static mp_status mp__progbar_epoch_begin(void *user, mp_fit_state *s, const mp_l
     p->last_len = 0;
     p->start_sec = now.sec;
     p->start_nsec = now.nsec;
-    if (p->verbose != MP_VERBOSE_SILENT) printf("Epoch %d/%d\n", s->epoch + 1, s->epochs);
+    if (mp__progbar_on(p, s) && s->num_replicas > 1 && s->epoch == s->initial_epoch)
+        printf("Data parallel: %d replicas, global batch size %d (%d per replica at most)\n", s->num_replicas,
+               (int)s->global_batch, (int)s->replica_batch);
+    if (mp__progbar_on(p, s)) printf("Epoch %d/%d\n", s->epoch + 1, s->epochs);
     return MP_OK;
 }
 static mp_status mp__progbar_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_progbar_logger *p = (mp_progbar_logger *)user;
-    if (p->live && s->step + 1 < s->steps && p->verbose != MP_VERBOSE_SILENT)
+    if (p->live && s->step + 1 < s->steps && mp__progbar_on(p, s))
         mp__progress_show(p, s->step + 1, s->steps, lg, s->has_accuracy, 0);
     return MP_OK;
 }
 static mp_status mp__progbar_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_progbar_logger *p = (mp_progbar_logger *)user;
-    if (p->verbose != MP_VERBOSE_SILENT) mp__progress_show(p, s->steps, s->steps, lg, s->has_accuracy, s->has_validation);
+    if (mp__progbar_on(p, s)) mp__progress_show(p, s->steps, s->steps, lg, s->has_accuracy, s->has_validation);
     return MP_OK;
 }
 MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p) {
@@ -6061,6 +6288,7 @@ static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
     FILE *f;
     (void)lg;
     c->file = NULL;
+    if (s->replica) return MP_OK; /* rank 0 writes (>>communicator) */
     if (!c->filename) return mp__fail(s->model, MP_ERR_NULL, "CSVLogger: no filename");
     if (!(f = fopen(c->filename, c->append ? "a" : "w")))
         return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s", c->filename);
@@ -6071,11 +6299,11 @@ static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
 }
 static mp_status mp__csv_batch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_csv_logger *c = (mp_csv_logger *)user;
-    if (c->per_step) mp__csv_row((FILE *)c->file, "step", s->epoch + 1, (size_t)s->epoch * s->steps + s->step + 1, lg, 0);
+    if (c->per_step && c->file) mp__csv_row((FILE *)c->file, "step", s->epoch + 1, (size_t)s->epoch * s->steps + s->step + 1, lg, 0);
     return MP_OK;
 }
 static mp_status mp__csv_epoch_end(void *user, mp_fit_state *s, const mp_logs *lg) {
-    mp__csv_row((FILE *)((mp_csv_logger *)user)->file, "epoch", s->epoch + 1, (size_t)(s->epoch + 1) * s->steps, lg,
+    if (((mp_csv_logger *)user)->file) mp__csv_row((FILE *)((mp_csv_logger *)user)->file, "epoch", s->epoch + 1, (size_t)(s->epoch + 1) * s->steps, lg,
                 s->has_validation);
     return MP_OK;
 }
@@ -6141,6 +6369,7 @@ static mp_status mp__checkpoint_epoch_end(void *user, mp_fit_state *s, const mp_
     mp_status st = MP_OK;
     float v = 0.0f;
     int save = 1;
+    if (s->replica) { mp__free(path); return MP_OK; } /* rank 0 writes: the state is the same on every rank */
     if (!path) return mp__fail(s->model, MP_ERR_ALLOC, "ModelCheckpoint's file name");
     t.buf = line;
     t.cap = sizeof line;
@@ -6213,7 +6442,20 @@ static void mp__fit_logs(mp_model *m, mp_logs *lg) {
 /* The metrics of the steps since the last read, into the epoch's running
    loss and accuracy (lg). */
 static mp_status mp__fit_read(mp_model *m, float *sum, size_t *right, size_t *seen, mp_logs *lg) {
-    mp_status st = mp__read_log(m, sum, right, seen);
+    float got[3] = {0.0f, 0.0f, 0.0f}; /* this rank's loss sum, samples right and samples since the last read */
+    size_t r = 0, n = 0;
+    mp_status st;
+    if (m->ranks == 1) {
+        st = mp__read_log(m, sum, right, seen);
+    } else { /* every rank reports the global figures (>>communicator) */
+        st = mp__read_log(m, &got[0], &r, &n);
+        got[1] = (float)r; /* exact: a read covers at most MP__METRIC_LOG batches */
+        got[2] = (float)n;
+        if (st == MP_OK) st = mp__comm_host(m, got, sizeof got, 1, "the metrics' all-reduce");
+        *sum += got[0];
+        *right += (size_t)got[1];
+        *seen += (size_t)got[2];
+    }
     lg->loss = *sum / (float)*seen;
     lg->accuracy = m->compile.metrics ? (float)*right / (float)*seen : 0.0f;
     mp__fit_logs(m, lg);
@@ -6228,6 +6470,7 @@ static mp_status mp__fit_read(mp_model *m, float *sum, size_t *right, size_t *se
 static int mp__fit_read_now(const mp_model *m, const mp__fit_callbacks *cb, int last, mp__clock read) {
     int i, hooks = 0;
     if (!m->be->device_memory || last || m->metric_count == MP__METRIC_LOG) return 1;
+    if (m->ranks > 1) return 0; /* every rank reads at the same steps: a clock would not agree */
     for (i = 0; i < cb->n; i++) hooks |= cb->list[i].on_batch_end != NULL;
     return hooks && mp__seconds_since(read) >= 0.25f;
 }
@@ -6244,9 +6487,10 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
     if (m->data_block) mp__send_order(m, idx, order, n_train);
     m->metric_count = 0;
     for (s->step = 0; s->step < s->steps && st == MP_OK && !s->stop_training; s->step++) {
-        size_t b = mp__min(batch, n_train - s->step * batch);
-        mp__gather(m, &d->data, idx, s->step * batch, b);
-        if ((st = mp__train_step(m, b)) != MP_OK) break;
+        size_t b = mp__min(batch, n_train - s->step * batch); /* the global batch */
+        size_t lo = mp__slice_start(b, m->rank, m->ranks), mine = mp__slice_start(b, m->rank + 1, m->ranks) - lo;
+        if (mine) mp__gather(m, &d->data, idx, s->step * batch + lo, mine);
+        if ((st = mp__train_step(m, mine, b)) != MP_OK) break;
         if (!mp__fit_read_now(m, cb, s->step + 1 == s->steps, read)) continue;
         if ((st = mp__fit_read(m, &sum, &right, &seen, lg)) != MP_OK) break;
         read = mp__now();
@@ -6254,7 +6498,7 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
     }
     if (st == MP_OK && m->metric_count) st = mp__fit_read(m, &sum, &right, &seen, lg); /* stopped early */
     if (st == MP_OK && s->has_validation)
-        st = mp__evaluate_range(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
+        st = mp__evaluate_shared(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
     lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
     lg->steps = s->steps;
     lg->ms_per_step = lg->seconds * 1000.0f / (float)s->steps;
@@ -6283,12 +6527,16 @@ static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s
     if (*n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
     *batch = mp__min((size_t)d->batch_size, *n_train);
     s->steps = (*n_train + *batch - 1) / *batch;
+    s->num_replicas = m->ranks;
+    s->replica = m->rank;
+    s->global_batch = *batch;
+    s->replica_batch = (*batch + (size_t)m->ranks - 1) / (size_t)m->ranks;
     s->has_accuracy = m->compile.metrics != 0;
     s->has_validation = *n_train < d->data.n;
 #ifdef MIXPREC_NO_STDIO
     if (d->csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
 #endif
-    return mp__prepare(m, mp__min((size_t)d->batch_size, d->data.n));
+    return mp__prepare(m, (mp__min((size_t)d->batch_size, d->data.n) + (size_t)m->ranks - 1) / (size_t)m->ranks);
 }
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
@@ -6318,6 +6566,10 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp__upload_data(m, &d, n_train, batch);
     if (m->data_block && !(order = (uint32_t *)mp__alloc(n_train * sizeof(uint32_t)))) mp__free_data(m);
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
+    if (m->ranks > 1 && (st = mp__comm_host(m, &rng, sizeof rng, 0, "sharing rank 0's shuffle seed")) != MP_OK) {
+        mp__free(list);
+        return st;
+    }
     for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
     /* on_train_begin one callback at a time: on_train_end goes to those it reached */
     s.epoch = d.initial_epoch;
@@ -6349,7 +6601,7 @@ MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int ba
     if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
     if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
     memset(&lg, 0, sizeof lg);
-    st = mp__evaluate_range(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &lg.loss, &lg.accuracy);
+    st = mp__evaluate_shared(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &lg.loss, &lg.accuracy);
     lg.loss_scale = mp_current_loss_scale(m);
     lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
     if (st == MP_OK) *out = lg;
@@ -6379,6 +6631,8 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
 }
 
 /* >>model: queries */
+MIXPREC_API void *mp_model_backend_context(const mp_model *m) { return m ? m->ctx : NULL; }
+
 MIXPREC_API int mp_model_layer_count(const mp_model *m) { return m ? m->n_layers : 0; }
 MIXPREC_API mp_policy mp_model_policy(const mp_model *m) { return m ? m->policy : mp_global_policy(); }
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out) {
@@ -6965,9 +7219,11 @@ static void mp__csv_stats(FILE *f, uint64_t step, const char *layer, const char 
 
 /* Creates the file with its header, or appends the step's rows. */
 static mp_status mp__numerics_csv(mp_model *m, const mp__numerics *nu, int create) {
-    FILE *f = fopen(nu->desc.csv_path, create ? "w" : "a");
+    FILE *f;
     int i, k;
-    if (!f) return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s", nu->desc.csv_path);
+    if (m->rank) return MP_OK; /* rank 0 writes (>>communicator) */
+    if (!(f = fopen(nu->desc.csv_path, create ? "w" : "a")))
+        return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s", nu->desc.csv_path);
     if (create) mp__csv_header(f);
     for (i = 0; !create && i < m->n_layers; i++)
         for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++)

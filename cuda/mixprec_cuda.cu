@@ -1318,6 +1318,8 @@ static const mp_backend mp__cu_backend = {
 /* >>public */
 extern "C" const mp_backend *mp_cuda_backend(void) { return &mp__cu_backend; }
 
+extern "C" void *mp_cuda_stream(void *ctx) { return ctx ? (void *)mp__cu_of(ctx)->stream : NULL; }
+
 extern "C" int mp_cuda_device_count(void) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);

@@ -57,6 +57,10 @@ mp_status mp_cuda_device_name(int device, char *buf, size_t size);
    creation failed; "" after a success. Process-wide, not synchronised (as
    mixprec's other global state). Never NULL. */
 const char *mp_cuda_last_error(void);
+/* The cudaStream_t a model's work is queued on, from its backend context
+   (mp_model_backend_context), for work beside the backend's in order with
+   it (cuda/mixprec_nccl.h's all-reduce); NULL for NULL. */
+void *mp_cuda_stream(void *backend_ctx);
 
 /* What the backend has asked of the CUDA runtime so far, all contexts
    together (not synchronised, as the rest of mixprec's global state):

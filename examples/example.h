@@ -53,7 +53,7 @@ static long flag_long(int argc, char **argv, int i, long min) {
 static const mp_backend *ex_backend;
 
 /* 1 when argv[i] is --backend (its value taken), else 0. */
-static int flag_backend(int argc, char **argv, int i) {
+static inline int flag_backend(int argc, char **argv, int i) {
     if (strcmp(argv[i], "--backend") != 0) return 0;
     if (i + 1 < argc && strcmp(argv[i + 1], "cpu") == 0) ex_backend = NULL;
 #ifdef EXAMPLE_CUDA

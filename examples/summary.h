@@ -9,7 +9,7 @@
 
 /* What the example showed, in one line: appended to the file
    $MIXPREC_DEMO_SUMMARY names, when it is set (make demo sets it). */
-static void ex_summary(const char *example, const char *fmt, ...) {
+static inline void ex_summary(const char *example, const char *fmt, ...) {
     const char *path = getenv("MIXPREC_DEMO_SUMMARY");
     FILE *f = path ? fopen(path, "a") : NULL;
     va_list ap;

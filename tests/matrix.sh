@@ -193,7 +193,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm; do
         step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
         run "$t, $tag" $B/${t}_$tag
     done
@@ -236,6 +236,13 @@ elif printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInpu
     done
 else
     skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
+fi
+
+echo "== data-parallel training under Open MPI (tests/mpi.sh: 2 and 3 ranks, resume, failures)"
+if have mpicc && have mpirun; then
+    VERBOSE=1 run "test_mpi under mpirun (tests/mpi.sh)" bash tests/mpi.sh $B/mpi
+else
+    skip "data-parallel under MPI" "mpicc or mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
 fi
 
 echo "== CUDA backend (cuda/)"
@@ -297,6 +304,18 @@ if [ -n "$NVCC" ]; then
     fi
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
     step "make examples-cuda (the examples against the library)" make -s examples-cuda B=$B/cuda NVCC="$NVCC"
+    # the NCCL communicator: built where nccl.h and mpicc are; it runs on a GPU only
+    step "make nccl (cuda/mixprec_nccl.cu, test_nccl)" make -s nccl B=$B/cuda NVCC="$NVCC"
+    if [ -x $B/cuda/test_nccl ]; then
+        out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 $B/cuda/test_nccl 2>&1); rc=$?
+        if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_nccl: skipped'; then
+            skip "test_nccl on a GPU" "$(echo "$out" | sed -n 's/^test_nccl: skipped (\(.*\)).*$/\1/p')"
+        else
+            run "test_nccl on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
+        fi
+    else
+        skip "NCCL communicator" "nccl.h or mpicc not found"
+    fi
 else
     skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train, make examples-cuda" \
         "nvcc not found: these need the CUDA toolkit (nvcc, cuBLASLt); the backend's logic ran above under the emulation"
@@ -311,6 +330,7 @@ else
     skip "README's figures from the examples" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
 fi
 step "make bench-build" make -s bench-build B=$B/bench
+if have mpicc; then step "build bench/dp.c (mpicc)" make -s B=$B/bench $B/bench/bench_dp; fi
 if have gnuplot; then
     # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
     step "plot_log.gp draws a fit's CSV log as a PNG (gnuplot)" bash -c "

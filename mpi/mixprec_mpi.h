@@ -1,0 +1,191 @@
+/* mixprec_mpi.h - an MPI communicator for mixprec's data-parallel training
+   (see >>communicator in mixprec.h): one process per rank, started by
+   mpirun, all-reducing the CPU backend's float32 gradients over MPI.
+   stb-style: in exactly one file, after mixprec.h,
+
+       #define MIXPREC_MPI_IMPLEMENTATION
+       #include "mpi/mixprec_mpi.h"
+
+   and build with mpicc (Debian: apt-get install openmpi-bin libopenmpi-dev).
+
+       MPI_Init(&argc, &argv);
+       mp_mpi comm;
+       mp_mpi_init(&comm, MPI_COMM_WORLD);
+       mp_model_desc md = {{784}};
+       md.comm = &comm.table;          // every rank: the same model and calls
+       ...  mp_model_fit(m, &fd)  ...  // batch_size: the global batch
+       if (status != MP_OK) { fprintf(stderr, ...); mp_mpi_abort(&comm, 1); }
+       MPI_Finalize();
+
+   Run: mpirun -np 2 ./program (as root Open MPI also wants
+   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more ranks
+   than cores want --oversubscribe).
+
+   The sum has the same bits on every rank: with 2 ranks MPI_Allreduce adds
+   two numbers, which IEEE 754 addition does alike in either order; with
+   more, MPI_Allreduce may add in a different order on different ranks (MPI
+   only recommends that it does not), so the sum is MPI_Reduce to rank 0 and
+   MPI_Bcast from it. Errors return (MPI_ERRORS_RETURN on the communicator)
+   and become MP_ERR_COMM with MPI's message; the other ranks may then wait
+   in a collective forever, so a program that gets MP_ERR_COMM, or any error
+   from a collective call, ends the job with mp_mpi_abort. A rank that dies
+   makes mpirun end the job. */
+#ifndef MIXPREC_MPI_H
+#define MIXPREC_MPI_H
+#include <mpi.h>
+#ifndef MIXPREC_H
+#error "include mixprec.h before mpi/mixprec_mpi.h"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_mpi {
+    mp_communicator table; /* for mp_model_desc.comm */
+    MPI_Comm comm;
+    MPI_Op sum_f16, sum_bf16; /* the 16-bit sums (all_reduce_sum16) */
+    int rank, size;
+    char error[MPI_MAX_ERROR_STRING + 64];
+} mp_mpi;
+
+/* Fills c for comm (MPI_COMM_WORLD, or a split of it) after MPI_Init; its
+   errors return from now on. MP_ERR_COMM (c->error says why) if MPI fails. */
+MIXPREC_API mp_status mp_mpi_init(mp_mpi *c, MPI_Comm comm);
+/* Ends every rank of the job (MPI_Abort): after MP_ERR_COMM, or any error
+   on one rank while the others go on to a collective. */
+MIXPREC_API void mp_mpi_abort(mp_mpi *c, int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MIXPREC_MPI_H */
+
+#ifdef MIXPREC_MPI_IMPLEMENTATION
+#ifndef MIXPREC_MPI_IMPLEMENTED
+#define MIXPREC_MPI_IMPLEMENTED
+#include <limits.h>
+#include <stdio.h>
+
+/* MPI counts are ints: large buffers go in pieces of this many elements. */
+#define MP__MPI_CHUNK ((size_t)1 << 30)
+
+static mp_status mp__mpi_check(mp_mpi *c, int rc, const char *call) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (rc == MPI_SUCCESS) return MP_OK;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+    text[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
+    snprintf(c->error, sizeof c->error, "%s: %s", call, len ? text : "an MPI error");
+    return MP_ERR_COMM;
+}
+
+static int mp__mpi_rank(void *ctx) { return ((mp_mpi *)ctx)->rank; }
+static int mp__mpi_size(void *ctx) { return ((mp_mpi *)ctx)->size; }
+
+/* n elements of `size` bytes (type) summed by op over the ranks. */
+static mp_status mp__mpi_sum(mp_mpi *c, void *buf, size_t size, size_t n, MPI_Datatype type, MPI_Op op) {
+    size_t at;
+    for (at = 0; at < n; at += MP__MPI_CHUNK) {
+        int count = (int)(n - at < MP__MPI_CHUNK ? n - at : MP__MPI_CHUNK);
+        char *p = (char *)buf + at * size;
+        mp_status st;
+        if (c->size == 2) { /* one addition each: the same bits on both ranks */
+            st = mp__mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, c->comm), "MPI_Allreduce");
+        } else {
+            void *send = c->rank == 0 ? MPI_IN_PLACE : (void *)p;
+            st = mp__mpi_check(c, MPI_Reduce(send, p, count, type, op, 0, c->comm), "MPI_Reduce");
+            if (st == MP_OK) st = mp__mpi_check(c, MPI_Bcast(p, count, type, 0, c->comm), "MPI_Bcast");
+        }
+        if (st != MP_OK) return st;
+    }
+    return MP_OK;
+}
+
+static mp_status mp__mpi_all_reduce_sum(void *ctx, float *buf, size_t n) {
+    return mp__mpi_sum((mp_mpi *)ctx, buf, sizeof(float), n, MPI_FLOAT, MPI_SUM);
+}
+
+/* inout += in in 16-bit dt: widened to float32 (exact), added, rounded once
+   (mp_convert's vector casts, a tile at a time). */
+static void mp__mpi_add16(const void *in, void *inout, int len, mp_dtype dt) {
+    float a[512], b[512];
+    size_t at, n = (size_t)len;
+    for (at = 0; at < n; at += 512) {
+        size_t k, count = n - at < 512 ? n - at : 512;
+        mp_convert(a, MP_FLOAT32, (const uint16_t *)in + at, dt, count, NULL);
+        mp_convert(b, MP_FLOAT32, (uint16_t *)inout + at, dt, count, NULL);
+        for (k = 0; k < count; k++) a[k] += b[k];
+        mp_convert((uint16_t *)inout + at, dt, a, MP_FLOAT32, count, NULL);
+    }
+}
+static void mp__mpi_op_f16(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    mp__mpi_add16(in, inout, *len, MP_FLOAT16);
+}
+static void mp__mpi_op_bf16(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    mp__mpi_add16(in, inout, *len, MP_BFLOAT16);
+}
+
+static mp_status mp__mpi_all_reduce_sum16(void *ctx, void *buf, mp_dtype dtype, size_t n) {
+    mp_mpi *c = (mp_mpi *)ctx;
+    return mp__mpi_sum(c, buf, 2, n, MPI_UINT16_T, dtype == MP_FLOAT16 ? c->sum_f16 : c->sum_bf16);
+}
+
+static mp_status mp__mpi_broadcast(void *ctx, void *buf, size_t bytes, int root) {
+    mp_mpi *c = (mp_mpi *)ctx;
+    size_t at;
+    for (at = 0; at < bytes; at += MP__MPI_CHUNK) {
+        int count = (int)(bytes - at < MP__MPI_CHUNK ? bytes - at : MP__MPI_CHUNK);
+        mp_status st = mp__mpi_check(c, MPI_Bcast((char *)buf + at, count, MPI_BYTE, root, c->comm), "MPI_Bcast");
+        if (st != MP_OK) return st;
+    }
+    return MP_OK;
+}
+
+static mp_status mp__mpi_barrier(void *ctx) {
+    mp_mpi *c = (mp_mpi *)ctx;
+    return mp__mpi_check(c, MPI_Barrier(c->comm), "MPI_Barrier");
+}
+
+static const char *mp__mpi_last_error(void *ctx) {
+    mp_mpi *c = (mp_mpi *)ctx;
+    return c->error[0] ? c->error : "no error";
+}
+
+MIXPREC_API mp_status mp_mpi_init(mp_mpi *c, MPI_Comm comm) {
+    static const mp_communicator table = {
+        MP_OP(name) "mpi",
+        MP_OP(device_memory) 0,
+        MP_OP(ctx) NULL,
+        MP_OP(rank) mp__mpi_rank,
+        MP_OP(size) mp__mpi_size,
+        MP_OP(all_reduce_sum) mp__mpi_all_reduce_sum,
+        MP_OP(broadcast) mp__mpi_broadcast,
+        MP_OP(barrier) mp__mpi_barrier,
+        MP_OP(last_error) mp__mpi_last_error,
+        MP_OP(all_reduce_sum16) mp__mpi_all_reduce_sum16,
+    };
+    mp_status st;
+    if (!c) return MP_ERR_NULL;
+    memset(c, 0, sizeof *c);
+    c->table = table;
+    c->table.ctx = c;
+    c->comm = comm;
+    if ((st = mp__mpi_check(c, MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Comm_rank(comm, &c->rank), "MPI_Comm_rank")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Comm_size(comm, &c->size), "MPI_Comm_size")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Op_create(mp__mpi_op_f16, 1, &c->sum_f16), "MPI_Op_create")) != MP_OK ||
+        (st = mp__mpi_check(c, MPI_Op_create(mp__mpi_op_bf16, 1, &c->sum_bf16), "MPI_Op_create")) != MP_OK)
+        return st;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_mpi_abort(mp_mpi *c, int code) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(c ? c->comm : MPI_COMM_WORLD, code);
+}
+#endif /* MIXPREC_MPI_IMPLEMENTED */
+#endif /* MIXPREC_MPI_IMPLEMENTATION */
