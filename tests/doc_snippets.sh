@@ -26,6 +26,8 @@
 #   <!-- snippet(mp_model *m, mp_fit_desc fd) -->, which Markdown does not
 #   show; without one, and always in the doc block, (void): the fragment
 #   declares everything it uses. Fragments are compiled, not linked.
+# - A block that includes mpi/mixprec_mpi.h gets MPI's include flags from
+#   `mpicc --showme:compile`; without mpicc it is skipped, by name.
 # Errors point at the block's lines in README.md or mixprec.h (#line).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -89,10 +91,17 @@ status=0 count=0
 for f in "$D"/*."$want"; do
     [ -e "$f" ] || continue
     count=$((count + 1))
+    extra=
+    if grep -q 'mixprec_mpi\.h' "$f"; then # MPI's headers: where mpicc says they are
+        if ! extra=$(mpicc --showme:compile 2>/dev/null); then
+            echo "$(basename "$f"): skipped (mpicc not found: apt-get install libopenmpi-dev)"
+            continue
+        fi
+    fi
     if grep -Eq '(^|[^a-z_])main[[:space:]]*\(' "$f"; then
-        out=$($cc $flags -O2 -I. "$f" -o "${f%.*}" -lm 2>&1)
+        out=$($cc $flags -O2 -I. $extra "$f" -o "${f%.*}" -lm 2>&1)
     else
-        out=$($cc $flags -O2 -I. -c "$f" -o "${f%.*}.o" 2>&1)
+        out=$($cc $flags -O2 -I. $extra -c "$f" -o "${f%.*}.o" 2>&1)
     fi
     if [ $? -ne 0 ]; then
         status=1
