@@ -187,7 +187,7 @@ $(B)/libmixprec_cuda.a: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h mixprec.h | $(B
 examples-cuda:
 	@if [ -z "$(NVCC)" ]; then echo "examples-cuda: nvcc not found (put it on PATH or set NVCC=...): not built"; \
 	else $(MAKE) --no-print-directory $(B)/libmixprec_cuda.a && mkdir -p $(B)/cuda-examples && \
-	    for e in $(notdir $(EXAMPLES)); do \
+	    for e in $(notdir $(filter-out %/mnist_mpi,$(EXAMPLES))); do \
 	        $(CC) $(WARN) $(CFLAGS) $(ARCH) -DEXAMPLE_CUDA examples/$$e.c -o $(B)/cuda-examples/$$e $(CUDA_LIBS) || exit 1; \
 	    done; echo "examples-cuda: $(B)/cuda-examples/ (run with --backend cuda)"; fi
 
