@@ -1264,6 +1264,9 @@ MP__ROUND_EACH_END
 #if !defined(MIXPREC_NO_SIMD) && defined(__F16C__) && defined(__AVX2__)
 #define MP__SIMD_X86 1
 #include <immintrin.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MP__SIMD_AVX512 1 /* the bulk casts' 16-lane path (>>bulk casts) */
+#endif
 #endif
 #if defined(__GNUC__) || defined(__clang__)
 #define MP__HOT static inline __attribute__((always_inline)) /* inner-loop helpers */
@@ -1569,7 +1572,173 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f16, mp__row_f16_to_f16, mp__row_bf16_to_f16},
     {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_bf16_to_bf16}};
 
-#ifdef MP__SIMD_X86
+#ifdef MP__SIMD_AVX512
+/* Sixteen float32 lanes at a time, in one pass that casts and counts. The
+   conversions are those of the AVX2 path below, widened: vcvtph2ps, and
+   vcvtps2ph with an explicit rounding immediate, which ignores MXCSR; the
+   bfloat16 narrowing is the scalar integer formula, never vcvtneps2bf16,
+   which flushes subnormal inputs to zero. tests/test_numerics.c checks all
+   2^32 inputs against the scalar code. Whole pairs of vectors go first:
+   their 16-bit results leave in one 64-byte store, as the register form of
+   vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
+   AMD Zen 5). The last vectors are loaded and stored under a mask; their
+   missing lanes load as zeros, which no count and no extreme sees. g++ 12
+   takes the `_mm512_undefined_*` inside these intrinsics for uses of
+   uninitialised values (a false positive, in C++ only), as in the GEMM's
+   transposes. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+MP__HOT __m512 mp__z_load_f32(const void *p, size_t i, __mmask16 k) {
+    return _mm512_maskz_loadu_ps(k, (const float *)p + i);
+}
+MP__HOT __m512 mp__z_load_f16(const void *p, size_t i, __mmask16 k) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const mp_f16 *)p + i));
+}
+MP__HOT __m512 mp__z_load_bf16(const void *p, size_t i, __mmask16 k) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* The 16-bit results of a vector. */
+MP__HOT __m256i mp__z_narrow_f16(__m512 v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
+MP__HOT __m256i mp__z_narrow_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32((int)MP__F32_INF));
+    return _mm512_cvtepi32_epi16(_mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40)));
+}
+
+/* One vector's lanes k; two whole vectors at i and i + 16. */
+MP__HOT void mp__z_store_f32(void *p, size_t i, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps((float *)p + i, k, v); }
+MP__HOT void mp__z_store_f16(void *p, size_t i, __mmask16 k, __m512 v) {
+    _mm256_mask_storeu_epi16((mp_f16 *)p + i, k, mp__z_narrow_f16(v));
+}
+MP__HOT void mp__z_store_bf16(void *p, size_t i, __mmask16 k, __m512 v) {
+    _mm256_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow_bf16(v));
+}
+MP__HOT void mp__z_store2_f32(void *p, size_t i, __m512 a, __m512 b) {
+    _mm512_storeu_ps((float *)p + i, a);
+    _mm512_storeu_ps((float *)p + i + 16, b);
+}
+MP__HOT void mp__z_store_halves(uint16_t *p, __m256i a, __m256i b) {
+    _mm512_storeu_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+MP__HOT void mp__z_store2_f16(void *p, size_t i, __m512 a, __m512 b) {
+    mp__z_store_halves(&((mp_f16 *)p + i)->bits, mp__z_narrow_f16(a), mp__z_narrow_f16(b));
+}
+MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
+    mp__z_store_halves(&((mp_bf16 *)p + i)->bits, mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
+}
+
+/* The counts: one compare into a mask register per threshold t (lanes with
+   |x| >= t) and a masked add of one, every vector: no second pass, so data
+   full of underflows, overflows and Inf costs what data without them does.
+   Differences of adjacent counts give the ranges. The extremes: a max and a
+   min over the finite lanes, the min over |x| - 1, so that zeros wrap to
+   the top and drop out. Named locals: a struct would live in memory. */
+#define MP__Z_COUNT_BEGIN                                                                        \
+    const __m512i one = _mm512_set1_epi32(1), t1 = _mm512_set1_epi32((int)r.sub_lo),             \
+                  t2 = _mm512_set1_epi32((int)r.normal_lo), t3 = _mm512_set1_epi32((int)r.inf_lo), \
+                  inf = _mm512_set1_epi32((int)MP__F32_INF), abs_mask = _mm512_set1_epi32(0x7FFFFFFF); \
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
+    __m512i hi = c0, lo = _mm512_set1_epi32(-1), a_;                                             \
+    __mmask16 finite_
+#define MP__Z_COUNT(x)                                                                           \
+    (a_ = _mm512_and_si512(_mm512_castps_si512(x), abs_mask), finite_ = _mm512_cmplt_epu32_mask(a_, inf), \
+     c0 = _mm512_mask_add_epi32(c0, _mm512_cmpge_epu32_mask(a_, one), c0, one),                  \
+     c1 = _mm512_mask_add_epi32(c1, _mm512_cmpge_epu32_mask(a_, t1), c1, one),                   \
+     c2 = _mm512_mask_add_epi32(c2, _mm512_cmpge_epu32_mask(a_, t2), c2, one),                   \
+     c3 = _mm512_mask_add_epi32(c3, _mm512_cmpge_epu32_mask(a_, t3), c3, one),                   \
+     c4 = _mm512_mask_add_epi32(c4, (__mmask16)~finite_, c4, one),                               \
+     c5 = _mm512_mask_add_epi32(c5, _mm512_cmpgt_epu32_mask(a_, inf), c5, one),                  \
+     hi = _mm512_mask_max_epu32(hi, finite_, hi, a_),                                            \
+     lo = _mm512_mask_min_epu32(lo, finite_, lo, _mm512_sub_epi32(a_, one)))
+#define MP__Z_COUNT_END(s) mp__z_counts(&(s), c0, c1, c2, c3, c4, c5, hi, lo)
+
+/* The lanes summed (and the extremes reduced) through memory, once a block. */
+static void mp__z_counts(mp__scan *s, __m512i c0, __m512i c1, __m512i c2, __m512i c3, __m512i c4, __m512i c5,
+                         __m512i hi, __m512i lo_minus_1) {
+    uint32_t lanes[8][16], n[6] = {0, 0, 0, 0, 0, 0}, top = 0, low = 0xFFFFFFFFu;
+    int c, i;
+    _mm512_storeu_si512(lanes[0], c0), _mm512_storeu_si512(lanes[1], c1), _mm512_storeu_si512(lanes[2], c2);
+    _mm512_storeu_si512(lanes[3], c3), _mm512_storeu_si512(lanes[4], c4), _mm512_storeu_si512(lanes[5], c5);
+    _mm512_storeu_si512(lanes[6], hi), _mm512_storeu_si512(lanes[7], lo_minus_1);
+    for (i = 0; i < 16; i++) {
+        for (c = 0; c < 6; c++) n[c] += lanes[c][i];
+        top = lanes[6][i] > top ? lanes[6][i] : top;
+        low = lanes[7][i] < low ? lanes[7][i] : low;
+    }
+    s->underflow = n[0] - n[1], s->subnormal = n[1] - n[2], s->overflow = n[3] - n[4], s->inf = n[4] - n[5];
+    s->nan = n[5], s->max_abs = top;
+    s->min_abs = low + 1u ? low + 1u : 0xFFFFFFFFu; /* none: as the portable scan leaves it */
+}
+
+/* The mask of the lanes [i, min(i + 16, n)). */
+MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
+    return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
+}
+
+/* Counts alone: for a cast in place, and for the numerics diagnostics. */
+#define MP__Z_SCAN(SRC)                                                                          \
+    static mp__scan mp__z_scan_##SRC(const void *src, size_t n, mp__ranges r) {                 \
+        size_t i;                                                                                \
+        mp__scan s;                                                                              \
+        MP__Z_COUNT_BEGIN;                                                                       \
+        for (i = 0; i < n; i += 16) MP__Z_COUNT(mp__z_load_##SRC(src, i, mp__z_lanes(i, n)));     \
+        MP__Z_COUNT_END(s);                                                                      \
+        return s;                                                                                \
+    }
+MP__Z_SCAN(f32)
+MP__Z_SCAN(f16)
+MP__Z_SCAN(bf16)
+#undef MP__Z_SCAN
+
+/* Both vectors of a pair are loaded before either is stored, so dst may be
+   src (the same element size); in place, the source is gone after the
+   cast, so it is scanned first. */
+#define MP__Z_ROW(SRC, DST)                                                                      \
+    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                           mp__ranges r) {                                       \
+        size_t i = 0;                                                                            \
+        MP__Z_COUNT_BEGIN;                                                                       \
+        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            __m512 x0 = mp__z_load_##SRC(src, i, 0xFFFF), x1 = mp__z_load_##SRC(src, i + 16, 0xFFFF); \
+            if (scan) MP__Z_COUNT(x0), MP__Z_COUNT(x1);                                          \
+            mp__z_store2_##DST(dst, i, x0, x1);                                                  \
+        }                                                                                        \
+        for (; i < n; i += 16) {                                                                 \
+            __mmask16 k = mp__z_lanes(i, n);                                                     \
+            __m512 x = mp__z_load_##SRC(src, i, k);                                              \
+            if (scan) MP__Z_COUNT(x);                                                            \
+            mp__z_store_##DST(dst, i, k, x);                                                     \
+        }                                                                                        \
+        if (scan) MP__Z_COUNT_END(*scan);                                                        \
+    }
+MP__Z_ROW(f32, f16)
+MP__Z_ROW(f32, bf16)
+MP__Z_ROW(f16, f32)
+MP__Z_ROW(f16, bf16)
+MP__Z_ROW(bf16, f32)
+MP__Z_ROW(bf16, f16)
+#undef MP__Z_ROW
+#undef MP__Z_COUNT_BEGIN
+#undef MP__Z_COUNT
+#undef MP__Z_COUNT_END
+
+static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
+    {mp__row_f32_to_f32, mp__z_row_f16_to_f32, mp__z_row_bf16_to_f32},
+    {mp__z_row_f32_to_f16, mp__row_f16_to_f16, mp__z_row_bf16_to_f16},
+    {mp__z_row_f32_to_bf16, mp__z_row_f16_to_bf16, mp__row_bf16_to_bf16}};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#elif defined(MP__SIMD_X86)
 /* Eight float32 lanes at a time. vcvtps2ph with an explicit rounding
    immediate ignores MXCSR; its NaN and subnormal results are exactly the
    scalar ones (tests/test_numerics.c checks all 2^32 inputs). bfloat16
@@ -5363,7 +5532,9 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
    mp_compute_scaled_gradients and mp_get_unscaled_gradients call in here
    only when diagnostics are on (m->num). */
 typedef mp__scan (*mp__scan_fn)(const void *src, size_t n, mp__ranges r);
-#ifdef MP__SIMD_X86
+#if defined(MP__SIMD_AVX512)
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__z_scan_f32, mp__z_scan_f16, mp__z_scan_bf16};
+#elif defined(MP__SIMD_X86)
 static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__x86_scan_f32, mp__x86_scan_f16, mp__x86_scan_bf16};
 #else
 static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32, mp__scan_f16, mp__scan_bf16};

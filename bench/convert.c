@@ -36,7 +36,9 @@
 #include <immintrin.h>
 #endif
 
-#if defined(MP__SIMD_X86)
+#if defined(MP__SIMD_AVX512)
+#define SIMD_NAME "avx512"
+#elif defined(MP__SIMD_X86)
 #define SIMD_NAME "avx2_f16c"
 #else
 #define SIMD_NAME "none"
