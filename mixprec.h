@@ -2244,12 +2244,28 @@ static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, 
     }
 }
 
-static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
-                             mp_activation act, mp_dtype dt) {
+/* The row kernels' operands: each call does rows (or, for the bias
+   gradient, columns) [r0, r1), a range of the pool's split (>>elementwise);
+   a row's or a column's result never depends on the split. */
+typedef struct mp__rows_op {
+    void *out;                /* y, dx or db */
+    mp_dtype outt, dt;        /* out's dtype (dx may differ), the operands' */
+    const void *a, *b, *c;    /* x and bias; dy, y and x; dy */
+    size_t rows, cols;
+    mp_activation act;
+} mp__rows_op;
+
+static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *x = op->a, *bias = op->b;
+    void *y = op->out;
+    size_t cols = op->cols;
+    mp_activation act = op->act;
+    mp_dtype dt = op->dt;
     float t[MP__TILE], b[MP__TILE];
     size_t r, i, len;
-    (void)ctx;
-    for (r = 0; r < rows; r++) {
+    (void)thread;
+    for (r = r0; r < r1; r++) {
         const void *xr = mp__at(x, dt, r * cols);
         void *yr = mp__at_mut(y, dt, r * cols);
         if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
@@ -2262,12 +2278,17 @@ static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias
     }
 }
 
-static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
-                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *dy = op->a, *y = op->b, *x = op->c;
+    void *dx = op->out;
+    size_t cols = op->cols;
+    mp_activation act = op->act;
+    mp_dtype dxt = op->outt, dt = op->dt;
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
     size_t r, i, j, len;
-    (void)ctx;
-    for (r = 0; r < rows; r++) {
+    (void)thread;
+    for (r = r0; r < r1; r++) {
         size_t base = r * cols;
         float dot = 0.0f; /* softmax: sum(dy * y) over the row */
         if (act == MP_SOFTMAX)
@@ -2291,12 +2312,17 @@ static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *
     }
 }
 
-static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *dy = op->a;
+    void *db = op->out;
+    size_t rows = op->rows, cols = op->cols;
+    mp_dtype dt = op->dt;
     float acc[MP__TILE], t[MP__TILE];
     size_t r, i, j, len;
-    (void)ctx;
-    for (i = 0; i < cols; i += len) {
-        len = mp__min(MP__TILE, cols - i);
+    (void)thread;
+    for (i = c0; i < c1; i += len) {
+        len = mp__min(MP__TILE, c1 - i);
         memset(acc, 0, sizeof acc);
         for (r = 0; r < rows; r++) {
             mp__load(t, mp__at(dy, dt, r * cols + i), dt, len);
@@ -2940,24 +2966,57 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
 typedef struct mp__range_job {
     void (*fn)(void *args, size_t begin, size_t end, int thread);
     void *args;
-    size_t n;
+    size_t n, grain; /* ranges are whole multiples of grain items */
 } mp__range_job;
 
 static void mp__range_task(void *ctx, int t, int threads) {
     const mp__range_job *job = (const mp__range_job *)ctx;
-    size_t per = mp__round_up((job->n + (size_t)threads - 1) / (size_t)threads, 64), begin = (size_t)t * per;
+    size_t per = mp__round_up((job->n + (size_t)threads - 1) / (size_t)threads, job->grain), begin = (size_t)t * per;
     if (begin < job->n) job->fn(job->args, begin, mp__min(job->n, begin + per), t);
 }
 
 /* Below this many elements one thread does it all. */
 #define MP__RANGE_PARALLEL (1u << 16)
 
-static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
+/* n items of `per_item` elements each (rows, columns), cut at multiples
+   of 64 elements or of one item. */
+static void mp__parallel_items(mp_pool *pool, size_t n, size_t per_item, void (*fn)(void *, size_t, size_t, int),
+                               void *args) {
     mp__range_job job;
     job.fn = fn;
     job.args = args;
     job.n = n;
-    mp__pool_run(pool, mp__range_task, &job, n < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+    job.grain = per_item >= 64 ? 1 : 64 / per_item;
+    mp__pool_run(pool, mp__range_task, &job, n * per_item < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+}
+
+static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
+    mp__parallel_items(pool, n, 1, fn, args);
+}
+
+/* The row kernels (>>activations) on the pool: rows split for the bias and
+   activation and their gradient, columns for the bias gradient. */
+static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                             mp_activation act, mp_dtype dt) {
+    mp__rows_op op;
+    memset(&op, 0, sizeof op);
+    op.out = y, op.outt = op.dt = dt, op.a = x, op.b = bias, op.rows = rows, op.cols = cols, op.act = act;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bias_act_rows, &op);
+}
+
+static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+    mp__rows_op op;
+    op.out = dx, op.outt = dxt, op.dt = dt, op.a = dy, op.b = y, op.c = x, op.rows = rows, op.cols = cols;
+    op.act = act;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__act_backward_rows, &op);
+}
+
+static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+    mp__rows_op op;
+    memset(&op, 0, sizeof op);
+    op.out = db, op.outt = op.dt = dt, op.a = dy, op.rows = rows, op.cols = cols;
+    mp__parallel_items(mp__pool_of(ctx), cols, rows, mp__bias_grad_cols, &op);
 }
 
 typedef struct mp__cast_args {
