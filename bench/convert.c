@@ -264,6 +264,7 @@ int main(int argc, char **argv) {
         else usage("unknown flag", argv[i]);
     }
     printf("bench=convert simd=%s cc=%s threads=1\n", SIMD_NAME, CC_NAME);
+    print_machine("convert");
     for (i = 0; i < MP_DTYPE_COUNT; i++) data[i] = xmalloc(n * mp_dtype_size((mp_dtype)i));
     dst = xmalloc(n * 4);
     for (set = 0; set < sizeof datasets / sizeof datasets[0]; set++) {
