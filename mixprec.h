@@ -1576,8 +1576,9 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
 /* Sixteen float32 lanes at a time, in one pass that casts and counts. The
    conversions are those of the AVX2 path below, widened: vcvtph2ps, and
    vcvtps2ph with an explicit rounding immediate, which ignores MXCSR; the
-   bfloat16 narrowing is the scalar integer formula, never vcvtneps2bf16,
-   which flushes subnormal inputs to zero. tests/test_numerics.c checks all
+   bfloat16 narrowing is the scalar integer formula, or with AVX512_BF16
+   vcvtne2ps2bf16 wherever no input is subnormal (it flushes those to
+   zero; see mp__z_store2_bf16). tests/test_numerics.c checks all
    2^32 inputs against the scalar code. Whole pairs of vectors go first:
    their 16-bit results leave in one 64-byte store, as the register form of
    vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
@@ -1594,12 +1595,13 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
 MP__HOT __m512 mp__z_load_f32(const void *p, size_t i, __mmask16 k) {
     return _mm512_maskz_loadu_ps(k, (const float *)p + i);
 }
+MP__HOT __m512 mp__z_widen_f16(__m256i h) { return _mm512_cvtph_ps(h); }
+MP__HOT __m512 mp__z_widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 MP__HOT __m512 mp__z_load_f16(const void *p, size_t i, __mmask16 k) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const mp_f16 *)p + i));
+    return mp__z_widen_f16(_mm256_maskz_loadu_epi16(k, (const mp_f16 *)p + i));
 }
 MP__HOT __m512 mp__z_load_bf16(const void *p, size_t i, __mmask16 k) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    return mp__z_widen_bf16(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
 }
 
 /* The 16-bit results of a vector. */
@@ -1632,6 +1634,20 @@ MP__HOT void mp__z_store2_f16(void *p, size_t i, __m512 a, __m512 b) {
     mp__z_store_halves(&((mp_f16 *)p + i)->bits, mp__z_narrow_f16(a), mp__z_narrow_f16(b));
 }
 MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
+#ifdef __AVX512BF16__
+    /* vcvtne2ps2bf16 rounds to nearest even whatever MXCSR says, and its
+       NaN is the scalar one (sign | 0x7FC0 | fraction >> 16), but it reads
+       subnormal inputs as zero: a pair with a nonzero lane whose exponent
+       field is zero takes the integer formula. */
+    const __m512i exponent = _mm512_set1_epi32(0x7F800000), fraction = _mm512_set1_epi32(0x007FFFFF);
+    __m512i ua = _mm512_castps_si512(a), ub = _mm512_castps_si512(b);
+    __mmask16 sub_a = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ua, exponent), ua, fraction);
+    __mmask16 sub_b = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ub, exponent), ub, fraction);
+    if (!(sub_a | sub_b)) {
+        _mm512_storeu_si512((mp_bf16 *)p + i, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a in the low half */
+        return;
+    }
+#endif
     mp__z_store_halves(&((mp_bf16 *)p + i)->bits, mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
 
@@ -1678,6 +1694,57 @@ static void mp__z_counts(mp__scan *s, __m512i c0, __m512i c1, __m512i c2, __m512
     s->min_abs = low + 1u ? low + 1u : 0xFFFFFFFFu; /* none: as the portable scan leaves it */
 }
 
+/* 16-bit sources are counted on their own bits, 32 lanes a compare:
+   widening is exact and monotone, so |x| >= t in float32 exactly when the
+   16-bit magnitude is at least the least one that widens to t or more.
+   Those, for each target's sub_lo, normal_lo and inf_lo (mp__ranges_of);
+   tests/test_numerics.c compares every 16-bit value's counts and extremes
+   with the portable scan's. Inf is 0x7C00 in float16, 0x7F80 in bfloat16. */
+static const uint16_t mp__z_ranges16[2][MP_DTYPE_COUNT][3] = {
+    {{0x0001, 0x0001, 0x7C00}, {0x0001, 0x0400, 0x7C00}, {0x0001, 0x0001, 0x7C00}},  /* float16 */
+    {{0x0001, 0x0080, 0x7F80}, {0x3301, 0x3880, 0x4780}, {0x0001, 0x0080, 0x7F80}}}; /* bfloat16 */
+#define MP__Z_INDEX_f16 0
+#define MP__Z_INDEX_bf16 1
+#define MP__Z_INF_f16 0x7C00
+#define MP__Z_INF_bf16 0x7F80
+#define MP__Z_DTYPE_f32 MP_FLOAT32
+#define MP__Z_DTYPE_f16 MP_FLOAT16
+#define MP__Z_DTYPE_bf16 MP_BFLOAT16
+#define MP__Z_COUNT16_BEGIN(SRC, DST)                                                            \
+    const uint16_t *u_ = mp__z_ranges16[MP__Z_INDEX_##SRC][MP__Z_DTYPE_##DST];                   \
+    const __m512i one16 = _mm512_set1_epi16(1), u1 = _mm512_set1_epi16((short)u_[0]),            \
+                  u2 = _mm512_set1_epi16((short)u_[1]), u3 = _mm512_set1_epi16((short)u_[2]),    \
+                  inf16 = _mm512_set1_epi16(MP__Z_INF_##SRC), abs16 = _mm512_set1_epi16(0x7FFF); \
+    __m512i d0 = _mm512_setzero_si512(), d1 = d0, d2 = d0, d3 = d0, d4 = d0, d5 = d0;           \
+    __m512i hi16 = d0, lo16 = _mm512_set1_epi16(-1), b_;                                         \
+    __mmask32 fin_
+#define MP__Z_COUNT16(h)                                                                         \
+    (b_ = _mm512_and_si512(h, abs16), fin_ = _mm512_cmplt_epu16_mask(b_, inf16),                 \
+     d0 = _mm512_mask_add_epi16(d0, _mm512_cmpge_epu16_mask(b_, one16), d0, one16),              \
+     d1 = _mm512_mask_add_epi16(d1, _mm512_cmpge_epu16_mask(b_, u1), d1, one16),                 \
+     d2 = _mm512_mask_add_epi16(d2, _mm512_cmpge_epu16_mask(b_, u2), d2, one16),                 \
+     d3 = _mm512_mask_add_epi16(d3, _mm512_cmpge_epu16_mask(b_, u3), d3, one16),                 \
+     d4 = _mm512_mask_add_epi16(d4, (__mmask32)~fin_, d4, one16),                                \
+     d5 = _mm512_mask_add_epi16(d5, _mm512_cmpgt_epu16_mask(b_, inf16), d5, one16),              \
+     hi16 = _mm512_mask_max_epu16(hi16, fin_, hi16, b_),                                         \
+     lo16 = _mm512_mask_min_epu16(lo16, fin_, lo16, _mm512_sub_epi16(b_, one16)))
+#define MP__Z_COUNT16_END(s, SRC) mp__z_counts16(&(s), d0, d1, d2, d3, d4, d5, hi16, lo16, mp__f32_bits_from_##SRC)
+
+/* The 16-bit counters (at most 2048 / 32 a lane) summed in pairs into
+   32-bit lanes, the extremes widened to float32 bits. */
+static void mp__z_counts16(mp__scan *s, __m512i d0, __m512i d1, __m512i d2, __m512i d3, __m512i d4, __m512i d5,
+                           __m512i hi16, __m512i lo16, uint32_t (*widen)(uint16_t)) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i hi = _mm512_max_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi16)),
+                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi16, 1)));
+    __m512i lo = _mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo16)),
+                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo16, 1)));
+    mp__z_counts(s, _mm512_madd_epi16(d0, ones), _mm512_madd_epi16(d1, ones), _mm512_madd_epi16(d2, ones),
+                 _mm512_madd_epi16(d3, ones), _mm512_madd_epi16(d4, ones), _mm512_madd_epi16(d5, ones), hi, lo);
+    s->max_abs = widen((uint16_t)s->max_abs);
+    s->min_abs = s->min_abs > 0xFFFFu ? 0xFFFFFFFFu : widen((uint16_t)s->min_abs); /* none: 0x10000 */
+}
+
 /* The mask of the lanes [i, min(i + 16, n)). */
 MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
     return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
@@ -1720,13 +1787,47 @@ MP__Z_SCAN(bf16)
         }                                                                                        \
         if (scan) MP__Z_COUNT_END(*scan);                                                        \
     }
+/* The same from a 16-bit source: 32 elements a load, counted on their bits
+   and widened a half at a time. */
+#define MP__Z_ROW16(SRC, DST)                                                                    \
+    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                           mp__ranges r) {                                       \
+        const uint16_t *h_ = (const uint16_t *)src;                                              \
+        size_t i = 0;                                                                            \
+        MP__Z_COUNT16_BEGIN(SRC, DST);                                                           \
+        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            __m512i h = _mm512_loadu_si512(h_ + i);                                              \
+            if (scan) MP__Z_COUNT16(h);                                                          \
+            mp__z_store2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),             \
+                               mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));              \
+        }                                                                                        \
+        for (; i < n; i += 16) {                                                                 \
+            __mmask16 k = mp__z_lanes(i, n);                                                     \
+            __m256i h = _mm256_maskz_loadu_epi16(k, h_ + i);                                     \
+            if (scan) MP__Z_COUNT16(_mm512_inserti64x4(_mm512_setzero_si512(), h, 0));           \
+            mp__z_store_##DST(dst, i, k, mp__z_widen_##SRC(h));                                  \
+        }                                                                                        \
+        if (scan) MP__Z_COUNT16_END(*scan, SRC);                                                 \
+    }
 MP__Z_ROW(f32, f16)
 MP__Z_ROW(f32, bf16)
-MP__Z_ROW(f16, f32)
-MP__Z_ROW(f16, bf16)
-MP__Z_ROW(bf16, f32)
-MP__Z_ROW(bf16, f16)
+MP__Z_ROW16(f16, f32)
+MP__Z_ROW16(f16, bf16)
+MP__Z_ROW16(bf16, f32)
+MP__Z_ROW16(bf16, f16)
 #undef MP__Z_ROW
+#undef MP__Z_ROW16
+#undef MP__Z_COUNT16_BEGIN
+#undef MP__Z_COUNT16
+#undef MP__Z_COUNT16_END
+#undef MP__Z_INDEX_f16
+#undef MP__Z_INDEX_bf16
+#undef MP__Z_INF_f16
+#undef MP__Z_INF_bf16
+#undef MP__Z_DTYPE_f32
+#undef MP__Z_DTYPE_f16
+#undef MP__Z_DTYPE_bf16
 #undef MP__Z_COUNT_BEGIN
 #undef MP__Z_COUNT
 #undef MP__Z_COUNT_END
