@@ -1665,16 +1665,18 @@ MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
     __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
     __m512i hi = c0, lo = _mm512_set1_epi32(-1), a_;                                             \
     __mmask16 finite_
-#define MP__Z_COUNT(x)                                                                           \
-    (a_ = _mm512_and_si512(_mm512_castps_si512(x), abs_mask), finite_ = _mm512_cmplt_epu32_mask(a_, inf), \
-     c0 = _mm512_mask_add_epi32(c0, _mm512_cmpge_epu32_mask(a_, one), c0, one),                  \
-     c1 = _mm512_mask_add_epi32(c1, _mm512_cmpge_epu32_mask(a_, t1), c1, one),                   \
-     c2 = _mm512_mask_add_epi32(c2, _mm512_cmpge_epu32_mask(a_, t2), c2, one),                   \
-     c3 = _mm512_mask_add_epi32(c3, _mm512_cmpge_epu32_mask(a_, t3), c3, one),                   \
-     c4 = _mm512_mask_add_epi32(c4, (__mmask16)~finite_, c4, one),                               \
-     c5 = _mm512_mask_add_epi32(c5, _mm512_cmpgt_epu32_mask(a_, inf), c5, one),                  \
-     hi = _mm512_mask_max_epu32(hi, finite_, hi, a_),                                            \
-     lo = _mm512_mask_min_epu32(lo, finite_, lo, _mm512_sub_epi32(a_, one)))
+/* W-bit lanes (32, or 16 for 16-bit sources below), MASK their mask type. */
+#define MP__Z_COUNT_LANES(W, MASK, bits)                                                         \
+    (a_ = _mm512_and_si512(bits, abs_mask), finite_ = _mm512_cmplt_epu##W##_mask(a_, inf),       \
+     c0 = _mm512_mask_add_epi##W(c0, _mm512_cmpge_epu##W##_mask(a_, one), c0, one),              \
+     c1 = _mm512_mask_add_epi##W(c1, _mm512_cmpge_epu##W##_mask(a_, t1), c1, one),               \
+     c2 = _mm512_mask_add_epi##W(c2, _mm512_cmpge_epu##W##_mask(a_, t2), c2, one),               \
+     c3 = _mm512_mask_add_epi##W(c3, _mm512_cmpge_epu##W##_mask(a_, t3), c3, one),               \
+     c4 = _mm512_mask_add_epi##W(c4, (MASK)~finite_, c4, one),                                   \
+     c5 = _mm512_mask_add_epi##W(c5, _mm512_cmpgt_epu##W##_mask(a_, inf), c5, one),              \
+     hi = _mm512_mask_max_epu##W(hi, finite_, hi, a_),                                           \
+     lo = _mm512_mask_min_epu##W(lo, finite_, lo, _mm512_sub_epi##W(a_, one)))
+#define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, __mmask16, _mm512_castps_si512(x))
 #define MP__Z_COUNT_END(s) mp__z_counts(&(s), c0, c1, c2, c3, c4, c5, hi, lo)
 
 /* The lanes summed (and the extremes reduced) through memory, once a block. */
@@ -1713,23 +1715,14 @@ static const uint16_t mp__z_ranges16[2][MP_DTYPE_COUNT][3] = {
 #define MP__Z_DTYPE_bf16 MP_BFLOAT16
 #define MP__Z_COUNT16_BEGIN(SRC, DST)                                                            \
     const uint16_t *u_ = mp__z_ranges16[MP__Z_INDEX_##SRC][MP__Z_DTYPE_##DST];                   \
-    const __m512i one16 = _mm512_set1_epi16(1), u1 = _mm512_set1_epi16((short)u_[0]),            \
-                  u2 = _mm512_set1_epi16((short)u_[1]), u3 = _mm512_set1_epi16((short)u_[2]),    \
-                  inf16 = _mm512_set1_epi16(MP__Z_INF_##SRC), abs16 = _mm512_set1_epi16(0x7FFF); \
-    __m512i d0 = _mm512_setzero_si512(), d1 = d0, d2 = d0, d3 = d0, d4 = d0, d5 = d0;           \
-    __m512i hi16 = d0, lo16 = _mm512_set1_epi16(-1), b_;                                         \
-    __mmask32 fin_
-#define MP__Z_COUNT16(h)                                                                         \
-    (b_ = _mm512_and_si512(h, abs16), fin_ = _mm512_cmplt_epu16_mask(b_, inf16),                 \
-     d0 = _mm512_mask_add_epi16(d0, _mm512_cmpge_epu16_mask(b_, one16), d0, one16),              \
-     d1 = _mm512_mask_add_epi16(d1, _mm512_cmpge_epu16_mask(b_, u1), d1, one16),                 \
-     d2 = _mm512_mask_add_epi16(d2, _mm512_cmpge_epu16_mask(b_, u2), d2, one16),                 \
-     d3 = _mm512_mask_add_epi16(d3, _mm512_cmpge_epu16_mask(b_, u3), d3, one16),                 \
-     d4 = _mm512_mask_add_epi16(d4, (__mmask32)~fin_, d4, one16),                                \
-     d5 = _mm512_mask_add_epi16(d5, _mm512_cmpgt_epu16_mask(b_, inf16), d5, one16),              \
-     hi16 = _mm512_mask_max_epu16(hi16, fin_, hi16, b_),                                         \
-     lo16 = _mm512_mask_min_epu16(lo16, fin_, lo16, _mm512_sub_epi16(b_, one16)))
-#define MP__Z_COUNT16_END(s, SRC) mp__z_counts16(&(s), d0, d1, d2, d3, d4, d5, hi16, lo16, mp__f32_bits_from_##SRC)
+    const __m512i one = _mm512_set1_epi16(1), t1 = _mm512_set1_epi16((short)u_[0]),              \
+                  t2 = _mm512_set1_epi16((short)u_[1]), t3 = _mm512_set1_epi16((short)u_[2]),    \
+                  inf = _mm512_set1_epi16(MP__Z_INF_##SRC), abs_mask = _mm512_set1_epi16(0x7FFF); \
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
+    __m512i hi = c0, lo = _mm512_set1_epi16(-1), a_;                                             \
+    __mmask32 finite_
+#define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, __mmask32, h)
+#define MP__Z_COUNT16_END(s, SRC) mp__z_counts16(&(s), c0, c1, c2, c3, c4, c5, hi, lo, mp__f32_bits_from_##SRC)
 
 /* The 16-bit counters (at most 2048 / 32 a lane) summed in pairs into
    32-bit lanes, the extremes widened to float32 bits. */
@@ -1831,6 +1824,7 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_DTYPE_bf16
 #undef MP__Z_COUNT_BEGIN
 #undef MP__Z_COUNT
+#undef MP__Z_COUNT_LANES
 #undef MP__Z_COUNT_END
 
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
