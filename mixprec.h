@@ -1744,6 +1744,7 @@ MP__ROUND_EACH_END;
 #if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0
 #define MP__THREADS 1
 #include <pthread.h>
+#include <sched.h> /* sched_yield, in the pool's spin */
 #endif
 #ifdef MIXPREC_USE_CBLAS
 #include <cblas.h>
@@ -1752,6 +1753,9 @@ MP__ROUND_EACH_END;
 #if !defined(MIXPREC_NO_SIMD) && defined(__F16C__) && defined(__AVX2__)
 #define MP__SIMD_X86 1
 #include <immintrin.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MP__SIMD_AVX512 1 /* the bulk casts' 16-lane path (>>bulk casts) */
+#endif
 #endif
 #if defined(__GNUC__) || defined(__clang__)
 #define MP__HOT static inline __attribute__((always_inline)) /* inner-loop helpers */
@@ -2014,7 +2018,268 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f16, mp__row_f16_to_f16, mp__row_bf16_to_f16},
     {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_bf16_to_bf16}};
 
-#ifdef MP__SIMD_X86
+#ifdef MP__SIMD_AVX512
+/* Sixteen float32 lanes at a time, in one pass that casts and counts. The
+   conversions are those of the AVX2 path below, widened: vcvtph2ps, and
+   vcvtps2ph with an explicit rounding immediate, which ignores MXCSR; the
+   bfloat16 narrowing is the scalar integer formula, or with AVX512_BF16
+   vcvtne2ps2bf16 wherever no input is subnormal (it flushes those to
+   zero; see mp__z_store2_bf16). tests/test_numerics.c checks all
+   2^32 inputs against the scalar code. Whole pairs of vectors go first:
+   their 16-bit results leave in one 64-byte store, as the register form of
+   vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
+   AMD Zen 5). The last vectors are loaded and stored under a mask; their
+   missing lanes load as zeros, which no count and no extreme sees. g++ 12
+   takes the `_mm512_undefined_*` inside these intrinsics for uses of
+   uninitialised values (a false positive, in C++ only), as in the GEMM's
+   transposes. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+MP__HOT __m512 mp__z_load_f32(const void *p, size_t i, __mmask16 k) {
+    return _mm512_maskz_loadu_ps(k, (const float *)p + i);
+}
+MP__HOT __m512 mp__z_widen_f16(__m256i h) { return _mm512_cvtph_ps(h); }
+MP__HOT __m512 mp__z_widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+MP__HOT __m512 mp__z_load_f16(const void *p, size_t i, __mmask16 k) {
+    return mp__z_widen_f16(_mm256_maskz_loadu_epi16(k, (const mp_f16 *)p + i));
+}
+MP__HOT __m512 mp__z_load_bf16(const void *p, size_t i, __mmask16 k) {
+    return mp__z_widen_bf16(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
+}
+
+/* The 16-bit results of a vector. */
+MP__HOT __m256i mp__z_narrow_f16(__m512 v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
+MP__HOT __m256i mp__z_narrow_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                            _mm512_set1_epi32((int)MP__F32_INF));
+    return _mm512_cvtepi32_epi16(_mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40)));
+}
+
+/* One vector's lanes k; two whole vectors at i and i + 16. */
+MP__HOT void mp__z_store_f32(void *p, size_t i, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps((float *)p + i, k, v); }
+MP__HOT void mp__z_store_f16(void *p, size_t i, __mmask16 k, __m512 v) {
+    _mm256_mask_storeu_epi16((mp_f16 *)p + i, k, mp__z_narrow_f16(v));
+}
+MP__HOT void mp__z_store_bf16(void *p, size_t i, __mmask16 k, __m512 v) {
+    _mm256_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow_bf16(v));
+}
+MP__HOT void mp__z_store2_f32(void *p, size_t i, __m512 a, __m512 b) {
+    _mm512_storeu_ps((float *)p + i, a);
+    _mm512_storeu_ps((float *)p + i + 16, b);
+}
+MP__HOT void mp__z_store_halves(uint16_t *p, __m256i a, __m256i b) {
+    _mm512_storeu_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+MP__HOT void mp__z_store2_f16(void *p, size_t i, __m512 a, __m512 b) {
+    mp__z_store_halves(&((mp_f16 *)p + i)->bits, mp__z_narrow_f16(a), mp__z_narrow_f16(b));
+}
+MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
+#ifdef __AVX512BF16__
+    /* vcvtne2ps2bf16 rounds to nearest even whatever MXCSR says, and its
+       NaN is the scalar one (sign | 0x7FC0 | fraction >> 16), but it reads
+       subnormal inputs as zero: a pair with a nonzero lane whose exponent
+       field is zero takes the integer formula. */
+    const __m512i exponent = _mm512_set1_epi32(0x7F800000), fraction = _mm512_set1_epi32(0x007FFFFF);
+    __m512i ua = _mm512_castps_si512(a), ub = _mm512_castps_si512(b);
+    __mmask16 sub_a = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ua, exponent), ua, fraction);
+    __mmask16 sub_b = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ub, exponent), ub, fraction);
+    if (!(sub_a | sub_b)) {
+        _mm512_storeu_si512((mp_bf16 *)p + i, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a in the low half */
+        return;
+    }
+#endif
+    mp__z_store_halves(&((mp_bf16 *)p + i)->bits, mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
+}
+
+/* The counts: one compare into a mask register per threshold t (lanes with
+   |x| >= t) and a masked add of one, every vector: no second pass, so data
+   full of underflows, overflows and Inf costs what data without them does.
+   Differences of adjacent counts give the ranges. The extremes: a max and a
+   min over the finite lanes, the min over |x| - 1, so that zeros wrap to
+   the top and drop out. Named locals: a struct would live in memory. */
+#define MP__Z_COUNT_BEGIN                                                                        \
+    const __m512i one = _mm512_set1_epi32(1), t1 = _mm512_set1_epi32((int)r.sub_lo),             \
+                  t2 = _mm512_set1_epi32((int)r.normal_lo), t3 = _mm512_set1_epi32((int)r.inf_lo), \
+                  inf = _mm512_set1_epi32((int)MP__F32_INF), abs_mask = _mm512_set1_epi32(0x7FFFFFFF); \
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
+    __m512i hi = c0, lo = _mm512_set1_epi32(-1), a_;                                             \
+    __mmask16 finite_
+/* W-bit lanes (32, or 16 for 16-bit sources below), MASK their mask type. */
+#define MP__Z_COUNT_LANES(W, MASK, bits)                                                         \
+    (a_ = _mm512_and_si512(bits, abs_mask), finite_ = _mm512_cmplt_epu##W##_mask(a_, inf),       \
+     c0 = _mm512_mask_add_epi##W(c0, _mm512_cmpge_epu##W##_mask(a_, one), c0, one),              \
+     c1 = _mm512_mask_add_epi##W(c1, _mm512_cmpge_epu##W##_mask(a_, t1), c1, one),               \
+     c2 = _mm512_mask_add_epi##W(c2, _mm512_cmpge_epu##W##_mask(a_, t2), c2, one),               \
+     c3 = _mm512_mask_add_epi##W(c3, _mm512_cmpge_epu##W##_mask(a_, t3), c3, one),               \
+     c4 = _mm512_mask_add_epi##W(c4, (MASK)~finite_, c4, one),                                   \
+     c5 = _mm512_mask_add_epi##W(c5, _mm512_cmpgt_epu##W##_mask(a_, inf), c5, one),              \
+     hi = _mm512_mask_max_epu##W(hi, finite_, hi, a_),                                           \
+     lo = _mm512_mask_min_epu##W(lo, finite_, lo, _mm512_sub_epi##W(a_, one)))
+#define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, __mmask16, _mm512_castps_si512(x))
+#define MP__Z_COUNT_END(s) mp__z_counts(&(s), c0, c1, c2, c3, c4, c5, hi, lo)
+
+/* The lanes summed (and the extremes reduced) through memory, once a block. */
+static void mp__z_counts(mp__scan *s, __m512i c0, __m512i c1, __m512i c2, __m512i c3, __m512i c4, __m512i c5,
+                         __m512i hi, __m512i lo_minus_1) {
+    uint32_t lanes[8][16], n[6] = {0, 0, 0, 0, 0, 0}, top = 0, low = 0xFFFFFFFFu;
+    int c, i;
+    _mm512_storeu_si512(lanes[0], c0), _mm512_storeu_si512(lanes[1], c1), _mm512_storeu_si512(lanes[2], c2);
+    _mm512_storeu_si512(lanes[3], c3), _mm512_storeu_si512(lanes[4], c4), _mm512_storeu_si512(lanes[5], c5);
+    _mm512_storeu_si512(lanes[6], hi), _mm512_storeu_si512(lanes[7], lo_minus_1);
+    for (i = 0; i < 16; i++) {
+        for (c = 0; c < 6; c++) n[c] += lanes[c][i];
+        top = lanes[6][i] > top ? lanes[6][i] : top;
+        low = lanes[7][i] < low ? lanes[7][i] : low;
+    }
+    s->underflow = n[0] - n[1], s->subnormal = n[1] - n[2], s->overflow = n[3] - n[4], s->inf = n[4] - n[5];
+    s->nan = n[5], s->max_abs = top;
+    s->min_abs = low + 1u ? low + 1u : 0xFFFFFFFFu; /* none: as the portable scan leaves it */
+}
+
+/* 16-bit sources are counted on their own bits, 32 lanes a compare:
+   widening is exact and monotone, so |x| >= t in float32 exactly when the
+   16-bit magnitude is at least the least one that widens to t or more.
+   Those, for each target's sub_lo, normal_lo and inf_lo (mp__ranges_of);
+   tests/test_numerics.c compares every 16-bit value's counts and extremes
+   with the portable scan's. Inf is 0x7C00 in float16, 0x7F80 in bfloat16. */
+static const uint16_t mp__z_ranges16[2][MP_DTYPE_COUNT][3] = {
+    {{0x0001, 0x0001, 0x7C00}, {0x0001, 0x0400, 0x7C00}, {0x0001, 0x0001, 0x7C00}},  /* float16 */
+    {{0x0001, 0x0080, 0x7F80}, {0x3301, 0x3880, 0x4780}, {0x0001, 0x0080, 0x7F80}}}; /* bfloat16 */
+#define MP__Z_INDEX_f16 0
+#define MP__Z_INDEX_bf16 1
+#define MP__Z_INF_f16 0x7C00
+#define MP__Z_INF_bf16 0x7F80
+#define MP__Z_DTYPE_f32 MP_FLOAT32
+#define MP__Z_DTYPE_f16 MP_FLOAT16
+#define MP__Z_DTYPE_bf16 MP_BFLOAT16
+#define MP__Z_COUNT16_BEGIN(SRC, DST)                                                            \
+    const uint16_t *u_ = mp__z_ranges16[MP__Z_INDEX_##SRC][MP__Z_DTYPE_##DST];                   \
+    const __m512i one = _mm512_set1_epi16(1), t1 = _mm512_set1_epi16((short)u_[0]),              \
+                  t2 = _mm512_set1_epi16((short)u_[1]), t3 = _mm512_set1_epi16((short)u_[2]),    \
+                  inf = _mm512_set1_epi16(MP__Z_INF_##SRC), abs_mask = _mm512_set1_epi16(0x7FFF); \
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
+    __m512i hi = c0, lo = _mm512_set1_epi16(-1), a_;                                             \
+    __mmask32 finite_
+#define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, __mmask32, h)
+#define MP__Z_COUNT16_END(s, SRC) mp__z_counts16(&(s), c0, c1, c2, c3, c4, c5, hi, lo, mp__f32_bits_from_##SRC)
+
+/* The 16-bit counters (at most 2048 / 32 a lane) summed in pairs into
+   32-bit lanes, the extremes widened to float32 bits. */
+static void mp__z_counts16(mp__scan *s, __m512i d0, __m512i d1, __m512i d2, __m512i d3, __m512i d4, __m512i d5,
+                           __m512i hi16, __m512i lo16, uint32_t (*widen)(uint16_t)) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i hi = _mm512_max_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi16)),
+                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi16, 1)));
+    __m512i lo = _mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo16)),
+                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo16, 1)));
+    mp__z_counts(s, _mm512_madd_epi16(d0, ones), _mm512_madd_epi16(d1, ones), _mm512_madd_epi16(d2, ones),
+                 _mm512_madd_epi16(d3, ones), _mm512_madd_epi16(d4, ones), _mm512_madd_epi16(d5, ones), hi, lo);
+    s->max_abs = widen((uint16_t)s->max_abs);
+    s->min_abs = s->min_abs > 0xFFFFu ? 0xFFFFFFFFu : widen((uint16_t)s->min_abs); /* none: 0x10000 */
+}
+
+/* The mask of the lanes [i, min(i + 16, n)). */
+MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
+    return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
+}
+
+/* Counts alone: for a cast in place, and for the numerics diagnostics. */
+#define MP__Z_SCAN(SRC)                                                                          \
+    static mp__scan mp__z_scan_##SRC(const void *src, size_t n, mp__ranges r) {                 \
+        size_t i;                                                                                \
+        mp__scan s;                                                                              \
+        MP__Z_COUNT_BEGIN;                                                                       \
+        for (i = 0; i < n; i += 16) MP__Z_COUNT(mp__z_load_##SRC(src, i, mp__z_lanes(i, n)));     \
+        MP__Z_COUNT_END(s);                                                                      \
+        return s;                                                                                \
+    }
+MP__Z_SCAN(f32)
+MP__Z_SCAN(f16)
+MP__Z_SCAN(bf16)
+#undef MP__Z_SCAN
+
+/* Both vectors of a pair are loaded before either is stored, so dst may be
+   src (the same element size); in place, the source is gone after the
+   cast, so it is scanned first. */
+#define MP__Z_ROW(SRC, DST)                                                                      \
+    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                           mp__ranges r) {                                       \
+        size_t i = 0;                                                                            \
+        MP__Z_COUNT_BEGIN;                                                                       \
+        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            __m512 x0 = mp__z_load_##SRC(src, i, 0xFFFF), x1 = mp__z_load_##SRC(src, i + 16, 0xFFFF); \
+            if (scan) MP__Z_COUNT(x0), MP__Z_COUNT(x1);                                          \
+            mp__z_store2_##DST(dst, i, x0, x1);                                                  \
+        }                                                                                        \
+        for (; i < n; i += 16) {                                                                 \
+            __mmask16 k = mp__z_lanes(i, n);                                                     \
+            __m512 x = mp__z_load_##SRC(src, i, k);                                              \
+            if (scan) MP__Z_COUNT(x);                                                            \
+            mp__z_store_##DST(dst, i, k, x);                                                     \
+        }                                                                                        \
+        if (scan) MP__Z_COUNT_END(*scan);                                                        \
+    }
+/* The same from a 16-bit source: 32 elements a load, counted on their bits
+   and widened a half at a time. */
+#define MP__Z_ROW16(SRC, DST)                                                                    \
+    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
+                                           mp__ranges r) {                                       \
+        const uint16_t *h_ = (const uint16_t *)src;                                              \
+        size_t i = 0;                                                                            \
+        MP__Z_COUNT16_BEGIN(SRC, DST);                                                           \
+        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
+        for (; i + 32 <= n; i += 32) {                                                           \
+            __m512i h = _mm512_loadu_si512(h_ + i);                                              \
+            if (scan) MP__Z_COUNT16(h);                                                          \
+            mp__z_store2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),             \
+                               mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));              \
+        }                                                                                        \
+        for (; i < n; i += 16) {                                                                 \
+            __mmask16 k = mp__z_lanes(i, n);                                                     \
+            __m256i h = _mm256_maskz_loadu_epi16(k, h_ + i);                                     \
+            if (scan) MP__Z_COUNT16(_mm512_inserti64x4(_mm512_setzero_si512(), h, 0));           \
+            mp__z_store_##DST(dst, i, k, mp__z_widen_##SRC(h));                                  \
+        }                                                                                        \
+        if (scan) MP__Z_COUNT16_END(*scan, SRC);                                                 \
+    }
+MP__Z_ROW(f32, f16)
+MP__Z_ROW(f32, bf16)
+MP__Z_ROW16(f16, f32)
+MP__Z_ROW16(f16, bf16)
+MP__Z_ROW16(bf16, f32)
+MP__Z_ROW16(bf16, f16)
+#undef MP__Z_ROW
+#undef MP__Z_ROW16
+#undef MP__Z_COUNT16_BEGIN
+#undef MP__Z_COUNT16
+#undef MP__Z_COUNT16_END
+#undef MP__Z_INDEX_f16
+#undef MP__Z_INDEX_bf16
+#undef MP__Z_INF_f16
+#undef MP__Z_INF_bf16
+#undef MP__Z_DTYPE_f32
+#undef MP__Z_DTYPE_f16
+#undef MP__Z_DTYPE_bf16
+#undef MP__Z_COUNT_BEGIN
+#undef MP__Z_COUNT
+#undef MP__Z_COUNT_LANES
+#undef MP__Z_COUNT_END
+
+static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
+    {mp__row_f32_to_f32, mp__z_row_f16_to_f32, mp__z_row_bf16_to_f32},
+    {mp__z_row_f32_to_f16, mp__row_f16_to_f16, mp__z_row_bf16_to_f16},
+    {mp__z_row_f32_to_bf16, mp__z_row_f16_to_bf16, mp__row_bf16_to_bf16}};
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#elif defined(MP__SIMD_X86)
 /* Eight float32 lanes at a time. vcvtps2ph with an explicit rounding
    immediate ignores MXCSR; its NaN and subnormal results are exactly the
    scalar ones (tests/test_numerics.c checks all 2^32 inputs). bfloat16
@@ -2484,12 +2749,14 @@ static void mp__act_run(mp_activation a, float *v, size_t n) {
 }
 
 static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
-    size_t j;
+    size_t j = 0, k;
     if (a == MP_LINEAR) return;
-    if (a == MP_RELU) /* a select, not a product: an Inf gradient stays Inf, a zero keeps its sign */
-        for (j = 0; j < n; j++) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
-    else
-        for (j = 0; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
+    if (a == MP_RELU) { /* a select, not a product: an Inf gradient stays Inf, a zero keeps its sign */
+        for (; j + 16 <= n; j += 16) /* vectorised, as in mp__act_run: branches on signs mispredict */
+            for (k = 0; k < 16; k++) g[j + k] = y[j + k] > 0.0f ? g[j + k] : 0.0f;
+        for (; j < n; j++) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
+    } else
+        for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
 /* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
@@ -2522,12 +2789,28 @@ static void mp__softmax_row(void *y, const void *x, const void *bias, size_t n, 
     }
 }
 
-static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
-                             mp_activation act, mp_dtype dt) {
+/* The row kernels' operands: each call does rows (or, for the bias
+   gradient, columns) [r0, r1), a range of the pool's split (>>elementwise);
+   a row's or a column's result never depends on the split. */
+typedef struct mp__rows_op {
+    void *out;                /* y, dx or db */
+    mp_dtype outt, dt;        /* out's dtype (dx may differ), the operands' */
+    const void *a, *b, *c;    /* x and bias; dy, y and x; dy */
+    size_t rows, cols;
+    mp_activation act;
+} mp__rows_op;
+
+static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *x = op->a, *bias = op->b;
+    void *y = op->out;
+    size_t cols = op->cols;
+    mp_activation act = op->act;
+    mp_dtype dt = op->dt;
     float t[MP__TILE], b[MP__TILE];
     size_t r, i, len;
-    (void)ctx;
-    for (r = 0; r < rows; r++) {
+    (void)thread;
+    for (r = r0; r < r1; r++) {
         const void *xr = mp__at(x, dt, r * cols);
         void *yr = mp__at_mut(y, dt, r * cols);
         if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
@@ -2540,12 +2823,17 @@ static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias
     }
 }
 
-static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
-                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *dy = op->a, *y = op->b, *x = op->c;
+    void *dx = op->out;
+    size_t cols = op->cols;
+    mp_activation act = op->act;
+    mp_dtype dxt = op->outt, dt = op->dt;
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
     size_t r, i, j, len;
-    (void)ctx;
-    for (r = 0; r < rows; r++) {
+    (void)thread;
+    for (r = r0; r < r1; r++) {
         size_t base = r * cols;
         float dot = 0.0f; /* softmax: sum(dy * y) over the row */
         if (act == MP_SOFTMAX)
@@ -2569,12 +2857,17 @@ static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *
     }
 }
 
-static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__rows_op *op = (const mp__rows_op *)args;
+    const void *dy = op->a;
+    void *db = op->out;
+    size_t rows = op->rows, cols = op->cols;
+    mp_dtype dt = op->dt;
     float acc[MP__TILE], t[MP__TILE];
     size_t r, i, j, len;
-    (void)ctx;
-    for (i = 0; i < cols; i += len) {
-        len = mp__min(MP__TILE, cols - i);
+    (void)thread;
+    for (i = c0; i < c1; i += len) {
+        len = mp__min(MP__TILE, c1 - i);
         memset(acc, 0, sizeof acc);
         for (r = 0; r < rows; r++) {
             mp__load(t, mp__at(dy, dt, r * cols + i), dt, len);
@@ -2587,7 +2880,14 @@ static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, 
 /* >>threads
    Workers sleep on a condition variable until the pool's generation moves,
    run the task with their index, and the last to finish wakes the caller,
-   which runs index 0 itself. */
+   which runs index 0 itself. Before sleeping, a worker (and the caller
+   waiting for the workers) spins a while on the generation (on pending):
+   a training step's products come back to back, and a worker woken by the
+   caller for each of them was often put by Linux on the caller's own core,
+   behind it (measured: the two halves of a 0.6 ms product running one
+   after the other, on an idle 2-core machine). The spin yields the core
+   between polls. It needs GCC's or Clang's __atomic builtins; elsewhere
+   the pool only sleeps. */
 typedef void (*mp__task)(void *ctx, int thread, int threads);
 
 /* What one thread packs into and sums in: an A block, a B panel (grown to
@@ -2631,19 +2931,52 @@ MIXPREC_API int mp_available_cores(void) {
 MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threads : 1; }
 
 #ifdef MP__THREADS
+#if defined(__GNUC__) || defined(__clang__)
+#define MP__SPINS 100 /* polls: about 100 microseconds (see mp__pause) */
+#define MP__LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_RELEASE)
+#else
+#define MP__SPINS 0
+#define MP__LOAD(x) (x)
+#define MP__STORE(x, v) ((x) = (v))
+#endif
+
+/* Polls while cond holds, up to MP__SPINS times; the caller then takes
+   the mutex and looks again. */
+#define MP__SPIN_WHILE(cond)                                                                       \
+    do {                                                                                           \
+        int spin_;                                                                                 \
+        for (spin_ = 0; spin_ < MP__SPINS && (cond) && !MP__LOAD(p->quit); spin_++) mp__pause();   \
+    } while (0)
+
+/* Between polls: a few pause instructions, then the core to any other
+   thread that wants it. On a loaded machine the caller and a worker can
+   share a core, and a spin that did not yield would take the turn of the
+   thread with the work. */
+static void mp__pause(void) {
+#ifdef MP__SIMD_X86
+    int i;
+    for (i = 0; i < 32; i++) _mm_pause();
+#endif
+    sched_yield();
+}
+
 static void *mp__worker_main(void *arg) {
     mp__worker *w = (mp__worker *)arg;
     mp_pool *p = w->pool;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
+        MP__SPIN_WHILE(MP__LOAD(p->generation) == seen);
+        pthread_mutex_lock(&p->mu);
         while (p->generation == seen && !p->quit) pthread_cond_wait(&p->wake, &p->mu);
         if (p->quit) break;
         seen = p->generation;
         pthread_mutex_unlock(&p->mu);
         p->task(p->ctx, w->index, p->threads);
         pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
+        MP__STORE(p->pending, p->pending - 1);
+        if (p->pending == 0) pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -2657,11 +2990,12 @@ static void mp__pool_run(mp_pool *p, mp__task task, void *ctx, int threads) {
         pthread_mutex_lock(&p->mu);
         p->task = task;
         p->ctx = ctx;
-        p->pending = p->threads - 1;
-        p->generation++;
+        MP__STORE(p->pending, p->threads - 1);
+        MP__STORE(p->generation, p->generation + 1);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
         task(ctx, 0, p->threads);
+        MP__SPIN_WHILE(MP__LOAD(p->pending) != 0);
         pthread_mutex_lock(&p->mu);
         while (p->pending) pthread_cond_wait(&p->done, &p->mu);
         pthread_mutex_unlock(&p->mu);
@@ -2679,7 +3013,7 @@ MIXPREC_API void mp_pool_destroy(mp_pool *p) {
 #ifdef MP__THREADS
     if (p->started) {
         pthread_mutex_lock(&p->mu);
-        p->quit = 1;
+        MP__STORE(p->quit, 1);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
         for (i = 0; i < p->started; i++) pthread_join(p->handles[i], NULL);
@@ -3218,24 +3552,57 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
 typedef struct mp__range_job {
     void (*fn)(void *args, size_t begin, size_t end, int thread);
     void *args;
-    size_t n;
+    size_t n, grain; /* ranges are whole multiples of grain items */
 } mp__range_job;
 
 static void mp__range_task(void *ctx, int t, int threads) {
     const mp__range_job *job = (const mp__range_job *)ctx;
-    size_t per = mp__round_up((job->n + (size_t)threads - 1) / (size_t)threads, 64), begin = (size_t)t * per;
+    size_t per = mp__round_up((job->n + (size_t)threads - 1) / (size_t)threads, job->grain), begin = (size_t)t * per;
     if (begin < job->n) job->fn(job->args, begin, mp__min(job->n, begin + per), t);
 }
 
 /* Below this many elements one thread does it all. */
 #define MP__RANGE_PARALLEL (1u << 16)
 
-static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
+/* n items of `per_item` elements each (rows, columns), cut at multiples
+   of 64 elements or of one item. */
+static void mp__parallel_items(mp_pool *pool, size_t n, size_t per_item, void (*fn)(void *, size_t, size_t, int),
+                               void *args) {
     mp__range_job job;
     job.fn = fn;
     job.args = args;
     job.n = n;
-    mp__pool_run(pool, mp__range_task, &job, n < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+    job.grain = per_item >= 64 ? 1 : 64 / per_item;
+    mp__pool_run(pool, mp__range_task, &job, n * per_item < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+}
+
+static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
+    mp__parallel_items(pool, n, 1, fn, args);
+}
+
+/* The row kernels (>>activations) on the pool: rows split for the bias and
+   activation and their gradient, columns for the bias gradient. */
+static void mp__cpu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
+                             mp_activation act, mp_dtype dt) {
+    mp__rows_op op;
+    memset(&op, 0, sizeof op);
+    op.out = y, op.outt = op.dt = dt, op.a = x, op.b = bias, op.rows = rows, op.cols = cols, op.act = act;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bias_act_rows, &op);
+}
+
+static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *y, const void *x,
+                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
+    mp__rows_op op;
+    op.out = dx, op.outt = dxt, op.dt = dt, op.a = dy, op.b = y, op.c = x, op.rows = rows, op.cols = cols;
+    op.act = act;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__act_backward_rows, &op);
+}
+
+static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
+    mp__rows_op op;
+    memset(&op, 0, sizeof op);
+    op.out = db, op.outt = op.dt = dt, op.a = dy, op.rows = rows, op.cols = cols;
+    mp__parallel_items(mp__pool_of(ctx), cols, rows, mp__bias_grad_cols, &op);
 }
 
 typedef struct mp__cast_args {
@@ -6811,7 +7178,9 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
    mp_compute_scaled_gradients and mp_get_unscaled_gradients call in here
    only when diagnostics are on (m->num). */
 typedef mp__scan (*mp__scan_fn)(const void *src, size_t n, mp__ranges r);
-#ifdef MP__SIMD_X86
+#if defined(MP__SIMD_AVX512)
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__z_scan_f32, mp__z_scan_f16, mp__z_scan_bf16};
+#elif defined(MP__SIMD_X86)
 static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__x86_scan_f32, mp__x86_scan_f16, mp__x86_scan_bf16};
 #else
 static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32, mp__scan_f16, mp__scan_bf16};

@@ -34,4 +34,91 @@ static inline void check(mp_status s, const mp_model *m, const char *what) {
     fprintf(stderr, "%s: %s: %s: %s\n", BENCH_NAME, what, mp_status_message(s), m ? mp_model_error(m) : BENCH_NO_MODEL_ERROR);
     exit(1);
 }
+
+/* The machine, on one line: the CPU model and its AVX-512 and bfloat16
+   flags (from /proc/cpuinfo, where there is one) and the 1-minute load
+   average (timings taken beside other work mean little). */
+static inline void print_machine(const char *bench) {
+    char line[4096], model[128] = "unknown", load[32] = "unknown";
+    int avx512f = 0, bf16 = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        if (strncmp(line, "model name", 10) == 0 && strcmp(model, "unknown") == 0) {
+            snprintf(model, sizeof model, "%s", colon + 2);
+            model[strcspn(model, "\n")] = 0;
+        } else if (strncmp(line, "flags", 5) == 0) {
+            avx512f |= strstr(colon, " avx512f ") != NULL;
+            bf16 |= strstr(colon, " avx512_bf16 ") != NULL;
+        }
+    }
+    if (f) fclose(f);
+    if ((f = fopen("/proc/loadavg", "r"))) {
+        if (fscanf(f, "%31s", load) != 1) snprintf(load, sizeof load, "unknown");
+        fclose(f);
+    }
+    printf("bench=%s cpu=\"%s\" avx512f=%d avx512_bf16=%d loadavg_1m=%s\n", bench, model, avx512f, bf16, load);
+    fflush(stdout);
+}
+
+/* ---- the PyTorch peer (bench/torch_cpu.py) ------------------------------
+   Run through $MIXPREC_TORCH_PYTHON (a virtual environment's python with
+   torch), else python3; the script is $MIXPREC_TORCH_SCRIPT, else
+   bench/torch_cpu.py (make runs the benchmarks from the repository root).
+   One job per process, OMP_WAIT_POLICY set for it or removed. */
+typedef void (*peer_line_fn)(const char *line, void *ctx);
+static int peer_enabled = 1; /* --no-torch clears it; peer_probe too, when torch is missing */
+
+static inline const char *peer_env(const char *name, const char *fallback) {
+    const char *v = getenv(name);
+    return v && *v ? v : fallback;
+}
+
+/* Runs `torch_cpu.py args`, echoing each line and handing it to on_line.
+   wait: "PASSIVE", or NULL for OpenMP's default. */
+static inline void peer_run(const char *args, const char *wait, peer_line_fn on_line, void *ctx) {
+    char cmd[1024], line[512];
+    FILE *f;
+    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY %s%s '%s' '%s' %s 2>&1", wait ? "OMP_WAIT_POLICY=" : "",
+             wait ? wait : "", peer_env("MIXPREC_TORCH_PYTHON", "python3"),
+             peer_env("MIXPREC_TORCH_SCRIPT", "bench/torch_cpu.py"), args);
+    fflush(stdout);
+    if (!(f = popen(cmd, "r"))) {
+        printf("bench=torch available=0 reason=popen_failed\n");
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        if (!strchr(line, '\n')) strcat(line, "\n"); /* lines are short; a long one is cut */
+        fputs(line, stdout);
+        if (on_line) on_line(line, ctx);
+    }
+    fflush(stdout);
+    (void)pclose(f);
+}
+
+static inline void peer_probe_line(const char *line, void *ctx) { *(int *)ctx |= strstr(line, "available=1") != NULL; }
+
+/* Says whether torch imports (the script's line, or why not). */
+static inline void peer_probe(void) {
+    int found = 0;
+    if (!peer_enabled) {
+        printf("bench=torch available=0 reason=--no-torch\n");
+        return;
+    }
+    peer_run("probe", NULL, peer_probe_line, &found);
+    if (!found) {
+        printf("bench=torch available=0 note=\"set MIXPREC_TORCH_PYTHON to a python with torch (README: the PyTorch peer)\"\n");
+        peer_enabled = 0;
+    }
+}
+
+/* The value of `key=` in line, or -1. */
+static inline double peer_value(const char *line, const char *key) {
+    char pat[64];
+    const char *at;
+    double v;
+    snprintf(pat, sizeof pat, " %s=", key);
+    return (at = strstr(line, pat)) && sscanf(at + strlen(pat), "%lf", &v) == 1 ? v : -1.0;
+}
 #endif

@@ -36,7 +36,9 @@
 #include <immintrin.h>
 #endif
 
-#if defined(MP__SIMD_X86)
+#if defined(MP__SIMD_AVX512)
+#define SIMD_NAME "avx512"
+#elif defined(MP__SIMD_X86)
 #define SIMD_NAME "avx2_f16c"
 #else
 #define SIMD_NAME "none"
@@ -262,6 +264,7 @@ int main(int argc, char **argv) {
         else usage("unknown flag", argv[i]);
     }
     printf("bench=convert simd=%s cc=%s threads=1\n", SIMD_NAME, CC_NAME);
+    print_machine("convert");
     for (i = 0; i < MP_DTYPE_COUNT; i++) data[i] = xmalloc(n * mp_dtype_size((mp_dtype)i));
     dst = xmalloc(n * 4);
     for (set = 0; set < sizeof datasets / sizeof datasets[0]; set++) {

@@ -14,6 +14,15 @@
        bench=gemm ratio=...
                        mixprec float32 / the best OpenBLAS, and bfloat16 and
                        float16 / float32, per shape and thread count.
+       bench=gemm impl=torch
+                       PyTorch's torch.mm on the same shapes, float32 and
+                       bfloat16, 1 and 2 threads, under OpenMP's default wait
+                       policy and OMP_WAIT_POLICY=PASSIVE, run right after
+                       mixprec's runs of the shape when a python with torch is
+                       at hand (bench/torch_cpu.py; bench.h says how it is
+                       found); then ratio=mixprec_over_torch per dtype and
+                       thread count against PyTorch's best (torch_best_of=).
+                       Without torch: bench=torch available=0, no ratios.
        bench=reference source=issue
                        figures quoted in the issue for this machine class, not
                        measured here: for comparison only.
@@ -24,7 +33,7 @@
    Build and run: `make bench` (`make bench-quick` for a reduced set), or
        gcc -std=c99 -O2 -march=native -pthread [-DBENCH_OPENBLAS] bench/gemm.c \
            -o bench_gemm [-lopenblas] -lm
-       ./bench_gemm [--quick] */
+       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_gemm [--quick] [--no-torch] */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,6 +529,37 @@ static void measure_shape(const shape *s, double gflops[N_DTYPES][N_THREADS + 1]
     free(b32);
 }
 
+/* ---- the PyTorch peer --------------------------------------------------- */
+/* PyTorch's best GFLOP/s per dtype (float32, bfloat16) and thread count,
+   and the wait policy that gave it. */
+typedef struct peer_best {
+    double gflops[2][N_THREADS + 1];
+    const char *wait[2][N_THREADS + 1];
+    const char *running;
+    int threads;
+} peer_best;
+
+static void peer_gemm_line(const char *line, void *ctx) {
+    peer_best *b = (peer_best *)ctx;
+    double g = peer_value(line, "gflops");
+    int d = strstr(line, " dtype=bfloat16 ") ? 1 : strstr(line, " dtype=float32 ") ? 0 : -1;
+    if (!strstr(line, "bench=gemm impl=torch") || d < 0 || g <= 0) return;
+    if (g > b->gflops[d][b->threads]) b->gflops[d][b->threads] = g, b->wait[d][b->threads] = b->running;
+}
+
+static void peer_gemm(peer_best *b, const shape *s) {
+    static const char *const waits[2] = {NULL, "PASSIVE"};
+    char args[200];
+    int w;
+    for (b->threads = 1; b->threads <= N_THREADS; b->threads++)
+        for (w = 0; w < 2; w++) {
+            snprintf(args, sizeof args, "gemm --m %zu --n %zu --k %zu --trans-a %d --trans-b %d --threads %d "
+                     "--min-seconds %.2f", s->m, s->n, s->k, s->trans_a, s->trans_b, b->threads, 3 * S.min_s);
+            b->running = waits[w] ? "passive" : "default";
+            peer_run(args, waits[w], peer_gemm_line, b);
+        }
+}
+
 static void print_ratio(const shape *s, int threads, const char *ratio, double value, const char *extra) {
     printf("bench=gemm ratio=%s", ratio);
     print_shape(s);
@@ -529,8 +569,17 @@ static void print_ratio(const shape *s, int threads, const char *ratio, double v
 /* bfloat16 and float16 over float32 (the gain from narrow storage and
    vdpbf16ps), and for squares mixprec over the best OpenBLAS. */
 static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THREADS + 1]) {
-    int t;
+    peer_best peer;
+    int t, d;
     char extra[64];
+    memset(&peer, 0, sizeof peer);
+    if (peer_enabled) peer_gemm(&peer, s);
+    for (t = 1; t <= N_THREADS; t++)
+        for (d = 0; d < 2; d++) {
+            if (peer.gflops[d][t] <= 0) continue;
+            snprintf(extra, sizeof extra, " dtype=%s torch_best_of=%s", d ? "bfloat16" : "float32", peer.wait[d][t]);
+            print_ratio(s, t, "mixprec_over_torch", g[d ? 2 : 0][t] / peer.gflops[d][t], extra);
+        }
     for (t = 1; t <= N_THREADS; t++) {
         if (!s->batch && blas_best[square][t] > 0) {
             snprintf(extra, sizeof extra, " openblas_setting=%s", blas_best_setting[square][t]);
@@ -580,8 +629,6 @@ static void print_references(void) {
         "what=openblas_0.3.21_sgemm coretype=Haswell m=2048 threads=2 gflops=210",
         "what=openblas_0.3.21_sgemm coretype=unset m=2048 threads=1 gflops=208",
         "what=openblas_0.3.21_sgemm coretype=unset m=2048 threads=2 gflops=401",
-        "what=pytorch_1.13_matmul dtype=bfloat16 m=2048 threads=1 gflops=418",
-        "what=pytorch_1.13_matmul dtype=bfloat16 m=2048 threads=2 gflops=749",
     };
     size_t i;
     for (i = 0; i < COUNT(lines); i++) printf("bench=reference source=issue measured_here=0 %s\n", lines[i]);
@@ -593,15 +640,18 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) set_mode(1);
         else if (strcmp(argv[i], "--openblas-child") == 0) child = 1;
+        else if (strcmp(argv[i], "--no-torch") == 0) peer_enabled = 0;
         else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--no-torch]\n", argv[0]);
             return 2;
         }
     }
     if (child) return openblas_child();
     printf("bench=gemm cores=%d quick=%d min_timing_s=%.2f reps=%d\n", mp_available_cores(), S.quick, S.min_s,
            S.reps);
+    print_machine("gemm");
     print_references();
+    peer_probe();
     measure_peaks();
     openblas_all(argv[0]); /* before any pool exists: its children get the cores to themselves */
     squares();

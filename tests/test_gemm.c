@@ -887,6 +887,55 @@ static float *train(mp_model *m, size_t *count) {
     return w;
 }
 
+/* The row kernels (bias and activation, their gradient, the bias
+   gradient) split a layer's rows, or columns, over the pool once it holds
+   2^16 elements: batches of 64 and 61 through a 1100-unit GELU layer (an
+   even split and an odd one) train to the same bits on 1 and 2 threads. */
+static void test_row_kernels_threads(void) {
+    static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    size_t pi;
+    for (pi = 0; pi < 3; pi++) {
+        float *w[2] = {NULL, NULL};
+        size_t n = 0;
+        int t, ok = 1;
+        for (t = 0; t < 2; t++) {
+            mp_model_desc md;
+            mp_compile_desc cd;
+            mp_model *m = NULL;
+            int step;
+            memset(&md, 0, sizeof md);
+            memset(&cd, 0, sizeof cd);
+            md.input_shape[0] = IN_FLAT, md.seed = 5, md.threads = t + 1;
+            cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+            ok = ok && CHECK(mp_set_global_policy_name(policies[pi]) == MP_OK) &&
+                 CHECK(mp_model_create(&m, &md) == MP_OK) &&
+                 CHECK(mp_model_add(m, mp_dense(1100, MP_GELU)) == MP_OK) &&
+                 CHECK(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)) == MP_OK) &&
+                 CHECK(mp_model_compile(m, &cd) == MP_OK);
+            mp_set_global_policy_name("float32");
+            for (step = 0; ok && step < 2; step++) {
+                float loss;
+                int applied;
+                ok = CHECK(mp_forward(m, xs, step ? 61 : 64, 1) == MP_OK) &&
+                     CHECK(mp_compute_loss(m, labels, NULL, &loss, NULL) == MP_OK) &&
+                     CHECK(mp_compute_scaled_gradients(m) == MP_OK) && CHECK(mp_get_unscaled_gradients(m) == MP_OK) &&
+                     CHECK(mp_apply_gradients(m, &applied) == MP_OK);
+            }
+            if (ok) {
+                n = mp_model_param_count(m);
+                w[t] = (float *)xalloc(n * sizeof(float));
+                ok = CHECK(mp_model_get_weights(m, w[t], n) == MP_OK);
+            }
+            mp_model_destroy(m);
+        }
+        if (ok)
+            check_report(memcmp(w[0], w[1], n * sizeof(float)) == 0, __FILE__, __LINE__,
+                         policies[pi]); /* 1 and 2 threads: the same weights */
+        free(w[0]);
+        free(w[1]);
+    }
+}
+
 static void test_model_threads(void) {
     static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     size_t i, pi;
@@ -930,6 +979,7 @@ static void test_model_threads(void) {
         CHECK(mp_model_create(&m, &md) == MP_ERR_ARG && m == NULL);
         mp_model_destroy(m);
     }
+    test_row_kernels_threads(); /* on the same data */
     free(xs);
     free(labels);
 }

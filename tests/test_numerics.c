@@ -152,17 +152,25 @@ static uint16_t expected_narrow(uint32_t u, const target *g) {
     return oracle_round((double)f32(u), g->format);
 }
 
+/* Every field, the extremes bit for bit. */
+static int same_stats(const mp_cast_stats *a, const mp_cast_stats *b) {
+    return a->count == b->count && a->nan_in == b->nan_in && a->inf_in == b->inf_in && a->overflow == b->overflow &&
+           a->underflow == b->underflow && a->subnormal == b->subnormal && bits32(a->max_abs) == bits32(b->max_abs) &&
+           bits32(a->min_abs) == bits32(b->min_abs);
+}
+
 static void narrow_chunk(uint64_t begin, const void *ctx, tally *t) {
     const target *g = (const target *)ctx;
     static const mp_cast_stats zero;
     uint32_t src[CHUNK];
     uint16_t bulk[CHUNK], port[CHUNK];
-    mp_cast_stats st = zero;
+    mp_cast_stats st = zero, stp = zero;
     uint64_t nan = 0, infs = 0, over = 0, under = 0, sub = 0;
     size_t i;
     for (i = 0; i < CHUNK; i++) src[i] = (uint32_t)(begin + i);
     mp_convert(bulk, g->dtype, src, MP_FLOAT32, CHUNK, &st);
-    mp_convert_portable(port, g->dtype, src, MP_FLOAT32, CHUNK, NULL);
+    mp_convert_portable(port, g->dtype, src, MP_FLOAT32, CHUNK, &stp);
+    if (!same_stats(&st, &stp)) miss(t, K_STATS, begin);
     for (i = 0; i < CHUNK; i++) {
         uint32_t u = src[i], a = u & 0x7FFFFFFFu;
         uint16_t s = g->f16 ? mp_f16_from_f32(f32(u)).bits : mp_bf16_from_f32(f32(u)).bits;
@@ -241,6 +249,68 @@ static void test_all_16bit(void) {
         printf("  all 65536 %-9s -> float32, round trip, -> %-9s %s\n", mp_dtype_name(self), mp_dtype_name(other),
                bad_widen + bad_trip + bad_cross + bad_hw ? "FAILED" : "ok");
     }
+}
+
+/* The bulk paths against each other where the exhaustive sweeps do not
+   reach: every 16-bit value's stats into each target, in place as well as
+   apart, and every length 0..47 at every element offset 0..3 (the SIMD
+   tails) of float32 data spread over 2^-30..2^19 with Inf and NaN in it. */
+static void test_bulk_vs_portable(void) {
+    static uint16_t all[65536], inplace[65536];
+    static float scratch[65536], wide[64], out_simd[64], out_port[64];
+    static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+    uint64_t bad = 0, cases = 0;
+    uint32_t i, r = 0x2545F491u;
+    int s, d;
+    for (i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    for (s = 1; s < 3; s++)
+        for (d = 0; d < 3; d++) {
+            mp_cast_stats a, b;
+            memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+            mp_convert(out_simd, types[d], all, types[s], 16, &a); /* a short call first: stats add up */
+            mp_convert_portable(out_port, types[d], all, types[s], 16, &b);
+            mp_convert(scratch, types[d], all, types[s], 65536, &a);
+            mp_convert_portable(scratch, types[d], all, types[s], 65536, &b);
+            bad += !same_stats(&a, &b);
+            if (types[d] != MP_FLOAT32) { /* in place: the stats see the source, the result is the cast's */
+                memcpy(inplace, all, sizeof all);
+                memset(&b, 0, sizeof b);
+                mp_convert(inplace, types[d], inplace, types[s], 65536, &b);
+                mp_convert_portable(scratch, types[d], all, types[s], 65536, NULL);
+                bad += memcmp(inplace, scratch, sizeof inplace) != 0;
+                memset(&a, 0, sizeof a);
+                mp_convert_portable(scratch, types[d], all, types[s], 65536, &a);
+                bad += !same_stats(&a, &b);
+            }
+            cases++;
+        }
+    for (i = 0; i < 64; i++) {
+        r ^= r << 13, r ^= r >> 17, r ^= r << 5;
+        wide[i] = ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 50 - 30) * (r & 1u ? -1.0f : 1.0f);
+    }
+    wide[5] = INFINITY, wide[17] = NAN, wide[30] = 0.0f, wide[41] = 1e-45f;
+    for (s = 0; s < 3; s++)
+        for (d = 0; d < 3; d++) {
+            unsigned char src[64 * 4];
+            size_t n, off, esz = mp_dtype_size(types[s]);
+            if (s == d) continue;
+            mp_convert(src, types[s], wide, MP_FLOAT32, 64, NULL);
+            for (n = 0; n < 48; n++)
+                for (off = 0; off < 4; off++) {
+                    mp_cast_stats a, b;
+                    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+                    memset(out_simd, 0xA5, sizeof out_simd), memset(out_port, 0xA5, sizeof out_port);
+                    mp_convert(out_simd, types[d], src + off * esz, types[s], n, &a);
+                    mp_convert_portable(out_port, types[d], src + off * esz, types[s], n, &b);
+                    bad += memcmp(out_simd, out_port, sizeof out_simd) != 0 || !same_stats(&a, &b);
+                    mp_convert(out_simd, types[d], src + off * esz, types[s], n, NULL);
+                    bad += memcmp(out_simd, out_port, sizeof out_simd) != 0;
+                    cases++;
+                }
+        }
+    CHECK(bad == 0);
+    printf("  bulk vs portable: 16-bit stats, in place, tails %s  (%llu cases)\n", bad ? "FAILED" : "ok",
+           (unsigned long long)cases);
 }
 
 /* ---- arithmetic */
@@ -348,6 +418,7 @@ int main(int argc, char **argv) {
     RUN(decode_all());
     lap();
     RUN(test_all_16bit());
+    RUN(test_bulk_vs_portable());
     RUN(test_arithmetic());
     RUN(test_narrow_all_f32());
     return check_done("test_numerics");

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""bench/torch_cpu.py - the PyTorch peer of bench/train.c and bench/gemm.c on
+the CPU, run by them between their own runs (one job per process, so that
+OMP_WAIT_POLICY, which OpenMP reads once, can differ between jobs):
+
+    probe                       bench=torch available=1 torch=... or available=0 reason=...
+    train --units U --batch B --threads T [--min-seconds S]
+        the TensorFlow guide's MLP (784-U-U-10, ReLU, the softmax inside a
+        float32 crossentropy), RMSprop with Keras's defaults (lr 1e-3,
+        rho 0.9, eps 1e-7), synthetic data, under float32 and
+        torch.autocast("cpu", bfloat16) (mixprec's mixed_bfloat16: the
+        weights stay float32). Each step reads the loss back, as mixprec's
+        steps do. One line per policy.
+    gemm --m M --n N --k K --trans-a A --trans-b B --threads T [--min-seconds S]
+        torch.mm on op(A) and op(B) (transposed views where A or B is),
+        float32 and bfloat16 in and out. One line per dtype.
+
+The caller sets OMP_WAIT_POLICY in the environment; the lines say which
+(omp_wait_policy=default when unset). Without torch: available=0.
+"""
+import argparse
+import os
+import sys
+import time
+import warnings
+
+
+def timed(fn, min_seconds, warmup=2):
+    """Seconds per call: the best of 3 timings of >= min_seconds / 3 each
+    after `warmup` calls (2 timings, 1 warm-up, when a call takes > 1 s)."""
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    reps = 2 if once > 1.0 else 3
+    for _ in range(warmup - 1 if once <= 1.0 else 0):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        calls, t0 = 0, time.perf_counter()
+        while calls < 2 or time.perf_counter() - t0 < min_seconds / reps:
+            fn()
+            calls += 1
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def train(torch, args, head):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, 784, generator=gen)
+    y = torch.randint(0, 10, (args.batch,), generator=gen)
+    u = args.units
+    for policy in ("float32", "mixed_bfloat16"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(784, u), torch.nn.ReLU(), torch.nn.Linear(u, u),
+                                    torch.nn.ReLU(), torch.nn.Linear(u, 10))
+        opt = torch.optim.RMSprop(model.parameters(), lr=1e-3, alpha=0.9, eps=1e-7)
+        mixed = policy == "mixed_bfloat16"
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+                logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.float(), y)  # the float32 softmax
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        s = timed(step, args.min_seconds)
+        print(f"bench=train impl=torch model=mlp units={u} batch={args.batch} policy={policy} {head} "
+              f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
+
+
+def gemm(torch, args, head):
+    m, n, k = args.m, args.n, args.k
+    gen = torch.Generator().manual_seed(0)
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        a = (torch.rand(k, m, generator=gen) if args.trans_a else torch.rand(m, k, generator=gen)).to(dt)
+        b = (torch.rand(n, k, generator=gen) if args.trans_b else torch.rand(k, n, generator=gen)).to(dt)
+        opa, opb = (a.t() if args.trans_a else a), (b.t() if args.trans_b else b)
+        c = torch.empty(m, n, dtype=dt)
+        s = timed(lambda: torch.mm(opa, opb, out=c), args.min_seconds)
+        print(f"bench=gemm impl=torch dtype={name} m={m} n={n} k={k} trans_a={args.trans_a} "
+              f"trans_b={args.trans_b} {head} gflops={2.0 * m * n * k / s * 1e-9:.1f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("job", choices=("probe", "train", "gemm"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--min-seconds", type=float, default=1.0)
+    ap.add_argument("--units", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=128)
+    for dim in ("m", "n", "k"):
+        ap.add_argument(f"--{dim}", type=int, default=256)
+    ap.add_argument("--trans-a", type=int, default=0)
+    ap.add_argument("--trans-b", type=int, default=0)
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")  # torch without numpy warns on import
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a wheel whose libraries are missing
+        reason = str(e).replace('"', "'").splitlines()[0] if str(e) else type(e).__name__
+        print(f'bench=torch available=0 reason="{reason}"', flush=True)
+        return
+    if args.job == "probe":
+        print(f"bench=torch available=1 torch={torch.__version__} threads_default={torch.get_num_threads()} "
+              f"cpu_capability={torch.backends.cpu.get_cpu_capability()}", flush=True)
+        return
+    torch.set_num_threads(args.threads)
+    wait = os.environ.get("OMP_WAIT_POLICY", "default").lower()
+    head = f"threads={args.threads} omp_wait_policy={wait}"
+    (train if args.job == "train" else gemm)(torch, args, head)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
