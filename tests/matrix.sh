@@ -242,7 +242,7 @@ echo "== data-parallel training under Open MPI (tests/mpi.sh: 2 and 3 ranks, res
 if have mpicc && have mpirun; then
     VERBOSE=1 run "test_mpi under mpirun (tests/mpi.sh)" bash tests/mpi.sh $B/mpi
 else
-    skip "data-parallel under MPI" "mpicc or mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+    skip "data-parallel under MPI" "mpicc or mpirun not found" "openmpi-bin libopenmpi-dev"
 fi
 
 echo "== CUDA backend (cuda/)"
