@@ -18,8 +18,8 @@ paragraph() {
 # 1. the sample fit line: make demo's 256-unit model under mixed_float16,
 #    its last epoch, from the loss on
 want=$("$ex/mnist_mlp" --units 256 --epochs 2 --batch-size 128 --policy mixed_float16 --data "$data" |
-    grep '^375/375 ' | tail -n 1 | sed 's/.*ms\/step - //')
-have=$(grep '^    375/375 ' README.md | sed 's/.*ms\/step - //')
+    grep '^375/375 ' | tail -n 1 | sed 's/.*s\/step - //')
+have=$(grep '^    375/375 ' README.md | sed 's/.*s\/step - //')
 if [ -z "$want" ] || [ "$want" != "$have" ]; then
     status=1
     echo "README's sample fit line ends \"$have\"; mnist_mlp prints \"$want\""
