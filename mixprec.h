@@ -6393,9 +6393,8 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
     m->be->copy(m->ctx, logged, m->metric_log, n * 2 * sizeof(float), MP_COPY_TO_HOST);
     if ((st = mp__read_state(m)) != MP_OK) return st;
     for (i = 0; i < n; i++) {
-        float batch_sum = 0.0f, b = (float)m->metric_batch[i];
-        batch_sum += logged[2 * i];
-        *sum += batch_sum / b * b;
+        float b = (float)m->metric_batch[i];
+        *sum += logged[2 * i] / b * b; /* the batch's mean loss weighed by its size */
         *right += (size_t)logged[2 * i + 1];
         *seen += m->metric_batch[i];
     }
