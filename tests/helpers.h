@@ -2,7 +2,8 @@
    check.h: a seeded random stream (splitmix64; define TEST_SEED first for
    another stream), zeroed allocation that ends the test when memory runs
    out, typed element access, OK(call, model): one check that prints the
-   status and the model's own message when the call fails, and new_model. */
+   status and the model's own message when the call fails, new_model, and
+   silent_fit. */
 #ifndef MIXPREC_TEST_HELPERS_H
 #define MIXPREC_TEST_HELPERS_H
 #include <math.h>
@@ -89,4 +90,17 @@ static inline mp_model *new_model(const char *policy, const int *shape, const mp
     }
     return m;
 }
+/* A quiet fit of n labelled samples: every other setting Keras's default. */
+static inline mp_fit_desc silent_fit(const float *x, const int32_t *labels, size_t n, int batch, int epochs) {
+    mp_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x;
+    fd.data.labels = labels;
+    fd.data.n = n;
+    fd.batch_size = batch;
+    fd.epochs = epochs;
+    fd.verbose = MP_VERBOSE_SILENT;
+    return fd;
+}
+
 #endif

@@ -57,15 +57,8 @@ static mp_model *model(void) {
 }
 
 static mp_fit_desc fit_desc(int epochs, const mp_callback *cbs, int count) {
-    mp_fit_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = ys;
-    fd.data.n = N;
-    fd.batch_size = BATCH;
-    fd.epochs = epochs;
+    mp_fit_desc fd = silent_fit(xs, ys, N, BATCH, epochs);
     fd.validation_split = 0.2f;
-    fd.verbose = MP_VERBOSE_SILENT;
     fd.callbacks = cbs;
     fd.callback_count = count;
     return fd;

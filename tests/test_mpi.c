@@ -95,20 +95,13 @@ static mp_status batch_die(void *user, mp_fit_state *s, const mp_logs *lg) {
 
 static mp_status fit(mp_model *m, int batch, int initial_epoch, int epochs, mp_callback *extra, int n_extra,
                      const char *csv) {
-    mp_fit_desc fd;
+    mp_fit_desc fd = silent_fit(xs, ys, NS, batch, epochs);
     mp_callback cbs[4];
-    memset(&fd, 0, sizeof fd);
     memset(cbs, 0, sizeof cbs);
     cbs[0].on_epoch_end = epoch_check;
     if (n_extra) memcpy(cbs + 1, extra, (size_t)n_extra * sizeof *extra);
-    fd.data.x = xs;
-    fd.data.labels = ys;
-    fd.data.n = NS;
-    fd.batch_size = batch;
-    fd.epochs = epochs;
     fd.initial_epoch = initial_epoch;
     fd.validation_split = 0.25f;
-    fd.verbose = MP_VERBOSE_SILENT;
     fd.callbacks = cbs;
     fd.callback_count = 1 + n_extra;
     fd.csv_path = csv;

@@ -103,17 +103,7 @@ static int expect(mp_status got, mp_status want, const mp_model *m, const char *
 static float sx[NS * 4];
 static int32_t sl[NS];
 
-static mp_fit_desc fit_of(int batch, int epochs) {
-    mp_fit_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = sx;
-    fd.data.labels = sl;
-    fd.data.n = NS;
-    fd.batch_size = batch;
-    fd.epochs = epochs;
-    fd.verbose = MP_VERBOSE_SILENT;
-    return fd;
-}
+static mp_fit_desc fit_of(int batch, int epochs) { return silent_fit(sx, sl, NS, batch, epochs); }
 static mp_compile_desc compile_of(mp_optimizer_kind opt, int amp) {
     mp_compile_desc cd;
     memset(&cd, 0, sizeof cd);
