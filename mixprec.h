@@ -1213,7 +1213,11 @@ MIXPREC_API mp_status mp_model_import_weights_from_memory(mp_model *m, const voi
    rename wins, and neither is ever torn. A save killed midway may leave its
    temporary behind. Load reads only a regular file, and never more than
    its header claims plus a byte. MP_ERR_IO when a file cannot be created,
-   written, synced, renamed or read. */
+   written, synced, renamed or read.
+   With a communicator (>>communicator) the four are collective, called by
+   every rank: rank 0 alone writes or reads its path (the others' path is
+   not used, so no shared file system is needed); a load sends rank 0's
+   bytes to every rank; every rank returns rank 0's outcome. */
 MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path);
@@ -1421,7 +1425,9 @@ struct mp_backend {
    - Only rank 0 prints (ProgbarLogger, EarlyStopping, LearningRateScheduler)
      and writes (CSVLogger, ModelCheckpoint, the numerics CSV); the state
      is the same on every rank, so a checkpoint from N ranks resumes on any
-     number of ranks. mp_model_save itself writes on every rank that calls it.
+     number of ranks. mp_model_save and the other file calls of >>checkpoint
+     are collective: rank 0 writes or reads, load sends its bytes to every
+     rank, and all return rank 0's outcome (one checkpoint, agreed).
    - The custom loop: mp_get_unscaled_gradients reduces first; each rank's
      batch weighs the same (call it with equal batches on every rank).
    - mp_model_desc.allreduce_dtype float16 or bfloat16 sums the gradients in
@@ -5101,19 +5107,25 @@ static mp_status mp__comm_sum(mp_model *m, void *buf, mp_dtype dtype, size_t n, 
     return st == MP_OK ? MP_OK : mp__comm_failed(m, what);
 }
 
-/* Host values (at most four floats, or 16 bytes from rank 0) through the
-   step state: a device communicator cannot read host memory. */
+/* Host values summed over the ranks (floats), or rank 0's bytes on every
+   rank. A host communicator reads them where they are; a device one
+   through the step state's few bytes, or through a buffer of their own
+   where they are more or there is no step state yet (a load may come
+   before build). */
 static mp_status mp__comm_host(mp_model *m, void *v, size_t bytes, int sum, const char *what) {
     const mp_communicator *c = m->desc.comm;
+    int staged = c->device_memory, own = staged && (!m->state || bytes > sizeof m->state->collective);
+    void *buf = !staged ? v : own ? m->be->alloc(m->ctx, bytes) : m->state->collective;
     mp_status st;
-    MIXPREC_ASSERT(bytes <= sizeof m->state->collective);
-    m->be->copy(m->ctx, m->state->collective, v, bytes, MP_COPY_TO_BACKEND);
-    if (sum) st = mp__comm_sum(m, m->state->collective, MP_FLOAT32, bytes / sizeof(float), what);
-    else if ((st = mp__comm_ready(m)) == MP_OK && c->broadcast(c->ctx, m->state->collective, bytes, 0) != MP_OK)
+    if (!buf) return mp__fail(m, MP_ERR_ALLOC, "%s: %z bytes of the backend's memory", what, bytes);
+    if (staged) m->be->copy(m->ctx, buf, v, bytes, MP_COPY_TO_BACKEND);
+    if (sum) st = mp__comm_sum(m, buf, MP_FLOAT32, bytes / sizeof(float), what);
+    else if ((st = mp__comm_ready(m)) == MP_OK && c->broadcast(c->ctx, buf, bytes, 0) != MP_OK)
         st = mp__comm_failed(m, what);
-    if (st != MP_OK) return st;
-    m->be->copy(m->ctx, v, m->state->collective, bytes, MP_COPY_TO_HOST);
-    return mp__sync(m);
+    if (st == MP_OK && staged) m->be->copy(m->ctx, v, buf, bytes, MP_COPY_TO_HOST);
+    if (st == MP_OK) st = mp__sync(m);
+    if (own) m->be->free(m->ctx, buf);
+    return st;
 }
 
 /* Rank 0's initial weights on every rank, whatever each rank's seed. */
@@ -6735,7 +6747,6 @@ static mp_status mp__checkpoint_epoch_end(void *user, mp_fit_state *s, const mp_
     mp_status st = MP_OK;
     float v = 0.0f;
     int save = 1;
-    if (s->replica) { mp__free(path); return MP_OK; } /* rank 0 writes: the state is the same on every rank */
     if (!path) return mp__fail(s->model, MP_ERR_ALLOC, "ModelCheckpoint's file name");
     t.buf = line;
     t.cap = sizeof line;
@@ -6753,7 +6764,7 @@ static mp_status mp__checkpoint_epoch_end(void *user, mp_fit_state *s, const mp_
         if (save) { mp__put(&t, " to "); mp__put_float(&t, v, 5); mp__put(&t, ", "); }
         if (save) c->best = v;
     }
-    if (c->verbose) printf("%s%s%s\n", line, save ? "saving model to " : "", save ? path : "");
+    if (c->verbose && !s->replica) printf("%s%s%s\n", line, save ? "saving model to " : "", save ? path : "");
     if (save) st = c->save_weights_only ? mp_model_export_weights(s->model, MP_FLOAT32, path) : mp_model_save(s->model, path);
     if (save && st == MP_OK) c->saves++;
     mp__free(path);
@@ -8333,15 +8344,13 @@ static const char *mp__write_new(const char *name, const unsigned char *buf, siz
 /* A temporary of its own in path's directory, written, synced and closed,
    then renamed over path (atomic on POSIX), then the directory synced; on
    any failure the temporary goes and path stays as it was. */
-static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *path) {
+static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *path) {
     unsigned char *buf;
     char *tmp;
     const char *why = "exists:";
     size_t len = 0, n, cap;
     int created = 0, tries;
     mp_status st;
-    if (!m) return MP_ERR_NULL;
-    if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
     if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
     n = strlen(path);
     cap = n + 48; /* ".tmp.", two numbers of at most 20 digits, ".", NUL */
@@ -8371,15 +8380,68 @@ static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *p
     return st;
 }
 
+/* The file calls under a communicator (>>communicator): rank 0's outcome,
+   st there, on every rank. */
+static mp_status mp__rank0_outcome(mp_model *m, mp_status st, const char *what, const char *path) {
+    int32_t code = (int32_t)st;
+    mp_status cs;
+    if (m->ranks == 1) return st;
+    if ((cs = mp__comm_host(m, &code, sizeof code, 0, "agreeing on rank 0's file")) != MP_OK) return cs;
+    if (m->rank && code != MP_OK)
+        return mp__fail(m, (mp_status)code, "rank 0 could not %s %s: %s (its error says why)", what, path,
+                        mp_status_message((mp_status)code));
+    return st;
+}
+
+static mp_status mp__ckpt_save(mp_model *m, int kind, mp_dtype dt, const char *path) {
+    if (!m) return MP_ERR_NULL;
+    if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
+    return mp__rank0_outcome(m, m->rank ? MP_OK : mp__save_file(m, kind, dt, path), "save", path);
+}
+
+/* Rank 0's file (*buf, *len there) on every rank: its length, then whether
+   every rank can hold it, then its bytes. */
+static mp_status mp__ckpt_share(mp_model *m, unsigned char **buf, size_t *len, const char *path) {
+    uint64_t bytes = *len;
+    float short_of_memory;
+    mp_status st;
+    if ((st = mp__comm_host(m, &bytes, sizeof bytes, 0, "sending rank 0's file length")) != MP_OK) return st;
+    if (m->rank) {
+        *len = (size_t)bytes;
+        *buf = bytes <= SIZE_MAX ? (unsigned char *)mp__alloc(*len) : NULL;
+    }
+    short_of_memory = *buf ? 0.0f : 1.0f;
+    if ((st = mp__comm_host(m, &short_of_memory, sizeof(float), 1, "agreeing on the file's memory")) != MP_OK)
+        return st;
+    if (short_of_memory > 0.0f)
+        return mp__fail(m, MP_ERR_ALLOC, "%d rank(s) cannot hold the %z bytes of %s", (int)short_of_memory, *len, path);
+    return mp__comm_host(m, *buf, *len, 0, "sending rank 0's file");
+}
+
+/* Every rank read the same bytes into the same model, so all agree but
+   where one ran out of memory: then it is said on every rank. */
+static mp_status mp__ranks_agree(mp_model *m, mp_status st, const char *path) {
+    float failed = st != MP_OK ? 1.0f : 0.0f;
+    mp_status cs;
+    if (m->ranks == 1) return st;
+    if ((cs = mp__comm_host(m, &failed, sizeof failed, 1, "agreeing on the load")) != MP_OK) return cs;
+    if (st == MP_OK && failed > 0.0f)
+        return mp__fail(m, MP_ERR_COMM, "loading %s failed on %d other rank(s) and succeeded here: end the job", path,
+                        (int)failed);
+    return st;
+}
+
 static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
     unsigned char *buf = NULL;
     size_t len = 0;
-    mp_status st;
+    mp_status st = MP_OK;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
-    if ((st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
-        return mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
-    st = mp__ckpt_read(m, kind, buf, len);
+    if (!m->rank && (st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
+        st = mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
+    st = mp__rank0_outcome(m, st, "read", path);
+    if (st == MP_OK && m->ranks > 1) st = mp__ckpt_share(m, &buf, &len, path);
+    if (st == MP_OK) st = mp__ranks_agree(m, mp__ckpt_read(m, kind, buf, len), path);
     mp__free(buf);
     return st;
 }

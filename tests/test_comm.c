@@ -9,7 +9,8 @@
    also when the global batch's tail leaves a rank no sample; an Inf on one
    rank makes every rank skip that step with the same weights, slots and
    halved scale; the 16-bit all-reduce keeps every rank's bits the same and
-   stays near the float32 one; a checkpoint saved by 2 ranks resumes on 1 and on 3; only
+   stays near the float32 one; a checkpoint saved by 2 ranks resumes on 1 and on 3
+   (rank 0's file sent to the others); only
    rank 0 writes CSV logs and checkpoints; a failing all-reduce is
    MP_ERR_COMM with the communicator's message; a bad table is refused. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -200,7 +201,8 @@ static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, co
     mp_callback cbs[2];
     char csv[256];
     if (!m) { out->status = MP_ERR_STATE; return; }
-    if (st->load && (out->status = mp_model_load(m, st->load)) != MP_OK) goto done;
+    /* only rank 0 names the file: load is collective and sends its bytes */
+    if (st->load && (out->status = mp_model_load(m, rank ? "/nonexistent/absent.mpc" : st->load)) != MP_OK) goto done;
     memset(&fd, 0, sizeof fd);
     memset(&cb, 0, sizeof cb);
     memset(&ck, 0, sizeof ck);

@@ -10,9 +10,12 @@
                   bits on every rank, near the one process)
      save DIR     (2 ranks) fit 2 epochs, rank 0's ModelCheckpoint writes
                   DIR/dp.mpc (only rank 0 writes its CSV log), then to 4
-                  epochs: DIR/whole.bin has the final weights and scale
+                  epochs: DIR/whole.bin has the final weights and scale;
+                  the file calls are collective: rank 0's path alone is
+                  written and read, and every rank gets rank 0's outcome
      resume DIR   (any number) from DIR/dp.mpc to 4 epochs: the same on
-                  every rank, and as DIR/whole.bin within tolerance
+                  every rank, and as DIR/whole.bin within tolerance (only
+                  rank 0 names the file: no shared file system needed)
      die          rank 1 exits in the middle of an epoch (mpirun ends the job)
      fail         rank 1's all-reduce fails: it prints the model's error
                   and ends the job with mp_mpi_abort
@@ -186,6 +189,37 @@ static void train(void) {
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 
+static int same_state(const state *a, const state *b) {
+    return a->nw == b->nw && a->ns == b->ns && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0 &&
+           memcmp(a->s, b->s, a->ns * sizeof(float)) == 0 && a->scale == b->scale && a->skipped == b->skipped;
+}
+
+/* Each rank names a file of its own: rank 0's is written and read, and a
+   failure there is every rank's, the model unchanged. */
+static void test_file_calls_are_rank_0s(mp_model *m, const char *dir) {
+    char mine[512], nowhere[512];
+    state before, after;
+    snprintf(mine, sizeof mine, "%s/own_rank%d.mpc", dir, C.rank);
+    snprintf(nowhere, sizeof nowhere, "%s/no/such/dir/rank%d.mpc", dir, C.rank);
+    get_state(m, &before);
+    OK(mp_model_save(m, mine), m);
+    CHECK((access(mine, F_OK) == 0) == (C.rank == 0));
+    OK(mp_model_export_weights(m, MP_FLOAT32, mine), m); /* float32: importing them changes nothing */
+    CHECK(mp_model_load(m, C.rank ? nowhere : mine) == MP_ERR_FORMAT); /* weights, not a checkpoint: on every rank */
+    OK(mp_model_import_weights(m, C.rank ? nowhere : mine), m);
+    OK(mp_model_save(m, mine), m);
+    OK(mp_model_load(m, C.rank ? nowhere : mine), m);
+    get_state(m, &after);
+    CHECK(same_on_all(after.w, after.nw * sizeof(float)));
+    CHECK(mp_model_save(m, C.rank ? mine : nowhere) == MP_ERR_IO);
+    CHECK(C.rank == 0 || strstr(mp_model_error(m), "rank 0 could not save") != NULL);
+    CHECK(mp_model_load(m, C.rank ? mine : nowhere) == MP_ERR_IO);
+    CHECK(C.rank == 0 || strstr(mp_model_error(m), "rank 0 could not read") != NULL);
+    get_state(m, &before);
+    CHECK(same_state(&before, &after));
+    remove(mine);
+}
+
 static void save(const char *dir) {
     mp_model *m = my_model(&C.table, "mixed_float16");
     mp_model_checkpoint ck;
@@ -201,6 +235,7 @@ static void save(const char *dir) {
     cb = mp_model_checkpoint_callback(&ck);
     OK(fit(m, 24, 0, 2, &cb, 1, csv), m);
     CHECK((access(csv, F_OK) == 0) == (C.rank == 0)); /* rank 0 alone writes */
+    RUN(test_file_calls_are_rank_0s(m, dir));
     OK(fit(m, 24, 2, 4, NULL, 0, NULL), m);
     get_state(m, &st);
     if (C.rank == 0 && CHECK((f = fopen(whole, "wb")) != NULL)) {
@@ -215,7 +250,7 @@ static void resume(const char *dir) {
     char path[512], whole[512];
     state st, ref;
     FILE *f;
-    path_in(path, sizeof path, dir, "dp.mpc");
+    path_in(path, sizeof path, dir, C.rank ? "absent.mpc" : "dp.mpc"); /* rank 0's file, sent to the others */
     path_in(whole, sizeof whole, dir, "whole.bin");
     OK(mp_model_load(m, path), m);
     OK(fit(m, 24, 2, 4, NULL, 0, NULL), m);
