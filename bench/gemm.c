@@ -6,12 +6,14 @@
                        the denominators of every peak_fraction below.
        bench=gemm impl=mixprec
                        mp_matmul with A, B and C all in one dtype, on a pool of
-                       1 or 2 threads: square sizes, then the shapes of the
-                       guide's MLP (784-U-U-10) at batch 128 and 8192.
+                       1 or 2 threads: square sizes, then every product of a
+                       training step of the guide's MLP (784-U-U-10) at
+                       batch 128 and 8192.
        bench=gemm impl=openblas
                        cblas_sgemm at the square sizes, once per
                        OPENBLAS_CORETYPE setting (see run_openblas).
        bench=gemm ratio=...
+                       2 threads over 1 (threads_2_over_1, per dtype),
                        mixprec float32 / the best OpenBLAS, and bfloat16 and
                        float16 / float32, per shape and thread count.
        bench=gemm impl=torch
@@ -568,12 +570,17 @@ static void print_ratio(const shape *s, int threads, const char *ratio, double v
 
 /* bfloat16 and float16 over float32 (the gain from narrow storage and
    vdpbf16ps), and for squares mixprec over the best OpenBLAS. */
-static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THREADS + 1]) {
+static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THREADS + 1], int with_peer) {
     peer_best peer;
-    int t, d;
+    int t;
+    size_t d;
     char extra[64];
     memset(&peer, 0, sizeof peer);
-    if (peer_enabled) peer_gemm(&peer, s);
+    if (peer_enabled && with_peer) peer_gemm(&peer, s);
+    for (d = 0; d < N_DTYPES; d++) {
+        snprintf(extra, sizeof extra, " dtype=%s", dtype_name(dtypes[d]));
+        print_ratio(s, N_THREADS, "threads_2_over_1", g[d][2] / g[d][1], extra);
+    }
     for (t = 1; t <= N_THREADS; t++)
         for (d = 0; d < 2; d++) {
             if (peer.gflops[d][t] <= 0) continue;
@@ -598,26 +605,27 @@ static void squares(void) {
         double g[N_DTYPES][N_THREADS + 1];
         s.m = s.n = s.k = S.squares[i];
         measure_shape(&s, g);
-        print_ratios(&s, i, g);
+        print_ratios(&s, i, g, 1);
     }
 }
 
-/* The guide's MLP, layer by layer: the first layer's forward product,
-   and the hidden U x U layer's forward and both backward products
-   (dW = x^T dz reads x transposed, dx = dz W^T reads W transposed). */
+/* Every product of a training step of the guide's MLP (784-U-U-10), layer
+   by layer: forward y = x W; backward dW = x^T dz (x transposed) and
+   dx = dz W^T (W transposed), but for the first layer, whose input needs
+   no gradient. The first four, the largest, are also PyTorch's. */
 static void mlp_shapes(int batch, int units) {
     size_t b = (size_t)batch, u = (size_t)units;
     const shape shapes[] = {
-        {"mlp_fwd_in", 0, 0, b, u, 784, batch, units},
-        {"mlp_fwd_hidden", 0, 0, b, u, u, batch, units},
-        {"mlp_dw_hidden", 1, 0, u, u, b, batch, units},
-        {"mlp_dx_hidden", 0, 1, b, u, u, batch, units},
+        {"mlp_fwd_in", 0, 0, b, u, 784, batch, units},   {"mlp_fwd_hidden", 0, 0, b, u, u, batch, units},
+        {"mlp_dw_hidden", 1, 0, u, u, b, batch, units},  {"mlp_dx_hidden", 0, 1, b, u, u, batch, units},
+        {"mlp_dw_in", 1, 0, 784, u, b, batch, units},    {"mlp_fwd_out", 0, 0, b, 10, u, batch, units},
+        {"mlp_dw_out", 1, 0, u, 10, b, batch, units},    {"mlp_dx_out", 0, 1, b, u, 10, batch, units},
     };
     size_t i;
     for (i = 0; i < COUNT(shapes); i++) {
         double g[N_DTYPES][N_THREADS + 1];
         measure_shape(&shapes[i], g);
-        print_ratios(&shapes[i], 0, g);
+        print_ratios(&shapes[i], 0, g, i < 4);
     }
 }
 
