@@ -1921,8 +1921,9 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 
 /* >>bulk casts
    Every row goes through float32 lanes: widen the source exactly, narrow
-   once. mp_convert works in blocks that stay in L1, so the optional stats
-   and the cast read the source from memory once. */
+   once. mp_convert works in blocks that stay in L1 (MP__BLOCK), so the
+   optional stats and the cast read the source from memory once; the
+   AVX-512 rows, which count in the cast's own pass, take larger ones. */
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
@@ -2030,11 +2031,11 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
    vcvtps2ph with an explicit rounding immediate, which ignores MXCSR; the
    bfloat16 narrowing is the scalar integer formula, or with AVX512_BF16
    vcvtne2ps2bf16 wherever no input is subnormal (it flushes those to
-   zero; see mp__z_store2_bf16). tests/test_numerics.c checks all
+   zero; see mp__z_narrow2_bf16). tests/test_numerics.c checks all
    2^32 inputs against the scalar code. Whole pairs of vectors go first:
    their 16-bit results leave in one 64-byte store, as the register form of
    vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
-   AMD Zen 5). The last vectors are loaded and stored under a mask; their
+   AMD Zen 5). The last pair is loaded and stored under a mask; its
    missing lanes load as zeros, which no count and no extreme sees. g++ 12
    takes the `_mm512_undefined_*` inside these intrinsics for uses of
    uninitialised values (a false positive, in C++ only), as in the GEMM's
@@ -2056,7 +2057,7 @@ MP__HOT __m512 mp__z_load_bf16(const void *p, size_t i, __mmask16 k) {
     return mp__z_widen_bf16(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
 }
 
-/* The 16-bit results of a vector. */
+/* The 16-bit results of a vector, and of a pair (a in the low half). */
 MP__HOT __m256i mp__z_narrow_f16(__m512 v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT); }
 MP__HOT __m256i mp__z_narrow_bf16(__m512 v) {
     __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
@@ -2066,26 +2067,9 @@ MP__HOT __m256i mp__z_narrow_bf16(__m512 v) {
                                             _mm512_set1_epi32((int)MP__F32_INF));
     return _mm512_cvtepi32_epi16(_mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40)));
 }
-
-/* One vector's lanes k; two whole vectors at i and i + 16. */
-MP__HOT void mp__z_store_f32(void *p, size_t i, __mmask16 k, __m512 v) { _mm512_mask_storeu_ps((float *)p + i, k, v); }
-MP__HOT void mp__z_store_f16(void *p, size_t i, __mmask16 k, __m512 v) {
-    _mm256_mask_storeu_epi16((mp_f16 *)p + i, k, mp__z_narrow_f16(v));
-}
-MP__HOT void mp__z_store_bf16(void *p, size_t i, __mmask16 k, __m512 v) {
-    _mm256_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow_bf16(v));
-}
-MP__HOT void mp__z_store2_f32(void *p, size_t i, __m512 a, __m512 b) {
-    _mm512_storeu_ps((float *)p + i, a);
-    _mm512_storeu_ps((float *)p + i + 16, b);
-}
-MP__HOT void mp__z_store_halves(uint16_t *p, __m256i a, __m256i b) {
-    _mm512_storeu_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
-}
-MP__HOT void mp__z_store2_f16(void *p, size_t i, __m512 a, __m512 b) {
-    mp__z_store_halves(&((mp_f16 *)p + i)->bits, mp__z_narrow_f16(a), mp__z_narrow_f16(b));
-}
-MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
+MP__HOT __m512i mp__z_join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+MP__HOT __m512i mp__z_narrow2_f16(__m512 a, __m512 b) { return mp__z_join(mp__z_narrow_f16(a), mp__z_narrow_f16(b)); }
+MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
 #ifdef __AVX512BF16__
     /* vcvtne2ps2bf16 rounds to nearest even whatever MXCSR says, and its
        NaN is the scalar one (sign | 0x7FC0 | fraction >> 16), but it reads
@@ -2095,57 +2079,97 @@ MP__HOT void mp__z_store2_bf16(void *p, size_t i, __m512 a, __m512 b) {
     __m512i ua = _mm512_castps_si512(a), ub = _mm512_castps_si512(b);
     __mmask16 sub_a = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ua, exponent), ua, fraction);
     __mmask16 sub_b = _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(ub, exponent), ub, fraction);
-    if (!(sub_a | sub_b)) {
-        _mm512_storeu_si512((mp_bf16 *)p + i, (__m512i)_mm512_cvtne2ps_pbh(b, a)); /* a in the low half */
-        return;
-    }
+    if (!(sub_a | sub_b)) return (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a in the low half */
 #endif
-    mp__z_store_halves(&((mp_bf16 *)p + i)->bits, mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
+    return mp__z_join(mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
 
-/* The counts: one compare into a mask register per threshold t (lanes with
-   |x| >= t) and a masked add of one, every vector: no second pass, so data
-   full of underflows, overflows and Inf costs what data without them does.
-   Differences of adjacent counts give the ranges. The extremes: a max and a
-   min over the finite lanes, the min over |x| - 1, so that zeros wrap to
-   the top and drop out. Named locals: a struct would live in memory. */
+/* A pair of vectors (32 elements) at i, whole or the lanes k. */
+MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b) {
+    _mm512_storeu_ps((float *)p + i, a);
+    _mm512_storeu_ps((float *)p + i + 16, b);
+}
+MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b) {
+    _mm512_storeu_si512((mp_f16 *)p + i, mp__z_narrow2_f16(a, b));
+}
+MP__HOT void mp__z_put2_bf16(void *p, size_t i, __m512 a, __m512 b) {
+    _mm512_storeu_si512((mp_bf16 *)p + i, mp__z_narrow2_bf16(a, b));
+}
+MP__HOT void mp__z_put2_masked_f32(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
+    _mm512_mask_storeu_ps((float *)p + i, (__mmask16)k, a);
+    _mm512_mask_storeu_ps((float *)p + i + 16, (__mmask16)(k >> 16), b);
+}
+MP__HOT void mp__z_put2_masked_f16(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
+    _mm512_mask_storeu_epi16((mp_f16 *)p + i, k, mp__z_narrow2_f16(a, b));
+}
+MP__HOT void mp__z_put2_masked_bf16(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
+    _mm512_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow2_bf16(a, b));
+}
+
+/* The mask of the lanes [i, min(i + 16, n)); of the first m < 32 lanes. */
+MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
+    return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
+}
+MP__HOT __mmask32 mp__z_tail(size_t m) { return (__mmask32)((1u << m) - 1u); }
+
+/* The counts of a source's W-bit magnitudes a (W = 32: float32 bits; 16:
+   float16 or bfloat16 bits): one compare into a mask register per
+   threshold t (lanes with a >= t) and a masked add of one, every vector,
+   so that data full of underflows, overflows and Inf costs what data
+   without them does; differences of adjacent counts give the ranges. A
+   range the cast cannot reach (under_, sub_, over_ are 0: float16 to
+   float32 or to bfloat16, bfloat16 to float32) costs nothing. The
+   extremes take no mask: max over a + bias, signed, where bias moves
+   every finite magnitude to the positive half and Inf and NaN to the
+   negative one; min over a - 1, unsigned, where zero wraps to the top and
+   Inf and NaN lie above every finite value, to be dropped at the end.
+   Named locals: a struct would live in memory. */
+#define MP__Z_COUNT_VARS                                                                         \
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, lo, hi, a_
 #define MP__Z_COUNT_BEGIN                                                                        \
+    const int under_ = 1, sub_ = 1, over_ = 1;                                                   \
     const __m512i one = _mm512_set1_epi32(1), t1 = _mm512_set1_epi32((int)r.sub_lo),             \
                   t2 = _mm512_set1_epi32((int)r.normal_lo), t3 = _mm512_set1_epi32((int)r.inf_lo), \
-                  inf = _mm512_set1_epi32((int)MP__F32_INF), abs_mask = _mm512_set1_epi32(0x7FFFFFFF); \
-    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
-    __m512i hi = c0, lo = _mm512_set1_epi32(-1), a_;                                             \
-    __mmask16 finite_
-/* W-bit lanes (32, or 16 for 16-bit sources below), MASK their mask type. */
-#define MP__Z_COUNT_LANES(W, MASK, bits)                                                         \
-    (a_ = _mm512_and_si512(bits, abs_mask), finite_ = _mm512_cmplt_epu##W##_mask(a_, inf),       \
-     c0 = _mm512_mask_add_epi##W(c0, _mm512_cmpge_epu##W##_mask(a_, one), c0, one),              \
-     c1 = _mm512_mask_add_epi##W(c1, _mm512_cmpge_epu##W##_mask(a_, t1), c1, one),               \
-     c2 = _mm512_mask_add_epi##W(c2, _mm512_cmpge_epu##W##_mask(a_, t2), c2, one),               \
-     c3 = _mm512_mask_add_epi##W(c3, _mm512_cmpge_epu##W##_mask(a_, t3), c3, one),               \
-     c4 = _mm512_mask_add_epi##W(c4, (MASK)~finite_, c4, one),                                   \
+                  inf = _mm512_set1_epi32((int)MP__F32_INF), abs_mask = _mm512_set1_epi32(0x7FFFFFFF), \
+                  bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF));                   \
+    MP__Z_COUNT_VARS;                                                                            \
+    hi = bias, lo = _mm512_set1_epi32(-1)
+#define MP__Z_COUNT_LANES(W, bits)                                                               \
+    (a_ = _mm512_and_si512(bits, abs_mask),                                                      \
+     c0 = under_ ? _mm512_mask_add_epi##W(c0, _mm512_test_epi##W##_mask(a_, a_), c0, one) : c0,  \
+     c1 = under_ || sub_ ? _mm512_mask_add_epi##W(c1, _mm512_cmpge_epu##W##_mask(a_, t1), c1, one) : c1, \
+     c2 = sub_ ? _mm512_mask_add_epi##W(c2, _mm512_cmpge_epu##W##_mask(a_, t2), c2, one) : c2,     \
+     c3 = over_ ? _mm512_mask_add_epi##W(c3, _mm512_cmpge_epu##W##_mask(a_, t3), c3, one) : c3,    \
+     c4 = _mm512_mask_add_epi##W(c4, _mm512_cmpge_epu##W##_mask(a_, inf), c4, one),              \
      c5 = _mm512_mask_add_epi##W(c5, _mm512_cmpgt_epu##W##_mask(a_, inf), c5, one),              \
-     hi = _mm512_mask_max_epu##W(hi, finite_, hi, a_),                                           \
-     lo = _mm512_mask_min_epu##W(lo, finite_, lo, _mm512_sub_epi##W(a_, one)))
-#define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, __mmask16, _mm512_castps_si512(x))
-#define MP__Z_COUNT_END(s) mp__z_counts(&(s), c0, c1, c2, c3, c4, c5, hi, lo)
+     hi = _mm512_max_epi##W(hi, _mm512_add_epi##W(a_, bias)),                                     \
+     lo = _mm512_min_epu##W(lo, _mm512_sub_epi##W(a_, one)))
+#define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, _mm512_castps_si512(x))
+#define MP__Z_COUNT_END(s)                                                                       \
+    mp__z_counts(&(s), under_, sub_, over_, mp__z_sum32(c0), mp__z_sum32(c1), mp__z_sum32(c2),   \
+                 mp__z_sum32(c3), mp__z_sum32(c4), mp__z_sum32(c5));                             \
+    mp__z_extremes32(&(s), hi, lo)
 
-/* The lanes summed (and the extremes reduced) through memory, once a block. */
-static void mp__z_counts(mp__scan *s, __m512i c0, __m512i c1, __m512i c2, __m512i c3, __m512i c4, __m512i c5,
-                         __m512i hi, __m512i lo_minus_1) {
-    uint32_t lanes[8][16], n[6] = {0, 0, 0, 0, 0, 0}, top = 0, low = 0xFFFFFFFFu;
-    int c, i;
-    _mm512_storeu_si512(lanes[0], c0), _mm512_storeu_si512(lanes[1], c1), _mm512_storeu_si512(lanes[2], c2);
-    _mm512_storeu_si512(lanes[3], c3), _mm512_storeu_si512(lanes[4], c4), _mm512_storeu_si512(lanes[5], c5);
-    _mm512_storeu_si512(lanes[6], hi), _mm512_storeu_si512(lanes[7], lo_minus_1);
-    for (i = 0; i < 16; i++) {
-        for (c = 0; c < 6; c++) n[c] += lanes[c][i];
-        top = lanes[6][i] > top ? lanes[6][i] : top;
-        low = lanes[7][i] < low ? lanes[7][i] : low;
-    }
-    s->underflow = n[0] - n[1], s->subnormal = n[1] - n[2], s->overflow = n[3] - n[4], s->inf = n[4] - n[5];
-    s->nan = n[5], s->max_abs = top;
-    s->min_abs = low + 1u ? low + 1u : 0xFFFFFFFFu; /* none: as the portable scan leaves it */
+MP__HOT uint32_t mp__z_sum32(__m512i v) { return (uint32_t)_mm512_reduce_add_epi32(v); }
+MP__HOT uint32_t mp__z_sum16(__m512i v) { /* unsigned lanes */
+    return mp__z_sum32(_mm512_add_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)),
+                                        _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
+}
+
+/* The ranges from the counts of lanes with a >= 1, t1, t2, t3, Inf and
+   > Inf; those of the ranges not counted are zero. */
+static void mp__z_counts(mp__scan *s, int under, int sub, int over, uint32_t n0, uint32_t n1, uint32_t n2,
+                         uint32_t n3, uint32_t n4, uint32_t n5) {
+    s->underflow = under ? n0 - n1 : 0u, s->subnormal = sub ? n1 - n2 : 0u, s->overflow = over ? n3 - n4 : 0u;
+    s->inf = n4 - n5, s->nan = n5;
+}
+
+/* The extremes as float32 bits, from max(a + bias) and min(a - 1) in
+   32-bit lanes; none: 0 and all ones, as the portable scan leaves them. */
+static void mp__z_extremes32(mp__scan *s, __m512i hi, __m512i lo_minus_1) {
+    uint32_t low = (uint32_t)_mm512_reduce_min_epu32(lo_minus_1);
+    s->max_abs = (uint32_t)_mm512_reduce_max_epi32(hi) - (0x80000000u - MP__F32_INF);
+    s->min_abs = low < MP__F32_INF - 1u ? low + 1u : 0xFFFFFFFFu;
 }
 
 /* 16-bit sources are counted on their own bits, 32 lanes a compare:
@@ -2153,7 +2177,8 @@ static void mp__z_counts(mp__scan *s, __m512i c0, __m512i c1, __m512i c2, __m512
    16-bit magnitude is at least the least one that widens to t or more.
    Those, for each target's sub_lo, normal_lo and inf_lo (mp__ranges_of);
    tests/test_numerics.c compares every 16-bit value's counts and extremes
-   with the portable scan's. Inf is 0x7C00 in float16, 0x7F80 in bfloat16. */
+   with the portable scan's. Inf is 0x7C00 in float16, 0x7F80 in bfloat16.
+   The counters hold at most MP__Z_BLOCK / 32 a lane. */
 static const uint16_t mp__z_ranges16[2][MP_DTYPE_COUNT][3] = {
     {{0x0001, 0x0001, 0x7C00}, {0x0001, 0x0400, 0x7C00}, {0x0001, 0x0001, 0x7C00}},  /* float16 */
     {{0x0001, 0x0080, 0x7F80}, {0x3301, 0x3880, 0x4780}, {0x0001, 0x0080, 0x7F80}}}; /* bfloat16 */
@@ -2166,36 +2191,73 @@ static const uint16_t mp__z_ranges16[2][MP_DTYPE_COUNT][3] = {
 #define MP__Z_DTYPE_bf16 MP_BFLOAT16
 #define MP__Z_COUNT16_BEGIN(SRC, DST)                                                            \
     const uint16_t *u_ = mp__z_ranges16[MP__Z_INDEX_##SRC][MP__Z_DTYPE_##DST];                   \
+    const int under_ = u_[0] != 1, sub_ = u_[1] != u_[0], over_ = u_[2] != MP__Z_INF_##SRC;      \
     const __m512i one = _mm512_set1_epi16(1), t1 = _mm512_set1_epi16((short)u_[0]),              \
                   t2 = _mm512_set1_epi16((short)u_[1]), t3 = _mm512_set1_epi16((short)u_[2]),    \
-                  inf = _mm512_set1_epi16(MP__Z_INF_##SRC), abs_mask = _mm512_set1_epi16(0x7FFF); \
-    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;           \
-    __m512i hi = c0, lo = _mm512_set1_epi16(-1), a_;                                             \
-    __mmask32 finite_
-#define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, __mmask32, h)
-#define MP__Z_COUNT16_END(s, SRC) mp__z_counts16(&(s), c0, c1, c2, c3, c4, c5, hi, lo, mp__f32_bits_from_##SRC)
+                  inf = _mm512_set1_epi16(MP__Z_INF_##SRC), abs_mask = _mm512_set1_epi16(0x7FFF), \
+                  bias = _mm512_set1_epi16((short)(0x8000 - MP__Z_INF_##SRC));                   \
+    MP__Z_COUNT_VARS;                                                                            \
+    hi = bias, lo = _mm512_set1_epi16(-1)
+#define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, h)
+#define MP__Z_COUNT16_END(s, SRC)                                                                \
+    mp__z_counts(&(s), under_, sub_, over_, mp__z_sum16(c0), mp__z_sum16(c1), mp__z_sum16(c2),   \
+                 mp__z_sum16(c3), mp__z_sum16(c4), mp__z_sum16(c5));                             \
+    mp__z_extremes16(&(s), hi, lo, MP__Z_INF_##SRC, mp__f32_bits_from_##SRC)
 
-/* The 16-bit counters (at most 2048 / 32 a lane) summed in pairs into
-   32-bit lanes, the extremes widened to float32 bits. */
-static void mp__z_counts16(mp__scan *s, __m512i d0, __m512i d1, __m512i d2, __m512i d3, __m512i d4, __m512i d5,
-                           __m512i hi16, __m512i lo16, uint32_t (*widen)(uint16_t)) {
-    const __m512i ones = _mm512_set1_epi16(1);
-    __m512i hi = _mm512_max_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi16)),
-                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi16, 1)));
-    __m512i lo = _mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo16)),
-                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo16, 1)));
-    mp__z_counts(s, _mm512_madd_epi16(d0, ones), _mm512_madd_epi16(d1, ones), _mm512_madd_epi16(d2, ones),
-                 _mm512_madd_epi16(d3, ones), _mm512_madd_epi16(d4, ones), _mm512_madd_epi16(d5, ones), hi, lo);
-    s->max_abs = widen((uint16_t)s->max_abs);
-    s->min_abs = s->min_abs > 0xFFFFu ? 0xFFFFFFFFu : widen((uint16_t)s->min_abs); /* none: 0x10000 */
+/* The same for 16-bit lanes, widened to float32 bits. */
+static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, uint32_t inf, uint32_t (*widen)(uint16_t)) {
+    int32_t top = _mm512_reduce_max_epi32(_mm512_max_epi32(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(hi)),
+                                                           _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(hi, 1))));
+    uint32_t low = (uint32_t)_mm512_reduce_min_epu32(
+        _mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo_minus_1)),
+                         _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo_minus_1, 1))));
+    s->max_abs = widen((uint16_t)((uint32_t)top - (0x8000u - inf)));
+    s->min_abs = low < inf - 1u ? widen((uint16_t)(low + 1u)) : 0xFFFFFFFFu;
 }
 
-/* The mask of the lanes [i, min(i + 16, n)). */
-MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
-    return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
+/* A float32 source's counts come mostly from the cast's results, 32 lanes
+   a compare: round to nearest is monotone and sub_lo, normal_lo and inf_lo
+   (mp__ranges_of) are exactly where the result becomes nonzero, normal and
+   Inf, so zero, subnormal, Inf and NaN results count the ranges once zero
+   and Inf inputs are told apart, on the source (16 lanes a compare). The
+   extremes are the source's, as above. */
+#define MP__Z_NORMAL_f16 0x0400
+#define MP__Z_NORMAL_bf16 0x0080
+#define MP__Z_NARROW_COUNT_BEGIN(DST)                                                            \
+    const __m512i one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32((int)MP__F32_INF),         \
+                  abs_mask = _mm512_set1_epi32(0x7FFFFFFF),                                      \
+                  bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF)),                    \
+                  one16 = _mm512_set1_epi16(1), abs16 = _mm512_set1_epi16(0x7FFF),               \
+                  normal16 = _mm512_set1_epi16(MP__Z_NORMAL_##DST), inf16 = _mm512_set1_epi16(MP__Z_INF_##DST); \
+    __m512i zero_in = _mm512_setzero_si512(), inf_in = zero_in, zero_out = zero_in, below_normal = zero_in, \
+            inf_out = zero_in, nan_out = zero_in, hi = bias, lo = _mm512_set1_epi32(-1), a_
+#define MP__Z_NARROW_SOURCE(x)                                                                   \
+    (a_ = _mm512_and_si512(_mm512_castps_si512(x), abs_mask),                                    \
+     zero_in = _mm512_mask_add_epi32(zero_in, _mm512_testn_epi32_mask(a_, a_), zero_in, one),    \
+     inf_in = _mm512_mask_add_epi32(inf_in, _mm512_cmpeq_epi32_mask(a_, inf), inf_in, one),      \
+     hi = _mm512_max_epi32(hi, _mm512_add_epi32(a_, bias)),                                       \
+     lo = _mm512_min_epu32(lo, _mm512_sub_epi32(a_, one)))
+#define MP__Z_NARROW_COUNT(x0, x1, h)                                                            \
+    (MP__Z_NARROW_SOURCE(x0), MP__Z_NARROW_SOURCE(x1), a_ = _mm512_and_si512(h, abs16),           \
+     zero_out = _mm512_mask_add_epi16(zero_out, _mm512_testn_epi16_mask(a_, a_), zero_out, one16), \
+     below_normal = _mm512_mask_add_epi16(below_normal, _mm512_cmplt_epu16_mask(a_, normal16), below_normal, one16), \
+     inf_out = _mm512_mask_add_epi16(inf_out, _mm512_cmpge_epu16_mask(a_, inf16), inf_out, one16), \
+     nan_out = _mm512_mask_add_epi16(nan_out, _mm512_cmpgt_epu16_mask(a_, inf16), nan_out, one16))
+#define MP__Z_NARROW_COUNT_END(s)                                                                \
+    mp__z_narrow_counts(&(s), mp__z_sum32(zero_in), mp__z_sum32(inf_in), mp__z_sum16(zero_out),  \
+                        mp__z_sum16(below_normal), mp__z_sum16(inf_out), mp__z_sum16(nan_out));  \
+    mp__z_extremes32(&(s), hi, lo)
+
+/* zero results = zero inputs + underflows; Inf results = Inf inputs + overflows. */
+static void mp__z_narrow_counts(mp__scan *s, uint32_t zero_in, uint32_t inf_in, uint32_t zero_out,
+                                uint32_t below_normal, uint32_t inf_or_nan_out, uint32_t nan_out) {
+    s->underflow = zero_out - zero_in, s->subnormal = below_normal - zero_out;
+    s->overflow = inf_or_nan_out - nan_out - inf_in, s->inf = inf_in, s->nan = nan_out;
 }
 
-/* Counts alone: for a cast in place, and for the numerics diagnostics. */
+#define MP__Z_NOTHING(...) (void)0
+
+/* Counts alone: for the numerics diagnostics. */
 #define MP__Z_SCAN(SRC)                                                                          \
     static mp__scan mp__z_scan_##SRC(const void *src, size_t n, mp__ranges r) {                 \
         size_t i;                                                                                \
@@ -2210,50 +2272,69 @@ MP__Z_SCAN(f16)
 MP__Z_SCAN(bf16)
 #undef MP__Z_SCAN
 
-/* Both vectors of a pair are loaded before either is stored, so dst may be
-   src (the same element size); in place, the source is gone after the
-   cast, so it is scanned first. */
+/* The rows: whole pairs of vectors (32 elements), then one pair under a
+   mask. Every pair is loaded and counted before it is stored, so dst may
+   be src (the same element size). The loop is written once and expanded
+   twice, with and without the counts, so that neither carries a test. */
+#define MP__Z_PAIRS(SRC, DST, COUNT)                                                             \
+    for (; i + 32 <= n; i += 32) {                                                               \
+        __m512 x0 = _mm512_loadu_ps(s_ + i), x1 = _mm512_loadu_ps(s_ + i + 16);                  \
+        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
+        COUNT(x0, x1, h);                                                                        \
+        _mm512_storeu_si512(d_ + i, h);                                                          \
+    }                                                                                            \
+    if (i < n) {                                                                                 \
+        __mmask32 k = mp__z_tail(n - i);                                                         \
+        __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)k, s_ + i);                                 \
+        __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(k >> 16), s_ + i + 16);                    \
+        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
+        COUNT(x0, x1, h);                                                                        \
+        _mm512_mask_storeu_epi16(d_ + i, k, h);                                                  \
+    }
 #define MP__Z_ROW(SRC, DST)                                                                      \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
+        const float *s_ = (const float *)src;                                                    \
+        uint16_t *d_ = &((mp__elem_##DST *)dst)->bits;                                           \
         size_t i = 0;                                                                            \
-        MP__Z_COUNT_BEGIN;                                                                       \
-        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
-        for (; i + 32 <= n; i += 32) {                                                           \
-            __m512 x0 = mp__z_load_##SRC(src, i, 0xFFFF), x1 = mp__z_load_##SRC(src, i + 16, 0xFFFF); \
-            if (scan) MP__Z_COUNT(x0), MP__Z_COUNT(x1);                                          \
-            mp__z_store2_##DST(dst, i, x0, x1);                                                  \
+        (void)r;                                                                                 \
+        if (!scan) {                                                                             \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING)                                                 \
+        } else {                                                                                 \
+            MP__Z_NARROW_COUNT_BEGIN(DST);                                                       \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NARROW_COUNT)                                            \
+            MP__Z_NARROW_COUNT_END(*scan);                                                       \
         }                                                                                        \
-        for (; i < n; i += 16) {                                                                 \
-            __mmask16 k = mp__z_lanes(i, n);                                                     \
-            __m512 x = mp__z_load_##SRC(src, i, k);                                              \
-            if (scan) MP__Z_COUNT(x);                                                            \
-            mp__z_store_##DST(dst, i, k, x);                                                     \
-        }                                                                                        \
-        if (scan) MP__Z_COUNT_END(*scan);                                                        \
     }
 /* The same from a 16-bit source: 32 elements a load, counted on their bits
    and widened a half at a time. */
+#define MP__Z_PAIRS16(SRC, DST, COUNT)                                                           \
+    for (; i + 32 <= n; i += 32) {                                                               \
+        __m512i h = _mm512_loadu_si512(s_ + i);                                                  \
+        COUNT(h);                                                                                \
+        mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),                   \
+                         mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));                    \
+    }                                                                                            \
+    if (i < n) {                                                                                 \
+        __mmask32 k = mp__z_tail(n - i);                                                         \
+        __m512i h = _mm512_maskz_loadu_epi16(k, s_ + i);                                         \
+        COUNT(h);                                                                                \
+        mp__z_put2_masked_##DST(dst, i, k, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),         \
+                                mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));             \
+    }
 #define MP__Z_ROW16(SRC, DST)                                                                    \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
-        const uint16_t *h_ = (const uint16_t *)src;                                              \
+        const uint16_t *s_ = &((const mp__elem_##SRC *)src)->bits;                               \
         size_t i = 0;                                                                            \
-        MP__Z_COUNT16_BEGIN(SRC, DST);                                                           \
-        if (scan && dst == src) *scan = mp__z_scan_##SRC(src, n, r), scan = NULL;                 \
-        for (; i + 32 <= n; i += 32) {                                                           \
-            __m512i h = _mm512_loadu_si512(h_ + i);                                              \
-            if (scan) MP__Z_COUNT16(h);                                                          \
-            mp__z_store2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),             \
-                               mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));              \
+        (void)r;                                                                                 \
+        if (!scan) {                                                                             \
+            MP__Z_PAIRS16(SRC, DST, MP__Z_NOTHING)                                               \
+        } else {                                                                                 \
+            MP__Z_COUNT16_BEGIN(SRC, DST);                                                       \
+            MP__Z_PAIRS16(SRC, DST, MP__Z_COUNT16)                                               \
+            MP__Z_COUNT16_END(*scan, SRC);                                                       \
         }                                                                                        \
-        for (; i < n; i += 16) {                                                                 \
-            __mmask16 k = mp__z_lanes(i, n);                                                     \
-            __m256i h = _mm256_maskz_loadu_epi16(k, h_ + i);                                     \
-            if (scan) MP__Z_COUNT16(_mm512_inserti64x4(_mm512_setzero_si512(), h, 0));           \
-            mp__z_store_##DST(dst, i, k, mp__z_widen_##SRC(h));                                  \
-        }                                                                                        \
-        if (scan) MP__Z_COUNT16_END(*scan, SRC);                                                 \
     }
 MP__Z_ROW(f32, f16)
 MP__Z_ROW(f32, bf16)
@@ -2263,6 +2344,9 @@ MP__Z_ROW16(bf16, f32)
 MP__Z_ROW16(bf16, f16)
 #undef MP__Z_ROW
 #undef MP__Z_ROW16
+#undef MP__Z_PAIRS
+#undef MP__Z_PAIRS16
+#undef MP__Z_NOTHING
 #undef MP__Z_COUNT16_BEGIN
 #undef MP__Z_COUNT16
 #undef MP__Z_COUNT16_END
@@ -2270,14 +2354,26 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_INDEX_bf16
 #undef MP__Z_INF_f16
 #undef MP__Z_INF_bf16
+#undef MP__Z_NORMAL_f16
+#undef MP__Z_NORMAL_bf16
 #undef MP__Z_DTYPE_f32
 #undef MP__Z_DTYPE_f16
 #undef MP__Z_DTYPE_bf16
+#undef MP__Z_NARROW_COUNT_BEGIN
+#undef MP__Z_NARROW_SOURCE
+#undef MP__Z_NARROW_COUNT
+#undef MP__Z_NARROW_COUNT_END
+#undef MP__Z_COUNT_VARS
 #undef MP__Z_COUNT_BEGIN
 #undef MP__Z_COUNT
 #undef MP__Z_COUNT_LANES
 #undef MP__Z_COUNT_END
 
+/* The AVX-512 rows count in the cast's own pass, so their blocks need not
+   stay in L1: one row call per MP__Z_BLOCK elements (a 16-bit counter lane
+   gains at most MP__Z_BLOCK / 32). */
+#define MP__Z_BLOCK ((size_t)1 << 20)
+#define MP__ROWS_BLOCK MP__Z_BLOCK
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f32, mp__z_row_f16_to_f32, mp__z_row_bf16_to_f32},
     {mp__z_row_f32_to_f16, mp__row_f16_to_f16, mp__z_row_bf16_to_f16},
@@ -2432,12 +2528,14 @@ MP__X86_ROW(bf16, f32)
 MP__X86_ROW(bf16, f16)
 #undef MP__X86_ROW
 
+#define MP__ROWS_BLOCK MP__BLOCK
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f32, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
     {mp__x86_row_f32_to_f16, mp__row_f16_to_f16, mp__x86_row_bf16_to_f16},
     {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_bf16_to_bf16}};
 #else
 #define mp__rows mp__portable_rows
+#define MP__ROWS_BLOCK MP__BLOCK
 #endif
 
 static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {
@@ -2459,8 +2557,8 @@ static int mp__overlap(const void *a, size_t a_bytes, const void *b, size_t b_by
     return x < y + b_bytes && y < x + a_bytes;
 }
 
-static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT], void *dst,
-                                  mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,
+static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT], size_t block,
+                                  void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,
                                   mp_cast_stats *stats) {
     size_t dsz, ssz, i;
     if (!dst || !src) return MP_ERR_NULL;
@@ -2470,8 +2568,8 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
     if (n > SIZE_MAX / 4) return MP_ERR_SIZE;
     if ((uintptr_t)dst % dsz || (uintptr_t)src % ssz) return MP_ERR_ALIGN;
     if (!(dst == src && dsz == ssz) && mp__overlap(dst, n * dsz, src, n * ssz)) return MP_ERR_OVERLAP;
-    for (i = 0; i < n; i += MP__BLOCK) {
-        size_t len = n - i < MP__BLOCK ? n - i : MP__BLOCK;
+    for (i = 0; i < n; i += block) {
+        size_t len = n - i < block ? n - i : block;
         mp__scan scan;
         rows[dst_type][src_type]((char *)dst + i * dsz, (const char *)src + i * ssz, len,
                                  stats ? &scan : NULL, mp__ranges_of[dst_type]);
@@ -2482,12 +2580,12 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
 
 MIXPREC_API mp_status mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                                  size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__rows, dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows, MP__ROWS_BLOCK, dst, dst_type, src, src_type, n, stats);
 }
 
 MIXPREC_API mp_status mp_convert_portable(void *dst, mp_dtype dst_type, const void *src,
                                           mp_dtype src_type, size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__portable_rows, dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__portable_rows, MP__BLOCK, dst, dst_type, src, src_type, n, stats);
 }
 
 /* >>policies */

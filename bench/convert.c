@@ -15,7 +15,11 @@
 
    Every line names its data set: `typical` (ReLU-like activations, all in
    float16's normal range) and `wide` (magnitudes 2^-30..2^20, the stats'
-   worst case); see fill_typical and fill_wide.
+   worst case); see fill_typical and fill_wide. And its size n: by default
+   4096 elements (source and destination in L1), 65536 (in L2) and 16M (32
+   to 64 MiB: from memory); --n measures one size. A timed sample repeats
+   the call until it has cast at least 4M elements, so that the clock's
+   resolution does not matter at small sizes.
 
    Build and run: `make bench` (gcc and clang, -O2 -march=native), or
        cc -std=c99 -O2 -march=native bench/convert.c -o convert -lm
@@ -104,6 +108,7 @@ typedef struct job {
     const void *src;      /* n elements of dir->src */
     const void *copy_src; /* at least 4 * n bytes, apart from dst */
     size_t n;
+    size_t calls;         /* per timed sample */
     mp_cast_stats stats_bulk, stats_portable;
 } job;
 
@@ -140,8 +145,9 @@ static void consume(const job *j) {
     sink += b[0] + b[bytes / 2] + b[bytes - 1] + (unsigned)j->stats_bulk.count;
 }
 
-/* best[v]: the minimum over reps rounds, after one warm-up round (rep -1).
-   Every round runs each variant once, starting at a rotating variant. */
+/* best[v]: the minimum over reps rounds, after one warm-up round (rep -1),
+   of the time of one call. Every round runs each variant (j->calls times
+   in a row), starting at a rotating variant. */
 static void measure(job *j, int reps, double best[N_VARIANTS]) {
     int rep, k;
     for (k = 0; k < N_VARIANTS; k++) best[k] = INFINITY;
@@ -149,10 +155,11 @@ static void measure(job *j, int reps, double best[N_VARIANTS]) {
         for (k = 0; k < N_VARIANTS; k++) {
             int v = (k + rep + 1) % N_VARIANTS;
             double t0, t;
+            size_t c;
             if (!variant_applies(j, v)) continue;
             t0 = now_s();
-            variants[v].run(j);
-            t = now_s() - t0;
+            for (c = 0; c < j->calls; c++) variants[v].run(j);
+            t = (now_s() - t0) / (double)j->calls;
             consume(j);
             if (rep >= 0 && t < best[v]) best[v] = t;
         }
@@ -253,18 +260,11 @@ static size_t parse_count(const char *flag, const char *arg, unsigned long long 
     return (size_t)v;
 }
 
-int main(int argc, char **argv) {
-    size_t n = (size_t)16 * 1024 * 1024, d, set;
-    int reps = 5, i;
+/* Every direction and data set at size n. */
+static void measure_size(size_t n, int reps) {
+    size_t d, set, min_elements = (size_t)4 << 20;
+    int i;
     void *data[MP_DTYPE_COUNT], *dst;
-    for (i = 1; i < argc; i += 2) { /* every flag takes a value */
-        const char *arg = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(argv[i], "--n") == 0) n = parse_count(argv[i], arg, SIZE_MAX / 8);
-        else if (strcmp(argv[i], "--reps") == 0) reps = (int)parse_count(argv[i], arg, 1000000);
-        else usage("unknown flag", argv[i]);
-    }
-    printf("bench=convert simd=%s cc=%s threads=1\n", SIMD_NAME, CC_NAME);
-    print_machine("convert");
     for (i = 0; i < MP_DTYPE_COUNT; i++) data[i] = xmalloc(n * mp_dtype_size((mp_dtype)i));
     dst = xmalloc(n * 4);
     for (set = 0; set < sizeof datasets / sizeof datasets[0]; set++) {
@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
         for (i = 1; i < MP_DTYPE_COUNT; i++)
             if (mp_convert(data[i], (mp_dtype)i, data[MP_FLOAT32], MP_FLOAT32, n, NULL) != MP_OK) {
                 fprintf(stderr, "convert: cannot make the %s source data\n", mp_dtype_name((mp_dtype)i));
-                return 1;
+                exit(1);
             }
         for (d = 0; d < N_DIRECTIONS; d++) {
             job j;
@@ -284,6 +284,7 @@ int main(int argc, char **argv) {
             j.src = data[j.dir->src];
             j.copy_src = data[MP_FLOAT32];
             j.n = n;
+            j.calls = n < min_elements ? (min_elements + n - 1) / n : 1;
             measure(&j, reps, best);
             report(&j, best);
             fflush(stdout);
@@ -291,5 +292,22 @@ int main(int argc, char **argv) {
     }
     for (i = 0; i < MP_DTYPE_COUNT; i++) free(data[i]);
     free(dst);
+}
+
+int main(int argc, char **argv) {
+    static const size_t sizes[] = {4096, 65536, (size_t)16 * 1024 * 1024}; /* L1, L2, memory */
+    size_t n = 0, k;
+    int reps = 5, i;
+    for (i = 1; i < argc; i += 2) { /* every flag takes a value */
+        const char *arg = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--n") == 0) n = parse_count(argv[i], arg, SIZE_MAX / 8);
+        else if (strcmp(argv[i], "--reps") == 0) reps = (int)parse_count(argv[i], arg, 1000000);
+        else usage("unknown flag", argv[i]);
+    }
+    printf("bench=convert simd=%s cc=%s threads=1\n", SIMD_NAME, CC_NAME);
+    print_machine("convert");
+    if (n) measure_size(n, reps);
+    else
+        for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) measure_size(sizes[k], reps);
     return 0;
 }

@@ -313,6 +313,46 @@ static void test_bulk_vs_portable(void) {
            (unsigned long long)cases);
 }
 
+/* Calls long enough to span several of the SIMD path's blocks (2^20
+   elements with AVX-512), each filled with one value, so that every
+   per-lane counter reaches its largest count, and with the tails' data
+   tiled: stats and results as the portable path's. */
+static void test_bulk_long(void) {
+    static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+    const float fills[] = {0.0f, -1e-30f, 1e-6f, 70000.0f, INFINITY, NAN, 1.5f, 0.0f /* tiled */};
+    const size_t n = (5u << 19) + 37; /* 2.5 blocks and a tail */
+    const size_t nfills = sizeof fills / sizeof fills[0];
+    float *x = (float *)malloc(n * 4);
+    unsigned char *src = (unsigned char *)malloc(n * 4), *out_simd = (unsigned char *)malloc(n * 4),
+                  *out_port = (unsigned char *)malloc(n * 4);
+    uint64_t bad = 0, cases = 0;
+    uint32_t r = 0x9E3779B9u;
+    size_t f, i;
+    int s, d;
+    CHECK(x && src && out_simd && out_port);
+    for (f = 0; x && src && out_simd && out_port && f < nfills; f++) {
+        for (i = 0; i < n; i++) {
+            r ^= r << 13, r ^= r >> 17, r ^= r << 5;
+            x[i] = f + 1 < nfills ? fills[f] : ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 52 - 31);
+        }
+        for (s = 0; s < 3; s++)
+            for (d = 0; d < 3; d++) {
+                mp_cast_stats a, b;
+                if (s == d) continue;
+                mp_convert_portable(src, types[s], x, MP_FLOAT32, n, NULL);
+                memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+                mp_convert(out_simd, types[d], src, types[s], n, &a);
+                mp_convert_portable(out_port, types[d], src, types[s], n, &b);
+                bad += memcmp(out_simd, out_port, n * mp_dtype_size(types[d])) != 0 || !same_stats(&a, &b);
+                cases++;
+            }
+    }
+    CHECK(bad == 0);
+    printf("  bulk vs portable: calls of %zu elements %s  (%llu cases)\n", n, bad ? "FAILED" : "ok",
+           (unsigned long long)cases);
+    free(x), free(src), free(out_simd), free(out_port);
+}
+
 /* ---- arithmetic */
 static const char *const op_kinds[8] = {"add", "mul", "sub", "div"};
 
@@ -419,6 +459,7 @@ int main(int argc, char **argv) {
     lap();
     RUN(test_all_16bit());
     RUN(test_bulk_vs_portable());
+    RUN(test_bulk_long());
     RUN(test_arithmetic());
     RUN(test_narrow_all_f32());
     return check_done("test_numerics");
