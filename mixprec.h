@@ -3191,17 +3191,32 @@ static void mp__transpose16(__m512i v[16]) {
     for (i = 0; i < 16; i++) v[i] = t[i];
 }
 
-/* Columns [0, 16 * blocks) of 16 rows of 32-bit values (floats, or
+/* Columns [0, 16 * blocks) of `valid` rows of 32-bit values (floats, or
    bfloat16 pairs), row i at rows + i * row_bytes, into out[column * width
-   + row]: one 64-byte load a row and block, 16 x 16 transposes. */
-static void mp__transpose_rows16(void *out, size_t width, const void *rows, size_t row_bytes, size_t blocks) {
+   + row] for rows [0, lanes), the rows past `valid` as 0 (lanes <= 16):
+   one 64-byte load a row and block, 16 x 16 transposes, masked stores. */
+static void mp__transpose_rows16(uint32_t *out, size_t width, const void *rows, size_t row_bytes, size_t blocks,
+                                 size_t valid, size_t lanes) {
+    __mmask16 keep = (__mmask16)((1u << lanes) - 1);
     __m512i v[16];
     size_t b, i;
     for (b = 0; b < blocks; b++) {
-        for (i = 0; i < 16; i++) v[i] = _mm512_loadu_si512((const char *)rows + i * row_bytes + 64 * b);
+        for (i = 0; i < 16; i++)
+            v[i] = i < valid ? _mm512_loadu_si512((const char *)rows + i * row_bytes + 64 * b) : _mm512_setzero_si512();
         mp__transpose16(v);
-        for (i = 0; i < 16; i++) _mm512_storeu_si512((uint32_t *)out + (16 * b + i) * width, v[i]);
+        for (i = 0; i < 16; i++) _mm512_mask_storeu_epi32(out + (16 * b + i) * width, keep, v[i]);
     }
+}
+
+/* A panel of `width` rows, w of them from the source (the rest 0), by the
+   transposes above, where its rows fall in whole blocks of 16 (the NR
+   panels) or in one block (the MR = 12 panels of op(A)). */
+static int mp__transposes_fit(size_t width) { return width % 16 == 0 || width < 16; }
+static void mp__transpose_panel(void *out, size_t width, size_t w, const void *rows, size_t row_bytes, size_t blocks) {
+    size_t r;
+    for (r = 0; r < width; r += 16)
+        mp__transpose_rows16((uint32_t *)out + r, width, r < w ? (const char *)rows + r * row_bytes : rows, row_bytes,
+                             blocks, r < w ? mp__min(16, w - r) : 0, mp__min(16, width - r));
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -3245,9 +3260,8 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
             }
             q = 0;
 #ifdef MP__TRANSPOSE16
-            if (w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
-                for (r = 0; r < width; r += 16)
-                    mp__transpose_rows16(out + r, width, rows + r * stride, stride * sizeof(float), qc / 16);
+            if (mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
+                mp__transpose_panel(out, width, w, rows, stride * sizeof(float), qc / 16);
                 q = qc / 16 * 16;
             }
 #endif
@@ -3278,9 +3292,8 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
     size_t g, p, r, pairs = (qc + 1) / 2;
     for (g = 0; g < rc; g += width, out += width * pairs) {
         size_t w = mp__min(width, rc - g), first = 0;
-        if (rows_contiguous && w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
-            for (r = 0; r < width; r += 16)
-                mp__transpose_rows16(out + r, width, x + (r0 + g + r) * ld + q0, ld * sizeof(uint16_t), qc / 32);
+        if (rows_contiguous && mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
+            mp__transpose_panel(out, width, w, x + (r0 + g) * ld + q0, ld * sizeof(uint16_t), qc / 32);
             first = qc / 32 * 16;
         }
         for (p = first; p < pairs; p++) {
