@@ -2748,6 +2748,20 @@ static void mp__act_run(mp_activation a, float *v, size_t n) {
     for (; j < n; j++) v[j] = mp__act(a, v[j]);
 }
 
+/* acc += x over a run, in blocks of 16 that compilers vectorise (the
+   bias in the GEMM's epilogue and the bias kernels, the bias gradient):
+   each block of x is copied first, so no check that acc and x overlap
+   stops the vectoriser. */
+static void mp__add_run(float *acc, const float *x, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float b[16];
+        memcpy(b, x + j, sizeof b);
+        for (k = 0; k < 16; k++) acc[j + k] += b[k];
+    }
+    for (; j < n; j++) acc[j] += x[j];
+}
+
 static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
     size_t j = 0, k;
     if (a == MP_LINEAR) return;
@@ -2761,11 +2775,10 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
 
 /* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
 static void mp__load_biased(float *t, float *b, const void *x, const void *bias, size_t i, size_t len, mp_dtype dt) {
-    size_t j;
     mp__load(t, mp__at(x, dt, i), dt, len);
     if (!bias) return;
     mp__load(b, mp__at(bias, dt, i), dt, len);
-    for (j = 0; j < len; j++) t[j] += b[j];
+    mp__add_run(t, b, len);
 }
 
 /* Softmax over one row of n, in float32 tiles: max, sum of exp, then write. */
@@ -2863,15 +2876,15 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     void *db = op->out;
     size_t rows = op->rows, cols = op->cols;
     mp_dtype dt = op->dt;
-    float acc[MP__TILE], t[MP__TILE];
-    size_t r, i, j, len;
+    float acc[4 * MP__TILE], t[4 * MP__TILE]; /* a run of columns; each sums its rows in order */
+    size_t r, i, len;
     (void)thread;
     for (i = c0; i < c1; i += len) {
-        len = mp__min(MP__TILE, c1 - i);
+        len = mp__min(4 * MP__TILE, c1 - i);
         memset(acc, 0, sizeof acc);
         for (r = 0; r < rows; r++) {
             mp__load(t, mp__at(dy, dt, r * cols + i), dt, len);
-            for (j = 0; j < len; j++) acc[j] += t[j];
+            mp__add_run(acc, t, len);
         }
         mp__store(mp__at_mut(db, dt, i), dt, acc, len);
     }
@@ -3399,14 +3412,14 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
 /* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
    the activation, one rounding. */
 static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
-    size_t j, at = row * g->n + j0;
+    size_t at = row * g->n + j0;
     if (g->accumulate) {
         mp__load(tmp, mp__at(g->c, g->ct, at), g->ct, nc);
-        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+        mp__add_run(acc, tmp, nc);
     }
     if (g->bias) {
         mp__load(tmp, mp__at(g->bias, g->biast, j0), g->biast, nc);
-        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+        mp__add_run(acc, tmp, nc);
     }
     if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
     mp__act_run(g->act, acc, nc);
