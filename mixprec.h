@@ -3330,11 +3330,88 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
 
 #endif
 
-/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
-   name every accumulator: compilers keep an array of vectors in memory. */
+/* Where a tile's sums over one K slice go: into the float32 C block, c
+   (row stride ldc), added to it, or, for the first slice, added to 0 (as
+   into a zeroed block: the same sum, -0 included, without zeroing it); and
+   after the last slice, where the AVX-512 kernels can (mp__tile_fusable),
+   on through the epilogue into C itself: + bias, ReLU, one rounding, with
+   the operations and their order of mp__epilogue, so that no float32 block
+   is written and read again. */
+typedef struct mp__tile_dest {
+    int first;             /* the first K slice */
+    const mp_gemm_args *g; /* NULL: into the block; else the last slice, into C */
+    const float *bias;     /* the tile's bias in float32 (NR values), or NULL */
+    size_t row, col;       /* C's row and column of the tile's corner */
+    size_t rows, cols;     /* the tile's rows and columns inside C */
+} mp__tile_dest;
+
+#if defined(MP__SIMD_AVX512) && defined(__FMA__)
+#define MP__TILE_FUSED 1
+#endif
+
+/* Whether C's epilogue can run in the kernels (mp__tile_dest). */
+static int mp__tile_fusable(const mp_gemm_args *g) {
+#ifdef MP__TILE_FUSED
+    return !g->accumulate && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
+           (g->ct == MP_FLOAT32 || g->ct == MP_BFLOAT16);
+#else
+    (void)g;
+    return 0;
+#endif
+}
+
+#ifdef MP__TILE_FUSED
+/* Row r of a tile, its sums lo and hi, through the epilogue into C. */
+static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m512 hi) {
+    const mp_gemm_args *g = d->g;
+    const __m512 zero = _mm512_setzero_ps();
+    size_t at = (d->row + r) * g->n + d->col;
+    __mmask16 klo = (__mmask16)((1u << mp__min(16, d->cols)) - 1);
+    __mmask16 khi = (__mmask16)(d->cols > 16 ? (1u << (d->cols - 16)) - 1 : 0);
+    if (d->bias) {
+        lo = _mm512_add_ps(lo, _mm512_loadu_ps(d->bias));
+        hi = _mm512_add_ps(hi, _mm512_loadu_ps(d->bias + 16));
+    }
+    if (g->act == MP_RELU) { /* v < 0 ? 0 : v, as mp__act_run: -0 and NaN stay */
+        lo = _mm512_mask_mov_ps(lo, _mm512_cmp_ps_mask(lo, zero, _CMP_LT_OQ), zero);
+        hi = _mm512_mask_mov_ps(hi, _mm512_cmp_ps_mask(hi, zero, _CMP_LT_OQ), zero);
+    }
+    if (g->ct == MP_FLOAT32) {
+        mp__z_store_f32(g->c, at, klo, lo);
+        mp__z_store_f32(g->c, at + 16, khi, hi);
+    } else {
+        mp__z_store_bf16(g->c, at, klo, lo);
+        mp__z_store_bf16(g->c, at + 16, khi, hi);
+    }
+}
+#endif
+
+#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+/* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in t. */
+static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__tile_dest *d) {
+    size_t r;
+    for (r = 0; r < MP__MR; r++) {
+        __m512 lo = _mm512_add_ps(t[2 * r], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc));
+        __m512 hi = _mm512_add_ps(t[2 * r + 1], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16));
+#ifdef MP__TILE_FUSED
+        if (d->g) {
+            if (r < d->rows) mp__tile_epilogue(d, r, lo, hi);
+            continue;
+        }
+#endif
+        _mm512_storeu_ps(c + r * ldc, lo);
+        _mm512_storeu_ps(c + r * ldc + 16, hi);
+    }
+}
+#endif
+
+/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR], on to d. The SIMD
+   kernels name every accumulator: compilers keep an array of vectors in
+   memory. */
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
 /* The AVX-512 tiles, float32 and bfloat16: 12 rows of two zmm accumulators
-   (cR0 for columns 0-15, cR1 for 16-31), added into c at the end. */
+   (cR0 for columns 0-15, cR1 for 16-31), added into c at the end (a middle
+   slice's) or finished by mp__tile_finish. */
 #define MP__TILE_ZERO                                                                         \
     __m512 z_ = _mm512_setzero_ps();                                                         \
     __m512 c00 = z_, c01 = z_, c10 = z_, c11 = z_, c20 = z_, c21 = z_, c30 = z_, c31 = z_;   \
@@ -3347,9 +3424,18 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
 #define MP__TILE_ADD(r, lo, hi)                                                               \
     _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));          \
     _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
+#define MP__TILE_SAVE(r, lo, hi) t[2 * r] = lo, t[2 * r + 1] = hi
+#define MP__TILE_END                                      \
+    if (!d->first && !d->g) {                             \
+        MP__TILE_EACH(MP__TILE_ADD);                      \
+    } else {                                              \
+        __m512 t[2 * MP__MR];                             \
+        MP__TILE_EACH(MP__TILE_SAVE);                     \
+        mp__tile_finish(t, c, ldc, d);                    \
+    }
 #endif
 
-static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
+static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc, const mp__tile_dest *d) {
 #if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
     size_t q;
     MP__TILE_ZERO;
@@ -3360,7 +3446,7 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         MP__TILE_EACH(MP__FMA);
 #undef MP__FMA
     }
-    MP__TILE_EACH(MP__TILE_ADD);
+    MP__TILE_END;
 #elif defined(MP__SIMD_X86) && defined(__FMA__)
     __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
     __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
@@ -3373,9 +3459,10 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         MP__FMA(3, l3, h3); MP__FMA(4, l4, h4); MP__FMA(5, l5, h5);
 #undef MP__FMA
     }
-#define MP__ADD(r, lo, hi)                                                              \
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
+#define MP__ADD(r, lo, hi)                                                                          \
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc), lo));        \
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc + 8), hi))
+    __m256 z = _mm256_setzero_ps();
     MP__ADD(0, l0, h0); MP__ADD(1, l1, h1); MP__ADD(2, l2, h2);
     MP__ADD(3, l3, h3); MP__ADD(4, l4, h4); MP__ADD(5, l5, h5);
 #undef MP__ADD
@@ -3387,14 +3474,15 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         for (r = 0; r < MP__MR; r++)
             for (j = 0; j < MP__NR; j++) acc[r][j] += a[r] * b[j];
     for (r = 0; r < MP__MR; r++)
-        for (j = 0; j < MP__NR; j++) c[r * ldc + j] += acc[r][j];
+        for (j = 0; j < MP__NR; j++) c[r * ldc + j] = (d->first ? 0.0f : c[r * ldc + j]) + acc[r][j];
 #endif
 }
 
 #ifdef MP__BF16_DOT
 /* The bfloat16 tile: vdpbf16ps adds two products per float32 lane, so a and
    b hold pairs along k: a[pairs][MR] (32 bits each), b[pairs][NR][2]. */
-static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc) {
+static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc,
+                            const mp__tile_dest *d) {
     size_t q;
     MP__TILE_ZERO;
     for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
@@ -3405,7 +3493,7 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
         MP__TILE_EACH(MP__DOT);
 #undef MP__DOT
     }
-    MP__TILE_EACH(MP__TILE_ADD);
+    MP__TILE_END;
 }
 #endif
 
@@ -3446,13 +3534,20 @@ static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, s
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
+    int fused = g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
+    mp__tile_dest d;
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
         for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) /* the whole K x nc panel of op(B) */
             mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, mp__min(kc_max, g->k - p0));
+        if (fused && g->bias) {
+            mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
+            memset(bias + nc, 0, (ncp - nc) * sizeof(float));
+        }
         for (i0 = m0; i0 < m1; i0 += MP__MC) {
             size_t mc = mp__min(MP__MC, m1 - i0);
-            memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float));
+            if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
@@ -3462,20 +3557,25 @@ static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, s
                 else
 #endif
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
+                d.first = p0 == 0;
+                d.g = fused && p0 + kc >= g->k ? g : NULL;
                 for (jr = 0; jr < ncp; jr += MP__NR)
                     for (ir = 0; ir < mc; ir += MP__MR) {
                         float *tile = ws->c + ir * ncp + jr;
+                        d.bias = g->bias ? bias + jr : NULL;
+                        d.row = i0 + ir, d.col = j0 + jr;
+                        d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
 #ifdef MP__BF16_DOT
                         if (pairs) {
                             mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
-                                            (const uint16_t *)(slice + jr * depth), tile, ncp);
+                                            (const uint16_t *)(slice + jr * depth), tile, ncp, &d);
                             continue;
                         }
 #endif
-                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp);
+                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
                     }
             }
-            for (r = 0; r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
+            for (r = 0; !fused && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
         }
     }
 }
