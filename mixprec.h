@@ -3117,10 +3117,25 @@ static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
     return mp__min(cols, fit);
 }
 
-/* What a product needs of a B panel: as many columns as the budget allows. */
-static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
+/* Whether a product of few columns (a layer of 10 classes) runs as its
+   transpose, C^T = op(B)^T op(A)^T: n in MR-row tiles rather than NR-column
+   ones, for less than half the padded work (10 columns take a 32-wide
+   tile). Each element is the same sum in the same order: a product a b is
+   b a, in fused multiply-adds and in vdpbf16ps's pairs alike. */
+static int mp__swap_dims(size_t m, size_t n) {
+    return n < MP__NR && 2 * mp__round_up(n, MP__MR) * mp__round_up(m, MP__NR) < mp__round_up(m, MP__MR) * MP__NR;
+}
+
+static size_t mp__panel_floats_as(size_t m, size_t k, size_t n) {
     size_t depth = mp__panel_depth(m, k), cols = mp__panel_cols(depth, n, MP__B_BUDGET);
     return depth * (cols < MP__NR ? MP__NR : cols);
+}
+
+/* What a product needs of a B panel, as many columns as the budget allows:
+   as itself, or as its transpose. */
+static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
+    size_t f = mp__panel_floats_as(m, k, n), t = mp__swap_dims(m, n) ? mp__panel_floats_as(n, k, m) : 0;
+    return f > t ? f : t;
 }
 
 /* Grows every thread's B panel to `floats`. */
@@ -3541,15 +3556,38 @@ static void mp__pack_b_slice(const mp_gemm_args *g, mp__gemm_ws *ws, float *out,
     mp__pack(out, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
 }
 
-/* C[m0..m1, n0..n1) on one thread. */
-static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
+/* The epilogue of a block computed as the transpose (mp__swap_dims): its
+   mc rows are C's columns i0 .., all of them (mc = n), its nc columns C's
+   rows j0 ..: C's rows one contiguous run, put back in tmp a few rows at a
+   time, + bias, the activation, one rounding (mp__epilogue's order; the
+   transpose is taken only without accumulate or z). */
+static void mp__epilogue_transposed(const mp_gemm_args *g, const float *block, size_t ncp, float *tmp, size_t mc,
+                                    size_t j0, size_t nc) {
+    float bias[MP__MR];
+    size_t c, r, rr, per = MP__TMP / mc, len;
+    if (g->bias) mp__load(bias, g->bias, g->biast, mc);
+    for (c = 0; c < nc; c += len) {
+        len = mp__min(per, nc - c);
+        for (rr = 0; rr < len; rr++) {
+            for (r = 0; r < mc; r++) tmp[rr * mc + r] = block[r * ncp + c + rr];
+            if (g->bias) mp__add_run(tmp + rr * mc, bias, mc);
+        }
+        mp__act_run(g->act, tmp, len * mc);
+        mp__store(mp__at_mut(g->c, g->ct, (j0 + c) * mc), g->ct, tmp, len * mc);
+    }
+}
+
+/* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
+   product whose C^T g is (written back through mp__epilogue_transposed). */
+static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
+                            size_t n0, size_t n1) {
     int pairs = mp__gemm_bf16(g);
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
-    int fused = g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
     for (j0 = n0; j0 < n1; j0 += panel) {
@@ -3590,13 +3628,14 @@ static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, s
                         mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
                     }
             }
-            for (r = 0; !fused && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
+            if (orig) mp__epilogue_transposed(orig, ws->c, ncp, ws->tmp, mc, j0, nc);
+            for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
         }
     }
 }
 
 typedef struct mp__gemm_job {
-    const mp_gemm_args *g;
+    const mp_gemm_args *g, *orig; /* orig: the product whose C^T g is, or NULL */
     mp_pool *pool;
 } mp__gemm_job;
 
@@ -3619,10 +3658,10 @@ static void mp__gemm_task(void *ctx, int t, int threads) {
     size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
-        if (n0 < g->n) mp__gemm_region(g, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
+        if (n0 < g->n) mp__gemm_region(g, job->orig, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
     } else {
         size_t per = (tm + T - 1) / T * MP__MR, m0 = (size_t)t * per;
-        if (m0 < g->m) mp__gemm_region(g, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
+        if (m0 < g->m) mp__gemm_region(g, job->orig, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
     }
 }
 
@@ -3649,12 +3688,24 @@ static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
 
 static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
+    mp_gemm_args t;
     if (g->m == 0 || g->n == 0) return;
 #ifdef MIXPREC_USE_CBLAS
     if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[0].tmp); return; }
 #endif
     job.g = g;
+    job.orig = NULL;
     job.pool = pool;
+    if (!g->accumulate && !g->z && mp__swap_dims(g->m, g->n)) { /* C^T = op(B)^T op(A)^T, C written by orig */
+        t = *g;
+        t.trans_a = !g->trans_b, t.trans_b = !g->trans_a;
+        t.m = g->n, t.n = g->m;
+        t.a = g->b, t.at = g->bt;
+        t.b = g->a, t.bt = g->at;
+        t.bias = NULL, t.act = MP_LINEAR; /* orig's epilogue does them */
+        job.g = &t;
+        job.orig = g;
+    }
     mp__pool_run(pool, mp__gemm_task, &job, g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads);
 }
 
