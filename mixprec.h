@@ -3123,7 +3123,7 @@ static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
    tile). Each element is the same sum in the same order: a product a b is
    b a, in fused multiply-adds and in vdpbf16ps's pairs alike. */
 static int mp__swap_dims(size_t m, size_t n) {
-    return n < MP__NR && 2 * mp__round_up(n, MP__MR) * mp__round_up(m, MP__NR) < mp__round_up(m, MP__MR) * MP__NR;
+    return n <= MP__MR && 2 * MP__MR * mp__round_up(m, MP__NR) < mp__round_up(m, MP__MR) * MP__NR;
 }
 
 static size_t mp__panel_floats_as(size_t m, size_t k, size_t n) {
@@ -3557,10 +3557,10 @@ static void mp__pack_b_slice(const mp_gemm_args *g, mp__gemm_ws *ws, float *out,
 }
 
 /* The epilogue of a block computed as the transpose (mp__swap_dims): its
-   mc rows are C's columns i0 .., all of them (mc = n), its nc columns C's
-   rows j0 ..: C's rows one contiguous run, put back in tmp a few rows at a
-   time, + bias, the activation, one rounding (mp__epilogue's order; the
-   transpose is taken only without accumulate or z). */
+   mc rows are all of C's columns (mc = n <= MR, one block), its nc columns
+   C's rows j0 ..: those rows are one contiguous run of C, put back in tmp a
+   few rows at a time, + bias, the activation, one rounding (mp__epilogue's
+   order; the transpose is taken only without accumulate or z). */
 static void mp__epilogue_transposed(const mp_gemm_args *g, const float *block, size_t ncp, float *tmp, size_t mc,
                                     size_t j0, size_t nc) {
     float bias[MP__MR];
