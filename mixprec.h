@@ -1927,6 +1927,21 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
+/* The index of the first Inf or NaN of x[0 .. n), or n: blocks of 16 tested
+   without a branch (a loop compilers vectorise), then the block that has one. */
+static size_t mp__first_nonfinite(const float *x, size_t n) {
+    size_t i = 0, k;
+    for (; i + 16 <= n; i += 16) {
+        uint32_t b[16], bad = 0;
+        memcpy(b, x + i, sizeof b);
+        for (k = 0; k < 16; k++) bad |= (uint32_t)((b[k] & MP__F32_INF) == MP__F32_INF);
+        if (bad) break;
+    }
+    for (; i < n; i++)
+        if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF) return i;
+    return n;
+}
+
 /* >>bulk casts: cast stats
    Round to nearest is monotone, so what narrowing does to x depends only on
    where |x| falls among three thresholds of the target format. As float32
@@ -2852,6 +2867,20 @@ static void mp__act_run(mp_activation a, float *v, size_t n) {
     for (; j < n; j++) v[j] = mp__act(a, v[j]);
 }
 
+/* acc += x over a run, in blocks of 16 that compilers vectorise (the
+   bias in the GEMM's epilogue and the bias kernels, the bias gradient):
+   each block of x is copied first, so no check that acc and x overlap
+   stops the vectoriser. */
+static void mp__add_run(float *acc, const float *x, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float b[16];
+        memcpy(b, x + j, sizeof b);
+        for (k = 0; k < 16; k++) acc[j + k] += b[k];
+    }
+    for (; j < n; j++) acc[j] += x[j];
+}
+
 static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
     size_t j = 0, k;
     if (a == MP_LINEAR) return;
@@ -2865,11 +2894,10 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
 
 /* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
 static void mp__load_biased(float *t, float *b, const void *x, const void *bias, size_t i, size_t len, mp_dtype dt) {
-    size_t j;
     mp__load(t, mp__at(x, dt, i), dt, len);
     if (!bias) return;
     mp__load(b, mp__at(bias, dt, i), dt, len);
-    for (j = 0; j < len; j++) t[j] += b[j];
+    mp__add_run(t, b, len);
 }
 
 /* Softmax over one row of n, in float32 tiles: max, sum of exp, then write. */
@@ -2967,15 +2995,15 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     void *db = op->out;
     size_t rows = op->rows, cols = op->cols;
     mp_dtype dt = op->dt;
-    float acc[MP__TILE], t[MP__TILE];
-    size_t r, i, j, len;
+    float acc[4 * MP__TILE], t[4 * MP__TILE]; /* a run of columns; each sums its rows in order */
+    size_t r, i, len;
     (void)thread;
     for (i = c0; i < c1; i += len) {
-        len = mp__min(MP__TILE, c1 - i);
+        len = mp__min(4 * MP__TILE, c1 - i);
         memset(acc, 0, sizeof acc);
         for (r = 0; r < rows; r++) {
             mp__load(t, mp__at(dy, dt, r * cols + i), dt, len);
-            for (j = 0; j < len; j++) acc[j] += t[j];
+            mp__add_run(acc, t, len);
         }
         mp__store(mp__at_mut(db, dt, i), dt, acc, len);
     }
@@ -3193,10 +3221,25 @@ static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
     return mp__min(cols, fit);
 }
 
-/* What a product needs of a B panel: as many columns as the budget allows. */
-static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
+/* Whether a product of few columns (a layer of 10 classes) runs as its
+   transpose, C^T = op(B)^T op(A)^T: n in MR-row tiles rather than NR-column
+   ones, for less than half the padded work (10 columns take a 32-wide
+   tile). Each element is the same sum in the same order: a product a b is
+   b a, in fused multiply-adds and in vdpbf16ps's pairs alike. */
+static int mp__swap_dims(size_t m, size_t n) {
+    return n <= MP__MR && 2 * MP__MR * mp__round_up(m, MP__NR) < mp__round_up(m, MP__MR) * MP__NR;
+}
+
+static size_t mp__panel_floats_as(size_t m, size_t k, size_t n) {
     size_t depth = mp__panel_depth(m, k), cols = mp__panel_cols(depth, n, MP__B_BUDGET);
     return depth * (cols < MP__NR ? MP__NR : cols);
+}
+
+/* What a product needs of a B panel, as many columns as the budget allows:
+   as itself, or as its transpose. */
+static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
+    size_t f = mp__panel_floats_as(m, k, n), t = mp__swap_dims(m, n) ? mp__panel_floats_as(n, k, m) : 0;
+    return f > t ? f : t;
 }
 
 /* Grows every thread's B panel to `floats`. */
@@ -3295,17 +3338,32 @@ static void mp__transpose16(__m512i v[16]) {
     for (i = 0; i < 16; i++) v[i] = t[i];
 }
 
-/* Columns [0, 16 * blocks) of 16 rows of 32-bit values (floats, or
+/* Columns [0, 16 * blocks) of `valid` rows of 32-bit values (floats, or
    bfloat16 pairs), row i at rows + i * row_bytes, into out[column * width
-   + row]: one 64-byte load a row and block, 16 x 16 transposes. */
-static void mp__transpose_rows16(void *out, size_t width, const void *rows, size_t row_bytes, size_t blocks) {
+   + row] for rows [0, lanes), the rows past `valid` as 0 (lanes <= 16):
+   one 64-byte load a row and block, 16 x 16 transposes, masked stores. */
+static void mp__transpose_rows16(uint32_t *out, size_t width, const void *rows, size_t row_bytes, size_t blocks,
+                                 size_t valid, size_t lanes) {
+    __mmask16 keep = (__mmask16)((1u << lanes) - 1);
     __m512i v[16];
     size_t b, i;
     for (b = 0; b < blocks; b++) {
-        for (i = 0; i < 16; i++) v[i] = _mm512_loadu_si512((const char *)rows + i * row_bytes + 64 * b);
+        for (i = 0; i < 16; i++)
+            v[i] = i < valid ? _mm512_loadu_si512((const char *)rows + i * row_bytes + 64 * b) : _mm512_setzero_si512();
         mp__transpose16(v);
-        for (i = 0; i < 16; i++) _mm512_storeu_si512((uint32_t *)out + (16 * b + i) * width, v[i]);
+        for (i = 0; i < 16; i++) _mm512_mask_storeu_epi32(out + (16 * b + i) * width, keep, v[i]);
     }
+}
+
+/* A panel of `width` rows, w of them from the source (the rest 0), by the
+   transposes above, where its rows fall in whole blocks of 16 (the NR
+   panels) or in one block (the MR = 12 panels of op(A)). */
+static int mp__transposes_fit(size_t width) { return width % 16 == 0 || width < 16; }
+static void mp__transpose_panel(void *out, size_t width, size_t w, const void *rows, size_t row_bytes, size_t blocks) {
+    size_t r;
+    for (r = 0; r < width; r += 16)
+        mp__transpose_rows16((uint32_t *)out + r, width, r < w ? (const char *)rows + r * row_bytes : rows, row_bytes,
+                             blocks, r < w ? mp__min(16, w - r) : 0, mp__min(16, width - r));
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -3349,9 +3407,8 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
             }
             q = 0;
 #ifdef MP__TRANSPOSE16
-            if (w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
-                for (r = 0; r < width; r += 16)
-                    mp__transpose_rows16(out + r, width, rows + r * stride, stride * sizeof(float), qc / 16);
+            if (mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
+                mp__transpose_panel(out, width, w, rows, stride * sizeof(float), qc / 16);
                 q = qc / 16 * 16;
             }
 #endif
@@ -3382,9 +3439,8 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
     size_t g, p, r, pairs = (qc + 1) / 2;
     for (g = 0; g < rc; g += width, out += width * pairs) {
         size_t w = mp__min(width, rc - g), first = 0;
-        if (rows_contiguous && w == width && width % 16 == 0) { /* whole 16 x 16 blocks by vector transposes */
-            for (r = 0; r < width; r += 16)
-                mp__transpose_rows16(out + r, width, x + (r0 + g + r) * ld + q0, ld * sizeof(uint16_t), qc / 32);
+        if (rows_contiguous && mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
+            mp__transpose_panel(out, width, w, x + (r0 + g) * ld + q0, ld * sizeof(uint16_t), qc / 32);
             first = qc / 32 * 16;
         }
         for (p = first; p < pairs; p++) {
@@ -3408,11 +3464,88 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
 
 #endif
 
-/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR]. The SIMD kernels
-   name every accumulator: compilers keep an array of vectors in memory. */
+/* Where a tile's sums over one K slice go: into the float32 C block, c
+   (row stride ldc), added to it, or, for the first slice, added to 0 (as
+   into a zeroed block: the same sum, -0 included, without zeroing it); and
+   after the last slice, where the AVX-512 kernels can (mp__tile_fusable),
+   on through the epilogue into C itself: + bias, ReLU, one rounding, with
+   the operations and their order of mp__epilogue, so that no float32 block
+   is written and read again. */
+typedef struct mp__tile_dest {
+    int first;             /* the first K slice */
+    const mp_gemm_args *g; /* NULL: into the block; else the last slice, into C */
+    const float *bias;     /* the tile's bias in float32 (NR values), or NULL */
+    size_t row, col;       /* C's row and column of the tile's corner */
+    size_t rows, cols;     /* the tile's rows and columns inside C */
+} mp__tile_dest;
+
+#if defined(MP__SIMD_AVX512) && defined(__FMA__)
+#define MP__TILE_FUSED 1
+#endif
+
+/* Whether C's epilogue can run in the kernels (mp__tile_dest). */
+static int mp__tile_fusable(const mp_gemm_args *g) {
+#ifdef MP__TILE_FUSED
+    return !g->accumulate && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
+           (g->ct == MP_FLOAT32 || g->ct == MP_BFLOAT16);
+#else
+    (void)g;
+    return 0;
+#endif
+}
+
+#ifdef MP__TILE_FUSED
+/* Row r of a tile, its sums lo and hi, through the epilogue into C. */
+static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m512 hi) {
+    const mp_gemm_args *g = d->g;
+    const __m512 zero = _mm512_setzero_ps();
+    size_t at = (d->row + r) * g->n + d->col;
+    __mmask16 klo = (__mmask16)((1u << mp__min(16, d->cols)) - 1);
+    __mmask16 khi = (__mmask16)(d->cols > 16 ? (1u << (d->cols - 16)) - 1 : 0);
+    if (d->bias) {
+        lo = _mm512_add_ps(lo, _mm512_loadu_ps(d->bias));
+        hi = _mm512_add_ps(hi, _mm512_loadu_ps(d->bias + 16));
+    }
+    if (g->act == MP_RELU) { /* v < 0 ? 0 : v, as mp__act_run: -0 and NaN stay */
+        lo = _mm512_mask_mov_ps(lo, _mm512_cmp_ps_mask(lo, zero, _CMP_LT_OQ), zero);
+        hi = _mm512_mask_mov_ps(hi, _mm512_cmp_ps_mask(hi, zero, _CMP_LT_OQ), zero);
+    }
+    if (g->ct == MP_FLOAT32) {
+        mp__z_store_f32(g->c, at, klo, lo);
+        mp__z_store_f32(g->c, at + 16, khi, hi);
+    } else {
+        mp__z_store_bf16(g->c, at, klo, lo);
+        mp__z_store_bf16(g->c, at + 16, khi, hi);
+    }
+}
+#endif
+
+#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+/* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in t. */
+static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__tile_dest *d) {
+    size_t r;
+    for (r = 0; r < MP__MR; r++) {
+        __m512 lo = _mm512_add_ps(t[2 * r], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc));
+        __m512 hi = _mm512_add_ps(t[2 * r + 1], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16));
+#ifdef MP__TILE_FUSED
+        if (d->g) {
+            if (r < d->rows) mp__tile_epilogue(d, r, lo, hi);
+            continue;
+        }
+#endif
+        _mm512_storeu_ps(c + r * ldc, lo);
+        _mm512_storeu_ps(c + r * ldc + 16, hi);
+    }
+}
+#endif
+
+/* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR], on to d. The SIMD
+   kernels name every accumulator: compilers keep an array of vectors in
+   memory. */
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
 /* The AVX-512 tiles, float32 and bfloat16: 12 rows of two zmm accumulators
-   (cR0 for columns 0-15, cR1 for 16-31), added into c at the end. */
+   (cR0 for columns 0-15, cR1 for 16-31), added into c at the end (a middle
+   slice's) or finished by mp__tile_finish. */
 #define MP__TILE_ZERO                                                                         \
     __m512 z_ = _mm512_setzero_ps();                                                         \
     __m512 c00 = z_, c01 = z_, c10 = z_, c11 = z_, c20 = z_, c21 = z_, c30 = z_, c31 = z_;   \
@@ -3425,9 +3558,18 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
 #define MP__TILE_ADD(r, lo, hi)                                                               \
     _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), lo));          \
     _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
+#define MP__TILE_SAVE(r, lo, hi) t[2 * r] = lo, t[2 * r + 1] = hi
+#define MP__TILE_END                                      \
+    if (!d->first && !d->g) {                             \
+        MP__TILE_EACH(MP__TILE_ADD);                      \
+    } else {                                              \
+        __m512 t[2 * MP__MR];                             \
+        MP__TILE_EACH(MP__TILE_SAVE);                     \
+        mp__tile_finish(t, c, ldc, d);                    \
+    }
 #endif
 
-static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc) {
+static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc, const mp__tile_dest *d) {
 #if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
     size_t q;
     MP__TILE_ZERO;
@@ -3438,7 +3580,7 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         MP__TILE_EACH(MP__FMA);
 #undef MP__FMA
     }
-    MP__TILE_EACH(MP__TILE_ADD);
+    MP__TILE_END;
 #elif defined(MP__SIMD_X86) && defined(__FMA__)
     __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
     __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
@@ -3451,9 +3593,10 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         MP__FMA(3, l3, h3); MP__FMA(4, l4, h4); MP__FMA(5, l5, h5);
 #undef MP__FMA
     }
-#define MP__ADD(r, lo, hi)                                                              \
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc), lo));         \
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + 8), hi))
+#define MP__ADD(r, lo, hi)                                                                          \
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc), lo));        \
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc + 8), hi))
+    __m256 z = _mm256_setzero_ps();
     MP__ADD(0, l0, h0); MP__ADD(1, l1, h1); MP__ADD(2, l2, h2);
     MP__ADD(3, l3, h3); MP__ADD(4, l4, h4); MP__ADD(5, l5, h5);
 #undef MP__ADD
@@ -3465,14 +3608,15 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
         for (r = 0; r < MP__MR; r++)
             for (j = 0; j < MP__NR; j++) acc[r][j] += a[r] * b[j];
     for (r = 0; r < MP__MR; r++)
-        for (j = 0; j < MP__NR; j++) c[r * ldc + j] += acc[r][j];
+        for (j = 0; j < MP__NR; j++) c[r * ldc + j] = (d->first ? 0.0f : c[r * ldc + j]) + acc[r][j];
 #endif
 }
 
 #ifdef MP__BF16_DOT
 /* The bfloat16 tile: vdpbf16ps adds two products per float32 lane, so a and
    b hold pairs along k: a[pairs][MR] (32 bits each), b[pairs][NR][2]. */
-static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc) {
+static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, float *c, size_t ldc,
+                            const mp__tile_dest *d) {
     size_t q;
     MP__TILE_ZERO;
     for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
@@ -3483,21 +3627,21 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
         MP__TILE_EACH(MP__DOT);
 #undef MP__DOT
     }
-    MP__TILE_EACH(MP__TILE_ADD);
+    MP__TILE_END;
 }
 #endif
 
 /* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
    the activation, one rounding. */
 static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
-    size_t j, at = row * g->n + j0;
+    size_t at = row * g->n + j0;
     if (g->accumulate) {
         mp__load(tmp, mp__at(g->c, g->ct, at), g->ct, nc);
-        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+        mp__add_run(acc, tmp, nc);
     }
     if (g->bias) {
         mp__load(tmp, mp__at(g->bias, g->biast, j0), g->biast, nc);
-        for (j = 0; j < nc; j++) acc[j] += tmp[j];
+        mp__add_run(acc, tmp, nc);
     }
     if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
     mp__act_run(g->act, acc, nc);
@@ -3516,21 +3660,51 @@ static void mp__pack_b_slice(const mp_gemm_args *g, mp__gemm_ws *ws, float *out,
     mp__pack(out, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
 }
 
-/* C[m0..m1, n0..n1) on one thread. */
-static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
+/* The epilogue of a block computed as the transpose (mp__swap_dims): its
+   mc rows are all of C's columns (mc = n <= MR, one block), its nc columns
+   C's rows j0 ..: those rows are one contiguous run of C, put back in tmp a
+   few rows at a time, + bias, the activation, one rounding (mp__epilogue's
+   order; the transpose is taken only without accumulate or z). */
+static void mp__epilogue_transposed(const mp_gemm_args *g, const float *block, size_t ncp, float *tmp, size_t mc,
+                                    size_t j0, size_t nc) {
+    float bias[MP__MR];
+    size_t c, r, rr, per = MP__TMP / mc, len;
+    if (g->bias) mp__load(bias, g->bias, g->biast, mc);
+    for (c = 0; c < nc; c += len) {
+        len = mp__min(per, nc - c);
+        for (rr = 0; rr < len; rr++) {
+            for (r = 0; r < mc; r++) tmp[rr * mc + r] = block[r * ncp + c + rr];
+            if (g->bias) mp__add_run(tmp + rr * mc, bias, mc);
+        }
+        mp__act_run(g->act, tmp, len * mc);
+        mp__store(mp__at_mut(g->c, g->ct, (j0 + c) * mc), g->ct, tmp, len * mc);
+    }
+}
+
+/* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
+   product whose C^T g is (written back through mp__epilogue_transposed). */
+static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
+                            size_t n0, size_t n1) {
     int pairs = mp__gemm_bf16(g);
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
+    int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
+    mp__tile_dest d;
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
         for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) /* the whole K x nc panel of op(B) */
             mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, mp__min(kc_max, g->k - p0));
+        if (fused && g->bias) {
+            mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
+            memset(bias + nc, 0, (ncp - nc) * sizeof(float));
+        }
         for (i0 = m0; i0 < m1; i0 += MP__MC) {
             size_t mc = mp__min(MP__MC, m1 - i0);
-            memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float));
+            if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
@@ -3540,26 +3714,32 @@ static void mp__gemm_region(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, s
                 else
 #endif
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
+                d.first = p0 == 0;
+                d.g = fused && p0 + kc >= g->k ? g : NULL;
                 for (jr = 0; jr < ncp; jr += MP__NR)
                     for (ir = 0; ir < mc; ir += MP__MR) {
                         float *tile = ws->c + ir * ncp + jr;
+                        d.bias = g->bias ? bias + jr : NULL;
+                        d.row = i0 + ir, d.col = j0 + jr;
+                        d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
 #ifdef MP__BF16_DOT
                         if (pairs) {
                             mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
-                                            (const uint16_t *)(slice + jr * depth), tile, ncp);
+                                            (const uint16_t *)(slice + jr * depth), tile, ncp, &d);
                             continue;
                         }
 #endif
-                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp);
+                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
                     }
             }
-            for (r = 0; r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
+            if (orig) mp__epilogue_transposed(orig, ws->c, ncp, ws->tmp, mc, j0, nc);
+            for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
         }
     }
 }
 
 typedef struct mp__gemm_job {
-    const mp_gemm_args *g;
+    const mp_gemm_args *g, *orig; /* orig: the product whose C^T g is, or NULL */
     mp_pool *pool;
 } mp__gemm_job;
 
@@ -3582,10 +3762,10 @@ static void mp__gemm_task(void *ctx, int t, int threads) {
     size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
-        if (n0 < g->n) mp__gemm_region(g, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
+        if (n0 < g->n) mp__gemm_region(g, job->orig, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
     } else {
         size_t per = (tm + T - 1) / T * MP__MR, m0 = (size_t)t * per;
-        if (m0 < g->m) mp__gemm_region(g, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
+        if (m0 < g->m) mp__gemm_region(g, job->orig, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
     }
 }
 
@@ -3612,12 +3792,24 @@ static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
 
 static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
+    mp_gemm_args t;
     if (g->m == 0 || g->n == 0) return;
 #ifdef MIXPREC_USE_CBLAS
     if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[0].tmp); return; }
 #endif
     job.g = g;
+    job.orig = NULL;
     job.pool = pool;
+    if (!g->accumulate && !g->z && mp__swap_dims(g->m, g->n)) { /* C^T = op(B)^T op(A)^T, C written by orig */
+        t = *g;
+        t.trans_a = !g->trans_b, t.trans_b = !g->trans_a;
+        t.m = g->n, t.n = g->m;
+        t.a = g->b, t.at = g->bt;
+        t.b = g->a, t.bt = g->at;
+        t.bias = NULL, t.act = MP_LINEAR; /* orig's epilogue does them */
+        job.g = &t;
+        job.orig = g;
+    }
     mp__pool_run(pool, mp__gemm_task, &job, g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads);
 }
 
@@ -4172,10 +4364,8 @@ static mp_status mp__cpu_gemm_reserve(void *ctx, size_t m, size_t n, size_t k) {
 }
 
 static void mp__cpu_cast_in(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite) {
-    size_t i;
     mp__cpu_cast(ctx, dst, dt, host_src, MP_FLOAT32, n, NULL);
-    for (i = 0; nonfinite && i < n; i++)
-        if ((mp__f32_bits(host_src[i]) & MP__F32_INF) == MP__F32_INF) *nonfinite = 1;
+    if (nonfinite && mp__first_nonfinite(host_src, n) < n) *nonfinite = 1;
 }
 
 /* A product gemm_reserve did not size gets its panels here (a caller of
@@ -5880,10 +6070,9 @@ static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, siz
     size_t i, n = count * m->in_size;
     mp_status st = mp__check_count(m, count, m->in_size, "x");
     if (st != MP_OK) return st;
-    for (i = 0; i < n; i++)
-        if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF)
-            return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
-                            x[i] != x[i] ? "NaN" : "Inf");
+    if ((i = mp__first_nonfinite(x, n)) < n)
+        return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
+                        x[i] != x[i] ? "NaN" : "Inf");
     return MP_OK;
 }
 

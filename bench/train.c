@@ -29,7 +29,9 @@
 
    Build and run: `make bench` (`make bench-quick` for a reduced set), or
        gcc -std=c99 -O2 -march=native -pthread bench/train.c -o bench_train -lm
-       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_train [--quick] [--no-torch] */
+       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_train [--quick] [--no-torch]
+   One cell: --units U, --batch B and --threads T each keep only that value
+   (a full run takes several minutes; a cell well under one). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,7 @@ typedef struct settings {
 static const int full_units[] = {1024, 4096}, full_batches[] = {128, 8192};
 static const int quick_units[] = {1024}, quick_batches[] = {128};
 static settings S = {full_units, full_batches, COUNT(full_units), COUNT(full_batches), 1.0};
+static int only_units, only_batch, only_threads; /* 0: all */
 
 typedef struct run {
     int units, batch, threads;
@@ -254,6 +257,7 @@ static void bench_shape(int units, int batch) {
         peer_best peer;
         size_t p;
         int round, rounds = 2;
+        if (only_threads && t != only_threads) continue;
         memset(&peer, 0, sizeof peer);
         for (round = 0; round < rounds; round++) { /* mixprec, then PyTorch, twice */
             for (p = 0; p < N_POLICIES; p++) {
@@ -277,15 +281,20 @@ static void bench_shape(int units, int batch) {
 
 int main(int argc, char **argv) {
     size_t u, b;
-    int a;
+    int a, *only;
     for (a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--quick") == 0) {
             settings quick = {quick_units, quick_batches, COUNT(quick_units), COUNT(quick_batches), 0.2};
             S = quick;
         } else if (strcmp(argv[a], "--no-torch") == 0) {
             peer_enabled = 0;
+        } else if (a + 1 < argc && (only = strcmp(argv[a], "--units") == 0     ? &only_units
+                                          : strcmp(argv[a], "--batch") == 0   ? &only_batch
+                                          : strcmp(argv[a], "--threads") == 0 ? &only_threads
+                                                                              : NULL) != NULL) {
+            *only = atoi(argv[++a]);
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-torch]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--no-torch] [--units U] [--batch B] [--threads T]\n", argv[0]);
             return 2;
         }
     }
@@ -293,7 +302,9 @@ int main(int argc, char **argv) {
     print_machine("train");
     peer_probe();
     for (u = 0; u < S.n_units; u++)
-        for (b = 0; b < S.n_batches; b++) bench_shape(S.units[u], S.batches[b]);
+        for (b = 0; b < S.n_batches; b++)
+            if ((!only_units || S.units[u] == only_units) && (!only_batch || S.batches[b] == only_batch))
+                bench_shape(S.units[u], S.batches[b]);
     print_machine("train"); /* the load at the end too */
     return 0;
 }
