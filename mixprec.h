@@ -3500,8 +3500,7 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
     const mp_gemm_args *g = d->g;
     const __m512 zero = _mm512_setzero_ps();
     size_t at = (d->row + r) * g->n + d->col;
-    __mmask16 klo = (__mmask16)((1u << mp__min(16, d->cols)) - 1);
-    __mmask16 khi = (__mmask16)(d->cols > 16 ? (1u << (d->cols - 16)) - 1 : 0);
+    __mmask32 k = (__mmask32)(d->cols >= 32 ? 0xFFFFFFFFu : (1u << d->cols) - 1);
     if (d->bias) {
         lo = _mm512_add_ps(lo, _mm512_loadu_ps(d->bias));
         hi = _mm512_add_ps(hi, _mm512_loadu_ps(d->bias + 16));
@@ -3510,13 +3509,8 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
         lo = _mm512_mask_mov_ps(lo, _mm512_cmp_ps_mask(lo, zero, _CMP_LT_OQ), zero);
         hi = _mm512_mask_mov_ps(hi, _mm512_cmp_ps_mask(hi, zero, _CMP_LT_OQ), zero);
     }
-    if (g->ct == MP_FLOAT32) {
-        mp__z_store_f32(g->c, at, klo, lo);
-        mp__z_store_f32(g->c, at + 16, khi, hi);
-    } else {
-        mp__z_store_bf16(g->c, at, klo, lo);
-        mp__z_store_bf16(g->c, at + 16, khi, hi);
-    }
+    if (g->ct == MP_FLOAT32) mp__z_put2_masked_f32(g->c, at, k, lo, hi);
+    else mp__z_put2_masked_bf16(g->c, at, k, lo, hi);
 }
 #endif
 
