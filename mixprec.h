@@ -6794,7 +6794,10 @@ static void mp__fit_callbacks_init(const mp_fit_desc *d, int epochs, mp_callback
         c->list[c->n++] = mp_csv_logger_callback(&c->csv);
     }
     c->bar.verbose = d->verbose;
-    c->list[c->n++] = mp_progbar_logger_callback(&c->bar);
+    c->list[c->n] = mp_progbar_logger_callback(&c->bar);
+    /* silent, its batch hook draws nothing: no mid-epoch read of a device's metrics for it */
+    if (d->verbose == MP_VERBOSE_SILENT) c->list[c->n].on_batch_end = NULL;
+    c->n++;
 #endif
 }
 

@@ -339,6 +339,56 @@ static void test_bias_grad(void) {
         }
 }
 
+/* Whether a's device bytes and b's are the same (two runs of one op). */
+static int same_runs(const char *what, const arg *a, const arg *b) {
+    void *x = fetch(a), *y = fetch(b);
+    int same = gpu.be->sync(gpu.ctx) == MP_OK && memcmp(x, y, a->bytes) == 0;
+    free(x);
+    free(y);
+    if (!same) fprintf(stderr, "  %s: two runs differ\n", what);
+    return CHECK(same);
+}
+
+/* The reductions (softmax and its backward, the column sums, the loss
+   sum) twice on the device from the same data: the same bits (a fixed
+   order, no float atomics), and the CPU's results within float32's
+   reordering. Sizes that reach every level: rows of 300 columns (10 a
+   lane), 5000 rows of bias gradient in 3 column groups (20 parts: the
+   block's second level), 66000 loss rows (more parts than the sum's
+   threads). */
+static void test_reductions_rerun(void) {
+    size_t rows = 33, cols = 300, n = rows * cols, grad_rows = 5000, grad_cols = 70, loss_rows = 66000, classes = 10, i;
+    arg *x = rand_arg(F32, n, -4.0f, 4.0f), *dy = rand_arg(F32, n, -1.0f, 1.0f);
+    arg *g = rand_arg(F32, grad_rows * grad_cols, -1.0f, 1.0f), *pred = rand_arg(F32, loss_rows * classes, -6.0f, 6.0f);
+    arg *labels = new_arg(loss_rows * 4), *dpred = new_arg(loss_rows * classes * 4), *y[2], *dx[2], *db[2], *metrics[2];
+    tol sums = {1e-4f, 1e-4f};
+    int run;
+    for (i = 0; i < loss_rows; i++) ((int32_t *)labels->host)[i] = (int32_t)(rng_next() % classes);
+    upload(labels);
+    for (run = 0; run < 2; run++) {
+        y[run] = new_arg(n * 4), dx[run] = new_arg(n * 4), db[run] = new_arg(grad_cols * 4), metrics[run] = new_arg(8);
+        gpu.be->bias_act(gpu.ctx, y[run]->dev, x->dev, NULL, rows, cols, MP_SOFTMAX, F32);
+        gpu.be->act_backward(gpu.ctx, dx[run]->dev, F32, dy->dev, y[run]->dev, x->dev, rows, cols, MP_SOFTMAX, F32);
+        gpu.be->bias_grad(gpu.ctx, db[run]->dev, g->dev, grad_rows, grad_cols, F32);
+        gpu.be->loss(gpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->dev, F32, pred->dev, F32,
+                     (const int32_t *)labels->dev, NULL, loss_rows, classes, (float *)dpred->dev, (float *)metrics[run]->dev);
+    }
+    same_runs("softmax", y[0], y[1]);
+    same_runs("softmax backward", dx[0], dx[1]);
+    same_runs("bias_grad over 20 parts", db[0], db[1]);
+    same_runs("loss sum over 258 parts", metrics[0], metrics[1]);
+    cpu.be->bias_act(cpu.ctx, y[0]->host, x->host, NULL, rows, cols, MP_SOFTMAX, F32);
+    cpu.be->act_backward(cpu.ctx, dx[0]->host, F32, dy->host, y[0]->host, x->host, rows, cols, MP_SOFTMAX, F32);
+    cpu.be->bias_grad(cpu.ctx, db[0]->host, g->host, grad_rows, grad_cols, F32);
+    cpu.be->loss(cpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->host, F32, pred->host, F32,
+                 (const int32_t *)labels->host, NULL, loss_rows, classes, (float *)dpred->host, (float *)metrics[0]->host);
+    agree("softmax, 300 columns", y[0], F32, n, TRANSCENDENTAL);
+    agree("softmax backward, 300 columns", dx[0], F32, n, TRANSCENDENTAL);
+    agree("bias_grad over 20 parts", db[0], F32, grad_cols, sums);
+    agree("loss sum and count over 258 parts", metrics[0], F32, 2, sums);
+    free_args();
+}
+
 /* Each loss from logits and from probabilities, predictions in each dtype. */
 static void test_losses_of(size_t rows) {
     static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
@@ -1106,6 +1156,7 @@ int main(int argc, char **argv) {
     RUN(test_losses_in_parts());
     RUN(test_refusals());
     RUN(test_plan_cache());
+    RUN(test_reductions_rerun());
     RUN(test_sticky_error());
     RUN(test_bad_device());
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
