@@ -4146,6 +4146,7 @@ typedef struct mp__layer {
     mp_conv_geom geom;       /* Conv2D, MaxPooling2D */
     float *w, *g;             /* float32 weights and gradients: kernel, then bias */
     void *wc, *gc;            /* the same in dt (alias w and g under float32) */
+    size_t bias_at;           /* the bias's element in wc: n_kernel, or in an own copy the next 256 bytes */
     const void *x;            /* incoming activations, xt */
     void *xin;                /* x cast to dt, or NULL when x already is dt */
     void *y, *z;              /* output; pre-activation (gelu only); both yt */
@@ -4353,7 +4354,7 @@ static int mp__loss_from_logits(const mp_model *m, const mp__layer *l) {
 static const void *mp__bias(const mp__layer *l, mp_dtype *type) {
     *type = l->yt == l->dt ? l->dt : MP_FLOAT32;
     if (!l->n_bias) return NULL;
-    return *type == l->dt ? mp__at(l->wc, l->dt, l->n_kernel) : l->w + l->n_kernel;
+    return *type == l->dt ? mp__at(l->wc, l->dt, l->bias_at) : l->w + l->n_kernel;
 }
 
 /* The layer's input in its compute dtype, casting on entry if needed. */
@@ -5366,12 +5367,20 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         mp__layer *l = &m->layers[i];
         mp_dtype dt, yt;
         void *wc, *gc;
+        size_t bias_at;
         int own;
         mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
         own = dt != MP_FLOAT32 && mp__params(l);
-        wc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        /* an own copy's bias on a 256-byte boundary too, where the BIAS
+           epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned
+           bias (reference.md section 5); the float32 weights stay packed, as
+           get_weights and checkpoints see them */
+        bias_at = own ? (l->n_kernel * mp__dtypes[dt].size + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN /
+                            mp__dtypes[dt].size
+                      : l->n_kernel;
+        wc = own ? mp__carve(a, bias_at + l->n_bias, mp__dtypes[dt].size) : NULL;
         gc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
-        if (a->base) l->wc = wc, l->gc = gc;
+        if (a->base) l->wc = wc, l->gc = gc, l->bias_at = bias_at;
     }
 }
 
@@ -5806,8 +5815,11 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     mp__loop_move(m, MP__CALL_FORWARD);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
-            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l), NULL);
+        if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read, the kernel and the bias */
+            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, l->n_kernel, NULL);
+            if (l->n_bias)
+                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + l->n_kernel, MP_FLOAT32, l->n_bias, NULL);
+        }
         mp__kinds[l->desc.kind].forward(m, l, batch);
         /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
         if (m->num && st == MP_OK) st = mp__numerics_forward(m, i);
@@ -6053,6 +6065,13 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     return mp__unscale_gradients(m, m->batch, m->batch * (size_t)m->ranks);
 }
 
+/* The update of layer l's weights [from, from + n), writing their copy at wc (NULL: none). */
+static void mp__apply_part(mp_model *m, const mp__layer *l, size_t from, size_t n, void *wc, const int *skip) {
+    size_t off = (size_t)(l->w - m->w) + from;
+    if (n) m->be->optimizer_update(m->ctx, &m->opt, l->w + from, l->g + from, m->s1 ? m->s1 + off : NULL,
+                                   m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
+}
+
 /* Queues the update; the backend decides from its found-Inf flag whether
    it applies (nothing is read back). */
 static void mp__apply(mp_model *m) {
@@ -6066,10 +6085,11 @@ static void mp__apply(mp_model *m) {
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
-        size_t off = (size_t)(l->w - m->w);
-        if (!mp__params(l)) continue;
-        m->be->optimizer_update(m->ctx, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
-                                mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
+        void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
+        /* where the copy's bias sits past a pad, its update is a call of its own */
+        size_t n = wc && l->bias_at != l->n_kernel ? l->n_kernel : mp__params(l);
+        mp__apply_part(m, l, 0, n, wc, skip);
+        if (n < mp__params(l)) mp__apply_part(m, l, n, l->n_bias, mp__at_mut(wc, l->dt, l->bias_at), skip);
     }
     mp__loop_move(m, MP__CALL_APPLY);
 }

@@ -980,6 +980,59 @@ static void test_unaligned_bias(void) {
     CHECK(after.fallbacks - before.fallbacks == COUNT(dtypes) * COUNT(acts)); /* each counted */
 }
 
+/* The issue's example: Dense(10) on 33 inputs under mixed_float16, whose
+   float16 bias would sit 660 bytes into the layer's weights. The model
+   carves the compute-dtype copy's bias on a 256-byte boundary: no
+   fallback, the same training as the CPU's, and the float32 weights (what
+   get_weights and checkpoints see) packed as before. */
+static void test_padded_bias(void) {
+    enum { IN = 33, UNITS = 10, N = 32 };
+    float x[N * IN], w[2][IN * UNITS + UNITS], back[IN * UNITS + UNITS];
+    int32_t labels[N];
+    mp_model *m[2] = {NULL, NULL};
+    mp_model_memory mem;
+    size_t i, bad = 0;
+    int b, step, applied;
+    synthetic(x, labels, N, IN);
+    for (b = 0; b < 2; b++) {
+        mp_model_desc md;
+        mp_compile_desc cd;
+        memset(&md, 0, sizeof md);
+        memset(&cd, 0, sizeof cd);
+        md.input_shape[0] = IN;
+        md.backend = b ? mp_cuda_backend() : NULL;
+        md.threads = 1;
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.optimizer.kind = MP_ADAM;
+        cd.optimizer.learning_rate = 0.01f;
+        if (!CHECK(mp_set_global_policy_name("mixed_float16") == MP_OK && mp_model_create(&m[b], &md) == MP_OK)) return;
+        CHECK(mp_model_add(m[b], mp_dense(UNITS, MP_RELU)) == MP_OK && mp_model_compile(m[b], &cd) == MP_OK);
+        for (step = 0; step < 3; step++) (void)train_step(m[b], x, labels, N, &applied);
+        CHECK(mp_model_param_count(m[b]) == COUNT(back));
+        CHECK(mp_model_get_weights(m[b], w[b], COUNT(back)) == MP_OK);
+    }
+    for (i = 0; i < COUNT(back); i++) {
+        tol t = {1e-3f, 0.0f};
+        bad += !within(w[1][i], w[0][i], t);
+    }
+    CHECK(bad == 0);
+    CHECK(mp_model_memory_info(m[1], &mem) == MP_OK && mem.fallbacks == 0);
+    /* set, then get: the packed float32 order; a step after it reads the new bias */
+    for (i = 0; i < COUNT(back); i++) w[0][i] = i < IN * UNITS ? 0.0f : (float)i;
+    CHECK(mp_model_set_weights(m[1], w[0], COUNT(back)) == MP_OK && mp_model_get_weights(m[1], back, COUNT(back)) == MP_OK);
+    CHECK(memcmp(back, w[0], sizeof back) == 0);
+    CHECK(mp_forward(m[1], x, N, 0) == MP_OK);
+    {
+        mp_tensor out;
+        CHECK(mp_output(m[1], &out) == MP_OK && out.dtype == MP_FLOAT16);
+        /* a zero kernel: each output its bias, IN * UNITS + j, in float16 */
+        CHECK(mp_f16_to_f32(((const mp_f16 *)out.data)[UNITS + 3]) == (float)(IN * UNITS + 3));
+    }
+    CHECK(mp_model_memory_info(m[1], &mem) == MP_OK && mem.fallbacks == 0);
+    mp_model_destroy(m[0]);
+    mp_model_destroy(m[1]);
+}
+
 /* cuBLASLt's refusals (made by the emulation on request; on a GPU the
    variables do nothing and these are plain products): each product still
    right, on the slower path counted in memory's fallbacks unless it is
@@ -1153,6 +1206,7 @@ int main(int argc, char **argv) {
     RUN(test_model_memory());
     RUN(test_steady_state());
     RUN(test_unaligned_bias());
+    RUN(test_padded_bias());
     RUN(test_losses_in_parts());
     RUN(test_refusals());
     RUN(test_plan_cache());
