@@ -1618,11 +1618,42 @@ static MIXPREC_HD inline float mp__act_grad(mp_activation a, float y, float x) {
    clipped value passes no gradient. */
 #define MP__EPSILON 1e-7f
 
+/* A row's columns may be split among MP__ROW_LANES cooperating threads
+   (a GPU warp a row, cuda/mixprec_cuda.cu; one on the CPU): lane
+   MP__ROW_LANE takes columns lane, lane + lanes, ... in order, and
+   MP__ROW_SUM and MP__ROW_BEST combine the lanes' results (on the CPU the
+   identity, so its sums run left to right). */
+#ifndef MP__ROW_LANES
+#define MP__ROW_LANE 0u
+#define MP__ROW_LANES 1u
+#define MP__ROW_SUM(v) (v)
+#define MP__ROW_BEST(value, at, n) (void)0
+#endif
+#define MP__ROW_FOR(j, n) for (j = MP__ROW_LANE; j < (n); j += MP__ROW_LANES)
+
+/* Whether (value a at index i) comes before (b at j) in argmax's order: a
+   scan left to right taking v[i] > v[best], so the first of equal maxima,
+   NaN at index 0 before all (nothing is greater), any other NaN never;
+   j == n: none yet. */
+static MIXPREC_HD inline int mp__better(float a, size_t i, float b, size_t j, size_t n) {
+    if (j == n || (i == 0 && a != a)) return 1;
+    if (a != a || (j == 0 && b != b)) return 0;
+    return a > b || (a == b && i < j);
+}
+
+/* The argmax's index (0 for an empty row), *max its value. */
+static MIXPREC_HD inline size_t mp__argmax_value(const float *v, size_t n, float *max) {
+    size_t i, best = n;
+    float value = 0.0f;
+    MP__ROW_FOR(i, n) if (mp__better(v[i], i, value, best, n)) best = i, value = v[i];
+    MP__ROW_BEST(value, best, n);
+    *max = value;
+    return best == n ? 0 : best;
+}
+
 static MIXPREC_HD inline size_t mp__argmax(const float *v, size_t n) {
-    size_t i, best = 0;
-    for (i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
+    float max;
+    return mp__argmax_value(v, n, &max);
 }
 
 /* The target weight of class j: one-hot from a label, or the target row. */
@@ -1635,32 +1666,36 @@ static MIXPREC_HD inline float mp__crossentropy_row(float *p, const float *t, in
     float loss = 0.0f, total = 0.0f, s = 0.0f;
     size_t j;
     if (from_logits) { /* log-sum-exp, then softmax - target */
-        float mx = p[mp__argmax(p, n)], lse;
-        for (j = 0; j < n; j++) s += expf(p[j] - mx);
-        lse = mx + logf(s);
-        for (j = 0; j < n; j++) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
-        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
-        return loss;
+        float mx, lse;
+        (void)mp__argmax_value(p, n, &mx);
+        MP__ROW_FOR(j, n) s += expf(p[j] - mx);
+        lse = mx + logf(MP__ROW_SUM(s));
+        MP__ROW_FOR(j, n) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
+        total = MP__ROW_SUM(total);
+        MP__ROW_FOR(j, n) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
+        return MP__ROW_SUM(loss);
     }
-    for (j = 0; j < n; j++) s += p[j];
-    for (j = 0; j < n; j++) { /* q = p / s; L = -sum t log clip(q) */
+    MP__ROW_FOR(j, n) s += p[j];
+    s = MP__ROW_SUM(s);
+    MP__ROW_FOR(j, n) { /* q = p / s; L = -sum t log clip(q) */
         float q = p[j] / s, tw = mp__target(t, label, j);
         int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
         loss -= tw * logf(q < MP__EPSILON ? MP__EPSILON : q > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : q);
         if (inside) total += tw;
     }
-    for (j = 0; j < n; j++) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
+    total = MP__ROW_SUM(total);
+    MP__ROW_FOR(j, n) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
         float q = p[j] / s, tw = mp__target(t, label, j);
         int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
         p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
     }
-    return loss;
+    return MP__ROW_SUM(loss);
 }
 
 static MIXPREC_HD inline float mp__binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
     float loss = 0.0f, inv_n = 1.0f / (float)n;
     size_t j;
-    for (j = 0; j < n; j++) {
+    MP__ROW_FOR(j, n) {
         float v = p[j], y = t[j];
         if (from_logits) { /* max(z, 0) - z y + log(1 + exp(-|z|)) */
             loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
@@ -1672,32 +1707,30 @@ static MIXPREC_HD inline float mp__binary_crossentropy_row(float *p, const float
             p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
         }
     }
-    return loss * inv_n;
+    return MP__ROW_SUM(loss) * inv_n;
 }
 
 static MIXPREC_HD inline float mp__mean_squared_error_row(float *p, const float *t, size_t n) {
     float loss = 0.0f, inv_n = 1.0f / (float)n;
     size_t j;
-    for (j = 0; j < n; j++) {
+    MP__ROW_FOR(j, n) {
         float d = p[j] - t[j];
         loss += d * d;
         p[j] = 2.0f * d * inv_n;
     }
-    return loss * inv_n;
+    return MP__ROW_SUM(loss) * inv_n;
 }
 
 /* Keras's "accuracy" for the loss: argmax for crossentropy; for binary,
    every output on the right side of 0.5. */
 static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
     size_t j;
+    float wrong = 0.0f;
     if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == (size_t)label;
     if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == mp__argmax(t, n);
-    if (kind == MP_BINARY_CROSSENTROPY) {
-        for (j = 0; j < n; j++)
-            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
-        return 1;
-    }
-    return 0;
+    if (kind != MP_BINARY_CROSSENTROPY) return 0;
+    MP__ROW_FOR(j, n) wrong += (float)((p[j] > 0.5f) != (t[j] > 0.5f)); /* a count: exact below 2^24 */
+    return MP__ROW_SUM(wrong) == 0.0f;
 }
 
 MP__ROUND_EACH_END;

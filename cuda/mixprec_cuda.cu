@@ -9,9 +9,9 @@
    The activations, the losses of a row and the accuracy are mixprec.h's
    own (>>rules, compiled here for the device through MIXPREC_RULES).
    Sums go in a fixed order, never by float atomics, so results never
-   depend on scheduling (bit-identical run to run): a row's loss as the
-   CPU's (one thread a row, >>rules); softmax's max and sums over a row,
-   a warp a row (each lane's columns in order, then a xor butterfly); the
+   depend on scheduling (bit-identical run to run): softmax's and the
+   loss's sums over a row a warp a row (each lane's columns in order, then
+   a xor butterfly; the loss's formulas are the CPU's own, >>rules); the
    loss sum and the column sums in parts of 256 rows in order (up to 256
    rows the CPU's sum, bit for bit), the parts then by a block's tree.
 
@@ -30,6 +30,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The loss rows run a warp a row (>>loss kernels): mixprec.h's row
+   functions take the lane's columns (lane, lane + 32, ...) and combine the
+   lanes' sums and argmax by xor butterflies (MP__ROW_*, >>rules); nvcc's
+   host pass, which never runs them, keeps the one-lane defaults. */
+#if defined(__CUDA_ARCH__) || defined(MIXPREC_CUDA_EMU_H)
+static __device__ __forceinline__ float mp__cu_warp_sum(float v);
+static __device__ __forceinline__ void mp__cu_warp_best(float *value, size_t *at, size_t n);
+#define MP__ROW_LANE (threadIdx.x % 32u)
+#define MP__ROW_LANES 32u
+#define MP__ROW_SUM(v) mp__cu_warp_sum(v)
+#define MP__ROW_BEST(value, at, n) mp__cu_warp_best(&(value), &(at), (n))
+#endif
 #define MIXPREC_RULES /* mixprec.h's >>rules: activations, loss rows, accuracy */
 #include "mixprec_cuda.h"
 
@@ -215,6 +227,16 @@ static __device__ __forceinline__ void mp__st(void *p, mp_dtype t, size_t i, flo
 static __device__ __forceinline__ float mp__cu_warp_sum(float v) {
     for (int m = MP__CU_WARP / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
     return v;
+}
+/* The lanes' argmax candidates (value, index; n: none) combined in
+   argmax's order (mp__better, >>rules): a total order, so every lane ends
+   with the row's first maximum. */
+static __device__ __forceinline__ void mp__cu_warp_best(float *value, size_t *at, size_t n) {
+    for (int m = MP__CU_WARP / 2; m > 0; m /= 2) {
+        float v = __shfl_xor_sync(0xFFFFFFFFu, *value, m);
+        size_t i = __shfl_xor_sync(0xFFFFFFFFu, *at, m);
+        if (i != n && mp__better(v, i, *value, *at, n)) *value = v, *at = i;
+    }
 }
 static __device__ __forceinline__ float mp__cu_warp_max(float v) {
     for (int m = MP__CU_WARP / 2; m > 0; m /= 2) {
@@ -486,26 +508,31 @@ static __global__ void mp__k_stats(mp__cu_stats *s, const void *src, mp_dtype st
     }
 }
 
-/* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), one thread a row */
+/* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), a warp a row */
 /* Row r's loss into row_loss[r] and its accuracy into right[r]; its
-   gradient of the batch mean into dpred's row (which is its workspace). */
+   gradient of the batch mean into dpred's row (which is its workspace).
+   Each lane reads and writes only its own columns of the row; the row's
+   sums are the lanes' in order, then the butterfly, so the float32 loss
+   and gradient may differ from the CPU's left-to-right sums in the last
+   bits (the argmax, and so the accuracy, never). */
 static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
                                 mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols,
                                 float *dpred, float inv_rows, float *row_loss, unsigned *right) {
-    MP__CU_LOOP(r, rows) { /* the row's output, then its predictions, in dpred's row */
+    MP__CU_WARP_LOOP(r, lane, rows) { /* the row's output, then its predictions, in dpred's row */
         float *p = dpred + r * cols, l;
         const float *t = y ? y + r * cols : NULL;
         int32_t label = labels ? labels[r] : 0;
+        unsigned correct;
         size_t j;
-        for (j = 0; j < cols; j++) p[j] = mp__ld(out, ot, r * cols + j);
-        right[r] = (unsigned)mp__row_correct(kind, p, t, label, cols);
+        for (j = lane; j < cols; j += MP__CU_WARP) p[j] = mp__ld(out, ot, r * cols + j);
+        correct = (unsigned)mp__row_correct(kind, p, t, label, cols);
         if (pred != out)
-            for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
+            for (j = lane; j < cols; j += MP__CU_WARP) p[j] = mp__ld(pred, pt, r * cols + j);
         if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
         else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
         else l = mp__crossentropy_row(p, t, label, cols, from_logits);
-        for (j = 0; j < cols; j++) p[j] *= inv_rows;
-        row_loss[r] = l;
+        for (j = lane; j < cols; j += MP__CU_WARP) p[j] *= inv_rows;
+        if (lane == 0) row_loss[r] = l, right[r] = correct;
     }
 }
 
@@ -1241,7 +1268,7 @@ static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pr
     if (!mp__cu_live(c)) return;
     /* a loss and a count per row (rows <= the floats of dpred) */
     if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
-    MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
+    MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
                   1.0f / (float)rows, row_loss, (unsigned *)(row_loss + rows));
     MP__CU_LAUNCH_GRID(c, 1, MP__CU_THREADS, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
 }

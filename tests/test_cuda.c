@@ -389,6 +389,42 @@ static void test_reductions_rerun(void) {
     free_args();
 }
 
+/* The loss rows a warp a row with more columns than lanes (70: 2 or 3 a
+   lane): the argmax in the CPU's order across lanes (the first of equal
+   maxima, -0 and +0 equal, NaN at index 0 before all, any other NaN never),
+   so the accuracy count is exact; the gradient within float32 reordering. */
+static void test_loss_rows_lanes(void) {
+    enum { ROWS = 40, COLS = 70 };
+    arg *pred = rand_arg(F32, ROWS * COLS, -6.0f, 6.0f), *labels = new_arg(ROWS * 4);
+    arg *dpred = new_arg(ROWS * COLS * 4), *metrics = new_arg(8);
+    float *p = (float *)pred->host, *got;
+    int32_t *lab = (int32_t *)labels->host;
+    size_t r, j;
+    for (r = 0; r < ROWS; r++) lab[r] = (int32_t)(r % COLS);
+    p[1 * COLS + 0] = NAN;                                     /* row 1: NaN first, the argmax 0 */
+    lab[1] = 0;
+    p[2 * COLS + 5] = NAN;                                     /* row 2: a NaN never the argmax */
+    p[3 * COLS + 10] = p[3 * COLS + 50] = 100.0f, lab[3] = 10; /* a tie across lanes: the first */
+    p[4 * COLS + 13] = p[4 * COLS + 45] = 100.0f, lab[4] = 45; /* the later one: not right */
+    for (j = 0; j < COLS; j++) p[5 * COLS + j] = -1.0f;
+    p[5 * COLS + 40] = 0.0f, p[5 * COLS + 7] = -0.0f, lab[5] = 7; /* -0 == +0: the first */
+    p[0 * COLS + 0] = p[2 * COLS + 2] = -7.0f; /* rows 0 and 2: not right */
+    for (r = 6; r < ROWS; r++) /* the rest: the label's column the maximum in the odd rows, the minimum in the even */
+        p[r * COLS + (size_t)lab[r]] = r % 2 ? 7.0f : -7.0f;
+    upload(pred);
+    upload(labels);
+    cpu.be->loss(cpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, p, F32, p, F32, lab, NULL, ROWS, COLS,
+                 (float *)dpred->host, (float *)metrics->host);
+    gpu.be->loss(gpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->dev, F32, pred->dev, F32,
+                 (const int32_t *)labels->dev, NULL, ROWS, COLS, (float *)dpred->dev, (float *)metrics->dev);
+    got = (float *)fetch(metrics);
+    CHECK(got[1] == ((float *)metrics->host)[1] && got[1] == (float)(3 + (ROWS - 6) / 2)); /* rows 1, 3, 5 and the odd ones */
+    CHECK(got[0] != got[0]);                                                               /* NaN rows: a NaN sum */
+    free(got);
+    agree("loss rows across lanes: gradient", dpred, F32, ROWS * COLS, TRANSCENDENTAL);
+    free_args();
+}
+
 /* Each loss from logits and from probabilities, predictions in each dtype. */
 static void test_losses_of(size_t rows) {
     static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
@@ -1211,6 +1247,7 @@ int main(int argc, char **argv) {
     RUN(test_refusals());
     RUN(test_plan_cache());
     RUN(test_reductions_rerun());
+    RUN(test_loss_rows_lanes());
     RUN(test_sticky_error());
     RUN(test_bad_device());
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
