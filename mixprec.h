@@ -5851,7 +5851,8 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
         if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read, the kernel and the bias */
             m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, l->n_kernel, NULL);
             if (l->n_bias)
-                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + l->n_kernel, MP_FLOAT32, l->n_bias, NULL);
+                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + l->n_kernel, MP_FLOAT32,
+                            l->n_bias, NULL);
         }
         mp__kinds[l->desc.kind].forward(m, l, batch);
         /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
