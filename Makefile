@@ -121,7 +121,7 @@ test-mpi:
 test-cuda: $(B)/test_cuda_emu
 	$(B)/test_cuda_emu $(T)
 
-$(B)/cuda_emu.o: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h tests/cuda_emu.h tests/cuda_emu/* mixprec.h | $(B)
+$(B)/cuda_emu.o: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h tests/cuda_emu.h tests/cuda_emu/*.h mixprec.h | $(B)
 	g++ -std=c++14 -Wall -Wextra -Werror -O1 -x c++ -include tests/cuda_emu.h -Itests/cuda_emu -c $< -o $@
 
 $(B)/test_cuda_emu: tests/test_cuda.c tests/*.h $(B)/cuda_emu.o

@@ -1624,11 +1624,42 @@ static MIXPREC_HD inline float mp__act_grad(mp_activation a, float y, float x) {
    clipped value passes no gradient. */
 #define MP__EPSILON 1e-7f
 
+/* A row's columns may be split among MP__ROW_LANES cooperating threads
+   (a GPU warp a row, cuda/mixprec_cuda.cu; one on the CPU): lane
+   MP__ROW_LANE takes columns lane, lane + lanes, ... in order, and
+   MP__ROW_SUM and MP__ROW_BEST combine the lanes' results (on the CPU the
+   identity, so its sums run left to right). */
+#ifndef MP__ROW_LANES
+#define MP__ROW_LANE 0u
+#define MP__ROW_LANES 1u
+#define MP__ROW_SUM(v) (v)
+#define MP__ROW_BEST(value, at, n) (void)0
+#endif
+#define MP__ROW_FOR(j, n) for (j = MP__ROW_LANE; j < (n); j += MP__ROW_LANES)
+
+/* Whether (value a at index i) comes before (b at j) in argmax's order: a
+   scan left to right taking v[i] > v[best], so the first of equal maxima,
+   NaN at index 0 before all (nothing is greater), any other NaN never;
+   j == n: none yet. */
+static MIXPREC_HD inline int mp__better(float a, size_t i, float b, size_t j, size_t n) {
+    if (j == n || (i == 0 && a != a)) return 1;
+    if (a != a || (j == 0 && b != b)) return 0;
+    return a > b || (a == b && i < j);
+}
+
+/* The argmax's index (0 for an empty row), *max its value. */
+static MIXPREC_HD inline size_t mp__argmax_value(const float *v, size_t n, float *max) {
+    size_t i, best = n;
+    float value = 0.0f;
+    MP__ROW_FOR(i, n) if (mp__better(v[i], i, value, best, n)) best = i, value = v[i];
+    MP__ROW_BEST(value, best, n);
+    *max = value;
+    return best == n ? 0 : best;
+}
+
 static MIXPREC_HD inline size_t mp__argmax(const float *v, size_t n) {
-    size_t i, best = 0;
-    for (i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
+    float max;
+    return mp__argmax_value(v, n, &max);
 }
 
 /* The target weight of class j: one-hot from a label, or the target row. */
@@ -1641,32 +1672,36 @@ static MIXPREC_HD inline float mp__crossentropy_row(float *p, const float *t, in
     float loss = 0.0f, total = 0.0f, s = 0.0f;
     size_t j;
     if (from_logits) { /* log-sum-exp, then softmax - target */
-        float mx = p[mp__argmax(p, n)], lse;
-        for (j = 0; j < n; j++) s += expf(p[j] - mx);
-        lse = mx + logf(s);
-        for (j = 0; j < n; j++) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
-        for (j = 0; j < n; j++) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
-        return loss;
+        float mx, lse;
+        (void)mp__argmax_value(p, n, &mx);
+        MP__ROW_FOR(j, n) s += expf(p[j] - mx);
+        lse = mx + logf(MP__ROW_SUM(s));
+        MP__ROW_FOR(j, n) { total += mp__target(t, label, j); loss += mp__target(t, label, j) * (lse - p[j]); }
+        total = MP__ROW_SUM(total);
+        MP__ROW_FOR(j, n) p[j] = expf(p[j] - lse) * total - mp__target(t, label, j);
+        return MP__ROW_SUM(loss);
     }
-    for (j = 0; j < n; j++) s += p[j];
-    for (j = 0; j < n; j++) { /* q = p / s; L = -sum t log clip(q) */
+    MP__ROW_FOR(j, n) s += p[j];
+    s = MP__ROW_SUM(s);
+    MP__ROW_FOR(j, n) { /* q = p / s; L = -sum t log clip(q) */
         float q = p[j] / s, tw = mp__target(t, label, j);
         int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
         loss -= tw * logf(q < MP__EPSILON ? MP__EPSILON : q > 1.0f - MP__EPSILON ? 1.0f - MP__EPSILON : q);
         if (inside) total += tw;
     }
-    for (j = 0; j < n; j++) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
+    total = MP__ROW_SUM(total);
+    MP__ROW_FOR(j, n) { /* dL/dp_j = (sum_i t_i m_i - t_j m_j / q_j) / s */
         float q = p[j] / s, tw = mp__target(t, label, j);
         int inside = q >= MP__EPSILON && q <= 1.0f - MP__EPSILON;
         p[j] = (total - (inside && tw != 0.0f ? tw / q : 0.0f)) / s;
     }
-    return loss;
+    return MP__ROW_SUM(loss);
 }
 
 static MIXPREC_HD inline float mp__binary_crossentropy_row(float *p, const float *t, size_t n, int from_logits) {
     float loss = 0.0f, inv_n = 1.0f / (float)n;
     size_t j;
-    for (j = 0; j < n; j++) {
+    MP__ROW_FOR(j, n) {
         float v = p[j], y = t[j];
         if (from_logits) { /* max(z, 0) - z y + log(1 + exp(-|z|)) */
             loss += (v > 0.0f ? v : 0.0f) - v * y + log1pf(expf(-fabsf(v)));
@@ -1678,32 +1713,30 @@ static MIXPREC_HD inline float mp__binary_crossentropy_row(float *p, const float
             p[j] = inside ? (-y / c + (1.0f - y) / (1.0f - c)) * inv_n : 0.0f;
         }
     }
-    return loss * inv_n;
+    return MP__ROW_SUM(loss) * inv_n;
 }
 
 static MIXPREC_HD inline float mp__mean_squared_error_row(float *p, const float *t, size_t n) {
     float loss = 0.0f, inv_n = 1.0f / (float)n;
     size_t j;
-    for (j = 0; j < n; j++) {
+    MP__ROW_FOR(j, n) {
         float d = p[j] - t[j];
         loss += d * d;
         p[j] = 2.0f * d * inv_n;
     }
-    return loss * inv_n;
+    return MP__ROW_SUM(loss) * inv_n;
 }
 
 /* Keras's "accuracy" for the loss: argmax for crossentropy; for binary,
    every output on the right side of 0.5. */
 static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const float *t, int32_t label, size_t n) {
     size_t j;
+    float wrong = 0.0f;
     if (kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == (size_t)label;
     if (kind == MP_CATEGORICAL_CROSSENTROPY) return mp__argmax(p, n) == mp__argmax(t, n);
-    if (kind == MP_BINARY_CROSSENTROPY) {
-        for (j = 0; j < n; j++)
-            if ((p[j] > 0.5f) != (t[j] > 0.5f)) return 0;
-        return 1;
-    }
-    return 0;
+    if (kind != MP_BINARY_CROSSENTROPY) return 0;
+    MP__ROW_FOR(j, n) wrong += (float)((p[j] > 0.5f) != (t[j] > 0.5f)); /* a count: exact below 2^24 */
+    return MP__ROW_SUM(wrong) == 0.0f;
 }
 
 MP__ROUND_EACH_END;
@@ -4434,6 +4467,7 @@ typedef struct mp__layer {
     mp_conv_geom geom;       /* Conv2D, MaxPooling2D */
     float *w, *g;             /* float32 weights and gradients: kernel, then bias */
     void *wc, *gc;            /* the same in dt (alias w and g under float32) */
+    size_t bias_at;           /* the bias's element in wc: n_kernel, or in an own copy the next 256 bytes */
     const void *x;            /* incoming activations, xt */
     void *xin;                /* x cast to dt, or NULL when x already is dt */
     void *y, *z;              /* output; pre-activation (gelu only); both yt */
@@ -4641,7 +4675,7 @@ static int mp__loss_from_logits(const mp_model *m, const mp__layer *l) {
 static const void *mp__bias(const mp__layer *l, mp_dtype *type) {
     *type = l->yt == l->dt ? l->dt : MP_FLOAT32;
     if (!l->n_bias) return NULL;
-    return *type == l->dt ? mp__at(l->wc, l->dt, l->n_kernel) : l->w + l->n_kernel;
+    return *type == l->dt ? mp__at(l->wc, l->dt, l->bias_at) : l->w + l->n_kernel;
 }
 
 /* The layer's input in its compute dtype, casting on entry if needed. */
@@ -5660,12 +5694,20 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         mp__layer *l = &m->layers[i];
         mp_dtype dt, yt;
         void *wc, *gc;
+        size_t bias_at;
         int own;
         mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
         own = dt != MP_FLOAT32 && mp__params(l);
-        wc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
+        /* an own copy's bias on a 256-byte boundary too, where the BIAS
+           epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned
+           bias (reference.md section 5); the float32 weights stay packed, as
+           get_weights and checkpoints see them */
+        bias_at = own ? (l->n_kernel * mp__dtypes[dt].size + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN /
+                            mp__dtypes[dt].size
+                      : l->n_kernel;
+        wc = own ? mp__carve(a, bias_at + l->n_bias, mp__dtypes[dt].size) : NULL;
         gc = own ? mp__carve(a, mp__params(l), mp__dtypes[dt].size) : NULL;
-        if (a->base) l->wc = wc, l->gc = gc;
+        if (a->base) l->wc = wc, l->gc = gc, l->bias_at = bias_at;
     }
 }
 
@@ -6099,8 +6141,12 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     mp__loop_move(m, MP__CALL_FORWARD);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (l->wc != l->w && !m->casts_fresh) /* the AutoCastVariable read */
-            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, mp__params(l), NULL);
+        if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read, the kernel and the bias */
+            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, l->n_kernel, NULL);
+            if (l->n_bias)
+                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + l->n_kernel, MP_FLOAT32,
+                            l->n_bias, NULL);
+        }
         mp__kinds[l->desc.kind].forward(m, l, batch);
         /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
         if (m->num && st == MP_OK) st = mp__numerics_forward(m, i);
@@ -6346,6 +6392,13 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     return mp__unscale_gradients(m, m->batch, m->batch * (size_t)m->ranks);
 }
 
+/* The update of layer l's weights [from, from + n), writing their copy at wc (NULL: none). */
+static void mp__apply_part(mp_model *m, const mp__layer *l, size_t from, size_t n, void *wc, const int *skip) {
+    size_t off = (size_t)(l->w - m->w) + from;
+    if (n) m->be->optimizer_update(m->ctx, &m->opt, l->w + from, l->g + from, m->s1 ? m->s1 + off : NULL,
+                                   m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
+}
+
 /* Queues the update; the backend decides from its found-Inf flag whether
    it applies (nothing is read back). */
 static void mp__apply(mp_model *m) {
@@ -6359,10 +6412,11 @@ static void mp__apply(mp_model *m) {
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
-        size_t off = (size_t)(l->w - m->w);
-        if (!mp__params(l)) continue;
-        m->be->optimizer_update(m->ctx, &m->opt, l->w, l->g, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
-                                mp__params(l), l->wc != l->w && m->casts_fresh ? l->wc : NULL, l->dt, skip);
+        void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
+        /* where the copy's bias sits past a pad, its update is a call of its own */
+        size_t n = wc && l->bias_at != l->n_kernel ? l->n_kernel : mp__params(l);
+        mp__apply_part(m, l, 0, n, wc, skip);
+        if (n < mp__params(l)) mp__apply_part(m, l, n, l->n_bias, mp__at_mut(wc, l->dt, l->bias_at), skip);
     }
     mp__loop_move(m, MP__CALL_APPLY);
 }
@@ -7086,7 +7140,10 @@ static void mp__fit_callbacks_init(const mp_fit_desc *d, int epochs, mp_callback
         c->list[c->n++] = mp_csv_logger_callback(&c->csv);
     }
     c->bar.verbose = d->verbose;
-    c->list[c->n++] = mp_progbar_logger_callback(&c->bar);
+    c->list[c->n] = mp_progbar_logger_callback(&c->bar);
+    /* silent, its batch hook draws nothing: no mid-epoch read of a device's metrics for it */
+    if (d->verbose == MP_VERBOSE_SILENT) c->list[c->n].on_batch_end = NULL;
+    c->n++;
 #endif
 }
 

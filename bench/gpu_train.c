@@ -107,12 +107,13 @@ static mp_model *build_mlp(const char *policy, const mp_cuda_config *cfg) {
     return m;
 }
 
-/* The guide's train_step, one call per line (the loss comes back each step). */
-static void train_step(mp_model *m, const float *x, const int32_t *labels, int batch) {
+/* The guide's train_step, one call per line (the loss comes back each
+   step); labels, or targets y. */
+static void train_step(mp_model *m, const float *x, const int32_t *labels, const float *y, int batch) {
     float loss;
     int applied;
     check(mp_forward(m, x, batch, 1), m, "mp_forward");
-    check(mp_compute_loss(m, labels, NULL, &loss, NULL), m, "mp_compute_loss");
+    check(mp_compute_loss(m, labels, y, &loss, NULL), m, "mp_compute_loss");
     check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
     check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");
     check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
@@ -126,6 +127,14 @@ static double mlp_step_flops(void) {
     return 2 * fwd + 2 * b * (u * u + u * CLASSES);
 }
 
+/* The per-step counters of `steps` steps (mp_cuda_get_stats before and
+   after), the end of a figure's line. */
+static void print_step_counts(const mp_cuda_stats *before, const mp_cuda_stats *after, double steps) {
+    printf(" host_waits_per_step=%.1f bytes_in_per_step=%.0f launches_per_step=%.1f fallbacks=%llu\n",
+           (double)(after->host_waits - before->host_waits) / steps, (double)(after->bytes_in - before->bytes_in) / steps,
+           (double)(after->launches - before->launches) / steps, after->fallbacks - before->fallbacks);
+}
+
 static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     mp_cuda_config cfg;
     mp_model_memory mem;
@@ -134,13 +143,13 @@ static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     memset(&cfg, 0, sizeof cfg);
     cfg.tf32 = r->tf32;
     m = build_mlp(r->policy, &cfg);
-    train_step(m, x, labels, S.batch); /* allocates the activations and scratch */
-    train_step(m, x, labels, S.batch);
+    train_step(m, x, labels, NULL, S.batch); /* allocates the activations and scratch */
+    train_step(m, x, labels, NULL, S.batch);
     r->steps = 0;
     mp_cuda_get_stats(&r->before);
     t0 = now_s();
     do {
-        train_step(m, x, labels, S.batch);
+        train_step(m, x, labels, NULL, S.batch);
         r->steps++;
     } while (r->steps < 5 || now_s() - t0 < S.min_s);
     r->step_s = (now_s() - t0) / (double)r->steps;
@@ -149,13 +158,10 @@ static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     r->peak = mem.peak;
     mp_model_destroy(m);
     printf("bench=gpu_train impl=mixprec what=mlp units=%d batch=%d policy=%s tf32=%d steps=%ld ms_per_step=%.2f "
-           "images_per_s=%.0f tflops=%.1f peak_mib=%.0f host_waits_per_step=%.1f bytes_in_per_step=%.0f "
-           "launches_per_step=%.1f fallbacks=%llu\n",
+           "images_per_s=%.0f tflops=%.1f peak_mib=%.0f",
            S.units, S.batch, r->policy, r->tf32, r->steps, r->step_s * 1e3, S.batch / r->step_s,
-           mlp_step_flops() / r->step_s * 1e-12, (double)r->peak / MIB,
-           (double)(r->after.host_waits - r->before.host_waits) / (double)r->steps,
-           (double)(r->after.bytes_in - r->before.bytes_in) / (double)r->steps,
-           (double)(r->after.launches - r->before.launches) / (double)r->steps, r->after.fallbacks - r->before.fallbacks);
+           mlp_step_flops() / r->step_s * 1e-12, (double)r->peak / MIB);
+    print_step_counts(&r->before, &r->after, (double)r->steps);
     fflush(stdout);
 }
 
@@ -237,6 +243,7 @@ static void time_conv(conv_run *r) {
     mp_compile_desc cd;
     mp_layer_desc sigmoid = mp_activation_layer(MP_SIGMOID);
     mp_model_memory mem;
+    mp_cuda_stats before, after;
     size_t features = (size_t)S.conv_size * (size_t)S.conv_size * 3, i;
     float *x = (float *)xmalloc((size_t)S.conv_batch * features * sizeof(float));
     float *y = (float *)xmalloc((size_t)S.conv_batch * sizeof(float));
@@ -261,22 +268,18 @@ static void time_conv(conv_run *r) {
     cd.loss = MP_BINARY_CROSSENTROPY;
     check(mp_model_compile(m, &cd), m, "compile");
     for (s = -1; s < S.conv_steps; s++) { /* one warm-up step */
-        float loss;
-        int applied;
-        if (s == 0) t0 = now_s();
-        check(mp_forward(m, x, S.conv_batch, 1), m, "mp_forward");
-        check(mp_compute_loss(m, NULL, y, &loss, NULL), m, "mp_compute_loss");
-        check(mp_compute_scaled_gradients(m), m, "gradients");
-        check(mp_get_unscaled_gradients(m), m, "unscale");
-        check(mp_apply_gradients(m, &applied), m, "apply");
+        if (s == 0) t0 = now_s(), mp_cuda_get_stats(&before);
+        train_step(m, x, NULL, y, S.conv_batch);
     }
     r->step_s = (now_s() - t0) / S.conv_steps;
+    mp_cuda_get_stats(&after);
     check(mp_model_memory_info(m, &mem), m, "memory info");
     r->peak = mem.peak;
     printf("bench=gpu_train impl=mixprec what=conv image=%dx%dx3 batch=%d policy=%s steps=%d ms_per_step=%.1f "
-           "peak_mib=%.0f weights_mib=%.1f activations_mib=%.0f workspace_mib=%.0f\n",
+           "peak_mib=%.0f weights_mib=%.1f activations_mib=%.0f workspace_mib=%.0f",
            S.conv_size, S.conv_size, S.conv_batch, r->policy, S.conv_steps, r->step_s * 1e3, (double)r->peak / MIB,
            (double)mem.weights / MIB, (double)mem.activations / MIB, (double)mem.workspace / MIB);
+    print_step_counts(&before, &after, S.conv_steps);
     fflush(stdout);
     mp_model_destroy(m);
     free(x);

@@ -8,10 +8,12 @@
    rounding (>>rules), so casts give the CPU's bits, NaN included.
    The activations, the losses of a row and the accuracy are mixprec.h's
    own (>>rules, compiled here for the device through MIXPREC_RULES).
-   Where the CPU sums in a loop the kernel sums in the same order, one
-   thread per row or column (the loss sum and column sums over more than
-   256 rows go in parts of 256, added in order); no kernel adds floats with atomics, so
-   results never depend on scheduling.
+   Sums go in a fixed order, never by float atomics, so results never
+   depend on scheduling (bit-identical run to run): softmax's and the
+   loss's sums over a row a warp a row (each lane's columns in order, then
+   a xor butterfly; the loss's formulas are the CPU's own, >>rules); the
+   loss sum and the column sums in parts of 256 rows in order (up to 256
+   rows the CPU's sum, bit for bit), the parts then by a block's tree.
 
    Everything is queued on one non-blocking stream. A failing call records
    the first error (sync and last_error report it) and every op after it
@@ -28,6 +30,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The loss rows run a warp a row (>>loss kernels): mixprec.h's row
+   functions take the lane's columns (lane, lane + 32, ...) and combine the
+   lanes' sums and argmax by xor butterflies (MP__ROW_*, >>rules); nvcc's
+   host pass, which never runs them, keeps the one-lane defaults. */
+#if defined(__CUDA_ARCH__) || defined(MIXPREC_CUDA_EMU_H)
+static __device__ __forceinline__ float mp__cu_warp_sum(float v);
+static __device__ __forceinline__ void mp__cu_warp_best(float *value, size_t *at, size_t n);
+#define MP__ROW_LANE (threadIdx.x % 32u)
+#define MP__ROW_LANES 32u
+#define MP__ROW_SUM(v) mp__cu_warp_sum(v)
+#define MP__ROW_BEST(value, at, n) mp__cu_warp_best(&(value), &(at), (n))
+#endif
 #define MIXPREC_RULES /* mixprec.h's >>rules: activations, loss rows, accuracy */
 #include "mixprec_cuda.h"
 
@@ -196,6 +210,42 @@ static __device__ __forceinline__ void mp__st(void *p, mp_dtype t, size_t i, flo
 #define MP__CU_LOOP(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
+/* A warp per item (launched over n * MP__CU_WARP threads): every lane of a
+   warp has the same r, so the warp's shuffles always match. */
+#define MP__CU_WARP 32
+#define MP__CU_WARPS (MP__CU_THREADS / MP__CU_WARP) /* a block's */
+#define MP__CU_WARP_LOOP(r, lane, n)                                                                    \
+    for (size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / MP__CU_WARP,                    \
+                lane = threadIdx.x % MP__CU_WARP;                                                       \
+         r < (n); r += (size_t)gridDim.x * blockDim.x / MP__CU_WARP)
+
+/* A warp's sum and maximum, every lane getting the same bits: a xor
+   butterfly over lane distances 16, 8, 4, 2, 1 (PG "Warp Shuffle
+   Functions"); each level adds pairs, and a + b == b + a (IEEE 754), so
+   both lanes of a pair hold the same value. The maximum skips NaN as the
+   CPU's (t > mx ? t : mx from -INFINITY). */
+static __device__ __forceinline__ float mp__cu_warp_sum(float v) {
+    for (int m = MP__CU_WARP / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
+    return v;
+}
+/* The lanes' argmax candidates (value, index; n: none) combined in
+   argmax's order (mp__better, >>rules): a total order, so every lane ends
+   with the row's first maximum. */
+static __device__ __forceinline__ void mp__cu_warp_best(float *value, size_t *at, size_t n) {
+    for (int m = MP__CU_WARP / 2; m > 0; m /= 2) {
+        float v = __shfl_xor_sync(0xFFFFFFFFu, *value, m);
+        size_t i = __shfl_xor_sync(0xFFFFFFFFu, *at, m);
+        if (i != n && mp__better(v, i, *value, *at, n)) *value = v, *at = i;
+    }
+}
+static __device__ __forceinline__ float mp__cu_warp_max(float v) {
+    for (int m = MP__CU_WARP / 2; m > 0; m /= 2) {
+        float o = __shfl_xor_sync(0xFFFFFFFFu, v, m);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
 static unsigned mp__cu_grid(size_t n) {
     size_t blocks = (n + MP__CU_THREADS - 1) / MP__CU_THREADS;
     return (unsigned)(blocks < MP__CU_MAX_BLOCKS ? blocks : MP__CU_MAX_BLOCKS);
@@ -207,23 +257,22 @@ static unsigned mp__cu_grid(size_t n) {
 #define MP__CU_RUN(blocks, threads, stream, kernel, ...) kernel<<<blocks, threads, 0, stream>>>(__VA_ARGS__)
 #endif
 
-/* Launches kernel over n items (nothing when n is 0) and checks the launch. */
-#define MP__CU_LAUNCH(c, n, kernel, ...)                                                  \
+/* Launches blocks x threads of kernel, counted, and checks the launch. */
+#define MP__CU_LAUNCH_GRID(c, blocks, threads, kernel, ...)                               \
     do {                                                                                  \
-        if ((n) > 0) {                                                                    \
-            MP__CU_RUN(mp__cu_grid(n), MP__CU_THREADS, (c)->stream, kernel, __VA_ARGS__);  \
-            mp__cu_stats_now.launches++;                                                  \
-            (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                            \
-        }                                                                                 \
-    } while (0)
-
-/* Launches a one-thread kernel (a sum in order, a state machine step). */
-#define MP__CU_LAUNCH1(c, kernel, ...)                                                    \
-    do {                                                                                  \
-        MP__CU_RUN(1, 1, (c)->stream, kernel, __VA_ARGS__);                               \
+        MP__CU_RUN(blocks, threads, (c)->stream, kernel, __VA_ARGS__);                    \
         mp__cu_stats_now.launches++;                                                      \
         (void)mp__cu_ok((c), cudaGetLastError(), #kernel);                                \
     } while (0)
+
+/* Launches kernel over n items (nothing when n is 0). */
+#define MP__CU_LAUNCH(c, n, kernel, ...)                                                  \
+    do {                                                                                  \
+        if ((n) > 0) MP__CU_LAUNCH_GRID(c, mp__cu_grid(n), MP__CU_THREADS, kernel, __VA_ARGS__); \
+    } while (0)
+
+/* Launches a one-thread kernel (a state machine step). */
+#define MP__CU_LAUNCH1(c, kernel, ...) MP__CU_LAUNCH_GRID(c, 1, 1, kernel, __VA_ARGS__)
 
 /* >>elementwise kernels */
 static __global__ void mp__k_cast(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n) {
@@ -262,17 +311,23 @@ static __device__ __forceinline__ float mp__cu_biased(const void *x, const void 
     return t;
 }
 
-/* Softmax, one thread per row: max, sum of exp, then write (mp__softmax_row). */
+/* Softmax, a warp per row: max, sum of exp, then write (mp__softmax_row).
+   Lane l takes columns l, l + 32, ... (its sum in that order from 0.0f),
+   then the warp's butterfly: the CPU sums left to right, so the float32
+   sum may differ from it in the last bits for rows of more than one column. */
 static __global__ void mp__k_softmax(void *y, const void *x, const void *bias, size_t rows, size_t cols, mp_dtype dt) {
-    MP__CU_LOOP(r, rows) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
         size_t base = r * cols, j;
         float mx = -INFINITY, sum = 0.0f;
-        for (j = 0; j < cols; j++) {
+        for (j = lane; j < cols; j += MP__CU_WARP) {
             float t = mp__cu_biased(x, bias, dt, base, j);
             mx = t > mx ? t : mx;
         }
-        for (j = 0; j < cols; j++) sum += expf(mp__cu_biased(x, bias, dt, base, j) - mx);
-        for (j = 0; j < cols; j++) mp__st(y, dt, base + j, expf(mp__cu_biased(x, bias, dt, base, j) - mx) / sum);
+        mx = mp__cu_warp_max(mx);
+        for (j = lane; j < cols; j += MP__CU_WARP) sum += expf(mp__cu_biased(x, bias, dt, base, j) - mx);
+        sum = mp__cu_warp_sum(sum);
+        for (j = lane; j < cols; j += MP__CU_WARP)
+            mp__st(y, dt, base + j, expf(mp__cu_biased(x, bias, dt, base, j) - mx) / sum);
     }
 }
 
@@ -288,20 +343,23 @@ static __global__ void mp__k_act_backward(void *dx, mp_dtype dxt, const void *dy
     }
 }
 
-/* Softmax backward, one thread per row: dx = y (dy - sum(dy y)). */
+/* Softmax backward, a warp per row: dx = y (dy - sum(dy y)), the sum as
+   mp__k_softmax's. */
 static __global__ void mp__k_softmax_backward(void *dx, mp_dtype dxt, const void *dy, const void *y, size_t rows, size_t cols,
                                        mp_dtype dt) {
-    MP__CU_LOOP(r, rows) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
         size_t base = r * cols, j;
         float dot = 0.0f;
-        for (j = 0; j < cols; j++) dot += mp__ld(dy, dt, base + j) * mp__ld(y, dt, base + j);
-        for (j = 0; j < cols; j++) mp__st(dx, dxt, base + j, mp__ld(y, dt, base + j) * (mp__ld(dy, dt, base + j) - dot));
+        for (j = lane; j < cols; j += MP__CU_WARP) dot += mp__ld(dy, dt, base + j) * mp__ld(y, dt, base + j);
+        dot = mp__cu_warp_sum(dot);
+        for (j = lane; j < cols; j += MP__CU_WARP)
+            mp__st(dx, dxt, base + j, mp__ld(y, dt, base + j) * (mp__ld(dy, dt, base + j) - dot));
     }
 }
 
 /* Column sums in a fixed order: each thread sums MP__CU_PART_ROWS rows of
-   one column from 0.0f, then one thread per column adds the parts in
-   order. With at most MP__CU_PART_ROWS rows this is the CPU's sum, bit for bit. */
+   one column from 0.0f, then mp__k_colsum_final adds the parts. With at
+   most MP__CU_PART_ROWS rows this is the CPU's sum, bit for bit. */
 static __global__ void mp__k_colsum_parts(float *part, const void *dy, mp_dtype dt, size_t rows, size_t cols, size_t parts) {
     MP__CU_LOOP(i, parts * cols) {
         size_t j = i % cols, p = i / cols, r = p * MP__CU_PART_ROWS, end = r + MP__CU_PART_ROWS;
@@ -312,11 +370,27 @@ static __global__ void mp__k_colsum_parts(float *part, const void *dy, mp_dtype 
     }
 }
 
+/* The parts added, a block per 32 columns (launched over groups *
+   MP__CU_THREADS threads): lane l of warp w adds parts w, w + 8, w + 16,
+   ... of column 32 g + l in order from 0.0f; after the barrier, warp 0
+   adds the 8 warps' sums in order (PG "Synchronization Functions": the
+   barrier makes the shared writes visible). Up to 8 parts (2048 rows) this
+   is the parts added in order. */
 static __global__ void mp__k_colsum_final(void *db, mp_dtype dt, const float *part, size_t parts, size_t cols) {
-    MP__CU_LOOP(j, cols) {
+    __shared__ float warp_sum[MP__CU_WARPS][MP__CU_WARP];
+    size_t lane = threadIdx.x % MP__CU_WARP, w = threadIdx.x / MP__CU_WARP, groups = (cols + MP__CU_WARP - 1) / MP__CU_WARP;
+    for (size_t g = blockIdx.x; g < groups; g += gridDim.x) { /* the same g for the whole block */
+        size_t j = g * MP__CU_WARP + lane, p;
         float acc = 0.0f;
-        for (size_t p = 0; p < parts; p++) acc += part[p * cols + j];
-        mp__st(db, dt, j, acc);
+        for (p = w; j < cols && p < parts; p += MP__CU_WARPS) acc += part[p * cols + j];
+        warp_sum[w][lane] = acc;
+        __syncthreads();
+        if (w == 0 && j < cols) {
+            acc = 0.0f;
+            for (p = 0; p < MP__CU_WARPS; p++) acc += warp_sum[p][lane];
+            mp__st(db, dt, j, acc);
+        }
+        __syncthreads(); /* warp_sum is the next group's */
     }
 }
 
@@ -434,56 +508,65 @@ static __global__ void mp__k_stats(mp__cu_stats *s, const void *src, mp_dtype st
     }
 }
 
-/* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), one thread a row */
+/* >>loss kernels: mixprec.h's loss rows (Keras 3's formulas), a warp a row */
 /* Row r's loss into row_loss[r] and its accuracy into right[r]; its
-   gradient of the batch mean into dpred's row (which is its workspace). */
+   gradient of the batch mean into dpred's row (which is its workspace).
+   Each lane reads and writes only its own columns of the row; the row's
+   sums are the lanes' in order, then the butterfly, so the float32 loss
+   and gradient may differ from the CPU's left-to-right sums in the last
+   bits (the argmax, and so the accuracy, never). */
 static __global__ void mp__k_loss_rows(mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
                                 mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols,
                                 float *dpred, float inv_rows, float *row_loss, unsigned *right) {
-    MP__CU_LOOP(r, rows) { /* the row's output, then its predictions, in dpred's row */
+    MP__CU_WARP_LOOP(r, lane, rows) { /* the row's output, then its predictions, in dpred's row */
         float *p = dpred + r * cols, l;
         const float *t = y ? y + r * cols : NULL;
         int32_t label = labels ? labels[r] : 0;
+        unsigned correct;
         size_t j;
-        for (j = 0; j < cols; j++) p[j] = mp__ld(out, ot, r * cols + j);
-        right[r] = (unsigned)mp__row_correct(kind, p, t, label, cols);
+        for (j = lane; j < cols; j += MP__CU_WARP) p[j] = mp__ld(out, ot, r * cols + j);
+        correct = (unsigned)mp__row_correct(kind, p, t, label, cols);
         if (pred != out)
-            for (j = 0; j < cols; j++) p[j] = mp__ld(pred, pt, r * cols + j);
+            for (j = lane; j < cols; j += MP__CU_WARP) p[j] = mp__ld(pred, pt, r * cols + j);
         if (kind == MP_BINARY_CROSSENTROPY) l = mp__binary_crossentropy_row(p, t, cols, from_logits);
         else if (kind == MP_MEAN_SQUARED_ERROR) l = mp__mean_squared_error_row(p, t, cols);
         else l = mp__crossentropy_row(p, t, label, cols, from_logits);
-        for (j = 0; j < cols; j++) p[j] *= inv_rows;
-        row_loss[r] = l;
+        for (j = lane; j < cols; j += MP__CU_WARP) p[j] *= inv_rows;
+        if (lane == 0) row_loss[r] = l, right[r] = correct;
     }
 }
 
-/* The batch's sums in a fixed two-level order (deterministic run to run):
-   each thread sums MP__CU_PART_ROWS rows in order, then one thread adds
-   the parts in order. Up to MP__CU_PART_ROWS rows this is the CPU's sum. */
-static __global__ void mp__k_loss_parts(float *part_loss, unsigned *part_right, const float *row_loss,
-                                        const unsigned *right, size_t rows, size_t parts) {
-    MP__CU_LOOP(p, parts) {
-        size_t r = p * MP__CU_PART_ROWS, end = r + MP__CU_PART_ROWS < rows ? r + MP__CU_PART_ROWS : rows;
-        float sum = 0.0f;
-        unsigned correct = 0;
-        for (; r < end; r++) {
-            sum += row_loss[r];
-            correct += right[r];
-        }
-        part_loss[p] = sum;
-        part_right[p] = correct;
-    }
-}
-
-static __global__ void mp__k_loss_sum(float *metrics, const float *part_loss, const unsigned *part_right, size_t parts) {
+/* The batch's loss sum and correct count, one block of MP__CU_THREADS
+   in a fixed two-level order (deterministic run to run): thread t adds
+   the rows of parts t, t + 256, ... (MP__CU_PART_ROWS rows each) in order
+   from 0.0f; then a tree over the threads' sums in shared memory, s[t] +=
+   s[t + h] for h = 128, 64, ..., 1, a barrier between levels. Up to
+   MP__CU_PART_ROWS rows this is the CPU's sum (thread 0's, plus zeros). */
+static __global__ void mp__k_loss_sum(float *metrics, const float *row_loss, const unsigned *right, size_t rows) {
+    __shared__ float loss[MP__CU_THREADS];
+    __shared__ unsigned correct[MP__CU_THREADS];
+    size_t t = threadIdx.x, p, r, h;
     float sum = 0.0f;
-    size_t p, correct = 0;
-    for (p = 0; p < parts; p++) {
-        sum += part_loss[p];
-        correct += part_right[p];
+    unsigned count = 0;
+    for (p = t; p * MP__CU_PART_ROWS < rows; p += MP__CU_THREADS)
+        for (r = p * MP__CU_PART_ROWS; r < rows && r < (p + 1) * MP__CU_PART_ROWS; r++) {
+            sum += row_loss[r];
+            count += right[r];
+        }
+    loss[t] = sum;
+    correct[t] = count;
+    __syncthreads();
+    for (h = MP__CU_THREADS / 2; h > 0; h /= 2) {
+        if (t < h) {
+            loss[t] += loss[t + h];
+            correct[t] += correct[t + h];
+        }
+        __syncthreads();
     }
-    metrics[0] = sum;
-    metrics[1] = (float)correct;
+    if (t == 0) {
+        metrics[0] = loss[0];
+        metrics[1] = (float)correct[0];
+    }
 }
 
 /* >>conv kernels (NHWC; mp_conv_geom by value) */
@@ -1154,7 +1237,7 @@ static void mp__cu_bias_act(void *ctx, void *y, const void *x, const void *bias,
                             mp_activation act, mp_dtype dt) {
     mp__cu *c = mp__cu_of(ctx);
     if (!cols || !mp__cu_live(c)) return;
-    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows, mp__k_softmax, y, x, bias, rows, cols, dt);
+    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_softmax, y, x, bias, rows, cols, dt);
     else MP__CU_LAUNCH(c, rows * cols, mp__k_bias_act, y, x, bias, rows * cols, cols, act, dt);
 }
 
@@ -1162,7 +1245,7 @@ static void mp__cu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *d
                                 size_t rows, size_t cols, mp_activation act, mp_dtype dt) {
     mp__cu *c = mp__cu_of(ctx);
     if (!cols || !mp__cu_live(c)) return;
-    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows, mp__k_softmax_backward, dx, dxt, dy, y, rows, cols, dt);
+    if (act == MP_SOFTMAX) MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_softmax_backward, dx, dxt, dy, y, rows, cols, dt);
     else MP__CU_LAUNCH(c, rows * cols, mp__k_act_backward, dx, dxt, dy, y, x, rows * cols, act, dt);
 }
 
@@ -1174,25 +1257,20 @@ static void mp__cu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, s
     /* parts * cols <= rows * cols floats: no larger than dy in float32 */
     if (parts && !(part = (float *)mp__cu_grow(c, &c->rows, parts * cols * sizeof(float)))) return;
     MP__CU_LAUNCH(c, parts * cols, mp__k_colsum_parts, part, dy, dt, rows, cols, parts);
-    MP__CU_LAUNCH(c, cols, mp__k_colsum_final, db, dt, part, parts, cols);
+    MP__CU_LAUNCH(c, (cols + MP__CU_WARP - 1) / MP__CU_WARP * MP__CU_THREADS, mp__k_colsum_final, db, dt, part, parts, cols);
 }
 
 static void mp__cu_loss(void *ctx, mp_loss kind, int from_logits, const void *pred, mp_dtype pt, const void *out,
                         mp_dtype ot, const int32_t *labels, const float *y, size_t rows, size_t cols, float *dpred,
                         float *metrics) {
     mp__cu *c = mp__cu_of(ctx);
-    float *row_loss, *part;
-    size_t parts = (rows + MP__CU_PART_ROWS - 1) / MP__CU_PART_ROWS;
+    float *row_loss;
     if (!mp__cu_live(c)) return;
     /* a loss and a count per row (rows <= the floats of dpred) */
-    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float) + parts * 2 * sizeof(float))))
-        return;
-    MP__CU_LAUNCH(c, rows, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
+    if (!(row_loss = (float *)mp__cu_grow(c, &c->rows, (rows ? rows : 1) * 2 * sizeof(float)))) return;
+    MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_loss_rows, kind, from_logits, pred, pt, out, ot, labels, y, rows, cols, dpred,
                   1.0f / (float)rows, row_loss, (unsigned *)(row_loss + rows));
-    part = row_loss + 2 * rows;
-    MP__CU_LAUNCH(c, parts, mp__k_loss_parts, part, (unsigned *)(part + parts), row_loss, (const unsigned *)(row_loss + rows),
-                  rows, parts);
-    MP__CU_LAUNCH1(c, mp__k_loss_sum, metrics, part, (const unsigned *)(part + parts), parts);
+    MP__CU_LAUNCH_GRID(c, 1, MP__CU_THREADS, mp__k_loss_sum, metrics, row_loss, (const unsigned *)(row_loss + rows), rows);
 }
 
 static void mp__cu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale) {

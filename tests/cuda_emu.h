@@ -22,8 +22,9 @@
    the CUDA C++ Programming Guide, "LT" the cuBLAS guide's cuBLASLt part).
 
    What else it checks: every kernel's indexing and logic (kernels run
-   block by block, thread by thread: they are grid-stride loops without
-   shared memory or barriers, so the order does not matter, and atomics are
+   block by block; a block's threads are fibers, so __syncthreads is a
+   real barrier and warp shuffles exchange values among a warp's lanes,
+   see >>threads; a kernel missing a barrier reads wrong data; atomics are
    plain updates); that a kernel's pointer arguments are device (or pinned)
    memory; the row-major to column-major mapping of every product, which a
    reference cublasLtMatmul computes from the descriptors as cuBLASLt
@@ -61,6 +62,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -315,6 +318,221 @@ static void emu_check_arg(T *const &p, const char *kernel) {
     }
 }
 
+/* >>threads: a block's threads as fibers (POSIX makecontext/swapcontext),
+   so that barriers and warp shuffles are real. The rules modelled:
+   PG "Synchronization Functions": __syncthreads() waits until every
+   thread of the block has reached it, and makes the shared and global
+   memory writes made before it visible to the block; in conditional code
+   it is allowed only if the condition is the same for the whole block
+   (otherwise a GPU may hang): here a barrier some thread of the block
+   never reaches (it exited) is a fault.
+   PG "Warp Shuffle Functions": __shfl_xor_sync/__shfl_down_sync exchange
+   a variable among the lanes of a warp named in mask; every non-exited
+   thread named must execute the same intrinsic with the same mask, and a
+   lane reads its source lane's value (its own where the source is past its
+   segment of width lanes): here a shuffle some named lane does not reach
+   (it exited, or waits at another barrier) is a fault.
+   How: the block's threads start in threadIdx order, each running until
+   it reaches a barrier, a shuffle or its end; when no thread can go on the
+   waits are resolved (a warp whose lanes all wait at a shuffle first, else
+   the block's barrier) and the waiting threads go on, again in order. So a
+   thread that reads what a higher-numbered thread writes before the
+   barrier that should separate them reads what was there before: a
+   kernel missing a __syncthreads reads wrong data here (test_cuda_emu
+   shows it). Threads that never wait run one after another on one fiber:
+   a grid-stride kernel costs two context switches a block. */
+#define EMU_WARP 32
+#define EMU_MAX_THREADS 1024
+#define EMU_STACK ((size_t)256 << 10)
+enum { EMU_RUNS, EMU_AT_BARRIER, EMU_AT_SHUFFLE, EMU_EXITED };
+typedef struct emu_thread {
+    int at, fiber;
+    unsigned mask, src; /* at a shuffle: its mask and source lane (threadIdx) */
+    uint64_t value;     /* the value it offers; then the one it receives */
+} emu_thread;
+typedef struct emu_fiber {
+    ucontext_t ctx;
+    char *stack; /* EMU_STACK bytes above a guard page */
+    void *fake;  /* ASan's fake stack while switched away */
+} emu_fiber;
+static emu_thread emu_threads[EMU_MAX_THREADS];
+static emu_fiber emu_fibers[EMU_MAX_THREADS];
+static ucontext_t emu_host_ctx;
+static int emu_fiber_now = -1; /* the fiber running; -1: the host */
+static unsigned emu_started, emu_block_threads;
+static const std::function<void()> *emu_thread_body;
+
+/* ASan must be told when the stack changes (its fiber annotations) */
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+static void *emu_host_fake;
+static const void *emu_host_bottom;
+static size_t emu_host_size;
+#endif
+
+/* Switches from the host to fiber f, or from the running fiber back to
+   the host (`last`: that fiber is done and never resumed). */
+static void emu_to_fiber(int f) {
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&emu_host_fake, emu_fibers[f].stack, EMU_STACK);
+#endif
+    emu_fiber_now = f;
+    swapcontext(&emu_host_ctx, &emu_fibers[f].ctx);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(emu_host_fake, NULL, NULL);
+#endif
+    emu_fiber_now = -1;
+}
+static void emu_fiber_entered(int f) {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(emu_fibers[f].fake, &emu_host_bottom, &emu_host_size);
+#else
+    (void)f;
+#endif
+}
+static void emu_to_host(int last) {
+    int f = emu_fiber_now;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(last ? NULL : &emu_fibers[f].fake, emu_host_bottom, emu_host_size);
+#else
+    (void)last;
+#endif
+    swapcontext(&emu_fibers[f].ctx, &emu_host_ctx);
+    emu_fiber_entered(f);
+}
+
+/* A fiber runs the block's next threads until one waits (it stays with
+   that thread) or none is left. */
+static void emu_fiber_main(void) {
+    int f = emu_fiber_now;
+    emu_fiber_entered(f);
+    while (emu_started < emu_block_threads) {
+        unsigned t = emu_started++;
+        emu_threads[t].at = EMU_RUNS;
+        emu_threads[t].fiber = f;
+        threadIdx.x = t;
+        (*emu_thread_body)();
+        emu_threads[t].at = EMU_EXITED;
+    }
+    emu_to_host(1);
+}
+
+static void emu_start_fiber(int f) {
+    emu_fiber *fb = &emu_fibers[f];
+    if (!fb->stack) { /* kept for the process: the next block reuses it */
+        char *p = (char *)mmap(NULL, EMU_STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == (char *)MAP_FAILED || mprotect(p, 4096, PROT_NONE) != 0) {
+            fprintf(stderr, "cuda_emu: no memory for a thread's stack\n");
+            abort();
+        }
+        fb->stack = p + 4096;
+    }
+    getcontext(&fb->ctx);
+    fb->ctx.uc_stack.ss_sp = fb->stack;
+    fb->ctx.uc_stack.ss_size = EMU_STACK;
+    fb->ctx.uc_link = NULL;
+    makecontext(&fb->ctx, emu_fiber_main, 0);
+    emu_to_fiber(f);
+}
+
+/* The running thread waits (at is EMU_AT_BARRIER or EMU_AT_SHUFFLE). */
+static void emu_wait_here(int at, const char *what) {
+    unsigned t = threadIdx.x;
+    if (emu_fiber_now < 0) {
+        fprintf(stderr, "cuda_emu: %s called outside a kernel\n", what);
+        abort();
+    }
+    emu_threads[t].at = at;
+    emu_to_host(0);
+    threadIdx.x = t;
+}
+
+static inline void __syncthreads(void) { emu_wait_here(EMU_AT_BARRIER, "__syncthreads"); }
+
+template <typename T>
+static T emu_shuffle(unsigned mask, T v, unsigned src_lane, const char *what) {
+    emu_thread *me = &emu_threads[threadIdx.x];
+    static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffled value is at most 8 bytes");
+    me->mask = mask;
+    me->src = threadIdx.x - threadIdx.x % EMU_WARP + src_lane;
+    me->value = 0;
+    memcpy(&me->value, &v, sizeof v);
+    emu_wait_here(EMU_AT_SHUFFLE, what);
+    memcpy(&v, &me->value, sizeof v);
+    return v;
+}
+/* PG "Warp Shuffle Functions": the source lane is laneId ^ laneMask, or
+   laneId + delta; past the lane's segment of width lanes, its own value. */
+template <typename T>
+static T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = EMU_WARP) {
+    unsigned lane = threadIdx.x % EMU_WARP, src = lane ^ (unsigned)lane_mask;
+    return emu_shuffle(mask, v, src / (unsigned)width > lane / (unsigned)width ? lane : src, "__shfl_xor_sync");
+}
+template <typename T>
+static T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = EMU_WARP) {
+    unsigned lane = threadIdx.x % EMU_WARP;
+    return emu_shuffle(mask, v, lane % (unsigned)width + delta < (unsigned)width ? lane + delta : lane, "__shfl_down_sync");
+}
+
+/* A warp whose every lane waits at a shuffle: each receives its source's
+   value. 0: not every lane is there yet; -1: the shuffle is broken. */
+static int emu_resolve_warp(unsigned w, int *go) {
+    unsigned first = w * EMU_WARP, end = first + EMU_WARP < emu_block_threads ? first + EMU_WARP : emu_block_threads, t;
+    uint64_t got[EMU_WARP];
+    for (t = first; t < end; t++)
+        if (emu_threads[t].at != EMU_AT_SHUFFLE) return 0;
+    for (t = first; t < end; t++) {
+        const emu_thread *me = &emu_threads[t];
+        if (me->mask != emu_threads[first].mask || !(me->mask >> (t - first) & 1u) || me->src >= end ||
+            !(me->mask >> (me->src - first) & 1u))
+            return -1;
+        got[t - first] = emu_threads[me->src].value;
+    }
+    for (t = first; t < end; t++) emu_threads[t].value = got[t - first], go[t] = 1;
+    return 1;
+}
+
+/* Runs one block's threads to their end. */
+static void emu_run_block(const std::function<void()> &body) {
+    int go[EMU_MAX_THREADS], fibers = 0;
+    unsigned n = blockDim.x, t, w;
+    emu_thread_body = &body;
+    emu_block_threads = n;
+    emu_started = 0;
+    while (emu_started < n) emu_start_fiber(fibers++);
+    for (;;) {
+        unsigned exited = 0, at_barrier = 0;
+        int released = 0, broken = 0;
+        memset(go, 0, n * sizeof go[0]);
+        for (w = 0; w * EMU_WARP < n; w++) {
+            int r = emu_resolve_warp(w, go);
+            released |= r > 0, broken |= r < 0;
+        }
+        for (t = 0; t < n; t++) exited += emu_threads[t].at == EMU_EXITED, at_barrier += emu_threads[t].at == EMU_AT_BARRIER;
+        if (exited == n) return;
+        if (!released && !broken && at_barrier == n)
+            for (t = 0; t < n; t++) go[t] = 1, released = 1;
+        if (!released || broken) {
+            emu_fault(cudaErrorLaunchFailure, broken ? "a warp shuffle whose lanes do not match its mask"
+                                                     : "a __syncthreads or shuffle that some thread it waits for never reaches");
+            return; /* the waiting fibers are dropped; their stacks are reused */
+        }
+        for (t = 0; t < n; t++)
+            if (go[t]) {
+                emu_threads[t].at = EMU_RUNS;
+                threadIdx.x = t;
+                emu_to_fiber(emu_threads[t].fiber);
+            }
+    }
+}
+
 template <typename... P, size_t... I>
 static void emu_call(void (*kernel)(P...), const std::tuple<typename std::decay<P>::type...> &args,
                      std::index_sequence<I...>) {
@@ -345,9 +563,8 @@ static void emu_launch(unsigned blocks, unsigned threads, cudaStream_t s, const 
         if (emu_sticky != cudaSuccess) return;
         gridDim = dim3(blocks);
         blockDim = dim3(threads);
-        for (blockIdx.x = 0; blockIdx.x < gridDim.x; blockIdx.x++)
-            for (threadIdx.x = 0; threadIdx.x < blockDim.x; threadIdx.x++)
-                emu_call(kernel, args, std::index_sequence_for<P...>());
+        std::function<void()> body = [&args, kernel]() { emu_call(kernel, args, std::index_sequence_for<P...>()); };
+        for (blockIdx.x = 0; blockIdx.x < gridDim.x && emu_sticky == cudaSuccess; blockIdx.x++) emu_run_block(body);
     });
 }
 #define MP__CU_RUN(blocks, threads, stream, kernel, ...) \

@@ -339,6 +339,92 @@ static void test_bias_grad(void) {
         }
 }
 
+/* Whether a's device bytes and b's are the same (two runs of one op). */
+static int same_runs(const char *what, const arg *a, const arg *b) {
+    void *x = fetch(a), *y = fetch(b);
+    int same = gpu.be->sync(gpu.ctx) == MP_OK && memcmp(x, y, a->bytes) == 0;
+    free(x);
+    free(y);
+    if (!same) fprintf(stderr, "  %s: two runs differ\n", what);
+    return CHECK(same);
+}
+
+/* The reductions (softmax and its backward, the column sums, the loss
+   sum) twice on the device from the same data: the same bits (a fixed
+   order, no float atomics), and the CPU's results within float32's
+   reordering. Sizes that reach every level: rows of 300 columns (10 a
+   lane), 5000 rows of bias gradient in 3 column groups (20 parts: the
+   block's second level), 66000 loss rows (more parts than the sum's
+   threads). */
+static void test_reductions_rerun(void) {
+    size_t rows = 33, cols = 300, n = rows * cols, grad_rows = 5000, grad_cols = 70, loss_rows = 66000, classes = 10, i;
+    arg *x = rand_arg(F32, n, -4.0f, 4.0f), *dy = rand_arg(F32, n, -1.0f, 1.0f);
+    arg *g = rand_arg(F32, grad_rows * grad_cols, -1.0f, 1.0f), *pred = rand_arg(F32, loss_rows * classes, -6.0f, 6.0f);
+    arg *labels = new_arg(loss_rows * 4), *dpred = new_arg(loss_rows * classes * 4), *y[2], *dx[2], *db[2], *metrics[2];
+    tol sums = {1e-4f, 1e-4f};
+    int run;
+    for (i = 0; i < loss_rows; i++) ((int32_t *)labels->host)[i] = (int32_t)(rng_next() % classes);
+    upload(labels);
+    for (run = 0; run < 2; run++) {
+        y[run] = new_arg(n * 4), dx[run] = new_arg(n * 4), db[run] = new_arg(grad_cols * 4), metrics[run] = new_arg(8);
+        gpu.be->bias_act(gpu.ctx, y[run]->dev, x->dev, NULL, rows, cols, MP_SOFTMAX, F32);
+        gpu.be->act_backward(gpu.ctx, dx[run]->dev, F32, dy->dev, y[run]->dev, x->dev, rows, cols, MP_SOFTMAX, F32);
+        gpu.be->bias_grad(gpu.ctx, db[run]->dev, g->dev, grad_rows, grad_cols, F32);
+        gpu.be->loss(gpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->dev, F32, pred->dev, F32,
+                     (const int32_t *)labels->dev, NULL, loss_rows, classes, (float *)dpred->dev, (float *)metrics[run]->dev);
+    }
+    same_runs("softmax", y[0], y[1]);
+    same_runs("softmax backward", dx[0], dx[1]);
+    same_runs("bias_grad over 20 parts", db[0], db[1]);
+    same_runs("loss sum over 258 parts", metrics[0], metrics[1]);
+    cpu.be->bias_act(cpu.ctx, y[0]->host, x->host, NULL, rows, cols, MP_SOFTMAX, F32);
+    cpu.be->act_backward(cpu.ctx, dx[0]->host, F32, dy->host, y[0]->host, x->host, rows, cols, MP_SOFTMAX, F32);
+    cpu.be->bias_grad(cpu.ctx, db[0]->host, g->host, grad_rows, grad_cols, F32);
+    cpu.be->loss(cpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->host, F32, pred->host, F32,
+                 (const int32_t *)labels->host, NULL, loss_rows, classes, (float *)dpred->host, (float *)metrics[0]->host);
+    agree("softmax, 300 columns", y[0], F32, n, TRANSCENDENTAL);
+    agree("softmax backward, 300 columns", dx[0], F32, n, TRANSCENDENTAL);
+    agree("bias_grad over 20 parts", db[0], F32, grad_cols, sums);
+    agree("loss sum and count over 258 parts", metrics[0], F32, 2, sums);
+    free_args();
+}
+
+/* The loss rows a warp a row with more columns than lanes (70: 2 or 3 a
+   lane): the argmax in the CPU's order across lanes (the first of equal
+   maxima, -0 and +0 equal, NaN at index 0 before all, any other NaN never),
+   so the accuracy count is exact; the gradient within float32 reordering. */
+static void test_loss_rows_lanes(void) {
+    enum { ROWS = 40, COLS = 70 };
+    arg *pred = rand_arg(F32, ROWS * COLS, -6.0f, 6.0f), *labels = new_arg(ROWS * 4);
+    arg *dpred = new_arg(ROWS * COLS * 4), *metrics = new_arg(8);
+    float *p = (float *)pred->host, *got;
+    int32_t *lab = (int32_t *)labels->host;
+    size_t r, j;
+    for (r = 0; r < ROWS; r++) lab[r] = (int32_t)(r % COLS);
+    p[1 * COLS + 0] = NAN;                                     /* row 1: NaN first, the argmax 0 */
+    lab[1] = 0;
+    p[2 * COLS + 5] = NAN;                                     /* row 2: a NaN never the argmax */
+    p[3 * COLS + 10] = p[3 * COLS + 50] = 100.0f, lab[3] = 10; /* a tie across lanes: the first */
+    p[4 * COLS + 13] = p[4 * COLS + 45] = 100.0f, lab[4] = 45; /* the later one: not right */
+    for (j = 0; j < COLS; j++) p[5 * COLS + j] = -1.0f;
+    p[5 * COLS + 40] = 0.0f, p[5 * COLS + 7] = -0.0f, lab[5] = 7; /* -0 == +0: the first */
+    p[0 * COLS + 0] = p[2 * COLS + 2] = -7.0f; /* rows 0 and 2: not right */
+    for (r = 6; r < ROWS; r++) /* the rest: the label's column the maximum in the odd rows, the minimum in the even */
+        p[r * COLS + (size_t)lab[r]] = r % 2 ? 7.0f : -7.0f;
+    upload(pred);
+    upload(labels);
+    cpu.be->loss(cpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, p, F32, p, F32, lab, NULL, ROWS, COLS,
+                 (float *)dpred->host, (float *)metrics->host);
+    gpu.be->loss(gpu.ctx, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, pred->dev, F32, pred->dev, F32,
+                 (const int32_t *)labels->dev, NULL, ROWS, COLS, (float *)dpred->dev, (float *)metrics->dev);
+    got = (float *)fetch(metrics);
+    CHECK(got[1] == ((float *)metrics->host)[1] && got[1] == (float)(3 + (ROWS - 6) / 2)); /* rows 1, 3, 5 and the odd ones */
+    CHECK(got[0] != got[0]);                                                               /* NaN rows: a NaN sum */
+    free(got);
+    agree("loss rows across lanes: gradient", dpred, F32, ROWS * COLS, TRANSCENDENTAL);
+    free_args();
+}
+
 /* Each loss from logits and from probabilities, predictions in each dtype. */
 static void test_losses_of(size_t rows) {
     static const mp_loss kinds[] = {MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_CATEGORICAL_CROSSENTROPY,
@@ -930,6 +1016,59 @@ static void test_unaligned_bias(void) {
     CHECK(after.fallbacks - before.fallbacks == COUNT(dtypes) * COUNT(acts)); /* each counted */
 }
 
+/* The issue's example: Dense(10) on 33 inputs under mixed_float16, whose
+   float16 bias would sit 660 bytes into the layer's weights. The model
+   carves the compute-dtype copy's bias on a 256-byte boundary: no
+   fallback, the same training as the CPU's, and the float32 weights (what
+   get_weights and checkpoints see) packed as before. */
+static void test_padded_bias(void) {
+    enum { IN = 33, UNITS = 10, N = 32 };
+    float x[N * IN], w[2][IN * UNITS + UNITS], back[IN * UNITS + UNITS];
+    int32_t labels[N];
+    mp_model *m[2] = {NULL, NULL};
+    mp_model_memory mem;
+    size_t i, bad = 0;
+    int b, step, applied;
+    synthetic(x, labels, N, IN);
+    for (b = 0; b < 2; b++) {
+        mp_model_desc md;
+        mp_compile_desc cd;
+        memset(&md, 0, sizeof md);
+        memset(&cd, 0, sizeof cd);
+        md.input_shape[0] = IN;
+        md.backend = b ? mp_cuda_backend() : NULL;
+        md.threads = 1;
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.optimizer.kind = MP_ADAM;
+        cd.optimizer.learning_rate = 0.01f;
+        if (!CHECK(mp_set_global_policy_name("mixed_float16") == MP_OK && mp_model_create(&m[b], &md) == MP_OK)) return;
+        CHECK(mp_model_add(m[b], mp_dense(UNITS, MP_RELU)) == MP_OK && mp_model_compile(m[b], &cd) == MP_OK);
+        for (step = 0; step < 3; step++) (void)train_step(m[b], x, labels, N, &applied);
+        CHECK(mp_model_param_count(m[b]) == COUNT(back));
+        CHECK(mp_model_get_weights(m[b], w[b], COUNT(back)) == MP_OK);
+    }
+    for (i = 0; i < COUNT(back); i++) {
+        tol t = {1e-3f, 0.0f};
+        bad += !within(w[1][i], w[0][i], t);
+    }
+    CHECK(bad == 0);
+    CHECK(mp_model_memory_info(m[1], &mem) == MP_OK && mem.fallbacks == 0);
+    /* set, then get: the packed float32 order; a step after it reads the new bias */
+    for (i = 0; i < COUNT(back); i++) w[0][i] = i < IN * UNITS ? 0.0f : (float)i;
+    CHECK(mp_model_set_weights(m[1], w[0], COUNT(back)) == MP_OK && mp_model_get_weights(m[1], back, COUNT(back)) == MP_OK);
+    CHECK(memcmp(back, w[0], sizeof back) == 0);
+    CHECK(mp_forward(m[1], x, N, 0) == MP_OK);
+    {
+        mp_tensor out;
+        CHECK(mp_output(m[1], &out) == MP_OK && out.dtype == MP_FLOAT16);
+        /* a zero kernel: each output its bias, IN * UNITS + j, in float16 */
+        CHECK(mp_f16_to_f32(((const mp_f16 *)out.data)[UNITS + 3]) == (float)(IN * UNITS + 3));
+    }
+    CHECK(mp_model_memory_info(m[1], &mem) == MP_OK && mem.fallbacks == 0);
+    mp_model_destroy(m[0]);
+    mp_model_destroy(m[1]);
+}
+
 /* cuBLASLt's refusals (made by the emulation on request; on a GPU the
    variables do nothing and these are plain products): each product still
    right, on the slower path counted in memory's fallbacks unless it is
@@ -1103,9 +1242,12 @@ int main(int argc, char **argv) {
     RUN(test_model_memory());
     RUN(test_steady_state());
     RUN(test_unaligned_bias());
+    RUN(test_padded_bias());
     RUN(test_losses_in_parts());
     RUN(test_refusals());
     RUN(test_plan_cache());
+    RUN(test_reductions_rerun());
+    RUN(test_loss_rows_lanes());
     RUN(test_sticky_error());
     RUN(test_bad_device());
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);

@@ -118,6 +118,64 @@ static void test_faults(cudaStream_t s) {
     CHECK(cudaFree(d) == cudaSuccess);
 }
 
+/* Block b's sum of 1000 b + t over its threads t by a shared-memory tree
+   (s[t] += s[t + half]), with or without the __syncthreads between the
+   steps (shared memory holds what the previous block left). */
+static __global__ void k_block_sum(float *out, int with_barriers) {
+    __shared__ float s[64];
+    unsigned t = threadIdx.x, half;
+    s[t] = (float)(1000 * blockIdx.x + t);
+    if (with_barriers) __syncthreads();
+    for (half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) s[t] += s[t + half];
+        if (with_barriers) __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+/* Each warp's sum of its lanes' threadIdx by a xor butterfly (every lane
+   ends with it), and lane 0's shuffle-down tree. */
+static __global__ void k_warp_sums(float *xor_sum, unsigned *down_sum) {
+    float v = (float)threadIdx.x;
+    unsigned u = threadIdx.x;
+    int m;
+    for (m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
+    for (m = 16; m > 0; m /= 2) u += __shfl_down_sync(0xFFFFFFFFu, u, (unsigned)m);
+    xor_sum[threadIdx.x] = v;
+    down_sum[threadIdx.x] = u;
+}
+
+/* A barrier in a branch only some threads take (PG: undefined). */
+static __global__ void k_divergent(float *out) {
+    if (threadIdx.x < 16) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+/* Barriers and shuffles: a missing __syncthreads reads wrong data. */
+static void test_block_threads(cudaStream_t s) {
+    float *d = NULL, *xs = NULL, got[2][2], sums[64];
+    unsigned *ds = NULL, downs[64];
+    int with, t, ok = 1;
+    CHECK(cudaMalloc((void **)&d, 2 * sizeof(float)) == cudaSuccess);
+    CHECK(cudaMalloc((void **)&xs, 64 * sizeof(float)) == cudaSuccess);
+    CHECK(cudaMalloc((void **)&ds, 64 * sizeof(unsigned)) == cudaSuccess);
+    for (with = 1; with >= 0; with--) {
+        MP__CU_RUN(2, 64, s, k_block_sum, d, with);
+        CHECK(cudaMemcpyAsync(got[with], d, sizeof got[with], cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    }
+    CHECK(got[1][0] == 2016.0f && got[1][1] == 66016.0f); /* 0 + 1 + ... + 63, and 64 000 more */
+    CHECK(got[0][1] != 66016.0f); /* no barriers: thread 0 read s[32] before thread 32 wrote it */
+    MP__CU_RUN(1, 64, s, k_warp_sums, xs, ds);
+    CHECK(cudaMemcpyAsync(sums, xs, sizeof sums, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(downs, ds, sizeof downs, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    for (t = 0; t < 64; t++) ok &= sums[t] == (t < 32 ? 496.0f : 1520.0f);
+    CHECK(ok && downs[0] == 496u && downs[32] == 1520u);
+    MP__CU_RUN(1, 32, s, k_divergent, xs);
+    CHECK(cudaStreamSynchronize(s) == cudaErrorLaunchFailure);
+    check_sticky(cudaErrorLaunchFailure);
+    CHECK(cudaFree(d) == cudaSuccess && cudaFree(xs) == cudaSuccess && cudaFree(ds) == cudaSuccess);
+}
+
 /* cuBLASLt: the documented type table, and the BIAS epilogue's bias. */
 static cublasStatus_t heuristic(cublasLtHandle_t lt, cublasComputeType_t compute, cudaDataType_t ab, cudaDataType_t dt,
                                 const void *bias, cublasLtMatmulAlgo_t *algo, cublasLtMatmulDesc_t *desc,
@@ -219,6 +277,7 @@ int main(int argc, char **argv) {
     RUN(test_pageable(s1));
     RUN(test_streams(s1, s2));
     RUN(test_faults(s1));
+    RUN(test_block_threads(s1));
     RUN(test_cublaslt(s1));
     CHECK(cudaStreamDestroy(s1) == cudaSuccess && cudaStreamDestroy(s2) == cudaSuccess);
     return check_done("test_cuda_emu");

@@ -10,6 +10,9 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+/* A block's shared memory: the blocks of a grid run one after another
+   (tests/cuda_emu.h), so one static copy serves each in turn. */
+#define __shared__ static
 
 struct uint3 {
     unsigned x, y, z;
