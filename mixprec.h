@@ -3050,9 +3050,10 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
    a training step's products come back to back, and a worker woken by the
    caller for each of them was often put by Linux on the caller's own core,
    behind it (measured: the two halves of a 0.6 ms product running one
-   after the other, on an idle 2-core machine). The spin yields the core
-   between polls. It needs GCC's or Clang's __atomic builtins; elsewhere
-   the pool only sleeps. */
+   after the other, on an idle 2-core machine). The spin keeps the core
+   for its first polls and yields it between the later ones (mp__pause).
+   It needs GCC's or Clang's __atomic builtins; elsewhere the pool only
+   sleeps. */
 typedef void (*mp__task)(void *ctx, int thread, int threads);
 
 /* What one thread packs into and sums in: an A block, a B panel (grown to
@@ -3097,11 +3098,13 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
 
 #ifdef MP__THREADS
 #if defined(__GNUC__) || defined(__clang__)
-#define MP__SPINS 100 /* polls: about 100 microseconds (see mp__pause) */
+#define MP__SPINS 100     /* polls: about 100 microseconds (see mp__pause) */
+#define MP__SPINS_KEEP 70 /* of them without yielding: about 50 microseconds */
 #define MP__LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
 #define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_RELEASE)
 #else
 #define MP__SPINS 0
+#define MP__SPINS_KEEP 0
 #define MP__LOAD(x) (x)
 #define MP__STORE(x, v) ((x) = (v))
 #endif
@@ -3111,19 +3114,24 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
 #define MP__SPIN_WHILE(cond)                                                                       \
     do {                                                                                           \
         int spin_;                                                                                 \
-        for (spin_ = 0; spin_ < MP__SPINS && (cond) && !MP__LOAD(p->quit); spin_++) mp__pause();   \
+        for (spin_ = 0; spin_ < MP__SPINS && (cond) && !MP__LOAD(p->quit); spin_++)                \
+            mp__pause(spin_);                                                                      \
     } while (0)
 
-/* Between polls: a few pause instructions, then the core to any other
-   thread that wants it. On a loaded machine the caller and a worker can
-   share a core, and a spin that did not yield would take the turn of the
-   thread with the work. */
-static void mp__pause(void) {
+/* Between polls: a few pause instructions (0.7 us on Zen 5); after the
+   first MP__SPINS_KEEP polls, also the core to any other thread that
+   wants it. Yielding from the first poll handed the core to any
+   low-priority job for its whole time slice (a batch-128 bfloat16 step on
+   2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms without yielding);
+   never yielding starved a caller and a worker that share a core (beside
+   one equal-priority job: 6.0 ms, 4.6 ms yielding). Keeping 70 polls gave
+   2.3-2.4 and 5.6-5.9 ms (bench/train, README's "Two threads"). */
+static void mp__pause(int spin) {
 #ifdef MP__SIMD_X86
     int i;
     for (i = 0; i < 32; i++) _mm_pause();
 #endif
-    sched_yield();
+    if (spin >= MP__SPINS_KEEP) sched_yield();
 }
 
 static void *mp__worker_main(void *arg) {
