@@ -3541,7 +3541,7 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
     const mp_gemm_args *g = d->g;
     const __m512 zero = _mm512_setzero_ps();
     size_t at = (d->row + r) * g->n + d->col;
-    __mmask32 k = (__mmask32)(d->cols >= 32 ? 0xFFFFFFFFu : (1u << d->cols) - 1);
+    __mmask32 k = d->cols >= 32 ? (__mmask32)0xFFFFFFFFu : mp__z_tail(d->cols);
     if (d->bias) {
         lo = _mm512_add_ps(lo, _mm512_loadu_ps(d->bias));
         hi = _mm512_add_ps(hi, _mm512_loadu_ps(d->bias + 16));

@@ -1,6 +1,7 @@
 /* data_parallel.h - what test_comm.c (forked ranks, a shared-memory
    communicator) and test_mpi.c (Open MPI) share: the data set, the model
-   each rank builds, a CRC of bytes and a relative difference. Include after
+   each rank builds, the state every rank must hold alike, a CRC of bytes
+   and a relative difference. Include after
    mixprec.h and helpers.h. */
 #ifndef MIXPREC_TEST_DATA_PARALLEL_H
 #define MIXPREC_TEST_DATA_PARALLEL_H
@@ -17,6 +18,26 @@ static void make_data(void) {
         ys[i] = (int32_t)(i % 3);
         for (f = 0; f < NF; f++) xs[i * NF + f] = normal() * 0.5f + (f % 3 == ys[i] ? 1.0f : 0.0f);
     }
+}
+
+#define MAXW 4096 /* weights, and slots, a snapshot holds */
+
+/* What every rank must hold alike: the weights, the optimizer's slots, the
+   loss scale and the steps it skipped. */
+typedef struct model_state {
+    size_t nw, ns;
+    float w[MAXW], s[MAXW], scale;
+    uint32_t skipped;
+} model_state;
+
+static void get_state(mp_model *m, model_state *st) {
+    memset(st, 0, sizeof *st);
+    st->nw = mp_model_param_count(m);
+    st->ns = mp_optimizer_slot_count(m);
+    if (st->nw <= MAXW) mp_model_get_weights(m, st->w, st->nw);
+    if (st->ns <= MAXW) mp_get_optimizer_slots(m, st->s, st->ns);
+    st->scale = mp_current_loss_scale(m);
+    st->skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
 }
 
 /* Rank `rank`'s seed: a different one on every rank. */

@@ -33,19 +33,15 @@
 
 #define MAXR 3
 #define SLOT 65536 /* floats a rank can put through one collective */
-#define MAXW 4096  /* weights a rank reports */
 #define MAXE 8     /* epochs a rank reports */
 
 typedef struct rank_report {
     mp_status status;
     char error[256];
-    size_t n_weights, n_slots;
-    float weights[MAXW], slots[MAXW];
+    model_state state;
     uint32_t epoch_crc[MAXE];
     float epoch_loss[MAXE], epoch_acc[MAXE], epoch_val[MAXE];
     int epochs_seen, applied, file_written, unchanged;
-    float scale;
-    uint32_t skipped;
     mp_logs eval;
 } rank_report;
 
@@ -165,15 +161,6 @@ typedef struct setup {
     mp_dtype allreduce_dtype;
 } setup;
 
-static void report_state(mp_model *m, rank_report *out) {
-    out->n_weights = mp_model_param_count(m);
-    out->n_slots = mp_optimizer_slot_count(m);
-    if (out->n_weights <= MAXW) mp_model_get_weights(m, out->weights, out->n_weights);
-    if (out->n_slots <= MAXW) mp_get_optimizer_slots(m, out->slots, out->n_slots);
-    out->scale = mp_current_loss_scale(m);
-    out->skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
-}
-
 /* on_epoch_end: the rank's weights' CRC and the epoch's logs */
 static mp_status epoch_report(void *user, mp_fit_state *s, const mp_logs *lg) {
     rank_report *out = (rank_report *)user;
@@ -236,7 +223,7 @@ static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, co
     }
 done:
     snprintf(out->error, sizeof out->error, "%s", mp_model_error(m));
-    report_state(m, out);
+    get_state(m, &out->state);
     mp_model_destroy(m);
 }
 
@@ -250,9 +237,9 @@ static void check_ranks_agree(int size, int epochs) {
         const rank_report *r1 = &W->report[r];
         if (!CHECK(r1->status == MP_OK)) fprintf(stderr, "    rank %d: %s\n", r, r1->error);
         CHECK(r1->epochs_seen == epochs);
-        CHECK(r1->n_weights == r0->n_weights && same_bits(r1->weights, r0->weights, r0->n_weights));
-        CHECK(r1->n_slots == r0->n_slots && same_bits(r1->slots, r0->slots, r0->n_slots));
-        CHECK(r1->scale == r0->scale && r1->skipped == r0->skipped);
+        CHECK(r1->state.nw == r0->state.nw && same_bits(r1->state.w, r0->state.w, r0->state.nw));
+        CHECK(r1->state.ns == r0->state.ns && same_bits(r1->state.s, r0->state.s, r0->state.ns));
+        CHECK(r1->state.scale == r0->state.scale && r1->state.skipped == r0->state.skipped);
         for (e = 0; e < epochs && e < MAXE; e++) {
             CHECK_EQ(r1->epoch_crc[e], r0->epoch_crc[e]);
             CHECK(r1->epoch_loss[e] == r0->epoch_loss[e] && r1->epoch_acc[e] == r0->epoch_acc[e]);
@@ -268,7 +255,7 @@ static void check_ranks_agree(int size, int epochs) {
 static void init_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
     mp_model *m = rank_model(comm, rank_seed(rank), (const char *)arg);
     out->status = m ? MP_OK : MP_ERR_STATE;
-    if (m) report_state(m, out);
+    if (m) get_state(m, &out->state);
     mp_model_destroy(m);
 }
 
@@ -284,7 +271,7 @@ static void test_initial_weights(int size) {
     run_ranks(size, init_rank, "mixed_float16");
     for (r = 0; r < size; r++) {
         CHECK(W->report[r].status == MP_OK);
-        CHECK(W->report[r].n_weights == n && same_bits(W->report[r].weights, w, n));
+        CHECK(W->report[r].state.nw == n && same_bits(W->report[r].state.w, w, n));
     }
     mp_model_destroy(alone);
     mp_model_destroy(other);
@@ -307,12 +294,12 @@ static void test_fit_matches_one_process(int size, const char *policy, int n) {
     CHECK(one.status == MP_OK && one.epochs_seen == 3);
     run_ranks(size, fit_rank, &st);
     check_ranks_agree(size, 3);
-    if (!CHECK(rel_diff(W->report[0].weights, one.weights, one.n_weights) < tol))
-        fprintf(stderr, "    %s: weights differ by %g\n", policy, (double)rel_diff(W->report[0].weights, one.weights, one.n_weights));
+    if (!CHECK(rel_diff(W->report[0].state.w, one.state.w, one.state.nw) < tol))
+        fprintf(stderr, "    %s: weights differ by %g\n", policy, (double)rel_diff(W->report[0].state.w, one.state.w, one.state.nw));
     CHECK(fabsf(W->report[0].eval.loss - one.eval.loss) < 10.0f * tol);
     CHECK(W->report[0].eval.accuracy == one.eval.accuracy);
     CHECK(fabsf(W->report[0].epoch_val[2] - one.epoch_val[2]) < 10.0f * tol);
-    CHECK(W->report[0].scale == one.scale);
+    CHECK(W->report[0].state.scale == one.state.scale);
 }
 
 /* The custom loop: rank 1's batch overflows float16 (a finite float32
@@ -331,15 +318,15 @@ static void inf_rank(const mp_communicator *comm, int rank, rank_report *out, co
             (out->status = mp_compute_scaled_gradients(m)) != MP_OK ||
             (out->status = mp_get_unscaled_gradients(m)) != MP_OK)
             break;
-        if (step == 1) report_state(m, out); /* before the step */
+        if (step == 1) get_state(m, &out->state); /* before the step */
         if ((out->status = mp_apply_gradients(m, &out->applied)) != MP_OK) break;
     }
     if (out->status == MP_OK) {
         float w[MAXW], s[MAXW];
-        memcpy(w, out->weights, sizeof w);
-        memcpy(s, out->slots, sizeof s);
-        report_state(m, out);
-        out->unchanged = same_bits(w, out->weights, out->n_weights) && same_bits(s, out->slots, out->n_slots);
+        memcpy(w, out->state.w, sizeof w);
+        memcpy(s, out->state.s, sizeof s);
+        get_state(m, &out->state);
+        out->unchanged = same_bits(w, out->state.w, out->state.nw) && same_bits(s, out->state.s, out->state.ns);
     }
     snprintf(out->error, sizeof out->error, "%s", mp_model_error(m));
     mp_model_destroy(m);
@@ -353,10 +340,10 @@ static void test_inf_on_one_rank(int size) {
         if (!CHECK(o->status == MP_OK)) fprintf(stderr, "    rank %d: %s\n", r, o->error);
         CHECK(o->applied == 0);        /* skipped on every rank */
         CHECK(o->unchanged == 1);      /* weights and slots as before the step */
-        CHECK(o->scale == 16384.0f);   /* 2^15 halved */
-        CHECK(o->skipped == 1);
-        CHECK(same_bits(o->weights, W->report[0].weights, o->n_weights));
-        CHECK(same_bits(o->slots, W->report[0].slots, o->n_slots));
+        CHECK(o->state.scale == 16384.0f);   /* 2^15 halved */
+        CHECK(o->state.skipped == 1);
+        CHECK(same_bits(o->state.w, W->report[0].state.w, o->state.nw));
+        CHECK(same_bits(o->state.s, W->report[0].state.s, o->state.ns));
     }
 }
 
@@ -386,9 +373,9 @@ static void test_resume_on_other_sizes(const char *dir) {
     for (size = 1; size <= 3; size += 2) {
         run_ranks(size, fit_rank, &st);
         check_ranks_agree(size, 2);
-        if (!CHECK(rel_diff(W->report[0].weights, whole.weights, whole.n_weights) < 2e-2f))
-            fprintf(stderr, "    resumed on %d: %g\n", size, (double)rel_diff(W->report[0].weights, whole.weights, whole.n_weights));
-        CHECK(W->report[0].scale == whole.scale);
+        if (!CHECK(rel_diff(W->report[0].state.w, whole.state.w, whole.state.nw) < 2e-2f))
+            fprintf(stderr, "    resumed on %d: %g\n", size, (double)rel_diff(W->report[0].state.w, whole.state.w, whole.state.nw));
+        CHECK(W->report[0].state.scale == whole.state.scale);
     }
     remove(path);
 }
@@ -408,10 +395,10 @@ static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
     st.allreduce_dtype = wire;
     run_ranks(size, fit_rank, &st);
     check_ranks_agree(size, 3);
-    if (!CHECK(rel_diff(W->report[0].weights, wide.weights, wide.n_weights) < 5e-2f))
-        fprintf(stderr, "    %g\n", (double)rel_diff(W->report[0].weights, wide.weights, wide.n_weights));
-    CHECK(memcmp(W->report[0].weights, wide.weights, wide.n_weights * sizeof(float)) != 0); /* it did round */
-    CHECK(W->report[0].scale == wide.scale);
+    if (!CHECK(rel_diff(W->report[0].state.w, wide.state.w, wide.state.nw) < 5e-2f))
+        fprintf(stderr, "    %g\n", (double)rel_diff(W->report[0].state.w, wide.state.w, wide.state.nw));
+    CHECK(memcmp(W->report[0].state.w, wide.state.w, wide.state.nw * sizeof(float)) != 0); /* it did round */
+    CHECK(W->report[0].state.scale == wide.state.scale);
     CHECK(fabsf(W->report[0].eval.accuracy - wide.eval.accuracy) <= 0.05f);
 }
 

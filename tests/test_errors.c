@@ -59,6 +59,7 @@ static void t_free(void *q) {
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 static int verbose;
 #define NS 8 /* samples of the small classifier: 4 inputs, 3 classes */
@@ -169,18 +170,6 @@ static mp_model *classifier(mp_optimizer_kind opt) {
     return m;
 }
 
-static mp_fit_desc fit_desc(const float *x, const int32_t *labels, size_t n, int batch) {
-    mp_fit_desc fd;
-    memset(&fd, 0, sizeof fd);
-    fd.data.x = x;
-    fd.data.labels = labels;
-    fd.data.n = n;
-    fd.batch_size = batch;
-    fd.epochs = 1;
-    fd.verbose = MP_VERBOSE_SILENT;
-    return fd;
-}
-
 static mp_data data_of(const float *x, const int32_t *labels, size_t n) {
     mp_data d;
     d.x = x;
@@ -266,7 +255,7 @@ static void test_null_model(void) {
 
 static void test_null_fit_evaluate_predict(void) {
     mp_model *m = classifier(MP_ADAM);
-    mp_fit_desc fd = fit_desc(cx, cl, NS, 4);
+    mp_fit_desc fd = silent_fit(cx, cl, NS, 4, 1);
     mp_data d = data_of(cx, cl, NS);
     mp_logs logs;
     float out[NS * 3];
@@ -275,7 +264,7 @@ static void test_null_fit_evaluate_predict(void) {
     CHECK_MST(m, mp_model_fit(m, NULL), MP_ERR_NULL, "null");
     fd.data.x = NULL;
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NULL, "null");
-    fd = fit_desc(cx, NULL, NS, 4); /* sparse crossentropy needs labels */
+    fd = silent_fit(cx, NULL, NS, 4, 1); /* sparse crossentropy needs labels */
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NULL, "null");
     CHECK_ST(mp_model_evaluate(NULL, &d, 4, &logs), MP_ERR_NULL);
     CHECK_MST(m, mp_model_evaluate(m, NULL, 4, &logs), MP_ERR_NULL, "null");
@@ -539,7 +528,7 @@ static void test_bad_compile(void) {
 static void test_state(void) {
     mp_model *m;
     mp_compile_desc cd = compile_desc(MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_SGD);
-    mp_fit_desc fd = fit_desc(cx, cl, NS, 4);
+    mp_fit_desc fd = silent_fit(cx, cl, NS, 4, 1);
     mp_data d = data_of(cx, cl, NS);
     mp_logs logs;
     float w[128];
@@ -627,7 +616,7 @@ static void test_labels(void) {
     for (i = 0; i < 2; i++) {
         memcpy(lab, cl, sizeof lab);
         lab[NS - 1] = bad_values[i]; /* the last sample: found before any step */
-        fd = fit_desc(cx, lab, NS, 4);
+        fd = silent_fit(cx, lab, NS, 4, 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_LABEL, "label");
         CHECK(same_weights(m, w0));
         d = data_of(cx, lab, NS);
@@ -636,7 +625,7 @@ static void test_labels(void) {
         CHECK_MST(m, mp_compute_loss(m, lab + 4, NULL, &loss, NULL), MP_ERR_LABEL, "label");
     }
     lab[NS - 1] = 2; /* all fine again */
-    fd = fit_desc(cx, lab, NS, 4);
+    fd = silent_fit(cx, lab, NS, 4, 1);
     CHECK_ST(mp_model_fit(m, &fd), MP_OK);
     free(w0);
     mp_model_destroy(m);
@@ -653,21 +642,21 @@ static void test_batch_epochs_split(void) {
     int i;
     if (!m) return;
     for (i = 0; i < 2; i++) {
-        fd = fit_desc(cx, cl, NS, bad_batch[i]);
+        fd = silent_fit(cx, cl, NS, bad_batch[i], 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "batch");
         CHECK_MST(m, mp_model_evaluate(m, &d, bad_batch[i], &logs), MP_ERR_ARG, "batch");
         CHECK_MST(m, mp_model_predict(m, cx, NS, bad_batch[i], out), MP_ERR_ARG, "batch");
         CHECK_MST(m, mp_forward(m, cx, bad_batch[i], 0), MP_ERR_ARG, "batch");
     }
-    fd = fit_desc(cx, cl, NS, 4), fd.epochs = -1;
+    fd = silent_fit(cx, cl, NS, 4, 1), fd.epochs = -1;
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "epoch");
     for (i = 0; i < 4; i++) {
-        fd = fit_desc(cx, cl, NS, 4), fd.validation_split = bad_split[i];
+        fd = silent_fit(cx, cl, NS, 4, 1), fd.validation_split = bad_split[i];
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "validation");
     }
-    fd = fit_desc(cx, cl, 0, 4); /* no samples */
+    fd = silent_fit(cx, cl, 0, 4, 1); /* no samples */
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "empty|sample|data");
-    fd = fit_desc(cx, cl, NS, 4), fd.validation_split = 0.25f;
+    fd = silent_fit(cx, cl, NS, 4, 1), fd.validation_split = 0.25f;
     CHECK_ST(mp_model_fit(m, &fd), MP_OK);
     mp_model_destroy(m);
 }
@@ -684,7 +673,7 @@ static void test_nonfinite_x(void) {
     for (i = 0; i < 3; i++) {
         memcpy(x, cx, sizeof x);
         x[where[i]] = bad[i];
-        fd = fit_desc(x, cl, NS, 4);
+        fd = silent_fit(x, cl, NS, 4, 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NONFINITE, "nan|inf|finite");
         CHECK(same_weights(m, w0));
     }
@@ -803,12 +792,12 @@ static void test_idx_dataset_mismatch(void) {
     CHECK(ds.x == NULL && ds.labels == NULL);
 }
 
-static uint32_t rng_state = 0x2545F491u;
+static uint32_t xorshift_state = 0x2545F491u;
 static uint32_t rng(void) { /* xorshift32 */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
+    xorshift_state ^= xorshift_state << 13;
+    xorshift_state ^= xorshift_state >> 17;
+    xorshift_state ^= xorshift_state << 5;
+    return xorshift_state;
 }
 
 /* flip random bits of the headers: never a crash, only OK or MP_ERR_FORMAT */
@@ -962,7 +951,7 @@ static mp_status run_step(scen *s, int i) {
     case 9: return mp_model_get_weights(s->m, s->w, n);
     case 10: return mp_model_set_weights(s->m, s->w, n);
     case 11:
-        fd = fit_desc(sx, sl, SN, 3), fd.validation_split = 0.25f, fd.history = s->hist;
+        fd = silent_fit(sx, sl, SN, 3, 1), fd.validation_split = 0.25f, fd.history = s->hist;
         return mp_model_fit(s->m, &fd);
     case 12: return mp_model_evaluate(s->m, &d, 4, &s->logs);
     case 13: return mp_model_predict(s->m, sx, SN, 3, s->pred);
@@ -1096,7 +1085,7 @@ static void test_no_allocation_per_step(void) {
     for (p = 0; p < 3; p++) {
         mp_model_desc md = model_desc(H, H, 2);
         mp_compile_desc cd = compile_desc(MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_ADAM);
-        mp_fit_desc fd = fit_desc(img, lab, N, 4);
+        mp_fit_desc fd = silent_fit(img, lab, N, 4, 1);
         mp_model *m = NULL;
         float loss;
         int applied, step, ok;

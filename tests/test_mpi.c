@@ -34,7 +34,6 @@
 #include "helpers.h"
 #include "data_parallel.h"
 
-#define MAXW 4096
 static mp_mpi C;
 
 /* This rank's model (rank 0's seed without a communicator: the reference);
@@ -56,25 +55,9 @@ static int same_on_all(const void *p, size_t bytes) {
     return lo == hi;
 }
 
-typedef struct state {
-    size_t nw, ns;
-    float w[MAXW], s[MAXW], scale;
-    uint32_t skipped;
-} state;
-
-static void get_state(mp_model *m, state *st) {
-    memset(st, 0, sizeof *st);
-    st->nw = mp_model_param_count(m);
-    st->ns = mp_optimizer_slot_count(m);
-    if (st->nw <= MAXW) mp_model_get_weights(m, st->w, st->nw);
-    if (st->ns <= MAXW) mp_get_optimizer_slots(m, st->s, st->ns);
-    st->scale = mp_current_loss_scale(m);
-    st->skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
-}
-
 /* on_epoch_end: the weights and the epoch's logs are the same everywhere */
 static mp_status epoch_check(void *user, mp_fit_state *s, const mp_logs *lg) {
-    state st;
+    model_state st;
     float logs[4];
     (void)user;
     get_state(s->model, &st);
@@ -116,7 +99,7 @@ static mp_status fit(mp_model *m, int batch, int initial_epoch, int epochs, mp_c
 static void test_initial_weights(void) {
     mp_model *m = my_model(&C.table, "mixed_float16");
     mp_model *zero = my_model(NULL, "mixed_float16");
-    state a, b;
+    model_state a, b;
     get_state(m, &a);
     get_state(zero, &b);
     CHECK(same_on_all(a.w, a.nw * sizeof(float)));
@@ -131,7 +114,7 @@ static void test_ranks_match_one_process(const char *policy, mp_dtype wire) {
     mp_model *m, *one = my_model(NULL, policy);
     mp_data d = {xs, ys, NULL, NS};
     mp_logs a, b;
-    state sa, sb;
+    model_state sa, sb;
     float tol = wire != MP_FLOAT32 ? 5e-2f : strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
     rank_allreduce_dtype = wire;
     m = my_model(&C.table, policy);
@@ -156,7 +139,7 @@ static void test_inf_on_one_rank(void) {
     mp_model *m = my_model(&C.table, "mixed_float16");
     float x[8 * NF], loss = 0.0f;
     int step, applied = -1;
-    state before, after;
+    model_state before, after;
     for (step = 0; step < 2; step++) {
         memcpy(x, xs + (size_t)(C.rank * 8) * NF, sizeof x);
         if (step == 1 && C.rank == 1) x[3] = 1e30f; /* finite in float32, Inf in float16 */
@@ -189,7 +172,7 @@ static void train(void) {
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 
-static int same_state(const state *a, const state *b) {
+static int same_state(const model_state *a, const model_state *b) {
     return a->nw == b->nw && a->ns == b->ns && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0 &&
            memcmp(a->s, b->s, a->ns * sizeof(float)) == 0 && a->scale == b->scale && a->skipped == b->skipped;
 }
@@ -198,7 +181,7 @@ static int same_state(const state *a, const state *b) {
    failure there is every rank's, the model unchanged. */
 static void test_file_calls_are_rank_0s(mp_model *m, const char *dir) {
     char mine[512], nowhere[512];
-    state before, after;
+    model_state before, after;
     snprintf(mine, sizeof mine, "%s/own_rank%d.mpc", dir, C.rank);
     snprintf(nowhere, sizeof nowhere, "%s/no/such/dir/rank%d.mpc", dir, C.rank);
     get_state(m, &before);
@@ -225,7 +208,7 @@ static void save(const char *dir) {
     mp_model_checkpoint ck;
     mp_callback cb;
     char path[512], csv[512], whole[512];
-    state st;
+    model_state st;
     FILE *f;
     memset(&ck, 0, sizeof ck);
     path_in(path, sizeof path, dir, "dp.mpc");
@@ -248,7 +231,7 @@ static void save(const char *dir) {
 static void resume(const char *dir) {
     mp_model *m = my_model(&C.table, "mixed_float16");
     char path[512], whole[512];
-    state st, ref;
+    model_state st, ref;
     FILE *f;
     path_in(path, sizeof path, dir, C.rank ? "absent.mpc" : "dp.mpc"); /* rank 0's file, sent to the others */
     path_in(whole, sizeof whole, dir, "whole.bin");
