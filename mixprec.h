@@ -3255,6 +3255,14 @@ static int mp__gemm_bf16(const mp_gemm_args *g) {
    it is packed). A bfloat16 slice of 2 KC values takes KC floats. */
 static size_t mp__panel_depth(size_t rows, size_t k) { return rows <= MP__MC ? mp__min(k, MP__KC) : k; }
 
+/* The floats one panel column takes: its depth, or half of it for
+   bfloat16 pairs (a slice of 2 KC values takes KC floats). Twice the
+   columns in one panel means op(A) is packed half as often: a weight
+   gradient (k = the batch) gets whole 1024-column panels at batch 8192. */
+static size_t mp__panel_floats_per_col(int pairs, size_t rows, size_t k) {
+    return pairs ? mp__panel_depth(rows, (k + 1) / 2) : mp__panel_depth(rows, k);
+}
+
 /* Columns per B panel: all of N up to NC, fewer when it is deep. */
 static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
     size_t cols = mp__min(mp__round_up(n, MP__NR), MP__NC);
@@ -3419,44 +3427,41 @@ static void mp__transpose_panel(void *out, size_t width, size_t w, const void *r
 static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, const void *src, mp_dtype t,
                      size_t ld, size_t r0, size_t rc, size_t q0, size_t qc) {
     size_t g, q, r;
-    if (!rows_contiguous && t != MP_FLOAT32) { /* widen each whole source run once, then cut it into panels */
+    if (!rows_contiguous) { /* a panel row is a run of the source: each run read once (widened unless
+                                float32) and cut into every panel, not re-read at ld strides a panel at a time */
         for (q = 0; q < qc; q++) {
-            mp__load(tmp, mp__at(src, t, (q0 + q) * ld + r0), t, rc);
+            const float *run = (const float *)mp__at(src, t, (q0 + q) * ld + r0);
+            if (t != MP_FLOAT32) {
+                mp__load(tmp, run, t, rc);
+                run = tmp;
+            }
             for (g = 0; g < rc; g += width) {
                 size_t w = mp__min(width, rc - g);
                 float *dst = out + g * qc + q * width;
-                memcpy(dst, tmp + g, w * sizeof(float));
+                memcpy(dst, run + g, w * sizeof(float));
                 if (w < width) memset(dst + w, 0, (width - w) * sizeof(float));
             }
         }
         return;
     }
-    for (g = 0; g < rc; g += width, out += width * qc) {
-        size_t w = mp__min(width, rc - g);
-        if (!rows_contiguous) { /* a panel row is a run of the source */
-            for (q = 0; q < qc; q++) {
-                memcpy(out + q * width, mp__at(src, t, (q0 + q) * ld + r0 + g), w * sizeof(float));
-                if (w < width) memset(out + q * width + w, 0, (width - w) * sizeof(float));
-            }
-        } else { /* a transpose: widen the rows first unless they are float32 */
-            const float *rows = (const float *)mp__at(src, t, (r0 + g) * ld + q0);
-            size_t stride = ld;
-            if (t != MP_FLOAT32) {
-                for (r = 0; r < w; r++) mp__load(tmp + r * qc, mp__at(src, t, (r0 + g + r) * ld + q0), t, qc);
-                rows = tmp;
-                stride = qc;
-            }
-            q = 0;
+    for (g = 0; g < rc; g += width, out += width * qc) { /* a transpose: widen the rows first unless float32 */
+        size_t w = mp__min(width, rc - g), stride = ld;
+        const float *rows = (const float *)mp__at(src, t, (r0 + g) * ld + q0);
+        if (t != MP_FLOAT32) {
+            for (r = 0; r < w; r++) mp__load(tmp + r * qc, mp__at(src, t, (r0 + g + r) * ld + q0), t, qc);
+            rows = tmp;
+            stride = qc;
+        }
+        q = 0;
 #ifdef MP__TRANSPOSE16
-            if (mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
-                mp__transpose_panel(out, width, w, rows, stride * sizeof(float), qc / 16);
-                q = qc / 16 * 16;
-            }
+        if (mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
+            mp__transpose_panel(out, width, w, rows, stride * sizeof(float), qc / 16);
+            q = qc / 16 * 16;
+        }
 #endif
-            for (; q < qc; q++) {
-                for (r = 0; r < w; r++) out[q * width + r] = rows[r * stride + q];
-                for (; r < width; r++) out[q * width + r] = 0.0f;
-            }
+        for (; q < qc; q++) {
+            for (r = 0; r < w; r++) out[q * width + r] = rows[r * stride + q];
+            for (; r < width; r++) out[q * width + r] = 0.0f;
         }
     }
 }
@@ -3723,7 +3728,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     int pairs = mp__gemm_bf16(g);
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
-    size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
+    size_t panel = mp__panel_cols(mp__panel_floats_per_col(pairs, m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
