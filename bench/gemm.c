@@ -8,7 +8,10 @@
                        mp_matmul with A, B and C all in one dtype, on a pool of
                        1 or 2 threads: square sizes, then every product of a
                        training step of the guide's MLP (784-U-U-10) at
-                       batch 128 and 8192.
+                       batch 128 and 8192, and of examples/conv_memory at
+                       image sizes 32 and 64 (its products take a group of
+                       images that fits 1 MiB of columns: the same at any
+                       batch from 22 images up).
        bench=gemm impl=openblas
                        cblas_sgemm at the square sizes, once per
                        OPENBLAS_CORETYPE setting (see run_openblas).
@@ -70,14 +73,15 @@ static const size_t full_squares[] = {256, 512, 1024, 2048};
 static const size_t quick_squares[] = {256, 1024};
 static const int full_batches[] = {128, 8192}, full_units[] = {1024, 4096};
 static const int quick_batches[] = {128}, quick_units[] = {1024};
+static const int full_images[] = {32, 64}, quick_images[] = {32}; /* conv_memory's image sizes */
 #define COUNT(a) (sizeof a / sizeof a[0])
 #define MAX_SQUARES COUNT(full_squares)
 
 typedef struct settings {
     const size_t *squares;
     size_t n_squares;
-    const int *batches, *units;
-    size_t n_batches, n_units;
+    const int *batches, *units, *images;
+    size_t n_batches, n_units, n_images;
     double min_s; /* the length of one timing */
     int reps;     /* timings per measurement; the best counts */
     int quick;
@@ -93,6 +97,8 @@ static void set_mode(int quick) {
     S.n_batches = quick ? COUNT(quick_batches) : COUNT(full_batches);
     S.units = quick ? quick_units : full_units;
     S.n_units = quick ? COUNT(quick_units) : COUNT(full_units);
+    S.images = quick ? quick_images : full_images;
+    S.n_images = quick ? COUNT(quick_images) : COUNT(full_images);
     S.min_s = quick ? 0.05 : 0.2;
     S.reps = quick ? 2 : 3;
 }
@@ -481,17 +487,20 @@ static void openblas_all(const char *self) {
 static const mp_dtype dtypes[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
 #define N_DTYPES COUNT(dtypes)
 
-/* A shape and where it comes from: "square", or a product of the MLP. */
+/* A shape and where it comes from: "square", a product of the MLP or of
+   the conv example. */
 typedef struct shape {
     const char *name;
     int trans_a, trans_b;
     size_t m, n, k;
-    int batch, units; /* the MLP's, 0 for squares */
+    int batch, units;   /* the MLP's (units: the conv's filters), 0 for squares */
+    int image, images;  /* the conv's image size and images per product, 0 for the rest */
 } shape;
 
 static void print_shape(const shape *s) {
     printf(" shape=%s", s->name);
-    if (s->batch) printf(" batch=%d units=%d", s->batch, s->units);
+    if (s->image) printf(" batch=%d image=%d filters=%d images_per_product=%d", s->batch, s->image, s->units, s->images);
+    else if (s->batch) printf(" batch=%d units=%d", s->batch, s->units);
     printf(" m=%zu n=%zu k=%zu trans_a=%d trans_b=%d", s->m, s->n, s->k, s->trans_a, s->trans_b);
 }
 
@@ -601,7 +610,7 @@ static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THR
 static void squares(void) {
     size_t i;
     for (i = 0; i < S.n_squares; i++) {
-        shape s = {"square", 0, 0, 0, 0, 0, 0, 0};
+        shape s = {"square", 0, 0, 0, 0, 0, 0, 0, 0, 0};
         double g[N_DTYPES][N_THREADS + 1];
         s.m = s.n = s.k = S.squares[i];
         measure_shape(&s, g);
@@ -616,16 +625,51 @@ static void squares(void) {
 static void mlp_shapes(int batch, int units) {
     size_t b = (size_t)batch, u = (size_t)units;
     const shape shapes[] = {
-        {"mlp_fwd_in", 0, 0, b, u, 784, batch, units},   {"mlp_fwd_hidden", 0, 0, b, u, u, batch, units},
-        {"mlp_dw_hidden", 1, 0, u, u, b, batch, units},  {"mlp_dx_hidden", 0, 1, b, u, u, batch, units},
-        {"mlp_dw_in", 1, 0, 784, u, b, batch, units},    {"mlp_fwd_out", 0, 0, b, 10, u, batch, units},
-        {"mlp_dw_out", 1, 0, u, 10, b, batch, units},    {"mlp_dx_out", 0, 1, b, u, 10, batch, units},
+        {"mlp_fwd_in", 0, 0, b, u, 784, batch, units, 0, 0},   {"mlp_fwd_hidden", 0, 0, b, u, u, batch, units, 0, 0},
+        {"mlp_dw_hidden", 1, 0, u, u, b, batch, units, 0, 0},  {"mlp_dx_hidden", 0, 1, b, u, u, batch, units, 0, 0},
+        {"mlp_dw_in", 1, 0, 784, u, b, batch, units, 0, 0},    {"mlp_fwd_out", 0, 0, b, 10, u, batch, units, 0, 0},
+        {"mlp_dw_out", 1, 0, u, 10, b, batch, units, 0, 0},    {"mlp_dx_out", 0, 1, b, u, 10, batch, units, 0, 0},
     };
     size_t i;
     for (i = 0; i < COUNT(shapes); i++) {
         double g[N_DTYPES][N_THREADS + 1];
         measure_shape(&shapes[i], g);
         print_ratios(&shapes[i], 0, g, i < 4);
+    }
+}
+
+/* Images per product in a host Conv2D: as many as keep their columns
+   (pixels x patch floats) within 1 MiB, as mixprec.h's mp__conv_group, and
+   no more than the batch. */
+static int conv_group(size_t pixels, size_t patch, int batch) {
+    size_t per = pixels * patch * sizeof(float), g = ((size_t)1 << 20) / per;
+    return g < 1 ? 1 : g > (size_t)batch ? batch : (int)g;
+}
+
+/* Every product of a training step of examples/conv_memory (image x image
+   x 3 -> Conv2D(F, 2x2) -> Conv2D(F, 1x1) x 2 -> ...): each layer's
+   products over a group of images (conv_group), the same kernel as the
+   MLP's on (images x pixels, filters, patch) shapes (dW's sums are
+   float32 in the step; here every operand has the product's dtype):
+   forward y = col W,
+   dW = col^T dy, dx = dy W^T but for the first layer. */
+static void conv_shapes(int batch, int image) {
+    const int filters = 128;
+    size_t f = filters, pixels = (size_t)(image - 1) * (size_t)(image - 1); /* 2x2 valid, then 1x1 */
+    int g1 = conv_group(pixels, 12, batch), g2 = conv_group(pixels, f, batch);
+    size_t r1 = (size_t)g1 * pixels, r2 = (size_t)g2 * pixels;
+    const shape shapes[] = {
+        {"conv_fwd_2x2", 0, 0, r1, f, 12, batch, filters, image, g1},
+        {"conv_dw_2x2", 1, 0, 12, f, r1, batch, filters, image, g1},
+        {"conv_fwd_1x1", 0, 0, r2, f, f, batch, filters, image, g2},
+        {"conv_dw_1x1", 1, 0, f, f, r2, batch, filters, image, g2},
+        {"conv_dx_1x1", 0, 1, r2, f, f, batch, filters, image, g2},
+    };
+    size_t i;
+    for (i = 0; i < COUNT(shapes); i++) {
+        double g[N_DTYPES][N_THREADS + 1];
+        measure_shape(&shapes[i], g);
+        print_ratios(&shapes[i], 0, g, 0);
     }
 }
 
@@ -667,6 +711,7 @@ int main(int argc, char **argv) {
         size_t bi, ui;
         for (bi = 0; bi < S.n_batches; bi++)
             for (ui = 0; ui < S.n_units; ui++) mlp_shapes(S.batches[bi], S.units[ui]);
+        for (ui = 0; ui < S.n_images; ui++) conv_shapes(S.batches[0], S.images[ui]);
     }
     return 0;
 }
