@@ -340,7 +340,9 @@ static void emu_check_arg(T *const &p, const char *kernel) {
    barrier that should separate them reads what was there before: a
    kernel missing a __syncthreads reads wrong data here (test_cuda_emu
    shows it). Threads that never wait run one after another on one fiber:
-   a grid-stride kernel costs two context switches a block. */
+   a grid-stride kernel costs two context switches a block. On x86-64 a
+   switch is emu_switch below: glibc's swapcontext also saves and restores
+   the signal mask, a system call per switch (a third of test_cuda's time). */
 #define EMU_WARP 32
 #define EMU_MAX_THREADS 1024
 #define EMU_STACK ((size_t)256 << 10)
@@ -350,14 +352,42 @@ typedef struct emu_thread {
     unsigned mask, src; /* at a shuffle: its mask and source lane (threadIdx) */
     uint64_t value;     /* the value it offers; then the one it receives */
 } emu_thread;
+/* emu_switch(&save, load): saves the running stack's registers on it and
+   its pointer in save, then goes on from the stack at load (one emu_switch
+   saved, or a new one emu_start_fiber laid out as if it had). What it keeps
+   is what a call must preserve in the System V x86-64 ABI (3.2.1, 3.2.3):
+   rbx, rbp, r12-r15, rsp, MXCSR's control bits and the x87 control word. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define EMU_SWITCH 1
+extern "C" void emu_switch(void **save, void *load);
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        "emu_switch:\n"
+        "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+        "    subq $8, %rsp\n    stmxcsr (%rsp)\n    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n    fldcw 4(%rsp)\n    addq $8, %rsp\n"
+        "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+        "    ret\n"
+        ".popsection\n");
+#endif
+
 typedef struct emu_fiber {
+#ifdef EMU_SWITCH
+    void *sp; /* where emu_switch left it */
+#else
     ucontext_t ctx;
+#endif
     char *stack; /* EMU_STACK bytes above a guard page */
     void *fake;  /* ASan's fake stack while switched away */
 } emu_fiber;
 static emu_thread emu_threads[EMU_MAX_THREADS];
 static emu_fiber emu_fibers[EMU_MAX_THREADS];
+#ifdef EMU_SWITCH
+static void *emu_host_sp;
+#else
 static ucontext_t emu_host_ctx;
+#endif
 static int emu_fiber_now = -1; /* the fiber running; -1: the host */
 static unsigned emu_started, emu_block_threads;
 static const std::function<void()> *emu_thread_body;
@@ -384,7 +414,11 @@ static void emu_to_fiber(int f) {
     __sanitizer_start_switch_fiber(&emu_host_fake, emu_fibers[f].stack, EMU_STACK);
 #endif
     emu_fiber_now = f;
+#ifdef EMU_SWITCH
+    emu_switch(&emu_host_sp, emu_fibers[f].sp);
+#else
     swapcontext(&emu_host_ctx, &emu_fibers[f].ctx);
+#endif
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(emu_host_fake, NULL, NULL);
 #endif
@@ -404,7 +438,11 @@ static void emu_to_host(int last) {
 #else
     (void)last;
 #endif
+#ifdef EMU_SWITCH
+    emu_switch(&emu_fibers[f].sp, emu_host_sp);
+#else
     swapcontext(&emu_fibers[f].ctx, &emu_host_ctx);
+#endif
     emu_fiber_entered(f);
 }
 
@@ -434,11 +472,27 @@ static void emu_start_fiber(int f) {
         }
         fb->stack = p + 4096;
     }
+#ifdef EMU_SWITCH
+    { /* what emu_switch pops, top down: a return address into
+         emu_fiber_main (entered with rsp + 8 16-byte aligned; it never
+         returns, so above it a null one), six registers, MXCSR and the x87
+         control word (the host's) */
+        void **sp = (void **)(fb->stack + EMU_STACK); /* 16-byte aligned: a page's end */
+        uint32_t control[2] = {0, 0};
+        __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(control[0]), "=m"(control[1]));
+        *--sp = NULL;
+        *--sp = (void *)emu_fiber_main;
+        for (int r = 0; r < 6; r++) *--sp = NULL;
+        memcpy(--sp, control, sizeof control);
+        fb->sp = sp;
+    }
+#else
     getcontext(&fb->ctx);
     fb->ctx.uc_stack.ss_sp = fb->stack;
     fb->ctx.uc_stack.ss_size = EMU_STACK;
     fb->ctx.uc_link = NULL;
     makecontext(&fb->ctx, emu_fiber_main, 0);
+#endif
     emu_to_fiber(f);
 }
 
