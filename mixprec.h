@@ -2083,8 +2083,9 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
    2^32 inputs against the scalar code. Whole pairs of vectors go first:
    their 16-bit results leave in one 64-byte store, as the register form of
    vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
-   AMD Zen 5). The last pair is loaded and stored under a mask; its
-   missing lanes load as zeros, which no count and no extreme sees. g++ 12
+   AMD Zen 5). The pairs before the destination's first 64-byte boundary,
+   and the last pair, are loaded and stored under a mask; their missing
+   lanes load as zeros, which no count and no extreme sees. g++ 12
    takes the `_mm512_undefined_*` inside these intrinsics for uses of
    uninitialised values (a false positive, in C++ only), as in the GEMM's
    transposes. */
@@ -2132,16 +2133,29 @@ MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
     return mp__z_join(mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
 
+/* The whole pairs of a row of MP__Z_STREAM elements or more go around the
+   caches (vmovntdq / vmovntps, 64-byte aligned): a store that misses the
+   cache otherwise reads its line from memory first, a third of a widening
+   cast's traffic, and such a destination (2 MiB and more) is past the L2
+   anyway. The row ends with sfence, which orders the streaming stores
+   before any later store, as other threads expect. `stream` is a
+   constant wherever these are inlined. */
+#define MP__Z_STREAM ((size_t)1 << 20)
+MP__HOT void mp__z_store(void *p, __m512i v, int stream) {
+    if (stream) _mm512_stream_si512((__m512i *)p, v);
+    else _mm512_storeu_si512(p, v);
+}
+
 /* A pair of vectors (32 elements) at i, whole or the lanes k. */
-MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b) {
-    _mm512_storeu_ps((float *)p + i, a);
-    _mm512_storeu_ps((float *)p + i + 16, b);
+MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b, int stream) {
+    mp__z_store((float *)p + i, _mm512_castps_si512(a), stream);
+    mp__z_store((float *)p + i + 16, _mm512_castps_si512(b), stream);
 }
-MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b) {
-    _mm512_storeu_si512((mp_f16 *)p + i, mp__z_narrow2_f16(a, b));
+MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b, int stream) {
+    mp__z_store((mp_f16 *)p + i, mp__z_narrow2_f16(a, b), stream);
 }
-MP__HOT void mp__z_put2_bf16(void *p, size_t i, __m512 a, __m512 b) {
-    _mm512_storeu_si512((mp_bf16 *)p + i, mp__z_narrow2_bf16(a, b));
+MP__HOT void mp__z_put2_bf16(void *p, size_t i, __m512 a, __m512 b, int stream) {
+    mp__z_store((mp_bf16 *)p + i, mp__z_narrow2_bf16(a, b), stream);
 }
 MP__HOT void mp__z_put2_masked_f32(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
     _mm512_mask_storeu_ps((float *)p + i, (__mmask16)k, a);
@@ -2159,6 +2173,13 @@ MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
     return n - i >= 16 ? (__mmask16)0xFFFFu : (__mmask16)((1u << (n - i)) - 1u);
 }
 MP__HOT __mmask32 mp__z_tail(size_t m) { return (__mmask32)((1u << m) - 1u); }
+/* How many of n elements come before dst + i is 64-byte aligned: the rows
+   cast those as a masked pair first, so that every whole pair's store
+   fills whole cache lines (a misaligned 64-byte store touches two). */
+MP__HOT size_t mp__z_head(const void *dst, size_t elem_size, size_t n) {
+    size_t m = (size_t)(0u - (uintptr_t)dst) % 64u / elem_size;
+    return m < n ? m : n;
+}
 
 /* The counts of a source's W-bit magnitudes a (W = 32: float32 bits; 16:
    float16 or bfloat16 bits): one compare into a mask register per
@@ -2320,67 +2341,82 @@ MP__Z_SCAN(f16)
 MP__Z_SCAN(bf16)
 #undef MP__Z_SCAN
 
-/* The rows: whole pairs of vectors (32 elements), then one pair under a
-   mask. Every pair is loaded and counted before it is stored, so dst may
-   be src (the same element size). The loop is written once and expanded
-   twice, with and without the counts, so that neither carries a test. */
-#define MP__Z_PAIRS(SRC, DST, COUNT)                                                             \
-    for (; i + 32 <= n; i += 32) {                                                               \
-        __m512 x0 = _mm512_loadu_ps(s_ + i), x1 = _mm512_loadu_ps(s_ + i + 16);                  \
-        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
-        COUNT(x0, x1, h);                                                                        \
-        _mm512_storeu_si512(d_ + i, h);                                                          \
-    }                                                                                            \
-    if (i < n) {                                                                                 \
-        __mmask32 k = mp__z_tail(n - i);                                                         \
+/* The rows: a pair under a mask up to the destination's alignment, whole
+   pairs of vectors (32 elements), then one pair under a mask. Every pair
+   is loaded and counted before it is stored, so dst may be src (the same
+   element size). The loop is written once and expanded twice, with and
+   without the counts, so that neither carries a test. */
+#define MP__Z_PART(SRC, DST, COUNT, m)                                                           \
+    {                                                                                            \
+        __mmask32 k = mp__z_tail(m);                                                             \
         __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)k, s_ + i);                                 \
         __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(k >> 16), s_ + i + 16);                    \
         __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
         COUNT(x0, x1, h);                                                                        \
         _mm512_mask_storeu_epi16(d_ + i, k, h);                                                  \
     }
+#define MP__Z_WHOLE(SRC, DST, COUNT, stream)                                                     \
+    for (; i + 32 <= n; i += 32) {                                                               \
+        __m512 x0 = _mm512_loadu_ps(s_ + i), x1 = _mm512_loadu_ps(s_ + i + 16);                  \
+        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
+        COUNT(x0, x1, h);                                                                        \
+        mp__z_store(d_ + i, h, stream);                                                          \
+    }
+#define MP__Z_PAIRS(SRC, DST, COUNT, WHOLE, PART)                                                \
+    if (head) {                                                                                  \
+        PART(SRC, DST, COUNT, head)                                                              \
+        i = head;                                                                                \
+    }                                                                                            \
+    if (n >= MP__Z_STREAM) {                                                                     \
+        WHOLE(SRC, DST, COUNT, 1)                                                                \
+        _mm_sfence();                                                                            \
+    } else {                                                                                     \
+        WHOLE(SRC, DST, COUNT, 0)                                                                \
+    }                                                                                            \
+    if (i < n) PART(SRC, DST, COUNT, n - i)
 #define MP__Z_ROW(SRC, DST)                                                                      \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
         const float *s_ = (const float *)src;                                                    \
         uint16_t *d_ = &((mp__elem_##DST *)dst)->bits;                                           \
-        size_t i = 0;                                                                            \
+        size_t i = 0, head = mp__z_head(dst, sizeof(mp__elem_##DST), n);                         \
         (void)r;                                                                                 \
         if (!scan) {                                                                             \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING)                                                 \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_WHOLE, MP__Z_PART)                        \
         } else {                                                                                 \
             MP__Z_NARROW_COUNT_BEGIN(DST);                                                       \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NARROW_COUNT)                                            \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NARROW_COUNT, MP__Z_WHOLE, MP__Z_PART)                   \
             MP__Z_NARROW_COUNT_END(*scan);                                                       \
         }                                                                                        \
     }
 /* The same from a 16-bit source: 32 elements a load, counted on their bits
    and widened a half at a time. */
-#define MP__Z_PAIRS16(SRC, DST, COUNT)                                                           \
-    for (; i + 32 <= n; i += 32) {                                                               \
-        __m512i h = _mm512_loadu_si512(s_ + i);                                                  \
-        COUNT(h);                                                                                \
-        mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),                   \
-                         mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));                    \
-    }                                                                                            \
-    if (i < n) {                                                                                 \
-        __mmask32 k = mp__z_tail(n - i);                                                         \
+#define MP__Z_PART16(SRC, DST, COUNT, m)                                                         \
+    {                                                                                            \
+        __mmask32 k = mp__z_tail(m);                                                             \
         __m512i h = _mm512_maskz_loadu_epi16(k, s_ + i);                                         \
         COUNT(h);                                                                                \
         mp__z_put2_masked_##DST(dst, i, k, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),         \
                                 mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));             \
     }
+#define MP__Z_WHOLE16(SRC, DST, COUNT, stream)                                                   \
+    for (; i + 32 <= n; i += 32) {                                                               \
+        __m512i h = _mm512_loadu_si512(s_ + i);                                                  \
+        COUNT(h);                                                                                \
+        mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),                   \
+                         mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)), stream);            \
+    }
 #define MP__Z_ROW16(SRC, DST)                                                                    \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
         const uint16_t *s_ = &((const mp__elem_##SRC *)src)->bits;                               \
-        size_t i = 0;                                                                            \
+        size_t i = 0, head = mp__z_head(dst, sizeof(mp__elem_##DST), n);                         \
         (void)r;                                                                                 \
         if (!scan) {                                                                             \
-            MP__Z_PAIRS16(SRC, DST, MP__Z_NOTHING)                                               \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_WHOLE16, MP__Z_PART16)                    \
         } else {                                                                                 \
             MP__Z_COUNT16_BEGIN(SRC, DST);                                                       \
-            MP__Z_PAIRS16(SRC, DST, MP__Z_COUNT16)                                               \
+            MP__Z_PAIRS(SRC, DST, MP__Z_COUNT16, MP__Z_WHOLE16, MP__Z_PART16)                    \
             MP__Z_COUNT16_END(*scan, SRC);                                                       \
         }                                                                                        \
     }
@@ -2393,7 +2429,10 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_ROW
 #undef MP__Z_ROW16
 #undef MP__Z_PAIRS
-#undef MP__Z_PAIRS16
+#undef MP__Z_PART
+#undef MP__Z_PART16
+#undef MP__Z_WHOLE
+#undef MP__Z_WHOLE16
 #undef MP__Z_NOTHING
 #undef MP__Z_COUNT16_BEGIN
 #undef MP__Z_COUNT16
@@ -2419,7 +2458,8 @@ MP__Z_ROW16(bf16, f16)
 
 /* The AVX-512 rows count in the cast's own pass, so their blocks need not
    stay in L1: one row call per MP__Z_BLOCK elements (a 16-bit counter lane
-   gains at most MP__Z_BLOCK / 32). */
+   gains at most MP__Z_BLOCK / 32); every whole block of a cast that long
+   streams its stores (MP__Z_STREAM). */
 #define MP__Z_BLOCK ((size_t)1 << 20)
 #define MP__ROWS_BLOCK MP__Z_BLOCK
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {

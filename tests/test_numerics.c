@@ -254,10 +254,12 @@ static void test_all_16bit(void) {
 /* The bulk paths against each other where the exhaustive sweeps do not
    reach: every 16-bit value's stats into each target, in place as well as
    apart, and every length 0..47 at every element offset 0..3 (the SIMD
-   tails) of float32 data spread over 2^-30..2^19 with Inf and NaN in it. */
+   tails) of float32 data spread over 2^-30..2^19 with Inf and NaN in it;
+   then every length 0..99 into a destination at each of 32 element offsets
+   (the AVX-512 rows' masked head before the first 64-byte boundary). */
 static void test_bulk_vs_portable(void) {
     static uint16_t all[65536], inplace[65536];
-    static float scratch[65536], wide[64], out_simd[64], out_port[64];
+    static float scratch[65536], wide[128], out_simd[160], out_port[160];
     static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     uint64_t bad = 0, cases = 0;
     uint32_t i, r = 0x2545F491u;
@@ -284,7 +286,7 @@ static void test_bulk_vs_portable(void) {
             }
             cases++;
         }
-    for (i = 0; i < 64; i++) {
+    for (i = 0; i < 128; i++) {
         r ^= r << 13, r ^= r >> 17, r ^= r << 5;
         wide[i] = ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 50 - 30) * (r & 1u ? -1.0f : 1.0f);
     }
@@ -305,6 +307,23 @@ static void test_bulk_vs_portable(void) {
                     bad += memcmp(out_simd, out_port, sizeof out_simd) != 0 || !same_stats(&a, &b);
                     mp_convert(out_simd, types[d], src + off * esz, types[s], n, NULL);
                     bad += memcmp(out_simd, out_port, sizeof out_simd) != 0;
+                    cases++;
+                }
+        }
+    for (s = 0; s < 3; s++)
+        for (d = 0; d < 3; d++) {
+            unsigned char src[128 * 4];
+            size_t n, off, dsz = mp_dtype_size(types[d]);
+            if (s == d) continue;
+            mp_convert(src, types[s], wide, MP_FLOAT32, 128, NULL);
+            for (n = 0; n < 100; n++)
+                for (off = 0; off < 32; off++) {
+                    mp_cast_stats a, b;
+                    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+                    memset(out_simd, 0xA5, sizeof out_simd), memset(out_port, 0xA5, sizeof out_port);
+                    mp_convert((char *)out_simd + off * dsz, types[d], src, types[s], n, &a);
+                    mp_convert_portable((char *)out_port + off * dsz, types[d], src, types[s], n, &b);
+                    bad += memcmp(out_simd, out_port, sizeof out_simd) != 0 || !same_stats(&a, &b);
                     cases++;
                 }
         }
