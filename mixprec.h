@@ -2133,14 +2133,21 @@ MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
     return mp__z_join(mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
 
-/* The whole pairs of a row of MP__Z_STREAM elements or more go around the
-   caches (vmovntdq / vmovntps, 64-byte aligned): a store that misses the
-   cache otherwise reads its line from memory first, a third of a widening
-   cast's traffic, and such a destination (2 MiB and more) is past the L2
-   anyway. The row ends with sfence, which orders the streaming stores
-   before any later store, as other threads expect. `stream` is a
-   constant wherever these are inlined. */
-#define MP__Z_STREAM ((size_t)1 << 20)
+/* The AVX-512 rows count in the cast's own pass, so their blocks need not
+   stay in L1: mp_convert calls a row per MP__Z_BLOCK elements (a 16-bit
+   counter lane gains at most MP__Z_BLOCK / 32) in a cast of MP__Z_STREAM
+   elements or more, and per half that in a shorter one. A row of a whole
+   MP__Z_BLOCK stores its whole pairs around the caches (vmovntdq /
+   vmovntps, 64-byte aligned): a store that misses the cache otherwise reads
+   its line from memory first, a third of a widening cast's traffic, and a
+   destination of 32 MiB or more does not stay in this machine class's L3
+   anyway; a shorter cast's result stays in cache for whatever reads it
+   next (the layers' casts, split over the threads). The row ends with
+   sfence, which orders the streaming stores before any later store, as
+   other threads expect. `stream` is a constant wherever these are inlined. */
+#define MP__Z_BLOCK ((size_t)1 << 20)
+#define MP__Z_STREAM ((size_t)1 << 24)
+#define MP__ROWS_BLOCK(n) ((n) >= MP__Z_STREAM ? MP__Z_BLOCK : MP__Z_BLOCK / 2)
 MP__HOT void mp__z_store(void *p, __m512i v, int stream) {
     if (stream) _mm512_stream_si512((__m512i *)p, v);
     else _mm512_storeu_si512(p, v);
@@ -2378,7 +2385,7 @@ MP__Z_SCAN(bf16)
         PART(SRC, DST, COUNT, head)                                                              \
         i = head;                                                                                \
     }                                                                                            \
-    if (n >= MP__Z_STREAM) {                                                                     \
+    if (n >= MP__Z_BLOCK) {                                                                      \
         WHOLE(SRC, DST, COUNT, 1)                                                                \
         _mm_sfence();                                                                            \
     } else {                                                                                     \
@@ -2467,12 +2474,6 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_COUNT_LANES
 #undef MP__Z_COUNT_END
 
-/* The AVX-512 rows count in the cast's own pass, so their blocks need not
-   stay in L1: one row call per MP__Z_BLOCK elements (a 16-bit counter lane
-   gains at most MP__Z_BLOCK / 32); every whole block of a cast that long
-   streams its stores (MP__Z_STREAM). */
-#define MP__Z_BLOCK ((size_t)1 << 20)
-#define MP__ROWS_BLOCK MP__Z_BLOCK
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f32, mp__z_row_f16_to_f32, mp__z_row_bf16_to_f32},
     {mp__z_row_f32_to_f16, mp__row_f16_to_f16, mp__z_row_bf16_to_f16},
@@ -2627,14 +2628,14 @@ MP__X86_ROW(bf16, f32)
 MP__X86_ROW(bf16, f16)
 #undef MP__X86_ROW
 
-#define MP__ROWS_BLOCK MP__BLOCK
+#define MP__ROWS_BLOCK(n) MP__BLOCK
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
     {mp__row_f32_to_f32, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
     {mp__x86_row_f32_to_f16, mp__row_f16_to_f16, mp__x86_row_bf16_to_f16},
     {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_bf16_to_bf16}};
 #else
 #define mp__rows mp__portable_rows
-#define MP__ROWS_BLOCK MP__BLOCK
+#define MP__ROWS_BLOCK(n) MP__BLOCK
 #endif
 
 static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {
@@ -2679,7 +2680,7 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
 
 MIXPREC_API mp_status mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                                  size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__rows, MP__ROWS_BLOCK, dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows, MP__ROWS_BLOCK(n), dst, dst_type, src, src_type, n, stats);
 }
 
 MIXPREC_API mp_status mp_convert_portable(void *dst, mp_dtype dst_type, const void *src,

@@ -335,21 +335,23 @@ static void test_bulk_vs_portable(void) {
 /* Calls long enough to span several of the SIMD path's blocks (2^20
    elements with AVX-512), each filled with one value, so that every
    per-lane counter reaches its largest count, and with the tails' data
-   tiled: stats and results as the portable path's. */
+   tiled, in a call long enough for the AVX-512 rows' streaming stores
+   (2^24 elements and more): stats and results as the portable path's. */
 static void test_bulk_long(void) {
     static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     const float fills[] = {0.0f, -1e-30f, 1e-6f, 70000.0f, INFINITY, NAN, 1.5f, 0.0f /* tiled */};
-    const size_t n = (5u << 19) + 37; /* 2.5 blocks and a tail */
+    const size_t n_fill = (5u << 19) + 37, n_tiled = (17u << 20) + 37; /* 2.5 and 17 blocks, a tail */
     const size_t nfills = sizeof fills / sizeof fills[0];
-    float *x = (float *)malloc(n * 4);
-    unsigned char *src = (unsigned char *)malloc(n * 4), *out_simd = (unsigned char *)malloc(n * 4),
-                  *out_port = (unsigned char *)malloc(n * 4);
+    float *x = (float *)malloc(n_tiled * 4);
+    unsigned char *src = (unsigned char *)malloc(n_tiled * 4), *out_simd = (unsigned char *)malloc(n_tiled * 4),
+                  *out_port = (unsigned char *)malloc(n_tiled * 4);
     uint64_t bad = 0, cases = 0;
     uint32_t r = 0x9E3779B9u;
-    size_t f, i;
+    size_t f, i, n = 0;
     int s, d;
     CHECK(x && src && out_simd && out_port);
     for (f = 0; x && src && out_simd && out_port && f < nfills; f++) {
+        n = f + 1 < nfills ? n_fill : n_tiled;
         for (i = 0; i < n; i++) {
             r ^= r << 13, r ^= r >> 17, r ^= r << 5;
             x[i] = f + 1 < nfills ? fills[f] : ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 52 - 31);
@@ -367,8 +369,8 @@ static void test_bulk_long(void) {
             }
     }
     CHECK(bad == 0);
-    printf("  bulk vs portable: calls of %zu elements %s  (%llu cases)\n", n, bad ? "FAILED" : "ok",
-           (unsigned long long)cases);
+    printf("  bulk vs portable: calls of %zu and %zu elements %s  (%llu cases)\n", n_fill, n_tiled,
+           bad ? "FAILED" : "ok", (unsigned long long)cases);
     free(x), free(src), free(out_simd), free(out_port);
 }
 
