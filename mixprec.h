@@ -2424,6 +2424,14 @@ MP__Z_SCAN(bf16)
         mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),                   \
                          mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)), stream);            \
     }
+/* Without the counts, two 32-byte loads: gcc 12 kept the 64-byte one and
+   its vextracti64x4 (f16 to f32 in L2: 0.97 to 1.00 of the F16C loop, 1.05
+   to 1.13 this way), while the counted loop ran slower with the halves
+   (bf16 to f16 in L2: 2.5 times the faster cast, against 1.8 times). */
+#define MP__Z_PLAIN16(SRC, DST, COUNT, stream)                                                   \
+    for (; i + 32 <= n; i += 32)                                                                 \
+        mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i))), \
+                         mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i + 16))), stream);
 #define MP__Z_ROW16(SRC, DST)                                                                    \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
@@ -2431,7 +2439,7 @@ MP__Z_SCAN(bf16)
         size_t i = 0, head = mp__z_head(dst, sizeof(mp__elem_##DST), n);                         \
         (void)r;                                                                                 \
         if (!scan) {                                                                             \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_WHOLE16, MP__Z_PART16)                    \
+            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_PLAIN16, MP__Z_PART16)                    \
         } else {                                                                                 \
             MP__Z_COUNT16_BEGIN(SRC, DST);                                                       \
             MP__Z_PAIRS(SRC, DST, MP__Z_COUNT16, MP__Z_WHOLE16, MP__Z_PART16)                    \
@@ -2451,6 +2459,7 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_PART16
 #undef MP__Z_WHOLE
 #undef MP__Z_WHOLE16
+#undef MP__Z_PLAIN16
 #undef MP__Z_NOTHING
 #undef MP__Z_COUNT16_BEGIN
 #undef MP__Z_COUNT16
