@@ -2301,9 +2301,9 @@ static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, uint32
    and nonfinite inputs are told apart, on the source. Those two take no
    compare: the extremes' a + bias has its sign bit set exactly for Inf and
    NaN, and a - 1 for zero, so a shift by 31 gives each count. Mask
-   registers are what this loop runs short of (on Zen 5 a pair with the
-   source's zero and Inf compared into masks, 8 masks a pair, cost 3.9 to
-   4.0 times the cast from L1 with gcc; these 4, 3.4 to 3.6 times), and
+   registers are what this loop runs short of (on Zen 5, with gcc, from L1:
+   the source's zero and Inf compared into masks, 8 masks a pair, added
+   371% to 406% to the cast's time; these 4 masks, 341% to 362%), and
    moving the results' counts off them as well measured no better. The
    extremes are the source's, as above. */
 #define MP__Z_NORMAL_f16 0x0400
@@ -2427,7 +2427,8 @@ MP__Z_SCAN(bf16)
 /* Without the counts, two 32-byte loads: gcc 12 kept the 64-byte one and
    its vextracti64x4 (f16 to f32 in L2: 0.97 to 1.00 of the F16C loop, 1.05
    to 1.13 this way), while the counted loop ran slower with the halves
-   (bf16 to f16 in L2: 2.5 times the faster cast, against 1.8 times). */
+   (bf16 to f16 in L2: +150% on a plain loop of 0.023 ns/element, against
+   +83% on one of 0.029 with the one load). */
 #define MP__Z_PLAIN16(SRC, DST, COUNT, stream)                                                   \
     for (; i + 32 <= n; i += 32)                                                                 \
         mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i))), \
