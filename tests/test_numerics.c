@@ -251,13 +251,50 @@ static void test_all_16bit(void) {
     }
 }
 
+/* Every length below max_n from each source offset below src_offsets into
+   each destination offset below dst_offsets (in elements), every direction,
+   with stats and without: the SIMD path's results and stats as the
+   portable one's. Returns the mismatches. */
+static uint64_t bulk_tails(const float *wide, size_t max_n, size_t src_offsets, size_t dst_offsets,
+                           uint64_t *cases) {
+    static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+    static float out_simd[160], out_port[160];
+    uint64_t bad = 0;
+    int s, d;
+    for (s = 0; s < 3; s++)
+        for (d = 0; d < 3; d++) {
+            unsigned char src[128 * 4];
+            size_t n, so, doff, esz = mp_dtype_size(types[s]), dsz = mp_dtype_size(types[d]);
+            if (s == d) continue;
+            mp_convert(src, types[s], wide, MP_FLOAT32, 128, NULL);
+            for (n = 0; n < max_n; n++)
+                for (so = 0; so < src_offsets; so++)
+                    for (doff = 0; doff < dst_offsets; doff++) {
+                        char *out = (char *)out_simd + doff * dsz;
+                        const unsigned char *in = src + so * esz;
+                        mp_cast_stats a, b;
+                        memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+                        memset(out_simd, 0xA5, sizeof out_simd), memset(out_port, 0xA5, sizeof out_port);
+                        mp_convert(out, types[d], in, types[s], n, &a);
+                        mp_convert_portable((char *)out_port + doff * dsz, types[d], in, types[s], n, &b);
+                        bad += memcmp(out_simd, out_port, sizeof out_simd) != 0 || !same_stats(&a, &b);
+                        mp_convert(out, types[d], in, types[s], n, NULL);
+                        bad += memcmp(out_simd, out_port, sizeof out_simd) != 0;
+                        (*cases)++;
+                    }
+        }
+    return bad;
+}
+
 /* The bulk paths against each other where the exhaustive sweeps do not
    reach: every 16-bit value's stats into each target, in place as well as
    apart, and every length 0..47 at every element offset 0..3 (the SIMD
-   tails) of float32 data spread over 2^-30..2^19 with Inf and NaN in it. */
+   tails) of float32 data spread over 2^-30..2^19 with Inf and NaN in it;
+   then every length 0..99 into a destination at each of 32 element offsets
+   (the AVX-512 rows' masked head before the first 64-byte boundary). */
 static void test_bulk_vs_portable(void) {
     static uint16_t all[65536], inplace[65536];
-    static float scratch[65536], wide[64], out_simd[64], out_port[64];
+    static float scratch[65536], wide[128], out_simd[16], out_port[16];
     static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     uint64_t bad = 0, cases = 0;
     uint32_t i, r = 0x2545F491u;
@@ -284,30 +321,12 @@ static void test_bulk_vs_portable(void) {
             }
             cases++;
         }
-    for (i = 0; i < 64; i++) {
+    for (i = 0; i < 128; i++) {
         r ^= r << 13, r ^= r >> 17, r ^= r << 5;
         wide[i] = ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 50 - 30) * (r & 1u ? -1.0f : 1.0f);
     }
     wide[5] = INFINITY, wide[17] = NAN, wide[30] = 0.0f, wide[41] = 1e-45f;
-    for (s = 0; s < 3; s++)
-        for (d = 0; d < 3; d++) {
-            unsigned char src[64 * 4];
-            size_t n, off, esz = mp_dtype_size(types[s]);
-            if (s == d) continue;
-            mp_convert(src, types[s], wide, MP_FLOAT32, 64, NULL);
-            for (n = 0; n < 48; n++)
-                for (off = 0; off < 4; off++) {
-                    mp_cast_stats a, b;
-                    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
-                    memset(out_simd, 0xA5, sizeof out_simd), memset(out_port, 0xA5, sizeof out_port);
-                    mp_convert(out_simd, types[d], src + off * esz, types[s], n, &a);
-                    mp_convert_portable(out_port, types[d], src + off * esz, types[s], n, &b);
-                    bad += memcmp(out_simd, out_port, sizeof out_simd) != 0 || !same_stats(&a, &b);
-                    mp_convert(out_simd, types[d], src + off * esz, types[s], n, NULL);
-                    bad += memcmp(out_simd, out_port, sizeof out_simd) != 0;
-                    cases++;
-                }
-        }
+    bad += bulk_tails(wide, 48, 4, 1, &cases) + bulk_tails(wide, 100, 1, 32, &cases);
     CHECK(bad == 0);
     printf("  bulk vs portable: 16-bit stats, in place, tails %s  (%llu cases)\n", bad ? "FAILED" : "ok",
            (unsigned long long)cases);
@@ -316,21 +335,23 @@ static void test_bulk_vs_portable(void) {
 /* Calls long enough to span several of the SIMD path's blocks (2^20
    elements with AVX-512), each filled with one value, so that every
    per-lane counter reaches its largest count, and with the tails' data
-   tiled: stats and results as the portable path's. */
+   tiled, in a call long enough for the AVX-512 rows' streaming stores
+   (2^24 elements and more): stats and results as the portable path's. */
 static void test_bulk_long(void) {
     static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     const float fills[] = {0.0f, -1e-30f, 1e-6f, 70000.0f, INFINITY, NAN, 1.5f, 0.0f /* tiled */};
-    const size_t n = (5u << 19) + 37; /* 2.5 blocks and a tail */
+    const size_t n_fill = (5u << 19) + 37, n_tiled = (17u << 20) + 37; /* 2.5 and 17 blocks, a tail */
     const size_t nfills = sizeof fills / sizeof fills[0];
-    float *x = (float *)malloc(n * 4);
-    unsigned char *src = (unsigned char *)malloc(n * 4), *out_simd = (unsigned char *)malloc(n * 4),
-                  *out_port = (unsigned char *)malloc(n * 4);
+    float *x = (float *)malloc(n_tiled * 4);
+    unsigned char *src = (unsigned char *)malloc(n_tiled * 4), *out_simd = (unsigned char *)malloc(n_tiled * 4),
+                  *out_port = (unsigned char *)malloc(n_tiled * 4);
     uint64_t bad = 0, cases = 0;
     uint32_t r = 0x9E3779B9u;
-    size_t f, i;
+    size_t f, i, n = 0;
     int s, d;
     CHECK(x && src && out_simd && out_port);
     for (f = 0; x && src && out_simd && out_port && f < nfills; f++) {
+        n = f + 1 < nfills ? n_fill : n_tiled;
         for (i = 0; i < n; i++) {
             r ^= r << 13, r ^= r >> 17, r ^= r << 5;
             x[i] = f + 1 < nfills ? fills[f] : ldexpf((float)(r & 0xFFFFu) / 65536.0f + 0.5f, (int)(r >> 16) % 52 - 31);
@@ -348,8 +369,8 @@ static void test_bulk_long(void) {
             }
     }
     CHECK(bad == 0);
-    printf("  bulk vs portable: calls of %zu elements %s  (%llu cases)\n", n, bad ? "FAILED" : "ok",
-           (unsigned long long)cases);
+    printf("  bulk vs portable: calls of %zu and %zu elements %s  (%llu cases)\n", n_fill, n_tiled,
+           bad ? "FAILED" : "ok", (unsigned long long)cases);
     free(x), free(src), free(out_simd), free(out_port);
 }
 
