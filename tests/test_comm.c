@@ -285,18 +285,24 @@ static void test_initial_weights(int size) {
     mp_model_destroy(other);
 }
 
-/* Bit-identical weights after every epoch, global figures on every rank;
-   against one process at the same global batch, within float32 sums. */
-static void test_fit_matches_one_process(int size, const char *policy, int n) {
+/* 3 epochs of n samples (0: NS) at global batch 32, a quarter to validate. */
+static setup three_epochs(const char *policy, int n) {
     setup st;
-    rank_report one;
-    float tol = strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
     memset(&st, 0, sizeof st);
     st.policy = policy;
     st.batch = 32;
     st.epochs = 3;
     st.n = n;
     st.validation_split = 0.25f;
+    return st;
+}
+
+/* Bit-identical weights after every epoch, global figures on every rank;
+   against one process at the same global batch, within float32 sums. */
+static void test_fit_matches_one_process(int size, const char *policy, int n) {
+    setup st = three_epochs(policy, n);
+    rank_report one;
+    float tol = strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
     run_ranks(1, fit_rank, &st);
     one = W->report[0];
     CHECK(one.status == MP_OK && one.epochs_seen == 3);
@@ -391,13 +397,8 @@ static void test_resume_on_other_sizes(const char *dir) {
 /* The 16-bit all-reduce: every rank the same bits, near the float32 sum's
    run, the same loss scale. */
 static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
-    setup st;
+    setup st = three_epochs(policy, 0);
     rank_report wide;
-    memset(&st, 0, sizeof st);
-    st.policy = policy;
-    st.batch = 32;
-    st.epochs = 3;
-    st.validation_split = 0.25f;
     run_ranks(size, fit_rank, &st);
     wide = W->report[0];
     st.allreduce_dtype = wire;
@@ -415,14 +416,8 @@ static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
    whole-model sum on every rank, also where the batch's tail leaves a
    rank no sample (n 87), and an Inf on one rank skips alike. */
 static void test_sum_buffer(int size, const char *policy, mp_dtype wire, int n) {
-    setup st;
+    setup st = three_epochs(policy, n);
     rank_report whole;
-    memset(&st, 0, sizeof st);
-    st.policy = policy;
-    st.batch = 32;
-    st.epochs = 3;
-    st.n = n;
-    st.validation_split = 0.25f;
     st.allreduce_dtype = wire;
     run_ranks(size, fit_rank, &st);
     whole = W->report[0];
