@@ -30,11 +30,12 @@
    2 ranks MPI_Allreduce adds two numbers, which IEEE 754 addition does
    alike in either order; with more, MPI_Allreduce may add in a different
    order on different ranks (MPI only recommends that it does not), so the
-   sum is MPI_Reduce to rank 0 and MPI_Bcast from it. Errors return (MPI_ERRORS_RETURN on the communicator)
-   and become MP_ERR_COMM with MPI's message; the other ranks may then wait
-   in a collective forever, so a program that gets MP_ERR_COMM, or any error
-   from a collective call, ends the job with mp_mpi_abort. A rank that dies
-   makes mpirun end the job. */
+   sum is MPI_Reduce to rank 0 and MPI_Bcast from it. Errors return
+   (MPI_ERRORS_RETURN on the communicator) and become MP_ERR_COMM with
+   MPI's message; the other ranks may then wait in a collective forever,
+   so a program that gets MP_ERR_COMM, or any error from a collective
+   call, ends the job with mp_mpi_abort. A rank that dies makes mpirun end
+   the job. */
 #ifndef MIXPREC_MPI_H
 #define MIXPREC_MPI_H
 #include <mpi.h>
@@ -53,7 +54,7 @@ typedef struct mp_mpi {
     MPI_Comm comm;
     MPI_Op sum_f16, sum_bf16; /* the 16-bit sums (all_reduce_sum16) */
     int rank, size;
-    struct mp__mpi_shared *shared; /* the sum buffer; NULL: the ranks span machines */
+    struct mp__mpi_shared *shared; /* the sum buffer; NULL: none (one rank, or several machines) */
     char error[MPI_MAX_ERROR_STRING + 64];
 } mp_mpi;
 
@@ -99,8 +100,9 @@ static int mp__mpi_agree(MPI_Comm comm, int ok) {
    at base[r]) on `node`, a communicator of the same ranks in the same
    order: small enough that a piece stays in cache from the model's
    writes through the sum to its reads. Owned by an attribute of
-   MPI_COMM_SELF, which MPI_Finalize deletes first (MPI 4.1, 11.2.4), so
-   the window is freed then whatever became of the mp_mpi. */
+   MPI_COMM_SELF, which MPI_Finalize deletes first (the MPI standard's
+   "Allowing User Functions at Process Termination"), so the window is
+   freed then whatever became of the mp_mpi. */
 #define MP__MPI_PIECE ((size_t)256 << 10)
 
 struct mp__mpi_shared {
