@@ -1454,6 +1454,13 @@ struct mp_communicator {
     /* The same for n float16 or bfloat16 values (dtype), or NULL where the
        communicator has no 16-bit sum. */
     mp_status (*all_reduce_sum16)(void *ctx, void *buf, mp_dtype dtype, size_t n);
+    /* Optional (NULL: none): a buffer of the communicator's own that the
+       two sums above sum fastest, its size in *bytes (MPI: memory the
+       ranks of one machine share, summed where it lies with no copy in or
+       out), or NULL where it has none. The model then sums its gradients
+       a buffer at a time: writes a piece there, sums it, reads it back, so
+       the pieces stay in cache. Valid while the communicator is. */
+    void *(*sum_buffer)(void *ctx, size_t *bytes);
 };
 
 /* The model's backend context (what create gave it; NULL for NULL), for a
@@ -6415,46 +6422,66 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     return MP_OK;
 }
 
-/* The fused unscale-and-check of every layer's gradients into g: from the
-   compute dtype's gc (from NULL), or from a whole-model buffer in ft laid
-   out as g (g itself, in place; the 16-bit sum). */
-static void mp__unscale_layers(mp_model *m, const void *from, mp_dtype ft, const float *scale) {
+/* The fused unscale-and-check of the model's gradients [lo, hi) (g's
+   layout) into to[0, hi - lo), OR-ing into the found-Inf flag: from each
+   layer's gc in its compute dtype (from NULL), or from `from` laid out as
+   to, in ft (to itself, in place; the sum). */
+static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype ft, size_t lo, size_t hi,
+                             const float *scale) {
     int i;
-    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (mp__params(l))
-            m->be->unscale_check(m->ctx, l->g, from ? mp__at(from, ft, (size_t)(l->g - m->g)) : l->gc,
-                                 from ? ft : l->dt, mp__params(l), scale, &m->state->found_inf);
+        size_t a = (size_t)(l->g - m->g), b = a + mp__params(l);
+        size_t s = a > lo ? a : lo, e = b < hi ? b : hi;
+        if (s < e)
+            m->be->unscale_check(m->ctx, to + (s - lo), from ? mp__at(from, ft, s - lo) : mp__at(l->gc, l->dt, s - a),
+                                 from ? ft : l->dt, e - s, scale, &m->state->found_inf);
     }
 }
 
 /* Data-parallel (>>communicator): this rank's gradients in float32 over
    its share of the global batch (zeros when the batch's tail left it no
-   sample), summed over the ranks, then unscaled and checked: an Inf on
-   any rank is in every rank's sum, so every rank skips alike. */
+   sample), summed over the ranks, then unscaled and checked into g: an
+   Inf on any rank is in every rank's sum, so every rank skips alike (a
+   rank's own Inf, flagged on the way in, is in the sum too). Where the
+   communicator has a sum buffer, a piece at a time through it (no copy
+   in or out, the piece in cache); else the whole model in g (or the
+   16-bit grad16). */
 static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) {
+    const mp_communicator *c = m->desc.comm;
     mp_dtype wire = m->desc.allreduce_dtype;
-    void *sum = wire == MP_FLOAT32 ? (void *)m->g : m->grad16;
+    size_t bytes = 0, piece = m->n_params, at;
+    void *shared = NULL;
+    float share = batch ? (float)global / (float)batch : 1.0f; /* exact for equal shares of a power-of-two batch */
     mp_status st;
-    if (batch) {
-        float share = (float)global / (float)batch; /* exact for equal shares of a power-of-two batch */
-        m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
-        mp__unscale_layers(m, NULL, MP_FLOAT32, &m->state->share);
-    } else {
-        m->be->zero(m->ctx, m->g, m->n_params * sizeof(float));
+    if (c->sum_buffer) {
+        if ((st = mp__comm_ready(m)) != MP_OK) return st; /* nothing queued reads it still */
+        shared = c->sum_buffer(c->ctx, &bytes);
+        if (shared && bytes / mp_dtype_size(wire)) piece = bytes / mp_dtype_size(wire);
+        else shared = NULL;
     }
-    if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, m->g, m->n_params, NULL); /* divided, then rounded */
-    if ((st = mp__comm_sum(m, sum, wire, m->n_params, "the gradients' all-reduce")) != MP_OK) return st;
-    mp__unscale_layers(m, sum, wire, mp__scale(m));
+    m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    for (at = 0; at < m->n_params; at += piece) {
+        size_t len = m->n_params - at < piece ? m->n_params - at : piece;
+        float *part = shared && wire == MP_FLOAT32 ? (float *)shared : m->g + at; /* this rank's share */
+        void *sum = wire == MP_FLOAT32 ? (void *)part : shared ? shared : m->grad16;
+        if (batch) mp__unscale_span(m, part, NULL, MP_FLOAT32, at, at + len, &m->state->share);
+        else m->be->zero(m->ctx, part, len * sizeof(float));
+        if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, part, len, NULL); /* divided, then rounded */
+        if ((st = mp__comm_sum(m, sum, wire, len, "the gradients' all-reduce")) != MP_OK) return st;
+        mp__unscale_span(m, m->g + at, sum, wire, at, at + len, mp__scale(m));
+    }
     return MP_OK;
 }
 
 /* batch of the global batch's samples were this rank's (all of them in one process). */
 static mp_status mp__unscale_gradients(mp_model *m, size_t batch, size_t global) {
     mp_status st;
-    if (m->ranks == 1) mp__unscale_layers(m, NULL, MP_FLOAT32, mp__scale(m));
-    else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
+    if (m->ranks == 1) {
+        m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+        mp__unscale_span(m, m->g, NULL, MP_FLOAT32, 0, m->n_params, mp__scale(m));
+    } else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
     m->grads_ready = 1;
     mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;

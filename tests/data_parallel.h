@@ -44,8 +44,9 @@ static void get_state(mp_model *m, model_state *st) {
 static uint64_t rank_seed(int rank) { return 1000u + (uint64_t)rank * 77u; }
 
 static mp_dtype rank_allreduce_dtype; /* mp_model_desc.allreduce_dtype of the next models */
+static int rank_units = 16;           /* the hidden layer's units of the next models */
 
-/* NF-16-3 with a float32 softmax, Adam, under `policy`; NULL on failure. */
+/* NF-rank_units-3 with a float32 softmax, Adam, under `policy`; NULL on failure. */
 static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const char *policy) {
     mp_model_desc md;
     mp_compile_desc cd;
@@ -59,7 +60,7 @@ static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const ch
     md.allreduce_dtype = rank_allreduce_dtype;
     mp_set_global_policy_name(policy);
     if (mp_model_create(&m, &md) != MP_OK) return NULL;
-    mp_model_add(m, mp_dense(16, MP_RELU));
+    mp_model_add(m, mp_dense(rank_units, MP_RELU));
     mp_model_add(m, mp_dense(3, MP_LINEAR));
     out.dtype = "float32";
     mp_model_add(m, out);

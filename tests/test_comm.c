@@ -12,7 +12,9 @@
    stays near the float32 one; a checkpoint saved by 2 ranks resumes on 1 and on 3
    (rank 0's file sent to the others); only
    rank 0 writes CSV logs and checkpoints; a failing all-reduce is
-   MP_ERR_COMM with the communicator's message; a bad table is refused. */
+   MP_ERR_COMM with the communicator's message; a bad table is refused;
+   the gradients summed a piece at a time through the communicator's sum
+   buffer give the bits of the whole-model sum. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #define _DEFAULT_SOURCE         /* MAP_ANONYMOUS */
 #include <pthread.h>
@@ -49,6 +51,7 @@ typedef struct world {
     pthread_barrier_t barrier;
     int size;
     int fail_call; /* every rank's all-reduce number fail_call fails (0: none) */
+    size_t piece;  /* bytes of the sum buffer (a rank's slot) it offers (0: none) */
     float slot[MAXR][SLOT];
     rank_report report[MAXR];
 } world;
@@ -73,7 +76,7 @@ static mp_status tc_all_reduce_sum(void *ctx, float *buf, size_t n) {
     int k;
     if (++r->calls == W->fail_call) return MP_ERR_COMM; /* on every rank alike: nobody waits */
     if (n > SLOT) return MP_ERR_SIZE;
-    memcpy(W->slot[r->rank], buf, n * sizeof(float));
+    if (buf != W->slot[r->rank]) memcpy(W->slot[r->rank], buf, n * sizeof(float)); /* else the sum buffer */
     sum = floats(n);
     tc_barrier(ctx);
     for (i = 0; i < n; i++)
@@ -102,6 +105,10 @@ static mp_status tc_broadcast(void *ctx, void *buf, size_t bytes, int root) {
     if (r->rank != root) memcpy(buf, W->slot[0], bytes);
     tc_barrier(ctx);
     return MP_OK;
+}
+static void *tc_sum_buffer(void *ctx, size_t *bytes) {
+    *bytes = W->piece;
+    return W->piece ? W->slot[((tc_rank *)ctx)->rank] : NULL;
 }
 static const char *tc_last_error(void *ctx) {
     return ((tc_rank *)ctx)->calls == W->fail_call ? "planted failure of the all-reduce" : "no error";
@@ -135,6 +142,7 @@ static void run_ranks(int size, rank_fn fn, const void *arg) {
             c.barrier = tc_barrier;
             c.last_error = tc_last_error;
             c.all_reduce_sum16 = tc_all_reduce_sum16;
+            c.sum_buffer = tc_sum_buffer;
             fn(&c, r, &W->report[r], arg);
             fflush(stdout);
             _exit(0);
@@ -277,18 +285,24 @@ static void test_initial_weights(int size) {
     mp_model_destroy(other);
 }
 
-/* Bit-identical weights after every epoch, global figures on every rank;
-   against one process at the same global batch, within float32 sums. */
-static void test_fit_matches_one_process(int size, const char *policy, int n) {
+/* 3 epochs of n samples (0: NS) at global batch 32, a quarter to validate. */
+static setup three_epochs(const char *policy, int n) {
     setup st;
-    rank_report one;
-    float tol = strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
     memset(&st, 0, sizeof st);
     st.policy = policy;
     st.batch = 32;
     st.epochs = 3;
     st.n = n;
     st.validation_split = 0.25f;
+    return st;
+}
+
+/* Bit-identical weights after every epoch, global figures on every rank;
+   against one process at the same global batch, within float32 sums. */
+static void test_fit_matches_one_process(int size, const char *policy, int n) {
+    setup st = three_epochs(policy, n);
+    rank_report one;
+    float tol = strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
     run_ranks(1, fit_rank, &st);
     one = W->report[0];
     CHECK(one.status == MP_OK && one.epochs_seen == 3);
@@ -383,13 +397,8 @@ static void test_resume_on_other_sizes(const char *dir) {
 /* The 16-bit all-reduce: every rank the same bits, near the float32 sum's
    run, the same loss scale. */
 static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
-    setup st;
+    setup st = three_epochs(policy, 0);
     rank_report wide;
-    memset(&st, 0, sizeof st);
-    st.policy = policy;
-    st.batch = 32;
-    st.epochs = 3;
-    st.validation_split = 0.25f;
     run_ranks(size, fit_rank, &st);
     wide = W->report[0];
     st.allreduce_dtype = wire;
@@ -400,6 +409,28 @@ static void test_allreduce_16bit(int size, const char *policy, mp_dtype wire) {
     CHECK(memcmp(W->report[0].state.w, wide.state.w, wide.state.nw * sizeof(float)) != 0); /* it did round */
     CHECK(W->report[0].state.scale == wide.state.scale);
     CHECK(fabsf(W->report[0].eval.accuracy - wide.eval.accuracy) <= 0.05f);
+}
+
+/* The communicator's sum buffer of 40 bytes (10 float32 or 20 16-bit
+   values: pieces across the layers' bounds): the same bits as the
+   whole-model sum on every rank, also where the batch's tail leaves a
+   rank no sample (n 87), and an Inf on one rank skips alike. */
+static void test_sum_buffer(int size, const char *policy, mp_dtype wire, int n) {
+    setup st = three_epochs(policy, n);
+    rank_report whole;
+    st.allreduce_dtype = wire;
+    run_ranks(size, fit_rank, &st);
+    whole = W->report[0];
+    W->piece = 40;
+    run_ranks(size, fit_rank, &st);
+    check_ranks_agree(size, 3);
+    CHECK(whole.status == MP_OK && W->report[0].state.nw == whole.state.nw && W->report[0].state.nw > 40);
+    CHECK(same_bits(W->report[0].state.w, whole.state.w, whole.state.nw));
+    CHECK(same_bits(W->report[0].state.s, whole.state.s, whole.state.ns));
+    CHECK(W->report[0].state.scale == whole.state.scale && W->report[0].eval.loss == whole.eval.loss);
+    CHECK(memcmp(W->report[0].epoch_crc, whole.epoch_crc, sizeof whole.epoch_crc) == 0);
+    if (size == 2) test_inf_on_one_rank(2);
+    W->piece = 0;
 }
 
 /* Only rank 0 writes its CSV log. */
@@ -498,6 +529,10 @@ int main(int argc, char **argv) {
     RUN(test_resume_on_other_sizes(dir));
     RUN(test_rank0_writes(dir));
     RUN(test_failing_all_reduce());
+    RUN(test_sum_buffer(2, "mixed_float16", MP_FLOAT32, NS));
+    RUN(test_sum_buffer(3, "float32", MP_FLOAT32, 87));
+    RUN(test_sum_buffer(2, "mixed_bfloat16", MP_BFLOAT16, NS));
+    RUN(test_sum_buffer(3, "mixed_float16", MP_FLOAT16, NS));
     rmdir(dir);
     munmap(W, sizeof(world));
     return check_done("test_comm");

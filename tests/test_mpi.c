@@ -7,7 +7,9 @@
                   the same accuracy); an Inf on one rank: every rank skips
                   the step with the same weights, slots and halved scale;
                   the gradients summed in float16 and bfloat16 (the same
-                  bits on every rank, near the one process)
+                  bits on every rank, near the one process); the sums in
+                  the ranks' shared memory, a piece at a time, against
+                  MPI's own (the same bits on 2 ranks)
      save DIR     (2 ranks) fit 2 epochs, rank 0's ModelCheckpoint writes
                   DIR/dp.mpc (only rank 0 writes its CSV log), then to 4
                   epochs: DIR/whole.bin has the final weights and scale;
@@ -160,6 +162,42 @@ static void test_inf_on_one_rank(void) {
     mp_model_destroy(m);
 }
 
+/* The sums in the shared window (mp_mpi's sum buffer: 200,003 weights go
+   through it in several pieces) against MPI's own (the table without
+   sum_buffer): the same bits on 2 ranks, where both add two numbers once;
+   on 3 within the sums' rounding (MPI_Reduce adds in its own order, and
+   rounds a 16-bit sum at each addition where the window rounds once). */
+static void test_window_matches_mpi(const char *policy, mp_dtype wire) {
+    mp_communicator plain = C.table;
+    mp_fit_desc fd = silent_fit(xs, ys, NS, 16 * C.size, 2);
+    mp_model *a, *b;
+    float *wa, *wb, tol = wire != MP_FLOAT32 ? 5e-2f : 1e-4f;
+    size_t n;
+    plain.sum_buffer = NULL;
+    CHECK(C.shared != NULL); /* one machine: the window is there */
+    rank_units = 20000;
+    rank_allreduce_dtype = wire;
+    a = my_model(&C.table, policy);
+    b = my_model(&plain, policy);
+    rank_units = 16;
+    rank_allreduce_dtype = MP_FLOAT32;
+    OK(mp_model_fit(a, &fd), a); /* not fit(): its check's snapshot holds MAXW weights */
+    OK(mp_model_fit(b, &fd), b);
+    n = mp_model_param_count(a);
+    wa = floats(n);
+    wb = floats(n);
+    OK(mp_model_get_weights(a, wa, n), a);
+    OK(mp_model_get_weights(b, wb, n), b);
+    CHECK(same_on_all(wa, n * sizeof(float)) && same_on_all(wb, n * sizeof(float)));
+    if (C.size == 2) CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+    else if (!CHECK(rel_diff(wa, wb, n) < tol)) fprintf(stderr, "    %s: %g\n", policy, (double)rel_diff(wa, wb, n));
+    CHECK(mp_current_loss_scale(a) == mp_current_loss_scale(b));
+    free(wa);
+    free(wb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 static void train(void) {
     RUN(test_initial_weights());
     RUN(test_ranks_match_one_process("float32", MP_FLOAT32));
@@ -168,6 +206,8 @@ static void train(void) {
     RUN(test_ranks_match_one_process("mixed_float16", MP_FLOAT16));
     RUN(test_ranks_match_one_process("mixed_bfloat16", MP_BFLOAT16));
     RUN(test_inf_on_one_rank());
+    RUN(test_window_matches_mpi("mixed_float16", MP_FLOAT32));
+    RUN(test_window_matches_mpi("mixed_bfloat16", MP_BFLOAT16));
 }
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
