@@ -3324,14 +3324,6 @@ static int mp__gemm_bf16(const mp_gemm_args *g) {
    it is packed). A bfloat16 slice of 2 KC values takes KC floats. */
 static size_t mp__panel_depth(size_t rows, size_t k) { return rows <= MP__MC ? mp__min(k, MP__KC) : k; }
 
-/* The floats one panel column takes: its depth, or half of it for
-   bfloat16 pairs (a slice of 2 KC values takes KC floats). Twice the
-   columns in one panel means op(A) is packed half as often: a weight
-   gradient (k = the batch) gets whole 1024-column panels at batch 8192. */
-static size_t mp__panel_floats_per_col(int pairs, size_t rows, size_t k) {
-    return pairs ? mp__panel_depth(rows, (k + 1) / 2) : mp__panel_depth(rows, k);
-}
-
 /* Columns per B panel: all of N up to NC, fewer when it is deep. */
 static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
     size_t cols = mp__min(mp__round_up(n, MP__NR), MP__NC);
@@ -3797,7 +3789,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     int pairs = mp__gemm_bf16(g);
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
-    size_t panel = mp__panel_cols(mp__panel_floats_per_col(pairs, m1 - m0, g->k), n1 - n0, ws->b_cap);
+    size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
