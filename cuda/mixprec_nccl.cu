@@ -76,6 +76,7 @@ extern "C" mp_status mp_nccl_init(mp_nccl *c, MPI_Comm mpi, int device) {
         MP_OP(barrier) mp__nc_barrier,
         MP_OP(last_error) mp__nc_last_error,
         MP_OP(all_reduce_sum16) mp__nc_all_reduce_sum16,
+        MP_OP(sum_buffer) NULL, /* NCCL sums the device's buffers where they are */
     };
     ncclUniqueId id;
     ncclComm_t comm;
