@@ -6207,6 +6207,11 @@ static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const flo
     return MP_OK;
 }
 
+/* How many of a layer's parameters lie in its compute-dtype copy as in
+   w: all of them, or the kernel alone where the copy's bias sits past a
+   pad (bias_at); the bias then goes on its own, to bias_at. */
+static size_t mp__copy_run(const mp__layer *l) { return l->bias_at == l->n_kernel ? mp__params(l) : l->n_kernel; }
+
 static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     mp_status st = MP_OK;
     int i;
@@ -6215,11 +6220,12 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
     mp__loop_move(m, MP__CALL_FORWARD);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read, the kernel and the bias */
-            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, l->n_kernel, NULL);
-            if (l->n_bias)
-                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + l->n_kernel, MP_FLOAT32,
-                            l->n_bias, NULL);
+        if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read */
+            size_t run = mp__copy_run(l);
+            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, run, NULL);
+            if (run < mp__params(l))
+                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + run, MP_FLOAT32, l->n_bias,
+                            NULL);
         }
         mp__kinds[l->desc.kind].forward(m, l, batch);
         /* diagnostics; after a check-numerics stop the loop still ends: weight casts are due */
@@ -6424,7 +6430,7 @@ static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype 
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         size_t a = (size_t)(l->g - m->g), b = a + mp__params(l);
-        size_t s = a > lo ? a : lo, e = b < hi ? b : hi;
+        size_t s = a > lo ? a : lo, e = mp__min(b, hi);
         if (s < e)
             m->be->unscale_check(m->ctx, to + (s - lo), from ? mp__at(from, ft, s - lo) : mp__at(l->gc, l->dt, s - a),
                                  from ? ft : l->dt, e - s, scale, &m->state->found_inf);
@@ -6455,7 +6461,7 @@ static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) 
     m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     for (at = 0; at < m->n_params; at += piece) {
-        size_t len = m->n_params - at < piece ? m->n_params - at : piece;
+        size_t len = mp__min(piece, m->n_params - at);
         float *part = shared && wire == MP_FLOAT32 ? (float *)shared : m->g + at; /* this rank's share */
         void *sum = wire == MP_FLOAT32 ? (void *)part : shared ? shared : m->grad16;
         if (batch) mp__unscale_span(m, part, NULL, MP_FLOAT32, at, at + len, &m->state->share);
@@ -6507,8 +6513,7 @@ static void mp__apply(mp_model *m) {
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
         mp__layer *l = &m->layers[i];
         void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
-        /* where the copy's bias sits past a pad, its update is a call of its own */
-        size_t n = wc && l->bias_at != l->n_kernel ? l->n_kernel : mp__params(l);
+        size_t n = wc ? mp__copy_run(l) : mp__params(l);
         mp__apply_part(m, l, 0, n, wc, skip);
         if (n < mp__params(l)) mp__apply_part(m, l, n, l->n_bias, mp__at_mut(wc, l->dt, l->bias_at), skip);
     }
@@ -7086,8 +7091,11 @@ static mp_status mp__progbar_epoch_end(void *user, mp_fit_state *s, const mp_log
     if (mp__progbar_on(p, s)) mp__progress_show(p, s->steps, s->steps, lg, s->has_accuracy, s->has_validation);
     return MP_OK;
 }
+/* A silent bar draws nothing during an epoch, so it takes no batch hook:
+   a batch hook makes fit read a device's metrics mid-epoch. */
 MIXPREC_API mp_callback mp_progbar_logger_callback(mp_progbar_logger *p) {
-    return mp__callback(NULL, NULL, mp__progbar_epoch_begin, mp__progbar_epoch_end, mp__progbar_batch_end, p);
+    return mp__callback(NULL, NULL, mp__progbar_epoch_begin, mp__progbar_epoch_end,
+                        p && p->verbose == MP_VERBOSE_SILENT ? NULL : mp__progbar_batch_end, p);
 }
 
 static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
@@ -7234,10 +7242,7 @@ static void mp__fit_callbacks_init(const mp_fit_desc *d, int epochs, mp_callback
         c->list[c->n++] = mp_csv_logger_callback(&c->csv);
     }
     c->bar.verbose = d->verbose;
-    c->list[c->n] = mp_progbar_logger_callback(&c->bar);
-    /* silent, its batch hook draws nothing: no mid-epoch read of a device's metrics for it */
-    if (d->verbose == MP_VERBOSE_SILENT) c->list[c->n].on_batch_end = NULL;
-    c->n++;
+    c->list[c->n++] = mp_progbar_logger_callback(&c->bar);
 #endif
 }
 

@@ -618,6 +618,17 @@ static void squares(void) {
     }
 }
 
+/* Each shape measured and its ratios printed; the first with_peer also
+   against PyTorch. */
+static void measure_list(const shape *shapes, size_t n, size_t with_peer) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double g[N_DTYPES][N_THREADS + 1];
+        measure_shape(&shapes[i], g);
+        print_ratios(&shapes[i], 0, g, i < with_peer);
+    }
+}
+
 /* Every product of a training step of the guide's MLP (784-U-U-10), layer
    by layer: forward y = x W; backward dW = x^T dz (x transposed) and
    dx = dz W^T (W transposed), but for the first layer, whose input needs
@@ -630,19 +641,14 @@ static void mlp_shapes(int batch, int units) {
         {"mlp_dw_in", 1, 0, 784, u, b, batch, units, 0, 0},    {"mlp_fwd_out", 0, 0, b, 10, u, batch, units, 0, 0},
         {"mlp_dw_out", 1, 0, u, 10, b, batch, units, 0, 0},    {"mlp_dx_out", 0, 1, b, u, 10, batch, units, 0, 0},
     };
-    size_t i;
-    for (i = 0; i < COUNT(shapes); i++) {
-        double g[N_DTYPES][N_THREADS + 1];
-        measure_shape(&shapes[i], g);
-        print_ratios(&shapes[i], 0, g, i < 4);
-    }
+    measure_list(shapes, COUNT(shapes), 4);
 }
 
 /* Images per product in a host Conv2D: as many as keep their columns
-   (pixels x patch floats) within 1 MiB, as mixprec.h's mp__conv_group, and
-   no more than the batch. */
+   (pixels x patch floats) within mixprec.h's MP__CONV_CACHE (its
+   mp__conv_group), and no more than the batch. */
 static int conv_group(size_t pixels, size_t patch, int batch) {
-    size_t per = pixels * patch * sizeof(float), g = ((size_t)1 << 20) / per;
+    size_t per = pixels * patch * sizeof(float), g = MP__CONV_CACHE / per;
     return g < 1 ? 1 : g > (size_t)batch ? batch : (int)g;
 }
 
@@ -665,12 +671,7 @@ static void conv_shapes(int batch, int image) {
         {"conv_dw_1x1", 1, 0, f, f, r2, batch, filters, image, g2},
         {"conv_dx_1x1", 0, 1, r2, f, f, batch, filters, image, g2},
     };
-    size_t i;
-    for (i = 0; i < COUNT(shapes); i++) {
-        double g[N_DTYPES][N_THREADS + 1];
-        measure_shape(&shapes[i], g);
-        print_ratios(&shapes[i], 0, g, 0);
-    }
+    measure_list(shapes, COUNT(shapes), 0);
 }
 
 static void print_references(void) {

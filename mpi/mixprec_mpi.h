@@ -111,14 +111,22 @@ struct mp__mpi_shared {
     char **base; /* [size] */
 };
 
-static int mp__mpi_shared_delete(MPI_Comm comm, int key, void *value, void *extra) {
-    struct mp__mpi_shared *sh = (struct mp__mpi_shared *)value;
-    (void)comm, (void)key, (void)extra;
-    MPI_Win_unlock_all(sh->win);
-    MPI_Win_free(&sh->win);
+/* Frees what mp__mpi_shared_init made: the window (locked where it was
+   had: an unlock where it was not returns an error, which is ignored), the
+   node communicator, the pieces' addresses. */
+static void mp__mpi_shared_free(struct mp__mpi_shared *sh) {
+    if (sh->win != MPI_WIN_NULL) {
+        MPI_Win_unlock_all(sh->win);
+        MPI_Win_free(&sh->win);
+    }
     MPI_Comm_free(&sh->node);
     free(sh->base);
     free(sh);
+}
+
+static int mp__mpi_shared_delete(MPI_Comm comm, int key, void *value, void *extra) {
+    (void)comm, (void)key, (void)extra;
+    mp__mpi_shared_free((struct mp__mpi_shared *)value);
     return MPI_SUCCESS;
 }
 
@@ -162,13 +170,7 @@ static mp_status mp__mpi_shared_init(mp_mpi *c) {
         c->shared = sh;
         return MP_OK;
     }
-    if (sh->win != MPI_WIN_NULL) {
-        MPI_Win_unlock_all(sh->win); /* an error where it was not locked, returned */
-        MPI_Win_free(&sh->win);
-    }
-    MPI_Comm_free(&sh->node);
-    free(sh->base);
-    free(sh);
+    mp__mpi_shared_free(sh);
     return MP_OK;
 }
 
