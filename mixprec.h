@@ -3305,6 +3305,17 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #define MP__KC 256  /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
 #define MP__NC 2048 /* float32 C block MC x NC in L2 */
 #define MP__B_BUDGET (4u << 20) /* floats of B panel per thread before NC narrows */
+/* float32 slivers this shallow (or shallower) run a block's tiles a row of
+   tiles at a time, not a column at a time: the kernels are then mostly
+   their C stores, and a column of tiles writes MC rows at C's stride, which
+   for a row of 4 KiB (1024 float32 columns) lands every row in the same L1
+   sets and hops between DRAM pages for a large C. Measured (Zen 5, m =
+   8192, n = 1024): k = 10 (the 10-class output layer's input gradient)
+   2.8-3.2 to 1.5 ms on one thread, float16 1.5-1.7 to 1.3; k = 32 3.4-3.9
+   to 2.6-2.7; k = 64 and k >= 128 within noise. bfloat16 pairs gained
+   nothing and lost on some batch-128 products: they keep the column order.
+   The re-read B panel (depth x NC floats) stays in L2. */
+#define MP__ROWS_FIRST_DEPTH 64
 #define MP__TMP (MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC) /* widened runs */
 
 
@@ -3791,7 +3802,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
-    size_t i0, j0, p0, ir, jr, r;
+    size_t i0, j0, p0, ir, jr, r, t;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
@@ -3808,6 +3819,8 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
+                size_t row_tiles = (mc + MP__MR - 1) / MP__MR, col_tiles = ncp / MP__NR;
+                int rows_first = !pairs && depth <= MP__ROWS_FIRST_DEPTH;
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
                 if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc);
 #ifdef MP__BF16_DOT
@@ -3817,21 +3830,23 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
                 d.first = p0 == 0;
                 d.g = fused && p0 + kc >= g->k ? g : NULL;
-                for (jr = 0; jr < ncp; jr += MP__NR)
-                    for (ir = 0; ir < mc; ir += MP__MR) {
-                        float *tile = ws->c + ir * ncp + jr;
-                        d.bias = g->bias ? bias + jr : NULL;
-                        d.row = i0 + ir, d.col = j0 + jr;
-                        d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
+                for (t = 0; t < row_tiles * col_tiles; t++) { /* a column of tiles on one B sliver, or a row (above) */
+                    float *tile;
+                    ir = (rows_first ? t / col_tiles : t % row_tiles) * MP__MR;
+                    jr = (rows_first ? t % col_tiles : t / row_tiles) * MP__NR;
+                    tile = ws->c + ir * ncp + jr;
+                    d.bias = g->bias ? bias + jr : NULL;
+                    d.row = i0 + ir, d.col = j0 + jr;
+                    d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
 #ifdef MP__BF16_DOT
-                        if (pairs) {
-                            mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
-                                            (const uint16_t *)(slice + jr * depth), tile, ncp, &d);
-                            continue;
-                        }
-#endif
-                        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
+                    if (pairs) {
+                        mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
+                                        (const uint16_t *)(slice + jr * depth), tile, ncp, &d);
+                        continue;
                     }
+#endif
+                    mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
+                }
             }
             if (orig) mp__epilogue_transposed(orig, ws->c, ncp, ws->tmp, mc, j0, nc);
             for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
