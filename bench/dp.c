@@ -5,6 +5,8 @@
        bench=dp ranks= threads_per_rank= per_rank_batch= global_batch= units= policy=
             steps= images_per_s= ms_per_step= allreduce_ms_per_step= allreduce_share=
             bytes_per_step_per_rank= load1= cpu=
+   --steps S times S steps (300: about 2-6 s a run, long enough that a
+   neighbour's burst on a shared host moves the figure little);
    --allreduce float16|bfloat16 sums the gradients in 16 bits (half the
    bytes). allreduce_ms is the time in the gradients' all-reduce (a rank that waits
    for a slower one counts its wait), allreduce_share its part of the step;
@@ -65,7 +67,7 @@ static float load1(void) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, batch = 128, units = 1024, steps = 50, i;
+    int threads = 1, batch = 128, units = 1024, steps = 300, i;
     const char *policy = "mixed_float16", *wire = "float32";
     mp_communicator timed;
     mp_model_desc md;

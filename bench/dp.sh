@@ -3,10 +3,10 @@
 # ranks of one thread each (3 oversubscribe 2 cores) against one process
 # with as many threads at the same global batch, and the ranks again with the
 # gradients summed in float16, alternating, ROUNDS times
-# (2). One key=value line per run (bench=dp ...), the machine's load in each.
+# (3). One key=value line per run (bench=dp ...), the machine's load in each.
 set -u
 BIN=${1:?usage: dp.sh BENCH_DP [ROUNDS]}
-ROUNDS=${2:-2}
+ROUNDS=${2:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN="timeout 300 mpirun --oversubscribe"
 for round in $(seq "$ROUNDS"); do
