@@ -3501,11 +3501,14 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
     size_t g, q, r;
     if (!rows_contiguous) { /* a panel row is a run of the source: each run read once (widened unless
                                 float32) and cut into every panel, not re-read at ld strides a panel at a time */
+        /* adjacent runs (a narrow matrix: the 10 classes' weights) widened together: one call a run
+           of 10 was most of a 10-class product */
+        size_t group = t != MP_FLOAT32 && ld == rc && rc <= MP__TMP ? MP__TMP / rc : 1;
         for (q = 0; q < qc; q++) {
             const float *run = (const float *)mp__at(src, t, (q0 + q) * ld + r0);
             if (t != MP_FLOAT32) {
-                mp__load(tmp, run, t, rc);
-                run = tmp;
+                if (q % group == 0) mp__load(tmp, run, t, mp__min(group, qc - q) * rc);
+                run = tmp + q % group * rc;
             }
             for (g = 0; g < rc; g += width) {
                 size_t w = mp__min(width, rc - g);
