@@ -3305,17 +3305,19 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #define MP__KC 256  /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
 #define MP__NC 2048 /* float32 C block MC x NC in L2 */
 #define MP__B_BUDGET (4u << 20) /* floats of B panel per thread before NC narrows */
-/* float32 slivers this shallow (or shallower) run a block's tiles a row of
-   tiles at a time, not a column at a time: the kernels are then mostly
-   their C stores, and a column of tiles writes MC rows at C's stride, which
-   for a row of 4 KiB (1024 float32 columns) lands every row in the same L1
-   sets and hops between DRAM pages for a large C. Measured (Zen 5, m =
+/* A product or sliver this shallow (k, or a sliver's depth, at most this)
+   is mostly its C stores: it splits its rows between the threads
+   (mp__split_n), and its float32 slivers run a block's tiles a row of
+   tiles at a time, not a column at a time (mp__next_tile). A column of
+   tiles writes MC rows at C's stride, which for a row of 4 KiB (1024
+   float32 columns) lands every row in the same L1 sets and hops between
+   DRAM pages for a large C. Measured (Zen 5, m =
    8192, n = 1024): k = 10 (the 10-class output layer's input gradient)
    2.8-3.2 to 1.5 ms on one thread, float16 1.5-1.7 to 1.3; k = 32 3.4-3.9
    to 2.6-2.7; k = 64 and k >= 128 within noise. bfloat16 pairs gained
    nothing and lost on some batch-128 products: they keep the column order.
    The re-read B panel (depth x NC floats) stays in L2. */
-#define MP__ROWS_FIRST_DEPTH 64
+#define MP__SHALLOW 64
 #define MP__TMP (MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC) /* widened runs */
 
 
@@ -3503,7 +3505,7 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
                                 float32) and cut into every panel, not re-read at ld strides a panel at a time */
         /* adjacent runs (a narrow matrix: the 10 classes' weights) widened together: one call a run
            of 10 was most of a 10-class product */
-        size_t group = t != MP_FLOAT32 && ld == rc && rc <= MP__TMP ? MP__TMP / rc : 1;
+        size_t group = t != MP_FLOAT32 && ld == rc ? MP__TMP / rc : 1; /* tmp holds one run at least */
         for (q = 0; q < qc; q++) {
             const float *run = (const float *)mp__at(src, t, (q0 + q) * ld + r0);
             if (t != MP_FLOAT32) {
@@ -3796,6 +3798,17 @@ static void mp__epilogue_transposed(const mp_gemm_args *g, const float *block, s
     }
 }
 
+/* The tile after (ir, jr) in a block of mc rows and ncp columns: down a
+   column of tiles, which keeps one B sliver in L1, or along a row of tiles
+   (rows_first, MP__SHALLOW). Past the block, ir >= mc or jr >= ncp. */
+static void mp__next_tile(size_t *ir, size_t *jr, size_t mc, size_t ncp, int rows_first) {
+    size_t *inner = rows_first ? jr : ir, *outer = rows_first ? ir : jr;
+    *inner += rows_first ? MP__NR : MP__MR;
+    if (*inner < (rows_first ? ncp : mc)) return;
+    *inner = 0;
+    *outer += rows_first ? MP__MR : MP__NR;
+}
+
 /* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
    product whose C^T g is (written back through mp__epilogue_transposed). */
 static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
@@ -3805,7 +3818,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
-    size_t i0, j0, p0, ir, jr, r, t;
+    size_t i0, j0, p0, ir, jr, r;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
@@ -3822,8 +3835,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
-                size_t row_tiles = (mc + MP__MR - 1) / MP__MR, col_tiles = ncp / MP__NR;
-                int rows_first = !pairs && depth <= MP__ROWS_FIRST_DEPTH;
+                int rows_first = !pairs && depth <= MP__SHALLOW;
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
                 if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc);
 #ifdef MP__BF16_DOT
@@ -3833,11 +3845,8 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
                 d.first = p0 == 0;
                 d.g = fused && p0 + kc >= g->k ? g : NULL;
-                for (t = 0; t < row_tiles * col_tiles; t++) { /* a column of tiles on one B sliver, or a row (above) */
-                    float *tile;
-                    ir = (rows_first ? t / col_tiles : t % row_tiles) * MP__MR;
-                    jr = (rows_first ? t % col_tiles : t / row_tiles) * MP__NR;
-                    tile = ws->c + ir * ncp + jr;
+                for (ir = jr = 0; ir < mc && jr < ncp; mp__next_tile(&ir, &jr, mc, ncp, rows_first)) {
+                    float *tile = ws->c + ir * ncp + jr;
                     d.bias = g->bias ? bias + jr : NULL;
                     d.row = i0 + ir, d.col = j0 + jr;
                     d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
@@ -3865,7 +3874,7 @@ typedef struct mp__gemm_job {
 /* Each thread takes a disjoint range of whole tiles along N (then every
    thread packs all of op(A)) or along M (then every thread packs all of
    op(B)): the split that repeats the cheaper packing, a transposing pack
-   costing about three copies. A shallow product (k <= MP__ROWS_FIRST_DEPTH)
+   costing about three copies. A shallow product (k <= MP__SHALLOW)
    is its C stores, and both packs are small: it splits along M, since in
    an N split the two threads write both ends of every row of C, which
    share a cache line wherever C's rows do not start on one (a C from
@@ -3876,7 +3885,7 @@ static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
     float cost_b = (float)g->k * (float)g->n * (g->trans_b ? 3.0f : 1.0f);
     if (tm < threads) return 1;
-    if (tn < threads || g->k <= MP__ROWS_FIRST_DEPTH) return 0;
+    if (tn < threads || g->k <= MP__SHALLOW) return 0;
     return cost_a <= cost_b;
 }
 
