@@ -1035,9 +1035,10 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
 /* Applies the float32 gradients to the float32 weights, or skips the step if
    they were not finite, then updates the loss scale. applied may be NULL. */
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
-/* The float32 gradients of the last mp_get_unscaled_gradients, as get_weights
-   (MP_ERR_STATE before the first). Count mismatches here and in get/set
-   weights and slots are MP_ERR_SHAPE. */
+/* The float32 gradients of the last mp_get_unscaled_gradients (or fit's
+   last step), as get_weights (MP_ERR_STATE before the first, and from
+   mp_compute_scaled_gradients on until the next). Count mismatches here
+   and in get/set weights and slots are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
@@ -1363,16 +1364,19 @@ struct mp_backend {
     /* dst = src * *scale (scale NULL: 1), rounded into dt. */
     void (*scale_cast)(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n, const float *scale);
     /* The fused pass: dst = src * (1 / *scale) (scale NULL: 1); *found_inf
-       |= 1 if any src is Inf or NaN. */
+       |= 1 if any src is Inf or NaN. dst NULL: the check alone. */
     void (*unscale_check)(void *ctx, float *dst, const void *src, mp_dtype st, size_t n, const float *scale,
                           int *found_inf);
     /* One step of the loss-scale state machine (mp_loss_scale_update). */
     void (*loss_scale_update)(void *ctx, mp_loss_scale *ls, const int *found_inf);
     /* Unless found_inf (may be NULL) is set: updates n float32 weights from
        their gradients and slots and, when wc is not NULL, writes them to wc
-       in wt (the copy the layer reads) in the same pass. */
-    void (*optimizer_update)(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
-                             size_t n, void *wc, mp_dtype wt, const int *found_inf);
+       in wt (the copy the layer reads) in the same pass. The gradients g
+       are in gt, each taken as unscale_check would give it: widened, times
+       1 / *scale (scale NULL: 1), so a step unscales as it reads. */
+    void (*optimizer_update)(void *ctx, const mp_opt_step *step, float *w, const void *g, mp_dtype gt,
+                             const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
+                             const int *found_inf);
     /* n NHWC images <-> their columns, [n*OH*OW, KH*KW*C]: the batch's
        convolution is one product. col2im overwrites img (n images). */
     void (*im2col)(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt);
@@ -2983,6 +2987,14 @@ static void mp__add_run(float *acc, const float *x, size_t n) {
     for (; j < n; j++) acc[j] += x[j];
 }
 
+/* v *= s over a run, in blocks of 16 that compilers vectorise. */
+static void mp__mul_run(float *v, size_t n, float s) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16)
+        for (k = 0; k < 16; k++) v[j + k] *= s;
+    for (; j < n; j++) v[j] *= s;
+}
+
 static void mp__act_grad_run(mp_activation a, float *g, const float *y, const float *x, size_t n) {
     size_t j = 0, k;
     if (a == MP_LINEAR) return;
@@ -4109,11 +4121,60 @@ typedef struct mp__unscale_args {
     uint32_t bad[MP__MAX_THREADS];
 } mp__unscale_args;
 
+static float mp__inv_scale(const float *scale) { return scale ? 1.0f / *scale : 1.0f; }
+
+/* unscale_check's test alone: nonzero if any of n values of st at src is
+   Inf or NaN, from the bits with no widening (the same answer: widening
+   keeps Inf and NaN). A magnitude's bits order as its value (IEEE 754
+   3.4), so the largest magnitude says it: a max per lane over whole
+   vectors (loops compilers vectorise), the tail padded with 0. */
+static uint32_t mp__max_magnitude16(const uint16_t *h, size_t n) {
+    uint16_t top[32] = {0}, most = 0;
+    size_t i = 0, j;
+    for (; i + 32 <= n; i += 32)
+        for (j = 0; j < 32; j++) {
+            uint16_t a = (uint16_t)(h[i + j] & 0x7FFFu);
+            top[j] = a > top[j] ? a : top[j];
+        }
+    for (j = 0; i + j < n; j++) {
+        uint16_t a = (uint16_t)(h[i + j] & 0x7FFFu);
+        top[j] = a > top[j] ? a : top[j];
+    }
+    for (j = 0; j < 32; j++) most = top[j] > most ? top[j] : most;
+    return most;
+}
+static void mp__max_lanes32(uint32_t *top, const uint32_t *b) {
+    int j;
+    for (j = 0; j < 16; j++) top[j] = (b[j] & 0x7FFFFFFFu) > top[j] ? b[j] & 0x7FFFFFFFu : top[j];
+}
+static uint32_t mp__max_magnitude32(const void *src, size_t n) {
+    uint32_t top[16] = {0}, b[16] = {0}, most = 0;
+    size_t i = 0;
+    int j;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(b, (const char *)src + 4 * i, sizeof b);
+        mp__max_lanes32(top, b);
+    }
+    memset(b, 0, sizeof b);
+    memcpy(b, (const char *)src + 4 * i, 4 * (n - i));
+    mp__max_lanes32(top, b);
+    for (j = 0; j < 16; j++) most = top[j] > most ? top[j] : most;
+    return most;
+}
+static uint32_t mp__any_nonfinite(const void *src, mp_dtype st, size_t n) {
+    if (st == MP_FLOAT32) return mp__max_magnitude32(src, n) >= MP__F32_INF;
+    return mp__max_magnitude16((const uint16_t *)src, n) >= (st == MP_FLOAT16 ? 0x7C00u : 0x7F80u);
+}
+
 static void mp__unscale_range(void *args, size_t begin, size_t end, int thread) {
     mp__unscale_args *u = (mp__unscale_args *)args;
     float t[MP__TILE];
     uint32_t bad = 0;
     size_t i, j, len;
+    if (!u->dst) {
+        u->bad[thread] |= mp__any_nonfinite(mp__at(u->src, u->st, begin), u->st, end - begin);
+        return;
+    }
     for (i = begin; i < end; i += len) { /* whole tiles (the tail padded with 0): the loop vectorises */
         len = mp__min(MP__TILE, end - i);
         mp__load(t, mp__at(u->src, u->st, i), u->st, len);
@@ -4138,7 +4199,7 @@ static void mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dty
     u.dst = dst;
     u.src = src;
     u.st = st;
-    u.inv_scale = scale ? 1.0f / *scale : 1.0f;
+    u.inv_scale = mp__inv_scale(scale);
     mp__parallel_range(mp__pool_of(ctx), n, mp__unscale_range, &u);
     for (t = 0; t < MP__MAX_THREADS; t++) bad |= u.bad[t];
     *found_inf |= bad != 0;
@@ -4190,9 +4251,11 @@ static float mp__vsqrt(float a) { return sqrtf(a); }
 
 typedef struct mp__opt_args {
     const mp_optimizer_desc *o;
-    float alpha; /* Adam's step size with both bias corrections */
+    float alpha;     /* Adam's step size with both bias corrections */
+    float inv_scale; /* the unscale's factor */
     float *w, *s1, *s2;
-    const float *g;
+    const void *g;
+    mp_dtype gt;
     void *wc;
     mp_dtype wt;
 } mp__opt_args;
@@ -4222,47 +4285,62 @@ static void mp__opt_block(const mp__opt_args *a, float *w, const float *g, float
     mp__vst(w, wv);
 }
 
-/* Updates [begin, end); the tail goes through one padded block. */
-static void mp__opt_run(const mp__opt_args *a, size_t begin, size_t end) {
+/* Updates [begin, end) from the float32 gradients at g (g[0] is weight
+   begin's); the tail goes through one padded block. */
+static void mp__opt_run(const mp__opt_args *a, const float *g, size_t begin, size_t end) {
     size_t i, full = begin + (end - begin) / MP__VW * MP__VW;
-    float w[MP__VW], g[MP__VW], s1[MP__VW], s2[MP__VW];
+    float w[MP__VW], gb[MP__VW], s1[MP__VW], s2[MP__VW];
     for (i = begin; i < full; i += MP__VW)
-        mp__opt_block(a, a->w + i, a->g + i, a->s1 ? a->s1 + i : s1, a->s2 ? a->s2 + i : s2);
+        mp__opt_block(a, a->w + i, g + (i - begin), a->s1 ? a->s1 + i : s1, a->s2 ? a->s2 + i : s2);
     if (full == end) return;
-    memset(w, 0, sizeof w); memset(g, 0, sizeof g); memset(s1, 0, sizeof s1); memset(s2, 0, sizeof s2);
+    memset(w, 0, sizeof w); memset(gb, 0, sizeof gb); memset(s1, 0, sizeof s1); memset(s2, 0, sizeof s2);
     memcpy(w, a->w + full, (end - full) * sizeof(float));
-    memcpy(g, a->g + full, (end - full) * sizeof(float));
+    memcpy(gb, g + (full - begin), (end - full) * sizeof(float));
     if (a->s1) memcpy(s1, a->s1 + full, (end - full) * sizeof(float));
     if (a->s2) memcpy(s2, a->s2 + full, (end - full) * sizeof(float));
-    mp__opt_block(a, w, g, s1, s2);
+    mp__opt_block(a, w, gb, s1, s2);
     memcpy(a->w + full, w, (end - full) * sizeof(float));
     if (a->s1) memcpy(a->s1 + full, s1, (end - full) * sizeof(float));
     if (a->s2) memcpy(a->s2 + full, s2, (end - full) * sizeof(float));
 }
 
-/* In chunks that stay in L1, so the copy in the compute dtype reads the
-   fresh weights from cache (the AutoCastVariable read, done once a step). */
+#define MP__OPT_CHUNK (4 * MP__TILE)
+
+/* In chunks that stay in L1: the gradients read where they are when they
+   are float32 and need no unscaling, else widened and unscaled into t
+   first (unscale_check's operations, so its bits); the copy in the
+   compute dtype made from the fresh weights in cache (the
+   AutoCastVariable read, once a step). */
 static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
     const mp__opt_args *a = (const mp__opt_args *)args;
+    int direct = a->gt == MP_FLOAT32 && a->inv_scale == 1.0f;
+    float t[MP__OPT_CHUNK];
     size_t i, len;
     (void)thread;
     for (i = begin; i < end; i += len) {
-        len = mp__min(4 * MP__TILE, end - i);
-        mp__opt_run(a, i, i + len);
+        len = mp__min(MP__OPT_CHUNK, end - i);
+        if (!direct) {
+            mp__load(t, mp__at(a->g, a->gt, i), a->gt, len);
+            mp__mul_run(t, len, a->inv_scale);
+        }
+        mp__opt_run(a, direct ? (const float *)a->g + i : t, i, i + len);
         if (a->wc) (void)mp_convert(mp__at_mut(a->wc, a->wt, i), a->wt, a->w + i, MP_FLOAT32, len, NULL);
     }
 }
 
-static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
-                                     size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const void *g, mp_dtype gt,
+                                     const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
+                                     const int *found_inf) {
     const mp_optimizer_desc *o = &step->cfg;
     float t = (float)step->iteration;
     mp__opt_args a;
     if (found_inf && *found_inf) return; /* the skipped step (LossScaleOptimizer) */
     a.o = o;
     a.alpha = o->kind == MP_ADAM ? o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t)) : 0.0f;
+    a.inv_scale = mp__inv_scale(scale);
     a.w = w;
     a.g = g;
+    a.gt = gt;
     a.s1 = s1;
     a.s2 = s2;
     a.wc = wc;
@@ -4595,6 +4673,7 @@ typedef struct mp__step_state {
        collective (the communicator reads the backend's memory) */
     float share;
     float collective[4];
+    float step_scale; /* the loss scale the step's deferred gradients are unscaled by (mp__deferred) */
 } mp__step_state;
 
 /* fit on a device backend logs each step's metrics on the device and
@@ -4674,6 +4753,7 @@ struct mp_model {
     mp__loop loop;        /* where the custom loop stands (mp__loop_move) */
     int training;         /* the last forward's mode, Keras's `training` argument */
     int grads_ready; /* mp_get_gradients has something to give */
+    int grads_deferred; /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
@@ -6441,6 +6521,7 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if ((st = mp__loop_check(m, MP__CALL_GRADIENTS)) != MP_OK) return st;
+    m->grads_ready = 0; /* float32 layers' g is their gc: overwritten now */
     last = mp__last(m);
     m->be->scale_cast(m->ctx, m->grad[0], last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
     for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
@@ -6505,13 +6586,50 @@ static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) 
     return MP_OK;
 }
 
+/* In one process (no sum over ranks) and without the diagnostics (which
+   read them), a 16-bit layer's float32 gradients are deferred: unscaling
+   only checks them, the optimizer widens and unscales them as it reads
+   them (one pass where writing the float32 copy takes three: read, write,
+   read again), and mp_get_gradients writes the copy when asked, by the
+   step's scale (kept in step_scale: apply may change the scale). A
+   float32 layer's gradients are unscaled in place as before (nothing to
+   do without a loss scale). */
+static int mp__deferred(const mp_model *m, const mp__layer *l) { return m->grads_deferred && l->gc != l->g; }
+
+/* The one-process unscale-and-check: in place, or the check alone where deferred. */
+static void mp__unscale_local(mp_model *m) {
+    int i;
+    m->grads_deferred = !m->num;
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    if (m->grads_deferred && m->has_loss_scale)
+        m->be->copy(m->ctx, &m->state->step_scale, mp__scale(m), sizeof(float), MP_COPY_WITHIN);
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        int deferred = mp__deferred(m, l);
+        if (mp__params(l) && (m->has_loss_scale || (l->gc != l->g && !deferred)))
+            m->be->unscale_check(m->ctx, deferred ? NULL : l->g, l->gc, l->dt, mp__params(l), mp__scale(m),
+                                 &m->state->found_inf);
+    }
+}
+
+/* The deferred float32 gradients written (mp_get_gradients); again each
+   time, from gradients that stay as they were. Their Inf/NaN test ORs the
+   flag with what the check already put there. */
+static void mp__write_deferred(const mp_model *m) {
+    int i;
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        if (mp__deferred(m, l) && mp__params(l))
+            m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l),
+                                 m->has_loss_scale ? &m->state->step_scale : NULL, &m->state->found_inf);
+    }
+}
+
 /* batch of the global batch's samples were this rank's (all of them in one process). */
 static mp_status mp__unscale_gradients(mp_model *m, size_t batch, size_t global) {
     mp_status st;
-    if (m->ranks == 1) {
-        m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
-        mp__unscale_span(m, m->g, NULL, MP_FLOAT32, 0, m->n_params, mp__scale(m));
-    } else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
+    if (m->ranks == 1) mp__unscale_local(m);
+    else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
     m->grads_ready = 1;
     mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
@@ -6524,10 +6642,15 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     return mp__unscale_gradients(m, m->batch, m->batch * (size_t)m->ranks);
 }
 
-/* The update of layer l's weights [from, from + n), writing their copy at wc (NULL: none). */
+/* The update of layer l's weights [from, from + n), writing their copy at
+   wc (NULL: none), from the float32 gradients, or from the scaled ones in
+   the compute dtype where those are deferred (mp__deferred). */
 static void mp__apply_part(mp_model *m, const mp__layer *l, size_t from, size_t n, void *wc, const int *skip) {
     size_t off = (size_t)(l->w - m->w) + from;
-    if (n) m->be->optimizer_update(m->ctx, &m->opt, l->w + from, l->g + from, m->s1 ? m->s1 + off : NULL,
+    int deferred = mp__deferred(m, l);
+    const void *g = deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from);
+    if (n) m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, deferred ? l->dt : MP_FLOAT32,
+                                   deferred ? mp__scale(m) : NULL, m->s1 ? m->s1 + off : NULL,
                                    m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
 }
 
@@ -6539,7 +6662,6 @@ static void mp__apply(mp_model *m) {
     /* Without loss scaling the step is applied whatever it holds, as Keras;
        with it, the backend decides from its found-Inf flag. */
     skip = m->has_loss_scale ? &m->state->found_inf : NULL;
-    if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip);
     m->opt.cfg.learning_rate = mp_model_learning_rate(m); /* a schedule's, at this step */
     m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
     for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
@@ -6549,6 +6671,7 @@ static void mp__apply(mp_model *m) {
         mp__apply_part(m, l, 0, n, wc, skip);
         if (n < mp__params(l)) mp__apply_part(m, l, n, l->n_bias, mp__at_mut(wc, l->dt, l->bias_at), skip);
     }
+    if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip); /* after: the updates unscale by this step's scale */
     mp__loop_move(m, MP__CALL_APPLY);
 }
 
@@ -7555,6 +7678,7 @@ MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) 
     if (!m || !dst) return MP_ERR_NULL;
     if (!m->grads_ready) return MP_ERR_STATE;
     if (n != m->n_params) return MP_ERR_SHAPE;
+    mp__write_deferred(m);
     m->be->copy(m->ctx, dst, m->g, n * sizeof(float), MP_COPY_TO_HOST);
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }

@@ -420,19 +420,22 @@ static __global__ void mp__k_unscale(float *dst, const void *src, mp_dtype st, s
     MP__CU_LOOP(i, n) {
         float v = mp__ld(src, st, i);
         bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
-        dst[i] = v * inv;
+        if (dst) dst[i] = v * inv;
     }
     if (bad) atomicOr(found_inf, 1);
 }
 
 static __global__ void mp__k_loss_scale(mp_loss_scale *ls, const int *found_inf) { (void)mp_loss_scale_step(ls, !*found_inf); }
 
-/* mp__opt_block's formulas for one weight, in its order of operations. */
-static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *w, const float *g, float *s1, float *s2,
-                                size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+/* mp__opt_block's formulas for one weight, in its order of operations,
+   on the gradient as mp__k_unscale gives it. */
+static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *w, const void *g, mp_dtype gt,
+                                       const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
+                                       const int *found_inf) {
+    float inv = scale ? 1.0f / *scale : 1.0f;
     if (found_inf && *found_inf) return; /* the skipped step */
     MP__CU_LOOP(i, n) {
-        float gv = g[i], lr_g = o.learning_rate * gv, wv = w[i];
+        float gv = mp__ld(g, gt, i) * inv, lr_g = o.learning_rate * gv, wv = w[i];
         if (o.kind == MP_SGD && o.momentum == 0.0f) {
             wv = wv - lr_g;
         } else if (o.kind == MP_SGD) {
@@ -1291,14 +1294,15 @@ static void mp__cu_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *fo
 
 /* Adam's step size with both bias corrections, on the host exactly as
    mp__cpu_optimizer_update computes it (the iteration is the host's). */
-static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
-                                    size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const void *g, mp_dtype gt,
+                                    const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
+                                    const int *found_inf) {
     mp__cu *c = mp__cu_of(ctx);
     const mp_optimizer_desc *o = &step->cfg;
     float t = (float)step->iteration, alpha = 0.0f;
     if (!mp__cu_live(c)) return;
     if (o->kind == MP_ADAM) alpha = o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
-    MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, s1, s2, n, wc, wt, found_inf);
+    MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, gt, scale, s1, s2, n, wc, wt, found_inf);
 }
 
 static void mp__cu_im2col(void *ctx, void *col, const void *img, size_t images, const mp_conv_geom *g, mp_dtype dt) {

@@ -8,6 +8,7 @@
    between host and device: the batch in, the step state out, nothing else.
    A model trained on it must end bit-identical to one on the CPU backend. */
 #define _POSIX_C_SOURCE 200809L /* dup, dup2, mkstemp */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,10 +87,11 @@ static void r_unscale_check(void *ctx, float *dst, const void *src, mp_dtype st,
 static void r_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *found_inf) {
     cpu->loss_scale_update(ctx, (mp_loss_scale *)real(ls), (const int *)real(found_inf));
 }
-static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const float *g, float *s1, float *s2,
-                               size_t n, void *wc, mp_dtype wt, const int *found_inf) {
-    cpu->optimizer_update(ctx, step, (float *)real(w), (const float *)real(g), (float *)real(s1), (float *)real(s2),
-                          n, real(wc), wt, (const int *)real(found_inf));
+static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const void *g, mp_dtype gt,
+                               const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
+                               const int *found_inf) {
+    cpu->optimizer_update(ctx, step, (float *)real(w), real(g), gt, (const float *)real(scale), (float *)real(s1),
+                          (float *)real(s2), n, real(wc), wt, (const int *)real(found_inf));
 }
 static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->im2col(ctx, real(col), real(img), n, g, dt);
@@ -418,6 +420,43 @@ static void test_device_nonfinite(void) {
     mp_model_destroy(b);
 }
 
+/* unscale_check with no destination (fit's check before an update that
+   unscales as it reads) reads the bits alone: it flags Inf and NaN of
+   either sign, at any place and length, on 1 and 2 threads, exactly when
+   the full pass does, and never the largest finite value. */
+static void test_check_alone(void) {
+    static const size_t lengths[] = {1, 15, 16, 17, 31, 32, 33, 64, 1000, 4099};
+    static const float specials[] = {INFINITY, -INFINITY, NAN, -NAN, FLT_MAX};
+    float src32[4099], dst[4099], scale = 1024.0f;
+    uint16_t src16[4099];
+    int threads, d, wrong = 0;
+    for (threads = 1; threads <= 2; threads++) {
+        void *ctx = NULL;
+        if (!CHECK(cpu->create(&ctx, threads, NULL) == MP_OK)) return;
+        for (d = 0; d < 3; d++) {
+            mp_dtype dt = (mp_dtype)d;
+            void *src = dt == MP_FLOAT32 ? (void *)src32 : (void *)src16;
+            size_t l, at, v;
+            for (l = 0; l < sizeof lengths / sizeof *lengths; l++)
+                for (at = 0; at < lengths[l]; at += 1 + at / 3)
+                    for (v = 0; v < sizeof specials / sizeof *specials; v++) {
+                        size_t n = lengths[l], i;
+                        int alone = 0, full = 0, want;
+                        for (i = 0; i < n; i++) src32[i] = (float)(i % 7) - 3.0f;
+                        src32[at] = specials[v];
+                        if (dt != MP_FLOAT32) mp_convert(src16, dt, src32, MP_FLOAT32, n, NULL);
+                        if (dt != MP_FLOAT32 && v == 4) src16[at] = dt == MP_FLOAT16 ? 0x7BFFu : 0x7F7Fu; /* their largest */
+                        want = !isfinite(specials[v]);
+                        cpu->unscale_check(ctx, NULL, src, dt, n, &scale, &alone);
+                        cpu->unscale_check(ctx, dst, src, dt, n, &scale, &full);
+                        wrong += alone != want || full != want;
+                    }
+        }
+        cpu->destroy(ctx);
+    }
+    CHECK_EQ(wrong, 0); /* the test alone flags Inf and NaN as the full pass does */
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -593,6 +632,7 @@ int main(int argc, char **argv) {
     RUN(test_no_pinned_memory());
     RUN(test_reads());
     RUN(test_device_nonfinite());
+    RUN(test_check_alone());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());

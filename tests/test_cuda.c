@@ -509,6 +509,12 @@ static void test_loss_scaling(void) {
         agree("unscale_check", g32, F32, n, EXACT);
         same_bytes("unscale_check: found_inf", flag);
         CHECK(*(int *)flag->host == (dtypes[i] == F16)); /* 100 * 32768 overflows float16 only */
+        memset(flag->host, 0, sizeof(int));
+        upload(flag);
+        cpu.be->unscale_check(cpu.ctx, NULL, dst->host, dtypes[i], n, (const float *)scale->host, (int *)flag->host);
+        gpu.be->unscale_check(gpu.ctx, NULL, dst->dev, dtypes[i], n, (const float *)scale->dev, (int *)flag->dev);
+        same_bytes("unscale_check, the check alone: found_inf", flag);
+        CHECK(*(int *)flag->host == (dtypes[i] == F16));
         free_args();
     }
     for (c = 0; c < COUNT(descs); c++) { /* the state machine on the device, step by step */
@@ -527,7 +533,9 @@ static void test_loss_scaling(void) {
 }
 
 /* Every optimizer, with and without the compute-dtype copy and the skip
-   flag: the same bits as the CPU (the same operations, no contraction). */
+   flag, its gradients float32 or scaled in the copy's 16-bit dtype (fit's
+   step unscales as it reads): the same bits as the CPU (the same
+   operations, no contraction). */
 static void test_optimizers(void) {
     mp_optimizer_desc descs[5];
     size_t n = 1001, d, i, f;
@@ -541,20 +549,24 @@ static void test_optimizers(void) {
     for (d = 0; d < COUNT(descs); d++)
         for (i = 0; i < COUNT(dtypes); i++)
             for (f = 0; f < 3; f++) { /* found_inf: none, clear, set */
-                arg *w = rand_arg(F32, n, -1.0f, 1.0f), *g = rand_arg(F32, n, -1e-2f, 1e-2f);
+                arg *w = rand_arg(F32, n, -1.0f, 1.0f), *g = rand_arg(dtypes[i], n, -10.0f, 10.0f);
                 arg *s1 = rand_arg(F32, n, 0.0f, 1e-4f), *s2 = rand_arg(F32, n, 0.0f, 1e-4f);
                 arg *wc = i ? new_arg(n * dsize(dtypes[i])) : NULL, *flag = new_arg(sizeof(int));
+                arg *scale = i ? new_arg(sizeof(float)) : NULL; /* float32 gradients come unscaled */
                 mp_opt_step step;
                 int it;
                 *(int *)flag->host = f == 2;
                 upload(flag);
+                if (scale) *(float *)scale->host = 1024.0f, upload(scale);
                 step.cfg = descs[d];
                 for (it = 1; it <= 3; it++) {
                     step.iteration = (uint64_t)it;
-                    cpu.be->optimizer_update(cpu.ctx, &step, (float *)w->host, (const float *)g->host,
-                                             (float *)s1->host, (float *)s2->host, n, wc ? wc->host : NULL,
-                                             dtypes[i], f ? (const int *)flag->host : NULL);
-                    gpu.be->optimizer_update(gpu.ctx, &step, (float *)w->dev, (const float *)g->dev, (float *)s1->dev,
+                    cpu.be->optimizer_update(cpu.ctx, &step, (float *)w->host, g->host, dtypes[i],
+                                             scale ? (const float *)scale->host : NULL, (float *)s1->host,
+                                             (float *)s2->host, n, wc ? wc->host : NULL, dtypes[i],
+                                             f ? (const int *)flag->host : NULL);
+                    gpu.be->optimizer_update(gpu.ctx, &step, (float *)w->dev, g->dev, dtypes[i],
+                                             scale ? (const float *)scale->dev : NULL, (float *)s1->dev,
                                              (float *)s2->dev, n, wc ? wc->dev : NULL, dtypes[i],
                                              f ? (const int *)flag->dev : NULL);
                 }

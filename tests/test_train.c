@@ -1380,6 +1380,100 @@ out:
     mp_model_destroy(m);
 }
 
+/* In one process a 16-bit layer's float32 gradients are deferred: the
+   optimizer unscales them as it reads them, and mp_get_gradients writes
+   them when asked. fit and the custom loop that way end with the same
+   weights, slots, loss-scale state and gradients, to the bit, as a custom
+   loop that writes them first (the diagnostics read them, so with
+   diagnostics on they are written): with the scale growing after every
+   good step (the update and the gradients asked for after it must use the
+   step's scale, not the grown one) and a step whose float16 gradients
+   overflow (skipped). */
+static mp_model *deferral_model(const char *policy, mp_optimizer_kind opt, int write_first) {
+    static const int shape[] = {4, 0};
+    mp_layer_desc layers[2];
+    mp_compile_desc cd;
+    mp_numerics_desc nd;
+    mp_model *m;
+    layers[0] = mp_dense(8, MP_RELU);
+    layers[1] = mp_dense(2, MP_LINEAR);
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = opt;
+    cd.optimizer.learning_rate = 0.01f;
+    cd.optimizer.momentum = opt == MP_SGD ? 0.9f : 0.0f;
+    cd.loss_scale = MP_LOSS_SCALE_AUTO;
+    cd.loss_scale_config.growth_interval = 1;
+    memset(&nd, 0, sizeof nd);
+    nd.every = 1000; /* on, and no statistics taken in these steps */
+    if (!(m = make_model(policy, shape, layers, 2))) return NULL;
+    if (OK(mp_model_compile(m, &cd), m) && (!write_first || OK(mp_model_set_numerics(m, &nd), m))) return m;
+    mp_model_destroy(m);
+    return NULL;
+}
+
+/* weights, slots, then the last step's gradients */
+static float *deferral_state(mp_model *m, size_t n, size_t ns) {
+    float *v = floats(2 * n + ns);
+    if (OK(mp_model_get_weights(m, v, n), m) && OK(mp_get_optimizer_slots(m, v + n, ns), m) &&
+        OK(mp_get_gradients(m, v + n + ns, n), m))
+        return v;
+    free(v);
+    return NULL;
+}
+
+static void deferred_like_written(const char *policy, mp_optimizer_kind opt) {
+    enum { B = 8, IN = 4, OUT = 2, STEPS = 6, BIG = 3 };
+    mp_model *m[3] = {NULL, NULL, NULL}; /* fit; the custom loop; the custom loop writing the copy first */
+    float x[STEPS * B * IN], y[STEPS * B * OUT], loss, *v[3] = {NULL, NULL, NULL};
+    mp_fit_desc fd;
+    size_t n, ns, i;
+    int step, k, applied;
+    char what[128];
+    fill(x, STEPS * B * IN, -0.5f, 0.5f);
+    fill(y, STEPS * B * OUT, -0.5f, 0.5f);
+    for (i = 0; i < B * IN; i++) x[BIG * B * IN + i] = (i / IN) % 2 ? 200.0f : -200.0f;
+    for (i = 0; i < B * OUT; i++) y[BIG * B * OUT + i] = 0.0f;
+    for (k = 0; k < 3; k++)
+        if (!(m[k] = deferral_model(policy, opt, k == 2))) goto out;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = x, fd.data.y = y, fd.data.n = STEPS * B;
+    fd.batch_size = B, fd.epochs = 1, fd.no_shuffle = 1, fd.verbose = MP_VERBOSE_SILENT;
+    if (!OK(mp_model_fit(m[0], &fd), m[0])) goto out;
+    for (k = 1; k < 3; k++)
+        for (step = 0; step < STEPS; step++)
+            if (!(OK(mp_forward(m[k], x + step * B * IN, B, 1), m[k]) &&
+                  OK(mp_compute_loss(m[k], NULL, y + step * B * OUT, &loss, NULL), m[k]) &&
+                  OK(mp_compute_scaled_gradients(m[k]), m[k]) && OK(mp_get_unscaled_gradients(m[k]), m[k]) &&
+                  OK(mp_apply_gradients(m[k], &applied), m[k])))
+                goto out;
+    n = mp_model_param_count(m[0]), ns = mp_optimizer_slot_count(m[0]);
+    for (k = 0; k < 3; k++)
+        if (!(v[k] = deferral_state(m[k], n, ns))) goto out;
+    for (k = 0; k < 2; k++) {
+        snprintf(what, sizeof what, "%s, optimizer %d, %s: the weights, slots and gradients of the written copy",
+                 policy, (int)opt, k ? "custom loop" : "fit");
+        check_report(memcmp(v[k], v[2], (2 * n + ns) * sizeof(float)) == 0, __FILE__, __LINE__, what);
+        if (strcmp(policy, "mixed_float16") == 0) { /* the only policy Keras wraps */
+            snprintf(what, sizeof what, "%s, optimizer %d: and its loss-scale state", policy, (int)opt);
+            check_report(memcmp(mp_model_loss_scale(m[k]), mp_model_loss_scale(m[2]), sizeof(mp_loss_scale)) == 0,
+                         __FILE__, __LINE__, what);
+        }
+    }
+    if (strcmp(policy, "mixed_float16") == 0) /* three good steps (x 8), the skipped one (/ 2), two good ones (x 4) */
+        CHECK(mp_model_loss_scale(m[0])->skipped_steps == 1 && mp_model_loss_scale(m[0])->scale == 32768.0f * 16);
+out:
+    for (k = 0; k < 3; k++) free(v[k]), mp_model_destroy(m[k]);
+}
+
+static void test_deferred_gradients(void) {
+    static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    static const mp_optimizer_kind opts[] = {MP_SGD, MP_RMSPROP, MP_ADAM};
+    size_t p, o;
+    for (p = 0; p < sizeof policies / sizeof *policies; p++)
+        for (o = 0; o < sizeof opts / sizeof *opts; o++) deferred_like_written(policies[p], opts[o]);
+}
+
 /* ======================================================================== */
 /* 6. Training works: fit, evaluate and predict */
 
@@ -1740,6 +1834,7 @@ int main(int argc, char **argv) {
     RUN(test_loss_scale_edges());
     RUN(test_loss_scale_wrapping());
     RUN(test_skipped_step());
+    RUN(test_deferred_gradients());
     RUN(test_training());
     RUN(test_csv_log());
     RUN(test_tensor_memory());
