@@ -6605,10 +6605,10 @@ static void mp__unscale_local(mp_model *m) {
         m->be->copy(m->ctx, &m->state->step_scale, mp__scale(m), sizeof(float), MP_COPY_WITHIN);
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        int deferred = mp__deferred(m, l);
-        if (mp__params(l) && (m->has_loss_scale || (l->gc != l->g && !deferred)))
-            m->be->unscale_check(m->ctx, deferred ? NULL : l->g, l->gc, l->dt, mp__params(l), mp__scale(m),
-                                 &m->state->found_inf);
+        float *to = mp__deferred(m, l) ? NULL : l->g;
+        int widen = to && l->gc != l->g; /* a 16-bit layer whose copy is written now (the diagnostics') */
+        if (mp__params(l) && (m->has_loss_scale || widen)) /* else nothing to unscale or check */
+            m->be->unscale_check(m->ctx, to, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
     }
 }
 
@@ -6646,12 +6646,14 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
    wc (NULL: none), from the float32 gradients, or from the scaled ones in
    the compute dtype where those are deferred (mp__deferred). */
 static void mp__apply_part(mp_model *m, const mp__layer *l, size_t from, size_t n, void *wc, const int *skip) {
-    size_t off = (size_t)(l->w - m->w) + from;
+    size_t off;
     int deferred = mp__deferred(m, l);
-    const void *g = deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from);
-    if (n) m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, deferred ? l->dt : MP_FLOAT32,
-                                   deferred ? mp__scale(m) : NULL, m->s1 ? m->s1 + off : NULL,
-                                   m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
+    if (!n) return; /* (a layer without weights has no w to offset) */
+    off = (size_t)(l->w - m->w) + from;
+    m->be->optimizer_update(m->ctx, &m->opt, l->w + from,
+                            deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from),
+                            deferred ? l->dt : MP_FLOAT32, deferred ? mp__scale(m) : NULL,
+                            m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
 }
 
 /* Queues the update; the backend decides from its found-Inf flag whether
