@@ -108,8 +108,9 @@ TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
       float32 and round once to the output dtype, as Tensor Cores do.
     - Activation gradients are stored in the dtype of the activations (in
       float16 they really underflow); weight gradients are rounded to the
-      compute dtype, then unscaled into float32 in one fused pass that also
-      tests them for Inf/NaN.
+      compute dtype, tested for Inf/NaN, and unscaled into float32 as the
+      optimizer reads them (with a communicator, in one fused pass with the
+      test after the ranks' sum): the same numbers either way.
     - Dynamic loss scaling: 2^15 at start, x2 after 2000 finite steps (only
       to a finite value), /2 (floor 1) and the step skipped on Inf/NaN.
 
