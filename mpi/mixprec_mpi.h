@@ -213,12 +213,13 @@ static mp_status mp__mpi_window_sum(mp_mpi *c, size_t n, mp_dtype dt) {
     mp_status st;
     if ((st = mp__mpi_fence(c)) != MP_OK) return st;
     for (at = lo; at < hi; at += 512) {
-        size_t k, count = hi - at < 512 ? hi - at : 512;
+        size_t count = hi - at < 512 ? hi - at : 512;
         int r;
         memcpy(sum, mp__mpi_wide(tmp, sh->base[0] + at * es, dt, count), count * sizeof(float));
-        for (r = 1; r < c->size; r++) {
+        for (r = 1; r < c->size; r++) { /* sum = part + sum: MPI's own vectorised loop, the same bits (IEEE 754 addition commutes) */
             const float *part = mp__mpi_wide(tmp, sh->base[r] + at * es, dt, count);
-            for (k = 0; k < count; k++) sum[k] += part[k];
+            st = mp__mpi_check(c, MPI_Reduce_local(part, sum, (int)count, MPI_FLOAT, MPI_SUM), "MPI_Reduce_local");
+            if (st != MP_OK) return st;
         }
         for (r = 0; r < c->size; r++) {
             if (dt == MP_FLOAT32) memcpy(sh->base[r] + at * es, sum, count * sizeof(float));
