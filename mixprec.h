@@ -1501,6 +1501,10 @@ static MIXPREC_HD inline int mp_loss_scale_step(mp_loss_scale *ls, int grads_fin
     return 0;
 }
 
+/* The factor unscale_check and optimizer_update multiply the scaled
+   gradients by: 1 / *scale (scale NULL: 1), rounded once. */
+static MIXPREC_HD inline float mp__unscale_factor(const float *scale) { return scale ? 1.0f / *scale : 1.0f; }
+
 /* Dropout keeps element i when this uniform [0, 1) draw is >= rate: a
    counter-based hash (splitmix64's finaliser of seed + i), so that any
    backend and any thread count draw the same mask. */
@@ -4122,48 +4126,28 @@ typedef struct mp__unscale_args {
     uint32_t bad[MP__MAX_THREADS];
 } mp__unscale_args;
 
-static float mp__inv_scale(const float *scale) { return scale ? 1.0f / *scale : 1.0f; }
-
 /* unscale_check's test alone: nonzero if any of n values of st at src is
    Inf or NaN, from the bits with no widening (the same answer: widening
-   keeps Inf and NaN). A magnitude's bits order as its value (IEEE 754
-   3.4), so the largest magnitude says it: a max per lane over whole
-   vectors (loops compilers vectorise), the tail padded with 0. */
+   keeps Inf and NaN). 16-bit values: a magnitude's bits order as its value
+   (IEEE 754 3.4), so the largest magnitude says it, a max per lane over
+   whole vectors (a loop compilers vectorise, where a test per element fed
+   to one flag stays scalar). */
+static void mp__max_lanes16(uint16_t *top, const uint16_t *h) {
+    int j;
+    for (j = 0; j < 32; j++) top[j] = (uint16_t)(h[j] & 0x7FFFu) > top[j] ? (uint16_t)(h[j] & 0x7FFFu) : top[j];
+}
 static uint32_t mp__max_magnitude16(const uint16_t *h, size_t n) {
-    uint16_t top[32] = {0}, most = 0;
-    size_t i = 0, j;
-    for (; i + 32 <= n; i += 32)
-        for (j = 0; j < 32; j++) {
-            uint16_t a = (uint16_t)(h[i + j] & 0x7FFFu);
-            top[j] = a > top[j] ? a : top[j];
-        }
-    for (j = 0; i + j < n; j++) {
-        uint16_t a = (uint16_t)(h[i + j] & 0x7FFFu);
-        top[j] = a > top[j] ? a : top[j];
-    }
+    uint16_t top[32] = {0}, tail[32] = {0}, most = 0;
+    size_t i = 0;
+    int j;
+    for (; i + 32 <= n; i += 32) mp__max_lanes16(top, h + i);
+    memcpy(tail, h + i, (n - i) * sizeof *h); /* padded with 0 */
+    mp__max_lanes16(top, tail);
     for (j = 0; j < 32; j++) most = top[j] > most ? top[j] : most;
     return most;
 }
-static void mp__max_lanes32(uint32_t *top, const uint32_t *b) {
-    int j;
-    for (j = 0; j < 16; j++) top[j] = (b[j] & 0x7FFFFFFFu) > top[j] ? b[j] & 0x7FFFFFFFu : top[j];
-}
-static uint32_t mp__max_magnitude32(const void *src, size_t n) {
-    uint32_t top[16] = {0}, b[16] = {0}, most = 0;
-    size_t i = 0;
-    int j;
-    for (; i + 16 <= n; i += 16) {
-        memcpy(b, (const char *)src + 4 * i, sizeof b);
-        mp__max_lanes32(top, b);
-    }
-    memset(b, 0, sizeof b);
-    memcpy(b, (const char *)src + 4 * i, 4 * (n - i));
-    mp__max_lanes32(top, b);
-    for (j = 0; j < 16; j++) most = top[j] > most ? top[j] : most;
-    return most;
-}
 static uint32_t mp__any_nonfinite(const void *src, mp_dtype st, size_t n) {
-    if (st == MP_FLOAT32) return mp__max_magnitude32(src, n) >= MP__F32_INF;
+    if (st == MP_FLOAT32) return mp__first_nonfinite((const float *)src, n) < n;
     return mp__max_magnitude16((const uint16_t *)src, n) >= (st == MP_FLOAT16 ? 0x7C00u : 0x7F80u);
 }
 
@@ -4200,7 +4184,7 @@ static void mp__cpu_unscale_check(void *ctx, float *dst, const void *src, mp_dty
     u.dst = dst;
     u.src = src;
     u.st = st;
-    u.inv_scale = mp__inv_scale(scale);
+    u.inv_scale = mp__unscale_factor(scale);
     mp__parallel_range(mp__pool_of(ctx), n, mp__unscale_range, &u);
     for (t = 0; t < MP__MAX_THREADS; t++) bad |= u.bad[t];
     *found_inf |= bad != 0;
@@ -4338,7 +4322,7 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     if (found_inf && *found_inf) return; /* the skipped step (LossScaleOptimizer) */
     a.o = o;
     a.alpha = o->kind == MP_ADAM ? o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t)) : 0.0f;
-    a.inv_scale = mp__inv_scale(scale);
+    a.inv_scale = mp__unscale_factor(scale);
     a.w = w;
     a.g = g;
     a.gt = gt;

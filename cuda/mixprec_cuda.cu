@@ -415,7 +415,7 @@ static __global__ void mp__k_scale_cast(void *dst, mp_dtype dt, const float *src
 /* The fused unscale: dst = src * (1 / scale), and *found_inf = 1 if any
    src is Inf or NaN (exponent bits all ones), tested on the scaled values. */
 static __global__ void mp__k_unscale(float *dst, const void *src, mp_dtype st, size_t n, const float *scale, int *found_inf) {
-    float inv = scale ? 1.0f / *scale : 1.0f;
+    float inv = mp__unscale_factor(scale);
     unsigned bad = 0;
     MP__CU_LOOP(i, n) {
         float v = mp__ld(src, st, i);
@@ -432,7 +432,7 @@ static __global__ void mp__k_loss_scale(mp_loss_scale *ls, const int *found_inf)
 static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *w, const void *g, mp_dtype gt,
                                        const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
                                        const int *found_inf) {
-    float inv = scale ? 1.0f / *scale : 1.0f;
+    float inv = mp__unscale_factor(scale);
     if (found_inf && *found_inf) return; /* the skipped step */
     MP__CU_LOOP(i, n) {
         float gv = mp__ld(g, gt, i) * inv, lr_g = o.learning_rate * gv, wv = w[i];
