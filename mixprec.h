@@ -1037,9 +1037,11 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
    they were not finite, then updates the loss scale. applied may be NULL. */
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
 /* The float32 gradients of the last mp_get_unscaled_gradients (or fit's
-   last step), as get_weights (MP_ERR_STATE before the first, and from
-   mp_compute_scaled_gradients on until the next). Count mismatches here
-   and in get/set weights and slots are MP_ERR_SHAPE. */
+   last step in one process: data-parallel fit may hand the ranks' sum
+   straight to the optimizer, see >>communicator), as get_weights
+   (MP_ERR_STATE before the first, and from mp_compute_scaled_gradients on
+   until the next). Count mismatches here and in get/set weights and slots
+   are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
@@ -1425,6 +1427,15 @@ struct mp_backend {
      all skip the same steps and keep the same loss scale (Keras's
      LossScaleOptimizer under a distribution strategy). The sum has the
      same bits on every rank, so the weights and slots stay bit-identical.
+     fit's step with a host communicator (MPI) and no diagnostics gives
+     each piece of the sum straight to the optimizer, with no float32 copy
+     written and read back (mp_get_gradients has none after it). The skip
+     must then be known first: each rank checks its own gradients and the
+     found-Inf flags are summed before any update (the rule wherever
+     something is reduced after the check). That is the check of the sum exactly where every layer with weights
+     computes in 16 bits and the scale is at least 1 (a sum of finite
+     16-bit shares stays finite in float32); otherwise fit sums into the
+     float32 gradients first. The same bits either way.
    - Metrics: fit's loss and accuracy, validation and evaluate are the
      global figures on every rank (sums reduced).
    - Only rank 0 prints (ProgbarLogger, EarlyStopping, LearningRateScheduler)
@@ -6535,42 +6546,6 @@ static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype 
     }
 }
 
-/* Data-parallel (>>communicator): this rank's gradients in float32 over
-   its share of the global batch (zeros when the batch's tail left it no
-   sample), summed over the ranks, then unscaled and checked into g: an
-   Inf on any rank is in every rank's sum, so every rank skips alike (a
-   rank's own Inf, flagged on the way in, is in the sum too). Where the
-   communicator has a sum buffer, a piece at a time through it (no copy
-   in or out, the piece in cache); else the whole model in g (or the
-   16-bit grad16). */
-static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global) {
-    const mp_communicator *c = m->desc.comm;
-    mp_dtype wire = m->desc.allreduce_dtype;
-    size_t bytes = 0, piece = m->n_params, at;
-    void *shared = NULL;
-    float share = batch ? (float)global / (float)batch : 1.0f; /* exact for equal shares of a power-of-two batch */
-    mp_status st;
-    if (c->sum_buffer) {
-        if ((st = mp__comm_ready(m)) != MP_OK) return st; /* nothing queued reads it still */
-        shared = c->sum_buffer(c->ctx, &bytes);
-        if (shared && bytes / mp_dtype_size(wire)) piece = bytes / mp_dtype_size(wire);
-        else shared = NULL;
-    }
-    m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
-    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
-    for (at = 0; at < m->n_params; at += piece) {
-        size_t len = mp__min(piece, m->n_params - at);
-        float *part = shared && wire == MP_FLOAT32 ? (float *)shared : m->g + at; /* this rank's share */
-        void *sum = wire == MP_FLOAT32 ? (void *)part : shared ? shared : m->grad16;
-        if (batch) mp__unscale_span(m, part, NULL, MP_FLOAT32, at, at + len, &m->state->share);
-        else m->be->zero(m->ctx, part, len * sizeof(float));
-        if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, part, len, NULL); /* divided, then rounded */
-        if ((st = mp__comm_sum(m, sum, wire, len, "the gradients' all-reduce")) != MP_OK) return st;
-        mp__unscale_span(m, m->g + at, sum, wire, at, at + len, mp__scale(m));
-    }
-    return MP_OK;
-}
-
 /* In one process (no sum over ranks) and without the diagnostics (which
    read them), a 16-bit layer's float32 gradients are deferred: unscaling
    only checks them, the optimizer widens and unscales them as it reads
@@ -6610,11 +6585,165 @@ static void mp__write_deferred(const mp_model *m) {
     }
 }
 
+/* The update of layer l's weights [from, to), writing their copy at wc
+   (NULL: none): from `sum` (theirs, summed over the ranks and scaled, in
+   st), or where sum is NULL from the layer's own float32 gradients, or
+   its scaled ones in the compute dtype where those are deferred
+   (mp__deferred). Without loss scaling the step is applied whatever it
+   holds, as Keras; with it, the backend decides from its found-Inf flag
+   (nothing is read back). */
+static void mp__update_part(mp_model *m, const mp__layer *l, size_t from, size_t to, void *wc, const void *sum,
+                            mp_dtype st) {
+    size_t off = (size_t)(l->w - m->w) + from;
+    int deferred = !sum && mp__deferred(m, l), scaled = sum || deferred;
+    const void *g = sum ? sum : deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from);
+    if (from < to)
+        m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, sum ? st : deferred ? l->dt : MP_FLOAT32,
+                                scaled ? mp__scale(m) : NULL, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
+                                to - from, wc, l->dt, m->has_loss_scale ? &m->state->found_inf : NULL);
+}
+
+/* The update of the weights [lo, hi) (g's layout), a layer at a time (each
+   writes its own dtype's copy; where the copy pads the bias apart,
+   mp__copy_run, the bias on its own); sum NULL or [lo, hi)'s summed
+   gradients (mp__update_part). */
+static void mp__update_span(mp_model *m, const void *sum, mp_dtype st, size_t lo, size_t hi) {
+    int i;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
+        size_t a, from, to, run, cut;
+        if (!mp__params(l)) continue; /* (no w to offset) */
+        a = (size_t)(l->w - m->w);
+        if (a >= hi || a + mp__params(l) <= lo) continue;
+        from = a > lo ? 0 : lo - a;
+        to = mp__min(a + mp__params(l), hi) - a;
+        run = wc ? mp__copy_run(l) : mp__params(l);
+        cut = from > run ? from : mp__min(run, to);
+        mp__update_part(m, l, from, cut, wc ? mp__at_mut(wc, l->dt, from) : NULL,
+                        sum ? mp__at(sum, st, a + from - lo) : NULL, st);
+        if (cut < to)
+            mp__update_part(m, l, cut, to, wc ? mp__at_mut(wc, l->dt, l->bias_at + cut - run) : NULL,
+                            sum ? mp__at(sum, st, a + cut - lo) : NULL, st);
+    }
+}
+
+/* The step's learning rate (a schedule's, at this step) and iteration (a
+   skipped step still counts one, as tf_keras), before its updates. */
+static void mp__begin_update(mp_model *m) {
+    m->opt.cfg.learning_rate = mp_model_learning_rate(m);
+    m->opt.iteration++;
+}
+
+/* After the step's updates, which unscale by this step's scale: the loss
+   scale's next state. */
+static void mp__end_update(mp_model *m) {
+    if (m->has_loss_scale) m->be->loss_scale_update(m->ctx, &m->state->ls, &m->state->found_inf);
+    mp__loop_move(m, MP__CALL_APPLY);
+}
+
+/* Queues the step's update. */
+static void mp__apply(mp_model *m) {
+    mp__begin_update(m);
+    mp__update_span(m, NULL, MP_FLOAT32, 0, m->n_params);
+    mp__end_update(m);
+}
+
+/* Whether any rank's gradients hold Inf or NaN, as the check of their
+   sum would find (mp__update_as_summed), into every rank's found-Inf
+   flag: each rank tests its own (none where the batch's tail left it no
+   sample), then the flags are summed over the ranks. */
+static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
+    int i, flag = 0;
+    float any;
+    mp_status st;
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    for (i = 0; i < m->n_layers && batch; i++) {
+        const mp__layer *l = &m->layers[i];
+        if (mp__params(l)) m->be->unscale_check(m->ctx, NULL, l->gc, l->dt, mp__params(l), NULL, &m->state->found_inf);
+    }
+    m->be->copy(m->ctx, &flag, &m->state->found_inf, sizeof flag, MP_COPY_TO_HOST);
+    if ((st = mp__sync(m)) != MP_OK) return st;
+    any = (float)flag;
+    if ((st = mp__comm_host(m, &any, sizeof any, 1, "the found-Inf flags' all-reduce")) != MP_OK) return st;
+    flag = any > 0.0f;
+    m->be->copy(m->ctx, &m->state->found_inf, &flag, sizeof flag, MP_COPY_TO_BACKEND);
+    return MP_OK;
+}
+
+/* Whether fit's step over ranks can update from each piece of the sum as
+   it lands (mp__reduce_gradients with update): where a host communicator
+   sums (a piece in cache, no float32 copy of the gradients written and
+   read back; mp_get_gradients then has none), nothing reads g (the
+   diagnostics do), and the found-Inf flag can be known before the first
+   piece: without a loss scale there is none; with one, the ranks' own
+   checks agree with the check of the sum where every layer's gradients
+   are 16-bit and the scale is at least 1. A 16-bit value's share of the
+   batch, a float32 sum of such shares over fewer than 2^14 ranks (each
+   rounding adds at most 2^-24 of it) and that sum divided by a scale of
+   at least 1 (the 16-bit wire rounding it as well) stay below FLT_MAX
+   when every part is finite: bfloat16's largest finite value is 2^-8
+   below it, float16's far below. A float32 layer's sum can overflow
+   where its parts do not. The scale never falls below the lesser of the
+   last one read and min_scale. Every rank decides alike: its state is
+   every rank's. */
+static int mp__update_as_summed(const mp_model *m) {
+    const mp_loss_scale *ls = &m->seen.ls;
+    int i;
+    if (m->ranks == 1 || m->desc.comm->device_memory || m->num) return 0;
+    if (!m->has_loss_scale) return 1;
+    if (m->ranks >= 1 << 14 || ls->scale < 1.0f || ls->config.min_scale < 1.0f) return 0;
+    for (i = 0; i < m->n_layers; i++)
+        if (mp__params(&m->layers[i]) && m->layers[i].dt == MP_FLOAT32) return 0;
+    return 1;
+}
+
+/* Data-parallel (>>communicator): this rank's gradients in float32 over
+   its share of the global batch (zeros when the batch's tail left it no
+   sample), summed over the ranks, then unscaled and checked into g: an
+   Inf on any rank is in every rank's sum, so every rank skips alike (a
+   rank's own Inf, flagged on the way in, is in the sum too). Where the
+   communicator has a sum buffer, a piece at a time through it (no copy
+   in or out, the piece in cache); else the whole model in g (or the
+   16-bit grad16). With `update` (fit's step, mp__update_as_summed) each
+   piece's sum goes into the optimizer instead of g, the found-Inf flag
+   agreed first. */
+static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global, int update) {
+    const mp_communicator *c = m->desc.comm;
+    mp_dtype wire = m->desc.allreduce_dtype;
+    size_t bytes = 0, piece = m->n_params, at;
+    void *shared = NULL;
+    float share = batch ? (float)global / (float)batch : 1.0f; /* exact for equal shares of a power-of-two batch */
+    mp_status st;
+    if (c->sum_buffer) {
+        if ((st = mp__comm_ready(m)) != MP_OK) return st; /* nothing queued reads it still */
+        shared = c->sum_buffer(c->ctx, &bytes);
+        if (shared && bytes / mp_dtype_size(wire)) piece = bytes / mp_dtype_size(wire);
+        else shared = NULL;
+    }
+    m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
+    if (!update) m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    else if ((st = mp__found_inf_anywhere(m, batch)) != MP_OK) return st;
+    else mp__begin_update(m);
+    for (at = 0; at < m->n_params; at += piece) {
+        size_t len = mp__min(piece, m->n_params - at);
+        float *part = shared && wire == MP_FLOAT32 ? (float *)shared : m->g + at; /* this rank's share */
+        void *sum = wire == MP_FLOAT32 ? (void *)part : shared ? shared : m->grad16;
+        if (batch) mp__unscale_span(m, part, NULL, MP_FLOAT32, at, at + len, &m->state->share);
+        else m->be->zero(m->ctx, part, len * sizeof(float));
+        if (wire != MP_FLOAT32) m->be->scale_cast(m->ctx, sum, wire, part, len, NULL); /* divided, then rounded */
+        if ((st = mp__comm_sum(m, sum, wire, len, "the gradients' all-reduce")) != MP_OK) return st;
+        if (update) mp__update_span(m, sum, wire, at, at + len);
+        else mp__unscale_span(m, m->g + at, sum, wire, at, at + len, mp__scale(m));
+    }
+    return MP_OK;
+}
+
 /* batch of the global batch's samples were this rank's (all of them in one process). */
 static mp_status mp__unscale_gradients(mp_model *m, size_t batch, size_t global) {
     mp_status st;
     if (m->ranks == 1) mp__unscale_local(m);
-    else if ((st = mp__reduce_gradients(m, batch, global)) != MP_OK) return st;
+    else if ((st = mp__reduce_gradients(m, batch, global, 0)) != MP_OK) return st;
     m->grads_ready = 1;
     mp__loop_move(m, MP__CALL_UNSCALE);
     return m->num ? mp__numerics_unscaled(m) : MP_OK;
@@ -6625,41 +6754,6 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m) {
     if (!m) return MP_ERR_NULL;
     if ((st = mp__loop_check(m, MP__CALL_UNSCALE)) != MP_OK) return st;
     return mp__unscale_gradients(m, m->batch, m->batch * (size_t)m->ranks);
-}
-
-/* The update of layer l's weights [from, from + n), writing their copy at
-   wc (NULL: none), from the float32 gradients, or from the scaled ones in
-   the compute dtype where those are deferred (mp__deferred). */
-static void mp__apply_part(mp_model *m, const mp__layer *l, size_t from, size_t n, void *wc, const int *skip) {
-    size_t off;
-    int deferred = mp__deferred(m, l);
-    if (!n) return; /* (a layer without weights has no w to offset) */
-    off = (size_t)(l->w - m->w) + from;
-    m->be->optimizer_update(m->ctx, &m->opt, l->w + from,
-                            deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from),
-                            deferred ? l->dt : MP_FLOAT32, deferred ? mp__scale(m) : NULL,
-                            m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL, n, wc, l->dt, skip);
-}
-
-/* Queues the update; the backend decides from its found-Inf flag whether
-   it applies (nothing is read back). */
-static void mp__apply(mp_model *m) {
-    const int *skip;
-    int i;
-    /* Without loss scaling the step is applied whatever it holds, as Keras;
-       with it, the backend decides from its found-Inf flag. */
-    skip = m->has_loss_scale ? &m->state->found_inf : NULL;
-    m->opt.cfg.learning_rate = mp_model_learning_rate(m); /* a schedule's, at this step */
-    m->opt.iteration++; /* a skipped step still counts an iteration (tf_keras) */
-    for (i = 0; i < m->n_layers; i++) { /* layer by layer: each writes its own dtype's copy */
-        mp__layer *l = &m->layers[i];
-        void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
-        size_t n = wc ? mp__copy_run(l) : mp__params(l);
-        mp__apply_part(m, l, 0, n, wc, skip);
-        if (n < mp__params(l)) mp__apply_part(m, l, n, l->n_bias, mp__at_mut(wc, l->dt, l->bias_at), skip);
-    }
-    if (skip) m->be->loss_scale_update(m->ctx, &m->state->ls, skip); /* after: the updates unscale by this step's scale */
-    mp__loop_move(m, MP__CALL_APPLY);
 }
 
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
@@ -6965,6 +7059,12 @@ static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
         if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
     } else {
         m->loop = MP__LOOP_GRADIENTS;
+    }
+    if (mp__update_as_summed(m)) {
+        if ((st = mp__reduce_gradients(m, batch, global, 1)) != MP_OK) return st;
+        mp__loop_move(m, MP__CALL_UNSCALE);
+        mp__end_update(m);
+        return MP_OK;
     }
     if ((st = mp__unscale_gradients(m, batch, global)) != MP_OK) return st;
     mp__apply(m);

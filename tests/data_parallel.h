@@ -45,6 +45,7 @@ static uint64_t rank_seed(int rank) { return 1000u + (uint64_t)rank * 77u; }
 
 static mp_dtype rank_allreduce_dtype; /* mp_model_desc.allreduce_dtype of the next models */
 static int rank_units = 16;           /* the hidden layer's units of the next models */
+static mp_loss_scale_desc rank_loss_scale; /* their loss scale's configuration (zero: Keras's) */
 
 /* NF-rank_units-3 with a float32 softmax, Adam, under `policy`; NULL on failure. */
 static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const char *policy) {
@@ -69,6 +70,7 @@ static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const ch
     cd.metrics = MP_METRIC_ACCURACY;
     cd.optimizer.kind = MP_ADAM;
     cd.optimizer.learning_rate = 0.01f;
+    cd.loss_scale_config = rank_loss_scale;
     if (mp_model_compile(m, &cd) != MP_OK) {
         mp_model_destroy(m);
         return NULL;

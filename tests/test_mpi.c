@@ -9,7 +9,9 @@
                   the gradients summed in float16 and bfloat16 (the same
                   bits on every rank, near the one process); the sums in
                   the ranks' shared memory, a piece at a time, against
-                  MPI's own (the same bits on 2 ranks)
+                  MPI's own (the same bits on 2 ranks); fit, which
+                  updates from each piece of the sum, against the custom
+                  loop, which sums into g first (the same bits)
      save DIR     (2 ranks) fit 2 epochs, rank 0's ModelCheckpoint writes
                   DIR/dp.mpc (only rank 0 writes its CSV log), then to 4
                   epochs: DIR/whole.bin has the final weights and scale;
@@ -198,6 +200,60 @@ static void test_window_matches_mpi(const char *policy, mp_dtype wire) {
     mp_model_destroy(b);
 }
 
+static int same_state(const model_state *a, const model_state *b) {
+    return a->nw == b->nw && a->ns == b->ns && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0 &&
+           memcmp(a->s, b->s, a->ns * sizeof(float)) == 0 && a->scale == b->scale && a->skipped == b->skipped;
+}
+
+/* fit's step updates from each piece of the ranks' sum as it lands where
+   the found-Inf flag can be agreed first (mp_get_gradients has nothing
+   after it); the custom loop sums into the float32 gradients, then
+   applies: the same bits, on every rank, with the scale growing every
+   step and an Inf on the last rank at the second step (skipped alike
+   under mixed_float16). A min_scale below 1 keeps fit on the custom
+   loop's path (`as_summed` 0). */
+static void test_fit_is_the_custom_loop(const char *policy, mp_dtype wire, float min_scale, int as_summed) {
+    enum { EACH = 16, EPOCHS = 2 };
+    size_t global = (size_t)EACH * (size_t)C.size, planted = global + global - EACH + 2, s, n;
+    mp_fit_desc fd;
+    mp_model *a, *b;
+    model_state sa, sb;
+    float x[NS * NF], loss, *g;
+    int epoch;
+    memcpy(x, xs, sizeof x);
+    x[planted * NF + 3] = 1e30f; /* finite in float32, Inf in float16 */
+    fd = silent_fit(x, ys, NS, (int)global, EPOCHS);
+    fd.no_shuffle = 1;
+    rank_allreduce_dtype = wire;
+    rank_loss_scale.growth_interval = 1;
+    rank_loss_scale.min_scale = min_scale;
+    a = my_model(&C.table, policy);
+    b = my_model(&C.table, policy);
+    rank_allreduce_dtype = MP_FLOAT32;
+    memset(&rank_loss_scale, 0, sizeof rank_loss_scale);
+    OK(mp_model_fit(a, &fd), a);
+    for (epoch = 0; epoch < EPOCHS; epoch++)
+        for (s = 0; s < NS; s += global) { /* NS is a whole number of global batches */
+            size_t lo = s + (size_t)C.rank * EACH;
+            OK(mp_forward(b, x + lo * NF, EACH, 1), b);
+            OK(mp_compute_loss(b, ys + lo, NULL, &loss, NULL), b);
+            OK(mp_compute_scaled_gradients(b), b);
+            OK(mp_get_unscaled_gradients(b), b);
+            OK(mp_apply_gradients(b, NULL), b);
+        }
+    get_state(a, &sa);
+    get_state(b, &sb);
+    if (!CHECK(same_state(&sa, &sb))) fprintf(stderr, "    %s: fit and the custom loop differ\n", policy);
+    CHECK(same_on_all(sa.w, sa.nw * sizeof(float)) && same_on_all(sa.s, sa.ns * sizeof(float)));
+    CHECK(!mp_model_loss_scale(a) || strcmp(policy, "mixed_float16") != 0 || sa.skipped >= 1);
+    n = mp_model_param_count(a);
+    g = floats(n);
+    CHECK((mp_get_gradients(a, g, n) == MP_ERR_STATE) == as_summed);
+    free(g);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 static void train(void) {
     RUN(test_initial_weights());
     RUN(test_ranks_match_one_process("float32", MP_FLOAT32));
@@ -208,14 +264,14 @@ static void train(void) {
     RUN(test_inf_on_one_rank());
     RUN(test_window_matches_mpi("mixed_float16", MP_FLOAT32));
     RUN(test_window_matches_mpi("mixed_bfloat16", MP_BFLOAT16));
+    RUN(test_fit_is_the_custom_loop("mixed_float16", MP_FLOAT32, 0.0f, 1));
+    RUN(test_fit_is_the_custom_loop("mixed_float16", MP_FLOAT16, 0.0f, 1));
+    RUN(test_fit_is_the_custom_loop("mixed_bfloat16", MP_BFLOAT16, 0.0f, 1));
+    RUN(test_fit_is_the_custom_loop("float32", MP_FLOAT32, 0.0f, 1));
+    RUN(test_fit_is_the_custom_loop("mixed_float16", MP_FLOAT32, 0.5f, 0));
 }
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
-
-static int same_state(const model_state *a, const model_state *b) {
-    return a->nw == b->nw && a->ns == b->ns && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0 &&
-           memcmp(a->s, b->s, a->ns * sizeof(float)) == 0 && a->scale == b->scale && a->skipped == b->skipped;
-}
 
 /* Each rank names a file of its own: rank 0's is written and read, and a
    failure there is every rank's, the model unchanged. */
