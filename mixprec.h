@@ -1434,8 +1434,9 @@ struct mp_backend {
      found-Inf flags are summed before any update (the rule wherever
      something is reduced after the check). That is the check of the sum exactly where every layer with weights
      computes in 16 bits and the scale is at least 1 (a sum of finite
-     16-bit shares stays finite in float32); otherwise fit sums into the
-     float32 gradients first. The same bits either way.
+     16-bit shares stays finite in float32); otherwise, or where any rank
+     has the diagnostics on (the ranks agree at fit's start), fit sums
+     into the float32 gradients first. The same bits either way.
    - Metrics: fit's loss and accuracy, validation and evaluate are the
      global figures on every rank (sums reduced).
    - Only rank 0 prints (ProgbarLogger, EarlyStopping, LearningRateScheduler)
@@ -4750,6 +4751,7 @@ struct mp_model {
     int training;         /* the last forward's mode, Keras's `training` argument */
     int grads_ready; /* mp_get_gradients has something to give */
     int grads_deferred; /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
+    int as_summed;      /* fit's steps update as the ranks' sum lands (mp__agree_as_summed) */
     int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
@@ -6685,17 +6687,31 @@ static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
    when every part is finite: bfloat16's largest finite value is 2^-8
    below it, float16's far below. A float32 layer's sum can overflow
    where its parts do not. The scale never falls below the lesser of the
-   last one read and min_scale. Every rank decides alike: its state is
-   every rank's. */
-static int mp__update_as_summed(const mp_model *m) {
-    const mp_loss_scale *ls = &m->seen.ls;
+   last one read and min_scale. This rank's answer, which fit's ranks
+   agree on at its start (mp__agree_as_summed: the diagnostics are each
+   rank's own); the scale, read alike on every rank, is checked each step
+   (mp__update_as_summed). */
+static int mp__can_update_as_summed(const mp_model *m) {
     int i;
-    if (m->ranks == 1 || m->desc.comm->device_memory || m->num) return 0;
+    if (m->desc.comm->device_memory || m->num) return 0;
     if (!m->has_loss_scale) return 1;
-    if (m->ranks >= 1 << 14 || ls->scale < 1.0f || ls->config.min_scale < 1.0f) return 0;
+    if (m->ranks >= 1 << 14 || m->seen.ls.config.min_scale < 1.0f) return 0;
     for (i = 0; i < m->n_layers; i++)
         if (mp__params(&m->layers[i]) && m->layers[i].dt == MP_FLOAT32) return 0;
     return 1;
+}
+
+/* m->as_summed: whether every rank can (a rank that went its own way
+   would wait in a collective the others never make). */
+static mp_status mp__agree_as_summed(mp_model *m) {
+    float cannot = (float)!mp__can_update_as_summed(m);
+    mp_status st = mp__comm_host(m, &cannot, sizeof cannot, 1, "agreeing on fit's step");
+    m->as_summed = st == MP_OK && cannot == 0.0f;
+    return st;
+}
+
+static int mp__update_as_summed(const mp_model *m) {
+    return m->as_summed && (!m->has_loss_scale || m->seen.ls.scale >= 1.0f);
 }
 
 /* Data-parallel (>>communicator): this rank's gradients in float32 over
@@ -7622,7 +7638,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp__upload_data(m, &d, n_train, batch);
     if (m->data_block && !(order = (uint32_t *)mp__alloc(n_train * sizeof(uint32_t)))) mp__free_data(m);
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
-    if (m->ranks > 1 && (st = mp__comm_host(m, &rng, sizeof rng, 0, "sharing rank 0's shuffle seed")) != MP_OK) {
+    if (m->ranks > 1 && ((st = mp__comm_host(m, &rng, sizeof rng, 0, "sharing rank 0's shuffle seed")) != MP_OK ||
+                         (st = mp__agree_as_summed(m)) != MP_OK)) {
         mp__free(list);
         return st;
     }

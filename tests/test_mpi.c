@@ -254,6 +254,28 @@ static void test_fit_is_the_custom_loop(const char *policy, mp_dtype wire, float
     mp_model_destroy(b);
 }
 
+/* The diagnostics on rank 0 alone (each rank's own): fit's ranks agree to
+   sum into the float32 gradients first, and nothing waits for a
+   collective the others skip (tests/mpi.sh bounds the run). */
+static void test_diagnostics_on_rank_0(void) {
+    mp_model *m = my_model(&C.table, "mixed_float16");
+    mp_numerics_desc nd;
+    model_state st;
+    float *g;
+    size_t n = mp_model_param_count(m);
+    memset(&nd, 0, sizeof nd);
+    nd.every = 2;
+    if (C.rank == 0) OK(mp_model_set_numerics(m, &nd), m);
+    OK(fit(m, 16 * C.size, 0, 2, NULL, 0, NULL), m);
+    get_state(m, &st);
+    CHECK(same_on_all(st.w, st.nw * sizeof(float)) && same_on_all(st.s, st.ns * sizeof(float)));
+    g = floats(n);
+    CHECK(mp_get_gradients(m, g, n) == MP_OK); /* summed into g on every rank */
+    CHECK(C.rank != 0 || mp_model_numerics_step(m) > 0);
+    free(g);
+    mp_model_destroy(m);
+}
+
 static void train(void) {
     RUN(test_initial_weights());
     RUN(test_ranks_match_one_process("float32", MP_FLOAT32));
@@ -269,6 +291,7 @@ static void train(void) {
     RUN(test_fit_is_the_custom_loop("mixed_bfloat16", MP_BFLOAT16, 0.0f, 1));
     RUN(test_fit_is_the_custom_loop("float32", MP_FLOAT32, 0.0f, 1));
     RUN(test_fit_is_the_custom_loop("mixed_float16", MP_FLOAT32, 0.5f, 0));
+    RUN(test_diagnostics_on_rank_0());
 }
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
