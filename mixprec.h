@@ -1432,11 +1432,12 @@ struct mp_backend {
      written and read back (mp_get_gradients has none after it). The skip
      must then be known first: each rank checks its own gradients and the
      found-Inf flags are summed before any update (the rule wherever
-     something is reduced after the check). That is the check of the sum exactly where every layer with weights
-     computes in 16 bits and the scale is at least 1 (a sum of finite
-     16-bit shares stays finite in float32); otherwise, or where any rank
-     has the diagnostics on (the ranks agree at fit's start), fit sums
-     into the float32 gradients first. The same bits either way.
+     something is reduced after the check). That is exactly the check of
+     the sum where every layer with weights computes in 16 bits and the
+     scale is at least 1 (a sum of finite 16-bit shares stays finite in
+     float32); otherwise, or where any rank has the diagnostics on (the
+     ranks agree at fit's start), fit sums into the float32 gradients
+     first. The same bits either way.
    - Metrics: fit's loss and accuracy, validation and evaluate are the
      global figures on every rank (sums reduced).
    - Only rank 0 prints (ProgbarLogger, EarlyStopping, LearningRateScheduler)
@@ -6710,6 +6711,7 @@ static mp_status mp__agree_as_summed(mp_model *m) {
     return st;
 }
 
+/* This step's choice (see mp__can_update_as_summed). */
 static int mp__update_as_summed(const mp_model *m) {
     return m->as_summed && (!m->has_loss_scale || m->seen.ls.scale >= 1.0f);
 }
