@@ -6725,7 +6725,7 @@ static int mp__update_as_summed(const mp_model *m) {
    in or out, the piece in cache); else the whole model in g (or the
    16-bit grad16). With `update` (fit's step, mp__update_as_summed) each
    piece's sum goes into the optimizer instead of g, the found-Inf flag
-   agreed first. */
+   agreed first (the way in then flags only what that check found). */
 static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global, int update) {
     const mp_communicator *c = m->desc.comm;
     mp_dtype wire = m->desc.allreduce_dtype;
