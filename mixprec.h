@@ -6532,20 +6532,32 @@ MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
     return MP_OK;
 }
 
+/* Whether layer l has weights within [lo, hi) of the model's layout (w's
+   and g's): those are its [*first, *end), and it starts at *at. */
+static int mp__layer_span(const mp_model *m, const mp__layer *l, size_t lo, size_t hi, size_t *at, size_t *first,
+                          size_t *end) {
+    if (!mp__params(l)) return 0; /* (no w to offset) */
+    *at = (size_t)(l->w - m->w);
+    if (*at >= hi || *at + mp__params(l) <= lo) return 0;
+    *first = *at > lo ? 0 : lo - *at;
+    *end = mp__min(*at + mp__params(l), hi) - *at;
+    return 1;
+}
+
 /* The fused unscale-and-check of the model's gradients [lo, hi) (g's
    layout) into to[0, hi - lo), OR-ing into the found-Inf flag: from each
    layer's gc in its compute dtype (from NULL), or from `from` laid out as
    to, in ft (to itself, in place; the sum). */
 static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype ft, size_t lo, size_t hi,
                              const float *scale) {
+    size_t a, i0, i1;
     int i;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        size_t a = (size_t)(l->g - m->g), b = a + mp__params(l);
-        size_t s = a > lo ? a : lo, e = mp__min(b, hi);
-        if (s < e)
-            m->be->unscale_check(m->ctx, to + (s - lo), from ? mp__at(from, ft, s - lo) : mp__at(l->gc, l->dt, s - a),
-                                 from ? ft : l->dt, e - s, scale, &m->state->found_inf);
+        if (mp__layer_span(m, l, lo, hi, &a, &i0, &i1))
+            m->be->unscale_check(m->ctx, to + (a + i0 - lo),
+                                 from ? mp__at(from, ft, a + i0 - lo) : mp__at(l->gc, l->dt, i0), from ? ft : l->dt,
+                                 i1 - i0, scale, &m->state->found_inf);
     }
 }
 
@@ -6616,11 +6628,7 @@ static void mp__update_span(mp_model *m, const void *sum, mp_dtype st, size_t lo
         mp__layer *l = &m->layers[i];
         void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
         size_t a, from, to, run, cut;
-        if (!mp__params(l)) continue; /* (no w to offset) */
-        a = (size_t)(l->w - m->w);
-        if (a >= hi || a + mp__params(l) <= lo) continue;
-        from = a > lo ? 0 : lo - a;
-        to = mp__min(a + mp__params(l), hi) - a;
+        if (!mp__layer_span(m, l, lo, hi, &a, &from, &to)) continue;
         run = wc ? mp__copy_run(l) : mp__params(l);
         cut = from > run ? from : mp__min(run, to);
         mp__update_part(m, l, from, cut, wc ? mp__at_mut(wc, l->dt, from) : NULL,
