@@ -6663,12 +6663,14 @@ static void mp__apply(mp_model *m) {
 /* Whether any rank's gradients hold Inf or NaN, as the check of their
    sum would find (mp__update_as_summed), into every rank's found-Inf
    flag: each rank tests its own (none where the batch's tail left it no
-   sample), then the flags are summed over the ranks. */
+   sample), then the flags are summed over the ranks. Without a loss
+   scale nothing reads it: the step is applied whatever it holds. */
 static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
     int i, flag = 0;
     float any;
     mp_status st;
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    if (!m->has_loss_scale) return MP_OK;
     for (i = 0; i < m->n_layers && batch; i++) {
         const mp__layer *l = &m->layers[i];
         if (mp__params(l)) m->be->unscale_check(m->ctx, NULL, l->gc, l->dt, mp__params(l), NULL, &m->state->found_inf);
