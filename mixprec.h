@@ -6685,7 +6685,7 @@ static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
 }
 
 /* Whether fit's step over ranks can update from each piece of the sum as
-   it lands (mp__reduce_gradients with update): where a host communicator
+   it lands (mp__sum_into_update): where a host communicator
    sums (a piece in cache, no float32 copy of the gradients written and
    read back; mp_get_gradients then has none), nothing reads g (the
    diagnostics do), and the found-Inf flag can be known before the first
@@ -6733,9 +6733,9 @@ static int mp__update_as_summed(const mp_model *m) {
    rank's own Inf, flagged on the way in, is in the sum too). Where the
    communicator has a sum buffer, a piece at a time through it (no copy
    in or out, the piece in cache); else the whole model in g (or the
-   16-bit grad16). With `update` (fit's step, mp__update_as_summed) each
-   piece's sum goes into the optimizer instead of g, the found-Inf flag
-   agreed first (the way in then flags only what that check found). */
+   16-bit grad16). With `update` (mp__sum_into_update) each piece's sum
+   goes into the optimizer instead of g, the found-Inf flag already agreed
+   (the way in then flags only what that check found). */
 static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global, int update) {
     const mp_communicator *c = m->desc.comm;
     mp_dtype wire = m->desc.allreduce_dtype;
@@ -6751,8 +6751,6 @@ static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global, 
     }
     m->be->copy(m->ctx, &m->state->share, &share, sizeof share, MP_COPY_TO_BACKEND);
     if (!update) m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
-    else if ((st = mp__found_inf_anywhere(m, batch)) != MP_OK) return st;
-    else mp__begin_update(m);
     for (at = 0; at < m->n_params; at += piece) {
         size_t len = mp__min(piece, m->n_params - at);
         float *part = shared && wire == MP_FLOAT32 ? (float *)shared : m->g + at; /* this rank's share */
@@ -6764,6 +6762,19 @@ static mp_status mp__reduce_gradients(mp_model *m, size_t batch, size_t global, 
         if (update) mp__update_span(m, sum, wire, at, at + len);
         else mp__unscale_span(m, m->g + at, sum, wire, at, at + len, mp__scale(m));
     }
+    return MP_OK;
+}
+
+/* fit's step over ranks from its gradients on (mp__update_as_summed): the
+   found-Inf flag agreed, then the update as mp__apply's, from each piece
+   of the sum as it lands. */
+static mp_status mp__sum_into_update(mp_model *m, size_t batch, size_t global) {
+    mp_status st;
+    if ((st = mp__found_inf_anywhere(m, batch)) != MP_OK) return st;
+    mp__begin_update(m);
+    if ((st = mp__reduce_gradients(m, batch, global, 1)) != MP_OK) return st;
+    mp__loop_move(m, MP__CALL_UNSCALE);
+    mp__end_update(m);
     return MP_OK;
 }
 
@@ -7088,12 +7099,7 @@ static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
     } else {
         m->loop = MP__LOOP_GRADIENTS;
     }
-    if (mp__update_as_summed(m)) {
-        if ((st = mp__reduce_gradients(m, batch, global, 1)) != MP_OK) return st;
-        mp__loop_move(m, MP__CALL_UNSCALE);
-        mp__end_update(m);
-        return MP_OK;
-    }
+    if (mp__update_as_summed(m)) return mp__sum_into_update(m, batch, global);
     if ((st = mp__unscale_gradients(m, batch, global)) != MP_OK) return st;
     mp__apply(m);
     return MP_OK;
