@@ -457,6 +457,50 @@ static void test_check_alone(void) {
     CHECK_EQ(wrong, 0); /* the test alone flags Inf and NaN as the full pass does */
 }
 
+/* scale_cast is dst = src * scale rounded once into dt (scale NULL: 1),
+   element by element as the scalar rules give it, at lengths around its
+   tiles: overflow to Inf, subnormals, NaN's sign and payload (a signalling
+   NaN quieted by the multiply, as a device's kernel does). */
+static void test_scale_cast(void) {
+    static const size_t lengths[] = {1, 255, 256, 257, 600};
+    static const uint32_t specials[] = {0x7F800000u, 0xFF800000u, 0x7FC01234u, 0xFFA00001u, 0x7F7FFFFFu, 0x33800000u};
+    float src[600], scale = 4096.0f, *scales[2] = {NULL, &scale};
+    volatile float one = 1.0f; /* a multiply by 1 that the compiler keeps: it quiets a signalling NaN */
+    uint16_t dst[600];
+    float dst32[600];
+    int d, s, wrong = 0;
+    void *ctx = NULL;
+    if (!CHECK(cpu->create(&ctx, 1, NULL) == MP_OK)) return;
+    for (d = 0; d < 3; d++)
+        for (s = 0; s < 2; s++) {
+            size_t l, i;
+            mp_dtype dt = (mp_dtype)d;
+            for (l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+                size_t n = lengths[l];
+                for (i = 0; i < n; i++) {
+                    uint32_t bits = specials[i % 6];
+                    if (i % 3) src[i] = ldexpf((float)i - 300.0f, (int)(i % 40) - 30); /* around float16's edges */
+                    else memcpy(&src[i], &bits, 4);
+                }
+                cpu->scale_cast(ctx, dt == MP_FLOAT32 ? (void *)dst32 : (void *)dst, dt, src, n, scales[s]);
+                for (i = 0; i < n; i++) {
+                    float want = src[i] * (scales[s] ? scale : one);
+                    uint32_t w32, g32;
+                    if (dt == MP_FLOAT32) {
+                        memcpy(&w32, &want, 4), memcpy(&g32, &dst32[i], 4);
+                        wrong += w32 != g32;
+                    } else if (dt == MP_FLOAT16) {
+                        wrong += mp_f16_from_f32(want).bits != dst[i];
+                    } else {
+                        wrong += mp_bf16_from_f32(want).bits != dst[i];
+                    }
+                }
+            }
+        }
+    cpu->destroy(ctx);
+    CHECK_EQ(wrong, 0);
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -633,6 +677,7 @@ int main(int argc, char **argv) {
     RUN(test_reads());
     RUN(test_device_nonfinite());
     RUN(test_check_alone());
+    RUN(test_scale_cast());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
