@@ -457,6 +457,47 @@ static void test_check_alone(void) {
     CHECK_EQ(wrong, 0); /* the test alone flags Inf and NaN as the full pass does */
 }
 
+/* unscale_check's full pass writes each value widened and multiplied by
+   1 / scale, at lengths around its runs of 1024 and past the size that
+   splits it between 2 threads, from each dtype and in place in float32. */
+static void test_unscale_values(void) {
+    static const size_t lengths[] = {1, 1023, 1024, 1025, 4099, 70001};
+    static float src32[70001], dst[70001];
+    static uint16_t src16[70001];
+    float scale = 3.0f, inv = 1.0f / scale;
+    int threads, d, in_place, wrong = 0;
+    for (threads = 1; threads <= 2; threads++) {
+        void *ctx = NULL;
+        if (!CHECK(cpu->create(&ctx, threads, NULL) == MP_OK)) return;
+        for (d = 0; d < 3; d++)
+            for (in_place = 0; in_place <= (d == MP_FLOAT32); in_place++) {
+                mp_dtype dt = (mp_dtype)d;
+                size_t l, i;
+                for (l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+                    size_t n = lengths[l];
+                    const void *from = in_place ? (const void *)dst : d ? (const void *)src16 : (const void *)src32;
+                    int flag = 0;
+                    for (i = 0; i < n; i++) /* finite in float16 */
+                        src32[i] = ldexpf((float)(i % 1999) - 999.0f, (int)(i % 16) - 12);
+                    if (dt != MP_FLOAT32) { /* src32: the values it reads */
+                        mp_convert(src16, dt, src32, MP_FLOAT32, n, NULL);
+                        mp_convert(src32, MP_FLOAT32, src16, dt, n, NULL);
+                    }
+                    if (in_place) memcpy(dst, src32, n * sizeof(float));
+                    else memset(dst, 0xFF, n * sizeof(float)); /* NaN where nothing is written */
+                    cpu->unscale_check(ctx, dst, from, dt, n, &scale, &flag);
+                    for (i = 0; i < n; i++) {
+                        float want = src32[i] * inv;
+                        wrong += memcmp(&want, &dst[i], sizeof want) != 0;
+                    }
+                    wrong += flag != 0;
+                }
+            }
+        cpu->destroy(ctx);
+    }
+    CHECK_EQ(wrong, 0);
+}
+
 /* scale_cast is dst = src * scale rounded once into dt (scale NULL: 1),
    element by element as the scalar rules give it, at lengths around its
    tiles: overflow to Inf, subnormals, NaN's sign and payload (a signalling
@@ -677,6 +718,7 @@ int main(int argc, char **argv) {
     RUN(test_reads());
     RUN(test_device_nonfinite());
     RUN(test_check_alone());
+    RUN(test_unscale_values());
     RUN(test_scale_cast());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
