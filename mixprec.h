@@ -6564,14 +6564,14 @@ static int mp__layer_span(const mp_model *m, const mp__layer *l, size_t lo, size
    to, in ft (to itself, in place; the sum). */
 static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype ft, size_t lo, size_t hi,
                              const float *scale) {
-    size_t a, i0, i1;
+    size_t a, i0, i1, at;
     int i;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
-        if (mp__layer_span(m, l, lo, hi, &a, &i0, &i1))
-            m->be->unscale_check(m->ctx, to + (a + i0 - lo),
-                                 from ? mp__at(from, ft, a + i0 - lo) : mp__at(l->gc, l->dt, i0), from ? ft : l->dt,
-                                 i1 - i0, scale, &m->state->found_inf);
+        if (!mp__layer_span(m, l, lo, hi, &a, &i0, &i1)) continue;
+        at = a + i0 - lo; /* where the layer's part lies in to (and from) */
+        m->be->unscale_check(m->ctx, to + at, from ? mp__at(from, ft, at) : mp__at(l->gc, l->dt, i0),
+                             from ? ft : l->dt, i1 - i0, scale, &m->state->found_inf);
     }
 }
 

@@ -475,7 +475,9 @@ static void test_unscale_values(void) {
                 size_t l, i;
                 for (l = 0; l < sizeof lengths / sizeof *lengths; l++) {
                     size_t n = lengths[l];
-                    const void *from = in_place ? (const void *)dst : d ? (const void *)src16 : (const void *)src32;
+                    const void *from = in_place           ? (const void *)dst
+                                       : dt == MP_FLOAT32 ? (const void *)src32
+                                                          : (const void *)src16;
                     int flag = 0;
                     for (i = 0; i < n; i++) /* finite in float16 */
                         src32[i] = ldexpf((float)(i % 1999) - 999.0f, (int)(i % 16) - 12);
