@@ -204,24 +204,27 @@ static const float *mp__mpi_wide(float *tmp, const char *src, mp_dtype dt, size_
 /* [0, n) of every rank's piece (dt) = their sum: rank r adds up its slice
    [n r / size, n (r + 1) / size) of every piece in rank order, in float32
    (16-bit values widened exactly, the sum rounded once), and writes it to
-   every piece. One rank sums each element, so all hold the same bits. */
+   every piece. One rank sums each element, so all hold the same bits.
+   float32 is summed in rank 0's piece where it lies (a copy through the
+   stack first cost as much as the additions). */
 static mp_status mp__mpi_window_sum(mp_mpi *c, size_t n, mp_dtype dt) {
     struct mp__mpi_shared *sh = c->shared;
     size_t es = mp_dtype_size(dt), at, size = (size_t)c->size, rank = (size_t)c->rank;
     size_t lo = n / size * rank + n % size * rank / size, hi = n / size * (rank + 1) + n % size * (rank + 1) / size;
-    float sum[512], tmp[512];
+    float wide[512], tmp[512];
     mp_status st;
     if ((st = mp__mpi_fence(c)) != MP_OK) return st;
     for (at = lo; at < hi; at += 512) {
         size_t count = hi - at < 512 ? hi - at : 512;
+        float *sum = dt == MP_FLOAT32 ? (float *)(void *)(sh->base[0] + at * es) : wide;
         int r;
-        memcpy(sum, mp__mpi_wide(tmp, sh->base[0] + at * es, dt, count), count * sizeof(float));
+        if (dt != MP_FLOAT32) mp_convert(sum, MP_FLOAT32, sh->base[0] + at * es, dt, count, NULL);
         for (r = 1; r < c->size; r++) { /* sum = part + sum: MPI's own vectorised loop, the same bits (IEEE 754 addition commutes) */
             const float *part = mp__mpi_wide(tmp, sh->base[r] + at * es, dt, count);
             st = mp__mpi_check(c, MPI_Reduce_local(part, sum, (int)count, MPI_FLOAT, MPI_SUM), "MPI_Reduce_local");
             if (st != MP_OK) return st;
         }
-        for (r = 0; r < c->size; r++) {
+        for (r = dt == MP_FLOAT32; r < c->size; r++) {
             if (dt == MP_FLOAT32) memcpy(sh->base[r] + at * es, sum, count * sizeof(float));
             else mp_convert(sh->base[r] + at * es, dt, sum, MP_FLOAT32, count, NULL);
         }
