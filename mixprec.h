@@ -3580,6 +3580,26 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
 }
 
 
+/* Where a panel's rows are runs of the source, the pairs of rows this
+   many pairs ahead are fetched into L1 as it is packed. Going down a
+   panel reads a new row (a new 4 KiB page every other row of 1024
+   bfloat16) each time, where the hardware's prefetchers stop: op(A) of a
+   bfloat16 weight gradient (1024 x 1024 x 8192, A transposed, from
+   memory) packed in 19M cycles, 11.6M with this. */
+#define MP__PACK_AHEAD 8
+
+/* The lines of n values at run and at run + ld into L1 (the last one
+   too where run does not start a line). */
+MP__HOT void mp__prefetch_runs(const uint16_t *run, size_t n, size_t ld) {
+    const char *at = (const char *)run, *last = (const char *)(run + n - 1);
+    for (; at <= last; at += 64) {
+        _mm_prefetch(at, _MM_HINT_T0);
+        _mm_prefetch(at + ld * sizeof(uint16_t), _MM_HINT_T0);
+    }
+    _mm_prefetch(last, _MM_HINT_T0);
+    _mm_prefetch(last + ld * sizeof(uint16_t), _MM_HINT_T0);
+}
+
 /* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
    they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
    pairs a panel; a missing q or row is 0. */
@@ -3600,6 +3620,7 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
             int second = 2 * p + 1 < qc;
             if (!rows_contiguous) { /* rows q and q + 1 are runs of the source */
                 const uint16_t *lo = x + q * ld + r0 + g, *hi = second ? lo + ld : zeros;
+                if (2 * (p + MP__PACK_AHEAD) + 1 < qc) mp__prefetch_runs(lo + 2 * MP__PACK_AHEAD * ld, w, ld);
                 if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
                 else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
                 else mp__interleave(dst, lo, hi, w);
