@@ -354,9 +354,13 @@ static void test_all_mixes(void) {
                 }
 }
 
-/* With a pool, for a few shapes (the values; invariance is test_threads). */
+/* With a pool, for a few shapes (the values; invariance is test_threads).
+   The last two are deep and wide enough (a K block of 512 rows of 520)
+   that the bfloat16 pack prefetches the rows ahead: op(B) in the first,
+   op(A) transposed in the second. */
 static void test_products_pooled(void) {
-    static const size_t shapes[][3] = {{3, 257, 100}, {257, 3, 129}, {65, 100, 300}, {1, 1, 2}};
+    static const size_t shapes[][3] = {{3, 257, 100}, {257, 3, 129}, {65, 100, 300}, {1, 1, 2},
+                                       {9, 520, 1030}, {520, 9, 1030}};
     mp_pool *pool = NULL;
     size_t s, x;
     if (!CHECK(mp_pool_create(&pool, 3) == MP_OK)) return;
