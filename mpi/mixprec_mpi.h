@@ -224,7 +224,7 @@ static mp_status mp__mpi_window_sum(mp_mpi *c, size_t n, mp_dtype dt) {
             st = mp__mpi_check(c, MPI_Reduce_local(part, sum, (int)count, MPI_FLOAT, MPI_SUM), "MPI_Reduce_local");
             if (st != MP_OK) return st;
         }
-        for (r = dt == MP_FLOAT32; r < c->size; r++) {
+        for (r = dt == MP_FLOAT32; r < c->size; r++) { /* (float32: rank 0's piece holds it already) */
             if (dt == MP_FLOAT32) memcpy(sh->base[r] + at * es, sum, count * sizeof(float));
             else mp_convert(sh->base[r] + at * es, dt, sum, MP_FLOAT32, count, NULL);
         }
