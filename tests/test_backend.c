@@ -500,6 +500,49 @@ static void test_unscale_values(void) {
     CHECK_EQ(wrong, 0);
 }
 
+/* bias_grad is each column's sum over the rows, in row order in float32,
+   rounded once into dt: from each dtype, on 1 and 2 threads, at column
+   counts around its runs of 1024, and over gradients big enough (512 KiB
+   and more) that it fetches the rows ahead as it goes. */
+static void test_bias_grad_values(void) {
+    static const size_t shapes[][2] = {{61, 1100}, {3, 1025}, {700, 300}, {1100, 300}, {130, 1030}};
+    static float dy32[1100 * 1100], want32[1100], got32[1100];
+    static uint16_t dy16[1100 * 1100], got16[1100];
+    int threads, d, wrong = 0;
+    for (threads = 1; threads <= 2; threads++) {
+        void *ctx = NULL;
+        if (!CHECK(cpu->create(&ctx, threads, NULL) == MP_OK)) return;
+        for (d = 0; d < 3; d++) {
+            mp_dtype dt = (mp_dtype)d;
+            size_t s, r, c;
+            for (s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+                size_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+                void *got = dt == MP_FLOAT32 ? (void *)got32 : (void *)got16;
+                for (r = 0; r < n; r++) /* sums that round at every addition */
+                    dy32[r] = ldexpf((float)(r * 2654435761u % 4093) - 2046.0f, (int)(r % 7) - 9);
+                if (dt != MP_FLOAT32) { /* dy32: the values it reads */
+                    mp_convert(dy16, dt, dy32, MP_FLOAT32, n, NULL);
+                    mp_convert(dy32, MP_FLOAT32, dy16, dt, n, NULL);
+                }
+                for (c = 0; c < cols; c++) {
+                    float sum = 0.0f;
+                    for (r = 0; r < rows; r++) sum += dy32[r * cols + c];
+                    want32[c] = sum;
+                }
+                cpu->bias_grad(ctx, got, dt == MP_FLOAT32 ? (const void *)dy32 : (const void *)dy16, rows, cols, dt);
+                if (dt != MP_FLOAT32) {
+                    mp_convert(got32, MP_FLOAT32, got16, dt, cols, NULL);
+                    mp_convert(dy16, dt, want32, MP_FLOAT32, cols, NULL); /* rounded once, as the kernel */
+                    mp_convert(want32, MP_FLOAT32, dy16, dt, cols, NULL);
+                }
+                for (c = 0; c < cols; c++) wrong += memcmp(&want32[c], &got32[c], sizeof(float)) != 0;
+            }
+        }
+        cpu->destroy(ctx);
+    }
+    CHECK_EQ(wrong, 0);
+}
+
 /* scale_cast is dst = src * scale rounded once into dt (scale NULL: 1),
    element by element as the scalar rules give it, at lengths around its
    tiles: overflow to Inf, subnormals, NaN's sign and payload (a signalling
@@ -722,6 +765,7 @@ int main(int argc, char **argv) {
     RUN(test_check_alone());
     RUN(test_unscale_values());
     RUN(test_scale_cast());
+    RUN(test_bias_grad_values());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
