@@ -3155,7 +3155,7 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     mp_dtype dt = op->dt;
     float acc[MP__RUN], t[MP__RUN]; /* a run of columns; each sums its rows in order */
     size_t r, i, len, es = mp__dtypes[dt].size;
-    int ahead = rows * cols * es >= MP__FAR; /* rows MP__ROWS_AHEAD on fetched as it goes */
+    int ahead = rows * cols * es >= MP__FAR; /* fetch the rows MP__ROWS_AHEAD ahead as it goes */
     (void)thread;
     for (i = c0; i < c1; i += len) {
         len = mp__min(MP__RUN, c1 - i);
@@ -4367,9 +4367,10 @@ static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
     size_t i, len;
     (void)thread;
     for (i = begin; i < end; i += len) {
+        const float *g = a->gt == MP_FLOAT32 ? (const float *)a->g + i : t;
         len = mp__min(MP__RUN, end - i);
-        if (a->gt != MP_FLOAT32) mp__load(t, mp__at(a->g, a->gt, i), a->gt, len);
-        mp__opt_run(a, a->gt == MP_FLOAT32 ? (const float *)a->g + i : t, i, i + len);
+        if (g == t) mp__load(t, mp__at(a->g, a->gt, i), a->gt, len);
+        mp__opt_run(a, g, i, i + len);
         if (a->wc) (void)mp_convert(mp__at_mut(a->wc, a->wt, i), a->wt, a->w + i, MP_FLOAT32, len, NULL);
     }
 }

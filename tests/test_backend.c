@@ -457,6 +457,14 @@ static void test_check_alone(void) {
     CHECK_EQ(wrong, 0); /* the test alone flags Inf and NaN as the full pass does */
 }
 
+/* v32[0, n) as a kernel reading dt sees it: rounded to dt (written to
+   v16 as well) and widened back; float32 as it is. */
+static void read_as(mp_dtype dt, float *v32, uint16_t *v16, size_t n) {
+    if (dt == MP_FLOAT32) return;
+    mp_convert(v16, dt, v32, MP_FLOAT32, n, NULL);
+    mp_convert(v32, MP_FLOAT32, v16, dt, n, NULL);
+}
+
 /* unscale_check's full pass writes each value widened and multiplied by
    1 / scale, at lengths around its runs of 1024 and past the size that
    splits it between 2 threads, from each dtype and in place in float32. */
@@ -481,10 +489,7 @@ static void test_unscale_values(void) {
                     int flag = 0;
                     for (i = 0; i < n; i++) /* finite in float16 */
                         src32[i] = ldexpf((float)(i % 1999) - 999.0f, (int)(i % 16) - 12);
-                    if (dt != MP_FLOAT32) { /* src32: the values it reads */
-                        mp_convert(src16, dt, src32, MP_FLOAT32, n, NULL);
-                        mp_convert(src32, MP_FLOAT32, src16, dt, n, NULL);
-                    }
+                    read_as(dt, src32, src16, n);
                     if (in_place) memcpy(dst, src32, n * sizeof(float));
                     else memset(dst, 0xFF, n * sizeof(float)); /* NaN where nothing is written */
                     cpu->unscale_check(ctx, dst, from, dt, n, &scale, &flag);
@@ -520,21 +525,15 @@ static void test_bias_grad_values(void) {
                 void *got = dt == MP_FLOAT32 ? (void *)got32 : (void *)got16;
                 for (r = 0; r < n; r++) /* sums that round at every addition */
                     dy32[r] = ldexpf((float)(r * 2654435761u % 4093) - 2046.0f, (int)(r % 7) - 9);
-                if (dt != MP_FLOAT32) { /* dy32: the values it reads */
-                    mp_convert(dy16, dt, dy32, MP_FLOAT32, n, NULL);
-                    mp_convert(dy32, MP_FLOAT32, dy16, dt, n, NULL);
-                }
+                read_as(dt, dy32, dy16, n);
                 for (c = 0; c < cols; c++) {
                     float sum = 0.0f;
                     for (r = 0; r < rows; r++) sum += dy32[r * cols + c];
                     want32[c] = sum;
                 }
                 cpu->bias_grad(ctx, got, dt == MP_FLOAT32 ? (const void *)dy32 : (const void *)dy16, rows, cols, dt);
-                if (dt != MP_FLOAT32) {
-                    mp_convert(got32, MP_FLOAT32, got16, dt, cols, NULL);
-                    mp_convert(dy16, dt, want32, MP_FLOAT32, cols, NULL); /* rounded once, as the kernel */
-                    mp_convert(want32, MP_FLOAT32, dy16, dt, cols, NULL);
-                }
+                read_as(dt, want32, dy16, cols); /* rounded once, as the kernel */
+                if (dt != MP_FLOAT32) mp_convert(got32, MP_FLOAT32, got16, dt, cols, NULL);
                 for (c = 0; c < cols; c++) wrong += memcmp(&want32[c], &got32[c], sizeof(float)) != 0;
             }
         }
