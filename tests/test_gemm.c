@@ -270,7 +270,9 @@ static const mp_dtype layer_mixes[][3] = {
 
 /* Every mix and transpose case over shapes that leave partial tiles of
    every size: m, n, k from {1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 63, 65,
-   100, 129, 257, 300} and k = 255, 256, 513 around a 256 block. Each shape
+   100, 129, 257, 300} and k = 255, 256, 513 around a 256 block; and m, n
+   exactly one register tile (12 x 32 with AVX-512, 6 x 16 with AVX2, 4 x 16
+   portable), whose runs pack as a plain copy of the source. Each shape
    runs every mix in every transpose case, random and integer data
    alternating; the large shapes take one data kind each so the test stays
    fast. */
@@ -281,6 +283,7 @@ static void test_products(void) {
         {63, 65, 17},  {65, 63, 15},  {1, 300, 65},   {300, 1, 63},   {2, 129, 256},  {129, 2, 255},
         {100, 33, 129}, {17, 100, 257}, {7, 31, 513}, {31, 7, 300},   {65, 129, 63},  {129, 65, 16},
         {257, 17, 100}, {16, 257, 65}, {100, 100, 31}, {63, 31, 513}, {300, 63, 3},   {5, 300, 100},
+        {12, 32, 300}, {6, 16, 300},  {4, 16, 300},
     };
     size_t s, x;
     int t;
