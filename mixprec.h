@@ -3382,6 +3382,47 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #define MP__BF16_DOT 1
 #endif
+/* Intel AMX (AMX-TILE and AMX-BF16, Xeon from Sapphire Rapids on): bfloat16
+   x bfloat16 products by tdpbf16ps, a 16 x 16 float32 tile += 16 x 32 times
+   32 x 16 bfloat16 in one instruction, where the build targets it (chosen at
+   compile time, as every SIMD path) and Linux lets the process use the
+   tiles (mp__amx_usable; else the vdpbf16ps tiles run). Its reading of
+   bfloat16 is vdpbf16ps's: subnormal inputs read as 0, subnormal sums
+   flushed, round to nearest even (Intel SDM, TDPBF16PS). GCC spells the
+   targets' macros __AMX_TILE__ and __AMX_BF16__, Clang 14 __AMXTILE__ and
+   __AMXBF16__. */
+#if defined(MP__BF16_DOT) && defined(__FMA__) && (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
+    (defined(__AMX_BF16__) || defined(__AMXBF16__)) && defined(__linux__) && defined(__x86_64__) &&      \
+    (defined(__GNUC__) || defined(__clang__))
+#define MP__AMX 1
+#define MP__AMX_PAIRS 16 /* a tile's depth in bfloat16 pairs: 32 values of K */
+#endif
+#ifdef MP__AMX
+/* Linux gives a process AMX's tile data (8 KiB of state a thread) only when
+   asked: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux 5.16 on
+   (the kernel's Documentation/arch/x86/xstate.rst); a tile instruction
+   before that faults. Asked once a process, by the raw system call
+   (x86-64: number 158 in rax, arguments in rdi and rsi; the syscall
+   instruction clobbers rcx and r11), which needs no libc feature macro. */
+static int mp__amx_usable(void) {
+    static int state; /* 0: not asked yet, 1: granted, -1: refused */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (!s) {
+        long ret;
+        __asm__ volatile("syscall"
+                         : "=a"(ret)
+                         : "0"(158L /* SYS_arch_prctl */), "D"(0x1023L /* ARCH_REQ_XCOMP_PERM */),
+                           "S"(18L /* XFEATURE_XTILEDATA */)
+                         : "rcx", "r11", "memory");
+        s = ret == 0 ? 1 : -1;
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return s > 0;
+}
+#else
+static int mp__amx_usable(void) { return 0; }
+#endif
+
 #define MP__MC 96   /* A block in L2: a multiple of every MR */
 #define MP__KC 256  /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
 #define MP__NC 2048 /* float32 C block MC x NC in L2 */
@@ -3416,7 +3457,13 @@ static int mp__gemm_bf16(const mp_gemm_args *g) {
 /* The rows of op(B) a panel holds: all of K, or one KC slice when the
    rows of C fit one MC block (each slice is then used once, right after
    it is packed). A bfloat16 slice of 2 KC values takes KC floats. */
-static size_t mp__panel_depth(size_t rows, size_t k) { return rows <= MP__MC ? mp__min(k, MP__KC) : k; }
+static size_t mp__panel_depth(size_t rows, size_t k) {
+    size_t depth = rows <= MP__MC ? mp__min(k, MP__KC) : k;
+#ifdef MP__AMX
+    if (depth < MP__AMX_PAIRS) depth = MP__AMX_PAIRS; /* AMX pads a slice's pairs to whole tiles */
+#endif
+    return depth;
+}
 
 /* Columns per B panel: all of N up to NC, fewer when it is deep. */
 static size_t mp__panel_cols(size_t depth, size_t n, size_t b_cap) {
@@ -3511,10 +3558,12 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
 #define MP__TRANSPOSE16 1
 /* g++ 12 sees the `_mm512_undefined` inside these intrinsics as a use of
-   an uninitialised value (a false positive, in C++ only). */
+   an uninitialised value (a false positive, in C++ only; a definite one
+   where a caller's constant arguments inline them, as AMX's pack does). */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 /* v[c] = column c of the 16 x 16 matrix whose row r is v[r] (32-bit
    elements): pairs within 128-bit lanes, then quads, then the lanes. */
@@ -3659,16 +3708,17 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
    memory) packed in 19M cycles, 11.6M with this. */
 #define MP__PACK_AHEAD 8
 
-/* The same for the bfloat16 dot-product kernel: bfloat16 values kept as
-   they are, in pairs along q (even q in the low half), [ceil(qc/2)][width]
-   pairs a panel; a missing q or row is 0. */
+/* The same for the bfloat16 dot-product kernels: bfloat16 values kept as
+   they are, in pairs along q (even q in the low half), [depth][width]
+   pairs a panel, depth >= ceil(qc/2) (AMX's tiles take whole 16-pair
+   steps); a missing q or row is 0. */
 static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, const void *src, size_t ld, size_t r0,
-                           size_t rc, size_t q0, size_t qc) {
+                           size_t rc, size_t q0, size_t qc, size_t depth) {
     static const uint16_t zeros[MP__NR > MP__MR ? MP__NR : MP__MR] = {0};
     const uint16_t *x = (const uint16_t *)src;
     size_t g, p, r, pairs = (qc + 1) / 2;
     int ahead = !rows_contiguous && qc * ld * sizeof(uint16_t) >= MP__FAR;
-    for (g = 0; g < rc; g += width, out += width * pairs) {
+    for (g = 0; g < rc; g += width, out += width * depth) {
         size_t w = mp__min(width, rc - g), first = 0;
         if (rows_contiguous && mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
             mp__transpose_panel(out, width, w, x + (r0 + g) * ld + q0, ld * sizeof(uint16_t), qc / 32);
@@ -3694,8 +3744,109 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
             }
             for (r = w; r < width; r++) dst[r] = 0;
         }
+        memset(out + width * pairs, 0, width * (depth - pairs) * sizeof(uint32_t));
     }
 }
+
+#ifdef MP__AMX
+/* The tile registers a thread's products use, all 16 rows of 64 bytes:
+   C in 0-3 (2 x 2 tiles of 16 x 16 floats), op(A) in 4-5 (16 rows x 16
+   pairs), op(B) in 6-7 (16 pairs x 16 columns). Loaded when a thread's part
+   of a product starts and released when it ends, so that no thread keeps
+   tile state (8 KiB more to save at each context switch) between products. */
+static void mp__amx_begin(void) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    int i;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+/* op(A)[r0 .. r0+rc, q0 .. q0+qc] as AMX A tiles: for each 16 rows, `steps`
+   tiles of 16 rows x 16 pairs, a row's 32 values of K in its 64 bytes; rows
+   and pairs past the source are 0. Rows that lie along K in the source are
+   copied; otherwise they are the pairs' panel (mp__pack_pairs) transposed
+   16 x 16 in tmp (16 x 16 steps pairs). */
+static void mp__pack_amx_a(uint32_t *out, uint32_t *tmp, int rows_contiguous, const uint16_t *x, size_t ld, size_t r0,
+                           size_t rc, size_t q0, size_t qc, size_t steps) {
+    size_t g, s, r;
+    for (g = 0; g < rc; g += 16, out += steps * 256) {
+        size_t w = mp__min(16, rc - g);
+        if (!rows_contiguous) {
+            mp__pack_pairs(tmp, 16, 0, x, ld, r0 + g, w, q0, qc, steps * MP__AMX_PAIRS);
+            for (s = 0; s < steps; s++) mp__transpose_rows16(out + s * 256, 16, tmp + s * 256, 64, 1, 16, 16);
+            continue;
+        }
+        for (r = 0; r < 16; r++)
+            for (s = 0; s < steps; s++) {
+                uint16_t *dst = (uint16_t *)(out + s * 256 + r * 16);
+                size_t have = r < w && 32 * s < qc ? mp__min(32, qc - 32 * s) : 0;
+                if (have) memcpy(dst, x + (r0 + g + r) * ld + q0 + 32 * s, have * sizeof(uint16_t));
+                memset(dst + have, 0, (32 - have) * sizeof(uint16_t));
+            }
+    }
+}
+
+/* c[32 x 32] (row stride ldc floats; 16 x 32 when !two) = (first ? 0 : c) +
+   a b over `steps` tiles of K: a as mp__pack_amx_a lays it out (the second
+   16 rows a_next further on), b a panel of 32 columns of pairs
+   (mp__pack_pairs, [steps 16][32]). The tile numbers are the instructions'
+   immediates. */
+static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const uint32_t *b, float *c, size_t ldc,
+                           int first, int two) {
+    const size_t row_bytes = ldc * sizeof(float);
+    float *c2 = c + 16 * ldc;
+    size_t s;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, row_bytes);
+        _tile_loadd(1, c + 16, row_bytes);
+        if (two) {
+            _tile_loadd(2, c2, row_bytes);
+            _tile_loadd(3, c2 + 16, row_bytes);
+        }
+    }
+    for (s = 0; s < steps; s++, a += 256, b += 2 * 256) {
+        _tile_loadd(6, b, 2 * 64);
+        _tile_loadd(7, b + 16, 2 * 64);
+        _tile_loadd(4, a, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+            _tile_loadd(5, a + a_next, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, row_bytes);
+    _tile_stored(1, c + 16, row_bytes);
+    if (two) {
+        _tile_stored(2, c2, row_bytes);
+        _tile_stored(3, c2 + 16, row_bytes);
+    }
+}
+
+/* One K slice of the block: mc rows of A tiles times ncp columns of B's
+   panels, into the float32 block c (row stride ncp), a B panel's 32
+   columns at a time (it stays in L1 while the A tiles pass). */
+static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t mc, size_t ncp, size_t steps,
+                          int first) {
+    size_t ir, jr, group = steps * 256; /* a 16-row group of A tiles, in pairs */
+    for (jr = 0; jr < ncp; jr += MP__NR)
+        for (ir = 0; ir < mc; ir += 32)
+            mp__kernel_amx(steps, a + ir / 16 * group, group, b + jr * steps * MP__AMX_PAIRS, c + ir * ncp + jr, ncp,
+                           first, ir + 16 < mc);
+}
+#endif
 
 #endif
 
@@ -3877,16 +4028,31 @@ static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t r
     mp__store(mp__at_mut(g->c, g->ct, at), g->ct, acc, nc);
 }
 
-/* op(B)[p0 .. p0+kc, j0 .. j0+nc] into panels of NR columns at out. */
+/* op(B)[p0 .. p0+kc, j0 .. j0+nc] into panels of NR columns at out, each
+   `depth` rows deep (pairs of rows for the bfloat16 kernels). */
 static void mp__pack_b_slice(const mp_gemm_args *g, mp__gemm_ws *ws, float *out, size_t ldb, size_t j0, size_t nc,
-                             size_t p0, size_t kc) {
+                             size_t p0, size_t kc, size_t depth) {
 #ifdef MP__BF16_DOT
     if (mp__gemm_bf16(g)) {
-        mp__pack_pairs((uint32_t *)out, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc);
+        mp__pack_pairs((uint32_t *)out, MP__NR, g->trans_b, g->b, ldb, j0, nc, p0, kc, depth);
         return;
     }
+#else
+    (void)depth;
 #endif
     mp__pack(out, ws->tmp, MP__NR, g->trans_b, g->b, g->bt, ldb, j0, nc, p0, kc);
+}
+
+/* The depth of a K slice of kc values as its panels hold it: kc floats,
+   or its pairs, padded to whole tiles for AMX. */
+static size_t mp__slice_depth(size_t kc, int pairs, int amx) {
+    size_t depth = pairs ? (kc + 1) / 2 : kc;
+#ifdef MP__AMX
+    if (amx) depth = mp__round_up(depth, MP__AMX_PAIRS);
+#else
+    (void)amx;
+#endif
+    return depth;
 }
 
 /* The epilogue of a block computed as the transpose (mp__swap_dims): its
@@ -3925,19 +4091,26 @@ static void mp__next_tile(size_t *ir, size_t *jr, size_t mc, size_t ncp, int row
    product whose C^T g is (written back through mp__epilogue_transposed). */
 static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
                             size_t n0, size_t n1) {
-    int pairs = mp__gemm_bf16(g);
+    int pairs = mp__gemm_bf16(g), amx = pairs && mp__amx_usable(); /* tdpbf16ps, else vdpbf16ps */
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
-    int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    int fused;
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
+#ifdef MP__AMX
+    if (amx) mp__amx_begin();
+#endif
+    fused = !orig && g->k && !amx && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
-        for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) /* the whole K x nc panel of op(B) */
-            mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, mp__min(kc_max, g->k - p0));
+        for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B) */
+            size_t kc = mp__min(kc_max, g->k - p0);
+            mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, kc,
+                             mp__slice_depth(kc, pairs, amx));
+        }
         if (fused && g->bias) {
             mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
             memset(bias + nc, 0, (ncp - nc) * sizeof(float));
@@ -3946,12 +4119,21 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             size_t mc = mp__min(MP__MC, m1 - i0);
             if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
-                size_t kc = mp__min(kc_max, g->k - p0), depth = pairs ? (kc + 1) / 2 : kc;
+                size_t kc = mp__min(kc_max, g->k - p0), depth = mp__slice_depth(kc, pairs, amx);
                 int rows_first = !pairs && depth <= MP__SHALLOW;
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
-                if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc);
+                if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc, depth);
+#ifdef MP__AMX
+                if (amx) {
+                    mp__pack_amx_a((uint32_t *)ws->a, (uint32_t *)ws->tmp, !g->trans_a, (const uint16_t *)g->a, lda,
+                                   i0, mc, p0, kc, depth / MP__AMX_PAIRS);
+                    mp__block_amx((const uint32_t *)ws->a, (const uint32_t *)slice, ws->c, mc, ncp,
+                                  depth / MP__AMX_PAIRS, p0 == 0);
+                    continue;
+                }
+#endif
 #ifdef MP__BF16_DOT
-                if (pairs) mp__pack_pairs((uint32_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc);
+                if (pairs) mp__pack_pairs((uint32_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc, depth);
                 else
 #endif
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
@@ -3976,6 +4158,9 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
         }
     }
+#ifdef MP__AMX
+    if (amx) _tile_release();
+#endif
 }
 
 typedef struct mp__gemm_job {

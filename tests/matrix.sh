@@ -204,6 +204,14 @@ if echo '#include <cblas.h>' | gcc -E - >/dev/null 2>&1 && [ -e /usr/lib/x86_64-
 else
     skip "MIXPREC_USE_CBLAS" "OpenBLAS not installed" libopenblas-dev
 fi
+# Where the CPU has AMX, -march=native builds run bfloat16 products on its
+# tiles; these builds keep the AVX512_BF16 (vdpbf16ps) tiles tested there.
+if gcc -march=native -dM -E - </dev/null | grep -q '__AMX_BF16__'; then
+    for t in test_gemm test_train; do
+        step "build $t, AVX512_BF16 without AMX (-mno-amx-tile)" gcc $WARN -O2 -march=native -mno-amx-tile tests/$t.c -o $B/${t}_noamx -lm
+        run "$t, bfloat16 products by vdpbf16ps" $B/${t}_noamx
+    done
+fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
     step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
     run "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
