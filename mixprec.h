@@ -3753,19 +3753,18 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
    C in 0-3 (2 x 2 tiles of 16 x 16 floats), op(A) in 4-5 (16 rows x 16
    pairs), op(B) in 6-7 (16 pairs x 16 columns). Loaded when a thread's part
    of a product starts and released when it ends, so that no thread keeps
-   tile state (8 KiB more to save at each context switch) between products. */
-static void mp__amx_begin(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    int i;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    _tile_loadconfig(&cfg);
-}
+   tile state (8 KiB more to save at each context switch) between products.
+   The configuration is static data: GCC 12's _tile_loadconfig tells the
+   compiler it reads 8 of its 64 bytes, and stores to the rest of a local
+   one can be dropped (ldtilecfg then faults on the garbage). */
+typedef struct mp__tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} mp__tile_config;
+static const mp__tile_config mp__amx_config = {
+    1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0}, {16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0}};
+static void mp__amx_begin(void) { _tile_loadconfig(&mp__amx_config); }
 
 /* op(A)[r0 .. r0+rc, q0 .. q0+qc] as AMX A tiles: for each 16 rows, `steps`
    tiles of 16 rows x 16 pairs, a row's 32 values of K in its 64 bytes; rows
@@ -3802,6 +3801,9 @@ static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const
     const size_t row_bytes = ldc * sizeof(float);
     float *c2 = c + 16 * ldc;
     size_t s;
+    /* GCC 12's tile loads do not tell the compiler that they read memory:
+       the packs' stores stay before them (its tile stores say they write). */
+    __asm__ volatile("" ::: "memory");
     if (first) {
         _tile_zero(0);
         _tile_zero(1);
