@@ -3396,6 +3396,18 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
     (defined(__GNUC__) || defined(__clang__))
 #define MP__AMX 1
 #define MP__AMX_PAIRS 16 /* a tile's depth in bfloat16 pairs: 32 values of K */
+/* The rows of an AMX block, at most, where its B panel is larger than L2
+   (MP__AMX_FAR bytes, twice Sapphire Rapids' 2 MiB): as many as keep its
+   float32 sums in the MC x NC block (mp__amx_rows). More rows a block read
+   such a panel from L3 fewer times: a weight gradient of 1024 x 1024 x 8192
+   (a panel of 512 columns, 8 MiB of pairs) 28-29 to 24-25 ms. Where the
+   panel fits L2 they stay MC: 8192 x 1024 x 1024 (2 MiB) went from 22 to
+   25 ms with blocks of 192 rows. */
+#define MP__AMX_MC 384
+#define MP__AMX_FAR ((size_t)4 << 20)
+#define MP__A_FLOATS (MP__AMX_MC * MP__KC) /* an A block: MC_AMX rows of 2 KC bfloat16 */
+#else
+#define MP__A_FLOATS (MP__MC * MP__KC)
 #endif
 #ifdef MP__AMX
 /* Linux gives a process AMX's tile data (8 KiB of state a thread) only when
@@ -3510,7 +3522,7 @@ static mp_status mp__pool_reserve(mp_pool *p, size_t floats) {
 }
 
 MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
-    size_t fixed = (size_t)MP__MC * MP__KC + (size_t)MP__MC * MP__NC + MP__TMP, head;
+    size_t fixed = (size_t)MP__A_FLOATS + (size_t)MP__MC * MP__NC + MP__TMP, head;
     mp_pool *p;
     int i;
     if (!out) return MP_ERR_NULL;
@@ -3537,7 +3549,7 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     for (i = 0; i < threads; i++) {
         mp__gemm_ws *w = &p->ws[i];
         if (!(w->a = (float *)mp__alloc(fixed * sizeof(float)))) { mp_pool_destroy(p); return MP_ERR_ALLOC; }
-        w->c = w->a + (size_t)MP__MC * MP__KC;
+        w->c = w->a + (size_t)MP__A_FLOATS;
         w->tmp = w->c + (size_t)MP__MC * MP__NC;
     }
 #ifdef MP__THREADS
@@ -3736,6 +3748,7 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
                 }
                 if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
                 else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
+                else if (w == 16) mp__interleave(dst, lo, hi, 16); /* AMX's A tiles (mp__pack_amx_a) */
                 else mp__interleave(dst, lo, hi, w);
             } else if (second) { /* the pair is adjacent in each row: one load (x86 is little-endian) */
                 for (r = 0; r < w; r++) memcpy(&dst[r], x + (r0 + g + r) * ld + q, 4);
@@ -3789,64 +3802,6 @@ static void mp__pack_amx_a(uint32_t *out, uint32_t *tmp, int rows_contiguous, co
                 memset(dst + have, 0, (32 - have) * sizeof(uint16_t));
             }
     }
-}
-
-/* c[32 x 32] (row stride ldc floats; 16 x 32 when !two) = (first ? 0 : c) +
-   a b over `steps` tiles of K: a as mp__pack_amx_a lays it out (the second
-   16 rows a_next further on), b a panel of 32 columns of pairs
-   (mp__pack_pairs, [steps 16][32]). The tile numbers are the instructions'
-   immediates. */
-static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const uint32_t *b, float *c, size_t ldc,
-                           int first, int two) {
-    const size_t row_bytes = ldc * sizeof(float);
-    float *c2 = c + 16 * ldc;
-    size_t s;
-    /* GCC 12's tile loads do not tell the compiler that they read memory:
-       the packs' stores stay before them (its tile stores say they write). */
-    __asm__ volatile("" ::: "memory");
-    if (first) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    } else {
-        _tile_loadd(0, c, row_bytes);
-        _tile_loadd(1, c + 16, row_bytes);
-        if (two) {
-            _tile_loadd(2, c2, row_bytes);
-            _tile_loadd(3, c2 + 16, row_bytes);
-        }
-    }
-    for (s = 0; s < steps; s++, a += 256, b += 2 * 256) {
-        _tile_loadd(6, b, 2 * 64);
-        _tile_loadd(7, b + 16, 2 * 64);
-        _tile_loadd(4, a, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-            _tile_loadd(5, a + a_next, 64);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, c, row_bytes);
-    _tile_stored(1, c + 16, row_bytes);
-    if (two) {
-        _tile_stored(2, c2, row_bytes);
-        _tile_stored(3, c2 + 16, row_bytes);
-    }
-}
-
-/* One K slice of the block: mc rows of A tiles times ncp columns of B's
-   panels, into the float32 block c (row stride ncp), a B panel's 32
-   columns at a time (it stays in L1 while the A tiles pass). */
-static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t mc, size_t ncp, size_t steps,
-                          int first) {
-    size_t ir, jr, group = steps * 256; /* a 16-row group of A tiles, in pairs */
-    for (jr = 0; jr < ncp; jr += MP__NR)
-        for (ir = 0; ir < mc; ir += 32)
-            mp__kernel_amx(steps, a + ir / 16 * group, group, b + jr * steps * MP__AMX_PAIRS, c + ir * ncp + jr, ncp,
-                           first, ir + 16 < mc);
 }
 #endif
 
@@ -4013,6 +3968,94 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
 }
 #endif
 
+#ifdef MP__AMX
+/* c[32 x 32] (row stride ldc floats; 16 x 32 when !two) = (first ? 0 : c) +
+   a b over `steps` tiles of K: a as mp__pack_amx_a lays it out (the second
+   16 rows a_next further on), b a panel of 32 columns of pairs
+   (mp__pack_pairs, [steps 16][32]). The tile numbers are the instructions'
+   immediates. */
+static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const uint32_t *b, float *c, size_t ldc,
+                           int first, int two) {
+    const size_t row_bytes = ldc * sizeof(float);
+    float *c2 = c + 16 * ldc;
+    size_t s;
+    /* GCC 12's tile loads do not tell the compiler that they read memory:
+       the packs' stores stay before them (its tile stores say they write). */
+    __asm__ volatile("" ::: "memory");
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, row_bytes);
+        _tile_loadd(1, c + 16, row_bytes);
+        if (two) {
+            _tile_loadd(2, c2, row_bytes);
+            _tile_loadd(3, c2 + 16, row_bytes);
+        }
+    }
+    for (s = 0; s < steps; s++, a += 256, b += 2 * 256) {
+        _tile_loadd(6, b, 2 * 64);
+        _tile_loadd(7, b + 16, 2 * 64);
+        _tile_loadd(4, a, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+            _tile_loadd(5, a + a_next, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, row_bytes);
+    _tile_stored(1, c + 16, row_bytes);
+    if (two) {
+        _tile_stored(2, c2, row_bytes);
+        _tile_stored(3, c2 + 16, row_bytes);
+    }
+}
+
+/* One K slice of the block: mc rows of A tiles times ncp columns of B's
+   panels, into the float32 block c (row stride ncp), a B panel's 32
+   columns at a time (it stays in L1 while the A tiles pass). */
+static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t mc, size_t ncp, size_t steps,
+                          int first) {
+    size_t ir, jr, group = steps * 256; /* a 16-row group of A tiles, in pairs */
+    for (jr = 0; jr < ncp; jr += MP__NR)
+        for (ir = 0; ir < mc; ir += 32)
+            mp__kernel_amx(steps, a + ir / 16 * group, group, b + jr * steps * MP__AMX_PAIRS, c + ir * ncp + jr, ncp,
+                           first, ir + 16 < mc);
+}
+
+/* The rows of an AMX block of ncp columns K deep: MC, or where the B panel
+   is larger than MP__AMX_FAR as many whole 32-row tiles as keep the
+   float32 sums in the MC x NC block, up to MP__AMX_MC. */
+static size_t mp__amx_rows(size_t ncp, size_t k) {
+    size_t rows = (size_t)MP__MC * MP__NC / ncp / 32 * 32;
+    if ((k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR) return MP__MC;
+    return rows < MP__MC ? MP__MC : rows > MP__AMX_MC ? MP__AMX_MC : rows;
+}
+
+/* The block's mc rows of sums through the epilogue into C, where it can
+   run in the kernels (mp__tile_fusable), with the panel's bias in float32
+   (d: the block's corner, the bias, the columns in C), a row at a time.
+   The generic epilogue widened a bfloat16 bias again for every row (a
+   quarter of a batch-8192 mixed_bfloat16 step's products); running each
+   32 x 32 of tiles through it from an L1 buffer as the last slice left it
+   cost a product of 8192 x 1024 x 1024 a third more time (the vector
+   loads wait for the tile stores). */
+static void mp__block_epilogue(mp__tile_dest *d, const float *c, size_t mc, size_t ncp) {
+    size_t r, jr, col = d->col, cols = d->cols;
+    const float *bias = d->bias;
+    for (r = 0; r < mc; r++)
+        for (jr = 0; jr < ncp; jr += MP__NR) {
+            d->col = col + jr, d->cols = mp__min(MP__NR, cols - jr), d->bias = bias ? bias + jr : NULL;
+            mp__tile_epilogue(d, r, _mm512_loadu_ps(c + r * ncp + jr), _mm512_loadu_ps(c + r * ncp + jr + 16));
+        }
+    d->col = col, d->cols = cols, d->bias = bias;
+}
+#endif
+
 /* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
    the activation, one rounding. */
 static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t row, size_t j0, size_t nc) {
@@ -4105,7 +4148,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #ifdef MP__AMX
     if (amx) mp__amx_begin();
 #endif
-    fused = !orig && g->k && !amx && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
         for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B) */
@@ -4117,9 +4160,13 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
             memset(bias + nc, 0, (ncp - nc) * sizeof(float));
         }
-        for (i0 = m0; i0 < m1; i0 += MP__MC) {
-            size_t mc = mp__min(MP__MC, m1 - i0);
-            if (!g->k) memset(ws->c, 0, mp__round_up(mc, MP__MR) * ncp * sizeof(float)); /* the empty sum */
+        size_t block_rows = MP__MC;
+#ifdef MP__AMX
+        if (amx) block_rows = mp__amx_rows(ncp, g->k);
+#endif
+        for (i0 = m0; i0 < m1; i0 += block_rows) {
+            size_t mc = mp__min(block_rows, m1 - i0);
+            if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = mp__slice_depth(kc, pairs, amx);
                 int rows_first = !pairs && depth <= MP__SHALLOW;
@@ -4131,6 +4178,11 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                                    i0, mc, p0, kc, depth / MP__AMX_PAIRS);
                     mp__block_amx((const uint32_t *)ws->a, (const uint32_t *)slice, ws->c, mc, ncp,
                                   depth / MP__AMX_PAIRS, p0 == 0);
+                    if (fused && p0 + kc >= g->k) {
+                        d.g = g, d.bias = g->bias ? bias : NULL;
+                        d.row = i0, d.col = j0, d.cols = nc;
+                        mp__block_epilogue(&d, ws->c, mc, ncp);
+                    }
                     continue;
                 }
 #endif

@@ -432,6 +432,8 @@ static void test_threads(void) {
         {129, 257, 520, 1, 1}, {517, 41, 280, 0, 0}, {33, 700, 33, 0, 1}, {1, 1, 1, 0, 0},
         {3, 17, 3000, 1, 0}, /* fewer tiles than threads */
         {2, 2500, 60, 0, 1}, /* more than one 2048-wide panel */
+        /* B panels of more than 4 MiB of bfloat16 pairs: AMX's taller blocks */
+        {197, 530, 4100, 0, 1}, {197, 530, 4100, 1, 0},
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
