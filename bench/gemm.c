@@ -1,9 +1,11 @@
 /* bench/gemm.c - GFLOP/s of mp_matmul beside OpenBLAS and the machine's peak.
 
    One key=value line per measurement:
-       bench=peak      what the cores can do: independent AVX-512 FMAs (float32)
-                       and vdpbf16ps (bfloat16) on 1 and 2 threads; these are
-                       the denominators of every peak_fraction below.
+       bench=peak      what the cores can do: independent AVX-512 FMAs (float32),
+                       vdpbf16ps (bfloat16) and, where the build runs bfloat16
+                       products on Intel AMX, tdpbf16ps on four tiles, on 1
+                       and 2 threads; these are the denominators of every
+                       peak_fraction below (bfloat16: AMX's where it runs).
        bench=gemm impl=mixprec
                        mp_matmul with A, B and C all in one dtype, on a pool of
                        1 or 2 threads: square sizes, then every product of a
@@ -179,7 +181,39 @@ static float probe_dpbf16(long iters) {
 }
 #endif
 
-enum { PEAK_F32, PEAK_BF16, N_PEAKS };
+#if defined(MP__AMX)
+/* Four tiles of sums, tdpbf16ps from two A and two B tiles of 2^-10 (each
+   instruction adds 32 products of 2^-20 per element: far from overflow).
+   The tiles are the library's (mp__amx_begin), in this thread. */
+static float probe_amx(long iters) {
+    static uint16_t ones[16 * 32];
+    float out[16 * 16];
+    long it;
+    int i;
+    if (!mp__amx_usable()) return 0.0f;
+    for (i = 0; i < 16 * 32; i++) ones[i] = 0x3A80; /* 2^-10 in bfloat16 */
+    mp__amx_begin();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    for (it = 0; it < iters; it++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
+#endif
+
+enum { PEAK_F32, PEAK_BF16, PEAK_AMX, N_PEAKS };
 static const probe probes[N_PEAKS] = {
 #if defined(HAVE_FMA_PROBE)
     {"f32_fma", probe_fma, 24.0 * 16 * 2}, /* 16 lanes, multiply + add */
@@ -190,6 +224,11 @@ static const probe probes[N_PEAKS] = {
     {"bf16_dot", probe_dpbf16, 24.0 * 32 * 2}, /* 32 bfloat16 products per zmm */
 #else
     {"bf16_dot", NULL, 0},
+#endif
+#if defined(MP__AMX)
+    {"bf16_amx", probe_amx, 4.0 * 16 * 16 * 32 * 2}, /* four 16 x 16 tiles, 32 products each */
+#else
+    {"bf16_amx", NULL, 0},
 #endif
 };
 
@@ -230,7 +269,7 @@ static void measure_peaks(void) {
     for (k = 0; k < N_PEAKS; k++) {
         const probe *p = &probes[k];
         long iters;
-        if (!p->run) {
+        if (!p->run || (k == PEAK_AMX && !mp__amx_usable())) {
             printf("bench=peak kind=%s available=0\n", p->kind);
             continue;
         }
@@ -248,10 +287,14 @@ static void measure_peaks(void) {
     fflush(stdout);
 }
 
-/* bfloat16 products run on vdpbf16ps where the compiler enables it; float16
-   is widened to float32 and runs on the FMAs. */
+/* bfloat16 products run on AMX's tiles where the build targets them and
+   Linux grants them, else on vdpbf16ps where the compiler enables it;
+   float16 is widened to float32 and runs on the FMAs. */
 static double peak_for(mp_dtype dt, int threads) {
-    int k = dt == MP_BFLOAT16 && peak_gflops[PEAK_BF16][threads] > 0 ? PEAK_BF16 : PEAK_F32;
+    int k = dt != MP_BFLOAT16                        ? PEAK_F32
+            : peak_gflops[PEAK_AMX][threads] > 0  ? PEAK_AMX
+            : peak_gflops[PEAK_BF16][threads] > 0 ? PEAK_BF16
+                                                  : PEAK_F32;
     return peak_gflops[k][threads];
 }
 
