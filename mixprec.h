@@ -466,9 +466,10 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool); /* 1 for NULL */
    C[m x n] = op(A)[m x k] op(B)[k x n], rows contiguous; op(A) = A^T when
    trans_a (A stored k x m), likewise B (stored n x k). Any mix of float32,
    float16 and bfloat16: products accumulate in float32 and round once into
-   C's dtype. bfloat16 x bfloat16 uses AVX512_BF16 dot products where the
-   compiler enables them (they read bfloat16 subnormals as zero); float16 is
-   widened with F16C while packing. With MIXPREC_USE_CBLAS, float32 x float32
+   C's dtype. bfloat16 x bfloat16 uses Intel AMX tiles (AMX-BF16, where the
+   compiler enables it and Linux grants the process the tile data) or else
+   AVX512_BF16 dot products where the compiler enables them (both read
+   bfloat16 subnormals as zero); float16 is widened with F16C while packing. With MIXPREC_USE_CBLAS, float32 x float32
    -> float32 goes to the linked CBLAS's cblas_sgemm. pool may be NULL (the
    calling thread alone). */
 MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
@@ -3468,13 +3469,13 @@ static int mp__gemm_bf16(const mp_gemm_args *g) {
 
 /* The rows of op(B) a panel holds: all of K, or one KC slice when the
    rows of C fit one MC block (each slice is then used once, right after
-   it is packed). A bfloat16 slice of 2 KC values takes KC floats. */
+   it is packed). A bfloat16 slice of 2 KC values takes KC floats; AMX pads
+   a slice's pairs to whole tiles of 16, so a panel is at least 16 deep, in
+   every build: a model then grows its panels, and allocates, alike on
+   every machine (tests/test_reliability.c fails each allocation in turn). */
 static size_t mp__panel_depth(size_t rows, size_t k) {
     size_t depth = rows <= MP__MC ? mp__min(k, MP__KC) : k;
-#ifdef MP__AMX
-    if (depth < MP__AMX_PAIRS) depth = MP__AMX_PAIRS; /* AMX pads a slice's pairs to whole tiles */
-#endif
-    return depth;
+    return depth < 16 ? 16 : depth;
 }
 
 /* Columns per B panel: all of N up to NC, fewer when it is deep. */
