@@ -3392,9 +3392,9 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    flushed, round to nearest even (Intel SDM, TDPBF16PS). GCC spells the
    targets' macros __AMX_TILE__ and __AMX_BF16__, Clang 14 __AMXTILE__ and
    __AMXBF16__. */
-#if defined(MP__BF16_DOT) && defined(__FMA__) && (defined(__AMX_TILE__) || defined(__AMXTILE__)) && \
-    (defined(__AMX_BF16__) || defined(__AMXBF16__)) && defined(__linux__) && defined(__x86_64__) &&      \
-    (defined(__GNUC__) || defined(__clang__))
+#if defined(MP__BF16_DOT) && defined(__FMA__) && defined(__AVX512BW__) &&                       \
+    (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
+    defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MP__AMX 1
 #define MP__AMX_PAIRS 16 /* a tile's depth in bfloat16 pairs: 32 values of K */
 /* The rows of an AMX block, at most, where its B panel is larger than L2
@@ -3406,6 +3406,13 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    25 ms with blocks of 192 rows. */
 #define MP__AMX_MC 384
 #define MP__AMX_FAR ((size_t)4 << 20)
+/* The columns of an AMX panel, at most: K x 512 pairs (1 MiB for K of
+   1024) stay in L2 while the blocks of rows pass, where 1024 columns came
+   from L3 for each; op(A) is then packed once per 512 columns. The
+   mixed_bfloat16 step at 1024 units, 1 thread: batch 8192 128-132 to
+   121-125 ms, batch 128 3.35 to 3.03-3.10 ms (256, 384 and 768 columns:
+   slower than 512). */
+#define MP__AMX_NC 512
 #define MP__A_FLOATS (MP__AMX_MC * MP__KC) /* an A block: MC_AMX rows of 2 KC bfloat16 */
 #else
 #define MP__A_FLOATS (MP__MC * MP__KC)
@@ -3795,12 +3802,12 @@ static void mp__pack_amx_a(uint32_t *out, uint32_t *tmp, int rows_contiguous, co
             for (s = 0; s < steps; s++) mp__transpose_rows16(out + s * 256, 16, tmp + s * 256, 64, 1, 16, 16);
             continue;
         }
-        for (r = 0; r < 16; r++)
+        for (r = 0; r < 16; r++) /* a row's run of K, 64 bytes a tile (the last under a mask) */
             for (s = 0; s < steps; s++) {
-                uint16_t *dst = (uint16_t *)(out + s * 256 + r * 16);
                 size_t have = r < w && 32 * s < qc ? mp__min(32, qc - 32 * s) : 0;
-                if (have) memcpy(dst, x + (r0 + g + r) * ld + q0 + 32 * s, have * sizeof(uint16_t));
-                memset(dst + have, 0, (32 - have) * sizeof(uint16_t));
+                __mmask32 k = have == 32 ? (__mmask32)0xFFFFFFFFu : mp__z_tail(have);
+                _mm512_storeu_si512(out + s * 256 + r * 16,
+                                    _mm512_maskz_loadu_epi16(k, have ? x + (r0 + g + r) * ld + q0 + 32 * s : x));
             }
     }
 }
@@ -4141,6 +4148,9 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
+#ifdef MP__AMX
+    if (amx) panel = mp__min(panel, MP__AMX_NC);
+#endif
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
     int fused;
