@@ -3787,27 +3787,65 @@ static const mp__tile_config mp__amx_config = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0}, {16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0}};
 static void mp__amx_begin(void) { _tile_loadconfig(&mp__amx_config); }
 
+/* One step (32 values of K, `valid` of them in the source) of 32 columns
+   of a k-major source (X(q, i) at x[q * ld + i], `cols` of them) as the
+   tiles' rows of two 16-row groups, lo (columns 0-15) and hi (16-31; NULL
+   where the block has no such group). Rows 2p and 2p + 1 interleave into
+   pairs within each 128-bit lane (unpacklo: columns 8l + 0..3, unpackhi:
+   8l + 4..7), and a 16 x 16 transpose of each half turns the 16 pairs of
+   each column into its tile row. */
+static void mp__amx_transpose32(uint32_t *lo, uint32_t *hi, const uint16_t *x, size_t ld, size_t valid, size_t cols) {
+    __mmask32 k = cols >= 32 ? (__mmask32)0xFFFFFFFFu : mp__z_tail(cols);
+    __m512i v[16], w[16];
+    size_t p, j;
+    for (p = 0; p < 16; p++) {
+        __m512i r0 = 2 * p < valid ? _mm512_maskz_loadu_epi16(k, x + 2 * p * ld) : _mm512_setzero_si512();
+        __m512i r1 = 2 * p + 1 < valid ? _mm512_maskz_loadu_epi16(k, x + (2 * p + 1) * ld) : _mm512_setzero_si512();
+        v[p] = _mm512_unpacklo_epi16(r0, r1);
+        w[p] = _mm512_unpackhi_epi16(r0, r1);
+    }
+    mp__transpose16(v);
+    mp__transpose16(w);
+    for (j = 0; j < 16; j++) {
+        size_t c = 8 * (j / 4) + j % 4; /* v[j]'s column; w[j]'s is c + 4 */
+        uint32_t *tile = c < 16 ? lo : hi;
+        if (tile) {
+            _mm512_storeu_si512(tile + (c % 16) * 16, v[j]);
+            _mm512_storeu_si512(tile + (c % 16 + 4) * 16, w[j]);
+        }
+    }
+}
+
 /* op(A)[r0 .. r0+rc, q0 .. q0+qc] as AMX A tiles: for each 16 rows, `steps`
    tiles of 16 rows x 16 pairs, a row's 32 values of K in its 64 bytes; rows
    and pairs past the source are 0. Rows that lie along K in the source are
-   copied; otherwise they are the pairs' panel (mp__pack_pairs) transposed
-   16 x 16 in tmp (16 x 16 steps pairs). */
-static void mp__pack_amx_a(uint32_t *out, uint32_t *tmp, int rows_contiguous, const uint16_t *x, size_t ld, size_t r0,
-                           size_t rc, size_t q0, size_t qc, size_t steps) {
-    size_t g, s, r;
-    for (g = 0; g < rc; g += 16, out += steps * 256) {
-        size_t w = mp__min(16, rc - g);
-        if (!rows_contiguous) {
-            mp__pack_pairs(tmp, 16, 0, x, ld, r0 + g, w, q0, qc, steps * MP__AMX_PAIRS);
-            for (s = 0; s < steps; s++) mp__transpose_rows16(out + s * 256, 16, tmp + s * 256, 64, 1, 16, 16);
-            continue;
-        }
+   copied, 64 bytes a tile; otherwise (a weight gradient's op(A) = X^T) each
+   step of 32 columns is interleaved and transposed in registers
+   (mp__amx_transpose32), the rows 32 ahead fetched where the source spans
+   MP__FAR or more. */
+static void mp__pack_amx_a(uint32_t *out, int rows_contiguous, const uint16_t *x, size_t ld, size_t r0, size_t rc,
+                           size_t q0, size_t qc, size_t steps) {
+    size_t g, s, r, groups = (rc + 15) / 16;
+    if (!rows_contiguous) {
+        int ahead = qc * ld * sizeof(uint16_t) >= MP__FAR;
+        for (g = 0; g < groups; g += 2)
+            for (s = 0; s < steps; s++) {
+                const uint16_t *src = x + (q0 + 32 * s) * ld + r0 + 16 * g;
+                uint32_t *lo = out + (g * steps + s) * 256, *hi = g + 1 < groups ? lo + steps * 256 : NULL;
+                if (ahead && 32 * (s + 1) < qc)
+                    for (r = 0; r < mp__min(32, qc - 32 * (s + 1)); r++) mp__prefetch_bytes(src + (32 + r) * ld, 64);
+                mp__amx_transpose32(lo, hi, src, ld, mp__min(32, qc - 32 * s), mp__min(32, rc - 16 * g));
+            }
+        return;
+    }
+    for (g = 0; g < groups; g++, out += steps * 256) {
+        size_t w = mp__min(16, rc - 16 * g);
         for (r = 0; r < 16; r++) /* a row's run of K, 64 bytes a tile (the last under a mask) */
             for (s = 0; s < steps; s++) {
                 size_t have = r < w && 32 * s < qc ? mp__min(32, qc - 32 * s) : 0;
                 __mmask32 k = have == 32 ? (__mmask32)0xFFFFFFFFu : mp__z_tail(have);
                 _mm512_storeu_si512(out + s * 256 + r * 16,
-                                    _mm512_maskz_loadu_epi16(k, have ? x + (r0 + g + r) * ld + q0 + 32 * s : x));
+                                    _mm512_maskz_loadu_epi16(k, have ? x + (r0 + 16 * g + r) * ld + q0 + 32 * s : x));
             }
     }
 }
@@ -4185,8 +4223,8 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                 if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc, depth);
 #ifdef MP__AMX
                 if (amx) {
-                    mp__pack_amx_a((uint32_t *)ws->a, (uint32_t *)ws->tmp, !g->trans_a, (const uint16_t *)g->a, lda,
-                                   i0, mc, p0, kc, depth / MP__AMX_PAIRS);
+                    mp__pack_amx_a((uint32_t *)ws->a, !g->trans_a, (const uint16_t *)g->a, lda, i0, mc, p0, kc,
+                                   depth / MP__AMX_PAIRS);
                     mp__block_amx((const uint32_t *)ws->a, (const uint32_t *)slice, ws->c, mc, ncp,
                                   depth / MP__AMX_PAIRS, p0 == 0);
                     if (fused && p0 + kc >= g->k) {
