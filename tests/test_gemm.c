@@ -6,6 +6,7 @@
    products and for whole training runs; NaN, Inf and overflow; and the error
    statuses. Runs in a few seconds, also under ASan/UBSan. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for fit's epoch timer */
+#define _DEFAULT_SOURCE         /* MAP_ANONYMOUS, for the fenced operands */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
@@ -488,6 +489,71 @@ static void test_threads(void) {
 out:
     for (p = 1; p <= 4; p++) mp_pool_destroy(pools[p]);
 }
+
+/* Operands that end where their mapping does, an unreadable page after
+   them: the packs read whole vectors, masked at a run's end (16-bit runs,
+   AMX's tiles), and ASan does not see masked vector loads; a read past an
+   operand's last element faults here. Each product must give the bits of
+   the same product from ordinary buffers (on 2 threads there, 1 here). */
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct fenced {
+    char *base;
+    size_t span;
+    void *p; /* the operand: its last byte is the last readable one */
+} fenced;
+
+static int fence(fenced *f, const void *src, size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (bytes + page - 1) / page * page + page;
+    void *b = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 0;
+    f->base = (char *)b, f->span = span, f->p = f->base + span - page - bytes;
+    memcpy(f->p, src, bytes);
+    if (mprotect(f->base + span - page, page, PROT_NONE) == 0) return 1;
+    munmap(b, span);
+    return 0;
+}
+
+static void test_fenced_operands(void) {
+    /* m, n, k off every tile: AMX's 16 rows and 32 values of K, the 12 x 32
+       and 6 x 16 register tiles, 16-lane vectors */
+    static const size_t shapes[][3] = {{13, 37, 70}, {33, 45, 61}, {97, 50, 95}, {1, 33, 31}, {130, 70, 129}};
+    static const mp_dtype dts[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+    mp_pool *pool = NULL;
+    size_t s, d;
+    int t;
+    if (!CHECK(mp_pool_create(&pool, 2) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (d = 0; d < sizeof dts / sizeof dts[0]; d++)
+            for (t = 0; t < 4; t++) {
+                size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], es = dsize(dts[d]);
+                void *a = xalloc(m * k * es), *b = xalloc(k * n * es), *c0 = xalloc(m * n * es), *c = xalloc(m * n * es);
+                fenced fa, fb;
+                char what[120];
+                snprintf(what, sizeof what, "%s, trans (%d,%d), m %zu n %zu k %zu, operands against unreadable pages",
+                         dn(dts[d]), t >> 1, t & 1, m, n, k);
+                fill_data(a, dts[d], m * k, DATA_REAL);
+                fill_data(b, dts[d], k * n, DATA_REAL);
+                if (check_report(fence(&fa, a, m * k * es), __FILE__, __LINE__, what)) {
+                    if (check_report(fence(&fb, b, k * n * es), __FILE__, __LINE__, what)) {
+                        check_report(mp_matmul(pool, t >> 1, t & 1, m, n, k, a, dts[d], b, dts[d], c0, dts[d]) == MP_OK &&
+                                         mp_matmul(NULL, t >> 1, t & 1, m, n, k, fa.p, dts[d], fb.p, dts[d], c, dts[d]) ==
+                                             MP_OK &&
+                                         memcmp(c, c0, m * n * es) == 0,
+                                     __FILE__, __LINE__, what);
+                        munmap(fb.base, fb.span);
+                    }
+                    munmap(fa.base, fa.span);
+                }
+                free(a), free(b), free(c0), free(c);
+            }
+    mp_pool_destroy(pool);
+}
+#else
+static void test_fenced_operands(void) { printf("info: fenced operands skipped (no Linux mmap here)\n"); }
+#endif
 
 /* ======================================================================== */
 /* 3. Special values */
@@ -1004,6 +1070,7 @@ int main(int argc, char **argv) {
     RUN(test_products_pooled());
     RUN(test_bf16_subnormals());
     RUN(test_threads());
+    RUN(test_fenced_operands());
     RUN(test_nan_inf());
     RUN(test_overflow());
     RUN(test_huge_finite());
