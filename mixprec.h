@@ -3756,7 +3756,6 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
                 }
                 if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
                 else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
-                else if (w == 16) mp__interleave(dst, lo, hi, 16); /* AMX's A tiles (mp__pack_amx_a) */
                 else mp__interleave(dst, lo, hi, w);
             } else if (second) { /* the pair is adjacent in each row: one load (x86 is little-endian) */
                 for (r = 0; r < w; r++) memcpy(&dst[r], x + (r0 + g + r) * ld + q, 4);
@@ -4079,7 +4078,7 @@ static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t
 static size_t mp__amx_rows(size_t ncp, size_t k) {
     size_t rows = (size_t)MP__MC * MP__NC / ncp / 32 * 32;
     if ((k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR) return MP__MC;
-    return rows < MP__MC ? MP__MC : rows > MP__AMX_MC ? MP__AMX_MC : rows;
+    return rows < MP__MC ? MP__MC : mp__min(rows, MP__AMX_MC);
 }
 
 /* The block's mc rows of sums through the epilogue into C, where it can
@@ -4090,15 +4089,14 @@ static size_t mp__amx_rows(size_t ncp, size_t k) {
    32 x 32 of tiles through it from an L1 buffer as the last slice left it
    cost a product of 8192 x 1024 x 1024 a third more time (the vector
    loads wait for the tile stores). */
-static void mp__block_epilogue(mp__tile_dest *d, const float *c, size_t mc, size_t ncp) {
-    size_t r, jr, col = d->col, cols = d->cols;
-    const float *bias = d->bias;
+static void mp__block_epilogue(const mp__tile_dest *d, const float *c, size_t mc, size_t ncp) {
+    mp__tile_dest t = *d; /* d's 32 columns at jr */
+    size_t r, jr;
     for (r = 0; r < mc; r++)
         for (jr = 0; jr < ncp; jr += MP__NR) {
-            d->col = col + jr, d->cols = mp__min(MP__NR, cols - jr), d->bias = bias ? bias + jr : NULL;
-            mp__tile_epilogue(d, r, _mm512_loadu_ps(c + r * ncp + jr), _mm512_loadu_ps(c + r * ncp + jr + 16));
+            t.col = d->col + jr, t.cols = mp__min(MP__NR, d->cols - jr), t.bias = d->bias ? d->bias + jr : NULL;
+            mp__tile_epilogue(&t, r, _mm512_loadu_ps(c + r * ncp + jr), _mm512_loadu_ps(c + r * ncp + jr + 16));
         }
-    d->col = col, d->cols = cols, d->bias = bias;
 }
 #endif
 
@@ -4199,7 +4197,10 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #endif
     fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     for (j0 = n0; j0 < n1; j0 += panel) {
-        size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR);
+        size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR), block_rows = MP__MC;
+#ifdef MP__AMX
+        if (amx) block_rows = mp__amx_rows(ncp, g->k);
+#endif
         for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B) */
             size_t kc = mp__min(kc_max, g->k - p0);
             mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, kc,
@@ -4209,10 +4210,6 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
             memset(bias + nc, 0, (ncp - nc) * sizeof(float));
         }
-        size_t block_rows = MP__MC;
-#ifdef MP__AMX
-        if (amx) block_rows = mp__amx_rows(ncp, g->k);
-#endif
         for (i0 = m0; i0 < m1; i0 += block_rows) {
             size_t mc = mp__min(block_rows, m1 - i0);
             if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
