@@ -3397,15 +3397,18 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
     defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MP__AMX 1
 #define MP__AMX_PAIRS 16 /* a tile's depth in bfloat16 pairs: 32 values of K */
-/* The rows of an AMX block, at most, where its B panel is larger than L2
-   (MP__AMX_FAR bytes, twice Sapphire Rapids' 2 MiB): as many as keep its
-   float32 sums in the MC x NC block (mp__amx_rows). More rows a block read
-   such a panel from L3 fewer times: a weight gradient of 1024 x 1024 x 8192
-   (a panel of 512 columns, 8 MiB of pairs) 28-29 to 24-25 ms. Where the
-   panel fits L2 they stay MC: 8192 x 1024 x 1024 (2 MiB) went from 22 to
-   25 ms with blocks of 192 rows. */
+/* The rows of an AMX block, at most, where its B panel is more than half
+   of L2 (MP__AMX_FAR bytes, of Sapphire Rapids' 2 MiB; the block's A and
+   its float32 sums share the rest): as many as keep those sums in the MC x
+   NC block (mp__amx_rows). More rows a block read such a panel from L3
+   fewer times, on 1 thread: a weight gradient of 1024 x 1024 x 8192 (a
+   panel of 512 columns, 8 MiB of pairs) 28-29 to 24-25 ms; 8192 x 4096 x
+   4096 (4 MiB) 332-337 to 293-300 ms, and 164-170 to 145-150 on 2
+   threads; 8192 x 4096 x 2048 (2 MiB) 167 to 150-152. A panel of 1 MiB
+   stays in L2 with blocks of MC rows: 8192 x 1024 x 1024 went from 15.4-16.5
+   to 16.7-17.9 ms with taller ones. */
 #define MP__AMX_MC 384
-#define MP__AMX_FAR ((size_t)4 << 20)
+#define MP__AMX_FAR ((size_t)1 << 20)
 /* The columns of an AMX panel, at most: K x 512 pairs (1 MiB for K of
    1024) stay in L2 while the blocks of rows pass, where 1024 columns came
    from L3 for each; op(A) is then packed once per 512 columns. The
