@@ -1990,15 +1990,21 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 #define MP__BLOCK 2048
 #define MP__F32_INF 0x7F800000u
 
-/* The index of the first Inf or NaN of x[0 .. n), or n: blocks of 16 tested
-   without a branch (a loop compilers vectorise), then the block that has one. */
+/* The index of the first Inf or NaN of x[0 .. n), or n: blocks of 64 tested
+   without a branch (a loop compilers vectorise: an exponent of all ones
+   is the one that carries into bit 31 when its lowest bit is added), then
+   the block that has one. With a compare per element and a test per 16,
+   gcc kept each 16 on the stack: 2.7-3.9 ms for a batch of 8192 x 784
+   from memory, half the memory's read rate. */
 static size_t mp__first_nonfinite(const float *x, size_t n) {
     size_t i = 0, k;
-    for (; i + 16 <= n; i += 16) {
-        uint32_t b[16], bad = 0;
-        memcpy(b, x + i, sizeof b);
-        for (k = 0; k < 16; k++) bad |= (uint32_t)((b[k] & MP__F32_INF) == MP__F32_INF);
-        if (bad) break;
+    for (; i + 64 <= n; i += 64) {
+        uint32_t bad = 0, b;
+        for (k = 0; k < 64; k++) {
+            memcpy(&b, x + i + k, sizeof b);
+            bad |= (b & MP__F32_INF) + 0x00800000u;
+        }
+        if (bad >> 31) break;
     }
     for (; i < n; i++)
         if ((mp__f32_bits(x[i]) & MP__F32_INF) == MP__F32_INF) return i;
