@@ -1299,6 +1299,9 @@ typedef struct mp_gemm_args {
     mp_dtype biast;      /* the bias's dtype: ct, or float32 */
     mp_activation act;   /* elementwise only */
     void *z;             /* the pre-activation, in ct, or NULL */
+    const void *relu_y;  /* or a ReLU's output, C's shape, in ct: C becomes that ReLU's
+                            gradient, C where relu_y > 0 and +0 elsewhere (TensorFlow's
+                            ReluGrad), after the activation, before the rounding */
 } mp_gemm_args;
 
 typedef struct mp_conv_geom {
@@ -1346,8 +1349,9 @@ struct mp_backend {
     /* dst = src cast from st to dt (a copy when they agree); stats, a host
        pointer or NULL, get the narrowing counts added as mp_convert's. */
     void (*cast)(void *ctx, void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n, mp_cast_stats *stats);
-    /* C (+)= op(A) op(B), float32 accumulation, then bias, activation and
-       one rounding into C's dtype, as mp_matmul. */
+    /* C (+)= op(A) op(B), float32 accumulation, then bias, activation,
+       ReLU's gradient where relu_y is set, and one rounding into C's dtype,
+       as mp_matmul. */
     void (*gemm)(void *ctx, const mp_gemm_args *g);
     /* y = act(x + bias) over rows x cols (bias may be NULL); y may be x. */
     void (*bias_act)(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,
@@ -2209,6 +2213,24 @@ MP__HOT void mp__z_put2_masked_f16(void *p, size_t i, __mmask32 k, __m512 a, __m
 }
 MP__HOT void mp__z_put2_masked_bf16(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
     _mm512_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow2_bf16(a, b));
+}
+
+/* The lanes of the 32 float32 or bfloat16 values at p + i (those in k)
+   that are > 0, on their bits: 0 < bits <= +Inf's (a NaN is not > 0). */
+MP__HOT __mmask32 mp__z_positive2(const void *p, mp_dtype t, size_t i, __mmask32 k) {
+    if (t == MP_FLOAT32) {
+        const float *f = (const float *)p + i;
+        __m512i inf = _mm512_set1_epi32(0x7F800000), lo, hi;
+        lo = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)k, f));
+        hi = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)(k >> 16), f + 16));
+        return (__mmask32)_mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(lo, _mm512_setzero_si512()), lo, inf) |
+               (__mmask32)_mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(hi, _mm512_setzero_si512()), hi, inf)
+                   << 16;
+    } else {
+        __m512i v = _mm512_maskz_loadu_epi16(k, (const mp_bf16 *)p + i);
+        return _mm512_mask_cmple_epi16_mask(_mm512_cmpgt_epi16_mask(v, _mm512_setzero_si512()), v,
+                                            _mm512_set1_epi16(0x7F80));
+    }
 }
 
 /* The mask of the lanes [i, min(i + 16, n)); of the first m < 32 lanes. */
@@ -3080,6 +3102,18 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
         for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
+/* ReLU's gradient on acc[0 .. n), the gradient at y[at ..] (in t) of a
+   ReLU whose output is y (mp_gemm_args's relu_y): mp__act_grad_run's. */
+static void mp__relu_grad_run(float *acc, const void *y, mp_dtype t, size_t at, size_t n) {
+    float o[MP__TILE];
+    size_t i, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        mp__load(o, mp__at(y, t, at + i), t, len);
+        mp__act_grad_run(MP_RELU, acc + i, o, NULL, len);
+    }
+}
+
 /* t = x[i .. i+len) (+ bias[i ..]) as float32; b is a tile of scratch. */
 static void mp__load_biased(float *t, float *b, const void *x, const void *bias, size_t i, size_t len, mp_dtype dt) {
     mp__load(t, mp__at(x, dt, i), dt, len);
@@ -3907,6 +3941,11 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
         lo = _mm512_mask_mov_ps(lo, _mm512_cmp_ps_mask(lo, zero, _CMP_LT_OQ), zero);
         hi = _mm512_mask_mov_ps(hi, _mm512_cmp_ps_mask(hi, zero, _CMP_LT_OQ), zero);
     }
+    if (g->relu_y) { /* y > 0 ? v : +0, as mp__act_grad_run */
+        __mmask32 pos = mp__z_positive2(g->relu_y, g->ct, at, k);
+        lo = _mm512_maskz_mov_ps((__mmask16)pos, lo);
+        hi = _mm512_maskz_mov_ps((__mmask16)(pos >> 16), hi);
+    }
     if (g->ct == MP_FLOAT32) mp__z_put2_masked_f32(g->c, at, k, lo, hi);
     else mp__z_put2_masked_bf16(g->c, at, k, lo, hi);
 }
@@ -4124,6 +4163,7 @@ static void mp__epilogue(const mp_gemm_args *g, float *acc, float *tmp, size_t r
     }
     if (g->z) mp__store(mp__at_mut(g->z, g->ct, at), g->ct, acc, nc);
     mp__act_run(g->act, acc, nc);
+    if (g->relu_y) mp__relu_grad_run(acc, g->relu_y, g->ct, at, nc);
     mp__store(mp__at_mut(g->c, g->ct, at), g->ct, acc, nc);
 }
 
@@ -4171,6 +4211,7 @@ static void mp__epilogue_transposed(const mp_gemm_args *g, const float *block, s
             if (g->bias) mp__add_run(tmp + rr * mc, bias, mc);
         }
         mp__act_run(g->act, tmp, len * mc);
+        if (g->relu_y) mp__relu_grad_run(tmp, g->relu_y, g->ct, (j0 + c) * mc, len * mc);
         mp__store(mp__at_mut(g->c, g->ct, (j0 + c) * mc), g->ct, tmp, len * mc);
     }
 }
@@ -4316,7 +4357,7 @@ static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
                 (int)g->m, (int)g->n, (int)g->k, 1.0f, (const float *)g->a, (int)(g->trans_a ? g->m : g->k),
                 (const float *)g->b, (int)(g->trans_b ? g->k : g->n), g->accumulate ? 1.0f : 0.0f, (float *)g->c,
                 (int)g->n);
-    if (!g->bias && !g->z && g->act == MP_LINEAR) return;
+    if (!g->bias && !g->z && g->act == MP_LINEAR && !g->relu_y) return;
     for (r = 0; r < g->m; r++) /* the epilogue in place, the accumulation done */
         for (j0 = 0; j0 < g->n; j0 += MP__NC) {
             mp_gemm_args e = *g;
@@ -4346,7 +4387,7 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
         t.m = g->n, t.n = g->m;
         t.a = g->b, t.at = g->bt;
         t.b = g->a, t.bt = g->at;
-        t.bias = NULL, t.act = MP_LINEAR; /* orig's epilogue does them */
+        t.bias = NULL, t.act = MP_LINEAR, t.relu_y = NULL; /* orig's epilogue does them */
         job.g = &t;
         job.orig = g;
     }
@@ -5148,6 +5189,7 @@ struct mp_model {
    forward and backward pass, and after unscaling. */
 static mp_status mp__numerics_forward(mp_model *m, int layer);
 static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx);
+static int mp__numerics_active(const mp_model *m);
 static mp_status mp__numerics_unscaled(mp_model *m);
 static void mp__numerics_free(struct mp__numerics *nu);
 
@@ -5292,10 +5334,26 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     mp__softmax_after(m, l, batch, l->out_size);
 }
 
+/* The layer whose ReLU's gradient the Dense layer `above` makes in its
+   input gradient's product (mp_gemm_args's relu_y), or NULL: the layer
+   below a Dense one, a Dense or Conv2D layer with ReLU whose output
+   gradient needs no cast. Its dz is then written once, not written as dy
+   and read back (a batch-8192 step's two 16 MiB bfloat16 passes). Not
+   while the numerics diagnostics run: they read each layer's input
+   gradient as it was before. */
+static const mp__layer *mp__relu_below(const mp_model *m, const mp__layer *above) {
+    const mp__layer *below = above - 1;
+    if (above == m->layers || above->desc.kind != MP_DENSE || mp__numerics_active(m)) return NULL;
+    if (below->desc.kind != MP_DENSE && below->desc.kind != MP_CONV2D) return NULL;
+    return below->desc.activation == MP_RELU && !below->dyc && below->yt == above->xt ? below : NULL;
+}
+
 /* dz = dy * act'(z) in the compute dtype: in place, or into dyc where the
-   output dtype differs (the backward's cast on entry). */
+   output dtype differs (the backward's cast on entry); dy already where
+   the layer above made it (mp__relu_below). */
 static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size_t cols) {
     void *dz = l->dyc ? l->dyc : dy;
+    if (l + 1 < m->layers + m->n_layers && mp__relu_below(m, l + 1) == l) return dz;
     if (l->desc.activation != MP_LINEAR && !mp__loss_from_logits(m, l))
         m->be->act_backward(m->ctx, dz, l->dt, dy, l->y, l->z, rows, cols, l->desc.activation, l->yt);
     else if (dz != dy)
@@ -5311,7 +5369,9 @@ static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy
     mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
     m->be->gemm(m->ctx, &dw);
     if (dx) {
+        const mp__layer *below = mp__relu_below(m, l);
         mp_gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx, l->xt);
+        dxg.relu_y = below ? below->y : NULL;
         m->be->gemm(m->ctx, &dxg);
     }
 }
@@ -8825,6 +8885,8 @@ static mp_status mp__numerics_forward(mp_model *m, int layer) {
 }
 
 /* Under loss scaling Inf/NaN gradients skip the step by design: counted, not stopped at. */
+static int mp__numerics_active(const mp_model *m) { return m->num && m->num->active; }
+
 static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx) {
     const mp__layer *l = &m->layers[layer];
     if (!m->num->active) return MP_OK;

@@ -1188,8 +1188,7 @@ static void mp__cu_fallback(mp__cu *c, const mp_gemm_args *g, const char *how) {
             g->m, g->n, g->k, mp__cu_name(g->at), mp__cu_name(g->bt), mp__cu_name(g->ct), how);
 }
 
-static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
-    mp__cu *c = mp__cu_of(ctx);
+static void mp__cu_product(mp__cu *c, const mp_gemm_args *g) {
     const void *a = g->a, *b = g->b;
     mp_dtype ab = g->at;
     size_t mn = g->m * g->n;
@@ -1234,6 +1233,19 @@ static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
     if (slow) mp__cu_fallback(c, g, slow);
     if (!direct)
         MP__CU_LAUNCH(c, mn, mp__k_epilogue, g->c, g->ct, d32, g->accumulate, g->bias, g->biast, g->z, g->act, mn, g->n);
+}
+
+/* The product, then ReLU's gradient where relu_y asks for it: the
+   activation-gradient kernel in place over C (cuBLASLt's DRELU epilogue
+   reads a bitmask its RELU_AUX forward would have written, which the
+   model's forward does not keep). */
+static void mp__cu_gemm(void *ctx, const mp_gemm_args *g) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t mn = g->m * g->n;
+    mp__cu_product(c, g);
+    if (g->relu_y && mp__cu_live(c))
+        MP__CU_LAUNCH(c, mn, mp__k_act_backward, g->c, g->ct, (const void *)g->c, g->relu_y, (const void *)NULL, mn,
+                      MP_RELU, g->ct);
 }
 
 static void mp__cu_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,

@@ -58,6 +58,7 @@ static void r_gemm(void *ctx, const mp_gemm_args *g) {
     h.c = real(g->c);
     h.bias = real(g->bias);
     h.z = real(g->z);
+    h.relu_y = real(g->relu_y);
     cpu->gemm(ctx, &h);
 }
 static void r_bias_act(void *ctx, void *y, const void *x, const void *bias, size_t rows, size_t cols,

@@ -433,7 +433,7 @@ static void test_threads(void) {
         {129, 257, 520, 1, 1}, {517, 41, 280, 0, 0}, {33, 700, 33, 0, 1}, {1, 1, 1, 0, 0},
         {3, 17, 3000, 1, 0}, /* fewer tiles than threads */
         {2, 2500, 60, 0, 1}, /* more than one 2048-wide panel */
-        /* B panels of more than 4 MiB of bfloat16 pairs: AMX's taller blocks */
+        /* B panels of more than 1 MiB of bfloat16 pairs (4 MiB here): AMX's taller blocks */
         {197, 530, 4100, 0, 1}, {197, 530, 4100, 1, 0},
     };
     static const mp_dtype mixes[][3] = {
@@ -488,6 +488,56 @@ static void test_threads(void) {
     }
 out:
     for (p = 1; p <= 4; p++) mp_pool_destroy(pools[p]);
+}
+
+/* ReLU's gradient in the product's epilogue (mp_gemm_args's relu_y, the
+   Dense layer's input gradient where the layer below ends in ReLU): the
+   bits of the same product followed by the backend's act_backward, for
+   every C dtype (the fused AVX-512 and AMX epilogues take float32 and
+   bfloat16, the row epilogue float16), a product computed as its
+   transpose (10 columns), bias and ReLU of its own, k = 0, 1 and 2
+   threads, and a gate of +-0, +-Inf, NaN, subnormals and 1 (NaN is not > 0). */
+static void test_relu_grad(void) {
+    static const size_t shapes[][5] = {
+        /* m, n, k, trans_a, trans_b */
+        {37, 75, 40, 0, 1}, {200, 10, 64, 0, 1}, {13, 33, 0, 0, 0}, {130, 300, 700, 0, 1}, {70, 1030, 96, 1, 0},
+    };
+    static const mp_dtype mixes[][2] = {{F32, F32}, {BF16, BF16}, {BF16, F32}, {F16, F16}, {F16, F32}};
+    static const float gates[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-45f, -1e-45f, 1.0f, -1.0f};
+    const mp_backend *cpu = mp_cpu_backend();
+    size_t s, x, i;
+    int threads;
+    for (threads = 1; threads <= 2; threads++) {
+        void *ctx = NULL;
+        if (!CHECK(cpu->create(&ctx, threads, NULL) == MP_OK)) return;
+        for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (x = 0; x < sizeof mixes / sizeof mixes[0]; x++) {
+                size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], mn = m * n;
+                mp_dtype ab = mixes[x][0], ct = mixes[x][1];
+                void *a = xalloc(m * k * dsize(ab) + 1), *b = xalloc(k * n * dsize(ab) + 1), *y = xalloc(mn * dsize(ct));
+                void *c0 = xalloc(mn * dsize(ct)), *c1 = xalloc(mn * dsize(ct)), *bias = xalloc(n * dsize(ct));
+                mp_gemm_args g;
+                char what[160];
+                fill_data(a, ab, m * k, DATA_REAL);
+                fill_data(b, ab, k * n, DATA_REAL);
+                fill_data(bias, ct, n, DATA_REAL);
+                for (i = 0; i < mn; i++) put(y, ct, i, rng_next() % 3 ? gates[rng_next() % 9] : uniform(-1.0f, 1.0f));
+                memset(&g, 0, sizeof g);
+                g.trans_a = (int)shapes[s][3], g.trans_b = (int)shapes[s][4];
+                g.m = m, g.n = n, g.k = k, g.a = a, g.b = b, g.at = g.bt = ab, g.c = c0, g.ct = ct;
+                g.bias = s % 2 ? bias : NULL, g.biast = ct, g.act = s % 3 == 1 ? MP_RELU : MP_LINEAR;
+                cpu->gemm(ctx, &g); /* the product, then ReLU's gradient as a layer's own step */
+                cpu->act_backward(ctx, c0, ct, c0, y, NULL, m, n, MP_RELU, ct);
+                g.c = c1, g.relu_y = y;
+                memset(c1, 0xA5, mn * dsize(ct));
+                cpu->gemm(ctx, &g);
+                snprintf(what, sizeof what, "ReLU's gradient fused: %s -> %s, trans (%d,%d), m %zu n %zu k %zu, %d threads",
+                         dn(ab), dn(ct), g.trans_a, g.trans_b, m, n, k, threads);
+                check_report(cpu->sync(ctx) == MP_OK && memcmp(c0, c1, mn * dsize(ct)) == 0, __FILE__, __LINE__, what);
+                free(a), free(b), free(y), free(c0), free(c1), free(bias);
+            }
+        cpu->destroy(ctx);
+    }
 }
 
 /* Operands that end where their mapping does, an unreadable page after
@@ -1013,6 +1063,51 @@ static void test_row_kernels_threads(void) {
     }
 }
 
+/* A Dense layer below a Dense one, ending in ReLU, gets its gradient from
+   the upper layer's input-gradient product (mp_gemm_args's relu_y); the
+   same model with the ReLUs as Activation layers takes the separate
+   act_backward. Both train to the same weights, under each policy. */
+static void test_relu_fused_model(void) {
+    static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    size_t pi;
+    for (pi = 0; pi < 3; pi++) {
+        float *w[2] = {NULL, NULL}, *init = NULL;
+        size_t n[2] = {0, 0};
+        int split, ok = 1;
+        for (split = 0; ok && split < 2; split++) {
+            mp_model_desc md;
+            mp_compile_desc cd;
+            mp_model *m = NULL;
+            mp_activation act = split ? MP_LINEAR : MP_RELU;
+            memset(&md, 0, sizeof md);
+            memset(&cd, 0, sizeof cd);
+            md.input_shape[0] = IN_FLAT, md.seed = 7, md.threads = 2;
+            cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+            ok = CHECK(mp_set_global_policy_name(policies[pi]) == MP_OK) && CHECK(mp_model_create(&m, &md) == MP_OK) &&
+                 CHECK(mp_model_add(m, mp_dense(150, act)) == MP_OK) &&
+                 (!split || CHECK(mp_model_add(m, mp_activation_layer(MP_RELU)) == MP_OK)) &&
+                 CHECK(mp_model_add(m, mp_dense(70, act)) == MP_OK) &&
+                 (!split || CHECK(mp_model_add(m, mp_activation_layer(MP_RELU)) == MP_OK)) &&
+                 CHECK(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)) == MP_OK) &&
+                 CHECK(mp_model_compile(m, &cd) == MP_OK);
+            mp_set_global_policy_name("float32");
+            if (ok && !split) { /* the fused model's starting weights, for both */
+                init = (float *)xalloc(mp_model_param_count(m) * sizeof(float));
+                ok = CHECK(mp_model_get_weights(m, init, mp_model_param_count(m)) == MP_OK);
+            }
+            if (ok && split)
+                ok = CHECK(mp_model_param_count(m) == n[0]) && CHECK(mp_model_set_weights(m, init, n[0]) == MP_OK);
+            ok = ok && (w[split] = train(m, &n[split])) != NULL;
+            mp_model_destroy(m);
+        }
+        if (ok) check_report(n[0] == n[1] && memcmp(w[0], w[1], n[0] * sizeof(float)) == 0, __FILE__, __LINE__,
+                             policies[pi]);
+        free(w[0]);
+        free(w[1]);
+        free(init);
+    }
+}
+
 static void test_model_threads(void) {
     static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
     size_t i, pi;
@@ -1057,6 +1152,7 @@ static void test_model_threads(void) {
         mp_model_destroy(m);
     }
     test_row_kernels_threads(); /* on the same data */
+    test_relu_fused_model();
     free(xs);
     free(labels);
 }
@@ -1070,6 +1166,7 @@ int main(int argc, char **argv) {
     RUN(test_products_pooled());
     RUN(test_bf16_subnormals());
     RUN(test_threads());
+    RUN(test_relu_grad());
     RUN(test_fenced_operands());
     RUN(test_nan_inf());
     RUN(test_overflow());
