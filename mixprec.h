@@ -1328,6 +1328,8 @@ struct mp_backend {
     const char *name;
     int device_memory; /* 1: the host cannot read the backend's pointers */
     int tensor_cores;  /* 1: 16-bit products want sizes in multiples of 8 (a warning names the layers) */
+    int relu_grad;     /* 1: gemm honours mp_gemm_args.relu_y (0: the model leaves it NULL and
+                          runs act_backward, so a table of one's own need not know it) */
     /* The model's context (the CPU's thread pool; a GPU's stream, handles
        and workspace). config: the model's backend_config, may be NULL. */
     mp_status (*create)(void **ctx, int threads, const void *config);
@@ -5015,7 +5017,7 @@ static void mp__cpu_gemm(void *ctx, const mp_gemm_args *g) {
 }
 
 static const mp_backend mp__cpu_backend = {
-    MP_OP(name) "cpu", MP_OP(device_memory) 0, MP_OP(tensor_cores) 0,
+    MP_OP(name) "cpu", MP_OP(device_memory) 0, MP_OP(tensor_cores) 0, MP_OP(relu_grad) 1,
     MP_OP(create) mp__cpu_create,
     MP_OP(destroy) mp__cpu_destroy,
     MP_OP(threads) mp__cpu_threads,
@@ -5343,7 +5345,8 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
    gradient as it was before. */
 static const mp__layer *mp__relu_below(const mp_model *m, const mp__layer *above) {
     const mp__layer *below = above - 1;
-    if (above == m->layers || above->desc.kind != MP_DENSE || mp__numerics_active(m)) return NULL;
+    if (!m->be->relu_grad || above == m->layers || above->desc.kind != MP_DENSE || mp__numerics_active(m))
+        return NULL;
     if (below->desc.kind != MP_DENSE && below->desc.kind != MP_CONV2D) return NULL;
     return below->desc.activation == MP_RELU && !below->dyc && below->yt == above->xt ? below : NULL;
 }

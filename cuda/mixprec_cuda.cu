@@ -1373,7 +1373,7 @@ static void mp__cu_gather(void *ctx, void *dst, const void *src, const uint32_t 
 }
 
 static const mp_backend mp__cu_backend = {
-    MP_OP(name) "cuda", MP_OP(device_memory) 1, MP_OP(tensor_cores) 1,
+    MP_OP(name) "cuda", MP_OP(device_memory) 1, MP_OP(tensor_cores) 1, MP_OP(relu_grad) 1,
     MP_OP(create) mp__cu_create,
     MP_OP(destroy) mp__cu_destroy,
     MP_OP(threads) mp__cu_threads,

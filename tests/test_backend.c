@@ -149,7 +149,7 @@ static void r_gather(void *ctx, void *dst, const void *src, const uint32_t *idx,
 }
 
 static const mp_backend remote = {
-    MP_OP(name) "remote", MP_OP(device_memory) 1, MP_OP(tensor_cores) 0,
+    MP_OP(name) "remote", MP_OP(device_memory) 1, MP_OP(tensor_cores) 0, MP_OP(relu_grad) 1,
     MP_OP(create) r_create,
     MP_OP(destroy) r_destroy,
     MP_OP(threads) r_threads,

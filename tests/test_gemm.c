@@ -1064,24 +1064,42 @@ static void test_row_kernels_threads(void) {
 }
 
 /* A Dense layer below a Dense one, ending in ReLU, gets its gradient from
-   the upper layer's input-gradient product (mp_gemm_args's relu_y); the
-   same model with the ReLUs as Activation layers takes the separate
-   act_backward. Both train to the same weights, under each policy. */
+   the upper layer's input-gradient product (mp_gemm_args's relu_y) where
+   the backend says it honours relu_y; the same model on a table that does
+   not say so, and the model with its ReLUs as Activation layers, take the
+   separate act_backward. All three train to the same weights, under each
+   policy. */
+static int relu_y_products;
+static void counting_gemm(void *ctx, const mp_gemm_args *g) {
+    relu_y_products += g->relu_y != NULL;
+    mp_cpu_backend()->gemm(ctx, g);
+}
+
 static void test_relu_fused_model(void) {
     static const char *policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    static const char *variants[] = {"fused", "ReLUs as Activation layers", "a table without relu_grad"};
+    mp_backend tables[2];
     size_t pi;
+    int v;
+    for (v = 0; v < 2; v++) {
+        tables[v] = *mp_cpu_backend();
+        tables[v].gemm = counting_gemm;
+        tables[v].relu_grad = v == 0;
+    }
     for (pi = 0; pi < 3; pi++) {
-        float *w[2] = {NULL, NULL}, *init = NULL;
-        size_t n[2] = {0, 0};
-        int split, ok = 1;
-        for (split = 0; ok && split < 2; split++) {
+        float *w[3] = {NULL, NULL, NULL}, *init = NULL;
+        size_t n[3] = {0, 0, 0};
+        int ok = 1;
+        for (v = 0; ok && v < 3; v++) {
             mp_model_desc md;
             mp_compile_desc cd;
             mp_model *m = NULL;
+            int split = v == 1;
             mp_activation act = split ? MP_LINEAR : MP_RELU;
             memset(&md, 0, sizeof md);
             memset(&cd, 0, sizeof cd);
             md.input_shape[0] = IN_FLAT, md.seed = 7, md.threads = 2;
+            md.backend = v == 1 ? NULL : &tables[v / 2];
             cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
             ok = CHECK(mp_set_global_policy_name(policies[pi]) == MP_OK) && CHECK(mp_model_create(&m, &md) == MP_OK) &&
                  CHECK(mp_model_add(m, mp_dense(150, act)) == MP_OK) &&
@@ -1091,19 +1109,24 @@ static void test_relu_fused_model(void) {
                  CHECK(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)) == MP_OK) &&
                  CHECK(mp_model_compile(m, &cd) == MP_OK);
             mp_set_global_policy_name("float32");
-            if (ok && !split) { /* the fused model's starting weights, for both */
+            if (ok && v == 0) { /* the first model's starting weights, for all three */
                 init = (float *)xalloc(mp_model_param_count(m) * sizeof(float));
                 ok = CHECK(mp_model_get_weights(m, init, mp_model_param_count(m)) == MP_OK);
             }
-            if (ok && split)
+            if (ok && v > 0)
                 ok = CHECK(mp_model_param_count(m) == n[0]) && CHECK(mp_model_set_weights(m, init, n[0]) == MP_OK);
-            ok = ok && (w[split] = train(m, &n[split])) != NULL;
+            relu_y_products = 0;
+            ok = ok && (w[v] = train(m, &n[v])) != NULL;
+            if (ok && v != 1) check_report(v == 0 ? relu_y_products > 0 : relu_y_products == 0, __FILE__, __LINE__,
+                                           variants[v]);
+            if (ok && v > 0)
+                check_report(n[0] == n[v] && memcmp(w[0], w[v], n[0] * sizeof(float)) == 0, __FILE__, __LINE__,
+                             variants[v]);
             mp_model_destroy(m);
         }
-        if (ok) check_report(n[0] == n[1] && memcmp(w[0], w[1], n[0] * sizeof(float)) == 0, __FILE__, __LINE__,
-                             policies[pi]);
         free(w[0]);
         free(w[1]);
+        free(w[2]);
         free(init);
     }
 }
