@@ -2222,12 +2222,12 @@ MP__HOT void mp__z_put2_masked_bf16(void *p, size_t i, __mmask32 k, __m512 a, __
 MP__HOT __mmask32 mp__z_positive2(const void *p, mp_dtype t, size_t i, __mmask32 k) {
     if (t == MP_FLOAT32) {
         const float *f = (const float *)p + i;
-        __m512i inf = _mm512_set1_epi32(0x7F800000), lo, hi;
-        lo = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)k, f));
-        hi = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)(k >> 16), f + 16));
-        return (__mmask32)_mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(lo, _mm512_setzero_si512()), lo, inf) |
-               (__mmask32)_mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(hi, _mm512_setzero_si512()), hi, inf)
-                   << 16;
+        __m512i inf = _mm512_set1_epi32(0x7F800000), zero = _mm512_setzero_si512();
+        __m512i lo = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)k, f));
+        __m512i hi = _mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)(k >> 16), f + 16));
+        __mmask16 pos_lo = _mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(lo, zero), lo, inf);
+        __mmask16 pos_hi = _mm512_mask_cmple_epi32_mask(_mm512_cmpgt_epi32_mask(hi, zero), hi, inf);
+        return (__mmask32)pos_lo | (__mmask32)pos_hi << 16;
     } else {
         __m512i v = _mm512_maskz_loadu_epi16(k, (const mp_bf16 *)p + i);
         return _mm512_mask_cmple_epi16_mask(_mm512_cmpgt_epi16_mask(v, _mm512_setzero_si512()), v,
@@ -8887,9 +8887,9 @@ static mp_status mp__numerics_forward(mp_model *m, int layer) {
     return mp__numerics_check(m, layer, 0);
 }
 
-/* Under loss scaling Inf/NaN gradients skip the step by design: counted, not stopped at. */
 static int mp__numerics_active(const mp_model *m) { return m->num && m->num->active; }
 
+/* Under loss scaling Inf/NaN gradients skip the step by design: counted, not stopped at. */
 static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx) {
     const mp__layer *l = &m->layers[layer];
     if (!m->num->active) return MP_OK;
