@@ -4128,8 +4128,7 @@ static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t
    float32 sums in the MC x NC block, up to MP__AMX_MC. */
 static size_t mp__amx_rows(size_t ncp, size_t k) {
     size_t rows = (size_t)MP__MC * MP__NC / ncp / 32 * 32;
-    if ((k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR) return MP__MC;
-    return rows < MP__MC ? MP__MC : mp__min(rows, MP__AMX_MC);
+    return (k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR || rows < MP__MC ? MP__MC : mp__min(rows, MP__AMX_MC);
 }
 
 /* The block's mc rows of sums through the epilogue into C, where it can
@@ -4242,13 +4241,12 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #endif
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, ir, jr, r;
-    int fused;
+    int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
 #ifdef MP__AMX
     if (amx) mp__amx_begin();
 #endif
-    fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     for (j0 = n0; j0 < n1; j0 += panel) {
         size_t nc = mp__min(panel, n1 - j0), ncp = mp__round_up(nc, MP__NR), block_rows = MP__MC;
 #ifdef MP__AMX
@@ -5344,9 +5342,10 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
    while the numerics diagnostics run: they read each layer's input
    gradient as it was before. */
 static const mp__layer *mp__relu_below(const mp_model *m, const mp__layer *above) {
-    const mp__layer *below = above - 1;
+    const mp__layer *below;
     if (!m->be->relu_grad || above == m->layers || above->desc.kind != MP_DENSE || mp__numerics_active(m))
         return NULL;
+    below = above - 1; /* (not formed before: above may be the first layer) */
     if (below->desc.kind != MP_DENSE && below->desc.kind != MP_CONV2D) return NULL;
     return below->desc.activation == MP_RELU && !below->dyc && below->yt == above->xt ? below : NULL;
 }
