@@ -3919,6 +3919,7 @@ typedef struct mp__tile_dest {
     const float *bias;     /* the tile's bias in float32 (NR values), or NULL */
     size_t row, col;       /* C's row and column of the tile's corner */
     size_t rows, cols;     /* the tile's rows and columns inside C */
+    int in_c;              /* the sums live in C itself, not in a block (mp__sums_in_c) */
 } mp__tile_dest;
 
 #if defined(MP__SIMD_AVX512) && defined(__FMA__)
@@ -3962,21 +3963,31 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
 #endif
 
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
-/* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in t. */
+/* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in
+   t. In C itself only the tile's rows and columns inside C are read and
+   written; a block's padding takes the whole tile. */
 static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__tile_dest *d) {
-    size_t r;
-    for (r = 0; r < MP__MR; r++) {
-        __m512 lo = _mm512_add_ps(t[2 * r], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc));
-        __m512 hi = _mm512_add_ps(t[2 * r + 1], d->first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * ldc + 16));
+    __mmask32 k = d->in_c && d->cols < MP__NR ? mp__z_tail(d->cols) : (__mmask32)0xFFFFFFFFu;
+    size_t r, rows = d->in_c ? d->rows : MP__MR;
+    for (r = 0; r < rows; r++) {
+        __m512 lo = _mm512_add_ps(t[2 * r], d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)k, c + r * ldc));
+        __m512 hi = _mm512_add_ps(t[2 * r + 1],
+                                  d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)(k >> 16), c + r * ldc + 16));
 #ifdef MP__TILE_FUSED
         if (d->g) {
             if (r < d->rows) mp__tile_epilogue(d, r, lo, hi);
             continue;
         }
 #endif
-        _mm512_storeu_ps(c + r * ldc, lo);
-        _mm512_storeu_ps(c + r * ldc + 16, hi);
+        _mm512_mask_storeu_ps(c + r * ldc, (__mmask16)k, lo);
+        _mm512_mask_storeu_ps(c + r * ldc + 16, (__mmask16)(k >> 16), hi);
     }
+}
+
+/* Whether a middle slice's tile adds its sums into c as they lie: all but
+   a tile in C itself that hangs over C's edge. */
+static int mp__tile_adds(const mp__tile_dest *d) {
+    return !d->first && !d->g && (!d->in_c || (d->rows == MP__MR && d->cols == MP__NR));
 }
 #endif
 
@@ -4001,7 +4012,7 @@ static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__til
     _mm512_storeu_ps(c + r * ldc + 16, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), hi))
 #define MP__TILE_SAVE(r, lo, hi) t[2 * r] = lo, t[2 * r + 1] = hi
 #define MP__TILE_END                                      \
-    if (!d->first && !d->g) {                             \
+    if (mp__tile_adds(d)) {                               \
         MP__TILE_EACH(MP__TILE_ADD);                      \
     } else {                                              \
         __m512 t[2 * MP__MR];                             \
@@ -4237,6 +4248,87 @@ static void mp__next_tile(size_t *ir, size_t *jr, size_t mc, size_t ncp, int row
     *outer += rows_first ? MP__MR : MP__NR;
 }
 
+/* The panel's bias (nc values at column j0) in float32, 0 up to whole
+   tiles, for the kernels' epilogue. */
+static void mp__panel_bias(const mp_gemm_args *g, float *bias, size_t j0, size_t nc) {
+    mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
+    memset(bias + nc, 0, (mp__round_up(nc, MP__NR) - nc) * sizeof(float));
+}
+
+/* One K slice of mc rows (op(A)'s tiles packed in ws->a) by nc columns
+   (op(B)'s panels at `slice`), `depth` deep, through the kernels into c
+   (row stride ldc) at C's row i0 and column j0: d says first, g, bias
+   (the panel's, or NULL) and in_c; the tiles' places are set here. */
+static void mp__slice_tiles(const mp__gemm_ws *ws, const float *slice, float *c, size_t ldc, size_t depth, int pairs,
+                            int rows_first, const float *bias, size_t i0, size_t mc, size_t j0, size_t nc,
+                            mp__tile_dest *d) {
+    size_t ir, jr, ncp = mp__round_up(nc, MP__NR);
+    for (ir = jr = 0; ir < mc && jr < ncp; mp__next_tile(&ir, &jr, mc, ncp, rows_first)) {
+        float *tile = c + ir * ldc + jr;
+        d->bias = bias ? bias + jr : NULL;
+        d->row = i0 + ir, d->col = j0 + jr;
+        d->rows = mp__min(MP__MR, mc - ir), d->cols = mp__min(MP__NR, nc - jr);
+#ifdef MP__BF16_DOT
+        if (pairs) {
+            mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth, (const uint16_t *)(slice + jr * depth), tile,
+                            ldc, d);
+            continue;
+        }
+#else
+        (void)pairs;
+#endif
+        mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ldc, d);
+    }
+}
+
+/* Whether a product keeps its float32 sums in C itself, rows x cols of
+   it, a K slice at a time across all of them (mp__gemm_in_c), where the
+   blocked order keeps a block of MC rows in L2 over all of K and reads the
+   whole K x NC panel of op(B) again for every block. That takes more than
+   one slice, float32 C with its epilogue in the kernels, and a C small
+   enough to stay in L3 (MP__IN_C_FLOATS) while the slices pass: a weight
+   gradient, whose K is the batch. Every sum is the same, in the same order:
+   C is the block. */
+#define MP__IN_C_FLOATS ((size_t)1 << 20) /* 4 MiB: 1024 x 1024 float32 */
+static int mp__sums_in_c(const mp_gemm_args *g, size_t rows, size_t cols) {
+#ifdef MP__TILE_FUSED
+    return g->ct == MP_FLOAT32 && !mp__gemm_bf16(g) && g->k > MP__KC && mp__tile_fusable(g) &&
+           rows * cols <= MP__IN_C_FLOATS;
+#else
+    (void)g, (void)rows, (void)cols;
+    return 0;
+#endif
+}
+
+/* C[m0..m1, n0..n1) of g where C holds the sums (mp__sums_in_c): for each
+   K slice, each panel of op(B)'s slice packed once, each block of op(A)'s
+   packed once a panel, the tiles added into C; the last slice's tiles run
+   the epilogue as they leave. */
+static void mp__gemm_in_c(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, size_t n0, size_t n1) {
+    size_t panel = mp__panel_cols(MP__KC, n1 - n0, ws->b_cap);
+    size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
+    size_t p0, i0, j0;
+    float bias[MP__NC];
+    mp__tile_dest d;
+    d.in_c = 1;
+    for (p0 = 0; p0 < g->k; p0 += MP__KC) {
+        size_t kc = mp__min(MP__KC, g->k - p0);
+        int last = p0 + kc >= g->k;
+        d.first = p0 == 0, d.g = last ? g : NULL;
+        for (j0 = n0; j0 < n1; j0 += panel) {
+            size_t nc = mp__min(panel, n1 - j0);
+            mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc, kc);
+            if (last && g->bias) mp__panel_bias(g, bias, j0, nc);
+            for (i0 = m0; i0 < m1; i0 += MP__MC) {
+                size_t mc = mp__min(MP__MC, m1 - i0);
+                mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
+                mp__slice_tiles(ws, ws->b, (float *)g->c + i0 * g->n + j0, g->n, kc, 0, last, g->bias ? bias : NULL,
+                                i0, mc, j0, nc, &d);
+            }
+        }
+    }
+}
+
 /* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
    product whose C^T g is (written back through mp__epilogue_transposed). */
 static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
@@ -4249,10 +4341,15 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     if (amx) panel = mp__min(panel, MP__AMX_NC);
 #endif
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
-    size_t i0, j0, p0, ir, jr, r;
+    size_t i0, j0, p0, r;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
+    if (!orig && mp__sums_in_c(g, m1 - m0, n1 - n0)) {
+        mp__gemm_in_c(g, ws, m0, m1, n0, n1);
+        return;
+    }
+    d.in_c = 0;
 #ifdef MP__AMX
     if (amx) mp__amx_begin();
 #endif
@@ -4266,10 +4363,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, kc,
                              mp__slice_depth(kc, pairs, amx));
         }
-        if (fused && g->bias) {
-            mp__load(bias, mp__at(g->bias, g->biast, j0), g->biast, nc);
-            memset(bias + nc, 0, (ncp - nc) * sizeof(float));
-        }
+        if (fused && g->bias) mp__panel_bias(g, bias, j0, nc);
         for (i0 = m0; i0 < m1; i0 += block_rows) {
             size_t mc = mp__min(block_rows, m1 - i0);
             if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
@@ -4300,20 +4394,8 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                     mp__pack(ws->a, ws->tmp, MP__MR, !g->trans_a, g->a, g->at, lda, i0, mc, p0, kc);
                 d.first = p0 == 0;
                 d.g = into_c ? g : NULL;
-                for (ir = jr = 0; ir < mc && jr < ncp; mp__next_tile(&ir, &jr, mc, ncp, rows_first)) {
-                    float *tile = ws->c + ir * ncp + jr;
-                    d.bias = g->bias ? bias + jr : NULL;
-                    d.row = i0 + ir, d.col = j0 + jr;
-                    d.rows = mp__min(MP__MR, mc - ir), d.cols = mp__min(MP__NR, nc - jr);
-#ifdef MP__BF16_DOT
-                    if (pairs) {
-                        mp__kernel_bf16(depth, (const uint32_t *)ws->a + ir * depth,
-                                        (const uint16_t *)(slice + jr * depth), tile, ncp, &d);
-                        continue;
-                    }
-#endif
-                    mp__kernel(depth, ws->a + ir * depth, slice + jr * depth, tile, ncp, &d);
-                }
+                mp__slice_tiles(ws, slice, ws->c, ncp, depth, pairs, rows_first, g->bias ? bias : NULL, i0, mc, j0, nc,
+                                &d);
             }
             if (orig) mp__epilogue_transposed(orig, ws->c, ncp, ws->tmp, mc, j0, nc);
             for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
