@@ -471,7 +471,8 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool); /* 1 for NULL */
    AVX512_BF16 dot products where the compiler enables them (both read
    bfloat16 subnormals as zero); float16 is widened with F16C while packing. With MIXPREC_USE_CBLAS, float32 x float32
    -> float32 goes to the linked CBLAS's cblas_sgemm. pool may be NULL (the
-   calling thread alone). */
+   calling thread alone). C must not overlap A or B (MP_ERR_OVERLAP): the
+   kernels write C while they still read them. */
 MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
                                 const void *a, mp_dtype a_type, const void *b, mp_dtype b_type, void *c,
                                 mp_dtype c_type);
@@ -4501,6 +4502,9 @@ MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t 
         !mp__mul_ok(m * n, sizeof(float), &ignored) || !mp__mul_ok(k, MP__NC, &ignored))
         return MP_ERR_SIZE;
     if (m == 0 || n == 0) return MP_OK;
+    if (mp__overlap(c, m * n * mp__dtypes[c_type].size, a, m * k * mp__dtypes[a_type].size) ||
+        mp__overlap(c, m * n * mp__dtypes[c_type].size, b, k * n * mp__dtypes[b_type].size))
+        return MP_ERR_OVERLAP;
     if (!pool && (st = mp_pool_create(&own, 1)) != MP_OK) return st;
     if ((st = mp__pool_reserve(own ? own : pool, mp__panel_floats(m, k, n))) == MP_OK) {
         memset(&g, 0, sizeof g);

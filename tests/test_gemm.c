@@ -842,6 +842,18 @@ static void test_bad_input(void) {
     CHECK(mp_matmul(NULL, 0, 0, 2, 2, 3, a, (mp_dtype)77, b, F16, c.c, F16) == MP_ERR_DTYPE);
     CHECK(cbuf_untouched(&c, 1));
     cbuf_free(&c);
+    {   /* C over A or B, wholly or by one element, at either end: the kernels
+           write C while they read them. A and B untouched. */
+        float buf[24], keep[24];
+        for (x = 0; x < 24; x++) buf[x] = keep[x] = (float)x;
+        CHECK(mp_matmul(NULL, 0, 0, 2, 2, 3, buf, F32, b, F32, buf, F32) == MP_ERR_OVERLAP);
+        CHECK(mp_matmul(NULL, 0, 0, 2, 2, 3, a, F32, buf + 4, F32, buf + 1, F32) == MP_ERR_OVERLAP);
+        CHECK(mp_matmul(NULL, 0, 0, 2, 2, 3, buf + 3, F32, b, F32, buf, F32) == MP_ERR_OVERLAP); /* C's last, A's first */
+        CHECK(mp_matmul(NULL, 1, 0, 2, 2, 3, buf + 4, BF16, buf + 10, F16, buf + 8, F32) == MP_ERR_OVERLAP);
+        CHECK(memcmp(buf, keep, sizeof buf) == 0);
+        /* touching but apart: C right after A, right before B */
+        CHECK(mp_matmul(NULL, 0, 0, 2, 2, 3, buf, F32, buf + 10, F32, buf + 6, F32) == MP_OK);
+    }
     {   /* any nonzero trans flag means transposed, as in C */
         float c1[6], c2[6];
         memset(c2, 0xA5, sizeof c2);
