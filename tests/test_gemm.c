@@ -490,6 +490,50 @@ out:
     for (p = 1; p <= 4; p++) mp_pool_destroy(pools[p]);
 }
 
+/* A float32 product longer than one K slice, with a small C, keeps its sums
+   in C itself; split between threads it does so only where each thread's
+   part is whole cache lines of C (C on a 64-byte line, rows a multiple of
+   16 floats), else it takes the blocked order. Both, on 1 to 4 threads, the
+   bits of the product without a pool; the bytes after C untouched. The
+   shapes split N, M, and have fewer tiles than threads; edge tiles in M. */
+static void test_sums_in_c_threads(void) {
+    static const size_t shapes[][5] = {
+        /* m, n, k, trans_a, trans_b */
+        {100, 320, 600, 1, 0}, {250, 64, 1030, 0, 0}, {13, 128, 2000, 1, 0}, {601, 32, 700, 0, 1},
+    };
+    enum { SLACK = 64 + 48 };
+    mp_pool *pools[5] = {NULL, NULL, NULL, NULL, NULL};
+    size_t s;
+    int p, shift;
+    for (p = 2; p <= 4; p++)
+        if (!CHECK(mp_pool_create(&pools[p], p) == MP_OK)) goto out;
+    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], bytes = m * n * sizeof(float), i;
+        int ta = (int)shapes[s][3], tb = (int)shapes[s][4];
+        float *a = (float *)xalloc(m * k * sizeof(float)), *b = (float *)xalloc(k * n * sizeof(float));
+        float *c0 = (float *)xalloc(bytes);
+        unsigned char *raw = (unsigned char *)xalloc(bytes + SLACK);
+        fill_data(a, F32, m * k, DATA_REAL);
+        fill_data(b, F32, k * n, DATA_REAL);
+        if (!CHECK(mp_matmul(NULL, ta, tb, m, n, k, a, F32, b, F32, c0, F32) == MP_OK)) continue;
+        for (shift = 0; shift <= 16; shift += 16) /* C on a line, then 16 bytes past one */
+            for (p = 2; p <= 4; p++) {
+                unsigned char *c = raw + (64 - (uintptr_t)raw % 64) % 64 + (size_t)shift;
+                int same, untouched = 1;
+                memset(raw, 0x7F, bytes + SLACK); /* 3.4e38 a float: sums that did not start from 0 show */
+                same = mp_matmul(pools[p], ta, tb, m, n, k, a, F32, b, F32, c, F32) == MP_OK &&
+                       memcmp(c, c0, bytes) == 0;
+                for (i = (size_t)(c - raw) + bytes; i < bytes + SLACK; i++) untouched &= raw[i] == 0x7F;
+                if (!CHECK(same && untouched))
+                    fprintf(stderr, "    m %zu n %zu k %zu, %d threads, C %d bytes past a line: %s\n", m, n, k, p,
+                            shift, same ? "bytes after C written" : "C differs from the product without a pool");
+            }
+        free(a), free(b), free(c0), free(raw);
+    }
+out:
+    for (p = 2; p <= 4; p++) mp_pool_destroy(pools[p]);
+}
+
 /* ReLU's gradient in the product's epilogue (mp_gemm_args's relu_y, the
    Dense layer's input gradient where the layer below ends in ReLU): the
    bits of the same product followed by the backend's act_backward, for
@@ -1201,6 +1245,7 @@ int main(int argc, char **argv) {
     RUN(test_products_pooled());
     RUN(test_bf16_subnormals());
     RUN(test_threads());
+    RUN(test_sums_in_c_threads());
     RUN(test_relu_grad());
     RUN(test_fenced_operands());
     RUN(test_nan_inf());
