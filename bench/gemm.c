@@ -317,8 +317,21 @@ static size_t random_index(size_t n) { /* [0, n) */
     return (size_t)((double)(uniform_pm1() + 1.0f) * 0.5 * (double)n) % n;
 }
 
+/* Operands on 64-byte lines, as a model's tensors are (mixprec.h's
+   allocator): a product split between threads keeps its float32 sums in C
+   only where each thread's part of C is whole lines (mp__sums_in_c). */
+static void *xmalloc_lines(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0) {
+        fprintf(stderr, "%s: cannot allocate %zu bytes\n", BENCH_NAME, bytes);
+        exit(1);
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
 static float *random_f32(size_t count) {
-    float *x = (float *)xmalloc(count * sizeof(float));
+    float *x = (float *)xmalloc_lines(count * sizeof(float));
     size_t i;
     for (i = 0; i < count; i++) x[i] = uniform_pm1();
     return x;
@@ -328,7 +341,7 @@ static float *random_f32(size_t count) {
 static void *as_dtype(const float *src, size_t count, mp_dtype dt) {
     void *dst;
     if (dt == MP_FLOAT32) return (void *)src;
-    dst = xmalloc(count * mp_dtype_size(dt));
+    dst = xmalloc_lines(count * mp_dtype_size(dt));
     if (mp_convert(dst, dt, src, MP_FLOAT32, count, NULL) != MP_OK) die("mp_convert", "failed");
     return dst;
 }
@@ -423,7 +436,7 @@ static int openblas_child(void) {
         j.m = j.n = j.k = n;
         j.a = random_f32(n * n);
         j.b = random_f32(n * n);
-        j.c = xmalloc(n * n * sizeof(float));
+        j.c = xmalloc_lines(n * n * sizeof(float));
         for (t = 1; t <= N_THREADS; t++) {
             openblas_set_num_threads(t);
             printf("result %zu %d %.3f\n", s, t, gemm_flops(&j) / time_call(call_openblas, &j) * 1e-9);
@@ -560,7 +573,7 @@ static void measure_shape(const shape *s, double gflops[N_DTYPES][N_THREADS + 1]
         j.dt = dtypes[d];
         j.a = as_dtype(a32, s->m * s->k, j.dt);
         j.b = as_dtype(b32, s->k * s->n, j.dt);
-        j.c = xmalloc(s->m * s->n * mp_dtype_size(j.dt));
+        j.c = xmalloc_lines(s->m * s->n * mp_dtype_size(j.dt));
         for (t = 1; t <= N_THREADS; t++) {
             mp_status st = mp_pool_create(&j.pool, t); /* one pool at a time: no idle workers around */
             int ok;
