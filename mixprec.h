@@ -3966,18 +3966,19 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
 
 #if defined(MP__SIMD_X86) && defined(__AVX512F__)
 /* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in
-   t. In C itself only the tile's rows and columns inside C are read and
+   t. Into C (the epilogue's, or the sums kept in C) only the tile's rows
+   inside C go, and in C itself only its columns inside C are read and
    written; a block's padding takes the whole tile. */
 static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__tile_dest *d) {
     __mmask32 k = d->in_c && d->cols < MP__NR ? mp__z_tail(d->cols) : (__mmask32)0xFFFFFFFFu;
-    size_t r, rows = d->in_c ? d->rows : MP__MR;
+    size_t r, rows = d->in_c || d->g ? d->rows : MP__MR;
     for (r = 0; r < rows; r++) {
         __m512 c_lo = d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)k, c + r * ldc);
         __m512 c_hi = d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)(k >> 16), c + r * ldc + 16);
         __m512 lo = _mm512_add_ps(t[2 * r], c_lo), hi = _mm512_add_ps(t[2 * r + 1], c_hi);
 #ifdef MP__TILE_FUSED
         if (d->g) {
-            if (r < d->rows) mp__tile_epilogue(d, r, lo, hi);
+            mp__tile_epilogue(d, r, lo, hi);
             continue;
         }
 #endif
@@ -4287,10 +4288,9 @@ static void mp__slice_tiles(const mp__gemm_ws *ws, const float *slice, float *c,
    C[m0..m1, n0..n1), a K slice at a time across all of it
    (mp__gemm_in_c), where the blocked order keeps a block of MC rows in L2
    over all of K and reads the whole K x NC panel of op(B) again for every
-   block. That takes more than
-   one slice, float32 C with its epilogue in the kernels, and a C small
-   enough to stay in L3 (MP__IN_C_FLOATS) while the slices pass: a weight
-   gradient, whose K is the batch. Every sum is the same, in the same order:
+   block. That takes more than one slice, float32 C with its epilogue in
+   the kernels, and a C small enough to stay in L3 (MP__IN_C_FLOATS) while
+   the slices pass: a weight gradient, whose K is the batch. Every sum is the same, in the same order:
    C is the block. Where the threads split C, each must keep to whole cache
    lines of it (C on a line, its rows whole lines): their sums are written
    every slice, and a line that two threads write would pass between their

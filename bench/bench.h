@@ -19,8 +19,8 @@ static inline double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static inline void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
+/* p, its bytes zeroed; NULL (a failed allocation) stops the program. */
+static inline void *xzeroed(void *p, size_t bytes) {
     if (!p) {
         fprintf(stderr, "%s: cannot allocate %zu bytes\n", BENCH_NAME, bytes);
         exit(1);
@@ -28,6 +28,8 @@ static inline void *xmalloc(size_t bytes) {
     memset(p, 0, bytes);
     return p;
 }
+
+static inline void *xmalloc(size_t bytes) { return xzeroed(malloc(bytes ? bytes : 1), bytes); }
 
 static inline void check(mp_status s, const mp_model *m, const char *what) {
     if (s == MP_OK) return;

@@ -322,12 +322,7 @@ static size_t random_index(size_t n) { /* [0, n) */
    only where each thread's part of C is whole lines (mp__sums_in_c). */
 static void *xmalloc_lines(size_t bytes) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0) {
-        fprintf(stderr, "%s: cannot allocate %zu bytes\n", BENCH_NAME, bytes);
-        exit(1);
-    }
-    memset(p, 0, bytes);
-    return p;
+    return xzeroed(posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL, bytes);
 }
 
 static float *random_f32(size_t count) {
