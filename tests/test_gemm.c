@@ -534,6 +534,66 @@ out:
     for (p = 2; p <= 4; p++) mp_pool_destroy(pools[p]);
 }
 
+/* A weight gradient with a small C and a long K splits along K on more
+   than one thread (mp__split_k): thread 0 sums the first slices, the
+   others each slice apart, added in K's order before the epilogue. On 2,
+   3 and 4 threads, the bits of 1 thread, through every epilogue the
+   merge runs (C += the product, bias and ReLU, ReLU's gradient), every
+   C dtype, operands of each dtype, C wider than one NC block, rows that
+   are not whole lines; and on 2 and 3 threads the split is taken (but
+   for bfloat16 on AMX; 12 bfloat16 slices are too few for 4 threads). */
+static void test_split_k(void) {
+    static const size_t shapes[][3] = {{12, 128, 6044}, {13, 33, 6044}, {5, 2100, 6044}}; /* 24 slices, 12 pairs */
+    static const mp_dtype mixes[][2] = {{F32, F32}, {F16, F32}, {F16, F16}, {BF16, F32}, {BF16, BF16}, {F32, BF16}};
+    static const float gates[] = {0.0f, -0.0f, INFINITY, NAN, 1.0f, -1.0f};
+    const mp_backend *cpu = mp_cpu_backend();
+    void *ctx[5] = {NULL, NULL, NULL, NULL, NULL};
+    size_t s, x, i;
+    int t, e;
+    for (t = 1; t <= 4; t++)
+        if (!CHECK(cpu->create(&ctx[t], t, NULL) == MP_OK)) goto out;
+    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (x = 0; x < sizeof mixes / sizeof mixes[0]; x++)
+            for (e = 0; e < 4; e++) { /* plain, C +=, bias and ReLU, ReLU's gradient */
+                size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], mn = m * n;
+                mp_dtype ab = mixes[x][0], ct = mixes[x][1];
+                void *a = xalloc(k * m * dsize(ab)), *b = xalloc(k * n * dsize(ab)), *y = xalloc(mn * dsize(ct));
+                void *c0 = xalloc(mn * dsize(ct)), *c = xalloc(mn * dsize(ct)), *bias = xalloc(n * dsize(ct));
+                void *before = xalloc(mn * dsize(ct));
+                mp_gemm_args g;
+                char what[160];
+                fill_data(a, ab, k * m, DATA_REAL);
+                fill_data(b, ab, k * n, DATA_REAL);
+                fill_data(bias, ct, n, DATA_REAL);
+                fill_data(before, ct, mn, DATA_REAL);
+                for (i = 0; i < mn; i++) put(y, ct, i, gates[rng_next() % 6]);
+                memset(&g, 0, sizeof g);
+                g.trans_a = 1, g.m = m, g.n = n, g.k = k, g.a = a, g.b = b, g.at = g.bt = ab, g.ct = ct;
+                g.accumulate = e == 1;
+                g.bias = e >= 2 ? bias : NULL, g.biast = ct, g.act = e == 2 ? MP_RELU : MP_LINEAR;
+                g.relu_y = e == 3 ? y : NULL;
+                snprintf(what, sizeof what, "split along K: %s -> %s, m %zu n %zu k %zu, epilogue %d", dn(ab),
+                         dn(ct), m, n, k, e);
+                for (t = 1; t <= 4; t++) {
+                    mp__k_split split;
+                    g.c = t == 1 ? c0 : c;
+                    memcpy(g.c, before, mn * dsize(ct));
+                    cpu->gemm(ctx[t], &g);
+                    if ((t == 2 || t == 3) && /* 4: too few pairs; AMX's tiles do not split */
+                        !check_report((ab == BF16 && mp__amx_usable()) || mp__split_k(&g, mp__pool_of(ctx[t]), &split),
+                                      __FILE__, __LINE__, what))
+                        fprintf(stderr, "    %d threads: not split along K\n", t);
+                    if (t > 1 && !check_report(cpu->sync(ctx[t]) == MP_OK && memcmp(c, c0, mn * dsize(ct)) == 0,
+                                               __FILE__, __LINE__, what))
+                        fprintf(stderr, "    %d threads: C differs from 1 thread's\n", t);
+                }
+                free(a), free(b), free(y), free(c0), free(c), free(bias), free(before);
+            }
+out:
+    for (t = 1; t <= 4; t++)
+        if (ctx[t]) cpu->destroy(ctx[t]);
+}
+
 /* ReLU's gradient in the product's epilogue (mp_gemm_args's relu_y, the
    Dense layer's input gradient where the layer below ends in ReLU): the
    bits of the same product followed by the backend's act_backward, for
@@ -1246,6 +1306,7 @@ int main(int argc, char **argv) {
     RUN(test_bf16_subnormals());
     RUN(test_threads());
     RUN(test_sums_in_c_threads());
+    RUN(test_split_k());
     RUN(test_relu_grad());
     RUN(test_fenced_operands());
     RUN(test_nan_inf());
