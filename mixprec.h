@@ -4149,17 +4149,19 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
 /* c[32 x 32] (row stride ldc floats; 16 x 32 when !two) = (first ? 0 : c) +
    a b over `steps` tiles of K: a as mp__pack_amx_a lays it out (the second
    16 rows a_next further on), b a panel of 32 columns of pairs
-   (mp__pack_pairs, [steps 16][32]). The tile numbers are the instructions'
-   immediates. */
+   (mp__pack_pairs, [steps 16][32]). The tiles carry c's sums through the
+   slice's products, or, `apart`, sum the slice from +0 and add it to c
+   after, as the other kernels do (mp__amx_apart). The tile numbers are the
+   instructions' immediates. */
 static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const uint32_t *b, float *c, size_t ldc,
-                           int first, int two) {
+                           int first, int two, int apart) {
     const size_t row_bytes = ldc * sizeof(float);
-    float *c2 = c + 16 * ldc;
-    size_t s;
+    float *c2 = c + 16 * ldc, sums[32 * 32];
+    size_t s, r;
     /* GCC 12's tile loads do not tell the compiler that they read memory:
        the packs' stores stay before them (its tile stores say they write). */
     __asm__ volatile("" ::: "memory");
-    if (first) {
+    if (first || apart) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
@@ -4184,11 +4186,26 @@ static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    _tile_stored(0, c, row_bytes);
-    _tile_stored(1, c + 16, row_bytes);
+    if (first || !apart) {
+        _tile_stored(0, c, row_bytes);
+        _tile_stored(1, c + 16, row_bytes);
+        if (two) {
+            _tile_stored(2, c2, row_bytes);
+            _tile_stored(3, c2 + 16, row_bytes);
+        }
+        return;
+    }
+    _tile_stored(0, sums, 32 * sizeof(float));
+    _tile_stored(1, sums + 16, 32 * sizeof(float));
     if (two) {
-        _tile_stored(2, c2, row_bytes);
-        _tile_stored(3, c2 + 16, row_bytes);
+        _tile_stored(2, sums + 16 * 32, 32 * sizeof(float));
+        _tile_stored(3, sums + 16 * 32 + 16, 32 * sizeof(float));
+    }
+    __asm__ volatile("" ::: "memory"); /* the vector loads after the tile stores */
+    for (r = 0; r < (two ? 32u : 16u); r++) {
+        _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), _mm512_loadu_ps(sums + r * 32)));
+        _mm512_storeu_ps(c + r * ldc + 16,
+                         _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), _mm512_loadu_ps(sums + r * 32 + 16)));
     }
 }
 
@@ -4196,12 +4213,12 @@ static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const
    panels, into the float32 block c (row stride ncp), a B panel's 32
    columns at a time (it stays in L1 while the A tiles pass). */
 static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t mc, size_t ncp, size_t steps,
-                          int first) {
+                          int first, int apart) {
     size_t ir, jr, group = steps * 256; /* a 16-row group of A tiles, in pairs */
     for (jr = 0; jr < ncp; jr += MP__NR)
         for (ir = 0; ir < mc; ir += 32)
             mp__kernel_amx(steps, a + ir / 16 * group, group, b + jr * steps * MP__AMX_PAIRS, c + ir * ncp + jr, ncp,
-                           first, ir + 16 < mc);
+                           first, ir + 16 < mc, apart);
 }
 
 /* The rows of an AMX block of ncp columns K deep: MC, or where the B panel
@@ -4398,15 +4415,18 @@ static void mp__gemm_in_c(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, siz
 }
 
 /* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
-   product whose C^T g is (written back through mp__epilogue_transposed). */
+   product whose C^T g is (written back through mp__epilogue_transposed);
+   apart: AMX sums each K slice apart (mp__amx_apart). */
 static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
-                            size_t n0, size_t n1) {
+                            size_t n0, size_t n1, int apart) {
     int pairs = mp__gemm_bf16(g), amx = pairs && mp__amx_usable(); /* tdpbf16ps, else vdpbf16ps */
     int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
     size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
     size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
 #ifdef MP__AMX
     if (amx) panel = mp__min(panel, MP__AMX_NC);
+#else
+    (void)apart;
 #endif
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, r;
@@ -4446,7 +4466,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                     mp__pack_amx_a((uint32_t *)ws->a, !g->trans_a, (const uint16_t *)g->a, lda, i0, mc, p0, kc,
                                    depth / MP__AMX_PAIRS);
                     mp__block_amx((const uint32_t *)ws->a, (const uint32_t *)slice, ws->c, mc, ncp,
-                                  depth / MP__AMX_PAIRS, p0 == 0);
+                                  depth / MP__AMX_PAIRS, p0 == 0, apart);
                     if (into_c) {
                         d.g = g, d.bias = g->bias ? bias : NULL;
                         d.row = i0, d.col = j0, d.cols = nc;
@@ -4474,9 +4494,19 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #endif
 }
 
+/* Whether AMX sums each K slice of g from +0 and adds it to the sums so
+   far, as the other kernels do, rather than carrying the sums in its tiles:
+   in the products that split along K on 2 threads (mp__split_k), whatever
+   the pool, so that their bits do not depend on it. One thread is no
+   slower for it (12 x 128 x 21142: 415-438 us either way). */
+static int mp__amx_apart(const mp_gemm_args *g) {
+    return g->trans_a && !g->trans_b && mp__k_split_of(g->m, g->n, g->k, 2 * MP__KC, 2).fits;
+}
+
 typedef struct mp__gemm_job {
     const mp_gemm_args *g, *orig; /* orig: the product whose C^T g is, or NULL */
     mp_pool *pool;
+    int apart; /* AMX sums each K slice apart */
 } mp__gemm_job;
 
 /* Each thread takes a disjoint range of whole tiles along N (then every
@@ -4503,10 +4533,12 @@ static void mp__gemm_task(void *ctx, int t, int threads) {
     size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
-        if (n0 < g->n) mp__gemm_region(g, job->orig, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per));
+        if (n0 < g->n)
+            mp__gemm_region(g, job->orig, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per), job->apart);
     } else {
         size_t per = (tm + T - 1) / T * MP__MR, m0 = (size_t)t * per;
-        if (m0 < g->m) mp__gemm_region(g, job->orig, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n);
+        if (m0 < g->m)
+            mp__gemm_region(g, job->orig, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n, job->apart);
     }
 }
 
@@ -4519,8 +4551,10 @@ static void mp__gemm_task(void *ctx, int t, int threads) {
    the first slices as one product would, every other thread sums each of
    its slices apart, and mp__merge_task adds those to thread 0's in order
    before the epilogue. It takes op(A) = A^T and op(B) = B, where a slice
-   of K is a run of whole rows of both (a weight gradient's X^T dY), and
-   not AMX, whose tiles carry the sums from one slice into the next. */
+   of K is a run of whole rows of both (a weight gradient's X^T dY). AMX's
+   tiles would carry the sums from one slice into the next: in the products
+   that split on 2 threads they sum each slice apart instead, on any
+   number of threads (mp__amx_apart), and the others do not split. */
 typedef struct mp__split_job {
     const mp_gemm_args *g;
     mp_pool *pool;
@@ -4529,7 +4563,7 @@ typedef struct mp__split_job {
 
 static int mp__split_k(const mp_gemm_args *g, const mp_pool *pool, mp__k_split *s) {
     int pairs = mp__gemm_bf16(g);
-    if (pool->threads < 2 || !g->trans_a || g->trans_b || (pairs && mp__amx_usable())) return 0;
+    if (pool->threads < 2 || !g->trans_a || g->trans_b || (pairs && mp__amx_usable() && !mp__amx_apart(g))) return 0;
     *s = mp__k_split_of(g->m, g->n, g->k, pairs ? 2 * MP__KC : MP__KC, pool->threads);
     return s->fits && pool->ws[0].part_cap >= s->floats;
 }
@@ -4542,7 +4576,7 @@ static void mp__split_sum(const mp_gemm_args *g, mp__gemm_ws *ws, size_t p0, siz
     p.b = mp__at(g->b, g->bt, p0 * g->n);
     p.c = c, p.ct = MP_FLOAT32;
     p.accumulate = 0, p.bias = NULL, p.act = MP_LINEAR, p.z = NULL, p.relu_y = NULL;
-    mp__gemm_region(&p, NULL, ws, 0, g->m, 0, g->n);
+    mp__gemm_region(&p, NULL, ws, 0, g->m, 0, g->n, 1); /* AMX splits only where it sums slices apart */
 }
 
 /* Thread 0's slices as one product, another thread's one at a time. */
@@ -4619,6 +4653,7 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     job.g = g;
     job.orig = NULL;
     job.pool = pool;
+    job.apart = mp__amx_apart(g); /* not where the product runs as its transpose */
     if (!g->accumulate && !g->z && mp__swap_dims(g->m, g->n)) { /* C^T = op(B)^T op(A)^T, C written by orig */
         t = *g;
         t.trans_a = !g->trans_b, t.trans_b = !g->trans_a;
