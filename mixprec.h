@@ -4518,12 +4518,24 @@ typedef struct mp__gemm_job {
    share a cache line wherever C's rows do not start on one (a C from
    malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
    13 us split along M; 13 us either way on a line). */
+/* Whether a product on AMX whose op(A) AMX's pack transposes (a weight
+   gradient's X^T, its dearest pack) has an op(B) of at most 128K values:
+   then each thread packing all of op(B) costs less than each transposing
+   all of X^T, and the product splits along M. Measured (an Intel Xeon,
+   family 6 model 167, bfloat16, 2 threads): 1024 x 1024 x 128 213-233 to
+   182-196 us, 784 x 1024 x 128 165-177 to 140-157; with op(B) of 512K
+   values (4096 x 4096 x 128) or a batch of 8192 split along M was slower
+   (3.26-3.31 to 3.53-3.56 ms; 1024 x 1024 x 8192 9.9 to 11.0-11.5 ms). */
+static int mp__amx_small_b(const mp_gemm_args *g) {
+    return mp__gemm_bf16(g) && mp__amx_usable() && g->trans_a && g->k * g->n <= ((size_t)1 << 17);
+}
+
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
     float cost_b = (float)g->k * (float)g->n * (g->trans_b ? 3.0f : 1.0f);
     if (tm < threads) return 1;
-    if (tn < threads || g->k <= MP__SHALLOW) return 0;
+    if (tn < threads || g->k <= MP__SHALLOW || mp__amx_small_b(g)) return 0;
     return cost_a <= cost_b;
 }
 

@@ -435,6 +435,7 @@ static void test_threads(void) {
         {2, 2500, 60, 0, 1}, /* more than one 2048-wide panel */
         /* B panels of more than 1 MiB of bfloat16 pairs (4 MiB here): AMX's taller blocks */
         {197, 530, 4100, 0, 1}, {197, 530, 4100, 1, 0},
+        {36, 200, 128, 1, 0}, /* bfloat16 on AMX splits this along M (op(B) small) */
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
