@@ -4509,15 +4509,6 @@ typedef struct mp__gemm_job {
     int apart; /* AMX sums each K slice apart */
 } mp__gemm_job;
 
-/* Each thread takes a disjoint range of whole tiles along N (then every
-   thread packs all of op(A)) or along M (then every thread packs all of
-   op(B)): the split that repeats the cheaper packing, a transposing pack
-   costing about three copies. A shallow product (k <= MP__SHALLOW)
-   is its C stores, and both packs are small: it splits along M, since in
-   an N split the two threads write both ends of every row of C, which
-   share a cache line wherever C's rows do not start on one (a C from
-   malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
-   13 us split along M; 13 us either way on a line). */
 /* Whether a product on AMX whose op(A) AMX's pack transposes (a weight
    gradient's X^T, its dearest pack) has an op(B) of at most 128K values:
    then each thread packing all of op(B) costs less than each transposing
@@ -4530,6 +4521,15 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
     return mp__gemm_bf16(g) && mp__amx_usable() && g->trans_a && g->k * g->n <= ((size_t)1 << 17);
 }
 
+/* Each thread takes a disjoint range of whole tiles along N (then every
+   thread packs all of op(A)) or along M (then every thread packs all of
+   op(B)): the split that repeats the cheaper packing, a transposing pack
+   costing about three copies. A shallow product (k <= MP__SHALLOW)
+   is its C stores, and both packs are small: it splits along M, since in
+   an N split the two threads write both ends of every row of C, which
+   share a cache line wherever C's rows do not start on one (a C from
+   malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
+   13 us split along M; 13 us either way on a line). */
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
@@ -4591,19 +4591,26 @@ static void mp__split_sum(const mp_gemm_args *g, mp__gemm_ws *ws, size_t p0, siz
     mp__gemm_region(&p, NULL, ws, 0, g->m, 0, g->n, 1); /* AMX splits only where it sums slices apart */
 }
 
+/* The slices [*j0, *j1) of K that thread t >= 1 sums apart. */
+static void mp__split_range(const mp__k_split *s, int t, size_t *j0, size_t *j1) {
+    *j0 = mp__min(s->slices, s->first + (size_t)(t - 1) * s->per);
+    *j1 = mp__min(s->slices, *j0 + s->per);
+}
+
 /* Thread 0's slices as one product, another thread's one at a time. */
 static void mp__split_task(void *ctx, int t, int threads) {
     const mp__split_job *job = (const mp__split_job *)ctx;
     const mp_gemm_args *g = job->g;
     const mp__k_split *s = &job->s;
     mp__gemm_ws *ws = &job->pool->ws[t];
-    size_t j, j0;
+    size_t j, j0, j1;
     (void)threads;
     if (t == 0) {
         mp__split_sum(g, ws, 0, mp__min(s->first * s->kc, g->k), ws->part);
         return;
     }
-    for (j = j0 = s->first + (size_t)(t - 1) * s->per; j < mp__min(s->slices, j0 + s->per); j++)
+    mp__split_range(s, t, &j0, &j1);
+    for (j = j0; j < j1; j++)
         mp__split_sum(g, ws, j * s->kc, mp__min(s->kc, g->k - j * s->kc), ws->part + (j - j0) * s->stride);
 }
 
@@ -4614,12 +4621,13 @@ static void mp__merge_task(void *ctx, int t, int threads) {
     const mp_gemm_args *g = job->g;
     const mp__k_split *s = &job->s;
     const mp__gemm_ws *ws = job->pool->ws;
-    size_t per = (g->m + (size_t)threads - 1) / (size_t)threads, r, j, j0;
+    size_t per = (g->m + (size_t)threads - 1) / (size_t)threads, r, j, j0, j1;
+    int u;
     for (r = (size_t)t * per; r < mp__min(g->m, (size_t)(t + 1) * per); r++) {
         float *acc = ws[0].part + r * g->n;
-        for (j = s->first; j < s->slices; j++) {
-            size_t u = (j - s->first) / s->per; /* thread u + 1's */
-            mp__add_run(acc, ws[u + 1].part + (j - s->first - u * s->per) * s->stride + r * g->n, g->n);
+        for (u = 1; u < threads; u++) { /* the threads' slices follow one another along K */
+            mp__split_range(s, u, &j0, &j1);
+            for (j = j0; j < j1; j++) mp__add_run(acc, ws[u].part + (j - j0) * s->stride + r * g->n, g->n);
         }
         for (j0 = 0; j0 < g->n; j0 += MP__NC)
             mp__epilogue(g, acc + j0, ws[t].tmp, r, j0, mp__min(MP__NC, g->n - j0));
@@ -4651,11 +4659,12 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
     mp__split_job split;
     mp_gemm_args t;
+    int threads = g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads;
     if (g->m == 0 || g->n == 0) return;
 #ifdef MIXPREC_USE_CBLAS
     if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[0].tmp); return; }
 #endif
-    if (g->m * g->n * g->k >= MP__GEMM_PARALLEL && mp__split_k(g, pool, &split.s)) {
+    if (threads > 1 && mp__split_k(g, pool, &split.s)) {
         split.g = g;
         split.pool = pool;
         mp__pool_run(pool, mp__split_task, &split, pool->threads);
@@ -4676,7 +4685,7 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
         job.g = &t;
         job.orig = g;
     }
-    mp__pool_run(pool, mp__gemm_task, &job, g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads);
+    mp__pool_run(pool, mp__gemm_task, &job, threads);
 }
 
 MIXPREC_API mp_status mp_matmul(mp_pool *pool, int trans_a, int trans_b, size_t m, size_t n, size_t k,
