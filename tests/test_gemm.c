@@ -436,6 +436,7 @@ static void test_threads(void) {
         /* B panels of more than 1 MiB of bfloat16 pairs (4 MiB here): AMX's taller blocks */
         {197, 530, 4100, 0, 1}, {197, 530, 4100, 1, 0},
         {36, 200, 128, 1, 0}, /* bfloat16 on AMX splits this along M (op(B) small) */
+        {128, 300, 10, 0, 1}, /* the 10-class input gradient: rows split mid-tile, op(B) transposed in one part block */
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
