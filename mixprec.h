@@ -4529,14 +4529,20 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
 }
 
 /* Each thread takes a disjoint range of whole tiles along N (then every
-   thread packs all of op(A)) or along M (then every thread packs all of
-   op(B)): the split that repeats the cheaper packing, a transposing pack
+   thread packs all of op(A)) or an even share of the rows along M (then
+   every thread packs all of op(B)): the split that repeats the cheaper
+   packing, a transposing pack
    costing about three copies. A shallow product (k <= MP__SHALLOW)
    is its C stores, and both packs are small: it splits along M, since in
    an N split the two threads write both ends of every row of C, which
    share a cache line wherever C's rows do not start on one (a C from
    malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
-   13 us split along M; 13 us either way on a line). */
+   13 us split along M; 13 us either way on a line). Rows, not whole tiles:
+   no thread gets more tiles for it (ceil(ceil(m / T) / MR) <= ceil(ceil(m
+   / MR) / T)), the rows' stores split evenly (128 rows: 64 and 64, where
+   whole tiles gave 72 and 56), and AMX's 32-row blocks fall better
+   (1024 rows: 16 blocks a thread, 17 and 16 by 12-row tiles). Which rows
+   a thread sums changes no sum. */
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
@@ -4549,13 +4555,13 @@ static int mp__split_n(const mp_gemm_args *g, size_t threads) {
 static void mp__gemm_task(void *ctx, int t, int threads) {
     const mp__gemm_job *job = (const mp__gemm_job *)ctx;
     const mp_gemm_args *g = job->g;
-    size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
+    size_t T = (size_t)threads, tn = (g->n + MP__NR - 1) / MP__NR;
     if (mp__split_n(g, T)) {
         size_t per = (tn + T - 1) / T * MP__NR, n0 = (size_t)t * per;
         if (n0 < g->n)
             mp__gemm_region(g, job->orig, &job->pool->ws[t], 0, g->m, n0, mp__min(g->n, n0 + per), job->apart);
     } else {
-        size_t per = (tm + T - 1) / T * MP__MR, m0 = (size_t)t * per;
+        size_t per = (g->m + T - 1) / T, m0 = (size_t)t * per;
         if (m0 < g->m)
             mp__gemm_region(g, job->orig, &job->pool->ws[t], m0, mp__min(g->m, m0 + per), 0, g->n, job->apart);
     }
