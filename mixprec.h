@@ -74,7 +74,8 @@ CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_NO_SIMD         portable C only, even where the compiler enables
                             F16C/AVX2/AVX-512; casts are bit-identical either
                             way (GEMM sums may round differently: no FMA)
-    MIXPREC_NO_THREADS      no thread pool (also where POSIX threads are missing)
+    MIXPREC_NO_THREADS      no thread pool (also where POSIX threads, or GCC's
+                            and Clang's __atomic builtins, are missing)
     MIXPREC_USE_CBLAS       float32 GEMMs go to the linked CBLAS's cblas_sgemm
     MIXPREC_RULES           for a backend's own source (cuda/): compile the
                             shared >>rules (activations, loss rows) without
@@ -452,7 +453,8 @@ MIXPREC_API size_t mp_tensor_bytes(const mp_tensor *t);
 
 /* >>threads
    A small persistent pool of worker threads (pthreads). MIXPREC_NO_THREADS,
-   or a platform without POSIX threads, compiles it out: everything then runs
+   or a platform without POSIX threads or a compiler without GCC's __atomic
+   builtins (GCC and Clang have them), compiles it out: everything then runs
    on the calling thread. Results never depend on the thread count. */
 typedef struct mp_pool mp_pool;
 
@@ -1817,8 +1819,8 @@ MP__ROUND_EACH_END;
 #include <fcntl.h>
 #include <sys/stat.h>
 #endif
-#if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0
-#define MP__THREADS 1
+#if !defined(MIXPREC_NO_THREADS) && defined(_POSIX_THREADS) && _POSIX_THREADS > 0 && (defined(__GNUC__) || defined(__clang__))
+#define MP__THREADS 1 /* the pool's polls need GCC's and Clang's __atomic builtins */
 #include <pthread.h>
 #include <sched.h> /* sched_yield, in the pool's spin */
 #endif
@@ -3246,8 +3248,8 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
    behind it (measured: the two halves of a 0.6 ms product running one
    after the other, on an idle 2-core machine). The spin keeps the core
    for its first polls and yields it between the later ones (mp__pause).
-   It needs GCC's or Clang's __atomic builtins; elsewhere the pool only
-   sleeps. */
+   The polls take no lock (GCC's and Clang's __atomic builtins; without
+   them there is no pool). */
 typedef void (*mp__task)(void *ctx, int thread, int threads);
 
 /* What one thread packs into and sums in: an A block, a B panel (grown to
@@ -3275,7 +3277,7 @@ struct mp_pool {
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
     unsigned long generation;
-    int pending, quit, started;
+    int pending, quit, started, sleepers;
     mp__task task;
     void *ctx;
 #endif
@@ -3293,41 +3295,59 @@ MIXPREC_API int mp_available_cores(void) {
 MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threads : 1; }
 
 #ifdef MP__THREADS
-#if defined(__GNUC__) || defined(__clang__)
-#define MP__SPINS 100     /* polls: about 100 microseconds (see mp__pause) */
-#define MP__SPINS_KEEP 70 /* of them without yielding: about 50 microseconds */
-#define MP__LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
-#define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_RELEASE)
-#else
-#define MP__SPINS 0
-#define MP__SPINS_KEEP 0
-#define MP__LOAD(x) (x)
-#define MP__STORE(x, v) ((x) = (v))
-#endif
+#define MP__SPINS 100     /* x 32 pauses: about 70 microseconds on Zen 5, 36 on a Xeon (mp__pause) */
+#define MP__SPINS_KEEP 70 /* of them without yielding */
+/* Every access the pool's threads share is sequentially consistent: a
+   sleeper counts itself in `sleepers` before it looks at what it waits
+   for, and a waker stores what ends the wait before it looks at
+   `sleepers`, so one of the two sees the other's write (mp__pool_wake). */
+#define MP__LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_SEQ_CST)
+#define MP__ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
-/* Polls while cond holds, up to MP__SPINS times; the caller then takes
-   the mutex and looks again. */
-#define MP__SPIN_WHILE(cond)                                                                       \
-    do {                                                                                           \
-        int spin_;                                                                                 \
-        for (spin_ = 0; spin_ < MP__SPINS && (cond) && !MP__LOAD(p->quit); spin_++)                \
-            mp__pause(spin_);                                                                      \
-    } while (0)
-
-/* Between polls: a few pause instructions (0.7 us on Zen 5); after the
-   first MP__SPINS_KEEP polls, also the core to any other thread that
-   wants it. Yielding from the first poll handed the core to any
-   low-priority job for its whole time slice (a batch-128 bfloat16 step on
-   2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms without yielding);
-   never yielding starved a caller and a worker that share a core (beside
-   one equal-priority job: 6.0 ms, 4.6 ms yielding). Keeping 70 polls gave
-   2.3-2.4 and 5.6-5.9 ms (bench/train, README's "Two threads"). */
+/* A poll every pause instruction (about 11 ns on the Xeon of README's
+   Intel AMX section, 22 on Zen 5): a wait ends within a few tens of
+   nanoseconds of the store that ends it, where a poll every 32 pauses
+   left 0.2-0.4 us on average at each end of a product. After the first
+   MP__SPINS_KEEP x 32 pauses the core also goes to any other thread that
+   wants it, every 32 pauses. Yielding from the first poll handed the core
+   to any low-priority job for its whole time slice (a batch-128 bfloat16
+   step on 2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms without
+   yielding); never yielding starved a caller and a worker that share a
+   core (beside one equal-priority job: 6.0 ms, 4.6 ms yielding). Keeping
+   70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train, README's "Two
+   threads"). */
+#define MP__PAUSES 32
 static void mp__pause(int spin) {
 #ifdef MP__SIMD_X86
-    int i;
-    for (i = 0; i < 32; i++) _mm_pause();
+    _mm_pause();
 #endif
-    if (spin >= MP__SPINS_KEEP) sched_yield();
+    if (spin >= MP__SPINS_KEEP * MP__PAUSES && spin % MP__PAUSES == MP__PAUSES - 1) sched_yield();
+}
+
+/* Waits while cond holds: polls it up to MP__SPINS x MP__PAUSES times,
+   then sleeps on cv, counted in p->sleepers. A thread that polls takes no
+   lock: woken through the mutex, a worker often found the caller still
+   holding it and slept in the kernel until the caller let go. */
+#define MP__WAIT_WHILE(cond, cv)                                                                   \
+    do {                                                                                           \
+        int spin_;                                                                                 \
+        for (spin_ = 0; spin_ < MP__SPINS * MP__PAUSES && (cond); spin_++) mp__pause(spin_);       \
+        if (cond) {                                                                                \
+            pthread_mutex_lock(&p->mu);                                                            \
+            MP__ADD(p->sleepers, 1);                                                               \
+            while (cond) pthread_cond_wait(cv, &p->mu);                                            \
+            MP__ADD(p->sleepers, -1);                                                              \
+            pthread_mutex_unlock(&p->mu);                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* After a store that ends a wait: wakes the sleepers on cv, if any. */
+static void mp__pool_wake(mp_pool *p, pthread_cond_t *cv) {
+    if (!MP__LOAD(p->sleepers)) return;
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 static void *mp__worker_main(void *arg) {
@@ -3335,20 +3355,12 @@ static void *mp__worker_main(void *arg) {
     mp_pool *p = w->pool;
     unsigned long seen = 0;
     for (;;) {
-        MP__SPIN_WHILE(MP__LOAD(p->generation) == seen);
-        pthread_mutex_lock(&p->mu);
-        while (p->generation == seen && !p->quit) pthread_cond_wait(&p->wake, &p->mu);
-        if (p->quit) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        MP__WAIT_WHILE(MP__LOAD(p->generation) == seen && !MP__LOAD(p->quit), &p->wake);
+        if (MP__LOAD(p->quit)) return NULL;
+        seen = MP__LOAD(p->generation);
         p->task(p->ctx, w->index, p->threads);
-        pthread_mutex_lock(&p->mu);
-        MP__STORE(p->pending, p->pending - 1);
-        if (p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
+        if (MP__ADD(p->pending, -1) == 0) mp__pool_wake(p, &p->done);
     }
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
 }
 #endif
 
@@ -3356,18 +3368,13 @@ static void *mp__worker_main(void *arg) {
 static void mp__pool_run(mp_pool *p, mp__task task, void *ctx, int threads) {
 #ifdef MP__THREADS
     if (threads > 1) {
-        pthread_mutex_lock(&p->mu);
-        p->task = task;
+        p->task = task; /* published by the generation's store */
         p->ctx = ctx;
         MP__STORE(p->pending, p->threads - 1);
         MP__STORE(p->generation, p->generation + 1);
-        pthread_cond_broadcast(&p->wake);
-        pthread_mutex_unlock(&p->mu);
+        mp__pool_wake(p, &p->wake);
         task(ctx, 0, p->threads);
-        MP__SPIN_WHILE(MP__LOAD(p->pending) != 0);
-        pthread_mutex_lock(&p->mu);
-        while (p->pending) pthread_cond_wait(&p->done, &p->mu);
-        pthread_mutex_unlock(&p->mu);
+        MP__WAIT_WHILE(MP__LOAD(p->pending) != 0, &p->done);
         return;
     }
 #endif
@@ -3381,10 +3388,8 @@ MIXPREC_API void mp_pool_destroy(mp_pool *p) {
     if (!p) return;
 #ifdef MP__THREADS
     if (p->started) {
-        pthread_mutex_lock(&p->mu);
         MP__STORE(p->quit, 1);
-        pthread_cond_broadcast(&p->wake);
-        pthread_mutex_unlock(&p->mu);
+        mp__pool_wake(p, &p->wake);
         for (i = 0; i < p->started; i++) pthread_join(p->handles[i], NULL);
     }
     pthread_mutex_destroy(&p->mu);
