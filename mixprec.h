@@ -5278,7 +5278,8 @@ static void mp__cpu_free(void *ctx, void *p) {
 static size_t mp__pool_bytes(const mp_pool *p) {
     size_t bytes = mp__block_bytes(p);
     int i;
-    for (i = 0; p && i < p->threads; i++) bytes += mp__block_bytes(p->ws[i].a) + mp__block_bytes(p->ws[i].b);
+    for (i = 0; p && i < p->threads; i++)
+        bytes += mp__block_bytes(p->ws[i].a) + mp__block_bytes(p->ws[i].b) + mp__block_bytes(p->ws[i].part);
     return bytes;
 }
 
