@@ -3595,9 +3595,12 @@ typedef struct mp__k_split {
    (an Intel Xeon, family 6 model 167, float32, 2 threads): 12 x 128 x
    21142 from 584 to 424 us, 128 x 128 x 3969 568 to 480, 256 x 256 x
    4096 1898 to 1812; with 9 slices, 5 on thread 0, 256 x 256 x 2100 974
-   to 1160 and 128 x 128 x 2100 296 to 317. */
+   to 1160 and 128 x 128 x 2100 296 to 317. Two slices a thread are enough
+   (4 were asked at first): 128 x 128 x 1024 149-153 to 135-142 us, and
+   bfloat16 on AMX 128 x 128 x 1922 (a 1x1 convolution's) 75-77 to 71-73,
+   12 x 128 x 2048 22-24 to 21-22, 256 x 256 x 2048 220-229 to 207-225. */
 #define MP__SPLIT_C ((size_t)1 << 16)
-#define MP__SPLIT_SLICES 4
+#define MP__SPLIT_SLICES 2
 #define MP__SPLIT_PART ((size_t)1 << 20)
 
 static mp__k_split mp__k_split_of(size_t m, size_t n, size_t k, size_t kc, int threads) {
