@@ -1663,6 +1663,50 @@ static void test_tensor_memory(void) {
     }
 }
 
+/* A tensor of 16 MiB asks Linux for huge pages (mp__advise_huge): the
+   kernel marks the pages inside it "hg" in /proc/self/smaps's VmFlags.
+   Where the kernel has no transparent huge pages (no
+   /sys/kernel/mm/transparent_hugepage) or the build does not ask (not
+   x86-64 Linux, MIXPREC_MALLOC or MIXPREC_NO_HUGE_PAGES defined), it
+   prints a skip line; the
+   checks are as many either way, so that the count does not depend on
+   the machine. */
+static int huge_pages_advised(const void *p) {
+#ifdef MP__HUGE_PAGES
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r"), *maps;
+    char line[512];
+    unsigned long lo = 0, hi = 0, a, b, at = (unsigned long)(uintptr_t)p;
+    int found = 0, advised = 0;
+    if (!thp) {
+        printf("skip: huge pages (this kernel has no transparent huge pages)\n");
+        return 1;
+    }
+    fclose(thp);
+    if (!(maps = fopen("/proc/self/smaps", "r"))) return 0;
+    while (fgets(line, sizeof line, maps)) {
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) lo = a, hi = b;
+        else if (strncmp(line, "VmFlags:", 8) == 0 && lo <= at && at < hi) found = 1, advised = strstr(line, " hg") != NULL;
+    }
+    fclose(maps);
+    if (!(found && advised)) fprintf(stderr, "    the 16 MiB tensor's pages: found %d, hg %d\n", found, advised);
+    return found && advised;
+#else
+    (void)p;
+    printf("skip: huge pages (this build does not ask for them: not x86-64 Linux with malloc, or "
+           "MIXPREC_NO_HUGE_PAGES)\n");
+    return 1;
+#endif
+}
+
+static void test_huge_pages(void) {
+    static const int shape[1] = {4 << 20};
+    mp_tensor t;
+    memset(&t, 0, sizeof t);
+    if (!OK(mp_tensor_alloc(&t, MP_FLOAT32, 1, shape), NULL)) return;
+    CHECK(huge_pages_advised((const char *)t.data + mp_tensor_bytes(&t) / 2));
+    mp_tensor_free(&t);
+}
+
 /* Bytes by which one training forward pass of a batch raises the peak,
    less the GEMM workspace it sizes (float32 panels, the same under every
    policy): the activations of a 16-512-512-16 MLP (wide hidden layers, so
@@ -1838,6 +1882,7 @@ int main(int argc, char **argv) {
     RUN(test_training());
     RUN(test_csv_log());
     RUN(test_tensor_memory());
+    RUN(test_huge_pages());
     RUN(test_activation_memory());
     RUN(test_model_memory());
     if (check_path()) RUN(test_fashion_mnist(check_path()));
