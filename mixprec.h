@@ -3342,7 +3342,7 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
    `sleepers`, so one of the two sees the other's write (mp__pool_wake). */
 #define MP__LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
 #define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_SEQ_CST)
-#define MP__ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
+#define MP__ATOMIC_ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
 /* A poll every pause instruction (about 11 ns on the Xeon of README's
    Intel AMX section, 22 on Zen 5): a wait ends within a few tens of
@@ -3374,9 +3374,9 @@ static void mp__pause(int spin) {
         for (spin_ = 0; spin_ < MP__SPINS * MP__PAUSES && (cond); spin_++) mp__pause(spin_);       \
         if (cond) {                                                                                \
             pthread_mutex_lock(&p->mu);                                                            \
-            MP__ADD(p->sleepers, 1);                                                               \
+            MP__ATOMIC_ADD(p->sleepers, 1);                                                        \
             while (cond) pthread_cond_wait(cv, &p->mu);                                            \
-            MP__ADD(p->sleepers, -1);                                                              \
+            MP__ATOMIC_ADD(p->sleepers, -1);                                                       \
             pthread_mutex_unlock(&p->mu);                                                          \
         }                                                                                          \
     } while (0)
@@ -3398,7 +3398,7 @@ static void *mp__worker_main(void *arg) {
         if (MP__LOAD(p->quit)) return NULL;
         seen = MP__LOAD(p->generation);
         p->task(p->ctx, w->index, p->threads);
-        if (MP__ADD(p->pending, -1) == 0) mp__pool_wake(p, &p->done);
+        if (MP__ATOMIC_ADD(p->pending, -1) == 0) mp__pool_wake(p, &p->done);
     }
 }
 #endif
