@@ -1663,6 +1663,99 @@ static void test_tensor_memory(void) {
     }
 }
 
+/* The CPU backend's optimizer update on weights, gradients and state full
+   of tiny and subnormal values (where the AVX-512 path multiplies and
+   divides in float64, mp__opt_block_x) against the same update in scalar
+   float32, an operation a statement (no fused multiply-add), to the bit:
+   SGD, with momentum, Nesterov, RMSprop and Adam, a loss scale of 2^15. */
+static float tiny_value(unsigned i) {
+    static const int exponents[] = {0, -40, -62, -90, -120, -127, -140, -1000}; /* -1000: 0 */
+    float v = (float)((i * 2654435761u) % 1000u + 1u) * 1e-3f * ldexpf(1.0f, exponents[(i / 3u) % 8u]);
+    return i % 5u == 0 ? -v : v;
+}
+static void optimizer_reference(const mp_optimizer_desc *o, float alpha, float inv_scale, float *w, const float *g,
+                                float *s1, float *s2, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        /* volatile: no fused multiply-add in any build (g++ contracts by default) */
+        volatile float gv = g[i] * inv_scale, lr_g = o->learning_rate * gv, t, u;
+        if (o->kind == MP_SGD && o->momentum == 0.0f) {
+            w[i] = w[i] - lr_g;
+        } else if (o->kind == MP_SGD) {
+            t = o->momentum * s1[i];
+            s1[i] = t - lr_g;
+            if (o->nesterov) {
+                t = o->momentum * s1[i];
+                t = t - lr_g;
+            } else {
+                t = s1[i];
+            }
+            w[i] = w[i] + t;
+        } else if (o->kind == MP_RMSPROP) {
+            t = o->rho * s1[i];
+            u = gv * gv;
+            u = (1.0f - o->rho) * u;
+            s1[i] = t + u;
+            t = s1[i] + o->epsilon;
+            t = sqrtf(t);
+            t = lr_g / t;
+            w[i] = w[i] - t;
+        } else {
+            t = gv - s1[i];
+            t = t * (1.0f - o->beta_1);
+            s1[i] = s1[i] + t;
+            t = gv * gv;
+            t = t - s2[i];
+            t = t * (1.0f - o->beta_2);
+            s2[i] = s2[i] + t;
+            t = alpha * s1[i];
+            u = sqrtf(s2[i]);
+            u = u + o->epsilon;
+            t = t / u;
+            w[i] = w[i] - t;
+        }
+    }
+}
+static void test_optimizer_subnormals(void) {
+    enum { N = 1003 };
+    static const mp_optimizer_kind kinds[] = {MP_SGD, MP_SGD, MP_SGD, MP_RMSPROP, MP_ADAM};
+    const mp_backend *cpu = mp_cpu_backend();
+    float *w = floats(N), *g = floats(N), *s1 = floats(N), *s2 = floats(N);
+    float *rw = floats(N), *r1 = floats(N), *r2 = floats(N), scale = 32768.0f;
+    void *ctx = NULL;
+    size_t k, i;
+    if (!CHECK(cpu->create(&ctx, 2, NULL) == MP_OK)) goto out;
+    for (k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        mp_opt_step step;
+        float alpha;
+        memset(&step, 0, sizeof step);
+        step.cfg.kind = kinds[k];
+        step.cfg.learning_rate = 1e-3f;
+        step.cfg.momentum = k == 0 ? 0.0f : 0.9f;
+        step.cfg.nesterov = k == 2;
+        step.cfg.rho = 0.9f, step.cfg.beta_1 = 0.9f, step.cfg.beta_2 = 0.999f, step.cfg.epsilon = 1e-7f;
+        step.iteration = 3;
+        alpha = kinds[k] == MP_ADAM ? step.cfg.learning_rate * sqrtf(1.0f - powf(step.cfg.beta_2, 3.0f)) /
+                                          (1.0f - powf(step.cfg.beta_1, 3.0f))
+                                    : 0.0f;
+        for (i = 0; i < N; i++) {
+            w[i] = rw[i] = tiny_value((unsigned)i + 7u);
+            g[i] = tiny_value((unsigned)i * 3u + 1u);
+            s1[i] = r1[i] = kinds[k] == MP_ADAM ? tiny_value((unsigned)i + 11u) : fabsf(tiny_value((unsigned)i + 11u));
+            s2[i] = r2[i] = fabsf(tiny_value((unsigned)i * 7u + 5u));
+        }
+        cpu->optimizer_update(ctx, &step, w, g, MP_FLOAT32, &scale, s1, s2, N, NULL, MP_FLOAT32, NULL);
+        optimizer_reference(&step.cfg, alpha, 1.0f / scale, rw, g, r1, r2, N);
+        if (!CHECK(memcmp(w, rw, N * sizeof(float)) == 0 && memcmp(s1, r1, N * sizeof(float)) == 0 &&
+                   (kinds[k] != MP_ADAM || memcmp(s2, r2, N * sizeof(float)) == 0)))
+            fprintf(stderr, "    optimizer %d (momentum %g, nesterov %d): not the scalar update's bits\n",
+                    (int)kinds[k], (double)step.cfg.momentum, step.cfg.nesterov);
+    }
+    cpu->destroy(ctx);
+out:
+    free(w), free(g), free(s1), free(s2), free(rw), free(r1), free(r2);
+}
+
 /* A tensor of 16 MiB asks Linux for huge pages (mp__advise_huge): the
    kernel marks the pages inside it "hg" in /proc/self/smaps's VmFlags.
    Where the kernel has no transparent huge pages (no
@@ -1883,6 +1976,7 @@ int main(int argc, char **argv) {
     RUN(test_csv_log());
     RUN(test_tensor_memory());
     RUN(test_huge_pages());
+    RUN(test_optimizer_subnormals());
     RUN(test_activation_memory());
     RUN(test_model_memory());
     if (check_path()) RUN(test_fashion_mnist(check_path()));
