@@ -180,6 +180,19 @@ run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
 step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
 run "test_core, clang ASan+UBSan" $B/core_asan_clang
 
+# -march=native builds one SIMD path; the AVX2+FMA one (F16C casts, the 6x16
+# GEMM tile) gets builds of its own wherever the CPU runs it, so that a
+# machine with AVX-512 compiles and runs it too (an AVX2 build once failed
+# to compile while every -march=native build here passed).
+if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
+    for t in test_core test_gemm test_train; do
+        step "build $t for AVX2 without AVX-512 (gcc -march=x86-64-v3)" gcc $WARN -O2 -march=x86-64-v3 tests/$t.c -o $B/${t}_avx2 -lm
+        run "$t, AVX2 path" $B/${t}_avx2
+    done
+else
+    skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
+fi
+
 echo "== training, GEMM, backends, diagnostics, checkpoints, AMP and reliability (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
