@@ -2872,19 +2872,19 @@ static int mp__mul_ok(size_t a, size_t b, size_t *out) {
    4096-unit, batch-8192 step on 2 threads 531-533 to 508-511 ms in
    mixed_bfloat16, float32 within the spread; batch 128 at 1024 units
    within it. Advice only: where the kernel has no huge pages the call
-   fails and changes nothing. By the raw system call, like
-   mp__amx_usable's: madvise needs a libc feature macro. Returns whether
-   the kernel took the advice. */
+   fails and changes nothing, so its result is not looked at. By the raw
+   system call, like mp__amx_usable's: madvise needs a libc feature
+   macro. */
 #define MP__HUGE ((size_t)4 << 20)
-static int mp__advise_huge(void *block, size_t bytes) {
+static void mp__advise_huge(void *block, size_t bytes) {
     uintptr_t first = ((uintptr_t)block + 4095u) & ~(uintptr_t)4095u;
     uintptr_t end = ((uintptr_t)block + bytes) & ~(uintptr_t)4095u;
-    long ret;
+    long ret; /* rax: the call's number in, its result out */
     __asm__ volatile("syscall"
                      : "=a"(ret)
                      : "0"(28L /* SYS_madvise */), "D"(first), "S"(end - first), "d"(14L /* MADV_HUGEPAGE */)
                      : "rcx", "r11", "memory");
-    return ret == 0;
+    (void)ret;
 }
 #endif
 
@@ -2895,7 +2895,7 @@ static void *mp__alloc(size_t bytes) {
     raw = (unsigned char *)MIXPREC_MALLOC(bytes + pad);
     if (!raw) return NULL;
 #ifdef MP__HUGE_PAGES
-    if (bytes >= MP__HUGE) (void)mp__advise_huge(raw, bytes + pad);
+    if (bytes >= MP__HUGE) mp__advise_huge(raw, bytes + pad);
 #endif
     p = raw + MP__HEADER;
     skew = (size_t)((uintptr_t)p % MP__ALIGN);
