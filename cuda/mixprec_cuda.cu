@@ -176,12 +176,19 @@ static void mp__cu_release(mp__cu *c, mp__cu_buf *b) {
 }
 
 /* A scratch buffer of at least `bytes`, grown (never shrunk) when needed.
-   The old one may still be read by queued work: wait before freeing it. */
+   The old one may still be read by queued work: wait before freeing it.
+   Zeroed, as every allocation, and waited for: a stage is written next
+   on the copy stream, which nothing orders after this stream's memset. */
 static void *mp__cu_grow(mp__cu *c, mp__cu_buf *b, size_t bytes) {
     void *p = NULL;
     if (b->bytes >= bytes) return b->p;
     if (!mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting to grow a scratch buffer")) return NULL;
     if (!mp__cu_ok(c, cudaMalloc(&p, bytes), "cudaMalloc (scratch)")) return NULL;
+    if (!mp__cu_ok(c, cudaMemsetAsync(p, 0, bytes, c->stream), "cudaMemsetAsync (scratch)") ||
+        !mp__cu_ok(c, mp__cu_waited(cudaStreamSynchronize(c->stream)), "waiting for a scratch buffer's memset")) {
+        (void)cudaFree(p);
+        return NULL;
+    }
     mp__cu_count(c, bytes, 0); /* both, for a moment */
     mp__cu_release(c, b);
     b->p = p;

@@ -46,7 +46,8 @@
    none for CUBLAS_COMPUTE_32F_PEDANTIC, and MIXPREC_CUDA_EMU_RUN_REFUSES=1
    makes cublasLtMatmul itself answer CUBLAS_STATUS_NOT_SUPPORTED for
    16-bit operands (a plan the heuristic gave that cannot run after all):
-   each tests a fallback. */
+   each tests a fallback. MIXPREC_CUDA_EMU_EAGER=1 runs the streams in the
+   other legal order: at a host wait, the other streams first (>>streams). */
 #ifndef MIXPREC_CUDA_EMU_H
 #define MIXPREC_CUDA_EMU_H
 
@@ -203,18 +204,44 @@ static int emu_all_idle(void) {
 /* A host wait for s up to `upto`: counted when there was work to wait for,
    and as a drain when it leaves the device with nothing queued (a GPU
    would idle until the host queues more). */
-static void emu_wait(cudaStream_t s, unsigned long long upto) {
-    s = emu_stream_of(s);
-    if (s->done >= upto) return;
-    emu_count.waits++;
-    emu_run(s, upto);
-    if (emu_all_idle()) emu_count.drains++;
-}
-
 static void emu_run_all(void) {
     size_t i;
     for (i = 0; i < emu_streams.size(); i++) emu_run(emu_streams[i], emu_streams[i]->queued);
     emu_run(&emu_null_stream, emu_null_stream.queued);
+}
+
+/* MIXPREC_CUDA_EMU_EAGER=1: a host wait first lets every other stream,
+   the newest first, run all it has queued (as far as its event waits
+   allow, which run the stream they wait on up to the event, as always),
+   then the stream waited for. Streams may run their work out of order
+   with respect to one another (PG "Streams"), so this order is as legal
+   as the lazy one, and its other extreme: work on the copy stream runs
+   before earlier work of the compute stream that no event orders it
+   after. On an H200 a scratch memset queued on the compute stream ran
+   after the copy stream's upload into that scratch and zeroed the batch
+   (tests/gpu.sh); the lazy order hid it, this one shows it. The counts
+   (waits, drains) are the lazy order's: test_cuda checks them only
+   without this. */
+static int emu_eager(void) {
+    static int eager = -1;
+    if (eager < 0) eager = getenv("MIXPREC_CUDA_EMU_EAGER") != NULL;
+    return eager;
+}
+
+static void emu_run_others(cudaStream_t s) {
+    size_t i;
+    for (i = emu_streams.size(); i-- > 0;)
+        if (emu_streams[i] != s) emu_run(emu_streams[i], emu_streams[i]->queued);
+    if (s != &emu_null_stream) emu_run(&emu_null_stream, emu_null_stream.queued);
+}
+
+static void emu_wait(cudaStream_t s, unsigned long long upto) {
+    s = emu_stream_of(s);
+    if (s->done >= upto) return;
+    emu_count.waits++;
+    if (emu_eager()) emu_run_others(s);
+    emu_run(s, upto);
+    if (emu_all_idle()) emu_count.drains++;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {

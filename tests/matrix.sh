@@ -298,6 +298,7 @@ step "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror
 run "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
 if [ -x $B/cuda/test_cuda_gcc ]; then
     run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+    run "test_cuda under the emulation, other streams first at every wait (MIXPREC_CUDA_EMU_EAGER)" env MIXPREC_CUDA_EMU_EAGER=1 $B/cuda/test_cuda_gcc
 fi
 # the examples with --backend cuda, once each, small, on the emulated backend
 if [ -e $B/cuda/emu.o ]; then

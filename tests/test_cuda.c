@@ -998,8 +998,10 @@ static void test_steady_state(void) {
                "%llu pinned copies\n", host ? "host_data" : "data on the device", (two.launches - one.launches) / steps,
                (two.waits - one.waits) / steps, (two.drains - one.drains) / steps, (two.pageable - one.pageable) / steps,
                (two.pinned - one.pinned) / steps);
-        CHECK(two.drains == one.drains);
-        CHECK(two.waits - one.waits == (host ? steps : 0));
+        if (!getenv("MIXPREC_CUDA_EMU_EAGER")) { /* the lazy order's counts */
+            CHECK(two.drains == one.drains);
+            CHECK(two.waits - one.waits == (host ? steps : 0));
+        }
         CHECK(two.pinned - one.pinned == (host ? 2 * steps : 0));
         if (host) CHECK(two.pageable == one.pageable && two.bytes_in - one.bytes_in == steps * per_batch);
         else /* the data once per fit (more of it in the longer fit), the order once per epoch */
