@@ -201,15 +201,6 @@ static int emu_all_idle(void) {
     return emu_null_stream.queue.empty();
 }
 
-/* A host wait for s up to `upto`: counted when there was work to wait for,
-   and as a drain when it leaves the device with nothing queued (a GPU
-   would idle until the host queues more). */
-static void emu_run_all(void) {
-    size_t i;
-    for (i = 0; i < emu_streams.size(); i++) emu_run(emu_streams[i], emu_streams[i]->queued);
-    emu_run(&emu_null_stream, emu_null_stream.queued);
-}
-
 /* MIXPREC_CUDA_EMU_EAGER=1: a host wait first lets every other stream,
    the newest first, run all it has queued (as far as its event waits
    allow, which run the stream they wait on up to the event, as always),
@@ -235,6 +226,9 @@ static void emu_run_others(cudaStream_t s) {
     if (s != &emu_null_stream) emu_run(&emu_null_stream, emu_null_stream.queued);
 }
 
+/* A host wait for s up to `upto`: counted when there was work to wait for,
+   and as a drain when it leaves the device with nothing queued (a GPU
+   would idle until the host queues more). */
 static void emu_wait(cudaStream_t s, unsigned long long upto) {
     s = emu_stream_of(s);
     if (s->done >= upto) return;
@@ -242,6 +236,12 @@ static void emu_wait(cudaStream_t s, unsigned long long upto) {
     if (emu_eager()) emu_run_others(s);
     emu_run(s, upto);
     if (emu_all_idle()) emu_count.drains++;
+}
+
+static void emu_run_all(void) {
+    size_t i;
+    for (i = 0; i < emu_streams.size(); i++) emu_run(emu_streams[i], emu_streams[i]->queued);
+    emu_run(&emu_null_stream, emu_null_stream.queued);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
