@@ -213,11 +213,7 @@ static int emu_all_idle(void) {
    (tests/gpu.sh); the lazy order hid it, this one shows it. The counts
    (waits, drains) are the lazy order's: test_cuda checks them only
    without this. */
-static int emu_eager(void) {
-    static int eager = -1;
-    if (eager < 0) eager = getenv("MIXPREC_CUDA_EMU_EAGER") != NULL;
-    return eager;
-}
+static int emu_eager(void) { return getenv("MIXPREC_CUDA_EMU_EAGER") != NULL; }
 
 static void emu_run_others(cudaStream_t s) {
     size_t i;

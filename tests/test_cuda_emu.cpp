@@ -2,8 +2,8 @@
    CUDA runtime and cuBLASLt calls themselves (test_cuda shows them on the
    backend): work runs only when the host waits for it, so a missing wait
    reads stale data; pinned and pageable copies; events and cross-stream
-   waits; the sticky fault; cuBLASLt's type table and its bias alignment;
-   the counters.
+   waits; the eager order; the sticky fault; cuBLASLt's type table and its
+   bias alignment; the counters.
 
        g++ -std=c++14 -Itests/cuda_emu tests/test_cuda_emu.cpp -o test_cuda_emu */
 #include "cuda_emu.h"
@@ -87,6 +87,28 @@ static void test_streams(cudaStream_t s1, cudaStream_t s2) {
     CHECK(counts().waits == before.waits + 1 && counts().drains == before.drains);
     CHECK(cudaStreamSynchronize(s1) == cudaSuccess && counts().drains == before.drains + 1);
     CHECK(cudaEventDestroy(e) == cudaSuccess);
+    CHECK(cudaFree(d) == cudaSuccess && cudaFreeHost(pin) == cudaSuccess);
+}
+
+/* Two orders, both legal: a memset on s1 and an upload on s2 into the same
+   memory, nothing ordering them. Lazily (by default) s1's memset runs at
+   the wait for s1, before s2's copy; with MIXPREC_CUDA_EMU_EAGER the wait
+   for s1 runs s2 first, so the memset comes last and wins. */
+static void test_eager(cudaStream_t s1, cudaStream_t s2) {
+    float *d = NULL, *pin = NULL;
+    int eager;
+    CHECK(cudaMalloc((void **)&d, sizeof(float)) == cudaSuccess);
+    CHECK(cudaHostAlloc((void **)&pin, 2 * sizeof(float), 0) == cudaSuccess);
+    for (eager = 0; eager < 2; eager++) {
+        if (eager) setenv("MIXPREC_CUDA_EMU_EAGER", "1", 1);
+        pin[0] = 4.0f;
+        CHECK(cudaMemsetAsync(d, 0, sizeof(float), s1) == cudaSuccess);
+        CHECK(cudaMemcpyAsync(d, pin, sizeof(float), cudaMemcpyHostToDevice, s2) == cudaSuccess);
+        CHECK(cudaStreamSynchronize(s1) == cudaSuccess && cudaStreamSynchronize(s2) == cudaSuccess);
+        CHECK(cudaMemcpyAsync(pin + 1, d, sizeof(float), cudaMemcpyDeviceToHost, s1) == cudaSuccess);
+        CHECK(cudaStreamSynchronize(s1) == cudaSuccess && pin[1] == (eager ? 0.0f : 4.0f));
+        unsetenv("MIXPREC_CUDA_EMU_EAGER");
+    }
     CHECK(cudaFree(d) == cudaSuccess && cudaFreeHost(pin) == cudaSuccess);
 }
 
@@ -276,6 +298,7 @@ int main(int argc, char **argv) {
     RUN(test_lazy(s1));
     RUN(test_pageable(s1));
     RUN(test_streams(s1, s2));
+    RUN(test_eager(s1, s2));
     RUN(test_faults(s1));
     RUN(test_block_threads(s1));
     RUN(test_cublaslt(s1));
