@@ -1,16 +1,18 @@
 #!/bin/bash
 # tests/gpu.sh - the CUDA backend on a real GPU, in one run: the machine,
 # the build as a user makes it (make cuda, make examples-cuda, the test and
-# benchmark binaries), test_cuda three times (the tallies must match), the
-# examples with --backend cuda under each policy while test_cuda runs
-# under compute-sanitizer's four tools, Nsight Compute on the products of
-# one mixed step, and last, alone on the GPU, the benchmark.
-# Each step has a time limit, so a hang costs one step, not the run.
+# benchmark binaries), test_cuda three times (their tallies side by side),
+# the examples with --backend cuda under each policy while test_cuda runs
+# under compute-sanitizer's four tools, initcheck on tests/initcheck_probe.cu,
+# Nsight Compute on the products of one mixed step, and last, alone on the
+# GPU, the benchmark. Each step has a time limit, so a hang costs one step,
+# not the run. About 3 minutes on an H200.
 #
 #   tests/gpu.sh [LOGDIR]     (default: $OUT, else build/gpu)
 #   GPU_STEPS="build test examples sanitize probe ncu bench"  the steps to run
 #
-# Logs: LOGDIR/gpu.log (everything in order), LOGDIR/san_TOOL.log, and
+# Logs: LOGDIR/gpu.log (everything in order), LOGDIR/san_TOOL.log (each
+# sanitizer's report on test_cuda, folded), LOGDIR/san_probe.log and
 # LOGDIR/bench.log. The last lines of gpu.log summarise each step's status.
 set -u
 D=${1:-${OUT:-build/gpu}}
@@ -111,21 +113,18 @@ if want probe; then
 fi
 
 if want ncu; then
-    # The products of a mixed_float16 step: their kernel names and whether
-    # the tensor pipe ran (ComputeWorkloadAnalysis lists pipe utilisation).
-    # The products of a mixed_float16 step: their names and the tensor
-    # pipe's float16 operations (nonzero: Tensor Cores ran).
+    # The products of a mixed_float16 step: their kernel names and the
+    # tensor pipe's instruction count (nonzero: Tensor Cores ran).
     NCU="ncu --clock-control none --kernel-name regex:gemm|nvjet|xmma|cutlass|sm90 --launch-skip 6 --launch-count 6"
     STEP="$EX/mnist_mlp --backend cuda --policy mixed_float16 --units 1024 --epochs 1 --batch-size 1024 --train-limit 4096"
     run 90 "ncu tensor ops of a mixed_float16 step" $NCU \
-        --metrics gpu__time_duration.sum,sm__ops_path_tensor_src_fp16_dst_fp32.sum,sm__inst_executed_pipe_tensor.sum $STEP ||
+        --metrics gpu__time_duration.sum,sm__inst_executed_pipe_tensor.sum $STEP ||
         run 90 "ncu SpeedOfLight of a mixed_float16 step" $NCU --section SpeedOfLight $STEP
 fi
 
 if want bench; then
     run 240 "bench_gpu_train" bash -c "$B/bench_gpu_train 2>&1 | tee $D/bench.log"
 fi
-
 
 say "== summary"
 for s in "${SUMMARY[@]}"; do say "$s"; done
