@@ -135,9 +135,10 @@ static double mlp_step_flops(void) {
 /* The per-step counters of `steps` steps (mp_cuda_get_stats before and
    after), the end of a figure's line. */
 static void print_step_counts(const mp_cuda_stats *before, const mp_cuda_stats *after, double steps) {
-    printf(" host_waits_per_step=%.1f bytes_in_per_step=%.0f launches_per_step=%.1f fallbacks=%llu\n",
+    printf(" host_waits_per_step=%.1f bytes_in_per_step=%.0f launches_per_step=%.1f fallbacks=%llu compute_32f=%llu\n",
            (double)(after->host_waits - before->host_waits) / steps, (double)(after->bytes_in - before->bytes_in) / steps,
-           (double)(after->launches - before->launches) / steps, after->fallbacks - before->fallbacks);
+           (double)(after->launches - before->launches) / steps, after->fallbacks - before->fallbacks,
+           after->compute_32f - before->compute_32f);
 }
 
 static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {

@@ -1151,7 +1151,10 @@ static int mp__cu_matmul(mp__cu *c, const mp_gemm_args *g, const void *a, const 
         p->key = key;
         return 0;
     }
-    if (s == CUBLAS_STATUS_SUCCESS) mp__cu_stats_now.launches++;
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        mp__cu_stats_now.launches++;
+        if (!c->tf32 && ab == MP_FLOAT32 && key.compute == CUBLAS_COMPUTE_32F) mp__cu_stats_now.compute_32f++;
+    }
     return mp__lt_ok(c, s, "cublasLtMatmul") ? 1 : -1;
 }
 

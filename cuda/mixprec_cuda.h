@@ -70,6 +70,8 @@ typedef struct mp_cuda_stats {
     unsigned long long host_waits; /* stream or event synchronizations the host made */
     unsigned long long bytes_in;   /* host to device */
     unsigned long long fallbacks;  /* products on a slower path (see mp_model_memory.fallbacks) */
+    unsigned long long compute_32f; /* true float32 products on CUBLAS_COMPUTE_32F: the heuristic
+                                       had no CUBLAS_COMPUTE_32F_PEDANTIC plan (not slower) */
 } mp_cuda_stats;
 void mp_cuda_get_stats(mp_cuda_stats *out);
 

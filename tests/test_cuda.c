@@ -1098,14 +1098,18 @@ static void test_padded_bias(void) {
 static void test_refusals(void) {
     side s;
     mp_backend_memory bm;
+    mp_cuda_stats before, after;
     cuda_emu_counts c0, c1;
     s.be = mp_cuda_backend();
-    /* PEDANTIC refused: CUBLAS_COMPUTE_32F, float32 all the same: no fallback */
+    /* PEDANTIC refused: CUBLAS_COMPUTE_32F, float32 all the same: no
+       fallback, counted in compute_32f */
     setenv("MIXPREC_CUDA_EMU_NO_PEDANTIC", "1", 1);
     if (!CHECK(s.be->create(&s.ctx, 1, NULL) == MP_OK)) return;
+    mp_cuda_get_stats(&before);
     gemm_case(&s, 0, 0, 37, 45, 29, F32, F32, F32, 0, 1, MP_LINEAR, tol_gemm(F32));
+    mp_cuda_get_stats(&after);
     s.be->memory(s.ctx, &bm);
-    CHECK(bm.fallbacks == 0);
+    CHECK(bm.fallbacks == 0 && (!cuda_emu_counters || after.compute_32f - before.compute_32f == 1));
     s.be->destroy(s.ctx);
     unsetenv("MIXPREC_CUDA_EMU_NO_PEDANTIC");
     /* cublasLtMatmul's own NOT_SUPPORTED: a refusal (not a sticky error),
@@ -1232,8 +1236,21 @@ static int no_device(void) {
     return 0;
 }
 
+/* How many true float32 products ran on CUBLAS_COMPUTE_32F because the
+   heuristic had no CUBLAS_COMPUTE_32F_PEDANTIC plan. The emulation always
+   has one, but for test_refusals' forced refusal; on a GPU the count is
+   cuBLASLt's answer for test_cuda's shapes, reported. */
+static void report_compute_32f(const mp_cuda_stats *start) {
+    mp_cuda_stats end;
+    mp_cuda_get_stats(&end);
+    printf("test_cuda: %llu float32 products on CUBLAS_COMPUTE_32F for want of a PEDANTIC plan%s\n",
+           end.compute_32f - start->compute_32f, cuda_emu_counters ? " (test_refusals forces 1)" : "");
+    if (cuda_emu_counters) CHECK(end.compute_32f - start->compute_32f == 1);
+}
+
 int main(int argc, char **argv) {
     mp_cuda_config fast;
+    mp_cuda_stats start;
     char name[128];
     check_args(argc, argv);
     if (mp_cuda_device_count() == 0) return no_device();
@@ -1247,6 +1264,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (mp_cuda_device_name(0, name, sizeof name) == MP_OK) printf("test_cuda: device 0 is %s\n", name);
+    mp_cuda_get_stats(&start);
     RUN(test_casts());
     RUN(test_gemm());
     RUN(test_activations());
@@ -1272,6 +1290,7 @@ int main(int argc, char **argv) {
     RUN(test_loss_rows_lanes());
     RUN(test_sticky_error());
     RUN(test_bad_device());
+    report_compute_32f(&start);
     CHECK(gpu.be->sync(gpu.ctx) == MP_OK);
     test_device_fault();
     gpu_tf32.be->destroy(gpu_tf32.ctx);
