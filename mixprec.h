@@ -2858,6 +2858,18 @@ static int mp__mul_ok(size_t a, size_t b, size_t *out) {
     return 1;
 }
 
+#if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* A Linux system call by the syscall instruction (x86-64: its number in
+   rax, arguments in rdi, rsi and rdx, the result back in rax; rcx and r11
+   clobbered), which needs no libc feature macro: madvise for huge pages,
+   arch_prctl for AMX. */
+static inline long mp__syscall3(long number, long a, long b, long c) {
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "0"(number), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return ret;
+}
+#endif
+
 #ifdef MP__HUGE_PAGES
 /* A block of MP__HUGE bytes or more from malloc asks Linux to back its
    whole pages with transparent huge pages (madvise MADV_HUGEPAGE: Debian
@@ -2873,18 +2885,12 @@ static int mp__mul_ok(size_t a, size_t b, size_t *out) {
    mixed_bfloat16, float32 within the spread; batch 128 at 1024 units
    within it. Advice only: where the kernel has no huge pages the call
    fails and changes nothing, so its result is not looked at. By the raw
-   system call, like mp__amx_usable's: madvise needs a libc feature
-   macro. */
+   system call: madvise needs a libc feature macro. */
 #define MP__HUGE ((size_t)4 << 20)
 static void mp__advise_huge(void *block, size_t bytes) {
     uintptr_t first = ((uintptr_t)block + 4095u) & ~(uintptr_t)4095u;
     uintptr_t end = ((uintptr_t)block + bytes) & ~(uintptr_t)4095u;
-    long ret; /* rax: the call's number in, its result out */
-    __asm__ volatile("syscall"
-                     : "=a"(ret)
-                     : "0"(28L /* SYS_madvise */), "D"(first), "S"(end - first), "d"(14L /* MADV_HUGEPAGE */)
-                     : "rcx", "r11", "memory");
-    (void)ret;
+    (void)mp__syscall3(28 /* SYS_madvise */, (long)first, (long)(end - first), 14 /* MADV_HUGEPAGE */);
 }
 #endif
 
@@ -3515,18 +3521,12 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    asked: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux 5.16 on
    (the kernel's Documentation/arch/x86/xstate.rst); a tile instruction
    before that faults. Asked once a process, by the raw system call
-   (x86-64: number 158 in rax, arguments in rdi and rsi; the syscall
-   instruction clobbers rcx and r11), which needs no libc feature macro. */
+   (mp__syscall3). */
 static int mp__amx_usable(void) {
     static int state; /* 0: not asked yet, 1: granted, -1: refused */
     int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
     if (!s) {
-        long ret;
-        __asm__ volatile("syscall"
-                         : "=a"(ret)
-                         : "0"(158L /* SYS_arch_prctl */), "D"(0x1023L /* ARCH_REQ_XCOMP_PERM */),
-                           "S"(18L /* XFEATURE_XTILEDATA */)
-                         : "rcx", "r11", "memory");
+        long ret = mp__syscall3(158 /* SYS_arch_prctl */, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */, 0);
         s = ret == 0 ? 1 : -1;
         __atomic_store_n(&state, s, __ATOMIC_RELEASE);
     }
