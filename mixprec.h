@@ -3820,8 +3820,22 @@ static void mp__transpose_panel(void *out, size_t width, size_t w, const void *r
    whole row copies a constant size, which the compiler inlines: the
    library call per row of 32 floats cost 5-10% of a product whose K is
    long and M or N narrow (12 x 128 x 21142, float32: 278 to 261 us on
-   2 threads). */
+   2 threads). Part of a row goes under masks where AVX-512 is: a call to
+   memcpy and one to memset for each row of 10 in a panel of 12 (the 10
+   classes' weights, k rows of op(A) in the 10-class forward) were 10% of
+   128 x 10 x 1024 on 1 thread, and both threads pack them on 2. */
 static void mp__panel_row(float *dst, const float *run, size_t w, size_t width) {
+#ifdef MP__SIMD_AVX512
+    size_t o;
+    if (w < width) {
+        for (o = 0; o < width; o += 16) {
+            size_t lanes = mp__min(16, width - o), valid = w > o ? mp__min(16, w - o) : 0;
+            __m512 v = valid ? _mm512_maskz_loadu_ps((__mmask16)((1u << valid) - 1), run + o) : _mm512_setzero_ps();
+            _mm512_mask_storeu_ps(dst + o, (__mmask16)((1u << lanes) - 1), v);
+        }
+        return;
+    }
+#endif
     if (w == width && width == MP__NR) memcpy(dst, run, MP__NR * sizeof(float));
     else if (w == width && width == MP__MR) memcpy(dst, run, MP__MR * sizeof(float));
     else {
