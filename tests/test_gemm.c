@@ -316,7 +316,10 @@ static void test_products(void) {
    slices and four 256-deep float slices with an odd remainder; k = 140001
    makes a B panel of the usual width too large, so panels narrow to a
    single register tile; n = 2100 takes more than one 2048-wide panel, and
-   with k = 3000 panels narrower than that. */
+   with k = 3000 panels narrower than that. m = 200 and k = 1300: three
+   blocks of rows whose float32 op(A), not transposed, is packed several
+   slices at a time, 1024 columns then 276 (C in float16, so that the
+   float32 sums stay in the blocks, not in C). */
 static void test_long_k(void) {
     size_t x;
     int t;
@@ -330,6 +333,11 @@ static void test_long_k(void) {
             run_case(NULL, g);
             g.m = 3, g.n = 2100, g.k = 17;
             run_case(NULL, g);
+            if (x == 0 && g.ta == 0) {
+                gemm_case w = g;
+                w.m = 200, w.n = 40, w.k = 1300, w.at = w.bt = MP_FLOAT32, w.ct = MP_FLOAT16, w.kind = DATA_REAL;
+                run_case(NULL, w);
+            }
             if (t == (int)(x % 4)) {
                 g.m = 1, g.n = 2100, g.k = 3000, g.kind = DATA_REAL;
                 run_case(NULL, g);
