@@ -3516,7 +3516,7 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #define MP__AMX_NC 512
 #define MP__A_FLOATS (MP__AMX_MC * MP__KC) /* an A block: MC_AMX rows of 2 KC bfloat16, or MC rows of 4 KC float32 */
 #else
-#define MP__A_FLOATS (MP__MC * 4 * MP__KC) /* an A block: MC rows of 4 KC float32 (mp__a_group) */
+#define MP__A_FLOATS (MP__MC * 4 * MP__KC) /* an A block: MC rows of 4 KC float32 (mp__a_span) */
 #endif
 #ifdef MP__AMX
 /* Linux gives a process AMX's tile data (8 KiB of state a thread) only when
@@ -4118,7 +4118,8 @@ static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__til
 }
 
 /* A tile at the top of a column of tiles fetches the next column's B
-   sliver into L2 as it goes, a step of k's 128 bytes a step: a B panel
+   sliver into L2 as it goes, as much of it a step as a step reads of its
+   own (NR floats, or NR bfloat16 pairs: two cache lines). A B panel
    larger than L2 comes from L3 a sliver at a time, each sliver read by
    the MC / MR tiles of its column, the first of them waiting on L3
    otherwise. Measured (an Intel Xeon, family 6 model 167, float32, 8192
@@ -4127,8 +4128,8 @@ static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__til
    spread on 1 (1.50-1.73 s); 8192 x 1024 x 1024 within the spread. */
 static void mp__fetch_next(const mp__tile_dest *d, size_t q) {
     if (d->next) {
-        mp__prefetch_l2(d->next + 128 * q);
-        mp__prefetch_l2(d->next + 128 * q + 64);
+        mp__prefetch_l2(d->next + q * MP__NR * sizeof(float));
+        mp__prefetch_l2(d->next + q * MP__NR * sizeof(float) + 64);
     }
 }
 
@@ -4560,6 +4561,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
             if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = mp__slice_depth(kc, pairs, amx);
+                size_t g0 = p0 / span * span, cols = mp__min(span, g->k - g0); /* op(A)'s columns packed with p0's */
                 int into_c = fused && p0 + kc >= g->k; /* the last slice: its tiles finish into C */
                 int rows_first = into_c || (!pairs && depth <= MP__SHALLOW);
                 const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
@@ -4578,7 +4580,6 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                     continue;
                 }
 #endif
-                size_t g0 = p0 / span * span, cols = mp__min(span, g->k - g0); /* the columns packed with p0's */
 #ifdef MP__BF16_DOT
                 if (pairs) mp__pack_pairs((uint32_t *)ws->a, MP__MR, !g->trans_a, g->a, lda, i0, mc, p0, kc, depth);
                 else
