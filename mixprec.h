@@ -4512,8 +4512,8 @@ static void mp__gemm_in_c(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, siz
    which barely start on a slice's 1 KiB. Packing 8192 x 1024 a block of
    96 rows at a time (an Intel Xeon, family 6 model 167, A from L3): 8.4
    ms a slice of 256 columns at a time, 2.5 1024 at a time. */
-static size_t mp__a_span(const mp_gemm_args *g, size_t mc, int pairs) {
-    if (pairs || g->trans_a || g->at != MP_FLOAT32) return MP__KC;
+static size_t mp__a_span(const mp_gemm_args *g, size_t mc) {
+    if (g->trans_a || g->at != MP_FLOAT32) return MP__KC;
     return MP__A_FLOATS / mp__round_up(mc, MP__MR) / MP__KC * MP__KC;
 }
 
@@ -4532,7 +4532,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     (void)apart;
 #endif
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
-    size_t i0, j0, p0, r, span;
+    size_t i0, j0, p0, r;
     int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
@@ -4556,8 +4556,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
         }
         if (fused && g->bias) mp__panel_bias(g, bias, j0, nc);
         for (i0 = m0; i0 < m1; i0 += block_rows) {
-            size_t mc = mp__min(block_rows, m1 - i0);
-            span = mp__a_span(g, mc, pairs);
+            size_t mc = mp__min(block_rows, m1 - i0), span = mp__a_span(g, mc);
             if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = mp__slice_depth(kc, pairs, amx);
