@@ -350,6 +350,48 @@ static void test_long_k(void) {
         }
 }
 
+/* A narrow float32 product, A B with n <= 16 (a 10-class layer's forward),
+   whose tiles may read A and B where they lie (mp__in_place, AVX-512
+   builds), against its transpose B^T A^T, which never does: every element
+   must have the same bits, -0, subnormals and infinities included (any NaN
+   matches any NaN: which NaN a sum of two keeps depends on the order of
+   its operands). k crosses one, two and five 256-deep slices, m ends mid
+   tile, and C takes each dtype (float16 through the separate epilogue). */
+static int same_or_both_nan(float x, float y) { return x != x ? y != y : memcmp(&x, &y, sizeof x) == 0; }
+static void test_narrow_in_place(void) {
+    static const size_t shapes[][3] = {{1, 1, 1}, {13, 10, 257}, {100, 16, 784}, {25, 3, 1030}, {12, 10, 256}};
+    static const float special[] = {-0.0f, 0.0f, 1e-40f, -3e-45f};
+    size_t s, i, j;
+    int ct;
+    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (ct = 0; ct < 3; ct++) {
+            size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], bad = 0;
+            mp_dtype t = (mp_dtype)ct;
+            float *a = floats(m * k), *b = floats(k * n);
+            void *c = zalloc(m * n * dsize(t)), *ct_ = zalloc(m * n * dsize(t));
+            char what[120];
+            fill_data(a, MP_FLOAT32, m * k, DATA_REAL);
+            fill_data(b, MP_FLOAT32, k * n, DATA_REAL);
+            for (i = 0; i < m * k; i += 7) a[i] = special[i / 7 % 4];
+            for (i = 3; i < k * n; i += 11) b[i] = special[i / 11 % 4];
+            a[k / 2] = INFINITY; /* row 0's sums: Inf or NaN */
+            if (m > 1) a[k + 1] = -INFINITY;
+            snprintf(what, sizeof what, "f32 x f32 -> %s, m %zu n %zu k %zu: A B against (B^T A^T)^T", dn(t), m, n, k);
+            if (check_report(mp_matmul(NULL, 0, 0, m, n, k, a, MP_FLOAT32, b, MP_FLOAT32, c, t) == MP_OK &&
+                                 mp_matmul(NULL, 1, 1, n, m, k, b, MP_FLOAT32, a, MP_FLOAT32, ct_, t) == MP_OK,
+                             __FILE__, __LINE__, what)) {
+                for (i = 0; i < m; i++)
+                    for (j = 0; j < n; j++) bad += !same_or_both_nan(get(c, t, i * n + j), get(ct_, t, j * m + i));
+                if (!check_report(bad == 0, __FILE__, __LINE__, what))
+                    fprintf(stderr, "    %zu of %zu elements differ\n", bad, m * n);
+            }
+            free(a);
+            free(b);
+            free(c);
+            free(ct_);
+        }
+}
+
 /* Any mix of the three dtypes for A, B and C (27), in two transpose cases. */
 static void test_all_mixes(void) {
     int at, bt, ct, t;
@@ -445,6 +487,7 @@ static void test_threads(void) {
         {197, 530, 4100, 0, 1}, {197, 530, 4100, 1, 0},
         {36, 200, 128, 1, 0}, /* bfloat16 on AMX splits this along M (op(B) small) */
         {128, 300, 10, 0, 1}, /* the 10-class input gradient: rows split mid-tile, op(B) transposed in one part block */
+        {301, 10, 1030, 0, 0}, /* the 10-class forward: A read in place (mp__in_place), rows split mid-tile */
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
@@ -1314,6 +1357,7 @@ int main(int argc, char **argv) {
     RUN(test_bad_input());
     RUN(test_products());
     RUN(test_long_k());
+    RUN(test_narrow_in_place());
     RUN(test_all_mixes());
     RUN(test_products_pooled());
     RUN(test_bf16_subnormals());
