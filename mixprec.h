@@ -4543,10 +4543,15 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
    caches every slice (12 x 128 x 21142 on 2 threads, C from malloc: 598 to
    666 us). */
 #define MP__IN_C_FLOATS ((size_t)1 << 20) /* 4 MiB: 1024 x 1024 float32 */
+/* Whether C, and so each of its rows, starts on a 64-byte line: threads
+   that split C at whole tiles then never write one line between them. */
+static int mp__rows_on_lines(const mp_gemm_args *g) {
+    return (uintptr_t)g->c % 64 == 0 && g->n * mp__dtypes[g->ct].size % 64 == 0;
+}
 static int mp__sums_in_c(const mp_gemm_args *g, size_t m0, size_t m1, size_t n0, size_t n1) {
 #ifdef MP__TILE_FUSED
     int all_of_c = m0 == 0 && m1 == g->m && n0 == 0 && n1 == g->n;
-    int own_lines = all_of_c || ((uintptr_t)g->c % 64 == 0 && g->n % 16 == 0);
+    int own_lines = all_of_c || mp__rows_on_lines(g);
     return g->ct == MP_FLOAT32 && !mp__gemm_bf16(g) && g->k > MP__KC && mp__tile_fusable(g) && own_lines &&
            (m1 - m0) * (n1 - n0) <= MP__IN_C_FLOATS;
 #else
@@ -4719,18 +4724,28 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
    an N split the two threads write both ends of every row of C, which
    share a cache line wherever C's rows do not start on one (a C from
    malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
-   13 us split along M; 13 us either way on a line). Rows, not whole tiles:
+   13 us split along M; 13 us either way on a line). Where C's rows are
+   whole lines (mp__rows_on_lines) and it has at most
+   MP__SHALLOW_N_ROWS rows, it splits along N all the same: each thread
+   then transposes half of op(B) (the 10 classes' weights, in their input
+   gradient) rather than all of it. Measured (an Intel Xeon, family 6
+   model 167, 128 x 1024 x 10, 2 threads, medians of 5 alternating
+   rounds): float32 22.2 to 20.5 us, float16 22.6 to 20.3, bfloat16 23.2
+   to 22.8; 128 x 4096 x 10 92.5 to 82.1; 256 x 1024 x 10 38.8 to 37.4;
+   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so. Rows, not whole tiles:
    no thread gets more tiles for it (ceil(ceil(m / T) / MR) <= ceil(ceil(m
    / MR) / T)), the rows' stores split evenly (128 rows: 64 and 64, where
    whole tiles gave 72 and 56), and AMX's 32-row blocks fall better
    (1024 rows: 16 blocks a thread, 17 and 16 by 12-row tiles). Which rows
    a thread sums changes no sum. */
+#define MP__SHALLOW_N_ROWS 256
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
     float cost_b = (float)g->k * (float)g->n * (g->trans_b ? 3.0f : 1.0f);
     if (tm < threads) return 1;
-    if (tn < threads || g->k <= MP__SHALLOW || mp__amx_small_b(g)) return 0;
+    if (tn < threads || mp__amx_small_b(g)) return 0;
+    if (g->k <= MP__SHALLOW) return g->m <= MP__SHALLOW_N_ROWS && mp__rows_on_lines(g);
     return cost_a <= cost_b;
 }
 
