@@ -556,11 +556,14 @@ out:
    part is whole cache lines of C (C on a 64-byte line, rows a multiple of
    16 floats), else it takes the blocked order. Both, on 1 to 4 threads, the
    bits of the product without a pool; the bytes after C untouched. The
-   shapes split N, M, and have fewer tiles than threads; edge tiles in M. */
+   shapes split N, M, and have fewer tiles than threads; edge tiles in M.
+   The last two are shallow (k <= 64): with C on a line they split along
+   N (the 10-class input gradient at batch 128), else along M. */
 static void test_sums_in_c_threads(void) {
     static const size_t shapes[][5] = {
         /* m, n, k, trans_a, trans_b */
         {100, 320, 600, 1, 0}, {250, 64, 1030, 0, 0}, {13, 128, 2000, 1, 0}, {601, 32, 700, 0, 1},
+        {128, 1024, 10, 0, 1}, {200, 80, 30, 0, 0},
     };
     enum { SLACK = 64 + 48 };
     mp_pool *pools[5] = {NULL, NULL, NULL, NULL, NULL};
