@@ -4464,7 +4464,8 @@ static void mp__slice_tiles(const float *a, size_t a_stride, const float *slice,
    17.3. */
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
-    return !g->trans_a && !g->trans_b && g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->n <= 16 && g->k > 0;
+    return !g->trans_a && !g->trans_b && g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->n <= 16 && g->k > 0 &&
+           g->m >= MP__MR;
 #else
     (void)g;
     return 0;
@@ -4502,30 +4503,31 @@ static void mp__kernel_in_place(const mp_gemm_args *g, size_t i0, __m512 *t) {
 #undef MP__SAVE
 }
 
-/* Rows m0 .. m1 (at least MR) of an in-place product (mp__in_place), a
-   tile at a time through mp__tile_finish: the epilogue in the kernels
-   where it can run there, else from a float32 block through mp__epilogue.
-   A last tile of fewer rows is the region's last MR rows, and only its
-   rows below the tile before it go on. */
+/* Rows m0 .. m1 of an in-place product (mp__in_place), a tile at a time
+   through mp__tile_finish: the epilogue in the kernels where it can run
+   there, else from a float32 block through mp__epilogue. A tile that
+   would pass C's last row sums C's last MR rows instead (reading A is
+   free to cross into another thread's rows), and only the tile's rows
+   inside [m0, m1) go on. */
 static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
     __m512 t[2 * MP__MR];
     float bias[MP__NR];
     int fused = mp__tile_fusable(g);
-    size_t i0, r, skip;
+    size_t i0, r, top;
     mp__tile_dest d;
     if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
     for (i0 = m0; i0 < m1; i0 += MP__MR) {
-        skip = i0 + MP__MR > m1 ? i0 + MP__MR - m1 : 0;
-        d.row = i0, d.rows = MP__MR - skip;
-        mp__kernel_in_place(g, i0 - skip, t);
+        top = mp__min(i0, g->m - MP__MR);
+        d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
+        mp__kernel_in_place(g, top, t);
         if (fused) {
-            mp__tile_finish(t + 2 * skip, ws->c, MP__NR, &d);
+            mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
             continue;
         }
         mp__tile_finish(t, ws->c, MP__NR, &d); /* all MR rows into the block */
-        for (r = skip; r < MP__MR; r++) mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, i0 - skip + r, 0, g->n);
+        for (r = i0 - top; r < i0 - top + d.rows; r++) mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, top + r, 0, g->n);
     }
 }
 #endif
@@ -4621,7 +4623,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
 #ifdef MP__TILE_FUSED
-    if (!orig && n0 == 0 && n1 == g->n && m1 - m0 >= MP__MR && mp__in_place(g)) {
+    if (!orig && n0 == 0 && n1 == g->n && mp__in_place(g)) {
         mp__gemm_in_place(g, ws, m0, m1);
         return;
     }
@@ -4732,8 +4734,8 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
    model 167, 128 x 1024 x 10, 2 threads, medians of 5 alternating
    rounds): float32 22.2 to 20.5 us, float16 22.6 to 20.3, bfloat16 23.2
    to 22.8; 128 x 4096 x 10 92.5 to 82.1; 256 x 1024 x 10 38.8 to 37.4;
-   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so. Rows, not whole tiles:
-   no thread gets more tiles for it (ceil(ceil(m / T) / MR) <= ceil(ceil(m
+   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so.
+   Rows, not whole tiles: no thread gets more tiles for it (ceil(ceil(m / T) / MR) <= ceil(ceil(m
    / MR) / T)), the rows' stores split evenly (128 rows: 64 and 64, where
    whole tiles gave 72 and 56), and AMX's 32-row blocks fall better
    (1024 rows: 16 blocks a thread, 17 and 16 by 12-row tiles). Which rows

@@ -496,6 +496,7 @@ static void test_threads(void) {
         {36, 200, 128, 1, 0}, /* bfloat16 on AMX splits this along M (op(B) small) */
         {128, 300, 10, 0, 1}, /* the 10-class input gradient: rows split mid-tile, op(B) transposed in one part block */
         {301, 10, 1030, 0, 0}, /* the 10-class forward: A read in place (mp__in_place), rows split mid-tile */
+        {13, 10, 300, 0, 0},   /* in place, thread shares of fewer than 12 rows */
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
