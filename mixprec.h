@@ -3614,7 +3614,9 @@ static size_t mp__panel_floats_as(size_t m, size_t k, size_t n) {
    as itself, or as its transpose. */
 static size_t mp__panel_floats(size_t m, size_t k, size_t n) {
     size_t f = mp__panel_floats_as(m, k, n), t = mp__swap_dims(m, n) ? mp__panel_floats_as(n, k, m) : 0;
-    return f > t ? f : t;
+    size_t in_place = n <= 16 ? mp__round_up((k + 1) / 2, 16) * 16 : 0; /* AMX's (mp__pack_amx_narrow_b) */
+    f = f > t ? f : t;
+    return f > in_place ? f : in_place;
 }
 
 /* A product split along K (mp__split_k) cuts K into the slices its
@@ -4451,21 +4453,26 @@ static void mp__slice_tiles(const float *a, size_t a_stride, const float *slice,
     }
 }
 
-/* A narrow product with float32 operands as they lie, op(A) = A and op(B)
-   = B, n <= 16 (a 10-class layer's forward): every element of A feeds one
-   tile, so packing A (a transpose, about three copies, of an A that comes
-   from memory at a batch of 8192) cost more than its sums. Here each tile
-   of MR rows broadcasts its values straight from A's rows, MR runs the
-   hardware prefetchers follow, against B's rows under a mask; the sums are
-   the packed kernels' (and their transpose's, mp__swap_dims). Measured (an
-   Intel Xeon, family 6 model 167, float32, against the transpose; medians
-   of 3-5 alternating rounds): 8192 x 10 x 1024 4.96 to 2.11 ms on 1
+/* A narrow product with float32 operands, or bfloat16 ones on AMX, as
+   they lie, op(A) = A and op(B) = B, n <= 16 (a 10-class layer's
+   forward): every element of A feeds one tile, so packing A (a transpose,
+   about three copies, of an A that comes from memory at a batch of 8192)
+   cost more than its sums. Here each float32 tile of MR rows broadcasts
+   its values straight from A's rows, MR runs the hardware prefetchers
+   follow, against B's rows under a mask, and AMX loads its A tiles from
+   A's rows (16 at a time) against B's pairs, packed once; the sums are the
+   packed kernels' (and their transpose's, mp__swap_dims). Measured (an
+   Intel Xeon, family 6 model 167, against the transpose; medians of 3-5
+   alternating rounds): float32 8192 x 10 x 1024 4.96 to 2.11 ms on 1
    thread, 2.50 to 1.09 on 2; 128 x 10 x 1024 48.0 to 29.4 us and 26.8 to
-   17.3. */
+   17.3; bfloat16 8192 x 10 x 1024 1.73 to 0.75 ms and 0.90 to 0.38, 128 x
+   10 x 1024 26.3 to 5.6 us and 17.3 to 4.6 (where half of it is the pool's
+   fork and join and each thread's pack of B). */
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
-    return !g->trans_a && !g->trans_b && g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->n <= 16 && g->k > 0 &&
-           g->m >= MP__MR;
+    int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR;
+    int amx = g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16 && g->m >= 16 && mp__amx_usable();
+    return !g->trans_a && !g->trans_b && g->n <= 16 && g->k > 0 && (f32 || amx);
 #else
     (void)g;
     return 0;
@@ -4503,8 +4510,120 @@ static void mp__kernel_in_place(const mp_gemm_args *g, size_t i0, __m512 *t) {
 #undef MP__SAVE
 }
 
-/* Rows m0 .. m1 of an in-place product (mp__in_place), a tile at a time
-   through mp__tile_finish: the epilogue in the kernels where it can run
+#ifdef MP__AMX
+/* One step of 32 values of K for up to four groups of 16 rows of A (the
+   group's tile at a[j], its rows `stride` bytes apart) by B's tile at b,
+   each into its own C tile: four chains of tdpbf16ps in flight, where one
+   chain waits on each tdpbf16ps before (128 x 10 x 1024, 1 thread: 6.2
+   us with one group at a time, 5.6 with four). */
+static void mp__in_place_step(const uint16_t *const *a, size_t stride, const uint32_t *b, size_t groups) {
+    _tile_loadd(6, b, 64);
+    _tile_loadd(4, a[0], stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if (groups > 1) {
+        _tile_loadd(5, a[1], stride);
+        _tile_dpbf16ps(1, 5, 6);
+    }
+    if (groups > 2) {
+        _tile_loadd(7, a[2], stride);
+        _tile_dpbf16ps(2, 7, 6);
+    }
+    if (groups > 3) {
+        _tile_loadd(4, a[3], stride);
+        _tile_dpbf16ps(3, 4, 6);
+    }
+}
+
+/* Groups of 16 rows of A (bfloat16), group j from row tops[j], by B, its
+   pairs at b (mp__pack_amx_narrow_b), into sums (16 x 16 floats a group),
+   each over all of K in one tile as the packed tiles carry it from slice
+   to slice through the float32 block: A's tiles loaded from its rows (each
+   is used once), the last step's values past K read as +0 from a copy, as
+   the packed tiles pad K. */
+static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, const size_t *tops, size_t groups,
+                                    float *sums) {
+    const uint16_t *a[4], *tail_tiles[4];
+    size_t steps = g->k / 32, rest = g->k % 32, s, r, j;
+    uint16_t tail[4][16 * 32];
+    for (j = 0; j < 4; j++) {
+        a[j] = (const uint16_t *)g->a + tops[j < groups ? j : 0] * g->k;
+        tail_tiles[j] = tail[j];
+    }
+    __asm__ volatile("" ::: "memory"); /* the pack's stores before the tile loads (mp__kernel_amx) */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (s = 0; s < steps; s++) {
+        mp__in_place_step(a, g->k * sizeof(uint16_t), b + 256 * s, groups);
+        for (j = 0; j < 4; j++) a[j] += 32;
+    }
+    if (rest) {
+        for (j = 0; j < groups; j++)
+            for (r = 0; r < 16; r++)
+                _mm512_storeu_si512(tail[j] + 32 * r, _mm512_maskz_loadu_epi16(mp__z_tail(rest), a[j] + r * g->k));
+        __asm__ volatile("" ::: "memory");
+        mp__in_place_step(tail_tiles, 64, b + 256 * steps, groups);
+    }
+    _tile_stored(0, sums, 64);
+    _tile_stored(1, sums + 256, 64);
+    _tile_stored(2, sums + 512, 64);
+    _tile_stored(3, sums + 768, 64);
+}
+
+/* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
+   pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K. */
+static void mp__pack_amx_narrow_b(uint32_t *out, const uint16_t *b, size_t k, size_t n, size_t depth) {
+    __mmask32 cols = mp__z_tail(n);
+    size_t p;
+    for (p = 0; p < depth; p++) {
+        __m512i lo = _mm512_maskz_loadu_epi16(2 * p < k ? cols : 0, b + 2 * p * n);
+        __m512i hi = _mm512_maskz_loadu_epi16(2 * p + 1 < k ? cols : 0, b + (2 * p + 1) * n);
+        lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo));
+        hi = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi));
+        _mm512_storeu_si512(out + 16 * p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+}
+
+/* Rows m0 .. m1 of a bfloat16 in-place product on AMX: B's pairs packed
+   once (each thread its own), then up to 64 rows of A at a time; a group
+   that would pass C's last row sums C's last 16 rows instead (as
+   mp__gemm_in_place's tiles), and only its rows inside [m0, m1) go on,
+   through the epilogue in the kernels where it can run there. */
+static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
+    float sums[4 * 256], bias[MP__NR];
+    int fused = mp__tile_fusable(g);
+    size_t i0, j, r, groups, tops[4];
+    mp__tile_dest d;
+    mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, mp__round_up((g->k + 1) / 2, 16));
+    if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
+    d.first = 1, d.g = g, d.bias = fused && g->bias ? bias : NULL;
+    d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
+    mp__amx_begin();
+    for (i0 = m0; i0 < m1; i0 += 16 * groups) {
+        groups = mp__min(4, (m1 - i0 + 15) / 16);
+        for (j = 0; j < groups; j++) tops[j] = mp__min(i0 + 16 * j, g->m - 16);
+        mp__kernel_in_place_amx(g, (const uint32_t *)ws->b, tops, groups, sums);
+        for (j = 0; j < groups; j++) {
+            size_t first = i0 + 16 * j - tops[j], rows = mp__min(16, m1 - i0 - 16 * j);
+            for (r = first; r < first + rows; r++) {
+                const float *sum = sums + 256 * j + 16 * r;
+                if (fused) {
+                    d.row = tops[j];
+                    mp__tile_epilogue(&d, r, _mm512_loadu_ps(sum), _mm512_setzero_ps());
+                    continue;
+                }
+                memcpy(ws->c, sum, g->n * sizeof(float));
+                mp__epilogue(g, ws->c, ws->tmp, tops[j] + r, 0, g->n);
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* Rows m0 .. m1 of an in-place product (mp__in_place; bfloat16 on AMX:
+   mp__gemm_in_place_amx), a tile at a time through mp__tile_finish: the epilogue in the kernels where it can run
    there, else from a float32 block through mp__epilogue. A tile that
    would pass C's last row sums C's last MR rows instead (reading A is
    free to cross into another thread's rows), and only the tile's rows
@@ -4515,6 +4634,12 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
     int fused = mp__tile_fusable(g);
     size_t i0, r, top;
     mp__tile_dest d;
+#ifdef MP__AMX
+    if (g->at == MP_BFLOAT16) {
+        mp__gemm_in_place_amx(g, ws, m0, m1);
+        return;
+    }
+#endif
     if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;

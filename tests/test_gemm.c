@@ -350,54 +350,60 @@ static void test_long_k(void) {
         }
 }
 
-/* A narrow float32 product, A B with n <= 16 (a 10-class layer's forward),
-   whose tiles may read A and B where they lie (mp__in_place, AVX-512
-   builds), against its transpose B^T A^T, which never does: every element
-   must have the same bits, -0, subnormals and infinities included (any NaN
-   matches any NaN: which NaN a sum of two keeps depends on the order of
-   its operands). k crosses one, two and five 256-deep slices, m ends mid
-   tile, and C takes each dtype (float16 through the separate epilogue). */
+/* A narrow product, A B with n <= 16 (a 10-class layer's forward), whose
+   tiles may read A and B where they lie (mp__in_place: float32 operands in
+   AVX-512 builds, bfloat16 ones on AMX), against its transpose B^T A^T,
+   which never does: every element must have the same bits, -0, subnormals
+   and infinities included (any NaN matches any NaN: which NaN a sum of two
+   keeps depends on the order of its operands). k crosses one, two and five
+   256-deep slices and ends mid AMX step, m ends mid tile and mid group of
+   AMX's four, and C takes each dtype (float16 through the separate
+   epilogue). */
 static int same_or_both_nan(float x, float y) { return x != x ? y != y : memcmp(&x, &y, sizeof x) == 0; }
 static void test_narrow_in_place(void) {
-    static const size_t shapes[][3] = {{1, 1, 1}, {13, 10, 257}, {100, 16, 784}, {25, 3, 1030}, {12, 10, 256}};
+    static const size_t shapes[][3] = {{1, 1, 1},      {13, 10, 257}, {100, 16, 784}, {25, 3, 1030},
+                                       {12, 10, 256}, {70, 10, 64},  {16, 10, 33}};
     static const float special[] = {-0.0f, 0.0f, 1e-40f, -3e-45f};
-    size_t s, i, j;
+    static const mp_dtype operands[] = {MP_FLOAT32, MP_BFLOAT16};
+    size_t s, i, j, o;
     int ct;
-    for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (ct = 0; ct < 3; ct++) {
-            size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], bad = 0;
-            mp_dtype t = (mp_dtype)ct;
-            float *a, *b;
-            void *c, *ct_;
-            char what[120];
+    for (o = 0; o < 2; o++)
+        for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (ct = 0; ct < 3; ct++) {
+                size_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], bad = 0;
+                mp_dtype t = (mp_dtype)ct, ot = operands[o];
+                void *a, *b, *c, *ct_;
+                char what[120];
 #ifdef MIXPREC_USE_CBLAS
-            if (t == MP_FLOAT32) { /* cblas_sgemm's sums, in an order of its own */
-                if (s == 0) printf("info: narrow float32 products into float32 skipped (cblas_sgemm)\n");
-                continue;
-            }
+                if (ot == MP_FLOAT32 && t == MP_FLOAT32) { /* cblas_sgemm's sums, in an order of its own */
+                    if (s == 0) printf("info: narrow float32 products into float32 skipped (cblas_sgemm)\n");
+                    continue;
+                }
 #endif
-            a = floats(m * k), b = floats(k * n);
-            c = zalloc(m * n * dsize(t)), ct_ = zalloc(m * n * dsize(t));
-            fill_data(a, MP_FLOAT32, m * k, DATA_REAL);
-            fill_data(b, MP_FLOAT32, k * n, DATA_REAL);
-            for (i = 0; i < m * k; i += 7) a[i] = special[i / 7 % 4];
-            for (i = 3; i < k * n; i += 11) b[i] = special[i / 11 % 4];
-            a[k / 2] = INFINITY; /* row 0's sums: Inf or NaN */
-            if (m > 1) a[k + 1] = -INFINITY;
-            snprintf(what, sizeof what, "f32 x f32 -> %s, m %zu n %zu k %zu: A B against (B^T A^T)^T", dn(t), m, n, k);
-            if (check_report(mp_matmul(NULL, 0, 0, m, n, k, a, MP_FLOAT32, b, MP_FLOAT32, c, t) == MP_OK &&
-                                 mp_matmul(NULL, 1, 1, n, m, k, b, MP_FLOAT32, a, MP_FLOAT32, ct_, t) == MP_OK,
-                             __FILE__, __LINE__, what)) {
-                for (i = 0; i < m; i++)
-                    for (j = 0; j < n; j++) bad += !same_or_both_nan(get(c, t, i * n + j), get(ct_, t, j * m + i));
-                if (!check_report(bad == 0, __FILE__, __LINE__, what))
-                    fprintf(stderr, "    %zu of %zu elements differ\n", bad, m * n);
+                a = xalloc(m * k * dsize(ot)), b = xalloc(k * n * dsize(ot));
+                c = zalloc(m * n * dsize(t)), ct_ = zalloc(m * n * dsize(t));
+                fill_data(a, ot, m * k, DATA_REAL);
+                fill_data(b, ot, k * n, DATA_REAL);
+                for (i = 0; i < m * k; i += 7) put(a, ot, i, special[i / 7 % 4]);
+                for (i = 3; i < k * n; i += 11) put(b, ot, i, special[i / 11 % 4]);
+                put(a, ot, k / 2, INFINITY); /* row 0's sums: Inf or NaN */
+                if (m > 1) put(a, ot, k + 1, -INFINITY);
+                snprintf(what, sizeof what, "%s x %s -> %s, m %zu n %zu k %zu: A B against (B^T A^T)^T", dn(ot), dn(ot),
+                         dn(t), m, n, k);
+                if (check_report(mp_matmul(NULL, 0, 0, m, n, k, a, ot, b, ot, c, t) == MP_OK &&
+                                     mp_matmul(NULL, 1, 1, n, m, k, b, ot, a, ot, ct_, t) == MP_OK,
+                                 __FILE__, __LINE__, what)) {
+                    for (i = 0; i < m; i++)
+                        for (j = 0; j < n; j++)
+                            bad += !same_or_both_nan(get(c, t, i * n + j), get(ct_, t, j * m + i));
+                    if (!check_report(bad == 0, __FILE__, __LINE__, what))
+                        fprintf(stderr, "    %zu of %zu elements differ\n", bad, m * n);
+                }
+                free(a);
+                free(b);
+                free(c);
+                free(ct_);
             }
-            free(a);
-            free(b);
-            free(c);
-            free(ct_);
-        }
 }
 
 /* Any mix of the three dtypes for A, B and C (27), in two transpose cases. */
@@ -497,6 +503,7 @@ static void test_threads(void) {
         {128, 300, 10, 0, 1}, /* the 10-class input gradient: rows split mid-tile, op(B) transposed in one part block */
         {301, 10, 1030, 0, 0}, /* the 10-class forward: A read in place (mp__in_place), rows split mid-tile */
         {13, 10, 300, 0, 0},   /* in place, thread shares of fewer than 12 rows */
+        {40, 10, 300, 0, 0},   /* in place on AMX, thread shares of fewer than 16 rows */
     };
     static const mp_dtype mixes[][3] = {
         {MP_FLOAT32, MP_FLOAT32, MP_FLOAT32}, {MP_FLOAT16, MP_FLOAT16, MP_FLOAT16},
@@ -740,8 +747,10 @@ static int fence(fenced *f, const void *src, size_t bytes) {
 
 static void test_fenced_operands(void) {
     /* m, n, k off every tile: AMX's 16 rows and 32 values of K, the 12 x 32
-       and 6 x 16 register tiles, 16-lane vectors */
-    static const size_t shapes[][3] = {{13, 37, 70}, {33, 45, 61}, {97, 50, 95}, {1, 33, 31}, {130, 70, 129}};
+       and 6 x 16 register tiles, 16-lane vectors; the last two narrow, A
+       read in place (mp__in_place) */
+    static const size_t shapes[][3] = {{13, 37, 70}, {33, 45, 61}, {97, 50, 95}, {1, 33, 31}, {130, 70, 129},
+                                       {37, 10, 70}, {13, 10, 95}};
     static const mp_dtype dts[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     mp_pool *pool = NULL;
     size_t s, d;
