@@ -4572,18 +4572,24 @@ static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, co
 }
 
 /* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
-   pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K. */
+   pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K.
+   (g++ 12's false positive on `_mm512_undefined`: mp__transpose16.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 static void mp__pack_amx_narrow_b(uint32_t *out, const uint16_t *b, size_t k, size_t n, size_t depth) {
-    __mmask32 cols = mp__z_tail(n);
+    __mmask16 cols = (__mmask16)mp__z_tail(n);
     size_t p;
     for (p = 0; p < depth; p++) {
-        __m512i lo = _mm512_maskz_loadu_epi16(2 * p < k ? cols : 0, b + 2 * p * n);
-        __m512i hi = _mm512_maskz_loadu_epi16(2 * p + 1 < k ? cols : 0, b + (2 * p + 1) * n);
-        lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo));
-        hi = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi));
+        __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(2 * p < k ? cols : 0, b + 2 * p * n));
+        __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(2 * p + 1 < k ? cols : 0, b + (2 * p + 1) * n));
         _mm512_storeu_si512(out + 16 * p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 /* Rows m0 .. m1 of a bfloat16 in-place product on AMX: B's pairs packed
    once (each thread its own), then up to 64 rows of A at a time; a group
