@@ -4606,8 +4606,8 @@ static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t
     d.first = 1, d.g = g, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
     mp__amx_begin();
-    for (i0 = m0; i0 < m1; i0 += 16 * groups) {
-        groups = mp__min(4, (m1 - i0 + 15) / 16);
+    for (i0 = m0; i0 < m1; i0 += 4 * 16) {
+        groups = mp__min(4, (m1 - i0 + 15) / 16); /* fewer only in the last pass */
         for (j = 0; j < groups; j++) tops[j] = mp__min(i0 + 16 * j, g->m - 16);
         mp__kernel_in_place_amx(g, (const uint32_t *)ws->b, tops, groups, sums);
         for (j = 0; j < groups; j++) {
@@ -4629,11 +4629,11 @@ static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t
 #endif
 
 /* Rows m0 .. m1 of an in-place product (mp__in_place; bfloat16 on AMX:
-   mp__gemm_in_place_amx), a tile at a time through mp__tile_finish: the epilogue in the kernels where it can run
-   there, else from a float32 block through mp__epilogue. A tile that
-   would pass C's last row sums C's last MR rows instead (reading A is
-   free to cross into another thread's rows), and only the tile's rows
-   inside [m0, m1) go on. */
+   mp__gemm_in_place_amx), a tile at a time through mp__tile_finish: the
+   epilogue in the kernels where it can run there, else from a float32
+   block through mp__epilogue. A tile that would pass C's last row sums
+   C's last MR rows instead (reading A is free to cross into another
+   thread's rows), and only the tile's rows inside [m0, m1) go on. */
 static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
     __m512 t[2 * MP__MR];
     float bias[MP__NR];
