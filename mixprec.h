@@ -4572,8 +4572,10 @@ static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, co
 }
 
 /* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
-   pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K.
-   (g++ 12's false positive on `_mm512_undefined`: mp__transpose16.) */
+   pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K: the
+   layout mp__pack_pairs gives at width 16, a row of pairs a vector where
+   its part rows took half of 128 x 10 x 1024's 11 us on 1 thread. (g++
+   12's false positive on `_mm512_undefined`: mp__transpose16.) */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -4591,20 +4593,16 @@ static void mp__pack_amx_narrow_b(uint32_t *out, const uint16_t *b, size_t k, si
 #pragma GCC diagnostic pop
 #endif
 
-/* Rows m0 .. m1 of a bfloat16 in-place product on AMX: B's pairs packed
-   once (each thread its own), then up to 64 rows of A at a time; a group
-   that would pass C's last row sums C's last 16 rows instead (as
-   mp__gemm_in_place's tiles), and only its rows inside [m0, m1) go on,
-   through the epilogue in the kernels where it can run there. */
-static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
-    float sums[4 * 256], bias[MP__NR];
-    int fused = mp__tile_fusable(g);
+/* Rows m0 .. m1 of a bfloat16 in-place product on AMX, on to d (set up
+   by mp__gemm_in_place; d->g NULL where the epilogue cannot run in the
+   kernels): B's pairs packed once (each thread its own), then up to 64
+   rows of A at a time; a group that would pass C's last row sums C's last
+   16 rows instead (as mp__gemm_in_place's tiles), and only its rows inside
+   [m0, m1) go on. */
+static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1, mp__tile_dest *d) {
+    float sums[4 * 256];
     size_t i0, j, r, groups, tops[4];
-    mp__tile_dest d;
     mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, mp__round_up((g->k + 1) / 2, 16));
-    if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
-    d.first = 1, d.g = g, d.bias = fused && g->bias ? bias : NULL;
-    d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
     mp__amx_begin();
     for (i0 = m0; i0 < m1; i0 += 4 * 16) {
         groups = mp__min(4, (m1 - i0 + 15) / 16); /* fewer only in the last pass */
@@ -4612,15 +4610,11 @@ static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t
         mp__kernel_in_place_amx(g, (const uint32_t *)ws->b, tops, groups, sums);
         for (j = 0; j < groups; j++) {
             size_t first = i0 + 16 * j - tops[j], rows = mp__min(16, m1 - i0 - 16 * j);
+            d->row = tops[j];
             for (r = first; r < first + rows; r++) {
-                const float *sum = sums + 256 * j + 16 * r;
-                if (fused) {
-                    d.row = tops[j];
-                    mp__tile_epilogue(&d, r, _mm512_loadu_ps(sum), _mm512_setzero_ps());
-                    continue;
-                }
-                memcpy(ws->c, sum, g->n * sizeof(float));
-                mp__epilogue(g, ws->c, ws->tmp, tops[j] + r, 0, g->n);
+                float *sum = sums + 256 * j + 16 * r;
+                if (d->g) mp__tile_epilogue(d, r, _mm512_loadu_ps(sum), _mm512_setzero_ps());
+                else mp__epilogue(g, sum, ws->tmp, tops[j] + r, 0, g->n);
             }
         }
     }
@@ -4640,15 +4634,15 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
     int fused = mp__tile_fusable(g);
     size_t i0, r, top;
     mp__tile_dest d;
-#ifdef MP__AMX
-    if (g->at == MP_BFLOAT16) {
-        mp__gemm_in_place_amx(g, ws, m0, m1);
-        return;
-    }
-#endif
     if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
+#ifdef MP__AMX
+    if (g->at == MP_BFLOAT16) {
+        mp__gemm_in_place_amx(g, ws, m0, m1, &d);
+        return;
+    }
+#endif
     for (i0 = m0; i0 < m1; i0 += MP__MR) {
         top = mp__min(i0, g->m - MP__MR);
         d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
@@ -4865,12 +4859,12 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
    model 167, 128 x 1024 x 10, 2 threads, medians of 5 alternating
    rounds): float32 22.2 to 20.5 us, float16 22.6 to 20.3, bfloat16 23.2
    to 22.8; 128 x 4096 x 10 92.5 to 82.1; 256 x 1024 x 10 38.8 to 37.4;
-   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so.
-   Rows, not whole tiles: no thread gets more tiles for it (ceil(ceil(m / T) / MR) <= ceil(ceil(m
-   / MR) / T)), the rows' stores split evenly (128 rows: 64 and 64, where
-   whole tiles gave 72 and 56), and AMX's 32-row blocks fall better
-   (1024 rows: 16 blocks a thread, 17 and 16 by 12-row tiles). Which rows
-   a thread sums changes no sum. */
+   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so. Rows,
+   not whole tiles: no thread gets more tiles for it (ceil(ceil(m / T) /
+   MR) <= ceil(ceil(m / MR) / T)), the rows' stores split evenly (128
+   rows: 64 and 64, where whole tiles gave 72 and 56), and AMX's 32-row
+   blocks fall better (1024 rows: 16 blocks a thread, 17 and 16 by 12-row
+   tiles). Which rows a thread sums changes no sum. */
 #define MP__SHALLOW_N_ROWS 256
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
