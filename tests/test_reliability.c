@@ -601,6 +601,49 @@ static void test_nonfinite_targets(void) {
         }
 }
 
+/* An input long enough that a pool of 2 threads splits its scan for Inf
+   and NaN (2^16 values and more): the first bad value is named, though it
+   lies in the second thread's half and a later one in the first's would
+   be found too, and nothing changes. */
+static void test_nonfinite_wide_x(void) {
+    enum { N = 40000 }; /* 160,000 values */
+    static float x[N * 4], out[N * 3];
+    static int32_t labels[N];
+    static const struct { size_t at; float v; const char *says; } bad[] = {
+        {39000 * 4 + 2, NAN, "sample 39000, feature 2 is NaN"},
+        {30001 * 4 + 3, -INFINITY, "sample 30001, feature 3 is Inf"},
+    };
+    mp_model_desc md;
+    mp_model *m = NULL;
+    mp_compile_desc cd = compile_of(MP_ADAM, 0);
+    mp_fit_desc fd;
+    mp_tensor t;
+    float w0[67], w1[67];
+    size_t i, b;
+    for (i = 0; i < N * 4; i++) x[i] = sx[i % (NS * 4)];
+    for (i = 0; i < N; i++) labels[i] = sl[i % NS];
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4, md.seed = 7, md.threads = 2;
+    mp_set_global_policy_name("mixed_bfloat16");
+    must(mp_model_create(&m, &md), m, "create");
+    must(mp_model_add(m, mp_dense(8, MP_RELU)), m, "add");
+    must(mp_model_add(m, mp_dense(3, MP_SOFTMAX)), m, "add");
+    must(mp_model_compile(m, &cd), m, "compile");
+    fd = silent_fit(x, labels, N, 20000, 1);
+    OK(mp_forward(m, x, 8, 1), m);
+    CHECK(mp_model_get_weights(m, w0, 67) == MP_OK);
+    for (b = 0; b < 2; b++) {
+        x[bad[b].at] = bad[b].v; /* b = 1: the NaN of b = 0 stays, further on */
+        EXPECT(mp_forward(m, x, N, 1), MP_ERR_NONFINITE, m, bad[b].says);
+        EXPECT(mp_model_predict(m, x, N, 4096, out), MP_ERR_NONFINITE, m, bad[b].says);
+        EXPECT(mp_model_fit(m, &fd), MP_ERR_NONFINITE, m, bad[b].says);
+    }
+    CHECK(mp_model_get_weights(m, w1, 67) == MP_OK && memcmp(w0, w1, sizeof w0) == 0);
+    CHECK(mp_output(m, &t) == MP_OK && t.shape[0] == 8); /* the last forward is still the one of 8 */
+    mp_model_destroy(m);
+    mp_set_global_policy_name("float32");
+}
+
 static void test_settings(void) {
     static const char *const opt_fields[] = {"learning_rate", "learning_rate", "epsilon", "momentum", "rho", "beta_1", "beta_2"};
     static const char *const ls_fields[] = {"initial_scale", "max_scale", "min_scale", "growth_interval", "hysteresis"};
@@ -930,6 +973,7 @@ int main(int argc, char **argv) {
     RUN(test_windows_and_counts());
     RUN(test_constructor_leaks());
     RUN(test_nonfinite_targets());
+    RUN(test_nonfinite_wide_x());
     RUN(test_settings());
     RUN(test_impossible_slots());
     RUN(test_bounded_reads());
