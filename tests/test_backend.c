@@ -543,6 +543,62 @@ static void test_bias_grad_values(void) {
     CHECK_EQ(wrong, 0);
 }
 
+/* loss is each row's loss by the rules (>>rules), added in row order in
+   float32, and each row's gradient of the mean: on 1 to 3 threads, for
+   every loss, over batches the pool splits (2^16 elements' worth and
+   more) and across its chunks of rows (2048 a pass). pred and out are the
+   logits and probabilities from the model's softmax or sigmoid. */
+static void test_loss_values(void) {
+    enum { ROWS = 4500, COLS = 10 };
+    static const size_t row_counts[] = {7, 300, 2049, ROWS};
+    static const struct { mp_loss kind; int from_logits; } losses[] = {
+        {MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1}, {MP_CATEGORICAL_CROSSENTROPY, 0},
+        {MP_BINARY_CROSSENTROPY, 1}, {MP_BINARY_CROSSENTROPY, 0}, {MP_MEAN_SQUARED_ERROR, 0}};
+    static float logits[ROWS * COLS], probs[ROWS * COLS], y[ROWS * COLS], want[ROWS * COLS], got[ROWS * COLS];
+    static int32_t labels[ROWS];
+    int threads, wrong = 0;
+    size_t i, j;
+    for (i = 0; i < ROWS; i++) {
+        float sum = 0.0f;
+        labels[i] = (int32_t)(i * 7 % COLS);
+        for (j = 0; j < COLS; j++) {
+            logits[i * COLS + j] = ldexpf((float)((i * COLS + j) * 2654435761u % 2001) - 1000.0f, -8);
+            probs[i * COLS + j] = expf(logits[i * COLS + j]), sum += probs[i * COLS + j];
+            y[i * COLS + j] = (float)((size_t)labels[i] == j);
+        }
+        for (j = 0; j < COLS; j++) probs[i * COLS + j] /= sum;
+    }
+    for (threads = 1; threads <= 3; threads++) {
+        void *ctx = NULL;
+        size_t l, n;
+        if (!CHECK(cpu->create(&ctx, threads, NULL) == MP_OK)) return;
+        for (l = 0; l < sizeof losses / sizeof *losses; l++)
+            for (n = 0; n < sizeof row_counts / sizeof *row_counts; n++) {
+                mp_loss kind = losses[l].kind;
+                int logits_in = losses[l].from_logits, sparse = kind == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+                size_t rows = row_counts[n], correct = 0;
+                const float *pred = logits_in ? logits : probs, *t = sparse ? NULL : y;
+                float sum = 0.0f, metrics[2];
+                for (i = 0; i < rows; i++) {
+                    float *p = want + i * COLS, row_loss;
+                    correct += (size_t)mp__row_correct(kind, probs + i * COLS, t ? t + i * COLS : NULL, labels[i], COLS);
+                    memcpy(p, pred + i * COLS, COLS * sizeof(float));
+                    if (kind == MP_BINARY_CROSSENTROPY) row_loss = mp__binary_crossentropy_row(p, y + i * COLS, COLS, logits_in);
+                    else if (kind == MP_MEAN_SQUARED_ERROR) row_loss = mp__mean_squared_error_row(p, y + i * COLS, COLS);
+                    else row_loss = mp__crossentropy_row(p, t ? t + i * COLS : NULL, labels[i], COLS, logits_in);
+                    for (j = 0; j < COLS; j++) p[j] *= 1.0f / (float)rows;
+                    sum += row_loss;
+                }
+                cpu->loss(ctx, kind, logits_in, pred, MP_FLOAT32, probs, MP_FLOAT32, sparse ? labels : NULL,
+                          sparse ? NULL : y, rows, COLS, got, metrics);
+                wrong += memcmp(&metrics[0], &sum, sizeof sum) != 0 || metrics[1] != (float)correct;
+                wrong += memcmp(want, got, rows * COLS * sizeof(float)) != 0;
+            }
+        cpu->destroy(ctx);
+    }
+    CHECK_EQ(wrong, 0);
+}
+
 /* scale_cast is dst = src * scale rounded once into dt (scale NULL: 1),
    element by element as the scalar rules give it, at lengths around its
    tiles: overflow to Inf, subnormals, NaN's sign and payload (a signalling
@@ -766,6 +822,7 @@ int main(int argc, char **argv) {
     RUN(test_unscale_values());
     RUN(test_scale_cast());
     RUN(test_bias_grad_values());
+    RUN(test_loss_values());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
