@@ -5076,16 +5076,23 @@ static void mp__range_task(void *ctx, int t, int threads) {
 /* Below this many elements one thread does it all. */
 #define MP__RANGE_PARALLEL (1u << 16)
 
-/* n items of `per_item` elements each (rows, columns), cut at multiples
-   of 64 elements or of one item. */
-static void mp__parallel_items(mp_pool *pool, size_t n, size_t per_item, void (*fn)(void *, size_t, size_t, int),
-                               void *args) {
+/* n items cut at multiples of grain, over `elements` elements in all: one
+   thread for fewer than MP__RANGE_PARALLEL or a single grain. */
+static void mp__parallel_grains(mp_pool *pool, size_t n, size_t grain, size_t elements,
+                                void (*fn)(void *, size_t, size_t, int), void *args) {
     mp__range_job job;
     job.fn = fn;
     job.args = args;
     job.n = n;
-    job.grain = per_item >= 64 ? 1 : 64 / per_item;
-    mp__pool_run(pool, mp__range_task, &job, n * per_item < MP__RANGE_PARALLEL ? 1 : mp_pool_threads(pool));
+    job.grain = grain;
+    mp__pool_run(pool, mp__range_task, &job, elements < MP__RANGE_PARALLEL || n <= grain ? 1 : mp_pool_threads(pool));
+}
+
+/* n items of `per_item` elements each (rows), cut at multiples of 64
+   elements or of one item. */
+static void mp__parallel_items(mp_pool *pool, size_t n, size_t per_item, void (*fn)(void *, size_t, size_t, int),
+                               void *args) {
+    mp__parallel_grains(pool, n, per_item >= 64 ? 1 : 64 / per_item, n * per_item, fn, args);
 }
 
 static void mp__parallel_range(mp_pool *pool, size_t n, void (*fn)(void *, size_t, size_t, int), void *args) {
@@ -5110,11 +5117,14 @@ static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *
     mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__act_backward_rows, &op);
 }
 
+/* The columns split in whole cache lines of a row: split finer, both
+   threads read every line (8192 x 10 in bfloat16: 71 us on 1 thread, 200
+   on 2 with 5 columns each). */
 static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
     mp__rows_op op;
     memset(&op, 0, sizeof op);
     op.out = db, op.outt = op.dt = dt, op.a = dy, op.rows = rows, op.cols = cols;
-    mp__parallel_items(mp__pool_of(ctx), cols, rows, mp__bias_grad_cols, &op);
+    mp__parallel_grains(mp__pool_of(ctx), cols, 64 / mp__dtypes[dt].size, cols * rows, mp__bias_grad_cols, &op);
 }
 
 typedef struct mp__cast_args {

@@ -508,10 +508,11 @@ static void test_unscale_values(void) {
 
 /* bias_grad is each column's sum over the rows, in row order in float32,
    rounded once into dt: from each dtype, on 1 and 2 threads, at column
-   counts around its runs of 1024, and over gradients big enough (512 KiB
-   and more) that it fetches the rows ahead as it goes. */
+   counts around its runs of 1024, over gradients big enough (512 KiB
+   and more) that it fetches the rows ahead as it goes, and over columns
+   the threads split in whole cache lines of a row, or not at all. */
 static void test_bias_grad_values(void) {
-    static const size_t shapes[][2] = {{61, 1100}, {3, 1025}, {700, 300}, {1100, 300}, {130, 1030}};
+    static const size_t shapes[][2] = {{61, 1100}, {3, 1025}, {700, 300}, {1100, 300}, {130, 1030}, {7000, 10}, {7000, 40}};
     static float dy32[1100 * 1100], want32[1100], got32[1100];
     static uint16_t dy16[1100 * 1100], got16[1100];
     int threads, d, wrong = 0;
