@@ -5118,8 +5118,8 @@ static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *
 }
 
 /* The columns split in whole cache lines of a row: split finer, both
-   threads read every line (8192 x 10 in bfloat16: 71 us on 1 thread, 200
-   on 2 with 5 columns each). */
+   threads read every line (8192 x 10 in bfloat16: 75 us on 1 thread, 189
+   on 2 with 5 columns each, 77 now). */
 static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
     mp__rows_op op;
     memset(&op, 0, sizeof op);
@@ -5159,8 +5159,8 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
    each row's loss goes to the chunk's buffer, and the chunk's are added
    in row order here, so the sum is one thread's at any count. A loss
    element (two expf and a logf from logits) costs about 25 of a cast's
-   (8192 x 10 from logits: 1.0 ms on one thread, the cast of 8192 x 784
-   3.0), hence the weight of a row in the split's threshold. */
+   (8192 x 10 from logits: 0.9 ms on one thread, the cast of 8192 x 784
+   into bfloat16 3.0), hence the weight of a row in the split's threshold. */
 #define MP__LOSS_ROWS 2048
 #define MP__LOSS_WEIGHT 25
 
