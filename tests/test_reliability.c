@@ -602,16 +602,16 @@ static void test_nonfinite_targets(void) {
 }
 
 /* An input long enough that a pool of 2 threads splits its scan for Inf
-   and NaN (2^16 values and more): the first bad value is named, though it
-   lies in the second thread's half and a later one in the first's would
-   be found too, and nothing changes. */
+   and NaN (2^16 values and more; samples 20000 on are the second
+   thread's): a NaN in the second thread's half is named, then an Inf in
+   the first's, before it, and nothing changes. */
 static void test_nonfinite_wide_x(void) {
     enum { N = 40000 }; /* 160,000 values */
     static float x[N * 4], out[N * 3];
     static int32_t labels[N];
     static const struct { size_t at; float v; const char *says; } bad[] = {
         {39000 * 4 + 2, NAN, "sample 39000, feature 2 is NaN"},
-        {30001 * 4 + 3, -INFINITY, "sample 30001, feature 3 is Inf"},
+        {12345 * 4 + 3, -INFINITY, "sample 12345, feature 3 is Inf"},
     };
     mp_model_desc md;
     mp_model *m = NULL;
@@ -633,7 +633,7 @@ static void test_nonfinite_wide_x(void) {
     OK(mp_forward(m, x, 8, 1), m);
     CHECK(mp_model_get_weights(m, w0, 67) == MP_OK);
     for (b = 0; b < 2; b++) {
-        x[bad[b].at] = bad[b].v; /* b = 1: the NaN of b = 0 stays, further on */
+        x[bad[b].at] = bad[b].v; /* b = 1: the NaN of b = 0 stays, after it */
         EXPECT(mp_forward(m, x, N, 1), MP_ERR_NONFINITE, m, bad[b].says);
         EXPECT(mp_model_predict(m, x, N, 4096, out), MP_ERR_NONFINITE, m, bad[b].says);
         EXPECT(mp_model_fit(m, &fd), MP_ERR_NONFINITE, m, bad[b].says);
