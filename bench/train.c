@@ -17,13 +17,16 @@
    hand (bench/torch_cpu.py, found as bench.h says: MIXPREC_TORCH_PYTHON):
    the same model, RMSprop, batch and data, float32 and bfloat16 autocast,
    on 1 and 2 threads, each under OpenMP's default wait policy and under
-   OMP_WAIT_POLICY=PASSIVE, its lines passed on as they come; mixprec's
-   runs and PyTorch's alternate, in 2 rounds (1 when a step takes over half
-   a second), and each side keeps its best. Then per shape and thread count:
+   OMP_WAIT_POLICY=PASSIVE, its lines passed on as they come. Each round
+   runs 1 thread, then 2, mixprec and then PyTorch at each; 2 rounds (1
+   when a step takes over half a second), each side keeping its best.
+   Then per shape and thread count:
        bench=train impl=torch ... best_of=default|passive images_per_s=
        ratio=mixprec_over_torch   mixprec's images/s / PyTorch's best, for
                                   float32 and mixed_bfloat16 (autocast)
-   Without torch: a bench=torch available=0 line, and no ratios.
+   Without torch: a bench=torch available=0 line, and no such ratios.
+   And per shape and policy (without --threads):
+       ratio=threads_2_over_1     the 1-thread step's time / the 2-thread one's
    Each run times whole steps for >= 1 s after 2 warm-up steps (1 when a
    step takes over a second), at least 2 steps.
 
@@ -240,10 +243,21 @@ static void print_peer(const run runs[N_POLICIES], const peer_best *b) {
     fflush(stdout);
 }
 
+/* The whole step on 2 threads over 1, per policy: runs[t] at t threads. */
+static void print_thread_ratios(run runs[N_THREADS + 1][N_POLICIES]) {
+    size_t p;
+    for (p = 0; p < N_POLICIES; p++)
+        printf("bench=train model=mlp units=%d batch=%d ratio=threads_2_over_1 policy=%s value=%.3f\n",
+               runs[1][p].units, runs[1][p].batch, runs[1][p].policy, runs[1][p].step_s / runs[2][p].step_s);
+    fflush(stdout);
+}
+
 static void bench_shape(int units, int batch) {
+    run runs[N_THREADS + 1][N_POLICIES]; /* [threads][policy]: the best of the rounds */
+    peer_best peer[N_THREADS + 1];
     float *x;
     int32_t *labels;
-    int t;
+    int t, round, rounds = 2;
     if (bytes_needed(units, batch) > MEMORY_LIMIT) {
         printf("bench=train model=mlp units=%d batch=%d skipped=1 reason=memory est_gib=%.1f\n", units, batch,
                bytes_needed(units, batch) / (1024.0 * 1024.0 * 1024.0));
@@ -252,14 +266,11 @@ static void bench_shape(int units, int batch) {
     x = (float *)xmalloc((size_t)batch * INPUTS * sizeof *x);
     labels = (int32_t *)xmalloc((size_t)batch * sizeof *labels);
     synthetic_batch(x, labels, batch);
-    for (t = 1; t <= N_THREADS; t++) {
-        run runs[N_POLICIES];
-        peer_best peer;
-        size_t p;
-        int round, rounds = 2;
-        if (only_threads && t != only_threads) continue;
-        memset(&peer, 0, sizeof peer);
-        for (round = 0; round < rounds; round++) { /* mixprec, then PyTorch, twice */
+    memset(peer, 0, sizeof peer);
+    for (round = 0; round < rounds; round++) /* 1 thread, then 2; mixprec, then PyTorch, at each */
+        for (t = 1; t <= N_THREADS; t++) {
+            size_t p;
+            if (only_threads && t != only_threads) continue;
             for (p = 0; p < N_POLICIES; p++) {
                 run r;
                 memset(&r, 0, sizeof r);
@@ -267,14 +278,17 @@ static void bench_shape(int units, int batch) {
                 r.policy = policies[p];
                 time_run(&r, x, labels);
                 print_run(&r);
-                if (round == 0 || r.step_s < runs[p].step_s) runs[p] = r;
+                if (round == 0 || r.step_s < runs[t][p].step_s) runs[t][p] = r;
                 if (r.step_s > 0.5) rounds = 1;
             }
-            if (peer_enabled) peer_train(&peer, units, batch, t);
+            if (peer_enabled) peer_train(&peer[t], units, batch, t);
         }
-        print_ratios(runs);
-        print_peer(runs, &peer);
+    for (t = 1; t <= N_THREADS; t++) {
+        if (only_threads && t != only_threads) continue;
+        print_ratios(runs[t]);
+        print_peer(runs[t], &peer[t]);
     }
+    if (!only_threads) print_thread_ratios(runs);
     free(x);
     free(labels);
 }
