@@ -7509,10 +7509,13 @@ static mp_status mp__check_count(mp_model *m, size_t count, size_t per, const ch
    cannot read host memory, and the index comes from a scan here. */
 static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
     size_t i, n = count * m->in_size;
-    int found = m->be->device_memory;
+    int found = 1; /* a device's: the scan here looks */
     mp_status st = mp__check_count(m, count, m->in_size, "x");
     if (st != MP_OK) return st;
-    if (!found) m->be->unscale_check(m->ctx, NULL, x, MP_FLOAT32, n, NULL, &found);
+    if (!m->be->device_memory) {
+        found = 0;
+        m->be->unscale_check(m->ctx, NULL, x, MP_FLOAT32, n, NULL, &found);
+    }
     if (found && (i = mp__first_nonfinite(x, n)) < n)
         return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
                         x[i] != x[i] ? "NaN" : "Inf");
