@@ -7621,6 +7621,17 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
     }
 }
 
+/* Samples [first, first + count) of fit's data on the device, as
+   mp__gather's device path takes a shuffled batch, without the gather: the
+   range is contiguous (fit's validation, the data's last part). */
+static void mp__take_uploaded(mp_model *m, size_t first, size_t count) {
+    size_t outs = mp__last(m)->out_size, in = m->in_size;
+    m->be->cast(m->ctx, m->input, m->layers[0].dt, m->data_x + first * in, MP_FLOAT32, count * in, NULL);
+    if (m->data_labels)
+        m->be->copy(m->ctx, m->batch_labels, m->data_labels + first, count * sizeof(int32_t), MP_COPY_WITHIN);
+    if (m->data_y) m->be->copy(m->ctx, m->batch_y, m->data_y + first * outs, count * outs * sizeof(float), MP_COPY_WITHIN);
+}
+
 /* >>custom training loop (see the declaration): the six calls of the guide's
    train_step, with the helpers they share with fit. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
@@ -8104,7 +8115,8 @@ static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
     return mp__check_finite(m, d->x, 0, d->n);
 }
 
-/* Mean loss and accuracy over samples [first, end) in inference mode. */
+/* Mean loss and accuracy over samples [first, end) of d in inference mode;
+   d NULL: of fit's data on the device (validation), taken there. */
 static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
                                     float *loss, float *accuracy) {
     float sum = 0.0f;
@@ -8112,7 +8124,8 @@ static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first,
     mp_status st = MP_OK;
     for (s = first; s < end && st == MP_OK; s += batch) {
         size_t b = mp__min(batch, end - s);
-        mp__gather(m, d, NULL, s, b);
+        if (d) mp__gather(m, d, NULL, s, b);
+        else mp__take_uploaded(m, s, b);
         mp__run_forward(m, b, 0);
         st = mp__loss(m, &sum, &right);
     }
@@ -8349,7 +8362,8 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
 }
 
 /* mp__evaluate_range over this rank's part of [first, end), each rank
-   batch / ranks samples at a time, summed over the ranks. */
+   batch / ranks samples at a time, summed over the ranks (d NULL: fit's
+   data on the device, as there). */
 static mp_status mp__evaluate_shared(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
                                      float *loss, float *accuracy) {
     size_t n = end - first, lo = first + mp__slice_start(n, m->rank, m->ranks);
@@ -8813,7 +8827,8 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
     }
     if (st == MP_OK && m->metric_count) st = mp__fit_read(m, &sum, &right, &seen, lg); /* stopped early */
     if (st == MP_OK && s->has_validation)
-        st = mp__evaluate_shared(m, &d->data, n_train, d->data.n, batch, &lg->val_loss, &lg->val_accuracy);
+        st = mp__evaluate_shared(m, m->data_block ? NULL : &d->data, n_train, d->data.n, batch, &lg->val_loss,
+                                 &lg->val_accuracy); /* the data on the device: validated there */
     lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
     lg->steps = s->steps;
     lg->ms_per_step = lg->seconds * 1000.0f / (float)s->steps;

@@ -1021,6 +1021,48 @@ static void test_steady_state(void) {
     free(labels);
 }
 
+/* fit's validation with the data on the device is taken there: the same
+   bits as with host_data (each batch sent from the host), and the only
+   bytes in are the data, once, and each epoch's order; the validation part
+   is not sent again each epoch. */
+static void test_validation_on_device(void) {
+    enum { N = 5 * BATCH, EPOCHS = 3 };
+    size_t n_val = N / 4, n_train = N - n_val, per_sample = INPUTS * sizeof(float) + sizeof(int32_t), n = 0;
+    float *x = (float *)zalloc(N * INPUTS * sizeof(float)), *w[2] = {NULL, NULL};
+    int32_t *labels = (int32_t *)zalloc(N * sizeof(int32_t));
+    mp_logs history[2][EPOCHS];
+    mp_cuda_stats before, after;
+    int host, e;
+    synthetic(x, labels, N, INPUTS);
+    for (host = 0; host < 2; host++) {
+        mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+        mp_fit_desc fd = silent_fit(x, labels, N, BATCH, EPOCHS);
+        if (!CHECK(m != NULL)) return;
+        fd.validation_split = 0.25f;
+        fd.history = history[host];
+        fd.host_data = host;
+        mp_cuda_get_stats(&before);
+        CHECK(mp_model_fit(m, &fd) == MP_OK);
+        mp_cuda_get_stats(&after);
+        if (!host) CHECK(after.bytes_in - before.bytes_in == N * per_sample + EPOCHS * n_train * sizeof(uint32_t));
+        n = mp_model_param_count(m);
+        w[host] = (float *)zalloc(n * sizeof(float));
+        CHECK(mp_model_get_weights(m, w[host], n) == MP_OK);
+        mp_model_destroy(m);
+    }
+    for (e = 0; e < EPOCHS; e++) {
+        CHECK(history[0][e].val_loss > 0 && history[0][e].val_accuracy >= 0);
+        CHECK(memcmp(&history[0][e].loss, &history[1][e].loss, sizeof(float)) == 0);
+        CHECK(memcmp(&history[0][e].val_loss, &history[1][e].val_loss, sizeof(float)) == 0);
+        CHECK(memcmp(&history[0][e].val_accuracy, &history[1][e].val_accuracy, sizeof(float)) == 0);
+    }
+    CHECK(memcmp(w[0], w[1], n * sizeof(float)) == 0);
+    free(w[0]);
+    free(w[1]);
+    free(x);
+    free(labels);
+}
+
 /* A bias not 16-byte aligned (one element into its block, as inside a
    packed weight block): cuBLASLt's BIAS epilogue may fault on it (a
    sticky misaligned address under the emulation), so the backend adds it
@@ -1285,6 +1327,7 @@ int main(int argc, char **argv) {
     RUN(test_conv_model());
     RUN(test_model_memory());
     RUN(test_steady_state());
+    RUN(test_validation_on_device());
     RUN(test_unaligned_bias());
     RUN(test_padded_bias());
     RUN(test_losses_in_parts());
