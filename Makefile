@@ -206,13 +206,15 @@ $(B)/test_nccl: tests/test_nccl.c tests/check.h cuda/mixprec_nccl.h $(B)/libmixp
 	$(MPICC) $(WARN) -O2 -isystem $(dir $(NVCC))../include $< -o $@ -L$(B) -lmixprec_nccl -lnccl $(CUDA_LIBS)
 
 # The GPU benchmark: its PyTorch peer (bench/gpu_train.py) runs from it
-# where python3 has torch. Without a GPU it prints available=0.
+# where python3 has torch; the whole Fashion-MNIST fit where `make data` left
+# the data set. Without a GPU it prints available=0.
 $(B)/bench_gpu_train: bench/gpu_train.c bench/bench.h cuda/mixprec_cuda.h mixprec.h $(B)/libmixprec_cuda.a
 	$(CC) $(WARN) -O2 $(ARCH) $< -o $@ $(CUDA_LIBS)
 
 bench-gpu:
 	@if [ -z "$(NVCC)" ]; then echo "bench=gpu_train available=0 reason=nvcc_not_found"; \
-	else $(MAKE) --no-print-directory $(B)/bench_gpu_train && $(B)/bench_gpu_train; fi
+	else $(MAKE) --no-print-directory $(B)/bench_gpu_train && \
+	    $(B)/bench_gpu_train $(if $(wildcard $(FMNIST)/train-images-idx3-ubyte),--fashion $(FMNIST)); fi
 
 clean:
 	rm -rf $(B)

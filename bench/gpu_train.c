@@ -16,18 +16,23 @@
    3. The blog's conv net (256x256x3 images, Conv2D(128, 2) -> Conv2D(128,
       1) -> Conv2D(128, 1) -> Flatten -> Dense(1) -> sigmoid in float32,
       binary crossentropy, RMSprop, batch 50): ms/step and peak device
-      memory (mp_model_memory_info) under float32 and mixed_float16, on one
-      batch of random images trained for a few steps.
-   4. bench/gpu_train.py: the same MLP in PyTorch (torch.autocast with
-      GradScaler for float16), run through python3; its lines are passed
-      on, and the ratios mixprec / PyTorch printed.
+      memory (mp_model_memory_info) under the four policies, on one batch
+      of random images sent from the host each step.
+   4. With --fashion DIR (Fashion-MNIST's IDX files, as `make data` leaves
+      them in build/fashion-mnist): the guide's whole fit (batch 8192, 5
+      epochs, validation_split 0.2), its data on the device, timed from a
+      new model to the end of the last epoch's validation, then the test
+      accuracy; the median of FASHION_REPS fits.
+   5. bench/gpu_train.py: the same MLP, conv net and fit in PyTorch
+      (torch.autocast with GradScaler for float16), run through python3;
+      its lines are passed on, and the ratios mixprec / PyTorch printed.
    One key=value line per measurement. Without a GPU it prints
    `bench=gpu_train available=0 reason=...` and exits 0.
 
    Build and run: `make bench-gpu` (nvcc and a GPU), or after `make cuda`
        gcc -std=c99 -O2 bench/gpu_train.c -o gpu_train -Lbuild -lmixprec_cuda \
            -L/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ -lm
-       ./gpu_train [--quick] [--no-torch] [--torch-script PATH] */
+       ./gpu_train [--quick] [--no-torch] [--torch-script PATH] [--fashion DIR] */
 #define _POSIX_C_SOURCE 200809L /* popen, clock_gettime */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,16 +51,24 @@
 #define CLASSES 10
 #define MIB (1024.0 * 1024.0)
 #define FIT_BATCHES 4 /* distinct batches of fit's data set on the device */
+#define FASHION_REPS 3 /* whole fits over Fashion-MNIST, their median timed */
 
 typedef struct settings {
     int units, batch;       /* the MLP */
     int gemm_sizes[2];
-    int conv_size, conv_batch, conv_steps;
-    double min_s;           /* timed MLP and GEMM runs last at least this long */
+    int conv_size, conv_batch;
+    double min_s;           /* timed MLP and GEMM runs last at least this long, conv runs half */
     int torch;
     const char *torch_script;
+    const char *fashion_dir; /* NULL: no Fashion-MNIST fit */
+    int fashion_epochs;
+    size_t fashion_limit;    /* 0: every training image */
 } settings;
-static settings S = {4096, 8192, {4096, 8192}, 256, 50, 3, 2.0, 1, "bench/gpu_train.py"};
+static settings S = {4096, 8192, {4096, 8192}, 256, 50, 2.0, 1, "bench/gpu_train.py", NULL, 5, 0};
+
+/* The four policies of each part: float32 twice, TF32 off and on. */
+static const char *const policies[4] = {"float32", "float32_tf32", "mixed_float16", "mixed_bfloat16"};
+static const char *policy_name(size_t p) { return p == 1 ? "float32" : policies[p]; }
 
 static void random_fill(float *x, size_t n, unsigned long long seed) {
     size_t i;
@@ -283,30 +296,21 @@ static void time_gemm(mp_dtype dt, int tf32, int n, peaks pk) {
 
 /* ---- 3. the blog's conv net ---------------------------------------------- */
 typedef struct conv_run {
-    const char *policy;
     double step_s;
     size_t peak;
 } conv_run;
 
-static void time_conv(conv_run *r) {
+static mp_model *build_conv(const char *policy, const mp_cuda_config *cfg) {
     mp_model_desc md;
     mp_compile_desc cd;
     mp_layer_desc sigmoid = mp_activation_layer(MP_SIGMOID);
-    mp_model_memory mem;
-    mp_cuda_stats before, after;
-    size_t features = (size_t)S.conv_size * (size_t)S.conv_size * 3, i;
-    float *x = (float *)xmalloc((size_t)S.conv_batch * features * sizeof(float));
-    float *y = (float *)xmalloc((size_t)S.conv_batch * sizeof(float));
     mp_model *m = NULL;
-    double t0 = 0;
-    int s;
-    random_fill(x, (size_t)S.conv_batch * features, 3);
-    for (i = 0; i < (size_t)S.conv_batch; i++) y[i] = (float)(i % 2);
     memset(&md, 0, sizeof md);
     memset(&cd, 0, sizeof cd);
     md.input_shape[0] = md.input_shape[1] = S.conv_size, md.input_shape[2] = 3;
     md.backend = mp_cuda_backend();
-    check(mp_set_global_policy_name(r->policy), NULL, r->policy);
+    md.backend_config = cfg;
+    check(mp_set_global_policy_name(policy), NULL, policy);
     check(mp_model_create(&m, &md), NULL, "mp_model_create");
     check(mp_model_add(m, mp_conv2d(128, 2, 2, MP_VALID, MP_LINEAR)), m, "add");
     check(mp_model_add(m, mp_conv2d(128, 1, 1, MP_VALID, MP_LINEAR)), m, "add");
@@ -317,61 +321,177 @@ static void time_conv(conv_run *r) {
     check(mp_model_add(m, sigmoid), m, "add");
     cd.loss = MP_BINARY_CROSSENTROPY;
     check(mp_model_compile(m, &cd), m, "compile");
-    for (s = -1; s < S.conv_steps; s++) { /* one warm-up step */
-        if (s == 0) t0 = now_s(), mp_cuda_get_stats(&before);
+    return m;
+}
+
+/* One warm-up step, then at least 5 steps and S.min_s / 2 seconds. */
+static void time_conv(conv_run *r, size_t p) {
+    mp_cuda_config cfg;
+    mp_model_memory mem;
+    mp_cuda_stats before, after;
+    size_t features = (size_t)S.conv_size * (size_t)S.conv_size * 3, i;
+    float *x = (float *)xmalloc((size_t)S.conv_batch * features * sizeof(float));
+    float *y = (float *)xmalloc((size_t)S.conv_batch * sizeof(float));
+    mp_model *m;
+    double t0;
+    long steps = 0;
+    random_fill(x, (size_t)S.conv_batch * features, 3);
+    for (i = 0; i < (size_t)S.conv_batch; i++) y[i] = (float)(i % 2);
+    memset(&cfg, 0, sizeof cfg);
+    cfg.tf32 = p == 1;
+    m = build_conv(policy_name(p), &cfg);
+    train_step(m, x, NULL, y, S.conv_batch);
+    mp_cuda_get_stats(&before);
+    t0 = now_s();
+    do {
         train_step(m, x, NULL, y, S.conv_batch);
-    }
-    r->step_s = (now_s() - t0) / S.conv_steps;
+        steps++;
+    } while (steps < 5 || now_s() - t0 < S.min_s / 2);
+    r->step_s = (now_s() - t0) / (double)steps;
     mp_cuda_get_stats(&after);
     check(mp_model_memory_info(m, &mem), m, "memory info");
     r->peak = mem.peak;
-    printf("bench=gpu_train impl=mixprec what=conv image=%dx%dx3 batch=%d policy=%s steps=%d ms_per_step=%.1f "
+    printf("bench=gpu_train impl=mixprec what=conv image=%dx%dx3 batch=%d policy=%s tf32=%d steps=%ld ms_per_step=%.1f "
            "peak_mib=%.0f weights_mib=%.1f activations_mib=%.0f workspace_mib=%.0f",
-           S.conv_size, S.conv_size, S.conv_batch, r->policy, S.conv_steps, r->step_s * 1e3, (double)r->peak / MIB,
-           (double)mem.weights / MIB, (double)mem.activations / MIB, (double)mem.workspace / MIB);
-    print_step_counts(&before, &after, S.conv_steps);
+           S.conv_size, S.conv_size, S.conv_batch, policy_name(p), (int)cfg.tf32, steps, r->step_s * 1e3,
+           (double)r->peak / MIB, (double)mem.weights / MIB, (double)mem.activations / MIB,
+           (double)mem.workspace / MIB);
+    print_step_counts(&before, &after, (double)steps);
     fflush(stdout);
     mp_model_destroy(m);
     free(x);
     free(y);
 }
 
-/* ---- 4. the PyTorch peer -------------------------------------------------- */
-/* Runs the script, passes its lines on, and returns its ms/step for each
-   policy, [0] with the batch from host memory (as the custom loop's steps),
-   [1] with it on the device (as fit's); 0 if none. */
-static void run_torch(double torch_ms[2][4], const char *const policies[4]) {
-    char cmd[512], line[512];
+/* ---- 4. the guide's fit over Fashion-MNIST --------------------------------- */
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of FASHION_REPS values. */
+static double median_of(double *v) {
+    qsort(v, FASHION_REPS, sizeof v[0], by_value);
+    return v[FASHION_REPS / 2];
+}
+
+/* FASHION_REPS whole fits from a new model each: the medians of their
+   times, of their first epoch's, of their later epochs' mean and of what
+   came before the first epoch (fit's set-up: the data's upload, the
+   activations' allocation); the last fit's final epoch and test accuracy.
+   Returns the median seconds. */
+static double time_fashion(size_t p, const mp_dataset *train, const mp_dataset *test) {
+    mp_cuda_config cfg;
+    mp_fit_desc fd;
+    mp_logs *history = (mp_logs *)xmalloc((size_t)S.fashion_epochs * sizeof(mp_logs)), test_logs;
+    mp_data test_data;
+    double times[FASHION_REPS], first[FASHION_REPS], later[FASHION_REPS], setup[FASHION_REPS], t0, fit_s;
+    mp_model *m;
+    int r, e;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.tf32 = p == 1;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x = train->x;
+    fd.data.labels = train->labels;
+    fd.data.n = S.fashion_limit && S.fashion_limit < train->n ? S.fashion_limit : train->n;
+    fd.batch_size = S.batch;
+    fd.epochs = S.fashion_epochs;
+    fd.validation_split = 0.2f; /* the guide's */
+    fd.verbose = MP_VERBOSE_SILENT;
+    fd.history = history;
+    memset(&test_data, 0, sizeof test_data);
+    test_data.x = test->x;
+    test_data.labels = test->labels;
+    test_data.n = test->n;
+    for (r = 0; r < FASHION_REPS; r++) {
+        m = build_mlp(policy_name(p), &cfg);
+        t0 = now_s();
+        check(mp_model_fit(m, &fd), m, "mp_model_fit (Fashion-MNIST)");
+        times[r] = now_s() - t0;
+        first[r] = history[0].seconds, later[r] = 0, setup[r] = times[r];
+        for (e = 0; e < S.fashion_epochs; e++) setup[r] -= history[e].seconds;
+        for (e = 1; e < S.fashion_epochs; e++) later[r] += history[e].seconds / (S.fashion_epochs - 1);
+        check(mp_model_evaluate(m, &test_data, S.batch, &test_logs), m, "mp_model_evaluate");
+        mp_model_destroy(m);
+    }
+    fit_s = median_of(times);
+    printf("bench=gpu_train impl=mixprec what=fashion_fit policy=%s tf32=%d units=%d batch=%d epochs=%d steps=%zu "
+           "reps=%d fit_s=%.3f before_epochs_s=%.4f first_epoch_s=%.4f later_epoch_s=%.4f loss=%.4f val_loss=%.4f "
+           "val_accuracy=%.4f test_accuracy=%.4f\n",
+           policy_name(p), (int)cfg.tf32, S.units, S.batch, S.fashion_epochs,
+           (size_t)S.fashion_epochs * history[0].steps, FASHION_REPS, fit_s, median_of(setup), median_of(first),
+           median_of(later), history[S.fashion_epochs - 1].loss, history[S.fashion_epochs - 1].val_loss,
+           history[S.fashion_epochs - 1].val_accuracy, test_logs.accuracy);
+    fflush(stdout);
+    free(history);
+    return fit_s;
+}
+
+/* ---- 5. the PyTorch peer -------------------------------------------------- */
+/* PyTorch's figures, by policy (0 where it printed none). */
+typedef struct torch_figures {
+    double mlp_ms[2][4]; /* [0] the batch from host memory (as the custom loop's steps), [1] on the device (fit's) */
+    double conv_ms[4], conv_peak_mib[4];
+    double fashion_s[4];
+} torch_figures;
+
+/* The index of line's policy= in policies[], or -1. */
+static int line_policy(const char *line) {
+    char key[64];
+    int p;
+    for (p = 0; p < 4; p++) {
+        snprintf(key, sizeof key, " policy=%s ", policies[p]);
+        if (strstr(line, key)) return p;
+    }
+    return -1;
+}
+
+static void torch_line(const char *line, torch_figures *t) {
+    int p = line_policy(line);
+    if (!strstr(line, "impl=torch") || p < 0) return;
+    if (strstr(line, " what=mlp ")) t->mlp_ms[strstr(line, " data=device ") != NULL][p] = peer_value(line, "ms_per_step");
+    else if (strstr(line, " what=conv ")) t->conv_ms[p] = peer_value(line, "ms_per_step"),
+                                          t->conv_peak_mib[p] = peer_value(line, "peak_mib");
+    else if (strstr(line, " what=fashion_fit ")) t->fashion_s[p] = peer_value(line, "fit_s");
+}
+
+/* Runs the script with this run's sizes, passes its lines on and keeps its
+   figures. */
+static void run_torch(torch_figures *t) {
+    char cmd[1024], line[512];
     FILE *f;
-    snprintf(cmd, sizeof cmd, "python3 %s --batch %d --units %d --min-seconds %.1f 2>&1", S.torch_script, S.batch,
-             S.units, S.min_s);
+    int n = snprintf(cmd, sizeof cmd, "python3 %s --batch %d --units %d --min-seconds %.1f --conv-size %d --conv-batch %d",
+                     S.torch_script, S.batch, S.units, S.min_s, S.conv_size, S.conv_batch);
+    if (S.fashion_dir)
+        n += snprintf(cmd + n, sizeof cmd - (size_t)n, " --fashion '%s' --fashion-epochs %d --fashion-reps %d --fashion-limit %zu",
+                      S.fashion_dir, S.fashion_epochs, FASHION_REPS, S.fashion_limit);
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
+    fflush(stdout);
     if (!(f = popen(cmd, "r"))) {
         printf("bench=gpu_train impl=torch available=0 reason=popen_failed\n");
         return;
     }
     while (fgets(line, sizeof line, f)) {
-        size_t p, d;
-        double ms;
         fputs(line, stdout);
-        for (d = 0; d < 2; d++)
-            for (p = 0; p < 4; p++) {
-                char key[96];
-                const char *at;
-                snprintf(key, sizeof key, "what=mlp policy=%s data=%s ", policies[p], d ? "device" : "host");
-                if (strstr(line, "impl=torch") && (at = strstr(line, key)) && (at = strstr(at, "ms_per_step=")) &&
-                    sscanf(at, "ms_per_step=%lf", &ms) == 1)
-                    torch_ms[d][p] = ms;
-            }
+        torch_line(line, t);
     }
     fflush(stdout);
     (void)pclose(f);
 }
 
+/* mixprec / PyTorch, one line, where PyTorch gave the figure. */
+static void print_ratio(const char *what, size_t p, const char *extra, double mixprec, double torch) {
+    if (torch > 0)
+        printf("bench=gpu_train what=ratio name=mixprec_over_torch of=%s policy=%s%s value=%.3f\n", what, policies[p],
+               extra, mixprec / torch);
+}
+
 int main(int argc, char **argv) {
-    static const char *const policies[4] = {"float32", "float32_tf32", "mixed_float16", "mixed_bfloat16"};
     mlp_run mlps[4];
-    conv_run convs[2];
-    double torch_ms[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    conv_run convs[4];
+    double fashion_s[4] = {0, 0, 0, 0};
+    torch_figures torch;
+    mp_dataset fashion_train, fashion_test;
     char name[128];
     peaks pk;
     float *x;
@@ -381,19 +501,33 @@ int main(int argc, char **argv) {
     for (a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--quick") == 0) { /* checks that everything runs */
             S.units = 1024, S.batch = 1024, S.gemm_sizes[0] = 1024, S.gemm_sizes[1] = 2048;
-            S.conv_size = 64, S.conv_batch = 8, S.conv_steps = 2, S.min_s = 0.2;
+            S.conv_size = 64, S.conv_batch = 8, S.min_s = 0.2;
+            S.fashion_epochs = 1, S.fashion_limit = 2048;
         } else if (strcmp(argv[a], "--no-torch") == 0) {
             S.torch = 0;
         } else if (strcmp(argv[a], "--torch-script") == 0 && a + 1 < argc) {
             S.torch_script = argv[++a];
+        } else if (strcmp(argv[a], "--fashion") == 0 && a + 1 < argc) {
+            S.fashion_dir = argv[++a];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-torch] [--torch-script PATH]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--no-torch] [--torch-script PATH] [--fashion DIR]\n", argv[0]);
             return 2;
         }
     }
     if (mp_cuda_device_count() == 0) {
         printf("bench=gpu_train available=0 reason=\"%s\"\n", mp_cuda_last_error());
         return 0;
+    }
+    memset(&fashion_train, 0, sizeof fashion_train);
+    memset(&fashion_test, 0, sizeof fashion_test);
+    if (S.fashion_dir) { /* the files first: a wrong folder fails before the minutes of timing */
+        char images[1024], labels_path[1024];
+        snprintf(images, sizeof images, "%s/train-images-idx3-ubyte", S.fashion_dir);
+        snprintf(labels_path, sizeof labels_path, "%s/train-labels-idx1-ubyte", S.fashion_dir);
+        check(mp_load_idx(images, labels_path, &fashion_train), NULL, images);
+        snprintf(images, sizeof images, "%s/t10k-images-idx3-ubyte", S.fashion_dir);
+        snprintf(labels_path, sizeof labels_path, "%s/t10k-labels-idx1-ubyte", S.fashion_dir);
+        check(mp_load_idx(images, labels_path, &fashion_test), NULL, images);
     }
     check(mp_cuda_device_name(0, name, sizeof name), NULL, "device name");
     pk = device_peaks(name);
@@ -411,7 +545,7 @@ int main(int argc, char **argv) {
     (void)time_h2d(x);
     for (p = 0; p < 4; p++) {
         memset(&mlps[p], 0, sizeof mlps[p]);
-        mlps[p].policy = p == 1 ? "float32" : policies[p];
+        mlps[p].policy = policy_name(p);
         mlps[p].tf32 = p == 1;
         time_mlp(&mlps[p], x, labels);
         time_fit(&mlps[p], x, labels);
@@ -427,23 +561,28 @@ int main(int argc, char **argv) {
         time_gemm(MP_BFLOAT16, 0, S.gemm_sizes[i], pk);
     }
 
-    convs[0].policy = "float32", convs[1].policy = "mixed_float16";
-    time_conv(&convs[0]);
-    time_conv(&convs[1]);
-    printf("bench=gpu_train impl=mixprec what=ratio name=conv_mixed_float16_over_float32 time=%.3f peak_memory=%.3f\n",
-           convs[1].step_s / convs[0].step_s, (double)convs[1].peak / (double)convs[0].peak);
+    for (p = 0; p < 4; p++) time_conv(&convs[p], p);
+    for (p = 1; p < 4; p++)
+        printf("bench=gpu_train impl=mixprec what=ratio name=conv_over_float32 policy=%s time=%.3f peak_memory=%.3f\n",
+               policies[p], convs[p].step_s / convs[0].step_s, (double)convs[p].peak / (double)convs[0].peak);
 
+    if (S.fashion_dir)
+        for (p = 0; p < 4; p++) fashion_s[p] = time_fashion(p, &fashion_train, &fashion_test);
+
+    memset(&torch, 0, sizeof torch);
     if (S.torch) {
-        run_torch(torch_ms, policies);
+        run_torch(&torch);
         for (p = 0; p < 4; p++) {
-            if (torch_ms[0][p] > 0)
-                printf("bench=gpu_train what=ratio name=mixprec_over_torch policy=%s data=host value=%.3f\n",
-                       policies[p], mlps[p].step_s * 1e3 / torch_ms[0][p]);
-            if (torch_ms[1][p] > 0) /* mixprec's fit against PyTorch's loop, each with its data on the device */
-                printf("bench=gpu_train what=ratio name=mixprec_over_torch policy=%s data=device value=%.3f\n",
-                       policies[p], mlps[p].fit_step_s * 1e3 / torch_ms[1][p]);
+            print_ratio("mlp_step", p, " data=host", mlps[p].step_s * 1e3, torch.mlp_ms[0][p]);
+            /* mixprec's fit against PyTorch's loop, each with its data on the device */
+            print_ratio("mlp_step", p, " data=device", mlps[p].fit_step_s * 1e3, torch.mlp_ms[1][p]);
+            print_ratio("conv_step", p, "", convs[p].step_s * 1e3, torch.conv_ms[p]);
+            print_ratio("conv_peak_memory", p, "", (double)convs[p].peak / MIB, torch.conv_peak_mib[p]);
+            if (S.fashion_dir) print_ratio("fashion_fit", p, "", fashion_s[p], torch.fashion_s[p]);
         }
     }
+    mp_dataset_free(&fashion_train);
+    mp_dataset_free(&fashion_test);
     free(x);
     free(labels);
     return 0;
