@@ -72,7 +72,7 @@ san_args() { [ "$1" = memcheck ] && echo "--report-api-errors no --leak-check fu
 # once, with its count (test_cuda makes millions of accesses).
 san_fold() { awk '/^=========     at /{sub(/\+0x[0-9a-f]+ /, " "); n[$0]++; next}
                   /^========= [A-Z][a-z]+ .* (read|write|access|hazard|barrier)/{n[$0]++; next}
-                  /^=========     |^=========         /{next}
+                  /^=========     |^=========         |^========= *$/{next}
                   {print} END{for (k in n) print n[k] " x " k}'; }
 san() { # san TOOL NAME PROGRAM...: its folded log in $D/san_NAME.log
     local tool=$1 log=$D/san_$2.log t0=$SECONDS; shift 2
@@ -109,6 +109,8 @@ if want probe; then
     # nothing else wrote, then a kernel reading it (tests/initcheck_probe.cu).
     run 60 "build initcheck_probe" "$NVCC" -O2 -arch=sm_90 tests/initcheck_probe.cu -o $B/initcheck_probe -lcublasLt &&
         san initcheck probe $B/initcheck_probe
+    # which kernels ran each product: the one whose stores initcheck missed
+    run 60 "probe kernels (ncu)" ncu --clock-control none --metrics gpu__time_duration.sum $B/initcheck_probe
     SUMMARY+=("probe $(tail -1 "$D/san_probe.log") | $(grep -m1 'ERROR SUMMARY' "$D/san_probe.log")")
 fi
 
@@ -123,7 +125,9 @@ if want ncu; then
 fi
 
 if want bench; then
-    run 240 "bench_gpu_train" bash -c "$B/bench_gpu_train 2>&1 | tee $D/bench.log"
+    # with Fashion-MNIST's fit where `make data` (or a copy) left it
+    FASHION=$([ -e $B/fashion-mnist/train-images-idx3-ubyte ] && echo "--fashion $B/fashion-mnist")
+    run 240 "bench_gpu_train" bash -c "$B/bench_gpu_train $FASHION 2>&1 | tee $D/bench.log"
 fi
 
 say "== summary"
