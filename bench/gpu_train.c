@@ -449,10 +449,14 @@ static int line_policy(const char *line) {
 static void torch_line(const char *line, torch_figures *t) {
     int p = line_policy(line);
     if (!strstr(line, "impl=torch") || p < 0) return;
-    if (strstr(line, " what=mlp ")) t->mlp_ms[strstr(line, " data=device ") != NULL][p] = peer_value(line, "ms_per_step");
-    else if (strstr(line, " what=conv ")) t->conv_ms[p] = peer_value(line, "ms_per_step"),
-                                          t->conv_peak_mib[p] = peer_value(line, "peak_mib");
-    else if (strstr(line, " what=fashion_fit ")) t->fashion_s[p] = peer_value(line, "fit_s");
+    if (strstr(line, " what=mlp ")) {
+        t->mlp_ms[strstr(line, " data=device ") != NULL][p] = peer_value(line, "ms_per_step");
+    } else if (strstr(line, " what=conv ")) {
+        t->conv_ms[p] = peer_value(line, "ms_per_step");
+        t->conv_peak_mib[p] = peer_value(line, "peak_mib");
+    } else if (strstr(line, " what=fashion_fit ")) {
+        t->fashion_s[p] = peer_value(line, "fit_s");
+    }
 }
 
 /* Runs the script with this run's sizes, passes its lines on and keeps its

@@ -181,8 +181,10 @@ def run_conv(torch, dev, policy, args):
     y_host = (torch.arange(batch) % 2).float()
     bce = torch.nn.functional.binary_cross_entropy_with_logits
 
+    def loss_fn(logits, y):
+        return bce(logits.squeeze(1), y)
+
     def step():
-        loss_fn = lambda logits, y: bce(logits.squeeze(1), y)
         return train_step(torch, dev, model, opt, scaler, half, loss_fn, x_host.to(dev), y_host.to(dev)).item()
 
     s, steps = time_steps(torch, dev, step, args.min_seconds / 2, warmups=1)
