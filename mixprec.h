@@ -8298,6 +8298,9 @@ static void mp__upload_data(mp_model *m, const mp_fit_desc *d, size_t n_train, s
         a.used = 0;
     }
     m->be->copy(m->ctx, (void *)(uintptr_t)m->data_x, d->data.x, n * in * sizeof(float), MP_COPY_TO_BACKEND);
+    /* fit's batches come from here now, scanned on the host: a bad batch an
+       earlier mp_forward sent must not fail them (mp__read_state) */
+    m->be->zero(m->ctx, &m->state->bad_input, sizeof(int));
     if (m->data_labels)
         m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, d->data.labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (m->data_y)
