@@ -137,6 +137,23 @@ static void train_step(mp_model *m, const float *x, const int32_t *labels, const
     check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
 }
 
+/* Seconds per step of at least 5 steps and min_s seconds, the backend's
+   counts around them in before and after, the step count in *steps. */
+static double timed_steps(mp_model *m, const float *x, const int32_t *labels, const float *y, int batch, double min_s,
+                          mp_cuda_stats *before, mp_cuda_stats *after, long *steps) {
+    double t0, s;
+    *steps = 0;
+    mp_cuda_get_stats(before);
+    t0 = now_s();
+    do {
+        train_step(m, x, labels, y, batch);
+        ++*steps;
+    } while (*steps < 5 || now_s() - t0 < min_s);
+    s = (now_s() - t0) / (double)*steps;
+    mp_cuda_get_stats(after);
+    return s;
+}
+
 /* Flops of one step: each Dense layer's forward product and weight
    gradient, and the input gradient of all but the first. */
 static double mlp_step_flops(void) {
@@ -158,21 +175,12 @@ static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     mp_cuda_config cfg;
     mp_model_memory mem;
     mp_model *m;
-    double t0;
     memset(&cfg, 0, sizeof cfg);
     cfg.tf32 = r->tf32;
     m = build_mlp(r->policy, &cfg);
     train_step(m, x, labels, NULL, S.batch); /* allocates the activations and scratch */
     train_step(m, x, labels, NULL, S.batch);
-    r->steps = 0;
-    mp_cuda_get_stats(&r->before);
-    t0 = now_s();
-    do {
-        train_step(m, x, labels, NULL, S.batch);
-        r->steps++;
-    } while (r->steps < 5 || now_s() - t0 < S.min_s);
-    r->step_s = (now_s() - t0) / (double)r->steps;
-    mp_cuda_get_stats(&r->after);
+    r->step_s = timed_steps(m, x, labels, NULL, S.batch, S.min_s, &r->before, &r->after, &r->steps);
     check(mp_model_memory_info(m, &mem), m, "memory info");
     r->peak = mem.peak;
     mp_model_destroy(m);
@@ -333,22 +341,14 @@ static void time_conv(conv_run *r, size_t p) {
     float *x = (float *)xmalloc((size_t)S.conv_batch * features * sizeof(float));
     float *y = (float *)xmalloc((size_t)S.conv_batch * sizeof(float));
     mp_model *m;
-    double t0;
-    long steps = 0;
+    long steps;
     random_fill(x, (size_t)S.conv_batch * features, 3);
     for (i = 0; i < (size_t)S.conv_batch; i++) y[i] = (float)(i % 2);
     memset(&cfg, 0, sizeof cfg);
     cfg.tf32 = p == 1;
     m = build_conv(policy_name(p), &cfg);
-    train_step(m, x, NULL, y, S.conv_batch);
-    mp_cuda_get_stats(&before);
-    t0 = now_s();
-    do {
-        train_step(m, x, NULL, y, S.conv_batch);
-        steps++;
-    } while (steps < 5 || now_s() - t0 < S.min_s / 2);
-    r->step_s = (now_s() - t0) / (double)steps;
-    mp_cuda_get_stats(&after);
+    train_step(m, x, NULL, y, S.conv_batch); /* one warm-up step */
+    r->step_s = timed_steps(m, x, NULL, y, S.conv_batch, S.min_s / 2, &before, &after, &steps);
     check(mp_model_memory_info(m, &mem), m, "memory info");
     r->peak = mem.peak;
     printf("bench=gpu_train impl=mixprec what=conv image=%dx%dx3 batch=%d policy=%s tf32=%d steps=%ld ms_per_step=%.1f "
@@ -367,6 +367,14 @@ static void time_conv(conv_run *r, size_t p) {
 static int by_value(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* Split `prefix` ("train" or "t10k") of the IDX files in S.fashion_dir. */
+static void load_fashion_split(const char *prefix, mp_dataset *out) {
+    char images[1024], labels[1024];
+    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte", S.fashion_dir, prefix);
+    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte", S.fashion_dir, prefix);
+    check(mp_load_idx(images, labels, out), NULL, images);
 }
 
 /* The median of FASHION_REPS values. */
@@ -464,12 +472,16 @@ static void torch_line(const char *line, torch_figures *t) {
 static void run_torch(torch_figures *t) {
     char cmd[1024], line[512];
     FILE *f;
-    int n = snprintf(cmd, sizeof cmd, "python3 %s --batch %d --units %d --min-seconds %.1f --conv-size %d --conv-batch %d",
-                     S.torch_script, S.batch, S.units, S.min_s, S.conv_size, S.conv_batch);
-    if (S.fashion_dir)
-        n += snprintf(cmd + n, sizeof cmd - (size_t)n, " --fashion '%s' --fashion-epochs %d --fashion-reps %d --fashion-limit %zu",
-                      S.fashion_dir, S.fashion_epochs, FASHION_REPS, S.fashion_limit);
-    snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
+    char fashion[640] = "";
+    size_t fashion_len = S.fashion_dir ? (size_t)snprintf(fashion, sizeof fashion,
+        " --fashion '%s' --fashion-epochs %d --fashion-reps %d --fashion-limit %zu", S.fashion_dir, S.fashion_epochs,
+        FASHION_REPS, S.fashion_limit) : 0;
+    if (fashion_len >= sizeof fashion ||
+        (size_t)snprintf(cmd, sizeof cmd, "python3 %s --batch %d --units %d --min-seconds %.1f --conv-size %d --conv-batch %d%s 2>&1",
+                         S.torch_script, S.batch, S.units, S.min_s, S.conv_size, S.conv_batch, fashion) >= sizeof cmd) {
+        printf("bench=gpu_train impl=torch available=0 reason=command_too_long\n");
+        return;
+    }
     fflush(stdout);
     if (!(f = popen(cmd, "r"))) {
         printf("bench=gpu_train impl=torch available=0 reason=popen_failed\n");
@@ -525,13 +537,8 @@ int main(int argc, char **argv) {
     memset(&fashion_train, 0, sizeof fashion_train);
     memset(&fashion_test, 0, sizeof fashion_test);
     if (S.fashion_dir) { /* the files first: a wrong folder fails before the minutes of timing */
-        char images[1024], labels_path[1024];
-        snprintf(images, sizeof images, "%s/train-images-idx3-ubyte", S.fashion_dir);
-        snprintf(labels_path, sizeof labels_path, "%s/train-labels-idx1-ubyte", S.fashion_dir);
-        check(mp_load_idx(images, labels_path, &fashion_train), NULL, images);
-        snprintf(images, sizeof images, "%s/t10k-images-idx3-ubyte", S.fashion_dir);
-        snprintf(labels_path, sizeof labels_path, "%s/t10k-labels-idx1-ubyte", S.fashion_dir);
-        check(mp_load_idx(images, labels_path, &fashion_test), NULL, images);
+        load_fashion_split("train", &fashion_train);
+        load_fashion_split("t10k", &fashion_test);
     }
     check(mp_cuda_device_name(0, name, sizeof name), NULL, "device name");
     pk = device_peaks(name);

@@ -220,8 +220,8 @@ def run_fashion(torch, dev, policy, train, test, args):
         sync(torch, dev)
         t0 = time.perf_counter()
         x, y = train[0].to(dev), train[1].to(dev)
-        n_val = math.ceil(len(y) * 0.2)
-        n_train = len(y) - n_val
+        n_train = len(y) - math.ceil(len(y) * 0.2)  # Keras: the last part validates
+        batches = math.ceil(n_train / args.batch)
         sync(torch, dev)
         epoch_ends = [time.perf_counter()]
         for _ in range(args.fashion_epochs):
@@ -229,7 +229,7 @@ def run_fashion(torch, dev, policy, train, test, args):
             total = torch.zeros((), device=dev)
             for idx in torch.randperm(n_train, device=dev).split(args.batch):
                 total += train_step(torch, dev, model, opt, scaler, half, ce, x[idx], y[idx]).detach()
-            loss = total.item() / math.ceil(n_train / args.batch)  # read once an epoch, for the epoch's line
+            loss = total.item() / batches  # read once an epoch, for the epoch's line
             val_loss, val_accuracy = evaluate(torch, dev, model, half, x[n_train:], y[n_train:], args.batch)
             epoch_ends.append(time.perf_counter())
         sync(torch, dev)
@@ -239,7 +239,7 @@ def run_fashion(torch, dev, policy, train, test, args):
         later.append((epoch_ends[-1] - epoch_ends[1]) / max(1, args.fashion_epochs - 1))
         accuracy = evaluate(torch, dev, model, half, test[0].to(dev), test[1].to(dev), args.batch)[1]
     fit_s, setup_s, first_s, later_s = (sorted(v)[len(v) // 2] for v in (times, setup, first, later))
-    steps = args.fashion_epochs * math.ceil((len(train[1]) - math.ceil(len(train[1]) * 0.2)) / args.batch)
+    steps = args.fashion_epochs * batches
     print(f"bench=gpu_train impl=torch what=fashion_fit policy={policy} units={args.units} batch={args.batch} "
           f"epochs={args.fashion_epochs} steps={steps} reps={args.fashion_reps} fit_s={fit_s:.3f} "
           f"before_epochs_s={setup_s:.4f} first_epoch_s={first_s:.4f} later_epoch_s={later_s:.4f} "
