@@ -1849,6 +1849,48 @@ static void test_activation_memory(void) {
     free(x);
 }
 
+/* The GEMM workspace a training step of Dense(1) over `inputs` values at
+   batch 50 sizes (the conv net's last layer in examples/conv_memory). */
+static size_t narrow_workspace(const char *policy, const float *x, const float *y, int inputs) {
+    int shape[2];
+    mp_layer_desc layer = mp_dense(1, MP_LINEAR);
+    mp_model_memory mem;
+    mp_model *m;
+    float loss;
+    size_t bytes = 0;
+    shape[0] = inputs, shape[1] = 0;
+    if (!(m = make_model(policy, shape, &layer, 1))) return 0;
+    if (compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_NONE) &&
+        OK(mp_forward(m, x, 50, 1), m) && OK(mp_compute_loss(m, NULL, y, &loss, NULL), m) &&
+        OK(mp_compute_scaled_gradients(m), m) && CHECK(mp_model_memory_info(m, &mem) == MP_OK))
+        bytes = mem.workspace;
+    mp_model_destroy(m);
+    return bytes;
+}
+
+/* A layer of few units over many inputs keeps the GEMM workspace that its
+   shape needs, whatever the inputs' count beyond a panel's: a B panel
+   reserved for AMX's narrow product grew with K on every machine (4 MiB
+   more a thread at 2^17 inputs), enough to lift the conv net's
+   mixed_float16 peak past 0.55x float32's. Between 2^16 and 2^17 inputs
+   each product's panels are the same (K slices of 256 at batch 50, 2048
+   columns of the weight gradient), so the workspace must be too. */
+static void test_narrow_layer_workspace(void) {
+    enum { WIDE = 1 << 17, B = 50 };
+    static const char *policies[] = {"float32", "mixed_bfloat16"};
+    float *x = floats((size_t)B * WIDE), y[B];
+    size_t i;
+    fill(x, (size_t)B * WIDE, -1.0f, 1.0f);
+    fill(y, B, 0.0f, 1.0f);
+    for (i = 0; i < sizeof policies / sizeof *policies; i++) {
+        size_t half = narrow_workspace(policies[i], x, y, WIDE / 2), whole = narrow_workspace(policies[i], x, y, WIDE);
+        if (!CHECK(half > 0 && whole == half))
+            fprintf(stderr, "    %s Dense(1) workspace: %zu bytes at 2^16 inputs, %zu at 2^17\n", policies[i], half,
+                    whole);
+    }
+    free(x);
+}
+
 /* A model that was compiled, trained, evaluated and used to predict gives
    back every byte when destroyed. */
 static void test_model_memory(void) {
@@ -1978,6 +2020,7 @@ int main(int argc, char **argv) {
     RUN(test_huge_pages());
     RUN(test_optimizer_subnormals());
     RUN(test_activation_memory());
+    RUN(test_narrow_layer_workspace());
     RUN(test_model_memory());
     if (check_path()) RUN(test_fashion_mnist(check_path()));
     else printf("skip: Fashion-MNIST (give a directory of its uncompressed IDX files, a path with a '/')\n");
