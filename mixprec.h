@@ -7600,7 +7600,8 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
 }
 
 /* The batch in: count samples of d from `first` (through idx when
-   shuffled) into the input, labels and targets. A device backend gets them
+   shuffled; d NULL: of fit's data on the device) into the input, labels
+   and targets. A device backend gets them
    gathered on the host and sent in one copy each, and checks them for Inf
    and NaN in its cast (the host scanned the CPU's; mp__read_state reports
    the device's finding). */
@@ -7614,9 +7615,22 @@ static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labe
     if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
 }
 
+/* Samples [first, first + count) of fit's data on the device, as
+   the device path below takes a shuffled batch, without the gather: the
+   range is contiguous (fit's validation, the data's last part). */
+static void mp__take_uploaded(mp_model *m, size_t first, size_t count) {
+    size_t outs = mp__last(m)->out_size, in = m->in_size;
+    m->be->cast(m->ctx, m->input, m->layers[0].dt, m->data_x + first * in, MP_FLOAT32, count * in, NULL);
+    if (m->data_labels)
+        m->be->copy(m->ctx, m->batch_labels, m->data_labels + first, count * sizeof(int32_t), MP_COPY_WITHIN);
+    if (m->data_y) m->be->copy(m->ctx, m->batch_y, m->data_y + first * outs, count * outs * sizeof(float), MP_COPY_WITHIN);
+}
+
 static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
     size_t i, outs = mp__last(m)->out_size, in = m->in_size;
-    if (idx && m->data_block) { /* the data on the device: nothing crosses */
+    if (!d) {
+        mp__take_uploaded(m, first, count);
+    } else if (idx && m->data_block) { /* the data on the device: nothing crosses */
         const mp__layer *l0 = &m->layers[0];
         m->be->gather(m->ctx, m->data_batch, m->data_x, m->data_idx + first, count, in * sizeof(float));
         m->be->cast(m->ctx, m->input, l0->dt, m->data_batch, MP_FLOAT32, count * in, NULL);
@@ -7642,17 +7656,6 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
         }
         mp__send(m, 0, st->x, d->labels ? st->labels : NULL, d->y ? st->y : NULL, count);
     }
-}
-
-/* Samples [first, first + count) of fit's data on the device, as
-   mp__gather's device path takes a shuffled batch, without the gather: the
-   range is contiguous (fit's validation, the data's last part). */
-static void mp__take_uploaded(mp_model *m, size_t first, size_t count) {
-    size_t outs = mp__last(m)->out_size, in = m->in_size;
-    m->be->cast(m->ctx, m->input, m->layers[0].dt, m->data_x + first * in, MP_FLOAT32, count * in, NULL);
-    if (m->data_labels)
-        m->be->copy(m->ctx, m->batch_labels, m->data_labels + first, count * sizeof(int32_t), MP_COPY_WITHIN);
-    if (m->data_y) m->be->copy(m->ctx, m->batch_y, m->data_y + first * outs, count * outs * sizeof(float), MP_COPY_WITHIN);
 }
 
 /* >>custom training loop (see the declaration): the six calls of the guide's
@@ -8147,8 +8150,7 @@ static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first,
     mp_status st = MP_OK;
     for (s = first; s < end && st == MP_OK; s += batch) {
         size_t b = mp__min(batch, end - s);
-        if (d) mp__gather(m, d, NULL, s, b);
-        else mp__take_uploaded(m, s, b);
+        mp__gather(m, d, NULL, s, b);
         mp__run_forward(m, b, 0);
         st = mp__loss(m, &sum, &right);
     }

@@ -102,6 +102,14 @@ typedef struct mlp_run {
     double fit_step_s;           /* fit with the data on the device */
 } mlp_run;
 
+/* The backend's configuration: its defaults, TF32 on or off. */
+static mp_cuda_config tf32_config(int tf32) {
+    mp_cuda_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.tf32 = tf32;
+    return cfg;
+}
+
 static mp_model *build_mlp(const char *policy, const mp_cuda_config *cfg) {
     mp_model_desc md;
     mp_compile_desc cd;
@@ -175,8 +183,7 @@ static void time_mlp(mlp_run *r, const float *x, const int32_t *labels) {
     mp_cuda_config cfg;
     mp_model_memory mem;
     mp_model *m;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.tf32 = r->tf32;
+    cfg = tf32_config(r->tf32);
     m = build_mlp(r->policy, &cfg);
     train_step(m, x, labels, NULL, S.batch); /* allocates the activations and scratch */
     train_step(m, x, labels, NULL, S.batch);
@@ -209,8 +216,7 @@ static void time_fit(mlp_run *r, const float *x, const int32_t *labels) {
         memcpy(xs + i * (size_t)S.batch * INPUTS, x, (size_t)S.batch * INPUTS * sizeof(float));
         memcpy(ls + i * (size_t)S.batch, labels, (size_t)S.batch * sizeof(int32_t));
     }
-    memset(&cfg, 0, sizeof cfg);
-    cfg.tf32 = r->tf32;
+    cfg = tf32_config(r->tf32);
     m = build_mlp(r->policy, &cfg);
     memset(&fd, 0, sizeof fd);
     fd.data.x = xs;
@@ -267,8 +273,7 @@ static void time_gemm(mp_dtype dt, int tf32, int n, peaks pk) {
     void *ctx, *a, *b, *c;
     double t0, t, tflops, peak = dt != MP_FLOAT32 ? pk.half : tf32 ? pk.tf32 : pk.fp32;
     long reps = 0;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.tf32 = tf32;
+    cfg = tf32_config(tf32);
     check(be->create(&ctx, 1, &cfg), NULL, "create");
     a = be->alloc(ctx, bytes), b = be->alloc(ctx, bytes), c = be->alloc(ctx, bytes);
     if (!a || !b || !c) check(MP_ERR_ALLOC, NULL, "GEMM operands");
@@ -344,8 +349,7 @@ static void time_conv(conv_run *r, size_t p) {
     long steps;
     random_fill(x, (size_t)S.conv_batch * features, 3);
     for (i = 0; i < (size_t)S.conv_batch; i++) y[i] = (float)(i % 2);
-    memset(&cfg, 0, sizeof cfg);
-    cfg.tf32 = p == 1;
+    cfg = tf32_config(p == 1);
     m = build_conv(policy_name(p), &cfg);
     train_step(m, x, NULL, y, S.conv_batch); /* one warm-up step */
     r->step_s = timed_steps(m, x, NULL, y, S.conv_batch, S.min_s / 2, &before, &after, &steps);
@@ -396,8 +400,7 @@ static double time_fashion(size_t p, const mp_dataset *train, const mp_dataset *
     double times[FASHION_REPS], first[FASHION_REPS], later[FASHION_REPS], setup[FASHION_REPS], t0, fit_s;
     mp_model *m;
     int r, e;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.tf32 = p == 1;
+    cfg = tf32_config(p == 1);
     memset(&fd, 0, sizeof fd);
     fd.data.x = train->x;
     fd.data.labels = train->labels;

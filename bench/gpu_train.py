@@ -96,6 +96,11 @@ def make_scaler(torch, dev, policy):
         return torch.cuda.amp.GradScaler(enabled=policy == "mixed_float16")
 
 
+def autocast(torch, dev, half):
+    """The policy's autocast context (half None: float32, autocast off)."""
+    return torch.autocast(dev.type, dtype=half or torch.float32, enabled=half is not None)
+
+
 def rmsprop(torch, model):
     return torch.optim.RMSprop(model.parameters(), lr=1e-3, alpha=0.9, eps=1e-7)
 
@@ -110,7 +115,7 @@ def train_step(torch, dev, model, opt, scaler, half, loss_fn, x, y):
     float32 logits, the scaled backward and the optimizer; the loss stays on
     the device."""
     opt.zero_grad(set_to_none=True)
-    with torch.autocast(dev.type, dtype=half or torch.float32, enabled=half is not None):
+    with autocast(torch, dev, half):
         logits = model(x)
     loss = loss_fn(logits.float(), y)
     scaler.scale(loss).backward()
@@ -251,7 +256,7 @@ def evaluate(torch, dev, model, half, x, y, batch):
     """(loss, accuracy) over x in batches, read back once."""
     model.eval()
     loss, correct = torch.zeros((), device=dev), torch.zeros((), device=dev, dtype=torch.long)
-    with torch.no_grad(), torch.autocast(dev.type, dtype=half or torch.float32, enabled=half is not None):
+    with torch.no_grad(), autocast(torch, dev, half):
         for xb, yb in zip(x.split(batch), y.split(batch)):
             logits = model(xb).float()
             loss += torch.nn.functional.cross_entropy(logits, yb, reduction="sum")
