@@ -406,6 +406,47 @@ static void test_narrow_in_place(void) {
             }
 }
 
+/* The bfloat16 kernels' packed pairs, word by word, where they are built:
+   both source layouts, panels of op(B) (32 wide) and op(A) (12), a last
+   group of panels and a last panel cut short, an odd K, and depth beyond
+   the pairs (AMX's whole 16-pair steps, zeros), which products on a CPU
+   without AMX never ask for. */
+static void test_pack_pairs_layout(void) {
+#ifdef MP__BF16_DOT
+    static const size_t widths[] = {MP__NR, MP__MR};
+    const size_t ld = 310, r0 = 3, rc = 300, q0 = 2, qc = 37, pairs = (qc + 1) / 2, depth = pairs + 5;
+    uint16_t *x = (uint16_t *)xalloc(ld * ld * sizeof(uint16_t));
+    size_t w, runs, g, p, r, i, bad = 0;
+    for (i = 0; i < ld * ld; i++) x[i] = (uint16_t)(i * 2654435761u >> 7);
+    for (w = 0; w < 2; w++)
+        for (runs = 0; runs < 2; runs++) {
+            size_t width = widths[w], panels = (rc + width - 1) / width;
+            uint32_t *out = (uint32_t *)xalloc(panels * width * depth * sizeof(uint32_t));
+            bad = 0;
+            memset(out, 0xA5, panels * width * depth * sizeof(uint32_t));
+            mp__pack_pairs(out, width, !runs, x, ld, r0, rc, q0, qc, depth);
+            for (g = 0; g < panels; g++)
+                for (p = 0; p < depth; p++)
+                    for (r = 0; r < width; r++) {
+                        size_t col = r0 + g * width + r, q = q0 + 2 * p; /* X(q, col) */
+                        uint32_t want = 0;
+                        if (g * width + r < rc && 2 * p < qc) {
+                            uint32_t lo = runs ? x[q * ld + col] : x[col * ld + q];
+                            uint32_t hi = 2 * p + 1 >= qc ? 0u : runs ? x[(q + 1) * ld + col] : x[col * ld + q + 1];
+                            want = lo | hi << 16;
+                        }
+                        bad += out[(g * depth + p) * width + r] != want;
+                    }
+            if (!check_report(bad == 0, __FILE__, __LINE__, runs ? "pairs packed from runs" : "pairs packed from rows"))
+                fprintf(stderr, "    width %zu: %zu words differ\n", width, bad);
+            free(out);
+        }
+    free(x);
+#else
+    printf("info: bfloat16 pair packing skipped (no AVX512_BF16 kernels in this build)\n");
+#endif
+}
+
 /* Any mix of the three dtypes for A, B and C (27), in two transpose cases. */
 static void test_all_mixes(void) {
     int at, bt, ct, t;
@@ -1379,6 +1420,7 @@ int main(int argc, char **argv) {
     RUN(test_products());
     RUN(test_long_k());
     RUN(test_narrow_in_place());
+    RUN(test_pack_pairs_layout());
     RUN(test_all_mixes());
     RUN(test_products_pooled());
     RUN(test_bf16_subnormals());
