@@ -1756,6 +1756,77 @@ out:
     free(w), free(g), free(s1), free(s2), free(rw), free(r1), free(r2);
 }
 
+/* The update reading 16-bit gradients and writing the copy in the
+   compute dtype in its own pass (mp__opt_range): weights, slots and copy
+   against the scalar update of the widened gradients and mp_convert of its
+   weights, to the bit. Every mix of gradient and copy dtype; lengths that
+   leave a tail, in the second thread's part too; weights that are normal,
+   tiny and subnormal (the bfloat16 pair narrowing's fallback); and a
+   variable of 2^24 + 45 weights, whose copy goes around the caches
+   (MP__COPY_STREAM), checked a chunk at a time. */
+static float copy_test_value(size_t i, int slot) {
+    unsigned u = (unsigned)(i * 2u + (unsigned)slot);
+    float v = i % 7u == 3u ? tiny_value(u) : ((float)((u * 2654435761u) % 2001u) - 1000.0f) * 1e-3f;
+    return slot ? fabsf(v) : v;
+}
+static void test_optimizer_copy(void) {
+    enum { CHUNK = 4096 };
+    static const size_t lengths[] = {1, 45, 1003, ((size_t)1 << 24) + 45};
+    static const mp_dtype grads[] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16}, copies[] = {MP_FLOAT16, MP_BFLOAT16};
+    static const mp_optimizer_kind kinds[] = {MP_RMSPROP, MP_ADAM};
+    const mp_backend *cpu = mp_cpu_backend();
+    void *ctx = NULL;
+    size_t l, gi, ci, k;
+    if (!CHECK(cpu->create(&ctx, 2, NULL) == MP_OK)) return;
+    for (l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+        for (gi = 0; gi < 3; gi++)
+            for (ci = 0; ci < 2; ci++)
+                for (k = 0; k < 2; k++) {
+                    size_t n = lengths[l], i, j, bad = 0;
+                    int big = n > CHUNK;
+                    mp_dtype gt = grads[gi], wt = copies[ci];
+                    mp_opt_step step;
+                    float scale = 1024.0f, alpha = 0.0f;
+                    float *w, *s1, *s2, *gw, rw[CHUNK], r1[CHUNK], r2[CHUNK], rg[CHUNK];
+                    unsigned char *g, *wc_block, *wc, rc[CHUNK * 2];
+                    if (big && (gt != MP_BFLOAT16 || wt != MP_BFLOAT16 || kinds[k] != MP_RMSPROP)) continue;
+                    memset(&step, 0, sizeof step);
+                    step.cfg.kind = kinds[k];
+                    step.cfg.learning_rate = 1e-3f;
+                    step.cfg.rho = 0.9f, step.cfg.beta_1 = 0.9f, step.cfg.beta_2 = 0.999f, step.cfg.epsilon = 1e-7f;
+                    step.iteration = 2;
+                    if (kinds[k] == MP_ADAM)
+                        alpha = step.cfg.learning_rate * sqrtf(1.0f - powf(step.cfg.beta_2, 2.0f)) /
+                                (1.0f - powf(step.cfg.beta_1, 2.0f));
+                    w = floats(n), s1 = floats(n), s2 = floats(n), gw = floats(n);
+                    g = (unsigned char *)malloc(n * mp_dtype_size(gt));
+                    wc_block = (unsigned char *)malloc(n * 2 + 64);
+                    if (!CHECK(w && s1 && s2 && gw && g && wc_block)) goto next;
+                    wc = wc_block + (64 - (uintptr_t)wc_block % 64) % 64; /* whole lines, as the model's copies */
+                    for (i = 0; i < n; i++) w[i] = copy_test_value(i, 0), s1[i] = s2[i] = copy_test_value(i, 1);
+                    for (i = 0; i < n; i++) gw[i] = copy_test_value(i + 5, 0) * 4096.0f;
+                    CHECK(mp_convert(g, gt, gw, MP_FLOAT32, n, NULL) == MP_OK); /* gradients exact in gt */
+                    cpu->optimizer_update(ctx, &step, w, g, gt, &scale, s1, s2, n, wc, wt, NULL);
+                    for (i = 0; i < n; i += CHUNK) {
+                        size_t len = n - i < CHUNK ? n - i : CHUNK;
+                        for (j = 0; j < len; j++)
+                            rw[j] = copy_test_value(i + j, 0), r1[j] = r2[j] = copy_test_value(i + j, 1);
+                        mp_convert(rg, MP_FLOAT32, g + i * mp_dtype_size(gt), gt, len, NULL);
+                        optimizer_reference(&step.cfg, alpha, 1.0f / scale, rw, rg, r1, r2, len);
+                        mp_convert(rc, wt, rw, MP_FLOAT32, len, NULL);
+                        bad += memcmp(w + i, rw, len * 4) != 0 || memcmp(s1 + i, r1, len * 4) != 0 ||
+                               (kinds[k] == MP_ADAM && memcmp(s2 + i, r2, len * 4) != 0) ||
+                               memcmp(wc + i * 2, rc, len * 2) != 0;
+                    }
+                    if (!CHECK(bad == 0))
+                        fprintf(stderr, "    %zu weights, gradients %s, copy %s, optimizer %d: %zu chunks differ\n", n,
+                                mp_dtype_name(gt), mp_dtype_name(wt), (int)kinds[k], bad);
+                next:
+                    free(w), free(s1), free(s2), free(gw), free(g), free(wc_block);
+                }
+    cpu->destroy(ctx);
+}
+
 /* A tensor of 16 MiB asks Linux for huge pages (mp__advise_huge): the
    kernel marks the pages inside it "hg" in /proc/self/smaps's VmFlags.
    Where the kernel has no transparent huge pages (no
@@ -2019,6 +2090,7 @@ int main(int argc, char **argv) {
     RUN(test_tensor_memory());
     RUN(test_huge_pages());
     RUN(test_optimizer_subnormals());
+    RUN(test_optimizer_copy());
     RUN(test_activation_memory());
     RUN(test_narrow_layer_workspace());
     RUN(test_model_memory());
