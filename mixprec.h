@@ -3807,9 +3807,9 @@ MP__HOT void mp__transpose16(__m512i v[16]) {
    which touch no memory, so that the loops unroll whole and the 16 rows
    stay in registers (MP__UNROLL): kept in memory, the transposes were 27%
    of the input gradient 128 x 4096 x 4096 (op(B) transposed, bfloat16, 1
-   thread) on an AMD EPYC (Zen 4), which ran at 149-162 GFLOP/s on 1
-   thread and 285-305 on 2, against 170-184 and 321-354 unrolled (float32:
-   78-79 and 145 against 86-87 and 161-166; alternating runs). */
+   thread) on an AMD EPYC (Zen 4), which ran at 148-162 GFLOP/s on 1
+   thread and 284-310 on 2, against 170-186 and 321-354 unrolled (float32:
+   78-79 and 145 against 85-87 and 158-166; alternating runs). */
 static void mp__transpose_rows16(uint32_t *out, size_t width, const void *rows, size_t row_bytes, size_t bytes,
                                  size_t valid, size_t lanes) {
     __mmask16 keep = (__mmask16)((1u << lanes) - 1);
