@@ -1783,7 +1783,7 @@ static void test_optimizer_copy(void) {
             for (ci = 0; ci < 2; ci++)
                 for (k = 0; k < 2; k++) {
                     size_t n = lengths[l], i, j, bad = 0;
-                    int big = n > CHUNK;
+                    int big = n > (size_t)CHUNK;
                     mp_dtype gt = grads[gi], wt = copies[ci];
                     mp_opt_step step;
                     float scale = 1024.0f, alpha = 0.0f;
@@ -1808,7 +1808,7 @@ static void test_optimizer_copy(void) {
                     CHECK(mp_convert(g, gt, gw, MP_FLOAT32, n, NULL) == MP_OK); /* gradients exact in gt */
                     cpu->optimizer_update(ctx, &step, w, g, gt, &scale, s1, s2, n, wc, wt, NULL);
                     for (i = 0; i < n; i += CHUNK) {
-                        size_t len = n - i < CHUNK ? n - i : CHUNK;
+                        size_t len = n - i < (size_t)CHUNK ? n - i : (size_t)CHUNK;
                         for (j = 0; j < len; j++)
                             rw[j] = copy_test_value(i + j, 0), r1[j] = r2[j] = copy_test_value(i + j, 1);
                         mp_convert(rg, MP_FLOAT32, g + i * mp_dtype_size(gt), gt, len, NULL);
