@@ -3484,7 +3484,7 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    adds bias, applies the activation and rounds once into C's dtype. Threads
    split N (or M when it has more tiles) into disjoint ranges: each element
    is summed in the same order whatever the thread count. */
-#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+#if defined(MP__SIMD_AVX512) && defined(__FMA__)
 #define MP__MR 12 /* 24 zmm accumulators */
 #define MP__NR 32
 #elif defined(MP__SIMD_X86) && defined(__FMA__)
@@ -3494,7 +3494,7 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #define MP__MR 4
 #define MP__NR 16
 #endif
-#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(MP__SIMD_AVX512) && defined(__AVX512BF16__)
 #define MP__BF16_DOT 1
 #endif
 /* Intel AMX (AMX-TILE and AMX-BF16, Xeon from Sapphire Rapids on): bfloat16
@@ -3754,7 +3754,7 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     return MP_OK;
 }
 
-#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+#if defined(MP__SIMD_AVX512)
 #define MP__TRANSPOSE16 1
 /* g++ 12 sees the `_mm512_undefined` inside these intrinsics as a use of
    an uninitialised value (a false positive, in C++ only; a definite one
@@ -4164,7 +4164,7 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
 }
 #endif
 
-#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+#if defined(MP__SIMD_AVX512)
 /* The end of an AVX-512 tile other than a middle slice's, its 2 MR sums in
    t. Into C (the epilogue's, or the sums kept in C) only the tile's rows
    inside C go, and in C itself only its columns inside C are read and
@@ -4213,7 +4213,7 @@ static int mp__tile_adds(const mp__tile_dest *d) {
 /* c[MR x NR] (row stride ldc) += a[kc][MR] * b[kc][NR], on to d. The SIMD
    kernels name every accumulator: compilers keep an array of vectors in
    memory. */
-#if defined(MP__SIMD_X86) && defined(__AVX512F__)
+#if defined(MP__SIMD_AVX512)
 /* The AVX-512 tiles, float32 and bfloat16: 12 rows of two zmm accumulators
    (cR0 for columns 0-15, cR1 for 16-31), added into c at the end (a middle
    slice's) or finished by mp__tile_finish. */
@@ -4241,7 +4241,7 @@ static int mp__tile_adds(const mp__tile_dest *d) {
 #endif
 
 static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc, const mp__tile_dest *d) {
-#if defined(MP__SIMD_X86) && defined(__AVX512F__) && defined(__FMA__)
+#if defined(MP__SIMD_AVX512) && defined(__FMA__)
     size_t q;
     MP__TILE_ZERO;
     for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
