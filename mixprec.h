@@ -5452,6 +5452,8 @@ MP__HOT __m512 mp__vld_as(const void *p, mp_dtype t, size_t i) {
     if (t == MP_FLOAT16) return mp__z_widen_f16(_mm256_loadu_si256((const __m256i *)((const mp_f16 *)p + i)));
     return mp__z_widen_bf16(_mm256_loadu_si256((const __m256i *)((const mp_bf16 *)p + i)));
 }
+/* mp_convert's rule for its results (MP__Z_STREAM), where p is on a line */
+MP__HOT int mp__streams(const void *p, size_t n) { return n >= MP__Z_STREAM && (uintptr_t)p % 64 == 0; }
 MP__HOT void mp__vst2_as(void *p, mp_dtype t, size_t i, __m512 a, __m512 b, int stream) {
     if (t == MP_FLOAT32) {
         _mm512_storeu_ps((float *)p + i, a);
@@ -5480,6 +5482,7 @@ static void mp__vst_as(void *p, mp_dtype t, size_t i, float v) {
 }
 #endif
 #if MP__VW != 16
+static int mp__streams(const void *p, size_t n) { return (void)p, (void)n, 0; }
 static void mp__vst2_as(void *p, mp_dtype t, size_t i, mp__vf a, mp__vf b, int stream) {
     (void)stream;
     mp__vst_as(p, t, i, a);
@@ -5624,21 +5627,20 @@ static void mp__opt_pair(const mp__opt_args *a, const void *g, mp_dtype gt, size
    widened as they are read and the copy in the compute dtype (the
    AutoCastVariable read, once a step) rounded from the new weights in
    registers, in the update's one pass over memory; the copy of a variable
-   of MP__COPY_STREAM weights or more goes around the caches, as
-   mp_convert's results of that size do (>>bulk casts), so that its stores
+   of MP__Z_STREAM weights or more goes around the caches, as mp_convert's
+   results of that size do (mp__streams, >>bulk casts), so that its stores
    do not read each line first. Before, a pass over chunks in L1 (widen a
    chunk of 16-bit gradients, update it, cast its weights with mp_convert)
    took mixed_bfloat16's update at 4096 units and batch 128 (2 threads, an
    AMD EPYC Zen 4) 8.87 ms a step against 8.21 now (medians of 8
    alternating runs; float32's update 6.9-7.4); at 1024 units, in cache,
    0.675 ms either way. The tail goes through one padded pair. */
-#define MP__COPY_STREAM ((size_t)1 << 24)
 static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
     enum { PAIR = 2 * MP__VW };
     const mp__opt_args *a = (const mp__opt_args *)args;
     size_t i, full = begin + (end - begin) / PAIR * PAIR, rest = end - full;
     float w[PAIR], g[PAIR], s1[PAIR] = {0}, s2[PAIR] = {0}; /* the state an optimizer lacks: 0s */
-    int stream = a->wc && a->n >= MP__COPY_STREAM && (uintptr_t)mp__at(a->wc, a->wt, begin) % 64 == 0;
+    int stream = a->wc && mp__streams(mp__at(a->wc, a->wt, begin), a->n);
     (void)thread;
     for (i = begin; i < full; i += PAIR)
         mp__opt_pair(a, a->g, a->gt, i, a->w + i, a->s1 ? a->s1 + i : s1, a->s2 ? a->s2 + i : s2, a->wc, stream);
