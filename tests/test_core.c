@@ -355,6 +355,63 @@ static void test_stats(void) {
     }
 }
 
+/* Stats over long runs where clean stretches (every value normal in the
+   target) and special ones (underflow, subnormal, overflow, Inf, NaN)
+   alternate: the AVX2 rows count only where a stretch has something to
+   count, and count a stretch again when its bounds say so. Against the
+   portable path, every direction, with a copy in place for the 16-bit
+   pairs: results and stats, bit for bit. */
+static void test_stats_stretches(void) {
+    enum { N = 9 * 4096 + 37 };
+    static const float specials[] = {1e-30f, 1e-6f, 7e4f, INFINITY, NAN, 1e-40f, 1e-45f, -3e38f};
+    static const size_t where[] = {4080 + 5, 4 * 4080 + 4079, 4 * 4080 + 4080, N - 3}; /* + all of stretch 6 */
+    static float f[N];
+    static uint16_t a16[N], b16[N], p16[N];
+    static float a32[N], p32[N];
+    int pattern, dt, st;
+    for (pattern = 0; pattern < 3; pattern++) {
+        size_t i, w;
+        for (i = 0; i < N; i++) { /* normal in float16 and bfloat16: 2^-10 ... 2^10, or zero */
+            uint32_t r = rng();
+            f[i] = r % 7 == 0 ? 0.0f : ldexpf((float)(r >> 8 & 0xFF) / 256.0f + 1.0f, (int)(r >> 16) % 21 - 10);
+            if (r & 1) f[i] = -f[i];
+        }
+        for (w = 0; w < sizeof where / sizeof where[0]; w++)
+            if (pattern > 0 || w == 0) f[where[w]] = specials[(w + (size_t)pattern) % 8];
+        if (pattern == 2)
+            for (i = 6 * 4080; i < 7 * 4080; i += 3) f[i] = specials[i % 8];
+        for (dt = 0; dt < MP_DTYPE_COUNT; dt++)
+            for (st = 0; st < MP_DTYPE_COUNT; st++) {
+                const void *src = f;
+                void *out = dt == MP_FLOAT32 ? (void *)a32 : (void *)a16;
+                void *ref = dt == MP_FLOAT32 ? (void *)p32 : (void *)p16;
+                size_t bytes = (size_t)N * mp_dtype_size((mp_dtype)dt);
+                mp_cast_stats s1, s2;
+                int ok;
+                if (st == dt) continue;
+                if (st != MP_FLOAT32) {
+                    mp_convert_portable(b16, (mp_dtype)st, f, MP_FLOAT32, N, NULL);
+                    src = b16;
+                }
+                memset(&s1, 0, sizeof s1), memset(&s2, 0, sizeof s2);
+                mp_convert(out, (mp_dtype)dt, src, (mp_dtype)st, N, &s1);
+                mp_convert_portable(ref, (mp_dtype)dt, src, (mp_dtype)st, N, &s2);
+                ok = same(out, ref, bytes) && same(&s1, &s2, sizeof s1);
+                if (st != MP_FLOAT32 && dt != MP_FLOAT32) { /* in place: stats of the source */
+                    memset(&s1, 0, sizeof s1);
+                    mp_convert(b16, (mp_dtype)dt, b16, (mp_dtype)st, N, &s1);
+                    ok = ok && same(b16, ref, bytes) && same(&s1, &s2, sizeof s1);
+                }
+                if (!CHECK(ok))
+                    fprintf(stderr, "    %s <- %s pattern %d: overflow %llu/%llu underflow %llu/%llu subnormal %llu/%llu\n",
+                            mp_dtype_name((mp_dtype)dt), mp_dtype_name((mp_dtype)st), pattern,
+                            (unsigned long long)s1.overflow, (unsigned long long)s2.overflow,
+                            (unsigned long long)s1.underflow, (unsigned long long)s2.underflow,
+                            (unsigned long long)s1.subnormal, (unsigned long long)s2.subnormal);
+            }
+    }
+}
+
 static void test_convert_errors(void) {
     float in[4] = {1, 2, 3, 4};
     uint16_t out[4] = {0xAAAA, 0xAAAA, 0xAAAA, 0xAAAA};
@@ -442,6 +499,7 @@ int main(int argc, char **argv) {
     RUN(test_bulk_matches_scalar());
     RUN(test_fpu_mode_independence());
     RUN(test_stats());
+    RUN(test_stats_stretches());
     RUN(test_convert_errors());
     RUN(test_dtypes_policies_status());
     return check_done("test_core");
