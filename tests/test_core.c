@@ -357,29 +357,39 @@ static void test_stats(void) {
 
 /* Stats over long runs where clean stretches (every value normal in the
    target) and special ones (underflow, subnormal, overflow, Inf, NaN)
-   alternate: the AVX2 rows count only where a stretch has something to
-   count, and count a stretch again when its bounds say so. Against the
-   portable path, every direction, with a copy in place for the 16-bit
-   pairs: results and stats, bit for bit. */
+   alternate: the SIMD rows count only where a stretch has something to
+   count, and count a stretch again when its bounds say so; the stretches
+   are AVX2's 4080 elements and AVX-512's 4096 after a first one of 256
+   (MP__STATS_PROBE), both laid out on every machine. Against the portable path, every direction, with a copy in
+   place for the 16-bit pairs: results and stats, bit for bit. */
 static void test_stats_stretches(void) {
     enum { N = 9 * 4096 + 37 };
     static const float specials[] = {1e-30f, 1e-6f, 7e4f, INFINITY, NAN, 1e-40f, 1e-45f, -3e38f};
-    static const size_t where[] = {4080 + 5, 4 * 4080 + 4079, 4 * 4080 + 4080, N - 3}; /* + all of stretch 6 */
+    /* the first values past the bounds that a clean stretch's test reads:
+       float16's 65520 and the largest below its least normal (as float32
+       and as bfloat16), bfloat16's overflow and largest subnormal; each
+       alone in a run (patterns 6 on), so its stretch is one cast with its
+       bounds alone */
+    static const uint32_t edges[] = {0x477FF000u, 0x387FDFFFu, 0x387F0000u, 0x7F7F8000u, 0x007F7FFFu};
+    static const size_t stretches[] = {4080, 4096};
     static float f[N];
     static uint16_t a16[N], b16[N], p16[N];
     static float a32[N], p32[N];
     int pattern, dt, st;
-    for (pattern = 0; pattern < 3; pattern++) {
-        size_t i, w;
+    for (pattern = 0; pattern < 6 + (int)(sizeof edges / sizeof edges[0]); pattern++) {
+        size_t i, w, c = stretches[pattern / 3 % 2], o = 256; /* the first stretch's length */
+        size_t where[] = {5, o + c + 5, o + 5 * c - 1, o + 5 * c, N - 3}; /* + all of stretch 7 */
         for (i = 0; i < N; i++) { /* normal in float16 and bfloat16: 2^-10 ... 2^10, or zero */
             uint32_t r = rng();
             f[i] = r % 7 == 0 ? 0.0f : ldexpf((float)(r >> 8 & 0xFF) / 256.0f + 1.0f, (int)(r >> 16) % 21 - 10);
             if (r & 1) f[i] = -f[i];
         }
-        for (w = 0; w < sizeof where / sizeof where[0]; w++)
-            if (pattern > 0 || w == 0) f[where[w]] = specials[(w + (size_t)pattern) % 8];
-        if (pattern == 2)
-            for (i = 6 * 4080; i < 7 * 4080; i += 3) f[i] = specials[i % 8];
+        if (pattern >= 6) f[N / 2] = f32(edges[pattern - 6]);
+        else
+            for (w = 0; w < sizeof where / sizeof where[0]; w++)
+                if (pattern % 3 > 0 || w < 2) f[where[w]] = specials[(w + (size_t)pattern) % 8];
+        if (pattern % 3 == 2 && pattern < 6)
+            for (i = o + 6 * c; i < o + 7 * c; i += 3) f[i] = specials[i % 8];
         for (dt = 0; dt < MP_DTYPE_COUNT; dt++)
             for (st = 0; st < MP_DTYPE_COUNT; st++) {
                 const void *src = f;
