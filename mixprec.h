@@ -79,6 +79,11 @@ CONFIGURATION (define before the #include that has MIXPREC_IMPLEMENTATION)
     MIXPREC_NO_HUGE_PAGES   blocks of 4 MiB and more do not ask Linux for
                             transparent huge pages (x86-64 Linux, malloc)
     MIXPREC_USE_CBLAS       float32 GEMMs go to the linked CBLAS's cblas_sgemm
+    MIXPREC_BF16_DOT        1: bfloat16 x bfloat16 products by AVX512_BF16's
+                            vdpbf16ps; 0: widened to float32 for the FMAs
+                            (default 1, but 0 where the build targets
+                            AVX512_FP16: Intel, whose vdpbf16ps runs at half
+                            the FMAs' rate); AMX's tiles run either way
     MIXPREC_RULES           for a backend's own source (cuda/): compile the
                             shared >>rules (activations, loss rows) without
                             the implementation
@@ -3819,6 +3824,23 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #if defined(MP__SIMD_AVX512) && defined(__AVX512BF16__)
 #define MP__BF16_DOT 1
 #endif
+/* vdpbf16ps adds two products to a float32 lane, but Intel's cores issue it
+   at half the rate of their FMAs (a Sapphire Rapids Xeon: 117.9 GFLOP/s
+   against 236.5 on one core, bench/gemm's peaks), where AMD's Zen 4 and 5
+   issue it at the FMAs' rate. So where the build targets an Intel core,
+   bfloat16 x bfloat16 products widen their operands to float32 in the
+   packs and run the FMA tiles, as a build without AVX512_BF16 does, unless
+   AMX's tiles run (an Intel Xeon without AMX, mixed_bfloat16's step: 1.40x
+   to 1.67x float32's by vdpbf16ps, about 1.0x widened; README). No
+   compiler macro names the vendor: AVX512_FP16 is Intel's alone (Sapphire
+   Rapids on), and MIXPREC_BF16_DOT (1 or 0) overrides the guess. */
+#ifndef MIXPREC_BF16_DOT
+#ifdef __AVX512FP16__
+#define MIXPREC_BF16_DOT 0
+#else
+#define MIXPREC_BF16_DOT 1
+#endif
+#endif
 /* Intel AMX (AMX-TILE and AMX-BF16, Xeon from Sapphire Rapids on): bfloat16
    x bfloat16 products by tdpbf16ps, a 16 x 16 float32 tile += 16 x 32 times
    32 x 16 bfloat16 in one instruction, where the build targets it (chosen at
@@ -3909,7 +3931,7 @@ static size_t mp__round_up(size_t x, size_t to) { return (x + to - 1) / to * to;
 
 static int mp__gemm_bf16(const mp_gemm_args *g) {
 #ifdef MP__BF16_DOT
-    return g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16;
+    return g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16 && (MIXPREC_BF16_DOT || mp__amx_usable());
 #else
     (void)g;
     return 0;
