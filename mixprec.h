@@ -2174,7 +2174,7 @@ static uint32_t mp__specials(const mp__scan *s) { return s->underflow + s->subno
    would add a bounds pass to a whole cast of 4096 (AVX-512, float32 to
    float16, wide data from L1, gcc 12, Intel Xeon: the counts' cost over
    the cast +360% to +430% counting every element, +630% to +650% with a
-   first chunk of 4096, +400% to +460% with this one; typical data +410%
+   first chunk of 4096, +400% to +460% with this one; typical data +400%
    to +470% counting every element, +110% to +145% in chunks). */
 #define MP__STATS_PROBE 256
 
