@@ -2178,6 +2178,39 @@ static uint32_t mp__specials(const mp__scan *s) { return s->underflow + s->subno
    to +470% counting every element, +110% to +145% in chunks). */
 #define MP__STATS_PROBE 256
 
+/* That loop, one for both paths: rows of `step` elements, chunks of `len`
+   after the first. BOUNDS runs a chunk's steps to end_ with its bounds
+   alone (from fresh ones), CLEAN tells whether they show nothing to count
+   and MERGE adds them to the row's extremes; COUNTED and RECOUNTED, blocks
+   in braces, run them with the counts, storing and not (the chunk was
+   stored with its bounds), and COUNTS puts the row's counts so far into
+   *scan. In place
+   (dst == src) every chunk is counted as it is cast. */
+#define MP__STATS_CHUNKS(step, len, BOUNDS, CLEAN, MERGE, COUNTED, RECOUNTED, COUNTS)              \
+    {                                                                                            \
+        int count_ = dst == src;                                                                 \
+        uint32_t specials_ = 0, now_;                                                            \
+        size_t chunk_ = MP__STATS_PROBE;                                                         \
+        while (i + (step) <= n) {                                                                \
+            size_t start_ = i, end_ = n - i > chunk_ ? i + chunk_ : n;                           \
+            chunk_ = (len);                                                                      \
+            if (!count_) {                                                                       \
+                BOUNDS;                                                                          \
+                if (CLEAN) {                                                                     \
+                    MERGE;                                                                       \
+                    continue; /* nothing to count: the next chunk likewise */                    \
+                }                                                                                \
+                i = start_; /* counted again, from L1 */                                         \
+            }                                                                                    \
+            if (count_) COUNTED                                                                  \
+            else RECOUNTED                                                                       \
+            COUNTS(*scan);                                                                       \
+            now_ = mp__specials(scan);                                                           \
+            count_ = dst == src || now_ != specials_;                                            \
+            specials_ = now_;                                                                    \
+        }                                                                                        \
+    }
+
 /* The extremes as float32 bits from a row's lanes: top = max(a + bias) as
    signed (bias = 2^(W-1) - Inf puts every finite magnitude a in the
    positive half and Inf and NaN in the negative one), low_minus_1 =
@@ -2532,14 +2565,10 @@ MP__Z_SCAN(bf16)
    element size). The loop is written once and expanded with and without
    the counts (and with stores or without them, streamed or not), so that
    none carries a test. With counts, the whole pairs go a chunk of
-   MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1), as
-   the AVX2 rows do: a chunk after one with nothing to count (no
-   underflow, subnormal, overflow, Inf or NaN) is cast with its bounds
-   alone (four operations a vector); if they show a value the counts
-   would name, the chunk is counted again from L1, without its stores, and
-   the next ones as they are cast, until a chunk has nothing to count. In
-   place, every chunk is counted as it is cast: its source is gone once
-   stored. */
+   MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1)
+   through MP__STATS_CHUNKS, as the AVX2 rows do: bounds alone (four
+   operations a vector) after a chunk with nothing to count, the counts
+   again from L1 where they show something. */
 #define MP__Z_CHUNK 4096
 #define MP__Z_PART(SRC, DST, COUNT, m)                                                           \
     {                                                                                            \
@@ -2560,31 +2589,11 @@ MP__Z_SCAN(bf16)
 /* The whole pairs in one loop, or in chunks (above). */
 #define MP__Z_ALL(SRC, DST, COUNT, WHOLE, stream) WHOLE(SRC, DST, COUNT, stream, 1, n)
 #define MP__Z_CHUNKS(SRC, DST, COUNT, WHOLE, stream)                                             \
-    while (i + 32 <= n) {                                                                        \
-        size_t start_ = i, end_ = n - i > chunk_ ? i + chunk_ : n;                               \
-        chunk_ = MP__Z_CHUNK;                                                                    \
-        if (!count_) {                                                                           \
-            top_ = _mm512_setzero_si512(), low_ = _mm512_set1_epi32(-1);                         \
-            WHOLE(SRC, DST, COUNT##_BOUNDS, stream, 1, end_)                                     \
-            if (COUNT##_CLEAN) {                                                                 \
-                MP__Z_MERGE(COUNT##_W);                                                          \
-                continue; /* nothing to count: the next chunk likewise */                        \
-            }                                                                                    \
-            i = start_; /* counted again, from L1 */                                             \
-        }                                                                                        \
-        if (count_)                                                                              \
-            WHOLE(SRC, DST, COUNT, stream, 1, end_)                                              \
-        else                                                                                     \
-            WHOLE(SRC, DST, COUNT, stream, 0, end_)                                              \
-        COUNT##_COUNTS(*scan);                                                                   \
-        count_ = dst == src || mp__specials(scan) != specials_;                                  \
-        specials_ = mp__specials(scan);                                                          \
-    }
-#define MP__Z_CHUNK_VARS                                                                         \
-    int count_ = dst == src;                                                                     \
-    uint32_t specials_ = 0;                                                                      \
-    size_t chunk_ = MP__STATS_PROBE;                                                             \
-    __m512i top_, low_
+    MP__STATS_CHUNKS(32, MP__Z_CHUNK,                                                            \
+                     (top_ = _mm512_setzero_si512(), low_ = _mm512_set1_epi32(-1));              \
+                     WHOLE(SRC, DST, COUNT##_BOUNDS, stream, 1, end_),                           \
+                     COUNT##_CLEAN, MP__Z_MERGE(COUNT##_W), { WHOLE(SRC, DST, COUNT, stream, 1, end_) }, \
+                     { WHOLE(SRC, DST, COUNT, stream, 0, end_) }, COUNT##_COUNTS)
 #define MP__Z_PAIRS(SRC, DST, COUNT, WHOLE, PART, LOOP)                                          \
     if (head) {                                                                                  \
         PART(SRC, DST, COUNT, head)                                                              \
@@ -2608,7 +2617,7 @@ MP__Z_SCAN(bf16)
             MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_WHOLE, MP__Z_PART, MP__Z_ALL)             \
         } else {                                                                                 \
             MP__Z_NARROW_COUNT_BEGIN(DST);                                                       \
-            MP__Z_CHUNK_VARS;                                                                    \
+            __m512i top_, low_;                                                                  \
             MP__Z_PAIRS(SRC, DST, MP__Z_NARROW_COUNT, MP__Z_WHOLE, MP__Z_PART, MP__Z_CHUNKS)     \
             MP__Z_NARROW_COUNT_END(*scan);                                                       \
         }                                                                                        \
@@ -2650,7 +2659,7 @@ MP__Z_SCAN(bf16)
             MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_PLAIN16, MP__Z_PART16, MP__Z_ALL)         \
         } else {                                                                                 \
             MP__Z_COUNT16_BEGIN(SRC, DST);                                                       \
-            MP__Z_CHUNK_VARS;                                                                    \
+            __m512i top_, low_;                                                                  \
             MP__Z_PAIRS(SRC, DST, MP__Z_COUNT16, MP__Z_WHOLE16, MP__Z_PART16, MP__Z_CHUNKS)      \
             MP__Z_COUNT16_END(*scan, SRC);                                                       \
         }                                                                                        \
@@ -2666,7 +2675,6 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_PAIRS
 #undef MP__Z_ALL
 #undef MP__Z_CHUNKS
-#undef MP__Z_CHUNK_VARS
 #undef MP__Z_BOUNDS
 #undef MP__Z_MERGE
 #undef MP__Z_MERGE_
@@ -2989,33 +2997,19 @@ MP__X86_SCAN(bf16)
             }                                                                                   \
         } else {                                                                                \
             mp__scan tail;                                                                      \
-            int count = dst == src; /* in place, the source is gone once cast */                \
-            uint32_t specials = 0;                                                              \
             COUNT##_BEGIN(SRC, DST);                                                            \
-            size_t chunk = MP__STATS_PROBE;                                                     \
             __m256i top_, low_;                                                                 \
-            while (i + 16 <= n) {                                                               \
-                size_t start = i, end = n - i > chunk ? i + chunk : n;                          \
-                chunk = 16 * MP__X86_CHUNK;                                                     \
-                if (!count) {                                                                   \
-                    top_ = zero, low_ = minus_one;                                              \
-                    for (; i + 16 <= end; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, 1)            \
-                    if (COUNT##_CLEAN) {                                                        \
-                        MP__X86_MERGE(COUNT##_W);                                               \
-                        continue; /* nothing to count: the next chunk likewise */               \
-                    }                                                                           \
-                    i = start; /* counted again, from L1, and the next ones as they are cast */ \
-                }                                                                               \
-                MP__X86_CHUNK_BEGIN;                                                            \
-                if (count)                                                                      \
-                    for (; i + 16 <= end; i += 16) PAIR(SRC, DST, COUNT, 1)                     \
-                else                                                                            \
-                    for (; i + 16 <= end; i += 16) PAIR(SRC, DST, COUNT, 0)                     \
-                MP__X86_CHUNK_END(16);                                                          \
-                COUNT##_COUNTS(*scan);                                                          \
-                count = dst == src || mp__specials(scan) != specials;                           \
-                specials = mp__specials(scan);                                                  \
-            }                                                                                   \
+            MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                            \
+                             (top_ = zero, low_ = minus_one);                                   \
+                             for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, 1), \
+                             COUNT##_CLEAN, MP__X86_MERGE(COUNT##_W),                           \
+                             { MP__X86_CHUNK_BEGIN;                                             \
+                               for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, 1)         \
+                               MP__X86_CHUNK_END(16); },                                        \
+                             { MP__X86_CHUNK_BEGIN;                                             \
+                               for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, 0)         \
+                               MP__X86_CHUNK_END(16); },                                        \
+                             COUNT##_COUNTS)                                                    \
             COUNT##_END(*scan, SRC);                                                            \
             tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                   \
             mp__scan_merge(scan, &tail);                                                        \
@@ -3075,6 +3069,7 @@ static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
 #undef MP__DTYPE_OF_f32
 #undef MP__DTYPE_OF_f16
 #undef MP__DTYPE_OF_bf16
+#undef MP__STATS_CHUNKS
 #endif
 
 static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {

@@ -221,8 +221,8 @@ fi
 # tiles, and on an Intel core without them (AVX512_FP16) they widen to
 # float32 (MIXPREC_BF16_DOT); these builds keep the AVX512_BF16 (vdpbf16ps)
 # tiles tested there.
-if gcc -march=native -dM -E - </dev/null | grep -qE '__AMX_BF16__|__AVX512FP16__' &&
-    gcc -march=native -dM -E - </dev/null | grep -q '__AVX512BF16__'; then
+native_macros=$(gcc -march=native -dM -E - </dev/null)
+if grep -qE '__AMX_BF16__|__AVX512FP16__' <<<"$native_macros" && grep -q '__AVX512BF16__' <<<"$native_macros"; then
     for t in test_gemm test_train; do
         step "build $t, AVX512_BF16 without AMX (-mno-amx-tile -DMIXPREC_BF16_DOT=1)" gcc $WARN -O2 -march=native -mno-amx-tile -DMIXPREC_BF16_DOT=1 tests/$t.c -o $B/${t}_noamx -lm
         run "$t, bfloat16 products by vdpbf16ps" $B/${t}_noamx

@@ -360,8 +360,9 @@ static void test_stats(void) {
    alternate: the SIMD rows count only where a stretch has something to
    count, and count a stretch again when its bounds say so; the stretches
    are AVX2's 4080 elements and AVX-512's 4096 after a first one of 256
-   (MP__STATS_PROBE), both laid out on every machine. Against the portable path, every direction, with a copy in
-   place for the 16-bit pairs: results and stats, bit for bit. */
+   (MP__STATS_PROBE), both laid out on every machine. Against the portable
+   path, every direction, with a copy in place for the 16-bit pairs:
+   results and stats, bit for bit. */
 static void test_stats_stretches(void) {
     enum { N = 9 * 4096 + 37 };
     static const float specials[] = {1e-30f, 1e-6f, 7e4f, INFINITY, NAN, 1e-40f, 1e-45f, -3e38f};
