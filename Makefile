@@ -87,6 +87,8 @@ demo: data $(EXAMPLES)
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
 	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
+# The matrix runs its builds and tests as parallel jobs, one per CPU;
+# JOBS=N sets how many (JOBS=1: one at a time).
 test:
 	@bash tests/matrix.sh
 

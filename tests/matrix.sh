@@ -53,6 +53,10 @@ sanitizer_package() {
     esac
 }
 
+# The sanitizer probes once, before the jobs (each job has its own copy
+# of SAN_OK).
+for tool in gcc clang g++ clang++; do usable $tool $SAN || true; done
+
 # step NAME CMD...: a build or check that passes or fails as a whole; skipped
 # (and so is the run after it) when its tool is missing
 step_skipped=0
@@ -88,7 +92,7 @@ run() {
         f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f)); TALLY[$name]=$p
+    passed=$((passed + p)); failed=$((failed + f)); note_tally "$name" "$p"
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
     if [ "$f" -ne 0 ] && [ "${LIVE:-0}" = 1 ]; then return; fi
     if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
@@ -97,17 +101,88 @@ run() {
 # skip NAME WHY [PACKAGES]: a step that cannot run here. Each reason is
 # counted for the summary, and PACKAGES (what would let the step run) go
 # into its apt-get line.
+skip() {
+    echo "skip  $1: $2${3:+ (apt-get install $3)}"
+    note_skip "$2" "${3:-}"
+}
 declare -A SKIPS=()
 skip_reasons=() skip_packages=()
-skip() {
+note_skip() {
+    if [ "$IN_JOB" = 1 ]; then printf 'note_skip %q %q\n' "$1" "$2" >>"$REC"; return; fi
     skipped=$((skipped + 1))
-    echo "skip  $1: $2${3:+ (apt-get install $3)}"
-    [ -n "${SKIPS[$2]:-}" ] || skip_reasons+=("$2")
-    SKIPS[$2]=$((${SKIPS[$2]:-0} + 1))
+    [ -n "${SKIPS[$1]:-}" ] || skip_reasons+=("$1")
+    SKIPS[$1]=$((${SKIPS[$1]:-0} + 1))
     local p
-    for p in ${3:-}; do
+    for p in $2; do
         case " ${skip_packages[*]} " in *" $p "*) ;; *) skip_packages+=("$p") ;; esac
     done
+}
+
+# Jobs: `par CMD...` runs CMD (a build and its run, or a function of
+# steps) in the background, up to $JOBS (the CPUs) at once, its output and
+# tallies going to files, which are replayed in the order the jobs were
+# started: the log reads as a serial run's, a job's lines coming once the
+# jobs before it are done, and the counts add up the same. `flush` waits
+# for all of them. A job that needs another's files (a test binary, an
+# object) waits for it (`after`). The builds are most of the matrix's time,
+# one compiler process each: on two cores this halves it.
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 1)}
+J=$B/jobs
+rm -rf "$J" && mkdir -p "$J"
+IN_JOB=0 queued=0 replayed=0 last_job=
+declare -A JOB_PID=()
+par() {
+    local id=$queued
+    queued=$((queued + 1))
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; replay; done
+    (
+        IN_JOB=1 REC=$J/$id.rec passed=0 failed=0
+        : >"$REC"
+        "$@"
+        echo "count $passed $failed" >>"$REC"
+        : >"$J/$id.done"
+    ) >"$J/$id.out" 2>&1 &
+    JOB_PID[$id]=$! last_job=$id
+}
+# after ID CMD...: CMD once job ID has ended
+after() {
+    until [ -e "$J/$1.done" ]; do sleep 1; done
+    shift
+    "$@"
+}
+# section TITLE: a heading, in its place among the jobs' output
+section() {
+    echo "$1" >"$J/$queued.out" && : >"$J/$queued.rec" && : >"$J/$queued.done"
+    queued=$((queued + 1))
+    replay
+}
+count() { passed=$((passed + $1)) failed=$((failed + $2)); }
+# replay [wait]: the jobs' output and tallies in order, up to the first
+# one still running; with `wait`, all of them
+replay() {
+    while [ "$replayed" -lt "$queued" ]; do
+        if [ ! -e "$J/$replayed.done" ]; then
+            [ "${1:-}" = wait ] || return 0
+            wait "${JOB_PID[$replayed]}" 2>/dev/null
+        fi
+        cat "$J/$replayed.out"
+        . "$J/$replayed.rec"
+        if [ ! -e "$J/$replayed.done" ]; then
+            failed=$((failed + 1)); echo "FAIL  the job above ended before its last step"
+        fi
+        replayed=$((replayed + 1))
+    done
+}
+flush() { replay wait; }
+# build_run NAME CMD... -- RUN_NAME BINARY [ARGS...]: a build and its run,
+# for one job
+build_run() {
+    local name=$1 build=()
+    shift
+    while [ "$1" != -- ]; do build+=("$1"); shift; done
+    shift
+    step "$name" "${build[@]}"
+    run "$@"
 }
 
 # The line before the tally: every reason for a skip (how many steps it
@@ -126,6 +201,9 @@ skip_summary() {
 # between builds: threads, SIMD); a program this run did not build with gcc
 # is not compared.
 declare -A TALLY=()
+note_tally() {
+    if [ "$IN_JOB" = 1 ]; then printf 'note_tally %q %q\n' "$1" "$2" >>"$REC"; else TALLY[$1]=$2; fi
+}
 readme_counts() {
     local line name n got bad=0
     while IFS=: read -r line name n; do
@@ -148,37 +226,37 @@ should_fail() {
     else passed=$((passed + 1)); echo "ok    $name"; fi
 }
 
-echo "== the header under every compiler and setting"
-step "gcc, strict core warnings (-Wconversion -Wdouble-promotion)" gcc $CORE -O2 -c tests/header_only.c -o $B/h1.o
-step "gcc, strict, SIMD path (-march=native)" gcc $CORE -O2 -march=native -c tests/header_only.c -o $B/h2.o
-step "clang, strict core warnings" clang $CORE -O2 -c tests/header_only.c -o $B/h3.o
-step "clang, strict, SIMD path (-march=native)" clang $CORE -O2 -march=native -c tests/header_only.c -o $B/h4.o
-step "gcc, MIXPREC_STATIC" gcc $CORE -O2 -DMIXPREC_STATIC -c tests/header_only.c -o $B/h5.o
-step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tests/header_only.c -o $B/h6.o
-step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
-step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -O2 -x c++ -c tests/header_only.c -o $B/h7b.o
-step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
-should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
+section "== the header under every compiler and setting"
+par step "gcc, strict core warnings (-Wconversion -Wdouble-promotion)" gcc $CORE -O2 -c tests/header_only.c -o $B/h1.o
+par step "gcc, strict, SIMD path (-march=native)" gcc $CORE -O2 -march=native -c tests/header_only.c -o $B/h2.o
+par step "clang, strict core warnings" clang $CORE -O2 -c tests/header_only.c -o $B/h3.o
+par step "clang, strict, SIMD path (-march=native)" clang $CORE -O2 -march=native -c tests/header_only.c -o $B/h4.o
+par step "gcc, MIXPREC_STATIC" gcc $CORE -O2 -DMIXPREC_STATIC -c tests/header_only.c -o $B/h5.o
+par step "gcc, MIXPREC_NO_SIMD" gcc $CORE -O2 -march=native -DMIXPREC_NO_SIMD -c tests/header_only.c -o $B/h6.o
+par step "g++ -std=c++11, the header as C++" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ -c tests/header_only.c -o $B/h7.o
+par step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c++20 -Wall -Wextra -Wpedantic -Werror -O2 -x c++ -c tests/header_only.c -o $B/h7b.o
+par step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
+par should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
 
-echo "== the code blocks of README.md and of the header's doc block compile as written"
+section "== the code blocks of README.md and of the header's doc block compile as written"
 for cc in gcc clang g++; do
-    if have $cc; then step "tests/doc_snippets.sh $cc" bash tests/doc_snippets.sh $cc $B/snippets
-    else skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
+    if have $cc; then par step "tests/doc_snippets.sh $cc" bash tests/doc_snippets.sh $cc $B/snippets
+    else par skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
 done
 
-echo "== unit tests (test_core) in every build"
-step "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm
-run "test_core, gcc, SIMD path" $B/core_gcc
-step "build test_core, clang -O2 -march=native" clang $WARN -O2 -march=native tests/test_core.c -o $B/core_clang -lm
-run "test_core, clang, SIMD path" $B/core_clang
-step "build test_core, MIXPREC_NO_SIMD" gcc $WARN -O2 -march=native -DMIXPREC_NO_SIMD tests/test_core.c -o $B/core_nosimd -lm
-run "test_core, portable path only" $B/core_nosimd
-step "build test_core as C++ (g++ -std=c++11)" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ tests/test_core.c -o $B/core_cpp -lm
-run "test_core, as C++" $B/core_cpp
-step "build test_core, gcc ASan+UBSan" gcc $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_gcc -lm
-run "test_core, gcc ASan+UBSan" $B/core_asan_gcc
-step "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm
-run "test_core, clang ASan+UBSan" $B/core_asan_clang
+section "== unit tests (test_core) in every build"
+par build_run "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm -- \
+    "test_core, gcc, SIMD path" $B/core_gcc
+par build_run "build test_core, clang -O2 -march=native" clang $WARN -O2 -march=native tests/test_core.c -o $B/core_clang -lm -- \
+    "test_core, clang, SIMD path" $B/core_clang
+par build_run "build test_core, MIXPREC_NO_SIMD" gcc $WARN -O2 -march=native -DMIXPREC_NO_SIMD tests/test_core.c -o $B/core_nosimd -lm -- \
+    "test_core, portable path only" $B/core_nosimd
+par build_run "build test_core as C++ (g++ -std=c++11)" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ \
+    tests/test_core.c -o $B/core_cpp -lm -- "test_core, as C++" $B/core_cpp
+par build_run "build test_core, gcc ASan+UBSan" gcc $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_gcc -lm -- \
+    "test_core, gcc ASan+UBSan" $B/core_asan_gcc
+par build_run "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm -- \
+    "test_core, clang ASan+UBSan" $B/core_asan_clang
 
 # -march=native builds one SIMD path; the AVX2+FMA one (F16C casts, the 6x16
 # GEMM tile) gets builds of its own wherever the CPU runs it, so that a
@@ -186,14 +264,14 @@ run "test_core, clang ASan+UBSan" $B/core_asan_clang
 # to compile while every -march=native build here passed).
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo; then
     for t in test_core test_gemm test_train; do
-        step "build $t for AVX2 without AVX-512 (gcc -march=x86-64-v3)" gcc $WARN -O2 -march=x86-64-v3 tests/$t.c -o $B/${t}_avx2 -lm
-        run "$t, AVX2 path" $B/${t}_avx2
+        par build_run "build $t for AVX2 without AVX-512 (gcc -march=x86-64-v3)" \
+            gcc $WARN -O2 -march=x86-64-v3 tests/$t.c -o $B/${t}_avx2 -lm -- "$t, AVX2 path" $B/${t}_avx2
     done
 else
-    skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
+    par skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
 fi
 
-echo "== training, GEMM, backends, diagnostics, checkpoints, AMP and reliability (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability) in every build"
+section "== training, GEMM, backends, diagnostics, checkpoints, AMP and reliability (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -207,15 +285,16 @@ TRAIN_BUILDS=(
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
     for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm; do
-        step "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm
-        run "$t, $tag" $B/${t}_$tag
+        par build_run "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag
+        if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
     done
 done
 if echo '#include <cblas.h>' | gcc -E - >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ]; then
-    step "build test_gemm, MIXPREC_USE_CBLAS with OpenBLAS" gcc $WARN -O2 -march=native -DMIXPREC_USE_CBLAS tests/test_gemm.c -o $B/gemm_cblas -lopenblas -lm
-    run "test_gemm, float32 products through cblas_sgemm" $B/gemm_cblas
+    par build_run "build test_gemm, MIXPREC_USE_CBLAS with OpenBLAS" \
+        gcc $WARN -O2 -march=native -DMIXPREC_USE_CBLAS tests/test_gemm.c -o $B/gemm_cblas -lopenblas -lm -- \
+        "test_gemm, float32 products through cblas_sgemm" $B/gemm_cblas
 else
-    skip "MIXPREC_USE_CBLAS" "OpenBLAS not installed" libopenblas-dev
+    par skip "MIXPREC_USE_CBLAS" "OpenBLAS not installed" libopenblas-dev
 fi
 # Where the CPU has AMX, -march=native builds run bfloat16 products on its
 # tiles, and on an Intel core without them (AVX512_FP16) they widen to
@@ -224,52 +303,56 @@ fi
 native_macros=$(gcc -march=native -dM -E - </dev/null)
 if grep -qE '__AMX_BF16__|__AVX512FP16__' <<<"$native_macros" && grep -q '__AVX512BF16__' <<<"$native_macros"; then
     for t in test_gemm test_train; do
-        step "build $t, AVX512_BF16 without AMX (-mno-amx-tile -DMIXPREC_BF16_DOT=1)" gcc $WARN -O2 -march=native -mno-amx-tile -DMIXPREC_BF16_DOT=1 tests/$t.c -o $B/${t}_noamx -lm
-        run "$t, bfloat16 products by vdpbf16ps" $B/${t}_noamx
+        par build_run "build $t, AVX512_BF16 without AMX (-mno-amx-tile -DMIXPREC_BF16_DOT=1)" \
+            gcc $WARN -O2 -march=native -mno-amx-tile -DMIXPREC_BF16_DOT=1 tests/$t.c -o $B/${t}_noamx -lm -- \
+            "$t, bfloat16 products by vdpbf16ps" $B/${t}_noamx
     done
 fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
-    step "build test_errors for s390x (big-endian IDX headers)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm
-    run "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
-    step "build test_checkpoint for s390x (big-endian checkpoints)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_checkpoint.c -o $B/checkpoint_s390x -lm
-    run "test_checkpoint on s390x under qemu-user (the x86 files' bytes)" qemu-s390x $B/checkpoint_s390x
+    par build_run "build test_errors for s390x (big-endian IDX headers)" \
+        s390x-linux-gnu-gcc $WARN -O2 -static tests/test_errors.c -o $B/errors_s390x -lm -- \
+        "test_errors on s390x under qemu-user" qemu-s390x $B/errors_s390x
+    par build_run "build test_checkpoint for s390x (big-endian checkpoints)" \
+        s390x-linux-gnu-gcc $WARN -O2 -static tests/test_checkpoint.c -o $B/checkpoint_s390x -lm -- \
+        "test_checkpoint on s390x under qemu-user (the x86 files' bytes)" qemu-s390x $B/checkpoint_s390x
 fi
 
-echo "== Fashion-MNIST: mixed_float16 against float32 on real data"
+section "== Fashion-MNIST: mixed_float16 against float32 on real data"
 make -s data B=build >/dev/null
 if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
-    VERBOSE=1 run "test_train on Fashion-MNIST" $B/test_train_gcc build/fashion-mnist
+    VERBOSE=1 par after "$train_gcc" run "test_train on Fashion-MNIST" $B/test_train_gcc build/fashion-mnist
 else
-    skip "Fashion-MNIST run" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
+    par skip "Fashion-MNIST run" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
 fi
 
-echo "== fuzzing (libFuzzer, bounded)"
+section "== fuzzing (libFuzzer, bounded)"
 # Each reader for 20 s from seeds its target writes; ASan's leak check is on.
 # On a failure the last lines (the sanitizer's report) are shown and the
 # input is kept as $B/crash-*; replay it with `$B/fuzz_NAME $B/crash-...`.
+fuzz() {
+    rm -rf $B/corpus_$1 && mkdir -p $B/corpus_$1
+    step "build $1 (clang libFuzzer, ASan+UBSan)" clang $WARN -fsanitize=fuzzer,address,undefined \
+        -fno-sanitize-recover=all -g -O1 tests/$1.c -o $B/$1 -lm
+    step "$1: 20 s with no crash, leak or hang" bash -c "set -o pipefail; MP_FUZZ_SEEDS=$B/corpus_$1 $B/$1 \
+        $B/corpus_$1 -max_total_time=20 -timeout=5 -rss_limit_mb=2048 -artifact_prefix=$B/ 2>&1 | tail -n 25"
+}
 if ! have clang; then
-    skip "fuzzing" "clang not installed" clang
+    par skip "fuzzing" "clang not installed" clang
 elif printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
         clang -fsanitize=fuzzer -x c - -o $B/fuzz_probe >/dev/null 2>&1; then
-    for f in fuzz_checkpoint fuzz_idx; do
-        rm -rf $B/corpus_$f && mkdir -p $B/corpus_$f
-        step "build $f (clang libFuzzer, ASan+UBSan)" clang $WARN -fsanitize=fuzzer,address,undefined \
-            -fno-sanitize-recover=all -g -O1 tests/$f.c -o $B/$f -lm
-        step "$f: 20 s with no crash, leak or hang" bash -c "set -o pipefail; MP_FUZZ_SEEDS=$B/corpus_$f $B/$f \
-            $B/corpus_$f -max_total_time=20 -timeout=5 -rss_limit_mb=2048 -artifact_prefix=$B/ 2>&1 | tail -n 25"
-    done
+    for f in fuzz_checkpoint fuzz_idx; do par fuzz $f; done
 else
-    skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
+    par skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
 fi
 
-echo "== data-parallel training under Open MPI (tests/mpi.sh: 2 and 3 ranks, resume, failures)"
+section "== data-parallel training under Open MPI (tests/mpi.sh: 2 and 3 ranks, resume, failures)"
 if have mpicc && have mpirun; then
-    VERBOSE=1 run "test_mpi under mpirun (tests/mpi.sh)" bash tests/mpi.sh $B/mpi
+    VERBOSE=1 par run "test_mpi under mpirun (tests/mpi.sh)" bash tests/mpi.sh $B/mpi
 else
-    skip "data-parallel under MPI" "mpicc or mpirun not found" "openmpi-bin libopenmpi-dev"
+    par skip "data-parallel under MPI" "mpicc or mpirun not found" "openmpi-bin libopenmpi-dev"
 fi
 
-echo "== CUDA backend (cuda/)"
+section "== CUDA backend (cuda/)"
 # The backend's logic runs everywhere under tests/cuda_emu.h, a host
 # emulation of the CUDA runtime and cuBLASLt calls, built by g++/clang++
 # against the stand-in headers of tests/cuda_emu/ (no CUDA toolkit needed).
@@ -281,83 +364,95 @@ EMU="-std=c++14 -Wall -Wextra -Werror -x c++ -include tests/cuda_emu.h -Itests/c
 # the kernels' reads and writes of "device" memory are checked; clang's
 # C++-only UBSan checks need a runtime its C driver does not link)
 EMU_BUILDS=("emu|g++ -O1" "emu_asan_gcc|g++ $SAN" "emu_asan_clang|clang++ $SAN -fno-sanitize=function,vptr")
+declare -A EMU_JOB=()
 for build in "${EMU_BUILDS[@]}"; do
     tag=${build%%|*} cxx=${build#*|}
-    step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
+    par step "build the emulated backend ($tag, ${cxx%% *})" $cxx $EMU -o $B/cuda/$tag.o
+    EMU_JOB[$tag]=$last_job
 done
-step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
-for build in "${TRAIN_BUILDS[@]}"; do
-    tag=${build%%|*} cc=${build#*|}
-    emu=$B/cuda/emu.o
-    case $tag in asan_*) emu=$B/cuda/emu_$tag.o ;; esac
-    if [ ! -e "$emu" ]; then
-        skip "test_cuda under the emulation, $tag" "its emulated backend was not built (see above)"; continue
+par step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $EMU -std=c++20 -o $B/cuda/emu20.o
+# emu_test TAG CC EMU_OBJECT: test_cuda of one of TRAIN_BUILDS on the emulation
+emu_test() {
+    if [ ! -e "$3" ]; then skip "test_cuda under the emulation, $1" "its emulated backend was not built (see above)"; return; fi
+    step "build test_cuda under the emulation, $1" $2 tests/test_cuda.c -o $B/cuda/test_cuda_$1 -x none $3 -lstdc++ -lm
+    run "test_cuda under the emulation, $1" $B/cuda/test_cuda_$1
+    if [ "$1" = gcc ] && [ -x $B/cuda/test_cuda_gcc ]; then
+        run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+        run "test_cuda under the emulation, other streams first at every wait (MIXPREC_CUDA_EMU_EAGER)" env MIXPREC_CUDA_EMU_EAGER=1 $B/cuda/test_cuda_gcc
     fi
-    step "build test_cuda under the emulation, $tag" $cc tests/test_cuda.c -o $B/cuda/test_cuda_$tag -x none $emu -lstdc++ -lm
-    run "test_cuda under the emulation, $tag" $B/cuda/test_cuda_$tag
+}
+for build in "${TRAIN_BUILDS[@]}"; do
+    tag=${build%%|*} cc=${build#*|} emu=emu
+    case $tag in asan_*) emu=emu_$tag ;; esac
+    par after "${EMU_JOB[$emu]}" emu_test "$tag" "$cc" $B/cuda/$emu.o
 done
 # the emulation's own rules, on the CUDA and cuBLASLt calls themselves
-step "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror $SAN -Itests/cuda_emu tests/test_cuda_emu.cpp -o $B/cuda/test_cuda_emu
-run "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
-if [ -x $B/cuda/test_cuda_gcc ]; then
-    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
-    run "test_cuda under the emulation, other streams first at every wait (MIXPREC_CUDA_EMU_EAGER)" env MIXPREC_CUDA_EMU_EAGER=1 $B/cuda/test_cuda_gcc
-fi
+par build_run "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror $SAN -Itests/cuda_emu \
+    tests/test_cuda_emu.cpp -o $B/cuda/test_cuda_emu -- "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
 # the examples with --backend cuda, once each, small, on the emulated backend
-if [ -e $B/cuda/emu.o ]; then
-    EX_RUNS=("mnist_mlp|--policy mixed_float16 --units 16 --epochs 1 --batch-size 64 --train-limit 512"
-             "custom_loop|--units 16 --epochs 1 --batch-size 64 --train-limit 512"
-             "conv_memory|--image-size 8 --images 20 --filters 8 --batch-size 10"
-             "numerics|--units 16 --train-limit 300")
-    for ex in "${EX_RUNS[@]}"; do
-        e=${ex%%|*} flags=${ex#*|}
-        step "examples/$e --backend cuda under the emulation" bash -c "gcc $WARN -O2 -march=native -DEXAMPLE_CUDA \
-            examples/$e.c -o $B/cuda/ex_$e -x none $B/cuda/emu.o -lstdc++ -lm && $B/cuda/ex_$e --backend cuda $flags"
-    done
-fi
-NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-if [ -n "$NVCC" ]; then
-    CUDA_DIR=$(dirname "$NVCC")/..
-    CUDA_LINK="-L$B/cuda -lmixprec_cuda -L$CUDA_DIR/lib64 -Wl,-rpath,$CUDA_DIR/lib64 -lcublasLt -lcudart -lstdc++ -lm"
-    step "make cuda (nvcc, the static library, the real CUDA headers)" make -s cuda B=$B/cuda NVCC="$NVCC"
-    step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda $CUDA_LINK
-    out=$($B/cuda/test_cuda 2>&1); rc=$?
-    if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_cuda: skipped'; then
-        skip "test_cuda on a GPU" "$(echo "$out" | sed -n 's/^test_cuda: skipped (\(.*\)).*$/\1/p')"
+EX_RUNS=("mnist_mlp|--policy mixed_float16 --units 16 --epochs 1 --batch-size 64 --train-limit 512"
+         "custom_loop|--units 16 --epochs 1 --batch-size 64 --train-limit 512"
+         "conv_memory|--image-size 8 --images 20 --filters 8 --batch-size 10"
+         "numerics|--units 16 --train-limit 300")
+emu_example() {
+    [ -e $B/cuda/emu.o ] || return 0
+    step "examples/$1 --backend cuda under the emulation" bash -c "gcc $WARN -O2 -march=native -DEXAMPLE_CUDA \
+        examples/$1.c -o $B/cuda/ex_$1 -x none $B/cuda/emu.o -lstdc++ -lm && $B/cuda/ex_$1 --backend cuda $2"
+}
+for ex in "${EX_RUNS[@]}"; do par after "${EMU_JOB[emu]}" emu_example "${ex%%|*}" "${ex#*|}"; done
+# the real library, its test (on a GPU when there is one), the GPU
+# benchmark, the examples against it and the NCCL communicator
+# gpu_outcome NAME OUT RC: a GPU test's run, or its skip where it found no GPU
+gpu_outcome() {
+    if [ "$3" -eq 0 ] && echo "$2" | grep -q "^[a-z_]*: skipped"; then
+        skip "$1" "$(echo "$2" | sed -n 's/^[a-z_]*: skipped (\(.*\)).*$/\1/p')"
     else
-        run "test_cuda on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
+        run "$1" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$2" "$3"
     fi
+}
+cuda_library() {
+    local cuda_dir out rc
+    cuda_dir=$(dirname "$NVCC")/..
+    step "make cuda (nvcc, the static library, the real CUDA headers)" make -s cuda B=$B/cuda NVCC="$NVCC"
+    step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda \
+        -L$B/cuda -lmixprec_cuda -L$cuda_dir/lib64 -Wl,-rpath,$cuda_dir/lib64 -lcublasLt -lcudart -lstdc++ -lm
+    out=$($B/cuda/test_cuda 2>&1); rc=$?
+    gpu_outcome "test_cuda on the GPU" "$out" "$rc"
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
     step "make examples-cuda (the examples against the library)" make -s examples-cuda B=$B/cuda NVCC="$NVCC"
     # the NCCL communicator: built where nccl.h and mpicc are; it runs on a GPU only
     step "make nccl (cuda/mixprec_nccl.cu, test_nccl)" make -s nccl B=$B/cuda NVCC="$NVCC"
     if [ -x $B/cuda/test_nccl ]; then
         out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 $B/cuda/test_nccl 2>&1); rc=$?
-        if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^test_nccl: skipped'; then
-            skip "test_nccl on a GPU" "$(echo "$out" | sed -n 's/^test_nccl: skipped (\(.*\)).*$/\1/p')"
-        else
-            run "test_nccl on the GPU" sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$out" "$rc"
-        fi
+        gpu_outcome "test_nccl on the GPU" "$out" "$rc"
     else
         skip "NCCL communicator" "nccl.h or mpicc not found"
     fi
+}
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [ -n "$NVCC" ]; then
+    par cuda_library
 else
-    skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train, make examples-cuda" \
+    par skip "the CUDA library (make cuda), test_cuda on a GPU, bench/gpu_train, make examples-cuda" \
         "nvcc not found: these need the CUDA toolkit (nvcc, cuBLASLt); the backend's logic ran above under the emulation"
 fi
 
-echo "== examples and benchmarks build"
-step "make examples" make -s examples B=$B/ex
-if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
-    step "README's figures from the examples on Fashion-MNIST (tests/readme_figures.sh)" \
-        bash tests/readme_figures.sh $B/ex build/fashion-mnist
-else
-    skip "README's figures from the examples" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
-fi
-step "make bench-build" make -s bench-build B=$B/bench
-if have mpicc; then step "build bench/dp.c (mpicc)" make -s B=$B/bench $B/bench/bench_dp; fi
-if have gnuplot; then
-    # a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
+section "== examples and benchmarks build"
+examples() {
+    step "make examples" make -s examples B=$B/ex
+    if [ -f build/fashion-mnist/t10k-labels-idx1-ubyte ]; then
+        step "README's figures from the examples on Fashion-MNIST (tests/readme_figures.sh)" \
+            bash tests/readme_figures.sh $B/ex build/fashion-mnist
+    else
+        skip "README's figures from the examples" "the Fashion-MNIST data set not installed" dataset-fashion-mnist
+    fi
+}
+benchmarks() {
+    step "make bench-build" make -s bench-build B=$B/bench
+    if have mpicc; then step "build bench/dp.c (mpicc)" make -s B=$B/bench $B/bench/bench_dp; fi
+}
+# a fit's per-step CSV log, drawn by examples/plot_log.gp: a 900x500 PNG
+plot() {
     step "plot_log.gp draws a fit's CSV log as a PNG (gnuplot)" bash -c "
         rm -f $B/plot_mixed_float16.csv $B/plot.png &&
         $B/ex/mnist_mlp --policy mixed_float16 --units 64 --epochs 1 --batch-size 128 --train-limit 4000 \
@@ -365,32 +460,35 @@ if have gnuplot; then
         [ \$(grep -c '^step,' $B/plot_mixed_float16.csv) -ge 20 ] &&
         gnuplot -e \"log='$B/plot_mixed_float16.csv'; out='$B/plot.png'\" examples/plot_log.gp &&
         od -An -tx1 -N24 $B/plot.png | tr -d ' \n' | grep -q '^89504e470d0a1a0a0000000d4948445200000384000001f4'"
-else
-    skip "plot_log.gp" "gnuplot not installed" gnuplot-nox
-fi
+}
+par examples
+examples_job=$last_job
+par benchmarks
+if have gnuplot; then par after "$examples_job" plot
+else par skip "plot_log.gp" "gnuplot not installed" gnuplot-nox; fi
 
-echo "== embedded and big-endian targets"
-if have arm-none-eabi-gcc; then
+section "== embedded and big-endian targets"
+cortex_m4() {
     step "Cortex-M4 bare metal (arm-none-eabi-gcc, MIXPREC_NO_STDIO)" arm-none-eabi-gcc -mcpu=cortex-m4 -mthumb \
         -mfloat-abi=hard -mfpu=fpv4-sp-d16 $CORE -O2 -c tests/embedded.c -o $B/embedded.o
     # a single-precision FPU: any double arithmetic would call __aeabi_d* routines
     step "Cortex-M4 object uses no double-precision arithmetic" \
         bash -c "! arm-none-eabi-nm $B/embedded.o | grep -E ' U __aeabi_(d|[lu]?[il]2d|f2d)'"
-else
-    skip "Cortex-M4 bare metal" "arm-none-eabi-gcc not installed" "gcc-arm-none-eabi libnewlib-arm-none-eabi"
-fi
+}
+if have arm-none-eabi-gcc; then par cortex_m4
+else par skip "Cortex-M4 bare metal" "arm-none-eabi-gcc not installed" "gcc-arm-none-eabi libnewlib-arm-none-eabi"; fi
 if have s390x-linux-gnu-gcc && have qemu-s390x; then
-    step "build test_core for s390x (big-endian)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_core.c -o $B/core_s390x -lm
-    run "test_core on s390x under qemu-user" qemu-s390x $B/core_s390x
+    par build_run "build test_core for s390x (big-endian)" s390x-linux-gnu-gcc $WARN -O2 -static tests/test_core.c \
+        -o $B/core_s390x -lm -- "test_core on s390x under qemu-user" qemu-s390x $B/core_s390x
 else
-    skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed" "gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user"
+    par skip "big-endian s390x" "s390x-linux-gnu-gcc or qemu-s390x not installed" "gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user"
 fi
 
-echo "== against the real Keras (optional: never in CI's default path)"
+section "== against the real Keras (optional: never in CI's default path)"
 # MIXPREC_KERAS_PYTHON: a python with tensorflow-cpu and tf-keras, outside the
 # repository (python3 -m venv DIR; DIR/bin/pip install tensorflow-cpu;
 # DIR/bin/pip install --no-deps tf-keras)
-if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then
+keras_peer() {
     step "build keras_peer" gcc $WARN -O2 tests/keras_peer/peer.c -o $B/keras_peer -lm
     step "Keras 3 and tf_keras: losses and gradients of softmax/sigmoid models" \
         "$MIXPREC_KERAS_PYTHON" tests/keras_peer/loss_from_logits.py $B/keras_peer.txt
@@ -399,19 +497,24 @@ if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then
     run "keras_peer: mixprec against Keras 3, tf_keras and TensorFlow's AMP" \
         $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt
     run "keras_differences: README's facts about Keras 3 and tf_keras" "$MIXPREC_KERAS_PYTHON" tests/keras_peer/differences.py
-else
-    skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"
-fi
+}
+if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then par keras_peer
+else par skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"; fi
 
-echo "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
-step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
-LIVE=1 run "test_numerics" $B/numerics
+section "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
 # Where -march=native took the AVX-512 casts, the AVX2 ones get every input
 # too (every float16 and bfloat16, all 2^32 float32, the long calls; not
 # the float16 arithmetic, which neither path touches). Elsewhere the run
-# above was theirs.
-if gcc -march=native -dM -E - </dev/null | grep -q '__AVX512BW__'; then
-    step "build test_numerics for AVX2 without AVX-512 (gcc -march=x86-64-v3)" gcc $WARN -O2 -march=x86-64-v3 -pthread tests/test_numerics.c -o $B/numerics_avx2 -lm
+# above was theirs. The runs take every core, so they come after the jobs.
+par step "build test_numerics, gcc -O2 -march=native" gcc $WARN -O2 -march=native -pthread tests/test_numerics.c -o $B/numerics -lm
+avx2_numerics=0
+if grep -q '__AVX512BW__' <<<"$native_macros"; then
+    avx2_numerics=1
+    par step "build test_numerics for AVX2 without AVX-512 (gcc -march=x86-64-v3)" gcc $WARN -O2 -march=x86-64-v3 -pthread tests/test_numerics.c -o $B/numerics_avx2 -lm
+fi
+flush
+LIVE=1 run "test_numerics" $B/numerics
+if [ $avx2_numerics = 1 ]; then
     LIVE=1 run "test_numerics, the AVX2 casts" $B/numerics_avx2 decode_all all_16bit bulk_vs_portable bulk_long narrow_all_f32
 fi
 
