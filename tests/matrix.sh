@@ -417,14 +417,14 @@ cuda_library() {
     step "build test_cuda against the library" gcc $WARN -O2 -march=native tests/test_cuda.c -o $B/cuda/test_cuda \
         -L$B/cuda -lmixprec_cuda -L$cuda_dir/lib64 -Wl,-rpath,$cuda_dir/lib64 -lcublasLt -lcudart -lstdc++ -lm
     out=$($B/cuda/test_cuda 2>&1); rc=$?
-    gpu_outcome "test_cuda on the GPU" "$out" "$rc"
+    gpu_outcome "test_cuda on a GPU" "$out" "$rc"
     step "build bench/gpu_train" make -s B=$B/cuda NVCC="$NVCC" $B/cuda/bench_gpu_train
     step "make examples-cuda (the examples against the library)" make -s examples-cuda B=$B/cuda NVCC="$NVCC"
     # the NCCL communicator: built where nccl.h and mpicc are; it runs on a GPU only
     step "make nccl (cuda/mixprec_nccl.cu, test_nccl)" make -s nccl B=$B/cuda NVCC="$NVCC"
     if [ -x $B/cuda/test_nccl ]; then
         out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 $B/cuda/test_nccl 2>&1); rc=$?
-        gpu_outcome "test_nccl on the GPU" "$out" "$rc"
+        gpu_outcome "test_nccl on a GPU" "$out" "$rc"
     else
         skip "NCCL communicator" "nccl.h or mpicc not found"
     fi
