@@ -2446,13 +2446,12 @@ MP__HOT size_t mp__z_head(const void *dst, size_t elem_size, size_t n) {
      lo = _mm512_min_epu##W(lo, _mm512_sub_epi##W(a_, one)))
 #define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, _mm512_castps_si512(x))
 /* A chunk's bounds alone, top_ = max a and low_ = min(a - 1) (zero wraps
-   to the top), for the rows' uncounted chunks (MP__Z_CHUNKS, below); and a
-   clean chunk's bounds into the row's extremes (its top is finite). */
+   to the top), for the rows' uncounted chunks (MP__Z_CHUNKS, below); each
+   row's _MERGE puts a clean chunk's bounds into its extremes (the top is
+   finite). */
 #define MP__Z_BOUNDS(W, bits)                                                                    \
     (a_ = _mm512_and_si512(bits, abs_mask), top_ = _mm512_max_epu##W(top_, a_),                  \
      low_ = _mm512_min_epu##W(low_, _mm512_sub_epi##W(a_, one)))
-#define MP__Z_MERGE(W) MP__Z_MERGE_(W)
-#define MP__Z_MERGE_(W) (lo = _mm512_min_epu##W(lo, low_), hi = _mm512_max_epi##W(hi, _mm512_add_epi##W(top_, bias)))
 #define MP__Z_COUNT_END(s)                                                                       \
     mp__range_counts(&(s), under_, sub_, over_, n0_, n1_, n2_, n3_, n4_, n5_);                       \
     mp__z_extremes32(&(s), hi, lo)
@@ -2476,7 +2475,7 @@ static void mp__z_extremes32(mp__scan *s, __m512i hi, __m512i lo_minus_1) {
 #define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, h)
 #define MP__Z_COUNT16_BOUNDS(h) MP__Z_BOUNDS(16, h)
 #define MP__Z_COUNT16_CLEAN (mp__z_hmax16(top_) < u_[2] && mp__z_hmin16(low_) >= u_[1] - 1u)
-#define MP__Z_COUNT16_MERGE MP__Z_MERGE(16)
+#define MP__Z_COUNT16_MERGE (lo = _mm512_min_epu16(lo, low_), hi = _mm512_max_epi16(hi, _mm512_add_epi16(top_, bias)))
 #define MP__Z_COUNT16_COUNTS(s) mp__range_counts(&(s), under_, sub_, over_, n0_, n1_, n2_, n3_, n4_, n5_)
 #define MP__Z_COUNT16_END(s, SRC)                                                                \
     MP__Z_COUNT16_COUNTS(s);                                                                     \
@@ -2509,19 +2508,18 @@ static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, uint32
    4 masks 341% to 362%; on Zen 4 with clang, counted from masks by
    mp__ones, +26-36% from memory against +5-16%). The results' four
    classes are counted by mp__ones. The extremes are the source's, as
-   above, but for the largest: the loop keeps max a alone (hi), and only
-   where that shows Inf or NaN in the row, a source that overflowed before
-   this cast, is the row read again for their count and the largest finite
-   a (mp__z_nonfinite_f32); until then the chunks' counts take none, which
-   leaves mp__specials' sum as it is. Five operations a source vector
-   rather than nine. */
+   above, but for the largest: the loop keeps max a alone (hi) and counts
+   no Inf or NaN input (which leaves mp__specials' sum as it is), five
+   operations a source vector rather than nine. Where max a shows Inf or
+   NaN in the row, a source that overflowed before this cast, the row's
+   counts and extremes come from the counting scan (mp__z_scan_f32), which
+   reads it again. */
 #define MP__Z_NARROW_COUNT_BEGIN(DST)                                                            \
     const __m512i one = _mm512_set1_epi32(1), abs_mask = _mm512_set1_epi32(0x7FFFFFFF),          \
                   bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF)),                    \
                   abs16 = _mm512_set1_epi16(0x7FFF),                                             \
                   normal16 = _mm512_set1_epi16(MP__NORMAL16_##DST), inf16 = _mm512_set1_epi16(MP__INF16_##DST); \
-    __m512i zero_in = _mm512_setzero_si512(), nonfinite_in = zero_in, hi = zero_in,              \
-            lo = _mm512_set1_epi32(-1), a_, b_;                                                  \
+    __m512i zero_in = _mm512_setzero_si512(), hi = zero_in, lo = _mm512_set1_epi32(-1), a_, b_;  \
     uint32_t zero_out = 0, below_normal = 0, inf_out = 0, nan_out = 0
 #define MP__Z_NARROW_SOURCE(x)                                                                   \
     (a_ = _mm512_and_si512(_mm512_castps_si512(x), abs_mask), hi = _mm512_max_epu32(hi, a_),     \
@@ -2539,26 +2537,14 @@ static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, uint32
     ((uint32_t)_mm512_reduce_max_epu32(top_) < r.inf_lo && (uint32_t)_mm512_reduce_min_epu32(low_) >= r.normal_lo - 1u)
 #define MP__Z_NARROW_COUNT_MERGE (lo = _mm512_min_epu32(lo, low_), hi = _mm512_max_epu32(hi, top_))
 #define MP__Z_NARROW_COUNT_COUNTS(s)                                                             \
-    mp__narrow_counts(&(s), mp__z_sum32(zero_in), mp__z_sum32(nonfinite_in), zero_out, below_normal, \
-                      inf_out, nan_out)
+    mp__narrow_counts(&(s), mp__z_sum32(zero_in), 0, zero_out, below_normal, inf_out, nan_out)
 #define MP__Z_NARROW_COUNT_END(s)                                                                \
-    if ((uint32_t)_mm512_reduce_max_epu32(hi) >= MP__F32_INF) mp__z_nonfinite_f32(s_, n, &hi, &nonfinite_in); \
-    else hi = _mm512_add_epi32(hi, bias);                                                        \
-    MP__Z_NARROW_COUNT_COUNTS(s);                                                                \
-    mp__z_extremes32(&(s), hi, lo)
-
-/* A float32 row's Inf and NaN lanes (a + bias with its sign bit set) and
-   max(a + bias) over it, read again where they are known to be there. */
-static void mp__z_nonfinite_f32(const float *src, size_t n, __m512i *hi, __m512i *nonfinite) {
-    const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF));
-    __m512i top = bias, count = _mm512_setzero_si512(), b;
-    size_t i;
-    for (i = 0; i < n; i += 16) {
-        b = _mm512_add_epi32(_mm512_and_si512(_mm512_castps_si512(mp__z_load_f32(src, i, mp__z_lanes(i, n))), abs_mask), bias);
-        top = _mm512_max_epi32(top, b), count = _mm512_add_epi32(count, _mm512_srli_epi32(b, 31));
+    if ((uint32_t)_mm512_reduce_max_epu32(hi) >= MP__F32_INF) {                                 \
+        (s) = mp__z_scan_f32(src, n, r);                                                         \
+    } else {                                                                                     \
+        MP__Z_NARROW_COUNT_COUNTS(s);                                                            \
+        mp__z_extremes32(&(s), _mm512_add_epi32(hi, bias), lo);                                  \
     }
-    *hi = top, *nonfinite = count;
-}
 
 #define MP__Z_NOTHING(...) (void)0
 
@@ -2694,8 +2680,6 @@ MP__Z_ROW16(bf16, f16)
 #undef MP__Z_ALL
 #undef MP__Z_CHUNKS
 #undef MP__Z_BOUNDS
-#undef MP__Z_MERGE
-#undef MP__Z_MERGE_
 #undef MP__Z_COUNT16_BOUNDS
 #undef MP__Z_COUNT16_CLEAN
 #undef MP__Z_COUNT16_MERGE
@@ -2887,8 +2871,7 @@ static void mp__scan_merge(mp__scan *s, const mp__scan *t) {
     (a_ = _mm256_and_si256(bits, abs_mask), top_ = _mm256_max_epi##W(top_, a_),                 \
      low_ = _mm256_min_epu##W(low_, _mm256_add_epi##W(a_, minus_one)))
 /* A clean chunk's bounds into the row's extremes: its top is finite. */
-#define MP__X86_MERGE(W) MP__X86_MERGE_(W)
-#define MP__X86_MERGE_(W)                                                                       \
+#define MP__X86_MERGE(W)                                                                        \
     (lo = _mm256_min_epu##W(lo, low_), hi = _mm256_max_epi##W(hi, _mm256_add_epi##W(top_, bias)))
 /* float32 lanes against a target's thresholds: the scans */
 #define MP__X86_COUNT_BEGIN                                                                     \
@@ -2915,7 +2898,7 @@ static void mp__scan_merge(mp__scan *s, const mp__scan *t) {
 #define MP__X86_COUNT16(x0, x1, h) MP__X86_COUNT_LANES(16, h)
 #define MP__X86_COUNT16_BOUNDS(x0, x1, h) MP__X86_BOUNDS(16, h)
 #define MP__X86_COUNT16_CLEAN (mp__x86_hmax16(top_) < u_[2] && mp__x86_hmin16(low_) >= u_[1] - 1u)
-#define MP__X86_COUNT16_W 16
+#define MP__X86_COUNT16_MERGE MP__X86_MERGE(16)
 #define MP__X86_COUNT16_COUNTS(s) mp__range_counts(&(s), under_, sub_, over_, n_[0], n_[1], n_[2], n_[3], n_[4], n_[5])
 #define MP__X86_COUNT16_END(s, SRC)                                                             \
     MP__X86_COUNT16_COUNTS(s);                                                                  \
@@ -2949,7 +2932,7 @@ static void mp__scan_merge(mp__scan *s, const mp__scan *t) {
 #define MP__X86_NARROW_COUNT_BOUNDS(x0, x1, h)                                                  \
     (MP__X86_BOUNDS(32, _mm256_castps_si256(x0)), MP__X86_BOUNDS(32, _mm256_castps_si256(x1)))
 #define MP__X86_NARROW_COUNT_CLEAN (mp__x86_hmax(top_) < r.inf_lo && mp__x86_hmin(low_) >= r.normal_lo - 1u)
-#define MP__X86_NARROW_COUNT_W 32
+#define MP__X86_NARROW_COUNT_MERGE MP__X86_MERGE(32)
 #define MP__X86_NARROW_COUNT_COUNTS(s)                                                          \
     mp__narrow_counts(&(s), zero_in_, nonfinite_in_, n_[2], n_[3], n_[4], n_[5])
 #define MP__X86_NARROW_COUNT_END(s, SRC)                                                        \
@@ -3020,7 +3003,7 @@ MP__X86_SCAN(bf16)
             MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                            \
                              (top_ = zero, low_ = minus_one);                                   \
                              for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, 1), \
-                             COUNT##_CLEAN, MP__X86_MERGE(COUNT##_W),                           \
+                             COUNT##_CLEAN, COUNT##_MERGE,                                      \
                              { MP__X86_CHUNK_BEGIN;                                             \
                                for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, 1)         \
                                MP__X86_CHUNK_END(16); },                                        \
@@ -3059,12 +3042,11 @@ MP__X86_ROW(bf16, f16, MP__X86_PAIR16, MP__X86_COUNT16)
 #undef MP__X86_COUNT2
 #undef MP__X86_BOUNDS
 #undef MP__X86_MERGE
-#undef MP__X86_MERGE_
-#undef MP__X86_COUNT16_W
+#undef MP__X86_COUNT16_MERGE
 #undef MP__X86_COUNT16_COUNTS
 #undef MP__X86_COUNT16_BOUNDS
 #undef MP__X86_COUNT16_CLEAN
-#undef MP__X86_NARROW_COUNT_W
+#undef MP__X86_NARROW_COUNT_MERGE
 #undef MP__X86_NARROW_COUNT_COUNTS
 #undef MP__X86_NARROW_COUNT_BOUNDS
 #undef MP__X86_NARROW_COUNT_CLEAN

@@ -92,7 +92,7 @@ run() {
         f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f)); note_tally "$name" "$p"
+    passed=$((passed + p)); failed=$((failed + f)); note tally "$name" "$p"
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
     if [ "$f" -ne 0 ] && [ "${LIVE:-0}" = 1 ]; then return; fi
     if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
@@ -103,12 +103,11 @@ run() {
 # into its apt-get line.
 skip() {
     echo "skip  $1: $2${3:+ (apt-get install $3)}"
-    note_skip "$2" "${3:-}"
+    note skip_reason "$2" "${3:-}"
 }
 declare -A SKIPS=()
 skip_reasons=() skip_packages=()
-note_skip() {
-    if [ "$IN_JOB" = 1 ]; then printf 'note_skip %q %q\n' "$1" "$2" >>"$REC"; return; fi
+skip_reason() {
     skipped=$((skipped + 1))
     [ -n "${SKIPS[$1]:-}" ] || skip_reasons+=("$1")
     SKIPS[$1]=$((${SKIPS[$1]:-0} + 1))
@@ -157,6 +156,11 @@ section() {
     replay
 }
 count() { passed=$((passed + $1)) failed=$((failed + $2)); }
+# note CMD ARGS...: bookkeeping for the summary (a skip's reason, a test's
+# count): done at once, or in a job written to its record for the replay
+note() {
+    if [ "$IN_JOB" = 1 ]; then printf '%q ' "$@" >>"$REC" && echo >>"$REC"; else "$@"; fi
+}
 # replay [wait]: the jobs' output and tallies in order, up to the first
 # one still running; with `wait`, all of them
 replay() {
@@ -201,9 +205,7 @@ skip_summary() {
 # between builds: threads, SIMD); a program this run did not build with gcc
 # is not compared.
 declare -A TALLY=()
-note_tally() {
-    if [ "$IN_JOB" = 1 ]; then printf 'note_tally %q %q\n' "$1" "$2" >>"$REC"; else TALLY[$1]=$2; fi
-}
+tally() { TALLY[$1]=$2; }
 readme_counts() {
     local line name n got bad=0
     while IFS=: read -r line name n; do
@@ -376,19 +378,23 @@ emu_test() {
     if [ ! -e "$3" ]; then skip "test_cuda under the emulation, $1" "its emulated backend was not built (see above)"; return; fi
     step "build test_cuda under the emulation, $1" $2 tests/test_cuda.c -o $B/cuda/test_cuda_$1 -x none $3 -lstdc++ -lm
     run "test_cuda under the emulation, $1" $B/cuda/test_cuda_$1
-    if [ "$1" = gcc ] && [ -x $B/cuda/test_cuda_gcc ]; then
-        run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
-        run "test_cuda under the emulation, other streams first at every wait (MIXPREC_CUDA_EMU_EAGER)" env MIXPREC_CUDA_EMU_EAGER=1 $B/cuda/test_cuda_gcc
-    fi
 }
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|} emu=emu
     case $tag in asan_*) emu=emu_$tag ;; esac
     par after "${EMU_JOB[$emu]}" emu_test "$tag" "$cc" $B/cuda/$emu.o
+    if [ "$tag" = gcc ]; then emu_gcc=$last_job; fi
 done
 # the emulation's own rules, on the CUDA and cuBLASLt calls themselves
 par build_run "build test_cuda_emu (g++ ASan+UBSan)" g++ -std=c++14 -Wall -Wextra -Werror $SAN -Itests/cuda_emu \
     tests/test_cuda_emu.cpp -o $B/cuda/test_cuda_emu -- "test_cuda_emu: the emulation's rules" $B/cuda/test_cuda_emu
+# the gcc build again under the emulation's switches
+emu_variants() {
+    [ -x $B/cuda/test_cuda_gcc ] || return 0
+    run "test_cuda under the emulation, no bfloat16 GEMM (the float32 fallback)" env MIXPREC_CUDA_EMU_NO_BF16=1 $B/cuda/test_cuda_gcc
+    run "test_cuda under the emulation, other streams first at every wait (MIXPREC_CUDA_EMU_EAGER)" env MIXPREC_CUDA_EMU_EAGER=1 $B/cuda/test_cuda_gcc
+}
+par after "$emu_gcc" emu_variants
 # the examples with --backend cuda, once each, small, on the emulated backend
 EX_RUNS=("mnist_mlp|--policy mixed_float16 --units 16 --epochs 1 --batch-size 64 --train-limit 512"
          "custom_loop|--units 16 --epochs 1 --batch-size 64 --train-limit 512"
