@@ -1852,9 +1852,13 @@ MP__ROUND_EACH_END;
    live in registers (gcc 12 at -O2 unrolls none of mp__transpose16's). */
 #define MP__PRAGMA(x) _Pragma(#x)
 #define MP__UNROLL(n) MP__PRAGMA(GCC unroll n)
+#define mp__prefetch(p) __builtin_prefetch(p) /* into L1, as _MM_HINT_T0 */
+#define mp__prefetch_l2(p) __builtin_prefetch(p, 0, 2) /* into L2, as _MM_HINT_T1 */
 #else
 #define MP__HOT static inline
 #define MP__UNROLL(n)
+#define mp__prefetch(p) ((void)(p))
+#define mp__prefetch_l2(p) ((void)(p))
 #endif
 
 MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
@@ -2139,6 +2143,26 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
 /* >>bulk casts: what the SIMD rows share. Both count in the cast's own
    pass, with the same counts and thresholds, in vectors of their width. */
 
+/* A cast of MP__CAST_FAR elements or more (64 MiB of float32) goes in
+   rows of its path's whole block, a shorter one in half blocks
+   (MP__ROWS_BLOCK), so that a row of a whole block knows it is part of a
+   long cast, whose source comes from memory: such a row fetches its
+   source MP__CAST_AHEAD bytes ahead of its loads (and the AVX-512 rows
+   stream their stores). The hardware prefetchers alone left those casts
+   short of the memory's rate, the counted ones most: float32 to float16,
+   16M elements of wide data (an Intel Xeon, family 6 model 207), the
+   counts' cost over the cast from +30-58% to -7-+11% with AVX-512 and
+   from +34-68% to +3-11% with AVX2, and the plain casts as fast or faster
+   (README, CPU speed). In a shorter cast the source is in cache (1M
+   elements ran at one speed either way) and the prefetches would cost
+   their instructions (AVX2, float32 to float16 in L1, clang 14: 20.4 to
+   17.7 Gelem/s). The address is formed as an integer: near the end it
+   lies past the source, where a prefetch does nothing. */
+#define MP__CAST_FAR ((size_t)1 << 24)
+#define MP__CAST_AHEAD 4096
+#define MP__ROWS_OF(n, block) ((n) >= MP__CAST_FAR ? (block) : (block) / 2)
+MP__HOT void mp__cast_ahead(const void *p) { mp__prefetch((const void *)((uintptr_t)p + MP__CAST_AHEAD)); }
+
 /* The bits set in a mask: POPCNT, which every AVX2 and AVX-512 CPU has
    (a build without -mpopcnt gets a slower sequence, the same count). */
 #if defined(__GNUC__) || defined(__clang__)
@@ -2308,21 +2332,20 @@ MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
     return mp__z_join(mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
 
-/* The AVX-512 rows count in the cast's own pass, so their blocks need not
-   stay in L1: mp_convert calls a row per MP__Z_BLOCK elements (its
-   32-bit counts hold any block) in a cast of MP__Z_STREAM
-   elements or more, and per half that in a shorter one. A row of a whole
-   MP__Z_BLOCK stores its whole pairs around the caches (vmovntdq /
+/* The AVX-512 rows count in the cast's own pass, so their blocks need not stay
+   in L1: mp_convert calls a row per MP__Z_BLOCK elements (its 32-bit counts
+   hold any block) in a cast of MP__CAST_FAR elements or more, and per half
+   that in a shorter one. A row of a whole MP__Z_BLOCK fetches its source ahead
+   (MP__CAST_AHEAD) and stores its whole pairs around the caches (vmovntdq /
    vmovntps, 64-byte aligned): a store that misses the cache otherwise reads
    its line from memory first, a third of a widening cast's traffic, and a
    destination of 32 MiB or more does not stay in this machine class's L3
-   anyway; a shorter cast's result stays in cache for whatever reads it
-   next (the layers' casts, split over the threads). The row ends with
-   sfence, which orders the streaming stores before any later store, as
-   other threads expect. `stream` is a constant wherever these are inlined. */
+   anyway; a shorter cast's result stays in cache for whatever reads it next
+   (the layers' casts, split over the threads). The row ends with sfence, which
+   orders the streaming stores before any later store, as other threads expect.
+   `stream` is a constant wherever these are inlined. */
 #define MP__Z_BLOCK ((size_t)1 << 20)
-#define MP__Z_STREAM ((size_t)1 << 24)
-#define MP__ROWS_BLOCK(n) ((n) >= MP__Z_STREAM ? MP__Z_BLOCK : MP__Z_BLOCK / 2)
+#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__Z_BLOCK)
 MP__HOT void mp__z_store(void *p, __m512i v, int stream) {
     if (stream) _mm512_stream_si512((__m512i *)p, v);
     else _mm512_storeu_si512(p, v);
@@ -2567,8 +2590,9 @@ MP__Z_SCAN(bf16)
    pairs of vectors (32 elements), then one pair under a mask. Every pair
    is loaded and counted before it is stored, so dst may be src (the same
    element size). The loop is written once and expanded with and without
-   the counts (and with stores or without them, streamed or not), so that
-   none carries a test. With counts, the whole pairs go a chunk of
+   the counts (and with stores or without them, far or near: fetched
+   ahead and streamed or not), so that none carries a test. With counts,
+   the whole pairs go a chunk of
    MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1)
    through MP__STATS_CHUNKS, as the AVX2 rows do: bounds alone (four
    operations a vector) after a chunk with nothing to count, the counts
@@ -2583,21 +2607,22 @@ MP__Z_SCAN(bf16)
         COUNT(x0, x1, h);                                                                        \
         _mm512_mask_storeu_epi16(d_ + i, k, h);                                                  \
     }
-#define MP__Z_WHOLE(SRC, DST, COUNT, stream, store, end)                                         \
+#define MP__Z_WHOLE(SRC, DST, COUNT, far, store, end)                                            \
     for (; i + 32 <= (end); i += 32) {                                                           \
         __m512 x0 = _mm512_loadu_ps(s_ + i), x1 = _mm512_loadu_ps(s_ + i + 16);                  \
         __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
+        if (far) mp__cast_ahead(s_ + i), mp__cast_ahead(s_ + i + 16);                            \
         COUNT(x0, x1, h);                                                                        \
-        if (store) mp__z_store(d_ + i, h, stream);                                               \
+        if (store) mp__z_store(d_ + i, h, far);                                                  \
     }
 /* The whole pairs in one loop, or in chunks (above). */
-#define MP__Z_ALL(SRC, DST, COUNT, WHOLE, stream) WHOLE(SRC, DST, COUNT, stream, 1, n)
-#define MP__Z_CHUNKS(SRC, DST, COUNT, WHOLE, stream)                                             \
+#define MP__Z_ALL(SRC, DST, COUNT, WHOLE, far) WHOLE(SRC, DST, COUNT, far, 1, n)
+#define MP__Z_CHUNKS(SRC, DST, COUNT, WHOLE, far)                                                \
     MP__STATS_CHUNKS(32, MP__Z_CHUNK,                                                            \
                      (top_ = _mm512_setzero_si512(), low_ = _mm512_set1_epi32(-1));              \
-                     WHOLE(SRC, DST, COUNT##_BOUNDS, stream, 1, end_),                           \
-                     COUNT##_CLEAN, COUNT##_MERGE, { WHOLE(SRC, DST, COUNT, stream, 1, end_) },           \
-                     { WHOLE(SRC, DST, COUNT, stream, 0, end_) }, COUNT##_COUNTS)
+                     WHOLE(SRC, DST, COUNT##_BOUNDS, far, 1, end_),                              \
+                     COUNT##_CLEAN, COUNT##_MERGE, { WHOLE(SRC, DST, COUNT, far, 1, end_) },     \
+                     { WHOLE(SRC, DST, COUNT, far, 0, end_) }, COUNT##_COUNTS)
 #define MP__Z_PAIRS(SRC, DST, COUNT, WHOLE, PART, LOOP)                                          \
     if (head) {                                                                                  \
         PART(SRC, DST, COUNT, head)                                                              \
@@ -2636,23 +2661,26 @@ MP__Z_SCAN(bf16)
         mp__z_put2_masked_##DST(dst, i, k, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),         \
                                 mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));             \
     }
-#define MP__Z_WHOLE16(SRC, DST, COUNT, stream, store, end)                                       \
+#define MP__Z_WHOLE16(SRC, DST, COUNT, far, store, end)                                          \
     for (; i + 32 <= (end); i += 32) {                                                           \
         __m512i h = _mm512_loadu_si512(s_ + i);                                                  \
+        if (far) mp__cast_ahead(s_ + i);                                                         \
         COUNT(h);                                                                                \
         if (store)                                                                               \
             mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),               \
-                             mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)), stream);        \
+                             mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)), far);           \
     }
 /* Without the counts, two 32-byte loads: gcc 12 kept the 64-byte one and
    its vextracti64x4 (f16 to f32 in L2: 0.97 to 1.00 of the F16C loop, 1.05
    to 1.13 this way), while the counted loop ran slower with the halves
    (bf16 to f16 in L2: +150% on a plain loop of 0.023 ns/element, against
    +83% on one of 0.029 with the one load). */
-#define MP__Z_PLAIN16(SRC, DST, COUNT, stream, store, end)                                       \
-    for (; i + 32 <= (end); i += 32)                                                             \
+#define MP__Z_PLAIN16(SRC, DST, COUNT, far, store, end)                                          \
+    for (; i + 32 <= (end); i += 32) {                                                           \
+        if (far) mp__cast_ahead(s_ + i);                                                         \
         mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i))), \
-                         mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i + 16))), stream);
+                         mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i + 16))), far); \
+    }
 #define MP__Z_ROW16(SRC, DST)                                                                    \
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
@@ -2973,44 +3001,55 @@ MP__X86_SCAN(bf16)
    so dst may be src (the same element size), where every chunk is counted
    as it is cast. The plain loop carries no test. */
 #define MP__X86_BLOCK ((size_t)1 << 18) /* a row: few calls, and 32-bit counts hold it */
-#define MP__ROWS_BLOCK(n) MP__X86_BLOCK
-#define MP__X86_NARROW_PAIR(SRC, DST, COUNT, store)                                             \
+#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__X86_BLOCK)
+#define MP__X86_NARROW_PAIR(SRC, DST, COUNT, far, store)                                        \
     {                                                                                           \
         __m256 x0 = mp__x86_load_f32(src, i), x1 = mp__x86_load_f32(src, i + 8);                \
         __m256i h = mp__x86_narrow2_##DST(x0, x1);                                              \
+        if (far) mp__cast_ahead((const float *)src + i);                                        \
         COUNT(x0, x1, h);                                                                       \
         if (store) _mm256_storeu_si256((__m256i *)((mp__elem_##DST *)dst + i), h);              \
     }
-#define MP__X86_PAIR16(SRC, DST, COUNT, store)                                                  \
+#define MP__X86_PAIR16(SRC, DST, COUNT, far, store)                                             \
     {                                                                                           \
         __m256i h = _mm256_loadu_si256((const __m256i *)((const mp__elem_##SRC *)src + i));     \
+        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
         COUNT(0, 0, h);                                                                         \
         if (store) mp__x86_put2_##DST(dst, i, mp__x86_load_##SRC(src, i), mp__x86_load_##SRC(src, i + 8)); \
     }
+/* The whole pairs, fetched ahead where far (a row of a long cast). */
+#define MP__X86_PLAIN(SRC, DST, far)                                                            \
+    for (; i + 16 <= n; i += 16) {                                                              \
+        __m256 x0 = mp__x86_load_##SRC(src, i), x1 = mp__x86_load_##SRC(src, i + 8);           \
+        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
+        mp__x86_put2_##DST(dst, i, x0, x1);                                                     \
+    }
+#define MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, far)                                              \
+    MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                                    \
+                     (top_ = zero, low_ = minus_one);                                           \
+                     for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, far, 1),    \
+                     COUNT##_CLEAN, COUNT##_MERGE,                                              \
+                     { MP__X86_CHUNK_BEGIN;                                                     \
+                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 1)            \
+                       MP__X86_CHUNK_END(16); },                                                \
+                     { MP__X86_CHUNK_BEGIN;                                                     \
+                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 0)            \
+                       MP__X86_CHUNK_END(16); },                                                \
+                     COUNT##_COUNTS)
 #define MP__X86_ROW(SRC, DST, PAIR, COUNT)                                                      \
     static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                              mp__ranges r) {                                    \
         size_t i = 0;                                                                           \
+        int far = n >= MP__X86_BLOCK;                                                           \
         if (!scan) {                                                                            \
-            for (; i + 16 <= n; i += 16) {                                                      \
-                __m256 x0 = mp__x86_load_##SRC(src, i), x1 = mp__x86_load_##SRC(src, i + 8);   \
-                mp__x86_put2_##DST(dst, i, x0, x1);                                             \
-            }                                                                                   \
+            if (far) MP__X86_PLAIN(SRC, DST, 1)                                                 \
+            else MP__X86_PLAIN(SRC, DST, 0)                                                     \
         } else {                                                                                \
             mp__scan tail;                                                                      \
             COUNT##_BEGIN(SRC, DST);                                                            \
             __m256i top_, low_;                                                                 \
-            MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                            \
-                             (top_ = zero, low_ = minus_one);                                   \
-                             for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, 1), \
-                             COUNT##_CLEAN, COUNT##_MERGE,                                      \
-                             { MP__X86_CHUNK_BEGIN;                                             \
-                               for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, 1)         \
-                               MP__X86_CHUNK_END(16); },                                        \
-                             { MP__X86_CHUNK_BEGIN;                                             \
-                               for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, 0)         \
-                               MP__X86_CHUNK_END(16); },                                        \
-                             COUNT##_COUNTS)                                                    \
+            if (far) MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 1)                                   \
+            else MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 0)                                       \
             COUNT##_END(*scan, SRC);                                                            \
             tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                   \
             mp__scan_merge(scan, &tail);                                                        \
@@ -3024,6 +3063,8 @@ MP__X86_ROW(f16, bf16, MP__X86_PAIR16, MP__X86_COUNT16)
 MP__X86_ROW(bf16, f32, MP__X86_PAIR16, MP__X86_COUNT16)
 MP__X86_ROW(bf16, f16, MP__X86_PAIR16, MP__X86_COUNT16)
 #undef MP__X86_ROW
+#undef MP__X86_PLAIN
+#undef MP__X86_CHUNKS
 #undef MP__X86_PAIR16
 #undef MP__X86_NARROW_PAIR
 #undef MP__X86_NARROW_COUNT_BEGIN
@@ -3430,13 +3471,6 @@ static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
    the rows are in cache and the prefetches cost 1-2% (a bfloat16 weight
    gradient at batch 128). */
 #define MP__FAR ((size_t)512 << 10)
-#if defined(__GNUC__) || defined(__clang__)
-#define mp__prefetch(p) __builtin_prefetch(p) /* into L1, as _MM_HINT_T0 */
-#define mp__prefetch_l2(p) __builtin_prefetch(p, 0, 2) /* into L2, as _MM_HINT_T1 */
-#else
-#define mp__prefetch(p) ((void)(p))
-#define mp__prefetch_l2(p) ((void)(p))
-#endif
 
 /* The cache lines of [p, p + bytes), bytes > 0, into L1. */
 static void mp__prefetch_bytes(const void *p, size_t bytes) {
@@ -5791,8 +5825,8 @@ MP__HOT __m512 mp__vld_as(const void *p, mp_dtype t, size_t i) {
     if (t == MP_FLOAT16) return mp__z_widen_f16(_mm256_loadu_si256((const __m256i *)((const mp_f16 *)p + i)));
     return mp__z_widen_bf16(_mm256_loadu_si256((const __m256i *)((const mp_bf16 *)p + i)));
 }
-/* mp_convert's rule for its results (MP__Z_STREAM), where p is on a line */
-MP__HOT int mp__streams(const void *p, size_t n) { return n >= MP__Z_STREAM && (uintptr_t)p % 64 == 0; }
+/* mp_convert's rule for its results (MP__CAST_FAR), where p is on a line */
+MP__HOT int mp__streams(const void *p, size_t n) { return n >= MP__CAST_FAR && (uintptr_t)p % 64 == 0; }
 MP__HOT void mp__vst2_as(void *p, mp_dtype t, size_t i, __m512 a, __m512 b, int stream) {
     if (t == MP_FLOAT32) {
         _mm512_storeu_ps((float *)p + i, a);
@@ -5966,7 +6000,7 @@ static void mp__opt_pair(const mp__opt_args *a, const void *g, mp_dtype gt, size
    widened as they are read and the copy in the compute dtype (the
    AutoCastVariable read, once a step) rounded from the new weights in
    registers, in the update's one pass over memory; the copy of a variable
-   of MP__Z_STREAM weights or more goes around the caches, as mp_convert's
+   of MP__CAST_FAR weights or more goes around the caches, as mp_convert's
    results of that size do (mp__streams, >>bulk casts), so that its stores
    do not read each line first. Before, a pass over chunks in L1 (widen a
    chunk of 16-bit gradients, update it, cast its weights with mp_convert)

@@ -1763,7 +1763,7 @@ out:
    leave a tail, in the second thread's part too; weights that are normal,
    tiny and subnormal (the bfloat16 pair narrowing's fallback); and a
    variable of 2^24 + 45 weights, whose copy goes around the caches
-   (mp__streams: mp_convert's MP__Z_STREAM), checked a chunk at a time. */
+   (mp__streams: mp_convert's MP__CAST_FAR), checked a chunk at a time. */
 static float copy_test_value(size_t i, int slot) {
     unsigned u = (unsigned)(i * 2u + (unsigned)slot);
     float v = i % 7u == 3u ? tiny_value(u) : ((float)((u * 2654435761u) % 2001u) - 1000.0f) * 1e-3f;
