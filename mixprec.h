@@ -3034,7 +3034,7 @@ MP__X86_SCAN(bf16)
         COUNT(0, 0, h);                                                                         \
         if (store) mp__x86_put2_##DST(dst, i, mp__x86_load_##SRC(src, i), mp__x86_load_##SRC(src, i + 8), far); \
     }
-/* The whole pairs, fetched ahead where far (a row of a long cast). */
+/* The whole pairs, fetched ahead and streamed where far (a row of a long cast). */
 #define MP__X86_PLAIN(SRC, DST, far)                                                            \
     for (; i + 16 <= n; i += 16) {                                                              \
         __m256 x0 = mp__x86_load_##SRC(src, i), x1 = mp__x86_load_##SRC(src, i + 8);           \
