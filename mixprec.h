@@ -2163,6 +2163,14 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
 #define MP__ROWS_OF(n, block) ((n) >= MP__CAST_FAR ? (block) : (block) / 2)
 MP__HOT void mp__cast_ahead(const void *p) { mp__prefetch((const void *)((uintptr_t)p + MP__CAST_AHEAD)); }
 
+/* How many of n elements of elem_size bytes come before dst's first
+   `align`-byte boundary (a power of two): the rows' aligned stores start
+   there. */
+MP__HOT size_t mp__head(const void *dst, size_t elem_size, size_t n, size_t align) {
+    size_t m = (size_t)(0u - (uintptr_t)dst) % align / elem_size;
+    return m < n ? m : n;
+}
+
 /* The bits set in a mask: POPCNT, which every AVX2 and AVX-512 CPU has
    (a build without -mpopcnt gets a slower sequence, the same count). */
 #if defined(__GNUC__) || defined(__clang__)
@@ -2413,13 +2421,6 @@ MP__HOT void mp__z_widen_run(float *dst, const void *src, mp_dtype t, size_t n) 
     k = mp__z_lanes(i, n);
     _mm512_mask_storeu_ps(dst + i, k, t == MP_FLOAT16 ? mp__z_load_f16(src, i, k) : mp__z_load_bf16(src, i, k));
 }
-/* How many of n elements come before dst + i is 64-byte aligned: the rows
-   cast those as a masked pair first, so that every whole pair's store
-   fills whole cache lines (a misaligned 64-byte store touches two). */
-MP__HOT size_t mp__z_head(const void *dst, size_t elem_size, size_t n) {
-    size_t m = (size_t)(0u - (uintptr_t)dst) % 64u / elem_size;
-    return m < n ? m : n;
-}
 
 /* The lanes set in a compare's mask are added to a count in a general
    register (mp__ones). Counting there rather than by a masked add of one into a
@@ -2586,17 +2587,18 @@ MP__Z_SCAN(f16)
 MP__Z_SCAN(bf16)
 #undef MP__Z_SCAN
 
-/* The rows: a pair under a mask up to the destination's alignment, whole
-   pairs of vectors (32 elements), then one pair under a mask. Every pair
-   is loaded and counted before it is stored, so dst may be src (the same
-   element size). The loop is written once and expanded with and without
-   the counts (and with stores or without them, far or near: fetched
-   ahead and streamed or not), so that none carries a test. With counts,
-   the whole pairs go a chunk of
-   MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1)
-   through MP__STATS_CHUNKS, as the AVX2 rows do: bounds alone (four
-   operations a vector) after a chunk with nothing to count, the counts
-   again from L1 where they show something. */
+/* The rows: a pair under a mask up to the destination's first 64-byte
+   boundary (mp__head; so that every whole pair's store fills a whole cache
+   line, where a misaligned one touches two), whole pairs of vectors (32
+   elements), then one pair under a mask. Every pair is loaded and counted
+   before it is stored, so dst may be src (the same element size). The loop
+   is written once and expanded with and without the counts (and with stores
+   or without them, far or near: fetched ahead and streamed or not), so that
+   none carries a test. With counts, the whole pairs go a chunk of
+   MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1) through
+   MP__STATS_CHUNKS, as the AVX2 rows do: bounds alone (four operations a
+   vector) after a chunk with nothing to count, the counts again from L1
+   where they show something. */
 #define MP__Z_CHUNK 4096
 #define MP__Z_PART(SRC, DST, COUNT, m)                                                           \
     {                                                                                            \
@@ -2640,7 +2642,7 @@ MP__Z_SCAN(bf16)
                                            mp__ranges r) {                                       \
         const float *s_ = (const float *)src;                                                    \
         uint16_t *d_ = &((mp__elem_##DST *)dst)->bits;                                           \
-        size_t i = 0, head = mp__z_head(dst, sizeof(mp__elem_##DST), n);                         \
+        size_t i = 0, head = mp__head(dst, sizeof(mp__elem_##DST), n, 64);                      \
         (void)r;                                                                                 \
         if (!scan) {                                                                             \
             MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_WHOLE, MP__Z_PART, MP__Z_ALL)             \
@@ -2685,7 +2687,7 @@ MP__Z_SCAN(bf16)
     static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                            mp__ranges r) {                                       \
         const uint16_t *s_ = &((const mp__elem_##SRC *)src)->bits;                               \
-        size_t i = 0, head = mp__z_head(dst, sizeof(mp__elem_##DST), n);                         \
+        size_t i = 0, head = mp__head(dst, sizeof(mp__elem_##DST), n, 64);                      \
         (void)r;                                                                                 \
         if (!scan) {                                                                             \
             MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_PLAIN16, MP__Z_PART16, MP__Z_ALL)         \
@@ -3057,7 +3059,7 @@ MP__X86_SCAN(bf16)
     static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                              mp__ranges r) {                                    \
         int far = n >= MP__X86_BLOCK;                                                           \
-        size_t i = 0, head = far ? (size_t)(0u - (uintptr_t)dst) % 32u / sizeof(mp__elem_##DST) : 0; \
+        size_t i = 0, head = far ? mp__head(dst, sizeof(mp__elem_##DST), n, 32) : 0;            \
         mp__scan part;                                                                          \
         if (scan) part = mp__scan_##SRC(src, head, r); /* before the head is cast: dst may be src */ \
         for (; i < head; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));                  \

@@ -336,7 +336,7 @@ static void test_bulk_vs_portable(void) {
    elements with AVX-512), each filled with one value, so that every
    per-lane counter reaches its largest count, and with the tails' data
    tiled, in a call long enough for the rows' streaming stores (2^24
-   elements and more), the destination 0 to 2 elements past an
+   elements and more), the destination 0 to 3 elements past an
    allocation's start (by call), so that those rows' heads before their
    first aligned store differ: stats and results as the portable path's. */
 static void test_bulk_long(void) {
