@@ -2153,9 +2153,9 @@ static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
    16M elements of wide data (an Intel Xeon, family 6 model 207), the
    counts' cost over the cast from +30-58% to -7-+11% with AVX-512 and
    from +34-68% to +3-11% with AVX2, and the plain casts as fast or faster
-   (README, CPU speed). In a shorter cast the source is in cache (1M
-   elements ran at one speed either way) and the prefetches would cost
-   their instructions (AVX2, float32 to float16 in L1, clang 14: 20.4 to
+   (bench/RESULTS.md, The casts). In a shorter cast the source is in
+   cache (1M elements ran at one speed either way) and the prefetches would
+   cost their instructions (AVX2, float32 to float16 in L1, clang 14: 20.4 to
    17.7 Gelem/s). The address is formed as an integer: near the end it
    lies past the source, where a prefetch does nothing. */
 #define MP__CAST_FAR ((size_t)1 << 24)
@@ -3747,9 +3747,9 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
 #define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_SEQ_CST)
 #define MP__ATOMIC_ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
-/* A poll every pause instruction (about 11 ns on the Xeon of README's
-   Intel AMX section, 22 on Zen 5): a wait ends within a few tens of
-   nanoseconds of the store that ends it, where a poll every 32 pauses
+/* A poll every pause instruction (about 11 ns on the Xeon of
+   bench/RESULTS.md's Intel AMX section, 22 on Zen 5): a wait ends within
+   a few tens of nanoseconds of the store that ends it, where a poll every 32 pauses
    left 0.2-0.4 us on average at each end of a product. After the first
    MP__SPINS_KEEP x 32 pauses the core also goes to any other thread that
    wants it, every 32 pauses. Yielding from the first poll handed the core
@@ -3757,8 +3757,8 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
    step on 2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms without
    yielding); never yielding starved a caller and a worker that share a
    core (beside one equal-priority job: 6.0 ms, 4.6 ms yielding). Keeping
-   70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train, README's "Two
-   threads"). */
+   70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train;
+   bench/RESULTS.md, "Two threads, PyTorch and the step"). */
 #define MP__PAUSES 32
 static void mp__pause(int spin) {
 #ifdef MP__SIMD_X86
@@ -3882,10 +3882,11 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    issue it at the FMAs' rate. So where the build targets an Intel core,
    bfloat16 x bfloat16 products widen their operands to float32 in the
    packs and run the FMA tiles, as a build without AVX512_BF16 does, unless
-   AMX's tiles run (an Intel Xeon without AMX, mixed_bfloat16's step: 1.40x
-   to 1.67x float32's by vdpbf16ps, about 1.0x widened; README). No
-   compiler macro names the vendor: AVX512_FP16 is Intel's alone (Sapphire
-   Rapids on), and MIXPREC_BF16_DOT (1 or 0) overrides the guess. */
+   AMX's tiles run (an Intel Xeon without AMX, mixed_bfloat16's step:
+   1.40x to 1.67x float32's by vdpbf16ps, about 1.0x widened;
+   bench/RESULTS.md). No compiler macro names the vendor: AVX512_FP16 is
+   Intel's alone (Sapphire Rapids on), and MIXPREC_BF16_DOT (1 or 0)
+   overrides the guess. */
 #ifndef MIXPREC_BF16_DOT
 #ifdef __AVX512FP16__
 #define MIXPREC_BF16_DOT 0
