@@ -3002,10 +3002,10 @@ MP__X86_SCAN(bf16)
 #undef MP__X86_SCAN
 
 /* The rows: whole pairs of vectors (16 elements), then the rest one at a
-   time, classified by the portable scan. With counts, a chunk at a time
-   (MP__X86_CHUNK pairs, 16 to 64 KiB of source, in L1 or L2): a chunk
-   after one with nothing to count is cast with its bounds alone (four
-   operations a vector); if they show a value the counts would name, the
+   time by the portable row (mp__row_*, which counts them too). With
+   counts, a chunk at a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source,
+   in L1 or L2): a chunk after one with nothing to count is cast with its
+   bounds alone (four operations a vector); if they show a value the counts would name, the
    chunk is counted again from cache, and the next ones as they are cast,
    until a chunk has nothing to count. Most tensors have nothing to count
    and pay for the bounds; data full of underflows and overflows pays for
@@ -3059,10 +3059,9 @@ MP__X86_SCAN(bf16)
     static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
                                              mp__ranges r) {                                    \
         int far = n >= MP__X86_BLOCK;                                                           \
-        size_t i = 0, head = far ? mp__head(dst, sizeof(mp__elem_##DST), n, 32) : 0;            \
+        size_t i = far ? mp__head(dst, sizeof(mp__elem_##DST), n, 32) : 0;                      \
         mp__scan part;                                                                          \
-        if (scan) part = mp__scan_##SRC(src, head, r); /* before the head is cast: dst may be src */ \
-        for (; i < head; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));                  \
+        mp__row_##SRC##_to_##DST(dst, src, i, scan ? &part : NULL, r); /* the head */            \
         if (!scan) {                                                                            \
             if (far) MP__X86_PLAIN(SRC, DST, 1)                                                 \
             else MP__X86_PLAIN(SRC, DST, 0)                                                     \
@@ -3073,11 +3072,11 @@ MP__X86_SCAN(bf16)
             else MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 0)                                       \
             COUNT##_END(*scan, SRC);                                                            \
             mp__scan_merge(scan, &part);                                                        \
-            part = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                   \
-            mp__scan_merge(scan, &part);                                                        \
         }                                                                                       \
         if (far) _mm_sfence(); /* the streamed stores before any later one */                  \
-        for (; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));                     \
+        mp__row_##SRC##_to_##DST((mp__elem_##DST *)dst + i, (const mp__elem_##SRC *)src + i, n - i, \
+                                 scan ? &part : NULL, r); /* the tail */                        \
+        if (scan) mp__scan_merge(scan, &part);                                                  \
     }
 MP__X86_ROW(f32, f16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
 MP__X86_ROW(f32, bf16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
