@@ -33,8 +33,9 @@
        bench=reference source=issue
                        figures quoted in the issue for this machine class, not
                        measured here: for comparison only.
-   A time is the best of several timings after a warm-up; each timing repeats
-   the call for >= 0.2 s so that the clock and the pool's wake-up vanish in it.
+   A time is the best of several timings after a warm-up, 1 thread's and 2
+   threads' in turn; each timing repeats the call for >= 0.2 s so that the
+   clock and the pool's wake-up vanish in it.
    Every product is spot-checked against a float64 dot product (check=ok).
 
    Build and run: `make bench` (`make bench-quick` for a reduced set), or
@@ -46,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <assert.h>
 #include <math.h>
 #include <time.h>
 #include <pthread.h>
@@ -113,29 +115,39 @@ static void die(const char *what, const char *why) {
 /* ---- timing ------------------------------------------------------------ */
 typedef void (*call_fn)(void *ctx);
 
-/* Seconds per call. The warm-up (>= 0.1 s, at least one call) faults the
-   pages in, wakes the pool and the clocks, and sizes the timings. A call
-   over a second gets 2 timings, not S.reps: the largest MLP shapes would
-   otherwise take most of the run. */
-static double time_call(call_fn f, void *ctx) {
-    double t0 = now_s(), once, best = INFINITY;
-    long calls = 0, iters, i;
-    int reps, r;
-    do {
-        f(ctx);
-        calls++;
-    } while (now_s() - t0 < 0.1);
-    once = (now_s() - t0) / (double)calls;
-    iters = once >= S.min_s ? 1 : (long)ceil(S.min_s / once);
-    reps = once > 1.0 ? 2 : S.reps;
-    for (r = 0; r < reps; r++) {
-        double t;
-        t0 = now_s();
-        for (i = 0; i < iters; i++) f(ctx);
-        t = (now_s() - t0) / (double)iters;
-        if (t < best) best = t;
+/* Seconds per call of f on each of n contexts (one product on 1 and on 2
+   threads), their timings alternating so that a ratio between them sees
+   the same host: a guest here runs faster and slower for seconds at a
+   time (8192 x 1024 x 1024 float32 on 1 thread, an Intel Xeon under KVM,
+   28 November 2026: 94 to 153 GFLOP/s within 20 s, and 2 threads in turn
+   1.8x to 2.0x the 1 thread's beside them). The warm-up (>= 0.1 s, at
+   least one call, each context) faults the pages in, wakes the pool and
+   the clocks, and sizes the timings. A call over a second gets 2
+   timings, not S.reps: the largest MLP shapes would otherwise take most
+   of the run. */
+static void time_calls(call_fn f, void *const ctx[], int n, double best[]) {
+    long iters[N_THREADS], i;
+    int reps = S.reps, r, c;
+    assert(n > 0 && n <= N_THREADS);
+    for (c = 0; c < n; c++) {
+        double t0 = now_s(), once;
+        long calls = 0;
+        do {
+            f(ctx[c]);
+            calls++;
+        } while (now_s() - t0 < 0.1);
+        once = (now_s() - t0) / (double)calls;
+        iters[c] = once >= S.min_s ? 1 : (long)ceil(S.min_s / once);
+        if (once > 1.0) reps = 2;
+        best[c] = INFINITY;
     }
-    return best;
+    for (r = 0; r < reps; r++)
+        for (c = 0; c < n; c++) {
+            double t0 = now_s(), t;
+            for (i = 0; i < iters[c]; i++) f(ctx[c]);
+            t = (now_s() - t0) / (double)iters[c];
+            if (t < best[c]) best[c] = t;
+        }
 }
 
 /* ---- the peak probe ---------------------------------------------------- */
@@ -433,8 +445,11 @@ static int openblas_child(void) {
         j.b = random_f32(n * n);
         j.c = xmalloc_lines(n * n * sizeof(float));
         for (t = 1; t <= N_THREADS; t++) {
+            void *ctx = &j;
+            double seconds;
             openblas_set_num_threads(t);
-            printf("result %zu %d %.3f\n", s, t, gemm_flops(&j) / time_call(call_openblas, &j) * 1e-9);
+            time_calls(call_openblas, &ctx, 1, &seconds);
+            printf("result %zu %d %.3f\n", s, t, gemm_flops(&j) / seconds * 1e-9);
             fflush(stdout);
         }
         if (!spot_check(&j)) return 1;
@@ -555,37 +570,41 @@ static void print_shape(const shape *s) {
     printf(" m=%zu n=%zu k=%zu trans_a=%d trans_b=%d", s->m, s->n, s->k, s->trans_a, s->trans_b);
 }
 
-/* gflops[dtype][threads] for one shape, rows printed as it goes. */
+/* gflops[dtype][threads] for one shape, rows printed as it goes: the
+   product on 1 and on 2 threads timed in turn (time_calls), each into a C
+   of its own that the check reads. */
 static void measure_shape(const shape *s, double gflops[N_DTYPES][N_THREADS + 1]) {
     float *a32 = random_f32(s->m * s->k), *b32 = random_f32(s->k * s->n);
     size_t d;
     int t;
     for (d = 0; d < N_DTYPES; d++) {
-        gemm_job j;
-        memset(&j, 0, sizeof j);
-        j.trans_a = s->trans_a, j.trans_b = s->trans_b;
-        j.m = s->m, j.n = s->n, j.k = s->k;
-        j.dt = dtypes[d];
-        j.a = as_dtype(a32, s->m * s->k, j.dt);
-        j.b = as_dtype(b32, s->k * s->n, j.dt);
-        j.c = xmalloc_lines(s->m * s->n * mp_dtype_size(j.dt));
-        for (t = 1; t <= N_THREADS; t++) {
-            mp_status st = mp_pool_create(&j.pool, t); /* one pool at a time: no idle workers around */
-            int ok;
+        const void *a = as_dtype(a32, s->m * s->k, dtypes[d]), *b = as_dtype(b32, s->k * s->n, dtypes[d]);
+        gemm_job j[N_THREADS];
+        void *ctx[N_THREADS];
+        double seconds[N_THREADS];
+        for (t = 0; t < N_THREADS; t++) {
+            mp_status st = mp_pool_create(&j[t].pool, t + 1); /* an idle pool's worker sleeps after ~40 us (MP__SPINS) */
             if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
-            gflops[d][t] = gemm_flops(&j) / time_call(call_mixprec, &j) * 1e-9;
-            ok = spot_check(&j);
-            mp_pool_destroy(j.pool);
-            printf("bench=gemm impl=mixprec dtype=%s", dtype_name(j.dt));
-            print_shape(s);
-            printf(" threads=%d", t);
-            print_gflops(gflops[d][t], peak_for(j.dt, t));
-            printf(" check=%s\n", ok ? "ok" : "FAIL");
-            fflush(stdout);
+            j[t].trans_a = s->trans_a, j[t].trans_b = s->trans_b;
+            j[t].m = s->m, j[t].n = s->n, j[t].k = s->k;
+            j[t].dt = dtypes[d], j[t].a = a, j[t].b = b;
+            j[t].c = xmalloc_lines(s->m * s->n * mp_dtype_size(dtypes[d]));
+            ctx[t] = &j[t];
         }
-        if (j.a != a32) free((void *)j.a);
-        if (j.b != b32) free((void *)j.b);
-        free(j.c);
+        time_calls(call_mixprec, ctx, N_THREADS, seconds);
+        for (t = 0; t < N_THREADS; t++) {
+            gflops[d][t + 1] = gemm_flops(&j[t]) / seconds[t] * 1e-9;
+            printf("bench=gemm impl=mixprec dtype=%s", dtype_name(dtypes[d]));
+            print_shape(s);
+            printf(" threads=%d", t + 1);
+            print_gflops(gflops[d][t + 1], peak_for(dtypes[d], t + 1));
+            printf(" check=%s\n", spot_check(&j[t]) ? "ok" : "FAIL");
+            fflush(stdout);
+            mp_pool_destroy(j[t].pool);
+            free(j[t].c);
+        }
+        if (a != a32) free((void *)a);
+        if (b != b32) free((void *)b);
     }
     free(a32);
     free(b32);
