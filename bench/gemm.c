@@ -118,13 +118,14 @@ typedef void (*call_fn)(void *ctx);
 /* Seconds per call of f on each of n contexts (one product on 1 and on 2
    threads), their timings alternating so that a ratio between them sees
    the same host: a guest here runs faster and slower for seconds at a
-   time (8192 x 1024 x 1024 float32 on 1 thread, an Intel Xeon under KVM,
-   28 November 2026: 94 to 153 GFLOP/s within 20 s, and 2 threads in turn
-   1.8x to 2.0x the 1 thread's beside them). The warm-up (>= 0.1 s, at
-   least one call, each context) faults the pages in, wakes the pool and
-   the clocks, and sizes the timings. A call over a second gets 2
-   timings, not S.reps: the largest MLP shapes would otherwise take most
-   of the run. */
+   time (8192 x 1024 x 1024 float32 on an Intel Xeon under KVM, 28
+   November 2026: 1 thread at 94 to 153 GFLOP/s within 20 s, and 5 calls
+   on 2 threads 1.54x to 2.09x, median 1.87x, the 5 on 1 thread just
+   before them; timed 1 thread and then 2, it gave 1.01x). The warm-up
+   (>= 0.1 s, at least one call, each context) faults the pages in, wakes
+   the pool and the clocks, and sizes the timings. A call over a second
+   gets 2 timings, not S.reps: the largest MLP shapes would otherwise take
+   most of the run. */
 static void time_calls(call_fn f, void *const ctx[], int n, double best[]) {
     long iters[N_THREADS], i;
     int reps = S.reps, r, c;
