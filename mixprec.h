@@ -3005,19 +3005,19 @@ MP__X86_SCAN(bf16)
    time by the portable row (mp__row_*, which counts them too). With
    counts, a chunk at a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source,
    in L1 or L2): a chunk after one with nothing to count is cast with its
-   bounds alone (four operations a vector); if they show a value the counts would name, the
-   chunk is counted again from cache, and the next ones as they are cast,
-   until a chunk has nothing to count. Most tensors have nothing to count
-   and pay for the bounds; data full of underflows and overflows pays for
-   the counts once. Every pair is loaded and counted before it is stored,
-   so dst may be src (the same element size), where every chunk is counted
-   as it is cast. The plain loop carries no test. A row of a long cast
-   (far: MP__CAST_FAR) fetches its source ahead and, from the
-   destination's first 32-byte boundary on, stores around the caches
-   (vmovntdq), as the AVX-512 rows do, then sfence; the elements before
-   that boundary go one at a time, as the tail does. An AVX2 build on an
-   Intel Xeon (family 6 model 207), 16M elements: float16 to float32 from
-   1.5-1.8 to 2.9-3.8 Gelem/s (0.88-1.02 of a plain F16C loop before,
+   bounds alone (four operations a vector); if they show a value the counts
+   would name, the chunk is counted again from cache, and the next ones as
+   they are cast, until a chunk has nothing to count. Most tensors have
+   nothing to count and pay for the bounds; data full of underflows and
+   overflows pays for the counts once. Every pair is loaded and counted
+   before it is stored, so dst may be src (the same element size), where
+   every chunk is counted as it is cast. The plain loop carries no test. A
+   row of a long cast (far: MP__CAST_FAR) fetches its source ahead and,
+   from the destination's first 32-byte boundary on, stores around the
+   caches (vmovntdq), as the AVX-512 rows do, then sfence; the elements
+   before that boundary go one at a time, as the tail does. An AVX2 build
+   on an Intel Xeon (family 6 model 207), 16M elements: float16 to float32
+   from 1.5-1.8 to 2.9-3.8 Gelem/s (0.88-1.02 of a plain F16C loop before,
    1.76-2.35 after), bfloat16 to float16 2.8-3.7 to 4.0-5.5. */
 #define MP__X86_BLOCK ((size_t)1 << 18) /* a row: few calls, and 32-bit counts hold it */
 #define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__X86_BLOCK)
@@ -3747,16 +3747,16 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
 #define MP__ATOMIC_ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
 /* A poll every pause instruction (about 11 ns on the Xeon of
-   bench/RESULTS.md's Intel AMX section, 22 on Zen 5): a wait ends within
-   a few tens of nanoseconds of the store that ends it, where a poll every 32 pauses
-   left 0.2-0.4 us on average at each end of a product. After the first
-   MP__SPINS_KEEP x 32 pauses the core also goes to any other thread that
-   wants it, every 32 pauses. Yielding from the first poll handed the core
-   to any low-priority job for its whole time slice (a batch-128 bfloat16
-   step on 2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms without
-   yielding); never yielding starved a caller and a worker that share a
-   core (beside one equal-priority job: 6.0 ms, 4.6 ms yielding). Keeping
-   70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train;
+   bench/RESULTS.md's Intel AMX section, 22 on Zen 5): a wait ends within a
+   few tens of nanoseconds of the store that ends it, where a poll every 32
+   pauses left 0.2-0.4 us on average at each end of a product. After the
+   first MP__SPINS_KEEP x 32 pauses the core also goes to any other thread
+   that wants it, every 32 pauses. Yielding from the first poll handed the
+   core to any low-priority job for its whole time slice (a batch-128
+   bfloat16 step on 2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms
+   without yielding); never yielding starved a caller and a worker that
+   share a core (beside one equal-priority job: 6.0 ms, 4.6 ms yielding).
+   Keeping 70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train;
    bench/RESULTS.md, "Two threads, PyTorch and the step"). */
 #define MP__PAUSES 32
 static void mp__pause(int spin) {
