@@ -54,8 +54,8 @@ int mp_cuda_device_count(void);
    size; MP_ERR_BACKEND when the device cannot be queried. */
 mp_status mp_cuda_device_name(int device, char *buf, size_t size);
 /* Why the last mp_cuda_device_count() found no device or the last context
-   creation failed; "" after a success. Process-wide, not synchronised (as
-   mixprec's other global state). Never NULL. */
+   creation failed; "" after a success. Process-wide and not synchronised:
+   create contexts from one thread at a time. Never NULL. */
 const char *mp_cuda_last_error(void);
 /* The cudaStream_t a model's work is queued on, from its backend context
    (mp_model_backend_context), for work beside the backend's in order with
@@ -63,7 +63,7 @@ const char *mp_cuda_last_error(void);
 void *mp_cuda_stream(void *backend_ctx);
 
 /* What the backend has asked of the CUDA runtime so far, all contexts
-   together (not synchronised, as the rest of mixprec's global state):
+   together (not synchronised, unlike mixprec.h's memory counters):
    take two readings around some steps for figures per step. */
 typedef struct mp_cuda_stats {
     unsigned long long launches;   /* kernels and cuBLASLt products queued */

@@ -273,7 +273,7 @@ else
     par skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
 fi
 
-section "== training, GEMM, backends, diagnostics, checkpoints, AMP and reliability (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability) in every build"
+section "== training, GEMM, backends, diagnostics, checkpoints, AMP, reliability and threads (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability, test_callbacks, test_comm, test_threads) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -286,11 +286,23 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm test_threads; do
         par build_run "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag
         if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
     done
 done
+# Two threads at once under ThreadSanitizer: a race on anything the
+# threads share is a report, and a report fails the run (exit status 66).
+TSAN="-O1 -g -fsanitize=thread"
+if ! have clang; then
+    par skip "test_threads under ThreadSanitizer" "clang not installed" clang
+elif echo 'int main(void) { return 0; }' | clang $TSAN -x c - -o $B/tsan_probe >/dev/null 2>&1 && $B/tsan_probe; then
+    par build_run "build test_threads, clang ThreadSanitizer" clang $WARN $TSAN -march=native tests/test_threads.c \
+        -o $B/test_threads_tsan -lm -- "test_threads, clang ThreadSanitizer" $B/test_threads_tsan
+else
+    par skip "test_threads under ThreadSanitizer" "clang's ThreadSanitizer does not build or run here" \
+        "$(sanitizer_package clang)"
+fi
 if echo '#include <cblas.h>' | gcc -E - >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ]; then
     par build_run "build test_gemm, MIXPREC_USE_CBLAS with OpenBLAS" \
         gcc $WARN -O2 -march=native -DMIXPREC_USE_CBLAS tests/test_gemm.c -o $B/gemm_cblas -lopenblas -lm -- \
