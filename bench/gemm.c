@@ -18,7 +18,12 @@
                        cblas_sgemm at the square sizes, once per
                        OPENBLAS_CORETYPE setting (see run_openblas).
        bench=gemm ratio=...
-                       2 threads over 1 (threads_2_over_1, per dtype),
+                       2 threads over 1 (threads_2_over_1, per dtype), and
+                       beside it two 1-thread products at once over one
+                       alone (independent_2_over_1: what the host gives two
+                       cores that share no work, timed in turn with the
+                       split) and the one over the other
+                       (split_over_independent),
                        mixprec float32 / the best OpenBLAS, and bfloat16 and
                        float16 / float32, per shape and thread count.
        bench=gemm impl=torch
@@ -115,29 +120,34 @@ static void die(const char *what, const char *why) {
 /* ---- timing ------------------------------------------------------------ */
 typedef void (*call_fn)(void *ctx);
 
-/* Seconds per call of f on each of n contexts (one product on 1 and on 2
-   threads), their timings alternating so that a ratio between them sees
-   the same host: a guest here runs faster and slower for seconds at a
-   time (8192 x 1024 x 1024 float32 on an Intel Xeon under KVM, 28
-   November 2026: 1 thread at 94 to 153 GFLOP/s within 20 s, and 5 calls
-   on 2 threads 1.54x to 2.09x, median 1.87x, the 5 on 1 thread just
-   before them; timed 1 thread and then 2, it gave 1.01x). The warm-up
+/* Seconds per call of each of n calls (one product on 1 and on 2
+   threads, and the pair of measure_shape), their timings alternating so
+   that a ratio between them sees the same host: a guest here runs faster
+   and slower for seconds at a time (8192 x 1024 x 1024 float32 on an Intel
+   Xeon under KVM, 28 November 2026: 1 thread at 94 to 153 GFLOP/s within
+   20 s, and 5 calls on 2 threads 1.54x to 2.09x, median 1.87x, the 5 on 1
+   thread just before them; timed 1 thread and then 2, it gave 1.01x). The warm-up
    (>= 0.1 s, at least one call, each context) faults the pages in, wakes
    the pool and the clocks, and sizes the timings. A call over a second
    gets 2 timings, not S.reps: the largest MLP shapes would otherwise take
    most of the run. */
-static void time_calls(call_fn f, void *const ctx[], int n, double best[]) {
-    long iters[N_THREADS], i;
+typedef struct timed {
+    call_fn f;
+    void *ctx;
+} timed;
+
+static void time_calls(const timed *calls, int n, double best[]) {
+    long iters[N_THREADS + 1], i;
     int reps = S.reps, r, c;
-    assert(n > 0 && n <= N_THREADS);
+    assert(n > 0 && n <= N_THREADS + 1);
     for (c = 0; c < n; c++) {
         double t0 = now_s(), once;
-        long calls = 0;
+        long count = 0;
         do {
-            f(ctx[c]);
-            calls++;
+            calls[c].f(calls[c].ctx);
+            count++;
         } while (now_s() - t0 < 0.1);
-        once = (now_s() - t0) / (double)calls;
+        once = (now_s() - t0) / (double)count;
         iters[c] = once >= S.min_s ? 1 : (long)ceil(S.min_s / once);
         if (once > 1.0) reps = 2;
         best[c] = INFINITY;
@@ -145,7 +155,7 @@ static void time_calls(call_fn f, void *const ctx[], int n, double best[]) {
     for (r = 0; r < reps; r++)
         for (c = 0; c < n; c++) {
             double t0 = now_s(), t;
-            for (i = 0; i < iters[c]; i++) f(ctx[c]);
+            for (i = 0; i < iters[c]; i++) calls[c].f(calls[c].ctx);
             t = (now_s() - t0) / (double)iters[c];
             if (t < best[c]) best[c] = t;
         }
@@ -446,10 +456,11 @@ static int openblas_child(void) {
         j.b = random_f32(n * n);
         j.c = xmalloc_lines(n * n * sizeof(float));
         for (t = 1; t <= N_THREADS; t++) {
-            void *ctx = &j;
+            timed call;
             double seconds;
+            call.f = call_openblas, call.ctx = &j;
             openblas_set_num_threads(t);
-            time_calls(call_openblas, &ctx, 1, &seconds);
+            time_calls(&call, 1, &seconds);
             printf("result %zu %d %.3f\n", s, t, gemm_flops(&j) / seconds * 1e-9);
             fflush(stdout);
         }
@@ -571,39 +582,83 @@ static void print_shape(const shape *s) {
     printf(" m=%zu n=%zu k=%zu trans_a=%d trans_b=%d", s->m, s->n, s->k, s->trans_a, s->trans_b);
 }
 
-/* gflops[dtype][threads] for one shape, rows printed as it goes: the
-   product on 1 and on 2 threads timed in turn (time_calls), each into a C
-   of its own that the check reads. */
-static void measure_shape(const shape *s, double gflops[N_DTYPES][N_THREADS + 1]) {
+/* Two products at once, each on a 1-thread pool of its own into a C of
+   its own (A and B shared), run by the two threads of a 2-thread pool:
+   what the machine gives two cores that do not share the work, timed in
+   turn with the product on 1 and on 2 threads. Beside threads_2_over_1,
+   independent_2_over_1 says how far from 2x the host itself was, and
+   split_over_independent how much of that the split kept. */
+typedef struct pair_job {
+    mp_pool *runner;
+    gemm_job one[N_THREADS];
+} pair_job;
+
+static void pair_task(void *ctx, int thread, int threads) {
+    (void)threads;
+    call_mixprec(&((pair_job *)ctx)->one[thread]);
+}
+
+static void call_pair(void *ctx) {
+    pair_job *p = (pair_job *)ctx;
+    mp__pool_run(p->runner, pair_task, p, N_THREADS);
+}
+
+/* One shape's GFLOP/s per dtype and thread count, and two independent
+   1-thread products' together (pair_job). */
+typedef struct shape_gflops {
+    double threads[N_DTYPES][N_THREADS + 1];
+    double pair[N_DTYPES];
+} shape_gflops;
+
+static void new_job(gemm_job *j, const shape *s, mp_dtype dt, const void *a, const void *b, int threads) {
+    mp_status st = mp_pool_create(&j->pool, threads); /* an idle pool's workers sleep after ~40 us (MP__SPINS) */
+    if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
+    j->trans_a = s->trans_a, j->trans_b = s->trans_b;
+    j->m = s->m, j->n = s->n, j->k = s->k;
+    j->dt = dt, j->a = a, j->b = b;
+    j->c = xmalloc_lines(s->m * s->n * mp_dtype_size(dt));
+}
+
+static void free_job(gemm_job *j) {
+    mp_pool_destroy(j->pool);
+    free(j->c);
+}
+
+/* One shape in every dtype, rows printed as it goes: the product on 1 and
+   on 2 threads and the pair timed in turn (time_calls), each product into
+   a C of its own that the check reads. */
+static void measure_shape(const shape *s, shape_gflops *out) {
     float *a32 = random_f32(s->m * s->k), *b32 = random_f32(s->k * s->n);
     size_t d;
     int t;
     for (d = 0; d < N_DTYPES; d++) {
         const void *a = as_dtype(a32, s->m * s->k, dtypes[d]), *b = as_dtype(b32, s->k * s->n, dtypes[d]);
         gemm_job j[N_THREADS];
-        void *ctx[N_THREADS];
-        double seconds[N_THREADS];
+        pair_job pair;
+        timed calls[N_THREADS + 1];
+        double seconds[N_THREADS + 1];
+        mp_status st = mp_pool_create(&pair.runner, N_THREADS);
+        if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
         for (t = 0; t < N_THREADS; t++) {
-            mp_status st = mp_pool_create(&j[t].pool, t + 1); /* an idle pool's worker sleeps after ~40 us (MP__SPINS) */
-            if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
-            j[t].trans_a = s->trans_a, j[t].trans_b = s->trans_b;
-            j[t].m = s->m, j[t].n = s->n, j[t].k = s->k;
-            j[t].dt = dtypes[d], j[t].a = a, j[t].b = b;
-            j[t].c = xmalloc_lines(s->m * s->n * mp_dtype_size(dtypes[d]));
-            ctx[t] = &j[t];
+            new_job(&j[t], s, dtypes[d], a, b, t + 1);
+            new_job(&pair.one[t], s, dtypes[d], a, b, 1);
+            calls[t].f = call_mixprec, calls[t].ctx = &j[t];
         }
-        time_calls(call_mixprec, ctx, N_THREADS, seconds);
+        calls[N_THREADS].f = call_pair, calls[N_THREADS].ctx = &pair;
+        time_calls(calls, N_THREADS + 1, seconds);
         for (t = 0; t < N_THREADS; t++) {
-            gflops[d][t + 1] = gemm_flops(&j[t]) / seconds[t] * 1e-9;
+            out->threads[d][t + 1] = gemm_flops(&j[t]) / seconds[t] * 1e-9;
             printf("bench=gemm impl=mixprec dtype=%s", dtype_name(dtypes[d]));
             print_shape(s);
             printf(" threads=%d", t + 1);
-            print_gflops(gflops[d][t + 1], peak_for(dtypes[d], t + 1));
-            printf(" check=%s\n", spot_check(&j[t]) ? "ok" : "FAIL");
+            print_gflops(out->threads[d][t + 1], peak_for(dtypes[d], t + 1));
+            printf(" check=%s\n", spot_check(&j[t]) && spot_check(&pair.one[t]) ? "ok" : "FAIL");
             fflush(stdout);
-            mp_pool_destroy(j[t].pool);
-            free(j[t].c);
+            free_job(&j[t]);
+            free_job(&pair.one[t]);
         }
+        out->pair[d] = N_THREADS * gemm_flops(&j[0]) / seconds[N_THREADS] * 1e-9;
+        mp_pool_destroy(pair.runner);
         if (a != a32) free((void *)a);
         if (b != b32) free((void *)b);
     }
@@ -650,7 +705,8 @@ static void print_ratio(const shape *s, int threads, const char *ratio, double v
 
 /* bfloat16 and float16 over float32 (the gain from narrow storage and
    vdpbf16ps), and for squares mixprec over the best OpenBLAS. */
-static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THREADS + 1], int with_peer) {
+static void print_ratios(const shape *s, size_t square, const shape_gflops *sg, int with_peer) {
+    const double(*g)[N_THREADS + 1] = sg->threads;
     peer_best peer;
     int t;
     size_t d;
@@ -660,6 +716,8 @@ static void print_ratios(const shape *s, size_t square, double g[N_DTYPES][N_THR
     for (d = 0; d < N_DTYPES; d++) {
         snprintf(extra, sizeof extra, " dtype=%s", dtype_name(dtypes[d]));
         print_ratio(s, N_THREADS, "threads_2_over_1", g[d][2] / g[d][1], extra);
+        print_ratio(s, N_THREADS, "independent_2_over_1", sg->pair[d] / g[d][1], extra);
+        print_ratio(s, N_THREADS, "split_over_independent", g[d][2] / sg->pair[d], extra);
     }
     for (t = 1; t <= N_THREADS; t++)
         for (d = 0; d < 2; d++) {
@@ -682,10 +740,10 @@ static void squares(void) {
     size_t i;
     for (i = 0; i < S.n_squares; i++) {
         shape s = {"square", 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        double g[N_DTYPES][N_THREADS + 1];
+        shape_gflops g;
         s.m = s.n = s.k = S.squares[i];
-        measure_shape(&s, g);
-        print_ratios(&s, i, g, 1);
+        measure_shape(&s, &g);
+        print_ratios(&s, i, &g, 1);
     }
 }
 
@@ -694,9 +752,9 @@ static void squares(void) {
 static void measure_list(const shape *shapes, size_t n, size_t with_peer) {
     size_t i;
     for (i = 0; i < n; i++) {
-        double g[N_DTYPES][N_THREADS + 1];
-        measure_shape(&shapes[i], g);
-        print_ratios(&shapes[i], 0, g, i < with_peer);
+        shape_gflops g;
+        measure_shape(&shapes[i], &g);
+        print_ratios(&shapes[i], 0, &g, i < with_peer);
     }
 }
 
