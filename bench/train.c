@@ -18,20 +18,21 @@
    the same model, RMSprop, batch and data, float32 and bfloat16 autocast,
    on 1 and 2 threads, each under OpenMP's default wait policy and under
    OMP_WAIT_POLICY=PASSIVE, its lines passed on as they come. Each round
-   runs 1 thread, then 2, mixprec and then PyTorch at each, then two
-   1-thread models of mixprec's trained at once in two threads of their
-   own (bench=train ... independent_models=2 images_per_s=, both models
-   together: what the host gives two cores that share no work); 2 rounds
-   (1 when a step takes over half a second), each side keeping its best.
+   runs 1 thread, then 2, mixprec and then PyTorch at each; 2 rounds (1
+   when a step takes over half a second), each side keeping its best.
    Then per shape and thread count:
        bench=train impl=torch ... best_of=default|passive images_per_s=
        ratio=mixprec_over_torch   mixprec's images/s / PyTorch's best, for
                                   float32 and mixed_bfloat16 (autocast)
    Without torch: a bench=torch available=0 line, and no such ratios.
-   And per shape and policy (without --threads):
-       ratio=threads_2_over_1     the 1-thread step's time / the 2-thread one's
-       ratio=independent_2_over_1 the two independent models' images/s / 1 thread's
-       ratio=split_over_independent  2 threads' images/s / the two models'
+   And per shape and policy (without --threads), from the model on 1
+   thread, on 2, and two 1-thread models at once, each in a thread of its
+   own (what the host gives two cores that share no work), timed in turn
+   (time_in_turn):
+       bench=train ... in_turn=1 images_per_s_1= images_per_s_2= images_per_s_independent=
+       ratio=threads_2_over_1        2 threads' images/s / 1 thread's
+       ratio=independent_2_over_1    the two models' together / 1 thread's
+       ratio=split_over_independent  2 threads' / the two models'
    Each run times whole steps for >= 1 s after 2 warm-up steps (1 when a
    step takes over a second), at least 2 steps.
 
@@ -61,7 +62,6 @@
 static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat16"};
 #define N_POLICIES COUNT(policies)
 #define N_THREADS 2
-#define PAIR (N_THREADS + 1) /* a run's threads value for two 1-thread models at once (time_pair) */
 
 typedef struct settings {
     const int *units, *batches;
@@ -176,65 +176,7 @@ static void time_run(run *r, const float *x, const int32_t *labels) {
     mp_model_destroy(m);
 }
 
-/* Two 1-thread models trained at once, each in a thread of its own: what
-   the host gives two cores that share no work, beside the model split
-   between them (ratio=independent_2_over_1 and split_over_independent).
-   Both are built first, here (build_model sets the global policy), and
-   start their timed steps together. */
-typedef struct pair_half {
-    mp_model *m;
-    const run *r;
-    const float *x;
-    const int32_t *labels;
-    pthread_barrier_t *start;
-    long steps;
-    double seconds;
-} pair_half;
-
-static void *train_half(void *arg) {
-    pair_half *h = (pair_half *)arg;
-    double t0;
-    train_step(h->m, h->x, h->labels, h->r->batch); /* allocates the activations */
-    pthread_barrier_wait(h->start);
-    t0 = now_s();
-    do {
-        train_step(h->m, h->x, h->labels, h->r->batch);
-        h->steps++;
-    } while (h->steps < 2 || now_s() - t0 < S.min_s);
-    h->seconds = now_s() - t0;
-    return NULL;
-}
-
-/* r->step_s: the pair's seconds per image pair's worth of steps, that is
-   r->batch over their images/s together. */
-static void time_pair(run *r, const float *x, const int32_t *labels) {
-    pair_half h[2];
-    pthread_t other;
-    pthread_barrier_t start;
-    run one = *r;
-    int i;
-    one.threads = 1;
-    if (pthread_barrier_init(&start, NULL, 2) != 0) check(MP_ERR_ALLOC, NULL, "pthread_barrier_init");
-    for (i = 0; i < 2; i++) {
-        memset(&h[i], 0, sizeof h[i]);
-        h[i].m = build_model(&one), h[i].r = r, h[i].x = x, h[i].labels = labels, h[i].start = &start;
-    }
-    if (pthread_create(&other, NULL, train_half, &h[1]) != 0) check(MP_ERR_ALLOC, NULL, "pthread_create");
-    train_half(&h[0]);
-    pthread_join(other, NULL);
-    pthread_barrier_destroy(&start);
-    r->steps = h[0].steps + h[1].steps;
-    r->step_s = 1.0 / (h[0].steps / h[0].seconds + h[1].steps / h[1].seconds);
-    for (i = 0; i < 2; i++) mp_model_destroy(h[i].m);
-}
-
 static void print_run(const run *r) {
-    if (r->threads == PAIR) {
-        printf("bench=train model=mlp units=%d batch=%d policy=%s independent_models=2 threads_each=1 steps=%ld "
-               "images_per_s=%.0f\n", r->units, r->batch, r->policy, r->steps, r->batch / r->step_s);
-        fflush(stdout);
-        return;
-    }
     printf("bench=train model=mlp units=%d batch=%d policy=%s threads=%d steps=%ld ms_per_step=%.2f "
            "images_per_s=%.0f gflops=%.1f act_mib=%.1f workspace_mib=%.1f step_peak_mib=%.1f skipped_steps=%llu\n",
            r->units, r->batch, r->policy, r->threads, r->steps, r->step_s * 1e3, r->batch / r->step_s,
@@ -308,29 +250,92 @@ static void print_peer(const run runs[N_POLICIES], const peer_best *b) {
     fflush(stdout);
 }
 
-/* The whole step on 2 threads over 1, per policy: runs[t] at t threads,
-   runs[PAIR] the two independent models; and the pair over 1 thread, and
-   2 threads over the pair. */
-static void print_thread_ratios(run runs[PAIR + 1][N_POLICIES]) {
-    size_t p;
-    for (p = 0; p < N_POLICIES; p++) {
-        const char *head = "bench=train model=mlp";
-        const run *one = &runs[1][p], *two = &runs[2][p], *pair = &runs[PAIR][p];
-        printf("%s units=%d batch=%d ratio=threads_2_over_1 policy=%s value=%.3f\n", head, one->units, one->batch,
-               one->policy, one->step_s / two->step_s);
-        printf("%s units=%d batch=%d ratio=independent_2_over_1 policy=%s value=%.3f\n", head, one->units,
-               one->batch, one->policy, one->step_s / pair->step_s);
-        printf("%s units=%d batch=%d ratio=split_over_independent policy=%s value=%.3f\n", head, one->units,
-               one->batch, one->policy, pair->step_s / two->step_s);
+/* ---- 2 threads over 1, in turn ------------------------------------------ */
+/* A model's steps in slices: each slice runs steps for slice_s (at least
+   one), after the other stepper of a pair is ready when start is set. */
+typedef struct stepper {
+    mp_model *m;
+    const float *x;
+    const int32_t *labels;
+    int batch;
+    double slice_s;
+    pthread_barrier_t *start;
+    long steps;     /* timed, over all slices */
+    double seconds; /* their time */
+} stepper;
+
+static void *run_slice(void *arg) {
+    stepper *s = (stepper *)arg;
+    double t0;
+    if (s->start) pthread_barrier_wait(s->start);
+    t0 = now_s();
+    do {
+        train_step(s->m, s->x, s->labels, s->batch);
+        s->steps++;
+    } while (now_s() - t0 < s->slice_s);
+    s->seconds += now_s() - t0;
+    return NULL;
+}
+
+static double images_per_s(const stepper *s) { return s->batch * (double)s->steps / s->seconds; }
+
+/* The model on 1 thread (st[0]), on 2 (st[1]), and two 1-thread models at
+   once (st[2] here, st[3] in a thread of its own), all built first
+   (build_model sets the global policy) and then run a slice each in turn,
+   until each has had S.min_s and 2 steps: the ratios between them see the
+   same host, where runs one after the other, a second or more apart, saw
+   different ones (a guest here runs faster and slower for seconds at a
+   time; bench/gemm's time_calls). rate: images/s of 1 thread, 2 threads,
+   and the two models together. */
+static void time_in_turn(int units, int batch, const char *policy, const float *x, const int32_t *labels,
+                         double rate[3]) {
+    stepper st[4];
+    pthread_barrier_t start;
+    pthread_t other;
+    int i;
+    if (pthread_barrier_init(&start, NULL, 2) != 0) check(MP_ERR_ALLOC, NULL, "pthread_barrier_init");
+    for (i = 0; i < 4; i++) {
+        run r;
+        memset(&r, 0, sizeof r);
+        r.units = units, r.batch = batch, r.policy = policy, r.threads = i == 1 ? 2 : 1;
+        memset(&st[i], 0, sizeof st[i]);
+        st[i].m = build_model(&r), st[i].x = x, st[i].labels = labels, st[i].batch = batch;
+        st[i].slice_s = S.min_s / 4, st[i].start = i >= 2 ? &start : NULL;
+        train_step(st[i].m, x, labels, batch); /* allocates the activations */
     }
+    while (st[0].steps < 2 || st[1].steps < 2 || st[2].steps < 2 || st[0].seconds < S.min_s ||
+           st[1].seconds < S.min_s || st[2].seconds < S.min_s) {
+        run_slice(&st[0]);
+        run_slice(&st[1]);
+        if (pthread_create(&other, NULL, run_slice, &st[3]) != 0) check(MP_ERR_ALLOC, NULL, "pthread_create");
+        run_slice(&st[2]);
+        pthread_join(other, NULL);
+    }
+    rate[0] = images_per_s(&st[0]), rate[1] = images_per_s(&st[1]);
+    rate[2] = images_per_s(&st[2]) + images_per_s(&st[3]);
+    for (i = 0; i < 4; i++) mp_model_destroy(st[i].m);
+    pthread_barrier_destroy(&start);
+}
+
+static void print_thread_ratios(int units, int batch, const char *policy, const double rate[3]) {
+    const char *head = "bench=train model=mlp";
+    printf("%s units=%d batch=%d policy=%s in_turn=1 images_per_s_1=%.0f images_per_s_2=%.0f "
+           "images_per_s_independent=%.0f\n", head, units, batch, policy, rate[0], rate[1], rate[2]);
+    printf("%s units=%d batch=%d ratio=threads_2_over_1 policy=%s value=%.3f\n", head, units, batch, policy,
+           rate[1] / rate[0]);
+    printf("%s units=%d batch=%d ratio=independent_2_over_1 policy=%s value=%.3f\n", head, units, batch, policy,
+           rate[2] / rate[0]);
+    printf("%s units=%d batch=%d ratio=split_over_independent policy=%s value=%.3f\n", head, units, batch, policy,
+           rate[1] / rate[2]);
     fflush(stdout);
 }
 
 static void bench_shape(int units, int batch) {
-    run runs[PAIR + 1][N_POLICIES]; /* [threads or PAIR][policy]: the best of the rounds */
+    run runs[N_THREADS + 1][N_POLICIES]; /* [threads][policy]: the best of the rounds */
     peer_best peer[N_THREADS + 1];
     float *x;
     int32_t *labels;
+    size_t p;
     int t, round, rounds = 2;
     if (bytes_needed(units, batch) > MEMORY_LIMIT) {
         printf("bench=train model=mlp units=%d batch=%d skipped=1 reason=memory est_gib=%.1f\n", units, batch,
@@ -341,29 +346,31 @@ static void bench_shape(int units, int batch) {
     labels = (int32_t *)xmalloc((size_t)batch * sizeof *labels);
     synthetic_batch(x, labels, batch);
     memset(peer, 0, sizeof peer);
-    for (round = 0; round < rounds; round++) /* 1 thread, then 2, then the pair; mixprec, then PyTorch */
-        for (t = 1; t <= PAIR; t++) {
-            size_t p;
+    for (round = 0; round < rounds; round++) /* 1 thread, then 2; mixprec, then PyTorch, at each */
+        for (t = 1; t <= N_THREADS; t++) {
             if (only_threads && t != only_threads) continue;
             for (p = 0; p < N_POLICIES; p++) {
                 run r;
                 memset(&r, 0, sizeof r);
                 r.units = units, r.batch = batch, r.threads = t;
                 r.policy = policies[p];
-                if (t == PAIR) time_pair(&r, x, labels);
-                else time_run(&r, x, labels);
+                time_run(&r, x, labels);
                 print_run(&r);
                 if (round == 0 || r.step_s < runs[t][p].step_s) runs[t][p] = r;
-                if (t < PAIR && r.step_s > 0.5) rounds = 1;
+                if (r.step_s > 0.5) rounds = 1;
             }
-            if (peer_enabled && t < PAIR) peer_train(&peer[t], units, batch, t);
+            if (peer_enabled) peer_train(&peer[t], units, batch, t);
         }
     for (t = 1; t <= N_THREADS; t++) {
         if (only_threads && t != only_threads) continue;
         print_ratios(runs[t]);
         print_peer(runs[t], &peer[t]);
     }
-    if (!only_threads) print_thread_ratios(runs);
+    for (p = 0; !only_threads && p < N_POLICIES; p++) {
+        double rate[3];
+        time_in_turn(units, batch, policies[p], x, labels, rate);
+        print_thread_ratios(units, batch, policies[p], rate);
+    }
     free(x);
     free(labels);
 }
