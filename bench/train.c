@@ -368,6 +368,11 @@ static void bench_shape(int units, int batch) {
     }
     for (p = 0; !only_threads && p < N_POLICIES; p++) {
         double rate[3];
+        if (4 * bytes_needed(units, batch) > MEMORY_LIMIT) { /* time_in_turn's four models at once */
+            printf("bench=train model=mlp units=%d batch=%d policy=%s in_turn=1 skipped=1 reason=memory\n", units,
+                   batch, policies[p]);
+            continue;
+        }
         time_in_turn(units, batch, policies[p], x, labels, rate);
         print_thread_ratios(units, batch, policies[p], rate);
     }
