@@ -279,6 +279,9 @@ static void *run_slice(void *arg) {
 
 static double images_per_s(const stepper *s) { return s->batch * (double)s->steps / s->seconds; }
 
+/* Timed enough: S.min_s and 2 steps, as time_run's runs. */
+static int timed_enough(const stepper *s) { return s->steps >= 2 && s->seconds >= S.min_s; }
+
 /* The model on 1 thread (st[0]), on 2 (st[1]), and two 1-thread models at
    once (st[2] here, st[3] in a thread of its own), all built first
    (build_model sets the global policy) and then run a slice each in turn,
@@ -303,8 +306,7 @@ static void time_in_turn(int units, int batch, const char *policy, const float *
         st[i].slice_s = S.min_s / 4, st[i].start = i >= 2 ? &start : NULL;
         train_step(st[i].m, x, labels, batch); /* allocates the activations */
     }
-    while (st[0].steps < 2 || st[1].steps < 2 || st[2].steps < 2 || st[0].seconds < S.min_s ||
-           st[1].seconds < S.min_s || st[2].seconds < S.min_s) {
+    while (!timed_enough(&st[0]) || !timed_enough(&st[1]) || !timed_enough(&st[2])) {
         run_slice(&st[0]);
         run_slice(&st[1]);
         if (pthread_create(&other, NULL, run_slice, &st[3]) != 0) check(MP_ERR_ALLOC, NULL, "pthread_create");
@@ -336,7 +338,7 @@ static void bench_shape(int units, int batch) {
     float *x;
     int32_t *labels;
     size_t p;
-    int t, round, rounds = 2;
+    int t, round, rounds = 2, in_turn_fits;
     if (bytes_needed(units, batch) > MEMORY_LIMIT) {
         printf("bench=train model=mlp units=%d batch=%d skipped=1 reason=memory est_gib=%.1f\n", units, batch,
                bytes_needed(units, batch) / (1024.0 * 1024.0 * 1024.0));
@@ -366,9 +368,10 @@ static void bench_shape(int units, int batch) {
         print_ratios(runs[t]);
         print_peer(runs[t], &peer[t]);
     }
+    in_turn_fits = 4 * bytes_needed(units, batch) <= MEMORY_LIMIT; /* time_in_turn's four models at once */
     for (p = 0; !only_threads && p < N_POLICIES; p++) {
         double rate[3];
-        if (4 * bytes_needed(units, batch) > MEMORY_LIMIT) { /* time_in_turn's four models at once */
+        if (!in_turn_fits) {
             printf("bench=train model=mlp units=%d batch=%d policy=%s in_turn=1 skipped=1 reason=memory\n", units,
                    batch, policies[p]);
             continue;
