@@ -162,11 +162,14 @@ GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
     memory counters (mp_get_memory_info), as TensorFlow's. Nothing else. So
     threads may call mixprec at once, each with objects of its own (models,
-    pools, buffers; one object is one thread's at a time): the counters are
-    atomic with GCC and Clang (other compilers: one thread at a time), and
-    the policy is read when a layer is added, so set it before your threads
-    start, or name a policy on each layer (mp_layer_desc.dtype).
-    tests/test_threads.c trains, multiplies, casts and saves in two threads.
+    pools, buffers; one object is one thread's at a time): with GCC and
+    Clang the policy and the counters are read and updated atomically
+    (other compilers: one thread at a time). The policy is read when a
+    layer or model is made, and a thread that changes it changes it for
+    every thread's next one, as Keras's does: to give each thread its own,
+    name a policy on each layer (mp_layer_desc.dtype). tests/test_threads.c
+    trains, multiplies, casts and saves in two threads, and sets the policy
+    in one while the other reads it.
 
 CONTENTS
     Each section starts with a comment that begins `>>tag`; its declarations
@@ -428,7 +431,8 @@ MIXPREC_API mp_dtype mp_policy_compute_dtype(mp_policy policy);
 MIXPREC_API mp_dtype mp_policy_variable_dtype(mp_policy policy);
 /* Writes Keras's repr, `<Policy "mixed_float16">`, NUL-terminated. */
 MIXPREC_API mp_status mp_policy_repr(mp_policy policy, char *buf, size_t size);
-/* The global policy (default float32) that new layers take. */
+/* The global policy (default float32) that new layers take: one for the
+   process, set and read atomically with GCC and Clang (GLOBAL STATE). */
 MIXPREC_API mp_status mp_set_global_policy(mp_policy policy);
 MIXPREC_API mp_status mp_set_global_policy_name(const char *name);
 MIXPREC_API mp_policy mp_global_policy(void);
@@ -1866,6 +1870,28 @@ MP__ROUND_EACH_END;
 #define mp__prefetch_l2(p) ((void)(p))
 #endif
 
+/* The process-wide values that threads using objects of their own may
+   touch at once (GLOBAL STATE: the memory counters, the global policy, the
+   checkpoints' temporary names): with GCC and Clang each read and update is
+   one atomic operation, relaxed, as none of them orders anything else.
+   Two threads allocating through plain `+=` lost updates in
+   tests/test_threads.c (3.7 MB counted after every block was freed), and
+   a debug build's mp__free asserted. Other compilers: plain accesses, and
+   mixprec from one thread at a time. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MP__RELAXED_GET(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define MP__RELAXED_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define MP__RELAXED_ADD(x, v) __atomic_add_fetch(&(x), (v), __ATOMIC_RELAXED)       /* the new value */
+#define MP__RELAXED_TAKE(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)      /* the old value */
+#define MP__RELAXED_SWAP(x, old, v) __atomic_compare_exchange_n(&(x), &(old), (v), 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
+#else
+#define MP__RELAXED_GET(x) (x)
+#define MP__RELAXED_SET(x, v) ((x) = (v))
+#define MP__RELAXED_ADD(x, v) ((x) += (v))
+#define MP__RELAXED_TAKE(x, v) (((x) -= (v)) + (v))
+#define MP__RELAXED_SWAP(x, old, v) ((x) = (v), 1)
+#endif
+
 MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
 
 #ifdef __cplusplus
@@ -3200,7 +3226,19 @@ static const struct { const char *name; mp_policy policy; } mp__policies[] = {
 };
 #define MP__NPOLICIES (sizeof mp__policies / sizeof mp__policies[0])
 
-static mp_policy mp__global_policy = {MP_FLOAT32, MP_FLOAT32}; /* Keras's default */
+/* The global policy as its row of mp__policies, so that a thread that sets
+   it while another adds a layer hands over a whole policy (GLOBAL STATE). */
+static size_t mp__global_policy = 0; /* "float32", Keras's default */
+
+/* p's row of mp__policies, or MP__NPOLICIES for a pair of dtypes no policy has. */
+static size_t mp__policy_row(mp_policy p) {
+    size_t i;
+    for (i = 0; i < MP__NPOLICIES; i++)
+        if (p.compute_dtype == mp__policies[i].policy.compute_dtype &&
+            p.variable_dtype == mp__policies[i].policy.variable_dtype)
+            break;
+    return i;
+}
 
 MIXPREC_API mp_status mp_policy_from_name(const char *name, mp_policy *out) {
     size_t i;
@@ -3211,12 +3249,8 @@ MIXPREC_API mp_status mp_policy_from_name(const char *name, mp_policy *out) {
 }
 
 MIXPREC_API const char *mp_policy_name(mp_policy p) {
-    size_t i;
-    for (i = 0; i < MP__NPOLICIES; i++)
-        if (p.compute_dtype == mp__policies[i].policy.compute_dtype &&
-            p.variable_dtype == mp__policies[i].policy.variable_dtype)
-            return mp__policies[i].name;
-    return NULL;
+    size_t row = mp__policy_row(p);
+    return row < MP__NPOLICIES ? mp__policies[row].name : NULL;
 }
 
 MIXPREC_API mp_dtype mp_policy_compute_dtype(mp_policy p) { return p.compute_dtype; }
@@ -3237,8 +3271,9 @@ MIXPREC_API mp_status mp_policy_repr(mp_policy p, char *buf, size_t size) {
 }
 
 MIXPREC_API mp_status mp_set_global_policy(mp_policy p) {
-    if (!mp_policy_name(p)) return MP_ERR_INVALID_POLICY;
-    mp__global_policy = p;
+    size_t row = mp__policy_row(p);
+    if (row == MP__NPOLICIES) return MP_ERR_INVALID_POLICY;
+    MP__RELAXED_SET(mp__global_policy, row);
     return MP_OK;
 }
 
@@ -3248,7 +3283,7 @@ MIXPREC_API mp_status mp_set_global_policy_name(const char *name) {
     return st ? st : mp_set_global_policy(p);
 }
 
-MIXPREC_API mp_policy mp_global_policy(void) { return mp__global_policy; }
+MIXPREC_API mp_policy mp_global_policy(void) { return mp__policies[MP__RELAXED_GET(mp__global_policy)].policy; }
 
 /* >>memory
    Blocks are aligned to 64 bytes (a cache line, an AVX-512 vector) and
@@ -3258,32 +3293,11 @@ MIXPREC_API mp_policy mp_global_policy(void) { return mp__global_policy; }
 
 static mp_memory_info mp__memory;
 
-/* Threads that each use objects of their own allocate at once, so with GCC
-   and Clang each counter update is one atomic operation, and the peak is
-   raised by compare-and-swap; relaxed, as the counters order nothing else.
-   Two threads allocating through plain `+=` lost updates in
-   tests/test_threads.c (3.7 MB counted after every block was freed), and
-   a debug build's mp__free asserted. Other compilers: plain updates, and
-   mixprec from one thread at a time. */
-#if defined(__GNUC__) || defined(__clang__)
-#define MP__COUNTER_GET(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define MP__COUNTER_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-#define MP__COUNTER_ADD(x, v) __atomic_add_fetch(&(x), (v), __ATOMIC_RELAXED)       /* the new value */
-#define MP__COUNTER_TAKE(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)      /* the old value */
-#define MP__COUNTER_SWAP(x, old, v) __atomic_compare_exchange_n(&(x), &(old), (v), 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
-#else
-#define MP__COUNTER_GET(x) (x)
-#define MP__COUNTER_SET(x, v) ((x) = (v))
-#define MP__COUNTER_ADD(x, v) ((x) += (v))
-#define MP__COUNTER_TAKE(x, v) (((x) -= (v)) + (v))
-#define MP__COUNTER_SWAP(x, old, v) ((x) = (v), 1)
-#endif
-
 /* peak = max(peak, bytes), whatever another thread raises it to meanwhile
    (a failed swap reloads old). */
 static void mp__raise_peak(size_t bytes) {
-    size_t old = MP__COUNTER_GET(mp__memory.peak);
-    while (bytes > old && !MP__COUNTER_SWAP(mp__memory.peak, old, bytes)) continue;
+    size_t old = MP__RELAXED_GET(mp__memory.peak);
+    while (bytes > old && !MP__RELAXED_SWAP(mp__memory.peak, old, bytes)) continue;
 }
 
 static int mp__mul_ok(size_t a, size_t b, size_t *out) {
@@ -3344,7 +3358,7 @@ static void *mp__alloc(size_t bytes) {
     memcpy(p - MP__HEADER, &bytes, sizeof bytes);
     skew = (size_t)(p - raw);
     memcpy(p - sizeof(size_t), &skew, sizeof skew);
-    mp__raise_peak(MP__COUNTER_ADD(mp__memory.current, bytes));
+    mp__raise_peak(MP__RELAXED_ADD(mp__memory.current, bytes));
     return p;
 }
 
@@ -3354,7 +3368,7 @@ static void mp__free(void *ptr) {
     if (!p) return;
     memcpy(&bytes, p - MP__HEADER, sizeof bytes);
     memcpy(&offset, p - sizeof(size_t), sizeof offset);
-    before = MP__COUNTER_TAKE(mp__memory.current, bytes);
+    before = MP__RELAXED_TAKE(mp__memory.current, bytes);
     MIXPREC_ASSERT(before >= bytes);
     (void)before; /* NDEBUG */
     MIXPREC_FREE(p - offset);
@@ -3362,8 +3376,8 @@ static void mp__free(void *ptr) {
 
 MIXPREC_API mp_memory_info mp_get_memory_info(void) {
     mp_memory_info info;
-    info.current = MP__COUNTER_GET(mp__memory.current);
-    info.peak = MP__COUNTER_GET(mp__memory.peak);
+    info.current = MP__RELAXED_GET(mp__memory.current);
+    info.peak = MP__RELAXED_GET(mp__memory.peak);
     return info;
 }
 
@@ -3372,7 +3386,7 @@ static size_t mp__block_bytes(const void *p) {
     if (p) memcpy(&bytes, (const unsigned char *)p - MP__HEADER, sizeof bytes);
     return bytes;
 }
-MIXPREC_API void mp_reset_peak_memory(void) { MP__COUNTER_SET(mp__memory.peak, MP__COUNTER_GET(mp__memory.current)); }
+MIXPREC_API void mp_reset_peak_memory(void) { MP__RELAXED_SET(mp__memory.peak, MP__RELAXED_GET(mp__memory.current)); }
 
 /* A carving plan, as llm.c carves one allocation into tensors: the same
    function runs twice, first with base NULL to add up the sizes (overflow
@@ -10824,7 +10838,7 @@ static void mp__temp_name(char *tmp, size_t cap, const char *path) {
     mp__put_uint(&t, (uint64_t)time(NULL), 0);
 #endif
     mp__put(&t, ".");
-    mp__put_uint(&t, (uint64_t)MP__COUNTER_ADD(attempts, 1u), 0);
+    mp__put_uint(&t, (uint64_t)MP__RELAXED_ADD(attempts, 1u), 0);
 }
 
 #ifdef MP__POSIX_FILES

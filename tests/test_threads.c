@@ -201,6 +201,36 @@ static void test_two_at_once(void) {
     }
 }
 
+/* >>the global policy: one thread sets it, back and forth between
+   bfloat16 and float16 (whose halves would mix into a pair of dtypes no
+   policy has), while main reads it: every read is one of the two whole. */
+#define POLICY_FLIPS 200000
+
+static void *flip_policy(void *arg) {
+    int i, *failures = (int *)arg;
+    for (i = 0; i < POLICY_FLIPS; i++) *failures += mp_set_global_policy_name(i % 2 ? "float16" : "bfloat16") != MP_OK;
+    return NULL;
+}
+
+static void test_policy_set_while_read(void) {
+    mp_policy b16, f16, p;
+    pthread_t setter;
+    int i, torn = 0, failures = 0, seen_f16 = 0;
+    CHECK(mp_policy_from_name("bfloat16", &b16) == MP_OK && mp_policy_from_name("float16", &f16) == MP_OK);
+    CHECK(mp_set_global_policy(b16) == MP_OK);
+    if (!CHECK(pthread_create(&setter, NULL, flip_policy, &failures) == 0)) return;
+    for (i = 0; i < POLICY_FLIPS; i++) {
+        p = mp_global_policy();
+        if (p.compute_dtype == f16.compute_dtype && p.variable_dtype == f16.variable_dtype) seen_f16++;
+        else torn += p.compute_dtype != b16.compute_dtype || p.variable_dtype != b16.variable_dtype;
+    }
+    pthread_join(setter, NULL);
+    CHECK(failures == 0);
+    CHECK(torn == 0);
+    CHECK(mp_set_global_policy_name("float32") == MP_OK); /* Keras's default, for what follows */
+    (void)seen_f16; /* how many reads the setter won depends on the scheduler */
+}
+
 int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_threads_XXXXXX";
     check_args(argc, argv);
@@ -211,6 +241,7 @@ int main(int argc, char **argv) {
     tmp_dir = dir;
     make_inputs();
     RUN(test_two_at_once());
+    RUN(test_policy_set_while_read());
     rmdir(dir);
     return check_done("test_threads");
 }
