@@ -42,7 +42,6 @@
    One cell: --units U, --batch B and --threads T each keep only that value
    (a full run takes several minutes; a cell well under one). */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,29 +251,31 @@ static void print_peer(const run runs[N_POLICIES], const peer_best *b) {
 
 /* ---- 2 threads over 1, in turn ------------------------------------------ */
 /* A model's steps in slices: each slice runs steps for slice_s (at least
-   one), after the other stepper of a pair is ready when start is set. */
+   one). */
 typedef struct stepper {
     mp_model *m;
     const float *x;
     const int32_t *labels;
     int batch;
     double slice_s;
-    pthread_barrier_t *start;
     long steps;     /* timed, over all slices */
     double seconds; /* their time */
 } stepper;
 
-static void *run_slice(void *arg) {
-    stepper *s = (stepper *)arg;
-    double t0;
-    if (s->start) pthread_barrier_wait(s->start);
-    t0 = now_s();
+static void run_slice(stepper *s) {
+    double t0 = now_s();
     do {
         train_step(s->m, s->x, s->labels, s->batch);
         s->steps++;
     } while (now_s() - t0 < s->slice_s);
     s->seconds += now_s() - t0;
-    return NULL;
+}
+
+/* A slice of each of two 1-thread models at once, one on each thread of a
+   runner pool (as bench/gemm's pair_task). */
+static void pair_slice(void *ctx, int thread, int threads) {
+    (void)threads;
+    run_slice((stepper *)ctx + thread);
 }
 
 static double images_per_s(const stepper *s) { return s->batch * (double)s->steps / s->seconds; }
@@ -283,7 +284,7 @@ static double images_per_s(const stepper *s) { return s->batch * (double)s->step
 static int timed_enough(const stepper *s) { return s->steps >= 2 && s->seconds >= S.min_s; }
 
 /* The model on 1 thread (st[0]), on 2 (st[1]), and two 1-thread models at
-   once (st[2] here, st[3] in a thread of its own), all built first
+   once (st[2] and st[3], pair_slice), all built first
    (build_model sets the global policy) and then run a slice each in turn,
    until each has had S.min_s and 2 steps: the ratios between them see the
    same host, where runs one after the other, a second or more apart, saw
@@ -293,30 +294,27 @@ static int timed_enough(const stepper *s) { return s->steps >= 2 && s->seconds >
 static void time_in_turn(int units, int batch, const char *policy, const float *x, const int32_t *labels,
                          double rate[3]) {
     stepper st[4];
-    pthread_barrier_t start;
-    pthread_t other;
+    mp_pool *runner;
     int i;
-    if (pthread_barrier_init(&start, NULL, 2) != 0) check(MP_ERR_ALLOC, NULL, "pthread_barrier_init");
+    check(mp_pool_create(&runner, 2), NULL, "mp_pool_create");
     for (i = 0; i < 4; i++) {
         run r;
         memset(&r, 0, sizeof r);
         r.units = units, r.batch = batch, r.policy = policy, r.threads = i == 1 ? 2 : 1;
         memset(&st[i], 0, sizeof st[i]);
         st[i].m = build_model(&r), st[i].x = x, st[i].labels = labels, st[i].batch = batch;
-        st[i].slice_s = S.min_s / 4, st[i].start = i >= 2 ? &start : NULL;
+        st[i].slice_s = S.min_s / 4;
         train_step(st[i].m, x, labels, batch); /* allocates the activations */
     }
     while (!timed_enough(&st[0]) || !timed_enough(&st[1]) || !timed_enough(&st[2])) {
         run_slice(&st[0]);
         run_slice(&st[1]);
-        if (pthread_create(&other, NULL, run_slice, &st[3]) != 0) check(MP_ERR_ALLOC, NULL, "pthread_create");
-        run_slice(&st[2]);
-        pthread_join(other, NULL);
+        mp__pool_run(runner, pair_slice, &st[2], 2);
     }
     rate[0] = images_per_s(&st[0]), rate[1] = images_per_s(&st[1]);
     rate[2] = images_per_s(&st[2]) + images_per_s(&st[3]);
     for (i = 0; i < 4; i++) mp_model_destroy(st[i].m);
-    pthread_barrier_destroy(&start);
+    mp_pool_destroy(runner);
 }
 
 static void print_thread_ratios(int units, int batch, const char *policy, const double rate[3]) {
