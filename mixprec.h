@@ -2407,12 +2407,13 @@ MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b, int stream) {
     mp__z_store((float *)p + i + 16, _mm512_castps_si512(b), stream);
 }
 /* float16 results that stay in cache go out as each vcvtps2ph's own
-   32-byte store, not joined into one 64-byte store first: the join is a
-   shuffle on the port the conversions use. The plain cast from float32
-   (MP__Z_PLAIN; an Intel Xeon, family 6 model 207, bench/convert, three
-   runs each, in turn): from L1 29 to 43 Gelem/s (clang 14) and 29 to 34
-   (gcc 12), in L2 14.3 to 14.5-15.0 (clang) and 12.0-14.2 to 14.6-14.8
-   (gcc). A streamed line keeps its one store (write-combining). */
+   32-byte store, not joined into one 64-byte store first, as the AVX2
+   rows' do (mp__x86_put2_f16): the join is a shuffle on the port the
+   conversions use. The plain cast from float32 (MP__Z_PLAIN; an Intel
+   Xeon, family 6 model 207, bench/convert, three runs each, in turn):
+   from L1 29 to 43 Gelem/s (clang 14) and 29 to 34 (gcc 12), in L2 14.3
+   to 14.5-15.0 (clang) and 12.0-14.2 to 14.6-14.8 (gcc). A streamed line
+   keeps its one store (write-combining). */
 MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b, int stream) {
     mp_f16 *d = (mp_f16 *)p + i;
     if (stream) {
