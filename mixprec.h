@@ -2207,10 +2207,9 @@ MP__HOT size_t mp__head(const void *dst, size_t elem_size, size_t n, size_t alig
    empty asm keeps each count in a general register: where the CPU has
    AVX512_VPOPCNTDQ, clang 14's SLP vectorizer gathered four masks' bits
    into a vector (vmovd, three vpinsrd) for one vpopcntd, and bfloat16 to
-   float16 with counts on wide data (every mask counted) ran +10% to +28%
-   over the plain cast from memory and +112% to +252% in L1 and L2; with
-   it, -4% to +1% and +150% to +188%, near gcc's code (an Intel Xeon,
-   family 6 model 207, bench/convert, three runs each). */
+   float16 with counts on wide data (every mask counted) cost +10% to +28%
+   over the plain cast from memory; with it, -4% to +1%, as gcc's code
+   (an Intel Xeon, family 6 model 207, bench/convert, three runs each). */
 #if defined(__GNUC__) || defined(__clang__)
 MP__HOT uint32_t mp__ones(uint32_t mask) {
     uint32_t ones = (uint32_t)__builtin_popcount(mask);
