@@ -1266,11 +1266,12 @@ MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path);
      one unless it has a single code (RFC 1951 allows one distance code;
      zlib accepts the same); a distance may reach back to the start of its
      member's data, not before.
-   - Bounded: never more than max_out bytes of output are made or allocated
-     (the output buffer doubles as data arrives, from the ISIZE hint but no
-     more than deflate's 1032:1 ratio allows), so a gzip bomb is refused with
-     MP_ERR_SIZE; every read is bounds-checked, and corrupt or truncated
-     input is MP_ERR_FORMAT. A failed call changes nothing but *why. */
+   - Bounded: no more than max_out bytes of output are made, in a buffer
+     never larger (it starts at ISIZE, a hint held to deflate's 1032:1 ratio,
+     and doubles as data arrives; while it grows the old one is held too),
+     so a gzip bomb is refused with MP_ERR_SIZE before its bytes are made.
+     Every read is bounds-checked; corrupt or truncated input is
+     MP_ERR_FORMAT. A failed call changes nothing but *why. */
 
 /* Inflates the gzip data src[len] into a new buffer: *out (free it with
    mp_gunzip_free) and *out_len. why (may be NULL) gets, on failure, a
