@@ -11086,9 +11086,9 @@ MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { r
 /* >>data: gzip (see the declaration for the rules). Deflate packs its bits
    from each byte's lowest up (RFC 1951 3.1.1): they come out of a 64-bit
    buffer that bytes are loaded into from the top of what it holds.
-   Huffman codes are read by a 9-bit table (every code of the fixed blocks
-   but the 9-bit literals' longest fits; the dynamic blocks' most frequent
-   ones do) and longer ones bit by bit, as stb_image and puff.c do. */
+   Huffman codes are read by a 9-bit table (every code of a fixed block,
+   and the shortest, most frequent ones of a dynamic block) and longer ones
+   bit by bit, as stb_image and zlib's puff.c do. */
 #define MP__GZ_TRUNCATED "gzip: truncated: the input ends before the data does"
 #define MP__HUFF_FAST 9
 
@@ -11140,8 +11140,8 @@ static mp_status mp__gz_room(mp__inflate *z, size_t n) {
     uint8_t *grown;
     if (n <= z->cap - z->out_len) return MP_OK;
     if (n > z->max - z->out_len)
-        return mp__gz_fail(z, MP_ERR_SIZE, "gzip: the data inflates past the output limit (max_out); "
-                                           "refused unread, as a gzip bomb must be");
+        return mp__gz_fail(z, MP_ERR_SIZE, "gzip: the data inflates past the output limit (max_out): "
+                                           "refused there, as a gzip bomb is");
     need = z->out_len + n;
     cap = z->cap <= z->max / 2 ? z->cap * 2 : z->max;
     if (cap < 4096) cap = z->max < 4096 ? z->max : 4096;
@@ -11501,6 +11501,16 @@ static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsign
     want = claimed(head, got);
 #ifdef MP__POSIX_FILES
     if (sb.st_size >= 0 && (uint64_t)sb.st_size < (uint64_t)want) want = (size_t)sb.st_size;
+#else
+    { /* no stat: the size by a seek to the end, which binary streams support
+         on Windows and the common C libraries (a gzip file claims no size) */
+        long end;
+        if (fseek(f, 0, SEEK_END) == 0 && (end = ftell(f)) >= 0 && (unsigned long)end < want) want = (size_t)end;
+        if (fseek(f, (long)got, SEEK_SET) != 0) {
+            fclose(f);
+            return MP_ERR_IO;
+        }
+    }
 #endif
     if (want < got) want = got;
     if (want == SIZE_MAX || !(buf = (unsigned char *)mp__alloc(want + 1))) {

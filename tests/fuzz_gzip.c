@@ -43,12 +43,16 @@ static void write_seed(const char *dir, const char *name, unsigned char mode, co
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     static const unsigned char labels[11] = {0, 0, 8, 1, 0, 0, 0, 3, 1, 0, 2};
-    unsigned char gz[256];
+    static unsigned char many[8 + 70000] = {0, 0, 8, 1, 0, 1, 0x11, 0x70}; /* 70000 labels: past the first step */
+    unsigned char gz[1024];
     const char *dir = getenv("MP_FUZZ_SEEDS");
     size_t len;
     (void)argc;
     (void)argv;
     if (!dir) return 0;
+    len = gz_encode(gz, sizeof gz, many, sizeof many, GZ_FIXED, 0);
+    if (len > sizeof gz) fail("a seed does not fit");
+    write_seed(dir, "seed_many_labels", 194, gz, len);
     write_seed(dir, "seed_hello", 0, gz_hello, sizeof gz_hello);
     write_seed(dir, "seed_seq", 1, gz_seq, sizeof gz_seq);
     write_seed(dir, "seed_images", 192, gz_images, sizeof gz_images);
