@@ -25,8 +25,9 @@ OPENBLAS = $(shell echo 'int main(void) { openblas_set_num_threads(1); return 0;
               $(BENCH_CC) -x c -include cblas.h - -o /dev/null -lopenblas 2>/dev/null && echo 1)
 GEMM_BLAS = $(if $(OPENBLAS),-DBENCH_OPENBLAS)
 GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
-# Fashion-MNIST as Debian packages it (dataset-fashion-mnist), and where
-# `make data` puts the uncompressed IDX files the examples read.
+# Fashion-MNIST as Debian packages it (dataset-fashion-mnist): the examples
+# read its .gz files as they are; `make data` unpacks them for the readers
+# of plain IDX files (bench/gpu_train.py's PyTorch peer, tests/matrix.sh).
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
@@ -57,13 +58,11 @@ $(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnis
 $(B)/mnist_mpi: examples/mnist_mpi.c examples/example.h examples/fashion_mnist.h mixprec.h mpi/mixprec_mpi.h | $(B)
 	$(MPICC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 
-# Uncompress the packaged files once (a .tmp first, so an interrupted run
-# leaves no truncated file). Without the package, say how to get it and
-# succeed: the examples fall back to a synthetic data set.
+# Unpack the packaged files once (a .tmp first, so an interrupted run
+# leaves no truncated file); without the package, say how to get it.
 data:
 	@if ! ls $(FMNIST_PKG)/*.gz >/dev/null 2>&1; then \
-	    echo "data: $(FMNIST_PKG) is missing: apt-get install dataset-fashion-mnist, then make data"; \
-	    echo "data: the examples will use a synthetic data set instead"; \
+	    echo "data: $(FMNIST_PKG) is missing: apt-get install dataset-fashion-mnist"; \
 	else \
 	    mkdir -p $(FMNIST) && for gz in $(FMNIST_PKG)/*.gz; do \
 	        f=$(FMNIST)/$$(basename $$gz .gz); \
@@ -71,13 +70,15 @@ data:
 	    done; echo "data: Fashion-MNIST in $(FMNIST)"; \
 	fi
 
-# Every example, sized to finish in about a minute on 2 cores. custom_loop
-# starts its loss scale at 2^24 (Keras: 2^15) so that the demo shows the
-# scale falling, skipping steps, to a value where float16 gradients fit.
+# Every example, sized to finish in about a minute on 2 cores, on the
+# package's files where installed (each says so when it falls back to a
+# synthetic data set, and why). custom_loop starts its loss scale at 2^24
+# (Keras: 2^15) so that the demo shows the scale falling, skipping steps,
+# to a value where float16 gradients fit.
 # Each example adds a line on what it showed to $(B)/demo_summary.txt (see
 # ex_summary in examples/summary.h); the demo ends with them.
 demo: export MIXPREC_DEMO_SUMMARY = $(B)/demo_summary.txt
-demo: data $(EXAMPLES)
+demo: $(EXAMPLES)
 	@rm -f $(B)/demo_summary.txt
 	./$(B)/overflow
 	./$(B)/mnist_mlp --units 256 --epochs 2 --batch-size 128

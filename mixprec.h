@@ -200,7 +200,8 @@ CONTENTS
     >>custom training loop   the guide's train_step, one call per line
     >>numerics diagnostics   per-layer statistics, check-numerics, advice
     >>checkpoints            save/load (atomic), weight export/import
-    >>data                   IDX files (MNIST, Fashion-MNIST)
+    >>data: gzip             mp_gunzip: gzip (RFC 1952) and deflate (RFC 1951), bounded
+    >>data                   IDX files (MNIST, Fashion-MNIST), plain or gzip
     >>backends               the table of operations a backend fills (MP_OP),
                              and the inline rules every backend shares
     >>communicator           data-parallel training: the table of collectives
@@ -245,7 +246,8 @@ CONTENTS
     >>model: summary         Keras's model.summary() with a Policy column
     >>numerics diagnostics   statistics, histograms, check-numerics, advice
     >>checkpoints            the container: write, read, check, commit; files
-    >>data                   IDX parsing and loading
+    >>data: gzip             inflate: bits, Huffman codes, blocks, members
+    >>data                   IDX parsing and loading (a gzip file in two steps)
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
@@ -1248,6 +1250,38 @@ MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const
 MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path);
 #endif
 
+/* >>data: gzip (RFC 1952 around deflate, RFC 1951), as data sets ship:
+   mp_load_idx reads `.gz` files through it, and it is public for data in
+   memory. The rules:
+   - Input: one or more gzip members; their outputs are joined, as gunzip
+     and Python's gzip module (Keras's fashion_mnist.load_data) do. Zero
+     bytes after a member are padding (Python skips them too); anything else
+     must be another member. Empty input is not gzip.
+   - Each member's header: magic 1f 8b, method 8 (deflate), no reserved flag
+     bits; FEXTRA, FNAME and FCOMMENT are skipped, FHCRC (the low 16 bits of
+     the header's CRC-32) is checked, FTEXT is a hint and ignored. Its
+     trailer's CRC-32 and ISIZE (the length mod 2^32) must match the data.
+   - Deflate: stored, fixed and dynamic Huffman blocks. A Huffman code with
+     more codes than its lengths allow is refused, and so is an incomplete
+     one unless it has a single code (RFC 1951 allows one distance code;
+     zlib accepts the same); a distance may reach back to the start of its
+     member's data, not before.
+   - Bounded: no more than max_out bytes of output are made, in a buffer
+     never larger (it starts at ISIZE, a hint held to deflate's 1032:1 ratio,
+     and doubles as data arrives; while it grows the old one is held too),
+     so a gzip bomb is refused with MP_ERR_SIZE before its bytes are made.
+     Every read is bounds-checked; corrupt or truncated input is
+     MP_ERR_FORMAT. A failed call changes nothing but *why. */
+
+/* Inflates the gzip data src[len] into a new buffer: *out (free it with
+   mp_gunzip_free) and *out_len. why (may be NULL) gets, on failure, a
+   sentence that says what is wrong, e.g. "gzip: CRC-32 mismatch: the data is
+   corrupt". MP_ERR_SIZE when the output would pass max_out bytes,
+   MP_ERR_ALLOC when memory runs out. */
+MIXPREC_API mp_status mp_gunzip(const void *src, size_t len, size_t max_out, void **out, size_t *out_len,
+                                const char **why);
+MIXPREC_API void mp_gunzip_free(void *out); /* NULL-safe */
+
 /* >>data: IDX files (the MNIST format) */
 typedef struct mp_dataset {
     float *x;          /* [n, rows, cols], pixels scaled to [0, 1] */
@@ -1268,7 +1302,17 @@ MIXPREC_API mp_status mp_dataset_from_idx(const void *images, size_t images_len,
                                           size_t labels_len, mp_dataset *out);
 MIXPREC_API void mp_dataset_free(mp_dataset *d);
 #ifndef MIXPREC_NO_STDIO
+/* Images and labels from two IDX files, each plain or gzip-compressed (told
+   apart by gzip's magic, 1f 8b), so that Fashion-MNIST's `*-idx?-ubyte.gz`
+   files load as they ship (see >>data: gzip). A gzip file inflates to no
+   more than its IDX header says. mp_load_idx_why also writes, on failure, a
+   sentence to why[why_cap] (cut to fit; why may be NULL) that names the
+   file and what is wrong, e.g. "t10k-labels-idx1-ubyte.gz: gzip: CRC-32
+   mismatch: the data is corrupt" or "train-images-idx3-ubyte: No such file
+   or directory" (the system's reason for MP_ERR_IO). */
 MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out);
+MIXPREC_API mp_status mp_load_idx_why(const char *images_path, const char *labels_path, mp_dataset *out,
+                                      char *why, size_t why_cap);
 MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #endif
 
@@ -11039,6 +11083,336 @@ MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const
 MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { return mp__ckpt_load(m, 'W', path); }
 #endif
 
+/* >>data: gzip (see the declaration for the rules). Deflate packs its bits
+   from each byte's lowest up (RFC 1951 3.1.1): they come out of a 64-bit
+   buffer that bytes are loaded into from the top of what it holds.
+   Huffman codes are read by a 9-bit table (every code of a fixed block,
+   and the shortest, most frequent ones of a dynamic block) and longer ones
+   bit by bit, as stb_image and zlib's puff.c do. */
+#define MP__GZ_TRUNCATED "gzip: truncated: the input ends before the data does"
+#define MP__HUFF_FAST 9
+
+typedef struct mp__inflate {
+    const uint8_t *in;
+    size_t in_len, pos; /* pos: the next byte to load */
+    uint64_t bits;      /* loaded, not used yet; the next bit is bit 0 */
+    int nbits;
+    uint8_t *out;       /* the output, grown by doubling up to max */
+    size_t out_len, cap, max;
+    size_t member;      /* where this member's output starts: no distance reaches before it */
+    const char *why;
+} mp__inflate;
+
+/* A code: for each bit count, how many codes have it, and the symbols in
+   code order (by length, then by symbol: RFC 1951 3.2.2). fast: the next 9
+   bits -> length << 9 | symbol, or 0 where the code is longer (or unused). */
+typedef struct mp__huff {
+    uint16_t fast[1 << MP__HUFF_FAST];
+    uint16_t count[16];
+    uint16_t symbol[288];
+} mp__huff;
+
+static mp_status mp__gz_fail(mp__inflate *z, mp_status st, const char *why) {
+    z->why = why;
+    return st;
+}
+
+static void mp__gz_load(mp__inflate *z) {
+    while (z->nbits <= 56 && z->pos < z->in_len) {
+        z->bits |= (uint64_t)z->in[z->pos++] << z->nbits;
+        z->nbits += 8;
+    }
+}
+
+static mp_status mp__gz_bits(mp__inflate *z, int n, unsigned *v) {
+    if (z->nbits < n) mp__gz_load(z);
+    if (z->nbits < n) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+    *v = (unsigned)(z->bits & (((uint64_t)1 << n) - 1));
+    z->bits >>= n;
+    z->nbits -= n;
+    return MP_OK;
+}
+
+/* Room for n more output bytes: the buffer doubles (from at least 4 KiB),
+   never past max. */
+static mp_status mp__gz_room(mp__inflate *z, size_t n) {
+    size_t need, cap;
+    uint8_t *grown;
+    if (n <= z->cap - z->out_len) return MP_OK;
+    if (n > z->max - z->out_len)
+        return mp__gz_fail(z, MP_ERR_SIZE, "gzip: the data inflates past the output limit (max_out): "
+                                           "refused there, as a gzip bomb is");
+    need = z->out_len + n;
+    cap = z->cap <= z->max / 2 ? z->cap * 2 : z->max;
+    if (cap < 4096) cap = z->max < 4096 ? z->max : 4096;
+    if (cap < need) cap = need;
+    if (!(grown = (uint8_t *)mp__alloc(cap))) return mp__gz_fail(z, MP_ERR_ALLOC, "gzip: out of memory for the output");
+    if (z->out_len) memcpy(grown, z->out, z->out_len);
+    mp__free(z->out);
+    z->out = grown;
+    z->cap = cap;
+    return MP_OK;
+}
+
+/* The canonical code from each symbol's bit length (0: not used). */
+static mp_status mp__huff_build(mp__inflate *z, mp__huff *h, const uint8_t *lengths, int n) {
+    unsigned next[16], code = 0;
+    int len, sym, max = 0, index = 0;
+    long left = 1;
+    memset(h, 0, sizeof *h);
+    for (sym = 0; sym < n; sym++) h->count[lengths[sym]]++;
+    h->count[0] = 0;
+    for (len = 1; len < 16; len++) {
+        left = 2 * left - h->count[len]; /* codes of this length still free */
+        if (left < 0) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: more codes than their lengths allow");
+        if (h->count[len]) max = len;
+    }
+    if (left > 0 && max > 1) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: incomplete");
+    for (len = 1; len < 16; len++) next[len] = code = (code + h->count[len - 1]) << 1; /* count[0] is 0 */
+    for (len = 1; len < 16; len++)
+        for (sym = 0; sym < n; sym++)
+            if (lengths[sym] == len) h->symbol[index++] = (uint16_t)sym;
+    for (sym = 0; sym < n; sym++) {
+        unsigned c, r = 0, k;
+        len = lengths[sym];
+        if (len == 0 || len > MP__HUFF_FAST) continue;
+        c = next[len]++;
+        for (k = 0; k < (unsigned)len; k++) r |= ((c >> k) & 1u) << (len - 1 - k); /* first bit lowest */
+        for (k = r; k < (1u << MP__HUFF_FAST); k += 1u << len) h->fast[k] = (uint16_t)(len << 9 | sym);
+    }
+    return MP_OK;
+}
+
+static mp_status mp__huff_decode(mp__inflate *z, const mp__huff *h, int *sym) {
+    int len, code = 0, first = 0, index = 0;
+    unsigned e;
+    if (z->nbits < 15) mp__gz_load(z);
+    e = h->fast[z->bits & ((1u << MP__HUFF_FAST) - 1)];
+    if (e && (int)(e >> 9) <= z->nbits) {
+        z->bits >>= e >> 9;
+        z->nbits -= (int)(e >> 9);
+        *sym = (int)(e & 511u);
+        return MP_OK;
+    }
+    for (len = 1; len < 16; len++) { /* codes of each length follow those one bit shorter */
+        if (len > z->nbits) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+        code |= (int)(z->bits >> (len - 1)) & 1;
+        if (code - first < h->count[len]) {
+            z->bits >>= len;
+            z->nbits -= len;
+            *sym = h->symbol[index + code - first];
+            return MP_OK;
+        }
+        index += h->count[len];
+        first = (first + h->count[len]) << 1;
+        code <<= 1;
+    }
+    return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: bits that no code of the block has");
+}
+
+/* One Huffman block's symbols (RFC 1951 3.2.5): literals, or a length and
+   a distance back into the output, until the end-of-block symbol 256. */
+static mp_status mp__inflate_codes(mp__inflate *z, const mp__huff *lit, const mp__huff *dist) {
+    static const uint16_t len_base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
+                                          31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
+    static const uint8_t len_extra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+    static const uint16_t dist_base[30] = {1,   2,   3,   4,   5,   7,    9,    13,   17,   25,
+                                           33,  49,  65,  97,  129, 193,  257,  385,  513,  769,
+                                           1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+    static const uint8_t dist_extra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                                           6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+    mp_status st;
+    int sym;
+    unsigned extra;
+    size_t length, distance, i;
+    for (;;) {
+        if ((st = mp__huff_decode(z, lit, &sym)) != MP_OK) return st;
+        if (sym < 256) {
+            if ((st = mp__gz_room(z, 1)) != MP_OK) return st;
+            z->out[z->out_len++] = (uint8_t)sym;
+            continue;
+        }
+        if (sym == 256) return MP_OK;
+        if ((sym -= 257) >= 29) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: length symbol 286 or 287");
+        if ((st = mp__gz_bits(z, len_extra[sym], &extra)) != MP_OK) return st;
+        length = len_base[sym] + extra;
+        if ((st = mp__huff_decode(z, dist, &sym)) != MP_OK) return st;
+        if (sym >= 30) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: distance symbol 30 or 31");
+        if ((st = mp__gz_bits(z, dist_extra[sym], &extra)) != MP_OK) return st;
+        distance = dist_base[sym] + extra;
+        if (distance > z->out_len - z->member)
+            return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: distance too far back: before the start of the data");
+        if ((st = mp__gz_room(z, length)) != MP_OK) return st;
+        for (i = 0; i < length; i++, z->out_len++) z->out[z->out_len] = z->out[z->out_len - distance]; /* may overlap */
+    }
+}
+
+/* A dynamic block's two codes, sent as code lengths in a code of their own
+   (RFC 1951 3.2.7). */
+static mp_status mp__inflate_tables(mp__inflate *z, mp__huff *lit, mp__huff *dist) {
+    static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+    uint8_t lengths[286 + 30];
+    unsigned nlit, ndist, ncode, v, i, n, repeat, value;
+    int sym;
+    mp_status st;
+    mp__huff lengths_code;
+    if ((st = mp__gz_bits(z, 5, &nlit)) != MP_OK || (st = mp__gz_bits(z, 5, &ndist)) != MP_OK ||
+        (st = mp__gz_bits(z, 4, &ncode)) != MP_OK)
+        return st;
+    nlit += 257, ndist += 1, ncode += 4;
+    if (nlit > 286 || ndist > 30)
+        return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad header of a dynamic block: over 286 length or 30 distance codes");
+    memset(lengths, 0, sizeof lengths);
+    for (i = 0; i < ncode; i++) {
+        if ((st = mp__gz_bits(z, 3, &v)) != MP_OK) return st;
+        lengths[order[i]] = (uint8_t)v;
+    }
+    if ((st = mp__huff_build(z, &lengths_code, lengths, 19)) != MP_OK) return st;
+    for (n = 0; n < nlit + ndist; n += repeat) {
+        if ((st = mp__huff_decode(z, &lengths_code, &sym)) != MP_OK) return st;
+        if (sym < 16) { lengths[n] = (uint8_t)sym, repeat = 1; continue; }
+        if (sym == 16 && n == 0) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: a repeat with nothing before it");
+        value = sym == 16 ? lengths[n - 1] : 0;
+        if ((st = mp__gz_bits(z, sym == 16 ? 2 : sym == 17 ? 3 : 7, &v)) != MP_OK) return st;
+        repeat = (sym == 18 ? 11 : 3) + v;
+        if (repeat > nlit + ndist - n) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: lengths run past their count");
+        for (i = 0; i < repeat; i++) lengths[n + i] = (uint8_t)value;
+    }
+    if (lengths[256] == 0) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad Huffman code: no end-of-block symbol");
+    if ((st = mp__huff_build(z, lit, lengths, (int)nlit)) != MP_OK) return st;
+    return mp__huff_build(z, dist, lengths + nlit, (int)ndist);
+}
+
+/* The fixed codes of RFC 1951 3.2.6 (distance symbols 30 and 31 are in the
+   code, but invalid). */
+static void mp__inflate_fixed(mp__inflate *z, mp__huff *lit, mp__huff *dist) {
+    uint8_t lengths[288];
+    memset(lengths, 8, 144);
+    memset(lengths + 144, 9, 112);
+    memset(lengths + 256, 7, 24);
+    memset(lengths + 280, 8, 8);
+    (void)mp__huff_build(z, lit, lengths, 288); /* complete codes: cannot fail */
+    memset(lengths, 5, 32);
+    (void)mp__huff_build(z, dist, lengths, 32);
+}
+
+/* A stored block: to the next byte, LEN and its complement NLEN, LEN bytes. */
+static mp_status mp__inflate_stored(mp__inflate *z) {
+    unsigned len, nlen;
+    mp_status st;
+    z->bits >>= z->nbits & 7;
+    z->nbits -= z->nbits & 7;
+    if ((st = mp__gz_bits(z, 16, &len)) != MP_OK || (st = mp__gz_bits(z, 16, &nlen)) != MP_OK) return st;
+    if (len != (~nlen & 0xFFFFu)) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: a stored block's length and its complement disagree");
+    if ((st = mp__gz_room(z, len)) != MP_OK) return st;
+    for (; len && z->nbits >= 8; len--, z->nbits -= 8, z->bits >>= 8) z->out[z->out_len++] = (uint8_t)z->bits;
+    if (len > z->in_len - z->pos) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+    memcpy(z->out + z->out_len, z->in + z->pos, len);
+    z->out_len += len;
+    z->pos += len;
+    return MP_OK;
+}
+
+/* A deflate stream: blocks until the one marked last. */
+static mp_status mp__inflate_stream(mp__inflate *z) {
+    unsigned last = 0, type;
+    mp_status st;
+    mp__huff lit, dist;
+    while (!last) {
+        if ((st = mp__gz_bits(z, 1, &last)) != MP_OK || (st = mp__gz_bits(z, 2, &type)) != MP_OK) return st;
+        if (type == 3) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: a block of the reserved type 3");
+        if (type == 0) st = mp__inflate_stored(z);
+        else if (type == 1) mp__inflate_fixed(z, &lit, &dist);
+        else st = mp__inflate_tables(z, &lit, &dist);
+        if (st == MP_OK && type != 0) st = mp__inflate_codes(z, &lit, &dist);
+        if (st != MP_OK) return st;
+    }
+    return MP_OK;
+}
+
+/* One member (RFC 1952 2.3): header, deflate stream, CRC-32 and ISIZE. */
+static mp_status mp__gz_member(mp__inflate *z) {
+    const uint8_t *p = z->in + z->pos;
+    size_t left = z->in_len - z->pos, h = 10, k;
+    unsigned flags, field;
+    mp_status st;
+    if (left >= 2 && (p[0] != 0x1F || p[1] != 0x8B)) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad header: no gzip magic (1f 8b)");
+    if (left < h) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+    if (p[2] != 8) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad header: the method is not deflate (8)");
+    if ((flags = p[3]) & 0xE0u) return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad header: reserved flag bits set");
+    if (flags & 4u) { /* FEXTRA: XLEN, then XLEN bytes */
+        if (left - h < 2 || mp__le_get(p + h, 2) > left - h - 2) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+        h += 2 + (size_t)mp__le_get(p + h, 2);
+    }
+    for (field = 8u; field <= 16u; field *= 2) /* FNAME, FCOMMENT: zero-terminated */
+        if (flags & field) {
+            for (k = h; k < left && p[k]; k++) continue;
+            if (k == left) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+            h = k + 1;
+        }
+    if (flags & 2u) { /* FHCRC */
+        if (left - h < 2) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+        if ((mp__crc32(p, h) & 0xFFFFu) != mp__le_get(p + h, 2))
+            return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: bad header: its CRC-16 does not match");
+        h += 2;
+    }
+    z->pos += h;
+    z->bits = 0, z->nbits = 0;
+    z->member = z->out_len;
+    if ((st = mp__inflate_stream(z)) != MP_OK) return st;
+    z->pos -= (size_t)z->nbits / 8; /* whole bytes loaded but not used; the rest of the last byte is padding */
+    z->bits = 0, z->nbits = 0;
+    if (z->in_len - z->pos < 8) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+    p = z->in + z->pos;
+    if (mp__crc32(z->out + z->member, z->out_len - z->member) != (uint32_t)mp__le_get(p, 4))
+        return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: CRC-32 mismatch: the data is corrupt");
+    if ((uint32_t)mp__le_get(p + 4, 4) != (uint32_t)(z->out_len - z->member))
+        return mp__gz_fail(z, MP_ERR_FORMAT, "gzip: ISIZE mismatch: the trailer gives another length");
+    z->pos += 8;
+    return MP_OK;
+}
+
+/* Every member of src into z->out, which the caller frees whatever the
+   status (on MP_ERR_SIZE it holds the first max bytes: mp_load_idx reads an
+   IDX header that way). */
+static mp_status mp__gunzip(mp__inflate *z, const uint8_t *src, size_t len, size_t max) {
+    size_t hint = len >= 4 ? (uint32_t)mp__le_get(src + len - 4, 4) : 0;
+    mp_status st;
+    memset(z, 0, sizeof *z);
+    z->in = src, z->in_len = len, z->max = max;
+    if (hint > max) hint = max;
+    if (len <= SIZE_MAX / 1032 && hint > len * 1032) hint = len * 1032; /* deflate's ratio at most */
+    if (!(z->out = (uint8_t *)mp__alloc(hint))) return mp__gz_fail(z, MP_ERR_ALLOC, "gzip: out of memory for the output");
+    z->cap = hint;
+    if (len == 0) return mp__gz_fail(z, MP_ERR_FORMAT, MP__GZ_TRUNCATED);
+    do {
+        if ((st = mp__gz_member(z)) != MP_OK) return st;
+        while (z->pos < len && src[z->pos] == 0) z->pos++; /* padding */
+    } while (z->pos < len);
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_gunzip(const void *src, size_t len, size_t max_out, void **out, size_t *out_len,
+                                const char **why) {
+    mp__inflate z;
+    mp_status st;
+    if (!src || !out || !out_len) {
+        if (why) *why = mp_status_message(MP_ERR_NULL);
+        return MP_ERR_NULL;
+    }
+    if ((st = mp__gunzip(&z, (const uint8_t *)src, len, max_out)) != MP_OK) {
+        mp__free(z.out);
+        if (why) *why = z.why;
+        return st;
+    }
+    *out = z.out;
+    *out_len = z.out_len;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_gunzip_free(void *out) { mp__free(out); }
+
 /* >>data: IDX files. Header: two zero bytes, a type byte (0x08: unsigned
    byte), the number of dimensions, then each dimension as a big-endian
    uint32; then exactly the bytes those dimensions say. */
@@ -11127,6 +11501,16 @@ static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsign
     want = claimed(head, got);
 #ifdef MP__POSIX_FILES
     if (sb.st_size >= 0 && (uint64_t)sb.st_size < (uint64_t)want) want = (size_t)sb.st_size;
+#else
+    { /* no stat: the size by a seek to the end, which binary streams support
+         on Windows and the common C libraries (a gzip file claims no size) */
+        long end;
+        if (fseek(f, 0, SEEK_END) == 0 && (end = ftell(f)) >= 0 && (unsigned long)end < want) want = (size_t)end;
+        if (fseek(f, (long)got, SEEK_SET) != 0) {
+            fclose(f);
+            return MP_ERR_IO;
+        }
+    }
 #endif
     if (want < got) want = got;
     if (want == SIZE_MAX || !(buf = (unsigned char *)mp__alloc(want + 1))) {
@@ -11157,17 +11541,101 @@ static size_t mp__idx_claimed(const unsigned char *head, size_t got) {
     return count < SIZE_MAX - 1 - header ? header + count : SIZE_MAX - 1;
 }
 
-MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
+/* A file's claim: a gzip file is read whole (its size bounds it), an IDX
+   file as far as its header says. */
+static size_t mp__idx_file_claimed(const unsigned char *head, size_t got) {
+    return got >= 2 && head[0] == 0x1F && head[1] == 0x8B ? SIZE_MAX - 1 : mp__idx_claimed(head, got);
+}
+
+/* What is wrong with an IDX buffer, or NULL when nothing is. */
+static const char *mp__idx_why(const uint8_t *b, size_t len) {
+    size_t claim = mp__idx_claimed(b, len);
+    int i, r = len >= 4 ? b[3] : 0;
+    if (len < 4 || b[0] || b[1] || b[2] != 0x08 || r < 1 || r > 3)
+        return "not an IDX file of unsigned bytes (those start 00 00 08, then 1 to 3 dimensions)";
+    if (len < 4 + 4 * (size_t)r) return "IDX: truncated in the header";
+    for (i = 0; i < r; i++)
+        if (mp__be32(b + 4 + 4 * i) == 0) return "IDX: a dimension is 0";
+    if (claim == SIZE_MAX - 1) return "IDX: the dimensions multiply past size_t";
+    if (len < claim) return "IDX: truncated: fewer bytes than the dimensions say";
+    return len > claim ? "IDX: more bytes than the dimensions say" : NULL;
+}
+
+/* A gzip file's IDX data, inflated in up to two steps: first no more than
+   16 + 65535 bytes, which holds a small file whole and otherwise at least
+   the longest IDX header (16 bytes: the last step before a stop makes at
+   most 65535, a stored block), then no more than that header says. So a
+   gzip bomb, whose data is no IDX header, or a header that lies is refused
+   before its bytes are made. *buf (the file) becomes the inflated data. */
+#define MP__IDX_PEEK (16u + 65535u)
+static mp_status mp__idx_gunzip(unsigned char **buf, size_t *len, const char **why) {
+    mp__inflate z;
+    size_t claim;
+    mp_status st = mp__gunzip(&z, *buf, *len, MP__IDX_PEEK);
+    if (st == MP_ERR_SIZE) {
+        claim = mp__idx_claimed(z.out, z.out_len);
+        if (claim <= z.out_len) { /* no IDX header, or one that says fewer bytes */
+            *why = mp__idx_why(z.out, z.out_len);
+            if (!*why) *why = "IDX: more bytes than the dimensions say";
+            return mp__free(z.out), MP_ERR_FORMAT;
+        }
+        mp__free(z.out);
+        if ((st = mp__gunzip(&z, *buf, *len, claim)) == MP_ERR_SIZE)
+            z.why = "IDX: more bytes than the dimensions say", st = MP_ERR_FORMAT;
+    }
+    if (st != MP_OK) return *why = z.why, mp__free(z.out), st;
+    mp__free(*buf);
+    *buf = z.out;
+    *len = z.out_len;
+    return MP_OK;
+}
+
+/* Why a file cannot be read: the system's reason where it gives one. */
+static const char *mp__io_why(const char *path) {
+#ifdef MP__POSIX_FILES
+    struct stat sb;
+    if (stat(path, &sb) != 0) return strerror(errno);
+    if (!S_ISREG(sb.st_mode)) return "not a regular file";
+#else
+    (void)path;
+#endif
+    return "cannot be opened or read";
+}
+
+/* One IDX file, plain or gzip; on failure "path: reason" into why. */
+static mp_status mp__idx_file(const char *path, unsigned char **buf, size_t *len, mp__text *why) {
+    const char *reason = NULL;
+    mp_status st = mp__read_file(path, mp__idx_file_claimed, buf, len);
+    if (st == MP_ERR_IO) reason = mp__io_why(path);
+    if (st == MP_OK && *len >= 2 && (*buf)[0] == 0x1F && (*buf)[1] == 0x8B) st = mp__idx_gunzip(buf, len, &reason);
+    if (st == MP_OK && (reason = mp__idx_why(*buf, *len)) != NULL) st = MP_ERR_FORMAT;
+    if (st != MP_OK) mp__put(why, path), mp__put(why, ": "), mp__put(why, reason ? reason : mp_status_message(st));
+    return st;
+}
+
+MIXPREC_API mp_status mp_load_idx_why(const char *images_path, const char *labels_path, mp_dataset *out, char *why,
+                                      size_t why_cap) {
     unsigned char *img = NULL, *lab = NULL;
     size_t img_len = 0, lab_len = 0;
+    mp__text t;
     mp_status st;
-    if (!images_path || !labels_path || !out) return MP_ERR_NULL;
-    st = mp__read_file(images_path, mp__idx_claimed, &img, &img_len);
-    if (st == MP_OK) st = mp__read_file(labels_path, mp__idx_claimed, &lab, &lab_len);
-    if (st == MP_OK) st = mp_dataset_from_idx(img, img_len, lab, lab_len, out);
+    t.buf = why, t.cap = why ? why_cap : 0, t.len = 0;
+    if (t.cap) why[0] = '\0';
+    if (!images_path || !labels_path || !out) return mp__put(&t, mp_status_message(MP_ERR_NULL)), MP_ERR_NULL;
+    st = mp__idx_file(images_path, &img, &img_len, &t);
+    if (st == MP_OK) st = mp__idx_file(labels_path, &lab, &lab_len, &t);
+    if (st == MP_OK && (st = mp_dataset_from_idx(img, img_len, lab, lab_len, out)) == MP_ERR_FORMAT)
+        mp__put(&t, images_path), mp__put(&t, ", "), mp__put(&t, labels_path),
+            mp__put(&t, ": IDX: the images must have 3 dimensions and the labels 1, the same count first");
+    else if (st != MP_OK && t.len == 0)
+        mp__put(&t, mp_status_message(st));
     mp__free(img);
     mp__free(lab);
     return st;
+}
+
+MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
+    return mp_load_idx_why(images_path, labels_path, out, NULL, 0);
 }
 #endif
 

@@ -5,10 +5,10 @@
    loss scale and the learning rate after each epoch and stops training once
    the validation accuracy reaches a target.
 
-       make data && ./build/callbacks --epochs 6
+       make && ./build/callbacks --epochs 6
 
    Flags: --epochs N (6)  --units N (256)  --batch-size N (128)
-          --data DIR (build/fashion-mnist)  --train-limit N (0 = all)
+          --data DIR (/usr/share/datasets/fashion-mnist)  --train-limit N (0 = all)
           --target PERCENT (90: stop at this validation accuracy)
           --checkpoint PATH (build/best.mpc) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -38,7 +38,7 @@ static mp_status report_and_stop(void *user, mp_fit_state *s, const mp_logs *log
 int main(int argc, char **argv) {
     int epochs = 6, units = 256, batch = 128, i;
     size_t train_limit = 0;
-    const char *dir = "build/fashion-mnist", *checkpoint = "build/best.mpc";
+    const char *dir = FM_PACKAGE_DIR, *checkpoint = "build/best.mpc";
     target goal = {0.90f, 0};
     mp_early_stopping early;
     mp_model_checkpoint best;

@@ -5,10 +5,10 @@
    it starts at 2^15, is halved (and the step skipped) whenever the float16
    gradients overflow, and doubles after 2000 good steps in a row.
 
-       make data && ./build/custom_loop --epochs 2
+       make && ./build/custom_loop --epochs 2
 
    Flags: --epochs N (5)  --units N (256)  --batch-size N (128)
-          --data DIR (build/fashion-mnist)  --train-limit N (0 = all)
+          --data DIR (/usr/share/datasets/fashion-mnist)  --train-limit N (0 = all)
           --initial-scale S (32768, Keras's 2^15; a larger one, e.g. 2^24 as
           Apex's ceiling, shows the scale falling to a workable value) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -39,7 +39,7 @@ static config parse_args(int argc, char **argv) {
     c.epochs = 5;
     c.units = 256;
     c.batch_size = 128;
-    c.data_dir = "build/fashion-mnist";
+    c.data_dir = FM_PACKAGE_DIR;
     c.train_limit = 0;
     c.initial_scale = 0;
     for (i = 1; i < argc; i += 2) {

@@ -58,13 +58,31 @@ static void fm_synthesize(fm_data *d, uint64_t seed) {
     d->synthetic = 1;
 }
 
-/* Loads one split of dir (prefix "train" or "t10k"). Returns MP_ERR_IO when
-   the files are not there; any other failure is a real error. */
-static mp_status fm_load_split(const char *dir, const char *prefix, mp_dataset *out) {
-    char images[1024], labels[1024];
-    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return mp_load_idx(images, labels, out);
+/* Where Debian's dataset-fashion-mnist package puts the files, gzipped as
+   they ship: the examples' default --data. */
+#define FM_PACKAGE_DIR "/usr/share/datasets/fashion-mnist"
+
+/* dir/name, or dir/name.gz where that is what there is (the package's way);
+   mp_load_idx reads either. */
+static void fm_path(char *out, size_t cap, const char *dir, const char *name) {
+    FILE *f;
+    snprintf(out, cap, "%s/%s", dir, name);
+    if ((f = fopen(out, "rb")) != NULL) {
+        fclose(f);
+        return;
+    }
+    snprintf(out, cap, "%s/%s.gz", dir, name);
+}
+
+/* Loads one split of dir (prefix "train" or "t10k"); on failure why says
+   which file and what is wrong (MP_ERR_IO: it cannot be read). */
+static mp_status fm_load_split(const char *dir, const char *prefix, mp_dataset *out, char *why, size_t cap) {
+    char images[1024], labels[1024], name[64];
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte", prefix);
+    fm_path(images, sizeof images, dir, name);
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte", prefix);
+    fm_path(labels, sizeof labels, dir, name);
+    return mp_load_idx_why(images, labels, out, why, cap);
 }
 
 static mp_data fm_view(const mp_dataset *s) {
@@ -76,13 +94,15 @@ static mp_data fm_view(const mp_dataset *s) {
     return v;
 }
 
-/* Fashion-MNIST from dir, or the synthetic set when the files are missing.
+/* Fashion-MNIST from dir, or the synthetic set (saying why) when the files
+   cannot be read; files that are there but corrupt end the program.
    train_limit > 0 keeps only the first train_limit training images. */
 static void fm_load(fm_data *d, const char *dir, size_t train_limit, uint64_t seed) {
+    char why[1200];
     mp_status st;
     memset(d, 0, sizeof *d);
-    st = fm_load_split(dir, "train", &d->idx_train);
-    if (st == MP_OK) st = fm_load_split(dir, "t10k", &d->idx_test);
+    st = fm_load_split(dir, "train", &d->idx_train, why, sizeof why);
+    if (st == MP_OK) st = fm_load_split(dir, "t10k", &d->idx_test, why, sizeof why);
     if (st == MP_OK) {
         if (d->idx_train.rows * d->idx_train.cols != FM_PIXELS ||
             d->idx_test.rows * d->idx_test.cols != FM_PIXELS) {
@@ -95,13 +115,13 @@ static void fm_load(fm_data *d, const char *dir, size_t train_limit, uint64_t se
                d->test.n);
     } else if (st == MP_ERR_IO) {
         mp_dataset_free(&d->idx_train); /* the train split may have loaded */
-        printf("Fashion-MNIST is not in %s. To use it:\n"
-               "    apt-get install dataset-fashion-mnist\n"
-               "    make data\n"
-               "Using a synthetic 10-class data set instead.\n", dir);
+        printf("Fashion-MNIST cannot be read: %s.\n"
+               "To use it: apt-get install dataset-fashion-mnist (the examples read\n"
+               "%s as it is; --data DIR: a folder of the same files, gzipped or not).\n"
+               "Using a synthetic 10-class data set instead.\n", why, FM_PACKAGE_DIR);
         fm_synthesize(d, seed);
     } else {
-        fprintf(stderr, "%s: %s\n", dir, mp_status_message(st));
+        fprintf(stderr, "%s\n", why);
         exit(1);
     }
     if (train_limit > 0 && train_limit < d->train.n) d->train.n = train_limit;

@@ -6,11 +6,11 @@
    automatic mixed precision would: float32 layers, the graph rewrite at
    compile (the run named amp_float16 or amp_bfloat16).
 
-       make data && ./build/mnist_mlp --units 256 --epochs 2 --batch-size 128
+       make && ./build/mnist_mlp --units 256 --epochs 2 --batch-size 128
 
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
           --units N (4096)  --epochs N (5)  --batch-size N (8192)
-          --data DIR (build/fashion-mnist)  --seed N (1337)
+          --data DIR (/usr/share/datasets/fashion-mnist)  --seed N (1337)
           --train-limit N (0 = every training image)
           --csv PREFIX: a per-step CSV log per policy, PREFIX_POLICY.csv,
           for examples/plot_log.gp (loss and loss scale over steps)
@@ -79,7 +79,7 @@ static config parse_args(int argc, char **argv) {
     c.units = 4096; /* the guide's sizes */
     c.epochs = 5;
     c.batch_size = 8192;
-    c.data_dir = "build/fashion-mnist";
+    c.data_dir = FM_PACKAGE_DIR;
     c.seed = 1337;
     for (i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage(argv[0]);

@@ -8,12 +8,12 @@
    the same on every rank but R (the weights are bit-identical). Built by
    `make examples` where mpicc is:
 
-       make data examples
+       make examples
        mpirun -np 2 ./build/mnist_mpi --policy mixed_float16 --units 256 --epochs 2 --batch-size 256
 
    Flags: --policy float32|mixed_float16|mixed_bfloat16 (mixed_float16)
           --units N (256)  --epochs N (2)  --batch-size N: the global batch (256)
-          --data DIR (build/fashion-mnist)  --seed N (1337; rank r uses
+          --data DIR (/usr/share/datasets/fashion-mnist)  --seed N (1337; rank r uses
           seed + r, and still starts from rank 0's weights)
           --train-limit N (0 = every training image)  --threads N (1 per rank) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime; dup and fdopen */
@@ -37,7 +37,7 @@ static config parse_args(int argc, char **argv) {
     int i;
     memset(&c, 0, sizeof c);
     c.policy = "mixed_float16";
-    c.data_dir = "build/fashion-mnist";
+    c.data_dir = FM_PACKAGE_DIR;
     c.units = 256;
     c.epochs = 2;
     c.batch_size = 256;

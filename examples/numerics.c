@@ -10,10 +10,10 @@
    Inf, and the next step stops there, naming the layer, the step and the
    pass, with the weights untouched.
 
-       make data && ./build/numerics
+       make && ./build/numerics
 
    Flags: --units N (64)  --batch-size N (100)  --train-limit N (3000)
-          --every N (0 = the last step)  --data DIR (build/fashion-mnist)
+          --every N (0 = the last step)  --data DIR (/usr/share/datasets/fashion-mnist)
           --csv FILE (also log the statistics as CSV) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime: fit's epoch times */
 #define MIXPREC_IMPLEMENTATION
@@ -41,7 +41,7 @@ static config parse_args(int argc, char **argv) {
     c.batch_size = 100;
     c.every = 0;
     c.train_limit = 3000;
-    c.data_dir = "build/fashion-mnist";
+    c.data_dir = FM_PACKAGE_DIR;
     c.csv = NULL;
     for (i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage(argv[0]);

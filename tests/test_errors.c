@@ -60,6 +60,7 @@ static void t_free(void *q) {
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"
+#include "gzip_encode.h"
 
 static int verbose;
 #define NS 8 /* samples of the small classifier: 4 inputs, 3 classes */
@@ -863,6 +864,345 @@ static void test_idx_files(void) {
     unlink(pi), unlink(pl), unlink(pt), unlink(pe);
 }
 
+/* >>4b. gzip files: mp_gunzip, and mp_load_idx of `.gz` files. Valid input
+   comes from gzip_encode.h: an encoder of our own and gzip -9's own bytes. */
+
+static size_t seq_text(char *out) { /* `seq 1 120` */
+    size_t len = 0;
+    int i;
+    for (i = 1; i <= 120; i++) len += (size_t)sprintf(out + len, "%d\n", i);
+    return len;
+}
+
+/* mp_gunzip must give exactly want[want_len], and free what it allocated */
+static void check_gunzip(const unsigned char *gz, size_t len, const void *want, size_t want_len, int line) {
+    void *out = NULL;
+    size_t out_len = 0, blocks = t_live_blocks;
+    const char *why = NULL;
+    mp_status st = mp_gunzip(gz, len, want_len, &out, &out_len, &why);
+    if (!check_report(st == MP_OK && out_len == want_len && memcmp(out, want, want_len) == 0, __FILE__, line,
+                      "mp_gunzip gives the data"))
+        fprintf(stderr, "    %s: %s (%lu bytes)\n", mp_status_name(st), why ? why : "", (unsigned long)out_len);
+    mp_gunzip_free(out);
+    check_report(t_live_blocks == blocks, __FILE__, line, "mp_gunzip_free frees the output");
+}
+#define CHECK_GUNZIP(gz, len, want, want_len) check_gunzip((gz), (len), (want), (want_len), __LINE__)
+
+/* mp_gunzip must fail with st, write nothing but why (whose text must hold
+   `says`), and leak nothing */
+static void check_gunzip_fails(const unsigned char *gz, size_t len, size_t max_out, mp_status want, const char *says,
+                               int line) {
+    static char sentinel;
+    void *out = &sentinel;
+    size_t out_len = 7, blocks = t_live_blocks;
+    const char *why = NULL;
+    mp_status st = mp_gunzip(gz, len, max_out, &out, &out_len, &why);
+    if (!check_report(st == want && why && strstr(why, says), __FILE__, line, "mp_gunzip fails as it should"))
+        fprintf(stderr, "    got %s \"%s\" (len %lu), want %s \"%s\"\n", mp_status_name(st), why ? why : "(none)",
+                (unsigned long)len, mp_status_name(want), says);
+    check_report(out == &sentinel && out_len == 7 && t_live_blocks == blocks, __FILE__, line,
+                 "a failed mp_gunzip writes nothing and leaks nothing");
+}
+#define GUNZIP_FAILS(gz, len, max_out, st, says) check_gunzip_fails((gz), (len), (max_out), (st), (says), __LINE__)
+
+static void test_gzip_valid(void) {
+    static const int flag_sets[6] = {0, GZ_FTEXT, GZ_FNAME, GZ_FEXTRA | GZ_FCOMMENT, GZ_FHCRC,
+                                     GZ_FTEXT | GZ_FHCRC | GZ_FEXTRA | GZ_FNAME | GZ_FCOMMENT};
+    unsigned char img[64], d[3000], gz[4096];
+    char text[512];
+    size_t il = make_images(img, 3, 2, 2), n, len, i;
+    int mode, f;
+    for (i = 0; i < sizeof d; i++) d[i] = (unsigned char)(i < 1000 ? i * 7 : i < 2000 ? 0 : (i / 300) * 40); /* runs */
+    for (mode = GZ_STORED; mode <= GZ_FIXED; mode++)
+        for (f = 0; f < 6; f++) {
+            len = gz_encode(gz, sizeof gz, img, il, mode, flag_sets[f]);
+            CHECK_GUNZIP(gz, len, img, il);
+            len = gz_encode(gz, sizeof gz, d, 0, mode, flag_sets[f]); /* empty */
+            CHECK_GUNZIP(gz, len, d, 0);
+            len = gz_encode(gz, sizeof gz, d, 1, mode, flag_sets[f]);
+            CHECK_GUNZIP(gz, len, d, 1);
+        }
+    len = gz_encode(gz, sizeof gz, d, sizeof d, GZ_FIXED, 0);
+    CHECK(len < 2000); /* the runs are matches */
+    CHECK_GUNZIP(gz, len, d, sizeof d);
+    CHECK_GUNZIP(gz_hello, sizeof gz_hello, "hello, hello, hello, hello!\n", 28);
+    CHECK_GUNZIP(gz_images, sizeof gz_images, img, il);
+    n = seq_text(text);
+    CHECK_GUNZIP(gz_seq, sizeof gz_seq, text, n);
+}
+
+/* every prefix of a valid member is truncated; a byte after one is not a member */
+static void test_gzip_truncated(void) {
+    unsigned char img[64], gz[512];
+    size_t il = make_images(img, 3, 2, 2), len, k;
+    const unsigned char *members[5];
+    size_t lens[5];
+    int i;
+    lens[0] = gz_encode(gz, 128, img, il, GZ_STORED, GZ_FHCRC | GZ_FEXTRA | GZ_FNAME | GZ_FCOMMENT), members[0] = gz;
+    lens[1] = gz_encode(gz + 128, 128, img, il, GZ_FIXED, GZ_FEXTRA), members[1] = gz + 128;
+    members[2] = gz_hello, lens[2] = sizeof gz_hello;
+    members[3] = gz_images, lens[3] = sizeof gz_images;
+    members[4] = gz_seq, lens[4] = sizeof gz_seq;
+    for (i = 0; i < 5; i++) {
+        check_fold_begin();
+        for (k = 0; k < lens[i]; k++) {
+            unsigned char *cut = (unsigned char *)malloc(k ? k : 1); /* its exact size: ASan sees a read past it */
+            if (!cut) continue;
+            memcpy(cut, members[i], k);
+            GUNZIP_FAILS(cut, k, 1 << 20, MP_ERR_FORMAT, k >= 2 ? "truncated" : "gzip: ");
+            free(cut);
+        }
+        CHECK_FOLD("every prefix of a member is MP_ERR_FORMAT, truncated");
+    }
+    len = lens[1];
+    memcpy(gz + 256, members[1], len);
+    gz[256 + len] = 0, gz[257 + len] = 0;
+    CHECK_GUNZIP(gz + 256, len + 2, img, il); /* zero padding */
+    gz[256 + len] = 0x1F;
+    GUNZIP_FAILS(gz + 256, len + 1, 1 << 20, MP_ERR_FORMAT, "truncated"); /* half a magic */
+    gz[256 + len + 1] = 0;
+    GUNZIP_FAILS(gz + 256, len + 2, 1 << 20, MP_ERR_FORMAT, "no gzip magic");
+    GUNZIP_FAILS(gz, 0, 1 << 20, MP_ERR_FORMAT, "truncated");
+}
+
+/* flipped bits: never a crash; what is accepted is the original data, and
+   only a flip of the header's unchecked fields (FTEXT, mtime, XFL, OS, the
+   name) or of the last block's padding bits is accepted */
+static void test_gzip_corrupt(void) {
+    unsigned char img[64], gz[256], b[256];
+    size_t il = make_images(img, 3, 2, 2), len, bit, at;
+    unsigned ok = 0, other = 0, wrong = 0, misplaced = 0;
+    const unsigned char *src[3];
+    size_t lens[3], header[3] = {21, 18, 10}; /* 10 + the name and its zero */
+    int s;
+    lens[0] = gz_encode(gz, sizeof gz, img, il, GZ_FIXED, GZ_FNAME), src[0] = gz;
+    src[1] = gz_images, lens[1] = sizeof gz_images;
+    src[2] = gz_seq, lens[2] = sizeof gz_seq;
+    for (s = 0; s < 3; s++) {
+        len = lens[s];
+        for (bit = 0; bit < 8 * len; bit++) {
+            void *out = NULL;
+            size_t out_len = 0;
+            const char *why = NULL;
+            mp_status st;
+            memcpy(b, src[s], len);
+            b[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+            st = mp_gunzip(b, len, 1 << 20, &out, &out_len, &why);
+            if (st == MP_OK) {
+                ok++, at = bit / 8;
+                if (s != 2 ? out_len != il || memcmp(out, img, il) != 0 : out_len != 372) wrong++;
+                if (at == 3 ? bit % 8 != 0 : at < 4 || (at >= header[s] && at != len - 9)) misplaced++;
+                mp_gunzip_free(out);
+            } else if (st != MP_ERR_FORMAT || !why || strncmp(why, "gzip: ", 6) != 0) {
+                other++;
+            }
+        }
+    }
+    CHECK(other == 0 && wrong == 0 && misplaced == 0);
+    CHECK(ok > 0);
+}
+
+static size_t with_trailer(unsigned char *gz, size_t len, uint32_t crc, uint32_t isize) {
+    size_t i;
+    for (i = 0; i < 4; i++) gz[len - 8 + i] = (unsigned char)(crc >> (8 * i)), gz[len - 4 + i] = (unsigned char)(isize >> (8 * i));
+    return len;
+}
+
+static void test_gzip_checks(void) {
+    unsigned char img[64], gz[256], b[256];
+    size_t il = make_images(img, 3, 2, 2), len = gz_encode(gz, sizeof gz, img, il, GZ_STORED, GZ_FHCRC);
+    uint32_t crc = crc32_bits(img, il);
+    bitw w = {b, 0, sizeof b, 0, 0};
+    memcpy(b, gz, len);
+    GUNZIP_FAILS(b, with_trailer(b, len, crc ^ 1u, (uint32_t)il), 1 << 20, MP_ERR_FORMAT, "CRC-32 mismatch");
+    GUNZIP_FAILS(b, with_trailer(b, len, crc, (uint32_t)il + 1), 1 << 20, MP_ERR_FORMAT, "ISIZE mismatch");
+    mp_reset_peak_memory();
+    GUNZIP_FAILS(b, with_trailer(b, len, crc, 0xFFFFFFF0u), 1 << 30, MP_ERR_FORMAT, "ISIZE mismatch");
+    CHECK(mp_get_memory_info().peak < (1u << 20)); /* ISIZE is a hint, bounded by deflate's ratio */
+    with_trailer(b, len, crc, (uint32_t)il);
+    CHECK_GUNZIP(b, len, img, il);
+    b[10] ^= 1, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "CRC-16"), b[10] ^= 1;
+    b[0] = 0x1E, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "magic"), b[0] = 0x1F;
+    b[2] = 7, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "not deflate"), b[2] = 8;
+    b[3] |= 0x20, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "reserved flag"), b[3] &= 0x1F;
+    b[14] ^= 1, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "complement"), b[14] ^= 1; /* a stored LEN */
+    b[12] |= 6, GUNZIP_FAILS(b, len, 1 << 20, MP_ERR_FORMAT, "reserved type 3"), b[12] &= 0xF9;
+    /* the output limit: exactly the data fits, one byte less does not */
+    CHECK_GUNZIP(b, len, img, il);
+    GUNZIP_FAILS(b, len, il - 1, MP_ERR_SIZE, "output limit");
+    /* a match before the first byte: literal 'a', then distance 2 */
+    put_bits(&w, 0x1F, 8), put_bits(&w, 0x8B, 8), put_bits(&w, 8, 8), put_bits(&w, 0, 8);
+    put_le32(&w, 0), put_bits(&w, 0, 16), put_bits(&w, 1, 1), put_bits(&w, 1, 2);
+    fixed_symbol(&w, 'a'), fixed_match(&w, 3, 1), fixed_symbol(&w, 256), put_bits(&w, 0, (8 - w.n) & 7);
+    put_le32(&w, 0), put_le32(&w, 4);
+    GUNZIP_FAILS(b, w.len, 1 << 20, MP_ERR_FORMAT, "distance too far back");
+    CHECK_ST(mp_gunzip(NULL, len, 1, (void **)&w.p, &w.len, NULL), MP_ERR_NULL);
+    CHECK_ST(mp_gunzip(gz, len, 1, NULL, &w.len, NULL), MP_ERR_NULL);
+    CHECK_ST(mp_gunzip(gz, len, 1, (void **)&w.p, NULL, NULL), MP_ERR_NULL);
+    CHECK(w.p == b); /* untouched */
+    mp_gunzip_free(NULL);
+}
+
+/* members are joined; one that fails fails the whole */
+static void test_gzip_members(void) {
+    unsigned char img[64], gz[512], want[128];
+    size_t il = make_images(img, 3, 2, 2), len;
+    len = gz_encode(gz, 128, img, 8, GZ_STORED, GZ_FNAME);
+    len += gz_encode(gz + len, 128, img + 8, il - 8, GZ_FIXED, 0);
+    CHECK_GUNZIP(gz, len, img, il);
+    memcpy(gz + len, gz_hello, sizeof gz_hello);
+    memcpy(want, img, il), memcpy(want + il, "hello, hello, hello, hello!\n", 28);
+    CHECK_GUNZIP(gz, len + sizeof gz_hello, want, il + 28);
+    memset(gz + len, 0, 3), memcpy(gz + len + 3, gz_hello, sizeof gz_hello); /* padding between members */
+    CHECK_GUNZIP(gz, len + 3 + sizeof gz_hello, want, il + 28);
+    gz[len + 3 + sizeof gz_hello - 5] ^= 1; /* the second member's CRC */
+    GUNZIP_FAILS(gz, len + 3 + sizeof gz_hello, 1 << 20, MP_ERR_FORMAT, "CRC-32 mismatch");
+    GUNZIP_FAILS(gz, len + 3 + sizeof gz_hello, il + 27, MP_ERR_SIZE, "output limit"); /* the limit is on the sum */
+}
+
+/* a gzip bomb: 1 GiB of zeros in about 6.5 MB (fixed codes: a literal, then
+   matches of 258 at distance 1). header_len bytes of head go first. */
+static unsigned char *make_bomb(size_t *len, const unsigned char *head, size_t header_len) {
+    size_t total = (size_t)1 << 30, done, cap = 7u << 20;
+    bitw w;
+    w.p = (unsigned char *)malloc(cap), w.len = 0, w.cap = cap, w.acc = 0, w.n = 0;
+    if (!w.p) return NULL;
+    put_bits(&w, 0x1F, 8), put_bits(&w, 0x8B, 8), put_bits(&w, 8, 8), put_bits(&w, 0, 8);
+    put_le32(&w, 0), put_bits(&w, 0, 16), put_bits(&w, 1, 1), put_bits(&w, 1, 2);
+    for (done = 0; done < header_len; done++) fixed_symbol(&w, head[done]);
+    fixed_symbol(&w, 0), done++;
+    for (; total - done >= 258; done += 258) fixed_match(&w, 258, 0);
+    for (; done < total; done++) fixed_symbol(&w, 0);
+    fixed_symbol(&w, 256), put_bits(&w, 0, (8 - w.n) & 7);
+    put_le32(&w, 0), put_le32(&w, (uint32_t)total);
+    *len = w.len;
+    return w.len <= cap ? w.p : (free(w.p), (unsigned char *)NULL);
+}
+
+static void test_gzip_bomb(void) {
+    static const unsigned char labels_head[8] = {0, 0, 8, 1, 0, 1, 0x86, 0xA0}; /* 100000 labels */
+    unsigned char *bomb;
+    size_t len;
+    char path[64], why[256];
+    mp_dataset ds;
+    memset(&ds, 0, sizeof ds);
+    if (!CHECK((bomb = make_bomb(&len, NULL, 0)) != NULL)) return;
+    mp_reset_peak_memory();
+    GUNZIP_FAILS(bomb, len, (size_t)16 << 20, MP_ERR_SIZE, "output limit");
+    CHECK(mp_get_memory_info().peak <= ((size_t)16 << 20) + 4096);
+    if (CHECK(write_temp(path, bomb, len))) { /* as a file: no IDX header, so refused after 64 KiB */
+        mp_reset_peak_memory();
+        CHECK_ST(mp_load_idx_why(path, path, &ds, why, sizeof why), MP_ERR_FORMAT);
+        CHECK(strstr(why, path) && strstr(why, "not an IDX file"));
+        CHECK(mp_get_memory_info().peak <= len + (200u << 10));
+        unlink(path);
+    }
+    free(bomb);
+    if (!CHECK((bomb = make_bomb(&len, labels_head, 8)) != NULL)) return;
+    if (CHECK(write_temp(path, bomb, len))) { /* an IDX header that says 100008 bytes */
+        mp_reset_peak_memory();
+        CHECK_ST(mp_load_idx_why(path, path, &ds, why, sizeof why), MP_ERR_FORMAT);
+        CHECK(strstr(why, "more bytes than the dimensions say") != NULL);
+        CHECK(mp_get_memory_info().peak <= len + (300u << 10));
+        unlink(path);
+    }
+    free(bomb);
+    CHECK(ds.x == NULL);
+}
+
+static int write_gz_temp(char *path, const unsigned char *d, size_t n, int mode) {
+    unsigned char gz[512];
+    size_t len = gz_encode(gz, sizeof gz, d, n, mode, GZ_FNAME);
+    return len <= sizeof gz && write_temp(path, gz, len);
+}
+
+static void test_gzip_files(void) {
+    unsigned char img[64], lab[16], bad[512];
+    static const unsigned char values[3] = {1, 0, 2};
+    size_t il = make_images(img, 3, 2, 2), ll = make_labels(lab, 3, values), k, blocks;
+    char gi[64], gl[64], pl[64], gc[64], gw[64], why[256];
+    mp_dataset ds;
+    mp_status st;
+    memset(&ds, 0, sizeof ds);
+    if (!CHECK(write_gz_temp(gi, img, il, GZ_FIXED) && write_gz_temp(gl, lab, ll, GZ_STORED) && write_temp(pl, lab, ll) &&
+               write_gz_temp(gw, lab, ll - 1, GZ_FIXED) && write_temp(gc, gz_images, sizeof gz_images - 5)))
+        return;
+    CHECK_ST(mp_load_idx(gi, gl, &ds), MP_OK);
+    CHECK(ds.n == 3 && ds.rows == 2 && ds.cols == 2 && ds.classes == 3 && ds.x && ds.x[1] == 1.0f && ds.labels[0] == 1);
+    mp_dataset_free(&ds);
+    CHECK_ST(mp_load_idx_why(gi, pl, &ds, why, sizeof why), MP_OK); /* gzip images, plain labels */
+    CHECK(why[0] == '\0' && ds.n == 3);
+    mp_dataset_free(&ds);
+    CHECK_ST(mp_load_idx_why(gc, gl, &ds, why, sizeof why), MP_ERR_FORMAT); /* a truncated .gz */
+    CHECK(strncmp(why, gc, strlen(gc)) == 0 && strstr(why, ": gzip: truncated"));
+    CHECK_ST(mp_load_idx_why(gi, gw, &ds, why, sizeof why), MP_ERR_FORMAT); /* a label short */
+    CHECK(strstr(why, gw) && strstr(why, "IDX: truncated"));
+    CHECK_ST(mp_load_idx_why(gl, gi, &ds, why, sizeof why), MP_ERR_FORMAT); /* swapped */
+    CHECK(strstr(why, "3 dimensions") != NULL);
+    CHECK_ST(mp_load_idx_why("/nonexistent/mixprec/a.gz", gl, &ds, why, sizeof why), MP_ERR_IO);
+    CHECK(strstr(why, "/nonexistent/mixprec/a.gz: ") == why && strlen(why) > 28);
+    CHECK_ST(mp_load_idx_why(gi, gl, &ds, why, 8), MP_OK);
+    mp_dataset_free(&ds);
+    CHECK_ST(mp_load_idx_why(gc, gl, &ds, why, 8), MP_ERR_FORMAT); /* cut to fit */
+    CHECK(strlen(why) == 7);
+    CHECK_ST(mp_load_idx_why(NULL, gl, &ds, why, sizeof why), MP_ERR_NULL);
+    CHECK_ST(mp_load_idx_why(gc, gl, &ds, NULL, 0), MP_ERR_FORMAT);
+    /* corrupt .gz files: each fails with a message, and leaks nothing */
+    k = gz_encode(bad, sizeof bad, img, il, GZ_FIXED, 0);
+    bad[k - 8] ^= 0x10;
+    unlink(gc);
+    if (CHECK(write_temp(gc, bad, k))) {
+        CHECK_ST(mp_load_idx_why(gc, gl, &ds, why, sizeof why), MP_ERR_FORMAT);
+        CHECK(strstr(why, "CRC-32 mismatch") != NULL);
+    }
+    /* an allocation failure at each allocation: MP_ERR_ALLOC, nothing leaked */
+    blocks = t_live_blocks;
+    check_fold_begin();
+    for (k = 1; k < 64; k++) {
+        t_count = 0, t_fail_at = k, t_failed = 0;
+        st = mp_load_idx(gi, gl, &ds);
+        t_fail_at = 0;
+        CHECK(t_failed ? st == MP_ERR_ALLOC && ds.x == NULL : st == MP_OK);
+        CHECK(t_live_blocks == blocks + (st == MP_OK ? 2 : 0));
+        mp_dataset_free(&ds);
+        if (!t_failed) break;
+    }
+    CHECK_FOLD("an allocation failure in loading .gz files is MP_ERR_ALLOC and leaks nothing");
+    CHECK(k > 4 && k < 64);
+    CHECK(ds.x == NULL);
+    unlink(gi), unlink(gl), unlink(pl), unlink(gw), unlink(gc);
+}
+
+/* The Debian package's files as they ship (dataset-fashion-mnist), where
+   installed: 60000 and 10000 images of 28x28, 6000 and 1000 of each class,
+   the first of each split an ankle boot (9) as Keras's load_data gives. */
+static void test_gzip_package(void) {
+    static const char *const dir = "/usr/share/datasets/fashion-mnist";
+    static const char *const split[2] = {"train", "t10k"};
+    char pi[256], pl[256], why[512];
+    size_t count[10], i;
+    int s, c;
+    mp_dataset ds;
+    for (s = 0; s < 2; s++) {
+        snprintf(pi, sizeof pi, "%s/%s-images-idx3-ubyte.gz", dir, split[s]);
+        snprintf(pl, sizeof pl, "%s/%s-labels-idx1-ubyte.gz", dir, split[s]);
+        if (access(pi, R_OK) != 0 || access(pl, R_OK) != 0) {
+            printf("skip: gzip_package: %s not installed (apt-get install dataset-fashion-mnist)\n", pi);
+            continue;
+        }
+        memset(&ds, 0, sizeof ds);
+        if (!CHECK(mp_load_idx_why(pi, pl, &ds, why, sizeof why) == MP_OK)) {
+            fprintf(stderr, "    %s\n", why);
+            continue;
+        }
+        memset(count, 0, sizeof count);
+        for (i = 0; i < ds.n; i++) count[ds.labels[i]]++;
+        CHECK(ds.n == (s ? 10000u : 60000u) && ds.rows == 28 && ds.cols == 28 && ds.classes == 10 && ds.labels[0] == 9);
+        for (c = 0; c < 10; c++) CHECK(count[c] == ds.n / 10);
+        mp_dataset_free(&ds);
+    }
+}
+
 /* >>6. tensors */
 
 static void test_tensor_alloc(void) {
@@ -1155,6 +1495,14 @@ int main(int argc, char **argv) {
     RUN(test_idx_dataset_mismatch());
     RUN(test_idx_fuzz());
     RUN(test_idx_files());
+    RUN(test_gzip_valid());
+    RUN(test_gzip_truncated());
+    RUN(test_gzip_corrupt());
+    RUN(test_gzip_checks());
+    RUN(test_gzip_members());
+    RUN(test_gzip_bomb());
+    RUN(test_gzip_files());
+    RUN(test_gzip_package());
     RUN(test_tensor_alloc());
     RUN(test_no_allocation_per_step());
     RUN(test_alloc_failures());
