@@ -1886,17 +1886,26 @@ MP__ROUND_EACH_END;
    a debug build's mp__free asserted. Other compilers: plain accesses, and
    mixprec from one thread at a time. */
 #if defined(__GNUC__) || defined(__clang__)
-#define MP__RELAXED_GET(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define MP__RELAXED_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-#define MP__RELAXED_ADD(x, v) __atomic_add_fetch(&(x), (v), __ATOMIC_RELAXED)       /* the new value */
-#define MP__RELAXED_TAKE(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)      /* the old value */
-#define MP__RELAXED_SWAP(x, old, v) __atomic_compare_exchange_n(&(x), &(old), (v), 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
+static size_t mp__relaxed_get(const size_t *x) { return __atomic_load_n(x, __ATOMIC_RELAXED); }
+static void mp__relaxed_set(size_t *x, size_t v) { __atomic_store_n(x, v, __ATOMIC_RELAXED); }
+/* x += v; the new value */
+static size_t mp__relaxed_add(size_t *x, size_t v) { return __atomic_add_fetch(x, v, __ATOMIC_RELAXED); }
+/* x -= v; the old value */
+static size_t mp__relaxed_take(size_t *x, size_t v) { return __atomic_fetch_sub(x, v, __ATOMIC_RELAXED); }
+/* x = v where x is still *old (else *old = x): whether it was */
+static int mp__relaxed_swap(size_t *x, size_t *old, size_t v) {
+    return __atomic_compare_exchange_n(x, old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
 #else
-#define MP__RELAXED_GET(x) (x)
-#define MP__RELAXED_SET(x, v) ((x) = (v))
-#define MP__RELAXED_ADD(x, v) ((x) += (v))
-#define MP__RELAXED_TAKE(x, v) (((x) -= (v)) + (v))
-#define MP__RELAXED_SWAP(x, old, v) ((x) = (v), 1)
+static size_t mp__relaxed_get(const size_t *x) { return *x; }
+static void mp__relaxed_set(size_t *x, size_t v) { *x = v; }
+static size_t mp__relaxed_add(size_t *x, size_t v) { return *x += v; }
+static size_t mp__relaxed_take(size_t *x, size_t v) { return (*x -= v) + v; }
+static int mp__relaxed_swap(size_t *x, size_t *old, size_t v) {
+    (void)old;
+    *x = v;
+    return 1;
+}
 #endif
 
 MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
@@ -3312,7 +3321,7 @@ MIXPREC_API mp_status mp_policy_repr(mp_policy p, char *buf, size_t size) {
 MIXPREC_API mp_status mp_set_global_policy(mp_policy p) {
     size_t row = mp__policy_row(p);
     if (row == MP__NPOLICIES) return MP_ERR_INVALID_POLICY;
-    MP__RELAXED_SET(mp__global_policy, row);
+    mp__relaxed_set(&mp__global_policy, row);
     return MP_OK;
 }
 
@@ -3322,7 +3331,7 @@ MIXPREC_API mp_status mp_set_global_policy_name(const char *name) {
     return st ? st : mp_set_global_policy(p);
 }
 
-MIXPREC_API mp_policy mp_global_policy(void) { return mp__policies[MP__RELAXED_GET(mp__global_policy)].policy; }
+MIXPREC_API mp_policy mp_global_policy(void) { return mp__policies[mp__relaxed_get(&mp__global_policy)].policy; }
 
 /* >>memory
    Blocks are aligned to 64 bytes (a cache line, an AVX-512 vector) and
@@ -3337,8 +3346,8 @@ static mp_memory_info mp__memory;
 /* peak = max(peak, bytes), whatever another thread raises it to meanwhile
    (a failed swap reloads old). */
 static void mp__raise_peak(size_t bytes) {
-    size_t old = MP__RELAXED_GET(mp__memory.peak);
-    while (bytes > old && !MP__RELAXED_SWAP(mp__memory.peak, old, bytes)) continue;
+    size_t old = mp__relaxed_get(&mp__memory.peak);
+    while (bytes > old && !mp__relaxed_swap(&mp__memory.peak, &old, bytes)) continue;
 }
 
 static int mp__mul_ok(size_t a, size_t b, size_t *out) {
@@ -3395,7 +3404,7 @@ static void *mp__alloc(size_t bytes) {
     memcpy(p - MP__HEADER, &bytes, sizeof bytes);
     skew = (size_t)(p - raw);
     memcpy(p - sizeof(size_t), &skew, sizeof skew);
-    mp__raise_peak(MP__RELAXED_ADD(mp__memory.current, bytes));
+    mp__raise_peak(mp__relaxed_add(&mp__memory.current, bytes));
     return p;
 }
 
@@ -3405,7 +3414,7 @@ static void mp__free(void *ptr) {
     if (!p) return;
     memcpy(&bytes, p - MP__HEADER, sizeof bytes);
     memcpy(&offset, p - sizeof(size_t), sizeof offset);
-    before = MP__RELAXED_TAKE(mp__memory.current, bytes);
+    before = mp__relaxed_take(&mp__memory.current, bytes);
     MIXPREC_ASSERT(before >= bytes);
     (void)before; /* NDEBUG */
     MIXPREC_FREE(p - offset);
@@ -3413,8 +3422,8 @@ static void mp__free(void *ptr) {
 
 MIXPREC_API mp_memory_info mp_get_memory_info(void) {
     mp_memory_info info;
-    info.current = MP__RELAXED_GET(mp__memory.current);
-    info.peak = MP__RELAXED_GET(mp__memory.peak);
+    info.current = mp__relaxed_get(&mp__memory.current);
+    info.peak = mp__relaxed_get(&mp__memory.peak);
     return info;
 }
 
@@ -3423,7 +3432,7 @@ static size_t mp__block_bytes(const void *p) {
     if (p) memcpy(&bytes, (const unsigned char *)p - MP__HEADER, sizeof bytes);
     return bytes;
 }
-MIXPREC_API void mp_reset_peak_memory(void) { MP__RELAXED_SET(mp__memory.peak, MP__RELAXED_GET(mp__memory.current)); }
+MIXPREC_API void mp_reset_peak_memory(void) { mp__relaxed_set(&mp__memory.peak, mp__relaxed_get(&mp__memory.current)); }
 
 /* A carving plan, as llm.c carves one allocation into tensors: the same
    function runs twice, first with base NULL to add up the sizes (overflow
@@ -3953,15 +3962,18 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 
    Which path runs when. mp__gemm_run chooses for the whole product (the
    first three rows, in this order) and mp__gemm_plan_of for each thread's
-   part of C (the rest, in this order); every path gives each element the
-   same sum in the same order, except CBLAS's. Tests: tests/test_gemm.c.
+   part of C (the rest, in this order). Only the kernel changes a sum (AMX
+   and vdpbf16ps read bfloat16 subnormals as 0): whichever path runs it,
+   each element is summed in the same order, CBLAS's aside. The tests are
+   tests/test_gemm.c's.
    path             chosen when                          kernel                  test
    CBLAS            MIXPREC_USE_CBLAS, float32 A, B, C   cblas_sgemm             tests/matrix.sh's
                                                                                  MIXPREC_USE_CBLAS build
    split along K    >= 2 threads, op(A) = A^T, op(B) =   any below, a slice at   test_split_k
                     B, C small, K long (mp__split_k)     a time, then merged
-   as its transpose n <= MR and not in place, no C +=   any below, on C^T       test_products (n = 1,
-                    or pre-activation (mp__swap_dims)                            2), test_relu_grad
+   as its transpose n <= MR and C^T's tiles pad less;   any below, on C^T       test_products (n = 1,
+                    not in place, no C += or pre-                                2), test_relu_grad
+                    activation (mp__swap_dims)
    in place         AVX-512 FMA build, A B, n <= 16:     mp__kernel_in_place,    test_narrow_in_place
                     float32, or bfloat16 on AMX          mp__kernel_in_place_amx
                     (mp__in_place)
@@ -3972,16 +3984,16 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
                     granted (mp__amx_usable)                                     test_threads (AMX CPUs)
    blocked, pairs   bfloat16 x bfloat16, AVX512_BF16     mp__kernel_bf16         test_products,
                     built, MIXPREC_BF16_DOT                                      test_pack_pairs_layout
-   blocked, float32 everything else: operands widened    mp__kernel (AVX-512,    test_products,
-                    to float32 as they are packed        AVX2 or portable)       test_long_k, test_all_mixes
+   blocked, float32 everything else: float16 and         mp__kernel (AVX-512,    test_products,
+                    bfloat16 widened as they are packed  AVX2 or portable)       test_long_k, test_all_mixes
    Threads split a part along N or M (mp__split_n): test_threads and
    test_sums_in_c_threads compare 1 to 4 threads' bits.
 
    Its parts, in file order: >>matmul: blocking (the sizes and the pool's
    buffers), >>matmul: packing, >>matmul: kernels, >>matmul: paths (the
    plan and the parts of C it runs) and >>matmul: threads (how threads
-   share a product, mp_matmul). bench/gemm.c measures every shape the
-   comments below speak of. */
+   share a product, mp_matmul). bench/gemm.c measures the training steps'
+   products that the comments below speak of. */
 
 /* >>matmul: blocking */
 #if defined(MP__SIMD_AVX512) && defined(__AVX512BF16__)
@@ -10950,7 +10962,7 @@ static size_t mp__ckpt_claimed(const unsigned char *head, size_t got) {
    crosses file systems) that no other save is using, n counting this
    process's attempts. */
 static void mp__temp_name(char *tmp, size_t cap, const char *path) {
-    static unsigned long attempts; /* process-wide: two saves at once take different numbers */
+    static size_t attempts; /* process-wide: two saves at once take different numbers */
     mp__text t;
     t.buf = tmp;
     t.cap = cap;
@@ -10963,7 +10975,7 @@ static void mp__temp_name(char *tmp, size_t cap, const char *path) {
     mp__put_uint(&t, (uint64_t)time(NULL), 0);
 #endif
     mp__put(&t, ".");
-    mp__put_uint(&t, (uint64_t)MP__RELAXED_ADD(attempts, 1u), 0);
+    mp__put_uint(&t, (uint64_t)mp__relaxed_add(&attempts, 1), 0);
 }
 
 #ifdef MP__POSIX_FILES
