@@ -3374,12 +3374,13 @@ static inline long mp__syscall3(long number, long a, long b, long c) {
    enables them for the regions that ask), before the memset below first
    touches them. Activations and gradients at batch 8192 are 16 MiB each,
    and a product walks them down rows 2-4 KiB apart: with 4 KiB pages each
-   row is a new TLB entry. The guide's MLP steps at batch 8192, and at
-   4096 units and batch 128 (whose weights stream), gain a few percent by
-   it; the others are the same either way (bench/train.c, built with and
-   without MIXPREC_NO_HUGE_PAGES). Advice only: where the kernel has no huge pages the call
-   fails and changes nothing, so its result is not looked at. By the raw
-   system call: madvise needs a libc feature macro. */
+   row is a new TLB entry. Most of the guide's MLP steps at batch 8192,
+   and float32's at 4096 units and batch 128 (whose weights stream), gain
+   a few percent by it; the rest are the same either way (bench/train.c,
+   built with and without MIXPREC_NO_HUGE_PAGES). Advice only: where the
+   kernel has no huge pages the call fails and changes nothing, so its
+   result is not looked at. By the raw system call: madvise needs a libc
+   feature macro. */
 enum { MP__HUGE = 4 << 20 };
 static void mp__advise_huge(void *block, size_t bytes) {
     uintptr_t first = ((uintptr_t)block + 4095u) & ~(uintptr_t)4095u;
@@ -3845,17 +3846,18 @@ enum {
 #define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_SEQ_CST)
 #define MP__ATOMIC_ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
-/* A poll every pause instruction (a pause lasts some tens of cycles, more
-   on newer cores): a wait ends within a few polls of the store that ends
-   it, where a poll every 32 pauses left a visible gap at each end of a
-   product. After the first MP__SPINS_KEEP x MP__PAUSES pauses the core
-   also goes to any other thread that wants it, every MP__PAUSES pauses.
-   Yielding from the first poll handed the core to any low-priority job
-   for its whole time slice (a batch-128 bfloat16 step on 2 threads beside
-   three nice-19 jobs took more than twice as long); never yielding starved
-   a caller and a worker that share a core (beside one equal-priority
-   job). Keeping 70 x 32 pauses does well in both cases (bench/train.c's
-   2-thread rows, run beside other jobs and alone). */
+/* A poll every pause instruction (a pause lasts from tens of cycles to
+   about a hundred, by the core): a wait ends within a few polls of the
+   store that ends it, where a poll every 32 pauses left a visible gap at
+   each end of a product. After the first MP__SPINS_KEEP x MP__PAUSES
+   pauses the core also goes to any other thread that wants it, every
+   MP__PAUSES pauses. Yielding from the first poll handed the core to any
+   low-priority job for its whole time slice (a batch-128 bfloat16 step on
+   2 threads beside three nice-19 jobs took more than twice as long); never
+   yielding starved a caller and a worker that share a core (beside one
+   equal-priority job). Keeping the first 70 x 32 pauses is close to never
+   yielding in the first case and between the two in the second
+   (bench/train.c's 2-thread rows, run beside other jobs). */
 static void mp__pause(int spin) {
 #ifdef MP__SIMD_X86
     _mm_pause();
@@ -4061,9 +4063,10 @@ enum {
        float32 columns) lands every row in the same L1 sets and hops
        between DRAM pages for a large C: the 10-class output layer's input
        gradient (k = 10) and k = 32 run faster by rows, k = 64 and deeper
-       the same either way (bench/gemm.c's batch-8192 step). bfloat16 pairs gained
-       nothing and lost on some batch-128 products: they keep the column
-       order. The re-read B panel (depth x NC floats) stays in L2.
+       the same either way (bench/gemm.c's batch-8192 step). bfloat16
+       pairs gained nothing and lost on some batch-128 products: they keep
+       the column order. The re-read B panel (depth x NC floats) stays in
+       L2.
        The last K slice of a product whose epilogue runs in the kernels
        (mp__tile_dest) goes a row of tiles at a time too, at any depth, in
        the float32 and vdpbf16ps tiles alike (AMX's epilogue runs a row at
@@ -4085,7 +4088,7 @@ enum {
     /* The columns of an AMX panel, at most: K x 512 pairs (1 MiB for K of
        1024) stay in L2 while the blocks of rows pass, where 1024 columns
        came from L3 for each; op(A) is then packed once per 512 columns.
-       bench/train's mixed_bfloat16 step at 1024 units: 256, 384 and 768
+       bench/train.c's mixed_bfloat16 step at 1024 units: 256, 384 and 768
        columns were slower than 512, 1024 slower still. */
     MP__AMX_NC = 512,
     /* A product splits along K (mp__k_split_of) only where C is at most
@@ -5288,8 +5291,8 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
    C is the block. Where the threads split C, each must keep to whole cache
    lines of it (C on a line, its rows whole lines): their sums are written
    every slice, and a line that two threads write would pass between their
-   caches every slice (12 x 128 x 21142 on 2 threads, C from malloc, is
-   slower so than in the blocked order). */
+   caches every slice (12 x 128 x 21142 on 2 threads with C from malloc
+   was slower so than in the blocked order). */
 /* Whether C, and so each of its rows, starts on a 64-byte line: threads
    that split C at whole tiles then never write one line between them. */
 static int mp__rows_on_lines(const mp_gemm_args *g) {
@@ -5340,9 +5343,9 @@ static void mp__gemm_in_c(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, siz
    of them: one K slice, or where the pack transposes float32 rows (op(A)
    not transposed) as many whole slices as the A block holds, so that it
    reads a run of 4 KiB a row, long enough for the hardware prefetchers,
-   which barely start on a slice's 1 KiB: packing 8192 x 1024 a block of
-   96 rows at a time from L3 takes about a third of the time 1024 columns
-   at a time than 256 at a time (bench/gemm.c's batch-8192 step). */
+   which barely start on a slice's 1 KiB: packing 8192 x 1024 from L3, a
+   block of 96 rows at a time, is several times faster 1024 columns at a
+   time than 256 (bench/gemm.c's batch-8192 step). */
 static size_t mp__a_span(const mp_gemm_args *g, size_t mc) {
     if (g->trans_a || g->at != MP_FLOAT32) return MP__KC;
     return MP__A_FLOATS / mp__round_up(mc, MP__MR) / MP__KC * MP__KC;
@@ -5353,7 +5356,7 @@ static size_t mp__a_span(const mp_gemm_args *g, size_t mc) {
    mp__pack for the float32 tiles, mp__pack_pairs for vdpbf16ps's,
    mp__pack_amx_a and mp__pack_pairs for AMX's) and its sizes. */
 typedef enum mp__gemm_path {
-    MP__PATH_IN_PLACE, /* mp__gemm_in_place: A and B read where they lie */
+    MP__PATH_IN_PLACE,  /* mp__gemm_in_place: A and B read where they lie */
     MP__PATH_SUMS_IN_C, /* mp__gemm_in_c: C holds the float32 sums */
     MP__PATH_BLOCKED    /* mp__gemm_blocked: BLIS's loops */
 } mp__gemm_path;
@@ -6127,14 +6130,15 @@ MP__OPT_BLOCK(mp__opt_block_v, mp__v)
    float32 and float64, take none. RMSprop's v decays through the
    subnormals wherever the gradients are tiny, and a model that trained a
    few hundred steps on one batch then stepped several times slower,
-   nearly all of it in RMSprop (bench/train.c times the step). In a block with a gradient below 2^-60 or a state below
-   2^-100 in magnitude (where the float path's products can leave the
-   normal range), each multiply with an operand below 2^-60, each divide
-   with a dividend below 2^-60 and each square root of a subnormal runs in
-   float64 and is rounded to float32 once: a float32 value is normal in
-   float64, and rounding the float64 result of + - x / or sqrt to float32
-   gives the float32 result (53 >= 2 x 24 + 2 bits; a product of two
-   float32 values is even exact), so the bits are the float path's. */
+   nearly all of it in RMSprop (bench/train.c times the step). In a block
+   with a gradient below 2^-60 or a state below 2^-100 in magnitude (where
+   the float path's products can leave the normal range), each multiply
+   with an operand below 2^-60, each divide with a dividend below 2^-60 and
+   each square root of a subnormal runs in float64 and is rounded to
+   float32 once: a float32 value is normal in float64, and rounding the
+   float64 result of + - x / or sqrt to float32 gives the float32 result
+   (53 >= 2 x 24 + 2 bits; a product of two float32 values is even exact),
+   so the bits are the float path's. */
 enum {
     MP__BELOW_2_60 = 0x21800000,  /* 2^-60's bits */
     MP__BELOW_2_100 = 0x0D800000, /* 2^-100's */
@@ -7825,8 +7829,8 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         /* an own copy's bias on a 256-byte boundary too, where the BIAS
            epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned
            bias (cuBLAS documentation, cublasLtMatmul's epilogue bias pointer)
-           and fault with a sticky misaligned-address error; the float32 weights stay packed, as
-           get_weights and checkpoints see them */
+           and fault with a sticky misaligned-address error; the float32 weights
+           stay packed, as get_weights and checkpoints see them */
         bias_at = own ? (l->n_kernel * mp__dtypes[dt].size + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN /
                             mp__dtypes[dt].size
                       : l->n_kernel;
