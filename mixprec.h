@@ -3,7 +3,7 @@
    (layers, losses, optimizers with float32 master weights, dynamic loss
    scaling, Keras-like fit/evaluate and a custom training loop).
    Single-file (stb-style) library; MIT or public domain, see the end of file.
-   Version 0.1.0 (MIXPREC_VERSION_STRING); CHANGELOG.md has the history.
+   Version 0.2.0 (MIXPREC_VERSION_STRING); CHANGELOG.md has the history.
 
 QUICK START
     In exactly one C or C++ file:
@@ -156,7 +156,7 @@ ADDING A LAYER KIND (every place that names the kinds; search each tag)
                       generator is written); other state: mp__ckpt_body
     tests             test_train (finite-difference gradients, forward values
                       against Keras's formula), test_backend, test_cuda,
-                      test_amp; README's API and Training sections
+                      test_amp; docs/training.md
 
 GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
@@ -222,7 +222,13 @@ CONTENTS
     >>cpu backend            the CPU's kernels: helpers, then
     >>cpu backend: activations   activations applied by runs, softmax, bias
     >>threads                the pool (the CPU backend's context)
-    >>matmul                 the BLIS-style GEMM: packing, micro-kernels, mp_matmul
+    >>matmul                 the BLIS-style GEMM: which path runs when (a table)
+    >>matmul: blocking       the sizes per build, the pool's buffers
+    >>matmul: packing        op(A), op(B) into panels: float32, bfloat16 pairs, AMX tiles
+    >>matmul: kernels        register tiles: float32 (AVX-512, AVX2, portable),
+                             vdpbf16ps, AMX
+    >>matmul: paths          epilogues; in place, sums in C, blocked; the plan
+    >>matmul: threads        splits along N, M or K, the transpose, CBLAS, mp_matmul
     >>cpu backend: elementwise    casts split across threads
     >>cpu backend: losses    the loss rows over a batch
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
@@ -253,9 +259,9 @@ CONTENTS
 #define MIXPREC_H
 
 #define MIXPREC_VERSION_MAJOR 0
-#define MIXPREC_VERSION_MINOR 1
+#define MIXPREC_VERSION_MINOR 2
 #define MIXPREC_VERSION_PATCH 0
-#define MIXPREC_VERSION_STRING "0.1.0"
+#define MIXPREC_VERSION_STRING "0.2.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -898,7 +904,7 @@ typedef struct mp_fit_desc {
     int batch_size;          /* required: > 0 */
     int epochs;              /* 0 = 1 */
     float validation_split;  /* the last fraction of data, before shuffling (as Keras): ceil(n x split)
-                                samples, counted in integers (README, "What a failed call guarantees") */
+                                samples, counted in integers (docs/reliability.md, what a failed call guarantees) */
     int no_shuffle;          /* nonzero: keep the order */
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
@@ -987,7 +993,8 @@ MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rat
 /* ProgbarLogger: Keras's progress bar, "Epoch 1/5" then
    `6/6 [====>.....] - ETA: 1s - loss: ...` redrawn in place (verbose BAR,
    or AUTO on a terminal) or one line per epoch (LINES, or AUTO otherwise):
-   `6/6 [======] - 2s 78ms/step - loss: ... - val_accuracy: ...`. */
+   `6/6 [======] - <epoch time> <time a step>/step - loss: ... -
+   val_accuracy: ...`. */
 typedef struct mp_progbar_logger {
     mp_verbose verbose;
     /* written by the callback */
@@ -1208,7 +1215,7 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    generator. Loaded into the same model, compiled the same way, then fit with
    initial_epoch, it reproduces the uninterrupted run bit for bit. The bytes
    are the same on every host: little-endian, versioned, with a CRC-32 (the
-   layout is in README.md, "Checkpoints"). The model is built if it was not.
+   layout is in docs/checkpoints.md). The model is built if it was not.
    Loading checks the whole buffer before it changes anything: on any error
    the model is left bit for bit as it was. Errors, with the detail in
    mp_model_error(): MP_ERR_FORMAT for an empty, truncated or corrupt buffer
@@ -1902,7 +1909,7 @@ MP__ROUND_EACH_END;
 #if defined(__GNUC__) || defined(__clang__)
 #define MP__HOT static inline __attribute__((always_inline)) /* inner-loop helpers */
 /* A loop over an array of vectors unrolled whole, so that the array can
-   live in registers (gcc 12 at -O2 unrolls none of mp__transpose16's). */
+   live in registers (gcc at -O2 unrolls none of mp__transpose16's). */
 #define MP__PRAGMA(x) _Pragma(#x)
 #define MP__UNROLL(n) MP__PRAGMA(GCC unroll n)
 #define mp__prefetch(p) __builtin_prefetch(p) /* into L1, as _MM_HINT_T0 */
@@ -1923,17 +1930,26 @@ MP__ROUND_EACH_END;
    a debug build's mp__free asserted. Other compilers: plain accesses, and
    mixprec from one thread at a time. */
 #if defined(__GNUC__) || defined(__clang__)
-#define MP__RELAXED_GET(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define MP__RELAXED_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
-#define MP__RELAXED_ADD(x, v) __atomic_add_fetch(&(x), (v), __ATOMIC_RELAXED)       /* the new value */
-#define MP__RELAXED_TAKE(x, v) __atomic_fetch_sub(&(x), (v), __ATOMIC_RELAXED)      /* the old value */
-#define MP__RELAXED_SWAP(x, old, v) __atomic_compare_exchange_n(&(x), &(old), (v), 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
+static size_t mp__relaxed_get(const size_t *x) { return __atomic_load_n(x, __ATOMIC_RELAXED); }
+static void mp__relaxed_set(size_t *x, size_t v) { __atomic_store_n(x, v, __ATOMIC_RELAXED); }
+/* x += v; the new value */
+static size_t mp__relaxed_add(size_t *x, size_t v) { return __atomic_add_fetch(x, v, __ATOMIC_RELAXED); }
+/* x -= v; the old value */
+static size_t mp__relaxed_take(size_t *x, size_t v) { return __atomic_fetch_sub(x, v, __ATOMIC_RELAXED); }
+/* x = v where x is still *old (else *old = x): whether it was */
+static int mp__relaxed_swap(size_t *x, size_t *old, size_t v) {
+    return __atomic_compare_exchange_n(x, old, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
 #else
-#define MP__RELAXED_GET(x) (x)
-#define MP__RELAXED_SET(x, v) ((x) = (v))
-#define MP__RELAXED_ADD(x, v) ((x) += (v))
-#define MP__RELAXED_TAKE(x, v) (((x) -= (v)) + (v))
-#define MP__RELAXED_SWAP(x, old, v) ((x) = (v), 1)
+static size_t mp__relaxed_get(const size_t *x) { return *x; }
+static void mp__relaxed_set(size_t *x, size_t v) { *x = v; }
+static size_t mp__relaxed_add(size_t *x, size_t v) { return *x += v; }
+static size_t mp__relaxed_take(size_t *x, size_t v) { return (*x -= v) + v; }
+static int mp__relaxed_swap(size_t *x, size_t *old, size_t v) {
+    (void)old;
+    *x = v;
+    return 1;
+}
 #endif
 
 MP__ROUND_EACH_BEGIN; /* to the end of the implementation (see >>rules) */
@@ -3300,7 +3316,7 @@ static const struct { const char *name; mp_policy policy; } mp__policies[] = {
     {"mixed_float16", {MP_FLOAT16, MP_FLOAT32}},
     {"mixed_bfloat16", {MP_BFLOAT16, MP_FLOAT32}},
 };
-#define MP__NPOLICIES (sizeof mp__policies / sizeof mp__policies[0])
+enum { MP__NPOLICIES = sizeof mp__policies / sizeof mp__policies[0] };
 
 /* The global policy as its row of mp__policies, so that a thread that sets
    it while another adds a layer hands over a whole policy (GLOBAL STATE). */
@@ -3349,7 +3365,7 @@ MIXPREC_API mp_status mp_policy_repr(mp_policy p, char *buf, size_t size) {
 MIXPREC_API mp_status mp_set_global_policy(mp_policy p) {
     size_t row = mp__policy_row(p);
     if (row == MP__NPOLICIES) return MP_ERR_INVALID_POLICY;
-    MP__RELAXED_SET(mp__global_policy, row);
+    mp__relaxed_set(&mp__global_policy, row);
     return MP_OK;
 }
 
@@ -3359,21 +3375,23 @@ MIXPREC_API mp_status mp_set_global_policy_name(const char *name) {
     return st ? st : mp_set_global_policy(p);
 }
 
-MIXPREC_API mp_policy mp_global_policy(void) { return mp__policies[MP__RELAXED_GET(mp__global_policy)].policy; }
+MIXPREC_API mp_policy mp_global_policy(void) { return mp__policies[mp__relaxed_get(&mp__global_policy)].policy; }
 
 /* >>memory
    Blocks are aligned to 64 bytes (a cache line, an AVX-512 vector) and
    carry their size in front, so the counters know what each free returns. */
-#define MP__ALIGN 64u
-#define MP__HEADER (2u * sizeof(size_t)) /* size, then offset back to the raw block */
+enum {
+    MP__ALIGN = 64,
+    MP__HEADER = 2 * sizeof(size_t) /* size, then offset back to the raw block */
+};
 
 static mp_memory_info mp__memory;
 
 /* peak = max(peak, bytes), whatever another thread raises it to meanwhile
    (a failed swap reloads old). */
 static void mp__raise_peak(size_t bytes) {
-    size_t old = MP__RELAXED_GET(mp__memory.peak);
-    while (bytes > old && !MP__RELAXED_SWAP(mp__memory.peak, old, bytes)) continue;
+    size_t old = mp__relaxed_get(&mp__memory.peak);
+    while (bytes > old && !mp__relaxed_swap(&mp__memory.peak, &old, bytes)) continue;
 }
 
 static int mp__mul_ok(size_t a, size_t b, size_t *out) {
@@ -3400,17 +3418,14 @@ static inline long mp__syscall3(long number, long a, long b, long c) {
    enables them for the regions that ask), before the memset below first
    touches them. Activations and gradients at batch 8192 are 16 MiB each,
    and a product walks them down rows 2-4 KiB apart: with 4 KiB pages each
-   row is a new TLB entry. Measured (an Intel Xeon, family 6 model 167,
-   the custom loop's best step, builds alternating): the guide's MLP at
-   1024 units, batch 8192, 1 thread, mixed_bfloat16 109.7-113.9 to
-   102.6-108.3 ms, float32 518-522 to 506-514; at 4096 units, batch 128, 2
-   threads, float32 66.2-67.7 to 62.7-62.9 ms (its weights stream); the
-   4096-unit, batch-8192 step on 2 threads 531-533 to 508-511 ms in
-   mixed_bfloat16, float32 within the spread; batch 128 at 1024 units
-   within it. Advice only: where the kernel has no huge pages the call
-   fails and changes nothing, so its result is not looked at. By the raw
-   system call: madvise needs a libc feature macro. */
-#define MP__HUGE ((size_t)4 << 20)
+   row is a new TLB entry. Most of the guide's MLP steps at batch 8192,
+   and float32's at 4096 units and batch 128 (whose weights stream), gain
+   a few percent by it; the rest are the same either way (bench/train.c,
+   built with and without MIXPREC_NO_HUGE_PAGES). Advice only: where the
+   kernel has no huge pages the call fails and changes nothing, so its
+   result is not looked at. By the raw system call: madvise needs a libc
+   feature macro. */
+enum { MP__HUGE = 4 << 20 };
 static void mp__advise_huge(void *block, size_t bytes) {
     uintptr_t first = ((uintptr_t)block + 4095u) & ~(uintptr_t)4095u;
     uintptr_t end = ((uintptr_t)block + bytes) & ~(uintptr_t)4095u;
@@ -3434,7 +3449,7 @@ static void *mp__alloc(size_t bytes) {
     memcpy(p - MP__HEADER, &bytes, sizeof bytes);
     skew = (size_t)(p - raw);
     memcpy(p - sizeof(size_t), &skew, sizeof skew);
-    mp__raise_peak(MP__RELAXED_ADD(mp__memory.current, bytes));
+    mp__raise_peak(mp__relaxed_add(&mp__memory.current, bytes));
     return p;
 }
 
@@ -3444,7 +3459,7 @@ static void mp__free(void *ptr) {
     if (!p) return;
     memcpy(&bytes, p - MP__HEADER, sizeof bytes);
     memcpy(&offset, p - sizeof(size_t), sizeof offset);
-    before = MP__RELAXED_TAKE(mp__memory.current, bytes);
+    before = mp__relaxed_take(&mp__memory.current, bytes);
     MIXPREC_ASSERT(before >= bytes);
     (void)before; /* NDEBUG */
     MIXPREC_FREE(p - offset);
@@ -3452,8 +3467,8 @@ static void mp__free(void *ptr) {
 
 MIXPREC_API mp_memory_info mp_get_memory_info(void) {
     mp_memory_info info;
-    info.current = MP__RELAXED_GET(mp__memory.current);
-    info.peak = MP__RELAXED_GET(mp__memory.peak);
+    info.current = mp__relaxed_get(&mp__memory.current);
+    info.peak = mp__relaxed_get(&mp__memory.peak);
     return info;
 }
 
@@ -3462,7 +3477,7 @@ static size_t mp__block_bytes(const void *p) {
     if (p) memcpy(&bytes, (const unsigned char *)p - MP__HEADER, sizeof bytes);
     return bytes;
 }
-MIXPREC_API void mp_reset_peak_memory(void) { MP__RELAXED_SET(mp__memory.peak, MP__RELAXED_GET(mp__memory.current)); }
+MIXPREC_API void mp_reset_peak_memory(void) { mp__relaxed_set(&mp__memory.peak, mp__relaxed_get(&mp__memory.current)); }
 
 /* A carving plan, as llm.c carves one allocation into tensors: the same
    function runs twice, first with base NULL to add up the sizes (overflow
@@ -3473,7 +3488,7 @@ typedef struct mp__arena {
     int overflow;
 } mp__arena;
 
-#define MP__CARVE_ALIGN 256 /* what cuBLASLt assumes of a device tensor */
+enum { MP__CARVE_ALIGN = 256 }; /* what cuBLASLt assumes of a device tensor */
 static void *mp__carve(mp__arena *a, size_t count, size_t elem) {
     size_t bytes, start = (a->used + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN;
     if (!mp__mul_ok(count, elem, &bytes) || start < a->used || bytes > SIZE_MAX - start) {
@@ -3582,14 +3597,13 @@ static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
    every kernel a layer, loss or optimizer runs is one of its ops. Kernels work
    on any mix of float dtypes by widening tiles to float32 (exactly), doing
    the math in float32 and rounding once on the way out. */
-#define MP__TILE 256 /* floats per tile: a few KiB of stack */
+enum { MP__TILE = 256 }; /* floats per tile: a few KiB of stack */
 /* Floats a pass over a long array (the unscale, the optimizer, the bias
    gradient's columns) takes at a time: its costs per call (a widening
-   row, a copy) paid 4 times less often than per tile: unscaling 1.86M
-   float16 values took 0.225 ms in tiles through a copy, 0.123 in runs
-   widened in place. */
-#define MP__RUN (4 * MP__TILE)
-#define MP__MAX_THREADS 256
+   row, a copy) paid 4 times less often than per tile: unscaling float16
+   values in runs widened in place takes about half the time of tiles
+   through a copy (bench/train.c's step). */
+enum { MP__RUN = 4 * MP__TILE, MP__MAX_THREADS = 256 };
 
 static const void *mp__at(const void *p, mp_dtype t, size_t i) {
     return (const char *)p + i * mp__dtypes[t].size;
@@ -3600,7 +3614,7 @@ static void *mp__at_mut(void *p, mp_dtype t, size_t i) { return (char *)p + i * 
    short runs kernels convert (a GEMM panel row is 32 values). With
    AVX-512 a run of up to MP__SHORT_RUN widens in line, without the row's
    call and its head to a 64-byte boundary (mp__z_widen_run). */
-#define MP__SHORT_RUN 256
+enum { MP__SHORT_RUN = 256 };
 static void mp__load(float *dst, const void *src, mp_dtype t, size_t n) {
     if (t == MP_FLOAT32) memcpy(dst, src, n * sizeof(float));
 #ifdef MP__SIMD_AVX512
@@ -3618,9 +3632,9 @@ static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
    crosses a 4 KiB page every row or two, where the hardware prefetchers
    stop. Where the rows it reads span MP__FAR bytes or more (more than L2
    holds: they come from memory) it fetches the rows ahead itself; nearer,
-   the rows are in cache and the prefetches cost 1-2% (a bfloat16 weight
-   gradient at batch 128). */
-#define MP__FAR ((size_t)512 << 10)
+   the rows are in cache and the prefetches only cost (a bfloat16 weight
+   gradient at batch 128, bench/gemm.c). */
+enum { MP__FAR = 512 << 10 };
 
 /* The cache lines of [p, p + bytes), bytes > 0, into L1. */
 static void mp__prefetch_bytes(const void *p, size_t bytes) {
@@ -3630,13 +3644,12 @@ static void mp__prefetch_bytes(const void *p, size_t bytes) {
     mp__prefetch(at + bytes - 1); /* the last line, where p does not start one */
 }
 
-/* How far ahead such a walk fetches, in rows: the bias gradient's column
-   sums over 8192 x 1024 from memory took 2.5 ms in float32 on 1 thread
-   before, 1.1-1.4 with 4 or 8 rows; a float32 weight gradient's op(A)
-   pack (784 x 1024 x 8192, A transposed) 18M cycles, 13.6M with 4 and
-   10.8M with 8. */
-#define MP__ROWS_AHEAD 8
-
+/* How far ahead such a walk fetches, in rows: 4 or 8 rows ahead take
+   the bias gradient's column sums over 8192 x 1024 from memory to about
+   half their time without; a float32 weight gradient's op(A) pack (784 x
+   1024 x 8192, A transposed) gains more with 8 than with 4 (bench/train.c's
+   batch-8192 step, bench/gemm.c). */
+enum { MP__ROWS_AHEAD = 8 };
 
 /* >>cpu backend: activations (float32 math; Keras's definitions are in >>rules) */
 /* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
@@ -3814,8 +3827,8 @@ static void mp__bias_grad_cols(void *args, size_t c0, size_t c1, int thread) {
    waiting for the workers) spins a while on the generation (on pending):
    a training step's products come back to back, and a worker woken by the
    caller for each of them was often put by Linux on the caller's own core,
-   behind it (measured: the two halves of a 0.6 ms product running one
-   after the other, on an idle 2-core machine). The spin keeps the core
+   behind it (the two halves of a short product then ran one after the
+   other, on an idle 2-core machine). The spin keeps the core
    for its first polls and yields it between the later ones (mp__pause).
    The polls take no lock (GCC's and Clang's __atomic builtins; without
    them there is no pool). */
@@ -3864,8 +3877,11 @@ MIXPREC_API int mp_available_cores(void) {
 MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threads : 1; }
 
 #ifdef MP__THREADS
-#define MP__SPINS 100     /* x 32 pauses: about 70 microseconds on Zen 5, 36 on a Xeon (mp__pause) */
-#define MP__SPINS_KEEP 70 /* of them without yielding */
+enum {
+    MP__SPINS = 100,     /* x MP__PAUSES pauses: tens of microseconds (mp__pause) */
+    MP__SPINS_KEEP = 70, /* of them without yielding */
+    MP__PAUSES = 32
+};
 /* Every access the pool's threads share is sequentially consistent: a
    sleeper counts itself in `sleepers` before it looks at what it waits
    for, and a waker stores what ends the wait before it looks at
@@ -3874,19 +3890,18 @@ MIXPREC_API int mp_pool_threads(const mp_pool *pool) { return pool ? pool->threa
 #define MP__STORE(x, v) __atomic_store_n(&(x), v, __ATOMIC_SEQ_CST)
 #define MP__ATOMIC_ADD(x, v) __atomic_add_fetch(&(x), v, __ATOMIC_SEQ_CST)
 
-/* A poll every pause instruction (about 11 ns on the Xeon of
-   bench/RESULTS.md's Intel AMX section, 22 on Zen 5): a wait ends within a
-   few tens of nanoseconds of the store that ends it, where a poll every 32
-   pauses left 0.2-0.4 us on average at each end of a product. After the
-   first MP__SPINS_KEEP x 32 pauses the core also goes to any other thread
-   that wants it, every 32 pauses. Yielding from the first poll handed the
-   core to any low-priority job for its whole time slice (a batch-128
-   bfloat16 step on 2 threads beside three nice-19 jobs: 5.9 ms, 2.2 ms
-   without yielding); never yielding starved a caller and a worker that
-   share a core (beside one equal-priority job: 6.0 ms, 4.6 ms yielding).
-   Keeping 70 x 32 pauses gave 2.3-2.4 and 5.6-5.9 ms (bench/train;
-   bench/RESULTS.md, "Two threads, PyTorch and the step"). */
-#define MP__PAUSES 32
+/* A poll every pause instruction (a pause lasts from tens of cycles to
+   about a hundred, by the core): a wait ends within a few polls of the
+   store that ends it, where a poll every 32 pauses left a visible gap at
+   each end of a product. After the first MP__SPINS_KEEP x MP__PAUSES
+   pauses the core also goes to any other thread that wants it, every
+   MP__PAUSES pauses. Yielding from the first poll handed the core to any
+   low-priority job for its whole time slice (a batch-128 bfloat16 step on
+   2 threads beside three nice-19 jobs took more than twice as long); never
+   yielding starved a caller and a worker that share a core (beside one
+   equal-priority job). Keeping the first 70 x 32 pauses is close to never
+   yielding in the first case and between the two in the second
+   (bench/train.c's 2-thread rows, run beside other jobs). */
 static void mp__pause(int spin) {
 #ifdef MP__SIMD_X86
     _mm_pause();
@@ -3989,31 +4004,57 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
    float32 MC x NC block. Once the block holds the whole K sum, the epilogue
    adds bias, applies the activation and rounds once into C's dtype. Threads
    split N (or M when it has more tiles) into disjoint ranges: each element
-   is summed in the same order whatever the thread count. */
-#if defined(MP__SIMD_AVX512) && defined(__FMA__)
-#define MP__MR 12 /* 24 zmm accumulators */
-#define MP__NR 32
-#elif defined(MP__SIMD_X86) && defined(__FMA__)
-#define MP__MR 6 /* 12 ymm accumulators */
-#define MP__NR 16
-#else
-#define MP__MR 4
-#define MP__NR 16
-#endif
+   is summed in the same order whatever the thread count.
+
+   Which path runs when. mp__gemm_run chooses for the whole product (the
+   first three rows, in this order) and mp__gemm_plan_of for each thread's
+   part of C (the rest, in this order). Only the kernel changes a sum (AMX
+   and vdpbf16ps read bfloat16 subnormals as 0): whichever path runs it,
+   each element is summed in the same order, CBLAS's aside. The tests are
+   tests/test_gemm.c's.
+   path             chosen when                          kernel                  test
+   CBLAS            MIXPREC_USE_CBLAS, float32 A, B, C   cblas_sgemm             tests/matrix.sh's
+                                                                                 MIXPREC_USE_CBLAS build
+   split along K    >= 2 threads, op(A) = A^T, op(B) =   any below, a slice at   test_split_k
+                    B, C small, K long (mp__split_k)     a time, then merged
+   as its transpose n <= MR and C^T's tiles pad less;   any below, on C^T       test_products (n = 1,
+                    not in place, no C += or pre-                                2), test_relu_grad
+                    activation (mp__swap_dims)
+   in place         AVX-512 FMA build, A B, n <= 16:     mp__kernel_in_place,    test_narrow_in_place
+                    float32, or bfloat16 on AMX          mp__kernel_in_place_amx
+                    (mp__in_place)
+   sums in C        float32 C, K > KC, the epilogue in   mp__kernel (float32)    test_sums_in_c_threads
+                    the kernels, C <= IN_C_FLOATS
+                    (mp__sums_in_c)
+   blocked, AMX     bfloat16 x bfloat16, AMX built and   mp__kernel_amx          test_products,
+                    granted (mp__amx_usable)                                     test_threads (AMX CPUs)
+   blocked, pairs   bfloat16 x bfloat16, AVX512_BF16     mp__kernel_bf16         test_products,
+                    built, MIXPREC_BF16_DOT                                      test_pack_pairs_layout
+   blocked, float32 everything else: float16 and         mp__kernel (AVX-512,    test_products,
+                    bfloat16 widened as they are packed  AVX2 or portable)       test_long_k, test_all_mixes
+   Threads split a part along N or M (mp__split_n): test_threads and
+   test_sums_in_c_threads compare 1 to 4 threads' bits.
+
+   Its parts, in file order: >>matmul: blocking (the sizes and the pool's
+   buffers), >>matmul: packing, >>matmul: kernels, >>matmul: paths (the
+   plan and the parts of C it runs) and >>matmul: threads (how threads
+   share a product, mp_matmul). bench/gemm.c measures the training steps'
+   products that the comments below speak of. */
+
+/* >>matmul: blocking */
 #if defined(MP__SIMD_AVX512) && defined(__AVX512BF16__)
 #define MP__BF16_DOT 1
 #endif
 /* vdpbf16ps adds two products to a float32 lane, but Intel's cores issue it
-   at half the rate of their FMAs (a Sapphire Rapids Xeon: 117.9 GFLOP/s
-   against 236.5 on one core, bench/gemm's peaks), where AMD's Zen 4 and 5
-   issue it at the FMAs' rate. So where the build targets an Intel core,
-   bfloat16 x bfloat16 products widen their operands to float32 in the
+   at half the rate of their FMAs (bench/gemm's peak rows show it), where
+   AMD's issue it at the FMAs' rate. So where the build targets an Intel
+   core, bfloat16 x bfloat16 products widen their operands to float32 in the
    packs and run the FMA tiles, as a build without AVX512_BF16 does, unless
-   AMX's tiles run (an Intel Xeon without AMX, mixed_bfloat16's step:
-   1.40x to 1.67x float32's by vdpbf16ps, about 1.0x widened;
-   bench/RESULTS.md). No compiler macro names the vendor: AVX512_FP16 is
-   Intel's alone (Sapphire Rapids on), and MIXPREC_BF16_DOT (1 or 0)
-   overrides the guess. */
+   AMX's tiles run: on an Intel core without AMX, mixed_bfloat16's training
+   step by vdpbf16ps took longer than float32's, and as long widened
+   (bench/train.c's mixed_bfloat16 rows against float32's). No
+   compiler macro names the vendor: AVX512_FP16 is Intel's alone, and
+   MIXPREC_BF16_DOT (1 or 0) overrides the guess. */
 #ifndef MIXPREC_BF16_DOT
 #ifdef __AVX512FP16__
 #define MIXPREC_BF16_DOT 0
@@ -4021,43 +4062,106 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
 #define MIXPREC_BF16_DOT 1
 #endif
 #endif
-/* Intel AMX (AMX-TILE and AMX-BF16, Xeon from Sapphire Rapids on): bfloat16
-   x bfloat16 products by tdpbf16ps, a 16 x 16 float32 tile += 16 x 32 times
-   32 x 16 bfloat16 in one instruction, where the build targets it (chosen at
-   compile time, as every SIMD path) and Linux lets the process use the
-   tiles (mp__amx_usable; else the vdpbf16ps tiles run). Its reading of
-   bfloat16 is vdpbf16ps's: subnormal inputs read as 0, subnormal sums
-   flushed, round to nearest even (Intel SDM, TDPBF16PS). GCC spells the
-   targets' macros __AMX_TILE__ and __AMX_BF16__, Clang 14 __AMXTILE__ and
+/* Intel AMX (AMX-TILE and AMX-BF16): bfloat16 x bfloat16 products by
+   tdpbf16ps, a 16 x 16 float32 tile += 16 x 32 times 32 x 16 bfloat16 in
+   one instruction, where the build targets it (chosen at compile time, as
+   every SIMD path) and Linux lets the process use the tiles
+   (mp__amx_usable; else the vdpbf16ps tiles run). Its reading of bfloat16
+   is vdpbf16ps's: subnormal inputs read as 0, subnormal sums flushed,
+   round to nearest even (Intel SDM, TDPBF16PS). GCC spells the targets'
+   macros __AMX_TILE__ and __AMX_BF16__, older Clang __AMXTILE__ and
    __AMXBF16__. */
 #if defined(MP__BF16_DOT) && defined(__FMA__) && defined(__AVX512BW__) &&                       \
     (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_BF16__) || defined(__AMXBF16__)) && \
     defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MP__AMX 1
-#define MP__AMX_PAIRS 16 /* a tile's depth in bfloat16 pairs: 32 values of K */
-/* The rows of an AMX block, at most, where its B panel is more than half
-   of L2 (MP__AMX_FAR bytes, of Sapphire Rapids' 2 MiB; the block's A and
-   its float32 sums share the rest): as many as keep those sums in the MC x
-   NC block (mp__amx_rows). More rows a block read such a panel from L3
-   fewer times, on 1 thread: a weight gradient of 1024 x 1024 x 8192 (a
-   panel of 512 columns, 8 MiB of pairs) 28-29 to 24-25 ms; 8192 x 4096 x
-   4096 (4 MiB) 332-337 to 293-300 ms, and 164-170 to 145-150 on 2
-   threads; 8192 x 4096 x 2048 (2 MiB) 167 to 150-152. A panel of 1 MiB
-   stays in L2 with blocks of MC rows: 8192 x 1024 x 1024 went from 15.4-16.5
-   to 16.7-17.9 ms with taller ones. */
-#define MP__AMX_MC 384
-#define MP__AMX_FAR ((size_t)1 << 20)
-/* The columns of an AMX panel, at most: K x 512 pairs (1 MiB for K of
-   1024) stay in L2 while the blocks of rows pass, where 1024 columns came
-   from L3 for each; op(A) is then packed once per 512 columns. The
-   mixed_bfloat16 step at 1024 units, 1 thread: batch 8192 128-132 to
-   121-125 ms, batch 128 3.35 to 3.03-3.10 ms (256, 384 and 768 columns:
-   slower than 512). */
-#define MP__AMX_NC 512
-#define MP__A_FLOATS (MP__AMX_MC * MP__KC) /* an A block: MC_AMX rows of 2 KC bfloat16, or MC rows of 4 KC float32 */
-#else
-#define MP__A_FLOATS (MP__MC * 4 * MP__KC) /* an A block: MC rows of 4 KC float32 (mp__a_span) */
 #endif
+
+/* The sizes, in one enumeration (its constants combine in C++ without
+   mixing enumeration types). Each is a rule with its reason; bench/gemm.c
+   has the shapes that chose the values. */
+enum {
+#if defined(MP__SIMD_AVX512) && defined(__FMA__)
+    MP__MR = 12, /* a register tile's rows: 24 zmm accumulators */
+    MP__NR = 32, /* and columns */
+#elif defined(MP__SIMD_X86) && defined(__FMA__)
+    MP__MR = 6, /* 12 ymm accumulators */
+    MP__NR = 16,
+#else
+    MP__MR = 4,
+    MP__NR = 16,
+#endif
+    MP__MC = 96,            /* A block in L2: a multiple of every MR */
+    MP__KC = 256,           /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
+    MP__NC = 2048,          /* float32 C block MC x NC in L2 */
+    MP__B_BUDGET = 4 << 20, /* floats of B panel per thread before NC narrows */
+    /* An A block: MC rows of 4 KC float32 (mp__a_span), or AMX_MC rows of KC
+       bfloat16 pairs (AMX_MC = 4 MC). */
+    MP__A_FLOATS = MP__MC * 4 * MP__KC,
+    MP__TMP = MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC, /* widened runs */
+    /* A product or sliver this shallow (k, or a sliver's depth, at most
+       this) is mostly its C stores: it splits its rows between the threads
+       (mp__split_n), and its float32 slivers run a block's tiles a row of
+       tiles at a time, not a column at a time (mp__next_tile). A column of
+       tiles writes MC rows at C's stride, which for a row of 4 KiB (1024
+       float32 columns) lands every row in the same L1 sets and hops
+       between DRAM pages for a large C: the 10-class output layer's input
+       gradient (k = 10) and k = 32 run faster by rows, k = 64 and deeper
+       the same either way (bench/gemm.c's batch-8192 step). bfloat16
+       pairs gained nothing and lost on some batch-128 products: they keep
+       the column order. The re-read B panel (depth x NC floats) stays in
+       L2.
+       The last K slice of a product whose epilogue runs in the kernels
+       (mp__tile_dest) goes a row of tiles at a time too, at any depth, in
+       the float32 and vdpbf16ps tiles alike (AMX's epilogue runs a row at
+       a time after its block): those tiles write C itself, a row of tiles
+       MR whole rows of it; their B slivers then come from L2 once a tile,
+       not from L1: C is written once, while it is in cache, which the deep
+       products of a float32 training step gain by (bench/gemm.c). */
+    MP__SHALLOW = 64,
+    MP__AMX_PAIRS = 16, /* an AMX tile's depth in bfloat16 pairs: 32 values of K */
+    /* The rows of an AMX block, at most, where its B panel is more than half
+       of L2 (AMX_FAR bytes, of 2 MiB; the block's A and its float32 sums
+       share the rest): as many as keep those sums in the MC x NC block
+       (mp__amx_rows). Taller blocks read such a panel from L3 fewer times
+       (a weight gradient of 1024 x 1024 x 8192, the 8192 x 4096 x K
+       products), while a panel of 1 MiB stays in L2 with blocks of MC
+       rows, and taller ones only slowed it (bench/gemm.c on AMX). */
+    MP__AMX_MC = 384,
+    MP__AMX_FAR = 1 << 20,
+    /* The columns of an AMX panel, at most: K x 512 pairs (1 MiB for K of
+       1024) stay in L2 while the blocks of rows pass, where 1024 columns
+       came from L3 for each; op(A) is then packed once per 512 columns.
+       bench/train.c's mixed_bfloat16 step at 1024 units: 256, 384 and 768
+       columns were slower than 512, 1024 slower still. */
+    MP__AMX_NC = 512,
+    /* A product splits along K (mp__k_split_of) only where C is at most
+       SPLIT_C floats, K is at least SPLIT_SLICES slices a thread and each
+       thread's buffers take at most SPLIT_PART floats (bounding what a
+       pool keeps for them). */
+    MP__SPLIT_C = 1 << 16,
+    MP__SPLIT_SLICES = 2,
+    MP__SPLIT_PART = 1 << 20,
+    /* Where a panel's rows are runs of the source, the pairs of rows this
+       many pairs ahead are fetched as it is packed (MP__FAR): op(A) of a
+       bfloat16 weight gradient (1024 x 1024 x 8192, A transposed, from
+       memory) then waits on memory far less. */
+    MP__PACK_AHEAD = 8,
+    /* Runs are packed PACK_PANELS panels at a time, a pair of rows across
+       all of them, so that each visit to a source row reads 4 cache lines
+       in a row (of op(B): 32 columns a panel) rather than 1, in a row 8 KiB
+       or more from the last one read: the forward products at batch 128
+       and 4096 units, whose op(B) comes from memory, gain by it, the step's
+       other products neither gain nor lose (bench/gemm.c). All of a
+       block's 64 panels a pair at a time gained nothing, or lost. */
+    MP__PACK_PANELS = 4,
+    MP__IN_C_FLOATS = 1 << 20, /* 4 MiB: 1024 x 1024 float32 (mp__sums_in_c) */
+    MP__SHALLOW_N_ROWS = 256,  /* a shallow product this short splits along N (mp__split_n) */
+    /* Products below this many multiply-adds stay on one thread: waking the
+       others costs more than they save. */
+    MP__GEMM_PARALLEL = 1 << 17
+};
+
 #ifdef MP__AMX
 /* Linux gives a process AMX's tile data (8 KiB of state a thread) only when
    asked: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux 5.16 on
@@ -4077,35 +4181,6 @@ static int mp__amx_usable(void) {
 #else
 static int mp__amx_usable(void) { return 0; }
 #endif
-
-#define MP__MC 96   /* A block in L2: a multiple of every MR */
-#define MP__KC 256  /* B sliver (KC x NR) in L1; bfloat16 slices take 2 KC */
-#define MP__NC 2048 /* float32 C block MC x NC in L2 */
-#define MP__B_BUDGET (4u << 20) /* floats of B panel per thread before NC narrows */
-/* A product or sliver this shallow (k, or a sliver's depth, at most this)
-   is mostly its C stores: it splits its rows between the threads
-   (mp__split_n), and its float32 slivers run a block's tiles a row of
-   tiles at a time, not a column at a time (mp__next_tile). A column of
-   tiles writes MC rows at C's stride, which for a row of 4 KiB (1024
-   float32 columns) lands every row in the same L1 sets and hops between
-   DRAM pages for a large C. Measured (Zen 5, m =
-   8192, n = 1024): k = 10 (the 10-class output layer's input gradient)
-   2.8-3.2 to 1.5 ms on one thread, float16 1.5-1.7 to 1.3; k = 32 3.4-3.9
-   to 2.6-2.7; k = 64 and k >= 128 within noise. bfloat16 pairs gained
-   nothing and lost on some batch-128 products: they keep the column order.
-   The re-read B panel (depth x NC floats) stays in L2.
-   The last K slice of a product whose epilogue runs in the kernels
-   (mp__tile_dest) goes a row of tiles at a time too, at any depth, in the
-   float32 and vdpbf16ps tiles alike (AMX's epilogue runs a row at a time
-   after its block): those tiles write C itself, a row of tiles MR whole
-   rows of it; their B slivers then come from L2 once a tile, not from L1.
-   Measured (an Intel Xeon, family 6 model 167, 1 thread, float32): m =
-   8192, n = 1024, k = 768, 1024, 1536 and 2048 3-10% faster (k = 1024:
-   113-116 to 105 ms), the float32 step at 4096 units, batch 128 168-172
-   to 150-158 ms. */
-#define MP__SHALLOW 64
-#define MP__TMP (MP__NR * MP__KC > MP__NC ? MP__NR * MP__KC : MP__NC) /* widened runs */
-
 
 static size_t mp__round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -4147,7 +4222,7 @@ static int mp__swap_dims(size_t m, size_t n) {
 
 static size_t mp__panel_floats_as(size_t m, size_t k, size_t n) {
     size_t depth = mp__panel_depth(m, k), cols = mp__panel_cols(depth, n, MP__B_BUDGET);
-    return depth * (cols < MP__NR ? MP__NR : cols);
+    return depth * (cols < MP__NR ? (size_t)MP__NR : cols);
 }
 
 /* What a product needs of a B panel, as many columns as the budget allows:
@@ -4169,20 +4244,13 @@ typedef struct mp__k_split {
 
 /* A product splits along K where it does not run as its transpose (10
    classes: the transpose's tiles are 3 times fewer), C is at most
-   MP__SPLIT_C floats, K is at
-   least MP__SPLIT_SLICES slices a thread, the busiest thread has at most
-   1/16 more than an even share, and each thread's buffers take at most
-   MP__SPLIT_PART floats (bounding what a pool keeps for them). Measured
-   (an Intel Xeon, family 6 model 167, float32, 2 threads): 12 x 128 x
-   21142 from 584 to 424 us, 128 x 128 x 3969 568 to 480, 256 x 256 x
-   4096 1898 to 1812; with 9 slices, 5 on thread 0, 256 x 256 x 2100 974
-   to 1160 and 128 x 128 x 2100 296 to 317. Two slices a thread are enough
-   (4 were asked at first): 128 x 128 x 1024 149-153 to 135-142 us, and
-   bfloat16 on AMX 128 x 128 x 1922 (a 1x1 convolution's) 75-77 to 71-73,
-   12 x 128 x 2048 22-24 to 21-22, 256 x 256 x 2048 220-229 to 207-225. */
-#define MP__SPLIT_C ((size_t)1 << 16)
-#define MP__SPLIT_SLICES 2
-#define MP__SPLIT_PART ((size_t)1 << 20)
+   MP__SPLIT_C floats, K is at least MP__SPLIT_SLICES slices a thread, the
+   busiest thread has at most 1/16 more than an even share, and each
+   thread's buffers take at most MP__SPLIT_PART floats (bounding what a
+   pool keeps for them). A convolution's weight gradients (12 x 128 x
+   21142, 128 x 128 x 3969) gain by it on 2 threads; an uneven share (9
+   slices, 5 on thread 0) loses, hence the 1/16. Two slices a thread
+   already gain, in float32 and on AMX alike (bench/gemm.c's conv rows). */
 
 static mp__k_split mp__k_split_of(size_t m, size_t n, size_t k, size_t kc, int threads) {
     mp__k_split s;
@@ -4278,9 +4346,11 @@ MIXPREC_API mp_status mp_pool_create(mp_pool **out, int threads) {
     return MP_OK;
 }
 
+/* >>matmul: packing. op(A) into panels of MR rows, op(B) into panels of NR
+   columns, each [depth][width]: widened to float32 (mp__pack), bfloat16
+   pairs (mp__pack_pairs) or AMX's tiles (mp__pack_amx_a). */
 #if defined(MP__SIMD_AVX512)
-#define MP__TRANSPOSE16 1
-/* g++ 12 sees the `_mm512_undefined` inside these intrinsics as a use of
+/* g++ sees the `_mm512_undefined` inside these intrinsics as a use of
    an uninitialised value (a false positive, in C++ only; a definite one
    where a caller's constant arguments inline them, as AMX's pack does). */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -4325,15 +4395,12 @@ MP__HOT void mp__transpose16(__m512i v[16]) {
    (lanes <= 16): one 64-byte load a row and block of 16 columns, 16 x 16
    transposes, masked stores. A last block of fewer columns loads under a
    mask and stores only its columns: the 10-class input gradient's op(B)
-   (k = 10) is one such block a panel (128 x 1024 x 10, float32, 1 thread:
-   13% of the product's samples copied element by element, 9% this way).
-   Rows past `valid` and columns past the block's go under empty masks,
-   which touch no memory, so that the loops unroll whole and the 16 rows
-   stay in registers (MP__UNROLL): kept in memory, the transposes were 27%
-   of the input gradient 128 x 4096 x 4096 (op(B) transposed, bfloat16, 1
-   thread) on an AMD EPYC (Zen 4), which ran at 148-162 GFLOP/s on 1
-   thread and 284-310 on 2, against 170-186 and 321-354 unrolled (float32:
-   78-79 and 145 against 85-87 and 158-166; alternating runs). */
+   (k = 10) is one such block a panel, cheaper so than copied element by
+   element. Rows past `valid` and columns past the block's go under empty
+   masks, which touch no memory, so that the loops unroll whole and the 16
+   rows stay in registers (MP__UNROLL): kept in memory, the transposes
+   were a large part of an input gradient whose op(B) is transposed
+   (bench/gemm.c's 128 x 4096 x 4096, float32 and bfloat16). */
 static void mp__transpose_rows16(uint32_t *out, size_t width, const void *rows, size_t row_bytes, size_t bytes,
                                  size_t valid, size_t lanes) {
     __mmask16 keep = (__mmask16)((1u << lanes) - 1);
@@ -4374,13 +4441,13 @@ static void mp__transpose_panel(void *out, size_t width, size_t w, const void *r
    op(A) packs by rows (width MR) and op(B) by columns (width NR). tmp
    holds width x qc floats, and rc. */
 /* A panel row of width floats from w <= width of a run, zeros after. A
-   whole row copies a constant size, which the compiler inlines: the
-   library call per row of 32 floats cost 5-10% of a product whose K is
-   long and M or N narrow (12 x 128 x 21142, float32: 278 to 261 us on
-   2 threads). Part of a row goes under masks where AVX-512 is: a call to
-   memcpy and one to memset for each row of 10 in a panel of 12 (the 10
-   classes' weights, k rows of op(A) in the 10-class forward) were 10% of
-   128 x 10 x 1024 on 1 thread, and both threads pack them on 2. */
+   whole row copies a constant size, which the compiler inlines: a library
+   call per row of 32 floats is a visible part of a product whose K is long
+   and M or N narrow (a convolution's weight gradient, 12 x 128 x 21142).
+   Part of a row goes under masks where AVX-512 is: a call to memcpy and
+   one to memset for each row of 10 in a panel of 12 (the 10 classes'
+   weights, k rows of op(A) in the 10-class forward) were a tenth of that
+   product, and both threads pack them on 2. */
 static void mp__panel_row(float *dst, const float *run, size_t w, size_t width) {
 #ifdef MP__SIMD_AVX512
     size_t o;
@@ -4439,7 +4506,7 @@ static void mp__pack(float *out, float *tmp, size_t width, int rows_contiguous, 
             stride = qc;
         }
         q = 0;
-#ifdef MP__TRANSPOSE16
+#ifdef MP__SIMD_AVX512
         if (mp__transposes_fit(width)) { /* 16 x 16 blocks by vector transposes */
             mp__transpose_panel(out, width, w, rows, stride * sizeof(float), qc * sizeof(float));
             q = qc;
@@ -4460,24 +4527,6 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
     for (r = 0; r < n; r++) dst[r] = (uint32_t)lo[r] | (uint32_t)hi[r] << 16;
 }
 
-
-/* Where a panel's rows are runs of the source, the pairs of rows this
-   many pairs ahead are fetched as it is packed (MP__FAR): op(A) of a
-   bfloat16 weight gradient (1024 x 1024 x 8192, A transposed, from
-   memory) packed in 19M cycles, 11.6M with this. */
-#define MP__PACK_AHEAD 8
-
-/* Runs are packed MP__PACK_PANELS panels at a time, a pair of rows across
-   all of them, so that each visit to a source row reads 4 cache lines in a
-   row (of op(B): 32 columns a panel) rather than 1, in a row 8 KiB or more
-   from the last one read. On an AMD EPYC (Zen 4), op(B) from memory, the
-   medians of 5 alternating runs on 1 and 2 threads: the forward products
-   at batch 128 and 4096 units, 128 x 4096 x 4096 at 179.3 and 349.7
-   GFLOP/s against 176.8 and 333.1 a panel at a time, 128 x 4096 x 784 at
-   187.9 and 381.5 against 180.8 and 357.9; the step's other products
-   within the spread. All of a block's 64 panels a pair at a time ran as a
-   panel at a time, or slower. */
-#define MP__PACK_PANELS 4
 
 /* The same for the bfloat16 dot-product kernels: bfloat16 values kept as
    they are, in pairs along q (even q in the low half), [depth][width]
@@ -4552,7 +4601,7 @@ static void mp__pack_pairs(uint32_t *out, size_t width, int rows_contiguous, con
    pairs), op(B) in 6-7 (16 pairs x 16 columns). Loaded when a thread's part
    of a product starts and released when it ends, so that no thread keeps
    tile state (8 KiB more to save at each context switch) between products.
-   The configuration is static data: GCC 12's _tile_loadconfig tells the
+   The configuration is static data: GCC's _tile_loadconfig tells the
    compiler it reads 8 of its 64 bytes, and stores to the rest of a local
    one can be dropped (ldtilecfg then faults on the garbage). */
 typedef struct mp__tile_config {
@@ -4601,9 +4650,8 @@ static void mp__amx_transpose32(uint32_t *lo, uint32_t *hi, const uint16_t *x, s
    (mp__amx_transpose32), a step of K (32 source rows) at a time across the
    block's columns: each row's run is read in order and a step's 32 rows
    lie in 32 pages, where a column group at a time down all of K walked a
-   page a row (4096 x 4096 x 8192 on 1 thread 364-366 to 309-315 ms, 2
-   threads 169 to 154-157; fetching the next rows ahead then saved
-   nothing). */
+   page a row, and was slower (bench/gemm.c's weight gradients on AMX);
+   fetching the next rows ahead then saved nothing. */
 static void mp__pack_amx_a(uint32_t *out, int rows_contiguous, const uint16_t *x, size_t ld, size_t r0, size_t rc,
                            size_t q0, size_t qc, size_t steps) {
     size_t g, s, r, groups = (rc + 15) / 16;
@@ -4630,6 +4678,10 @@ static void mp__pack_amx_a(uint32_t *out, int rows_contiguous, const uint16_t *x
 #endif
 
 #endif
+
+/* >>matmul: kernels. An MR x NR register tile over one K slice (mp__kernel,
+   mp__kernel_bf16), AMX's 32 x 32 (mp__kernel_amx), and where their sums
+   go. */
 
 /* Where a tile's sums over one K slice go: into the float32 C block, c
    (row stride ldc), added to it, or, for the first slice, added to 0 (as
@@ -4695,7 +4747,7 @@ static void mp__tile_epilogue(const mp__tile_dest *d, size_t r, __m512 lo, __m51
    written; a block's padding takes the whole tile. */
 static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__tile_dest *d) {
     __mmask32 k = d->in_c && d->cols < MP__NR ? mp__z_tail(d->cols) : (__mmask32)0xFFFFFFFFu;
-    size_t r, rows = d->in_c || d->g ? d->rows : MP__MR;
+    size_t r, rows = d->in_c || d->g ? d->rows : (size_t)MP__MR;
     for (r = 0; r < rows; r++) {
         __m512 c_lo = d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)k, c + r * ldc);
         __m512 c_hi = d->first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps((__mmask16)(k >> 16), c + r * ldc + 16);
@@ -4716,10 +4768,9 @@ static void mp__tile_finish(const __m512 *t, float *c, size_t ldc, const mp__til
    own (NR floats, or NR bfloat16 pairs: two cache lines). A B panel
    larger than L2 comes from L3 a sliver at a time, each sliver read by
    the MC / MR tiles of its column, the first of them waiting on L3
-   otherwise. Measured (an Intel Xeon, family 6 model 167, float32, 8192
-   x 4096 x 4096, a B panel of 16 MiB a thread, four sittings of
-   alternating runs): 0.82-0.90 s to 0.76-0.81 on 2 threads, within the
-   spread on 1 (1.50-1.73 s); 8192 x 1024 x 1024 within the spread. */
+   otherwise: 8192 x 4096 x 4096 (a B panel of 16 MiB a thread) gains on
+   2 threads, where the two share L3; on 1 thread, and where the panel
+   fits (8192 x 1024 x 1024), it is the same either way (bench/gemm.c). */
 static void mp__fetch_next(const mp__tile_dest *d, size_t q) {
     if (d->next) {
         mp__prefetch_l2(d->next + q * MP__NR * sizeof(float));
@@ -4764,6 +4815,16 @@ static int mp__tile_adds(const mp__tile_dest *d) {
     }
 #endif
 
+#if !defined(MP__SIMD_AVX512) && defined(MP__SIMD_X86) && defined(__FMA__)
+/* Row r of an AVX2 tile, its sums lo and hi, added into c (to +0 for the
+   first slice: the same sum, -0 included). */
+MP__HOT void mp__tile_add_avx2(float *c, size_t ldc, int first, size_t r, __m256 lo, __m256 hi) {
+    __m256 z = _mm256_setzero_ps();
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(first ? z : _mm256_loadu_ps(c + r * ldc), lo));
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(first ? z : _mm256_loadu_ps(c + r * ldc + 8), hi));
+}
+#endif
+
 static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size_t ldc, const mp__tile_dest *d) {
 #if defined(MP__SIMD_AVX512) && defined(__FMA__)
     size_t q;
@@ -4778,24 +4839,24 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
     }
     MP__TILE_END;
 #elif defined(MP__SIMD_X86) && defined(__FMA__)
-    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0;
+    __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, l4 = l0, l5 = l0; /* row r: lr, hr */
     __m256 h0 = l0, h1 = l0, h2 = l0, h3 = l0, h4 = l0, h5 = l0, av;
     size_t q;
     for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#define MP__FMA(r, lo, hi) \
-    av = _mm256_broadcast_ss(a + r); lo = _mm256_fmadd_ps(av, b0, lo); hi = _mm256_fmadd_ps(av, b1, hi)
-        MP__FMA(0, l0, h0); MP__FMA(1, l1, h1); MP__FMA(2, l2, h2);
-        MP__FMA(3, l3, h3); MP__FMA(4, l4, h4); MP__FMA(5, l5, h5);
-#undef MP__FMA
+        av = _mm256_broadcast_ss(a + 0), l0 = _mm256_fmadd_ps(av, b0, l0), h0 = _mm256_fmadd_ps(av, b1, h0);
+        av = _mm256_broadcast_ss(a + 1), l1 = _mm256_fmadd_ps(av, b0, l1), h1 = _mm256_fmadd_ps(av, b1, h1);
+        av = _mm256_broadcast_ss(a + 2), l2 = _mm256_fmadd_ps(av, b0, l2), h2 = _mm256_fmadd_ps(av, b1, h2);
+        av = _mm256_broadcast_ss(a + 3), l3 = _mm256_fmadd_ps(av, b0, l3), h3 = _mm256_fmadd_ps(av, b1, h3);
+        av = _mm256_broadcast_ss(a + 4), l4 = _mm256_fmadd_ps(av, b0, l4), h4 = _mm256_fmadd_ps(av, b1, h4);
+        av = _mm256_broadcast_ss(a + 5), l5 = _mm256_fmadd_ps(av, b0, l5), h5 = _mm256_fmadd_ps(av, b1, h5);
     }
-#define MP__ADD(r, lo, hi)                                                                          \
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc), lo));        \
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(d->first ? z : _mm256_loadu_ps(c + r * ldc + 8), hi))
-    __m256 z = _mm256_setzero_ps();
-    MP__ADD(0, l0, h0); MP__ADD(1, l1, h1); MP__ADD(2, l2, h2);
-    MP__ADD(3, l3, h3); MP__ADD(4, l4, h4); MP__ADD(5, l5, h5);
-#undef MP__ADD
+    mp__tile_add_avx2(c, ldc, d->first, 0, l0, h0);
+    mp__tile_add_avx2(c, ldc, d->first, 1, l1, h1);
+    mp__tile_add_avx2(c, ldc, d->first, 2, l2, h2);
+    mp__tile_add_avx2(c, ldc, d->first, 3, l3, h3);
+    mp__tile_add_avx2(c, ldc, d->first, 4, l4, h4);
+    mp__tile_add_avx2(c, ldc, d->first, 5, l5, h5);
 #else
     float acc[MP__MR][MP__NR];
     size_t q, r, j;
@@ -4841,7 +4902,7 @@ static void mp__kernel_amx(size_t steps, const uint32_t *a, size_t a_next, const
     const size_t row_bytes = ldc * sizeof(float);
     float *c2 = c + 16 * ldc, sums[32 * 32];
     size_t s, r;
-    /* GCC 12's tile loads do not tell the compiler that they read memory:
+    /* GCC's tile loads do not tell the compiler that they read memory:
        the packs' stores stay before them (its tile stores say they write). */
     __asm__ volatile("" ::: "memory");
     if (first || apart) {
@@ -4909,7 +4970,7 @@ static void mp__block_amx(const uint32_t *a, const uint32_t *b, float *c, size_t
    float32 sums in the MC x NC block, up to MP__AMX_MC. */
 static size_t mp__amx_rows(size_t ncp, size_t k) {
     size_t rows = (size_t)MP__MC * MP__NC / ncp / 32 * 32;
-    return (k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR || rows < MP__MC ? MP__MC : mp__min(rows, MP__AMX_MC);
+    return (k + 1) / 2 * ncp * sizeof(uint32_t) <= MP__AMX_FAR || rows < MP__MC ? (size_t)MP__MC : mp__min(rows, MP__AMX_MC);
 }
 
 /* The block's mc rows of sums through the epilogue into C, where it can
@@ -4930,6 +4991,10 @@ static void mp__block_epilogue(const mp__tile_dest *d, const float *c, size_t mc
         }
 }
 #endif
+
+/* >>matmul: paths. The epilogues, a K slice's tiles, and the three ways a
+   thread runs its part of C (in place, sums in C, blocked), chosen by
+   mp__gemm_plan_of. */
 
 /* Row r of the C block (nc sums) into C: + C, + bias, the pre-activation,
    the activation, one rounding. */
@@ -5052,9 +5117,9 @@ static void mp__slice_tiles(const float *a, size_t a_stride, const float *slice,
    product reserves anyway (mp__in_place), so that no B panel grows for
    it, on any machine: reserved for every n <= 16, they grew with K, and
    the conv net's last layer (Dense(1) over 123,008 inputs at
-   examples/conv_memory's image size 32) raised its peak by 5.8 MB, on
-   machines without AMX too: mixed_float16's peak rose from 0.53x float32's
-   to 0.56x (the target is 0.55x). */
+   examples/conv_memory's image size 32) raised its peak by megabytes, on
+   machines without AMX too, past the ratio of mixed_float16's peak to
+   float32's that examples/conv_memory reports. */
 static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 2, 16) * 16; }
 #endif
 
@@ -5066,13 +5131,10 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
    its values straight from A's rows, MR runs the hardware prefetchers
    follow, against B's rows under a mask, and AMX loads its A tiles from
    A's rows (16 at a time) against B's pairs, packed once; the sums are the
-   packed kernels' (and their transpose's, mp__swap_dims). Measured (an
-   Intel Xeon, family 6 model 167, against the transpose; medians of 3-5
-   alternating rounds): float32 8192 x 10 x 1024 4.96 to 2.11 ms on 1
-   thread, 2.50 to 1.09 on 2; 128 x 10 x 1024 48.0 to 29.4 us and 26.8 to
-   17.3; bfloat16 8192 x 10 x 1024 1.73 to 0.75 ms and 0.90 to 0.38, 128 x
-   10 x 1024 26.3 to 5.6 us and 17.3 to 4.6 (where half of it is the pool's
-   fork and join and each thread's pack of B). */
+   packed kernels' (and their transpose's, mp__swap_dims). Against the
+   transpose, the 10-class forward (8192 x 10 x 1024 and 128 x 10 x 1024)
+   takes about half the time in float32 and less still in bfloat16 on AMX,
+   on 1 and 2 threads (bench/gemm.c's MLP step rows). */
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
     int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR;
@@ -5180,8 +5242,8 @@ static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, co
 /* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
    pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K: the
    layout mp__pack_pairs gives at width 16, a row of pairs a vector where
-   its part rows took half of 128 x 10 x 1024's 11 us on 1 thread. (g++
-   12's false positive on `_mm512_undefined`: mp__transpose16.) */
+   its part rows took half of 128 x 10 x 1024's time on 1 thread. (g++'s
+   false positive on `_mm512_undefined`: mp__transpose16.) */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -5273,9 +5335,8 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
    C is the block. Where the threads split C, each must keep to whole cache
    lines of it (C on a line, its rows whole lines): their sums are written
    every slice, and a line that two threads write would pass between their
-   caches every slice (12 x 128 x 21142 on 2 threads, C from malloc: 598 to
-   666 us). */
-#define MP__IN_C_FLOATS ((size_t)1 << 20) /* 4 MiB: 1024 x 1024 float32 */
+   caches every slice (12 x 128 x 21142 on 2 threads with C from malloc
+   was slower so than in the blocked order). */
 /* Whether C, and so each of its rows, starts on a 64-byte line: threads
    that split C at whole tiles then never write one line between them. */
 static int mp__rows_on_lines(const mp_gemm_args *g) {
@@ -5326,43 +5387,66 @@ static void mp__gemm_in_c(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, siz
    of them: one K slice, or where the pack transposes float32 rows (op(A)
    not transposed) as many whole slices as the A block holds, so that it
    reads a run of 4 KiB a row, long enough for the hardware prefetchers,
-   which barely start on a slice's 1 KiB. Packing 8192 x 1024 a block of
-   96 rows at a time (an Intel Xeon, family 6 model 167, A from L3): 8.4
-   ms a slice of 256 columns at a time, 2.5 1024 at a time. */
+   which barely start on a slice's 1 KiB: packing 8192 x 1024 from L3, a
+   block of 96 rows at a time, is several times faster 1024 columns at a
+   time than 256 (bench/gemm.c's batch-8192 step). */
 static size_t mp__a_span(const mp_gemm_args *g, size_t mc) {
     if (g->trans_a || g->at != MP_FLOAT32) return MP__KC;
     return MP__A_FLOATS / mp__round_up(mc, MP__MR) / MP__KC * MP__KC;
 }
 
-/* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
-   product whose C^T g is (written back through mp__epilogue_transposed);
-   apart: AMX sums each K slice apart (mp__amx_apart). */
-static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
-                            size_t n0, size_t n1, int apart) {
-    int pairs = mp__gemm_bf16(g), amx = pairs && mp__amx_usable(); /* tdpbf16ps, else vdpbf16ps */
-    int one_block = m1 - m0 <= MP__MC; /* then op(B) is packed a slice at a time */
-    size_t kc_max = pairs ? 2 * MP__KC : MP__KC;
-    size_t panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
-#ifdef MP__AMX
-    if (amx) panel = mp__min(panel, MP__AMX_NC);
-#else
-    (void)apart;
-#endif
+/* What runs a part of C, as the decision table at the head of >>matmul
+   says: the path, and for the blocked path its kernel (and so its packers:
+   mp__pack for the float32 tiles, mp__pack_pairs for vdpbf16ps's,
+   mp__pack_amx_a and mp__pack_pairs for AMX's) and its sizes. */
+typedef enum mp__gemm_path {
+    MP__PATH_IN_PLACE,  /* mp__gemm_in_place: A and B read where they lie */
+    MP__PATH_SUMS_IN_C, /* mp__gemm_in_c: C holds the float32 sums */
+    MP__PATH_BLOCKED    /* mp__gemm_blocked: BLIS's loops */
+} mp__gemm_path;
+typedef enum mp__gemm_kernel {
+    MP__KERNEL_FLOAT32, /* mp__kernel: operands widened to float32 */
+    MP__KERNEL_PAIRS,   /* mp__kernel_bf16: vdpbf16ps on bfloat16 pairs */
+    MP__KERNEL_AMX      /* mp__kernel_amx: tdpbf16ps on AMX tiles */
+} mp__gemm_kernel;
+typedef struct mp__gemm_plan {
+    mp__gemm_path path;
+    mp__gemm_kernel kernel;
+    int one_block; /* the rows fit one MC block: op(B) is packed a slice at a time */
+    int fused;     /* the epilogue runs in the kernels (mp__tile_fusable) */
+    size_t kc_max; /* values of K a slice: KC, or 2 KC as bfloat16 pairs */
+    size_t panel;  /* columns of op(B) a panel */
+} mp__gemm_plan;
+
+/* The plan for C[m0..m1, n0..n1) of g; orig as for mp__gemm_region. */
+static mp__gemm_plan mp__gemm_plan_of(const mp_gemm_args *g, const mp_gemm_args *orig, const mp__gemm_ws *ws,
+                                      size_t m0, size_t m1, size_t n0, size_t n1) {
+    mp__gemm_plan p;
+    p.kernel = !mp__gemm_bf16(g) ? MP__KERNEL_FLOAT32 : mp__amx_usable() ? MP__KERNEL_AMX : MP__KERNEL_PAIRS;
+    p.one_block = m1 - m0 <= MP__MC;
+    p.fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
+    p.kc_max = p.kernel != MP__KERNEL_FLOAT32 ? 2 * MP__KC : MP__KC;
+    p.panel = mp__panel_cols(mp__panel_depth(m1 - m0, g->k), n1 - n0, ws->b_cap);
+    if (p.kernel == MP__KERNEL_AMX) p.panel = mp__min(p.panel, MP__AMX_NC);
+    if (!orig && n0 == 0 && n1 == g->n && mp__in_place(g)) p.path = MP__PATH_IN_PLACE;
+    else if (!orig && mp__sums_in_c(g, m0, m1, n0, n1)) p.path = MP__PATH_SUMS_IN_C;
+    else p.path = MP__PATH_BLOCKED;
+    return p;
+}
+
+/* C[m0..m1, n0..n1) of g by BLIS's loops, as plan p says (see
+   mp__gemm_region for orig and apart). */
+static void mp__gemm_blocked(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws,
+                             const mp__gemm_plan *p, size_t m0, size_t m1, size_t n0, size_t n1, int apart) {
+    int pairs = p->kernel != MP__KERNEL_FLOAT32, amx = p->kernel == MP__KERNEL_AMX;
+    size_t kc_max = p->kc_max, panel = p->panel;
     size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
     size_t i0, j0, p0, r;
-    int fused = !orig && g->k && mp__tile_fusable(g); /* k = 0 leaves the kernels nothing to finish */
     float bias[MP__NC]; /* the panel's bias in float32, for the kernels' epilogue */
     mp__tile_dest d;
-#ifdef MP__TILE_FUSED
-    if (!orig && n0 == 0 && n1 == g->n && mp__in_place(g)) {
-        mp__gemm_in_place(g, ws, m0, m1);
-        return;
-    }
+#ifndef MP__AMX
+    (void)apart;
 #endif
-    if (!orig && mp__sums_in_c(g, m0, m1, n0, n1)) {
-        mp__gemm_in_c(g, ws, m0, m1, n0, n1);
-        return;
-    }
     d.in_c = 0;
 #ifdef MP__AMX
     if (amx) mp__amx_begin();
@@ -5372,22 +5456,22 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #ifdef MP__AMX
         if (amx) block_rows = mp__amx_rows(ncp, g->k);
 #endif
-        for (p0 = 0; !one_block && p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B) */
+        for (p0 = 0; !p->one_block && p0 < g->k; p0 += kc_max) { /* the whole K x nc panel of op(B) */
             size_t kc = mp__min(kc_max, g->k - p0);
             mp__pack_b_slice(g, ws, ws->b + p0 / kc_max * MP__KC * ncp, ldb, j0, nc, p0, kc,
                              mp__slice_depth(kc, pairs, amx));
         }
-        if (fused && g->bias) mp__panel_bias(g, bias, j0, nc);
+        if (p->fused && g->bias) mp__panel_bias(g, bias, j0, nc);
         for (i0 = m0; i0 < m1; i0 += block_rows) {
             size_t mc = mp__min(block_rows, m1 - i0), span = mp__a_span(g, mc);
             if (!g->k) memset(ws->c, 0, mc * ncp * sizeof(float)); /* the empty sum */
             for (p0 = 0; p0 < g->k; p0 += kc_max) {
                 size_t kc = mp__min(kc_max, g->k - p0), depth = mp__slice_depth(kc, pairs, amx);
                 size_t g0 = p0 / span * span, cols = mp__min(span, g->k - g0); /* op(A)'s columns packed with p0's */
-                int into_c = fused && p0 + kc >= g->k; /* the last slice: its tiles finish into C */
+                int into_c = p->fused && p0 + kc >= g->k; /* the last slice: its tiles finish into C */
                 int rows_first = into_c || (!pairs && depth <= MP__SHALLOW);
-                const float *slice = one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
-                if (one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc, depth);
+                const float *slice = p->one_block ? ws->b : ws->b + p0 / kc_max * MP__KC * ncp;
+                if (p->one_block) mp__pack_b_slice(g, ws, ws->b, ldb, j0, nc, p0, kc, depth);
 #ifdef MP__AMX
                 if (amx) {
                     mp__pack_amx_a((uint32_t *)ws->a, !g->trans_a, (const uint16_t *)g->a, lda, i0, mc, p0, kc,
@@ -5413,7 +5497,7 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
                                 rows_first, g->bias ? bias : NULL, i0, mc, j0, nc, &d);
             }
             if (orig) mp__epilogue_transposed(orig, ws->c, ncp, ws->tmp, mc, j0, nc);
-            for (r = 0; !fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
+            for (r = 0; !p->fused && !orig && r < mc; r++) mp__epilogue(g, ws->c + r * ncp, ws->tmp, i0 + r, j0, nc);
         }
     }
 #ifdef MP__AMX
@@ -5421,11 +5505,32 @@ static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp_
 #endif
 }
 
+/* C[m0..m1, n0..n1) of g on one thread; orig, when not NULL, is the
+   product whose C^T g is (written back through mp__epilogue_transposed);
+   apart: AMX sums each K slice apart (mp__amx_apart). Chooses the plan,
+   then runs it. */
+static void mp__gemm_region(const mp_gemm_args *g, const mp_gemm_args *orig, mp__gemm_ws *ws, size_t m0, size_t m1,
+                            size_t n0, size_t n1, int apart) {
+    mp__gemm_plan p = mp__gemm_plan_of(g, orig, ws, m0, m1, n0, n1);
+    switch (p.path) {
+    case MP__PATH_IN_PLACE:
+#ifdef MP__TILE_FUSED
+        mp__gemm_in_place(g, ws, m0, m1);
+#endif
+        break;
+    case MP__PATH_SUMS_IN_C: mp__gemm_in_c(g, ws, m0, m1, n0, n1); break;
+    case MP__PATH_BLOCKED: mp__gemm_blocked(g, orig, ws, &p, m0, m1, n0, n1, apart); break;
+    }
+}
+
+/* >>matmul: threads. How the threads share a product (along N, M or K),
+   the transpose, CBLAS, and mp_matmul. */
+
 /* Whether AMX sums each K slice of g from +0 and adds it to the sums so
    far, as the other kernels do, rather than carrying the sums in its tiles:
    in the products that split along K on 2 threads (mp__split_k), whatever
    the pool, so that their bits do not depend on it. One thread is no
-   slower for it (12 x 128 x 21142: 415-438 us either way). */
+   slower for it (12 x 128 x 21142, bench/gemm.c's conv rows). */
 static int mp__amx_apart(const mp_gemm_args *g) {
     return g->trans_a && !g->trans_b && mp__k_split_of(g->m, g->n, g->k, 2 * MP__KC, 2).fits;
 }
@@ -5439,11 +5544,10 @@ typedef struct mp__gemm_job {
 /* Whether a product on AMX whose op(A) AMX's pack transposes (a weight
    gradient's X^T, its dearest pack) has an op(B) of at most 128K values:
    then each thread packing all of op(B) costs less than each transposing
-   all of X^T, and the product splits along M. Measured (an Intel Xeon,
-   family 6 model 167, bfloat16, 2 threads): 1024 x 1024 x 128 213-233 to
-   182-196 us, 784 x 1024 x 128 165-177 to 140-157; with op(B) of 512K
-   values (4096 x 4096 x 128) or a batch of 8192 split along M was slower
-   (3.26-3.31 to 3.53-3.56 ms; 1024 x 1024 x 8192 9.9 to 11.0-11.5 ms). */
+   all of X^T, and the product splits along M: the batch-128 weight
+   gradients (1024 x 1024 x 128, 784 x 1024 x 128) gain on 2 threads,
+   while with op(B) of 512K values (4096 x 4096 x 128) or a batch of 8192
+   a split along M was slower (bench/gemm.c's bfloat16 rows on AMX). */
 static int mp__amx_small_b(const mp_gemm_args *g) {
     return mp__gemm_bf16(g) && mp__amx_usable() && g->trans_a && g->k * g->n <= ((size_t)1 << 17);
 }
@@ -5456,22 +5560,18 @@ static int mp__amx_small_b(const mp_gemm_args *g) {
    is its C stores, and both packs are small: it splits along M, since in
    an N split the two threads write both ends of every row of C, which
    share a cache line wherever C's rows do not start on one (a C from
-   malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads, 35 us against
-   13 us split along M; 13 us either way on a line). Where C's rows are
-   whole lines (mp__rows_on_lines) and it has at most
+   malloc, 16 bytes past a line: 128 x 1024 x 10 on 2 threads takes
+   several times longer split along N than along M; on a line, the same).
+   Where C's rows are whole lines (mp__rows_on_lines) and it has at most
    MP__SHALLOW_N_ROWS rows, it splits along N all the same: each thread
    then transposes half of op(B) (the 10 classes' weights, in their input
-   gradient) rather than all of it. Measured (an Intel Xeon, family 6
-   model 167, 128 x 1024 x 10, 2 threads, medians of 5 alternating
-   rounds): float32 22.2 to 20.5 us, float16 22.6 to 20.3, bfloat16 23.2
-   to 22.8; 128 x 4096 x 10 92.5 to 82.1; 256 x 1024 x 10 38.8 to 37.4;
-   with 512 rows slower (75.1 to 91.5 us), 1024 and 8192 more so. Rows,
+   gradient) rather than all of it, which gains up to 256 rows in every
+   dtype and loses from 512 rows on (bench/gemm.c's batch-128 step). Rows,
    not whole tiles: no thread gets more tiles for it (ceil(ceil(m / T) /
    MR) <= ceil(ceil(m / MR) / T)), the rows' stores split evenly (128
    rows: 64 and 64, where whole tiles gave 72 and 56), and AMX's 32-row
    blocks fall better (1024 rows: 16 blocks a thread, 17 and 16 by 12-row
    tiles). Which rows a thread sums changes no sum. */
-#define MP__SHALLOW_N_ROWS 256
 static int mp__split_n(const mp_gemm_args *g, size_t threads) {
     size_t tn = (g->n + MP__NR - 1) / MP__NR, tm = (g->m + MP__MR - 1) / MP__MR;
     float cost_a = (float)g->m * (float)g->k * (g->trans_a ? 1.0f : 3.0f);
@@ -5594,10 +5694,6 @@ static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
 }
 #endif
 
-/* Products below this many multiply-adds stay on one thread: waking the
-   others costs more than they save. */
-#define MP__GEMM_PARALLEL (1u << 17)
-
 static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
     mp__split_job split;
@@ -5680,7 +5776,7 @@ static void mp__range_task(void *ctx, int t, int threads) {
 }
 
 /* Below this many elements one thread does it all. */
-#define MP__RANGE_PARALLEL (1u << 16)
+enum { MP__RANGE_PARALLEL = 1 << 16 };
 
 /* n items cut at multiples of grain, over `elements` elements in all: one
    thread for fewer than MP__RANGE_PARALLEL or a single grain. */
@@ -5724,8 +5820,8 @@ static void mp__cpu_act_backward(void *ctx, void *dx, mp_dtype dxt, const void *
 }
 
 /* The columns split in whole cache lines of a row: split finer, both
-   threads read every line (8192 x 10 in bfloat16: 75 us on 1 thread, 189
-   on 2 with 5 columns each, 77 now). */
+   threads read every line (8192 x 10 in bfloat16 took longer on 2 threads
+   with 5 columns each than on 1; bench/train.c's 10-class layer). */
 static void mp__cpu_bias_grad(void *ctx, void *db, const void *dy, size_t rows, size_t cols, mp_dtype dt) {
     mp__rows_op op;
     memset(&op, 0, sizeof op);
@@ -5765,10 +5861,10 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
    each row's loss goes to the chunk's buffer, and the chunk's are added
    in row order here, so the sum is one thread's at any count. A loss
    element (two expf and a logf from logits) costs about 25 of a cast's
-   (8192 x 10 from logits: 0.9 ms on one thread, the cast of 8192 x 784
-   into bfloat16 3.0), hence the weight of a row in the split's threshold. */
-#define MP__LOSS_ROWS 2048
-#define MP__LOSS_WEIGHT 25
+   (8192 x 10 from logits against the cast of 8192 x 784 into bfloat16, in
+   bench/train.c's step), hence the weight of a row in the split's
+   threshold. */
+enum { MP__LOSS_ROWS = 2048, MP__LOSS_WEIGHT = 25 };
 
 typedef struct mp__loss_args {
     mp_loss kind;
@@ -5825,8 +5921,9 @@ static void mp__cpu_loss(void *ctx, mp_loss kind, int from_logits, const void *p
 
 /* >>cpu backend: loss scaling */
 /* The multiply runs over whole tiles, the tail padded with 0: gcc's -O2
-   leaves a loop to a variable length scalar, which made this 12x a plain
-   cast (a 16-bit all-reduce narrows every gradient through it). */
+   leaves a loop to a variable length scalar, which made this many times
+   slower than a plain cast (a 16-bit all-reduce narrows every gradient
+   through it; bench/dp.c). */
 static void mp__cpu_scale_cast(void *ctx, void *dst, mp_dtype dt, const float *src, size_t n,
                                const float *scale_ptr) {
     float t[MP__TILE], scale = scale_ptr ? *scale_ptr : 1.0f;
@@ -5938,7 +6035,7 @@ typedef __m512 mp__vf;
 #define mp__vsub _mm512_sub_ps
 #define mp__vmul _mm512_mul_ps
 #define mp__vdiv _mm512_div_ps
-/* the masked form: gcc 12's _mm512_sqrt_ps trips -Wmaybe-uninitialized in C++ */
+/* the masked form: g++'s _mm512_sqrt_ps trips -Wmaybe-uninitialized in C++ */
 #define mp__vsqrt(v) _mm512_maskz_sqrt_ps((__mmask16)0xFFFF, v)
 #elif defined(MP__SIMD_X86)
 #define MP__VW 8
@@ -6062,7 +6159,7 @@ typedef struct mp__opt_args {
 MP__OPT_BLOCK(mp__opt_block_v, mp__v)
 
 #if MP__VW == 16
-/* g++ 12 takes the `_mm512_undefined_*` inside the conversions below for
+/* g++ takes the `_mm512_undefined_*` inside the conversions below for
    uses of uninitialised values (a false positive, in C++ only), as in the
    GEMM's transposes. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -6070,25 +6167,27 @@ MP__OPT_BLOCK(mp__opt_block_v, mp__v)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-/* Subnormal results without their microcode assists. On an Intel Xeon
-   (family 6, model 167) a multiply or divide whose result is subnormal,
-   or a square root of a subnormal, takes an assist: 42 ns a 16-lane
-   vector, against 0.40 ns (multiply) and 3.05 (divide) with normal
-   results, while adds and subtracts, and conversions between float32 and
-   float64, take none. RMSprop's v decays through the subnormals wherever
-   the gradients are tiny, and a model that trained a few hundred steps on
-   one batch then stepped 2.5-2.7x slower (RMSprop 1.07 to 6.09 ms of a
-   6.1 ms step). In a block with a gradient below 2^-60 or a state below
-   2^-100 in magnitude (where the float path's products can leave the
-   normal range), each multiply with an operand below 2^-60, each divide
-   with a dividend below 2^-60 and each square root of a subnormal runs in
-   float64 and is rounded to float32 once: a float32 value is normal in
-   float64, and rounding the float64 result of + - x / or sqrt to float32
-   gives the float32 result (53 >= 2 x 24 + 2 bits; a product of two
-   float32 values is even exact), so the bits are the float path's. */
-#define MP__BELOW_2_60 0x21800000u  /* 2^-60's bits */
-#define MP__BELOW_2_100 0x0D800000u /* 2^-100's */
-#define MP__BELOW_2_126 0x00800000u /* the least normal float32 */
+/* Subnormal results without their microcode assists. On Intel's cores a
+   multiply or divide whose result is subnormal, or a square root of a
+   subnormal, takes a microcode assist, many times slower than with a
+   normal result, while adds and subtracts, and conversions between
+   float32 and float64, take none. RMSprop's v decays through the
+   subnormals wherever the gradients are tiny, and a model that trained a
+   few hundred steps on one batch then stepped several times slower,
+   nearly all of it in RMSprop (bench/train.c times the step). In a block
+   with a gradient below 2^-60 or a state below 2^-100 in magnitude (where
+   the float path's products can leave the normal range), each multiply
+   with an operand below 2^-60, each divide with a dividend below 2^-60 and
+   each square root of a subnormal runs in float64 and is rounded to
+   float32 once: a float32 value is normal in float64, and rounding the
+   float64 result of + - x / or sqrt to float32 gives the float32 result
+   (53 >= 2 x 24 + 2 bits; a product of two float32 values is even exact),
+   so the bits are the float path's. */
+enum {
+    MP__BELOW_2_60 = 0x21800000,  /* 2^-60's bits */
+    MP__BELOW_2_100 = 0x0D800000, /* 2^-100's */
+    MP__BELOW_2_126 = 0x00800000  /* the least normal float32 */
+};
 /* The lanes of x with a nonzero magnitude below the float32 whose bits are
    `bits`: |x| - 1 wraps for 0 and lies above for Inf and NaN. */
 static __mmask16 mp__below(__m512 x, uint32_t bits) {
@@ -6155,12 +6254,11 @@ static void mp__opt_pair(const mp__opt_args *a, const void *g, mp_dtype gt, size
    registers, in the update's one pass over memory; the copy of a variable
    of MP__CAST_FAR weights or more goes around the caches, as mp_convert's
    results of that size do (mp__streams, >>bulk casts), so that its stores
-   do not read each line first. Before, a pass over chunks in L1 (widen a
+   do not read each line first. A pass over chunks in L1 instead (widen a
    chunk of 16-bit gradients, update it, cast its weights with mp_convert)
-   took mixed_bfloat16's update at 4096 units and batch 128 (2 threads, an
-   AMD EPYC Zen 4) 8.87 ms a step against 8.21 now (medians of 8
-   alternating runs; float32's update 6.9-7.4); at 1024 units, in cache,
-   0.675 ms either way. The tail goes through one padded pair. */
+   made mixed_bfloat16's update at 4096 units and batch 128, from memory,
+   slower; at 1024 units, in cache, it was the same either way
+   (bench/train.c's step). The tail goes through one padded pair. */
 static void mp__opt_range(void *args, size_t begin, size_t end, int thread) {
     enum { PAIR = 2 * MP__VW };
     const mp__opt_args *a = (const mp__opt_args *)args;
@@ -6539,7 +6637,7 @@ typedef struct mp__step_state {
 /* fit on a device backend logs each step's metrics on the device and
    reads them when the host needs them (a progress-bar refresh, the end of
    an epoch, a CSV row, a full log), so that a step never waits for one. */
-#define MP__METRIC_LOG 64
+enum { MP__METRIC_LOG = 64 };
 
 /* A device backend's batch passes through host memory: the gathered
    inputs and targets on the way in, the output on the way out. Two sets,
@@ -6564,6 +6662,7 @@ typedef enum mp__loop_call {
 } mp__loop_call;
 
 struct mp_model {
+    /* created: the description, where it runs, its input */
     mp_model_desc desc;
     const mp_backend *be;
     void *ctx;        /* the backend's context for this model */
@@ -6571,6 +6670,7 @@ struct mp_model {
     mp_policy policy; /* the global policy at creation */
     int in_rank, in_shape[MP_MAX_RANK - 1];
     size_t in_size;
+    /* the layers, as added */
     mp__layer *layers;
     int n_layers, cap_layers, kind_count[MP_LAYER_KIND_COUNT];
     /* built: weights, gradients, their dt copies, the step state; every
@@ -6581,7 +6681,8 @@ struct mp_model {
     mp__step_state *state;
     mp__step_state seen; /* the host's copy of *state, as of the last read */
     size_t params_bytes, slots_bytes, act_bytes;
-    /* compiled: loss, optimizer and its slots, loss scale */
+    int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
+    /* compiled: loss, optimizer and its slots, loss scale, the AMP pass */
     int compiled;
     mp_compile_desc compile;
     mp_opt_step opt;
@@ -6589,7 +6690,8 @@ struct mp_model {
     float *s1, *s2;
     size_t slot_count;
     int has_loss_scale;
-    /* activations for up to batch_cap samples */
+    struct mp__amp *amp; /* the automatic mixed precision pass's result, or NULL */
+    /* activations and gradients for up to batch_cap samples */
     void *act_block;
     size_t batch_cap, batch;
     void *input; /* the batch, already in the first layer's compute dtype */
@@ -6599,10 +6701,12 @@ struct mp_model {
     void *grad16; /* the gradients' 16-bit sum (>>communicator), or NULL */
     void *col;
     float *dcol, *img;
-    void *stage_block[2]; /* host memory for a batch on its way to a device backend */
+    /* a batch on its way to a device backend */
+    void *stage_block[2]; /* host memory for it, two sets in turn */
     int stage_pinned;     /* stage_block came from the backend's host_alloc */
     mp__stage stages[2];
     int stage_turn;       /* the set the next batch fills */
+    /* fit: its data and its steps' metrics */
     float *metric_log;    /* [MP__METRIC_LOG][2]: each unread fit step's metrics, on the backend */
     void *data_block;     /* fit's data on a device backend, or NULL (see mp__upload_data) */
     const float *data_x, *data_y;
@@ -6610,16 +6714,16 @@ struct mp_model {
     uint32_t *data_idx;   /* this epoch's order */
     float *data_batch;    /* a batch's inputs gathered, float32, before the cast */
     size_t metric_batch[MP__METRIC_LOG], metric_count; /* their batch sizes; how many */
+    /* the custom training loop's state (and fit's, which runs the same steps) */
     mp__loop loop;        /* where the custom loop stands (mp__loop_move) */
     int training;         /* the last forward's mode, Keras's `training` argument */
-    int grads_ready; /* mp_get_gradients has something to give */
-    int grads_deferred; /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
-    int as_summed;      /* fit's steps update as the ranks' sum lands (mp__agree_as_summed) */
-    int casts_fresh; /* every layer's wc holds its w (else the next forward casts) */
+    int grads_ready;      /* mp_get_gradients has something to give */
+    int grads_deferred;   /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
+    int as_summed;        /* fit's steps update as the ranks' sum lands (mp__agree_as_summed) */
+    /* diagnostics and errors */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
-    struct mp__amp *amp; /* the automatic mixed precision pass's result, or NULL */
-    char error[256];
+    char error[256];          /* the last error's message (mp_model_error) */
 };
 
 /* The diagnostics' hooks (>>numerics diagnostics): after each layer's
@@ -6836,7 +6940,7 @@ static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, voi
    columns in cache (MP__CONV_CACHE bytes; the same groups at any thread
    count). A 1x1 stride-1 kernel reads the NHWC batch as its own columns.
    y [G*OH*OW, F] = col [G*OH*OW, KH*KW*C] W [KH*KW*C, F] */
-#define MP__CONV_CACHE ((size_t)1 << 20)
+enum { MP__CONV_CACHE = 1 << 20 };
 static int mp__pointwise(const mp__layer *l) {
     const mp_conv_geom *g = &l->geom;
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
@@ -7768,8 +7872,9 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         own = dt != MP_FLOAT32 && mp__params(l);
         /* an own copy's bias on a 256-byte boundary too, where the BIAS
            epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned
-           bias (reference.md section 5); the float32 weights stay packed, as
-           get_weights and checkpoints see them */
+           bias (cuBLAS documentation, cublasLtMatmul's epilogue bias pointer)
+           and fault with a sticky misaligned-address error; the float32 weights
+           stay packed, as get_weights and checkpoints see them */
         bias_at = own ? (l->n_kernel * mp__dtypes[dt].size + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN /
                             mp__dtypes[dt].size
                       : l->n_kernel;
@@ -8172,7 +8277,7 @@ static mp_status mp__check_count(mp_model *m, size_t count, size_t per, const ch
 
 /* x holds no Inf or NaN, else the first one's sample and feature. A host
    backend scans x with unscale_check's test alone, split across its pool
-   (a batch of 8192 x 784 from memory: 0.9 ms on one thread); a device's
+   (a batch of 8192 x 784 comes from memory, bench/train.c); a device's
    cannot read host memory, and the index comes from a scan here. */
 static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
     size_t i, n = count * m->in_size;
@@ -10481,9 +10586,11 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    version; walks the body comparing the model's fingerprint and reading the
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
-#define MP__CKPT_VERSION 2u        /* 2: the learning-rate schedule after epsilon */
-#define MP__CKPT_OLDEST_VERSION 1u /* still read: a constant learning rate */
-#define MP__CKPT_HEAD 20u
+enum {
+    MP__CKPT_VERSION = 2,        /* 2: the learning-rate schedule after epsilon */
+    MP__CKPT_OLDEST_VERSION = 1, /* still read: a constant learning rate */
+    MP__CKPT_HEAD = 20
+};
 
 static void mp__le_put(unsigned char *p, uint64_t v, size_t bytes) {
     size_t i;
@@ -10903,7 +11010,7 @@ static size_t mp__ckpt_claimed(const unsigned char *head, size_t got) {
    crosses file systems) that no other save is using, n counting this
    process's attempts. */
 static void mp__temp_name(char *tmp, size_t cap, const char *path) {
-    static unsigned long attempts; /* process-wide: two saves at once take different numbers */
+    static size_t attempts; /* process-wide: two saves at once take different numbers */
     mp__text t;
     t.buf = tmp;
     t.cap = cap;
@@ -10916,7 +11023,7 @@ static void mp__temp_name(char *tmp, size_t cap, const char *path) {
     mp__put_uint(&t, (uint64_t)time(NULL), 0);
 #endif
     mp__put(&t, ".");
-    mp__put_uint(&t, (uint64_t)MP__RELAXED_ADD(attempts, 1u), 0);
+    mp__put_uint(&t, (uint64_t)mp__relaxed_add(&attempts, 1), 0);
 }
 
 #ifdef MP__POSIX_FILES
@@ -11487,7 +11594,7 @@ MIXPREC_API void mp_dataset_free(mp_dataset *d) {
    never more than its header claims (and the file's size) plus one byte,
    so that trailing bytes are still seen: /dev/zero, a FIFO or a file that
    grows cannot make a read go on without end. */
-#define MP__HEAD_MAX 32 /* the longest header a claim is read from */
+enum { MP__HEAD_MAX = 32 }; /* the longest header a claim is read from */
 static mp_status mp__read_file(const char *path, mp__claimed_len claimed, unsigned char **out, size_t *len) {
     unsigned char head[MP__HEAD_MAX], *buf;
     size_t got, want;
