@@ -154,13 +154,15 @@ bench-build: $(BENCHES)
 
 # The whole set takes several minutes on 2 cores; bench-quick checks that
 # every benchmark runs, in well under a minute (its figures are rougher).
+# Both print their key=value lines and write them as a table, with the CPU,
+# compilers, date and load, to $(B)/bench/results.md (bench/table.sh).
+BENCH_TABLE = BENCH_COMPILERS="$(BENCH_CC) clang" bash bench/table.sh $(B)/bench/results.md
 bench: bench-build
-	@for b in $(BENCHES); do $$b || exit 1; done
+	@bash -c 'set -o pipefail; for b in $(BENCHES); do $$b || exit 1; done | $(BENCH_TABLE) "make bench"'
 
 bench-quick: bench-build
-	@$(B)/bench_convert_gcc --n 1048576 --reps 2
-	@$(B)/bench_gemm --quick
-	@$(B)/bench_train --quick
+	@bash -c 'set -o pipefail; { $(B)/bench_convert_gcc --n 1048576 --reps 2 && $(B)/bench_gemm --quick && \
+	    $(B)/bench_train --quick; } | $(BENCH_TABLE) "make bench-quick"'
 
 # The CUDA backend (cuda/): nvcc from PATH or /usr/local/cuda, CUDA 12 or
 # 13. Real code for each of sm_70 ... sm_90 this nvcc still builds (CUDA 13

@@ -110,7 +110,7 @@ static inline void peer_probe(void) {
     }
     peer_run("probe", NULL, peer_probe_line, &found);
     if (!found) {
-        printf("bench=torch available=0 note=\"set MIXPREC_TORCH_PYTHON to a python with torch (README: the PyTorch peer)\"\n");
+        printf("bench=torch available=0 note=\"set MIXPREC_TORCH_PYTHON to a python with torch (docs/performance.md: the PyTorch peer)\"\n");
         peer_enabled = 0;
     }
 }

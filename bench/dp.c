@@ -5,7 +5,7 @@
        bench=dp ranks= threads_per_rank= per_rank_batch= global_batch= units= policy=
             steps= images_per_s= ms_per_step= allreduce_ms_per_step= allreduce_share=
             bytes_per_step_per_rank= load1= cpu=
-   --steps S times S steps (300: about 2-6 s a run, long enough that a
+   --steps S times S steps (300: long enough that a
    neighbour's burst on a shared host moves the figure little);
    --allreduce float16|bfloat16 sums the gradients in 16 bits (half the
    bytes). allreduce_ms is the time in the gradients' all-reduce (a rank that waits

@@ -36,8 +36,9 @@
                        thread count against PyTorch's best (torch_best_of=).
                        Without torch: bench=torch available=0, no ratios.
        bench=reference source=issue
-                       figures quoted in the issue for this machine class, not
-                       measured here: for comparison only.
+                       the reference figures the targets were set against
+                       (the development machine class's peaks, OpenBLAS's
+                       sgemm), not measured here: for comparison only.
    A time is the best of several timings after a warm-up, 1 thread's and 2
    threads' in turn; each timing repeats the call for >= 0.2 s so that the
    clock and the pool's wake-up vanish in it.
@@ -122,11 +123,10 @@ typedef void (*call_fn)(void *ctx);
 
 /* Seconds per call of each of n calls (one product on 1 and on 2
    threads, and the pair of measure_shape), their timings alternating so
-   that a ratio between them sees the same host: a guest here runs faster
-   and slower for seconds at a time (8192 x 1024 x 1024 float32 on an Intel
-   Xeon under KVM, 28 November 2026: 1 thread at 94 to 153 GFLOP/s within
-   20 s, and 5 calls on 2 threads 1.54x to 2.09x, median 1.87x, the 5 on 1
-   thread just before them; timed 1 thread and then 2, it gave 1.01x). The warm-up
+   that a ratio between them sees the same host: a guest of a shared host
+   runs faster and slower for seconds at a time, so 1 thread timed and then
+   2 gives a ratio that says more about the host than about the split
+   (docs/performance.md, "Measuring it"). The warm-up
    (>= 0.1 s, at least one call, each context) faults the pages in, wakes
    the pool and the clocks, and sizes the timings. A call over a second
    gets 2 timings, not S.reps: the largest MLP shapes would otherwise take
@@ -544,7 +544,7 @@ static void run_openblas(const char *self, const char *setting, const char *valu
 }
 
 /* The environment's setting and unset; if the environment leaves it unset,
-   Haswell instead, the setting the issue's first OpenBLAS figures used. */
+   Haswell instead, the setting of the reference figures (print_references). */
 static void openblas_all(const char *self) {
     const char *env = getenv("OPENBLAS_CORETYPE");
     printf("bench=gemm impl=openblas available=1 coretype_env=%s\n", env ? env : "unset");
@@ -611,7 +611,7 @@ typedef struct shape_gflops {
 } shape_gflops;
 
 static void new_job(gemm_job *j, const shape *s, mp_dtype dt, const void *a, const void *b, int threads) {
-    mp_status st = mp_pool_create(&j->pool, threads); /* an idle pool's workers sleep after ~40 us (MP__SPINS) */
+    mp_status st = mp_pool_create(&j->pool, threads); /* an idle pool's workers sleep after MP__SPINS polls */
     if (st != MP_OK) die("mp_pool_create", mp_status_message(st));
     j->trans_a = s->trans_a, j->trans_b = s->trans_b;
     j->m = s->m, j->n = s->n, j->k = s->k;

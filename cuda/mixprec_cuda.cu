@@ -1170,8 +1170,9 @@ static const void *mp__cu_widen(mp__cu *c, mp__cu_buf *buf, const void *src, mp_
 /* Whether cuBLASLt can write C: its dtype, a bias in C's dtype (AMP may
    hand a float32 bias to a 16-bit C) and 16-byte aligned (cuBLASLt states
    no alignment for the BIAS epilogue's pointer, but its kernels may assume
-   16 bytes and fault with a sticky misaligned address: reference.md
-   section 5), and an epilogue it does exactly. */
+   16 bytes and fault with a sticky misaligned address: cuBLAS documentation,
+   cublasLtMatmulDescAttributes_t; CUDA Runtime API, cudaErrorMisalignedAddress),
+   and an epilogue it does exactly. */
 static int mp__cu_direct_if_aligned(const mp_gemm_args *g, mp_dtype ab) {
     return (g->ct == ab || g->ct == MP_FLOAT32) && !g->z && (g->act == MP_LINEAR || g->act == MP_RELU) &&
            (!g->bias || g->biast == g->ct);

@@ -18,7 +18,7 @@
    declarations and the shared inline rules of mixprec.h (so it links with
    MIXPREC_STATIC too; its own functions are plain extern ones).
 
-   Numerics (see README "CUDA backend"): elementwise kernels widen to float32,
+   Numerics (see docs/backends.md, "The CUDA backend"): elementwise kernels widen to float32,
    compute in float32 without contraction (--fmad=false) and round once to
    nearest even, as the CPU backend; the optimizers, casts, loss scaling,
    im2col/col2im, pooling and dropout give the CPU's bits; products,

@@ -976,7 +976,8 @@ static int emu_fits(const void *p, const emu_layout *l) {
 
 /* The product itself, when its stream runs. LT CUBLASLT_MATMUL_DESC_BIAS_POINTER
    states no alignment for the bias, but kernels may assume 16 bytes and
-   fault with a misaligned address, which is sticky (reference.md section 5):
+   fault with a misaligned address, which is sticky (cuBLAS documentation,
+   cublasLtMatmulDescAttributes_t; CUDA Runtime API, cudaErrorMisalignedAddress):
    the emulation faults on any bias not 16-byte aligned. An operand outside
    device memory is an illegal address. */
 /* A value rounded into t and back. */

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# doc_snippets.sh COMPILER [DIR] - compiles every code block of README.md and of
-# mixprec.h's doc block, as written, with the project's warnings as errors,
+# doc_snippets.sh COMPILER [DIR] - compiles every code block of README.md, of
+# docs/*.md and of mixprec.h's doc block, as written, with the project's
+# warnings as errors,
 # so that the documentation cannot drift from the API. COMPILER is gcc or
 # clang (the C blocks: -std=c99 -Wall -Wextra -Wpedantic -Werror) or g++
 # (the C++ blocks: -std=c++11 and the same warnings). Its files go into
 # DIR/COMPILER (build/snippets/COMPILER). Run from `make test`.
 #
 # Which text is a code block:
-# - README.md: a fenced block tagged ```c is C, one tagged ```cpp is C++.
+# - README.md and docs/*.md: a fenced block tagged ```c is C, one tagged
+#   ```cpp is C++.
 #   Blocks with any other tag or none (```text, ```sh, program output) and
 #   indented blocks are not compiled: use them for what is not C.
 # - mixprec.h: in the doc block (the comment that opens the file), a block is
@@ -22,13 +24,14 @@
 #   lines stay at file scope, followed by #include "mixprec.h"; the rest is
 #   the body of a function, `void snippet(PARAMS) { ... }`. PARAMS declares
 #   what the fragment uses without declaring it (a model the text before it
-#   built, ...): in README.md an HTML comment on the line before the fence,
+#   built, ...): in a Markdown file an HTML comment on the line before the fence,
 #   <!-- snippet(mp_model *m, mp_fit_desc fd) -->, which Markdown does not
 #   show; without one, and always in the doc block, (void): the fragment
 #   declares everything it uses. Fragments are compiled, not linked.
 # - A block that includes mpi/mixprec_mpi.h gets MPI's include flags from
 #   `mpicc --showme:compile`; without mpicc it is skipped, by name.
-# Errors point at the block's lines in README.md or mixprec.h (#line).
+# Errors point at the block's lines in the page (README.md, docs/NAME.md) or
+# mixprec.h (#line).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 cc=${1:?usage: tests/doc_snippets.sh gcc|clang|g++}
@@ -40,13 +43,14 @@ case $cc in
 *) want=c flags="-std=c99 $WARNINGS" ;;
 esac
 
-# Writes each block as $D/SOURCE_LINE.LANG (LINE: the block's first line),
+# Writes each block as $D/SOURCE_LINE.LANG (SOURCE: the file's path with _ for
+# /, LINE: the block's first line),
 # the fragments already wrapped as described above.
 awk -v dir="$D" '
 function emit(src, line, lang, params,    i, n, head, body, text, file) {
     n = 0; head = ""; body = ""
     for (i = 1; i <= nlines; i++) if (lines[i] ~ /(^|[^a-z_])main[ \t]*\(/) n = 1
-    file = dir "/" src "_" line "." lang
+    file = src; gsub(/\//, "_", file); file = dir "/" file "_" line "." lang
     if (n) { # a whole program, as written
         printf "#line %d \"%s\"\n", line, src > file
         for (i = 1; i <= nlines; i++) print lines[i] > file
@@ -61,14 +65,14 @@ function emit(src, line, lang, params,    i, n, head, body, text, file) {
     nlines = 0
 }
 FNR == 1 { inblock = 0; prev = ""; prevtext = ""; doc = (FILENAME ~ /\.h$/) }
-# README.md: fenced blocks
+# Markdown pages: fenced blocks
 !doc && !inblock && /^```(c|cpp)[ \t]*$/ {
     inblock = 1; lang = substr($0, 4); sub(/[ \t]+$/, "", lang); start = FNR + 1; nlines = 0
     params = ""
     if (match(prev, /^<!-- snippet\(.*\) -->$/)) { params = prev; sub(/^<!-- snippet\(/, "", params); sub(/\) -->$/, "", params) }
     next
 }
-!doc && inblock && /^```[ \t]*$/ { emit("README.md", start, lang, params); inblock = 0; next }
+!doc && inblock && /^```[ \t]*$/ { emit(FILENAME, start, lang, params); inblock = 0; next }
 !doc && inblock { lines[++nlines] = $0; next }
 !doc { prev = $0; next }
 # mixprec.h: indented blocks in the doc block, which ends at the first "*/"
@@ -85,7 +89,7 @@ doc && !inblock && /^        [^ ]/ && prev ~ /^[ \t]*$/ {
     next
 }
 doc { if ($0 !~ /^[ \t]*$/) prevtext = $0; prev = $0 }
-' README.md mixprec.h
+' README.md docs/*.md mixprec.h
 
 status=0 count=0
 for f in "$D"/*."$want"; do

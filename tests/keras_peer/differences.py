@@ -1,6 +1,6 @@
-"""The rows of README's "Where mixprec differs from Keras", checked against the
+"""The rows of docs/keras.md's "Where mixprec differs from Keras", checked against the
 Keras in this python: run once for Keras 3 and once for tf_keras (each in its
-own process), each fact compared with what README says of that Keras. Prints
+own process), each fact compared with what docs/keras.md says of that Keras. Prints
 `keras_differences: N passed, N failed` as the C tests do. tests/matrix.sh
 runs it when MIXPREC_KERAS_PYTHON names a python with tensorflow-cpu and
 tf-keras."""
@@ -70,7 +70,7 @@ def facts(flavour):
         print(name, value)
 
 
-# README's rows: for each Keras, what each fact must be (a callable tests the value)
+# docs/keras.md's rows: for each Keras, what each fact must be (a callable tests the value)
 EXPECTED = {
     "keras3": {
         "repr": '<DTypePolicy "mixed_float16">', "policy_float64": "float64", "policy_int32": "int32",
