@@ -17,6 +17,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 /* >>the remote backend */
 #define OFFSET ((uintptr_t)1 << 46) /* far above any x86-64 user mapping */
@@ -266,9 +267,7 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     mp_logs ha[2], hb[2];
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = N;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, N);
     fd.batch_size = 16;
     fd.epochs = 2;
     fd.validation_split = 0.25f;
@@ -303,9 +302,7 @@ static void test_step_traffic(void) {
     size_t steps = 6, batch = 16, n = steps * batch, x_bytes = n * 8 * 8 * 2 * sizeof(float);
     if (!m) return;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = n;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, n);
     fd.batch_size = (int)batch;
     fd.verbose = MP_VERBOSE_SILENT;
     for (fd.host_data = 0; fd.host_data < 2; fd.host_data++) {
@@ -338,9 +335,7 @@ static void test_step_traffic(void) {
 static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
     mp_fit_desc fd;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = n;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, n);
     fd.batch_size = 16;
     fd.verbose = verbose;
     return fd;
@@ -373,13 +368,14 @@ static void test_reads(void) {
     float *ga, *gb;
     mp_tensor ta, tb;
     int applied_a = -1, applied_b = -2;
+    mp_data d;
     size_t n;
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     n = mp_model_param_count(a);
-    CHECK(mp_forward(a, xs, 8, 1) == MP_OK && mp_forward(b, xs, 8, 1) == MP_OK);
+    CHECK(forward_rows(a, xs, 8, 1) == MP_OK && forward_rows(b, xs, 8, 1) == MP_OK);
     CHECK(mp_output(a, &ta) == MP_OK && mp_output(b, &tb) == MP_OK);
     CHECK(tb.dtype == ta.dtype && memcmp(ta.data, tb.data, mp_tensor_bytes(&ta)) == 0);
-    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(loss_rows(a, labels, NULL, 8, &la, NULL) == MP_OK && loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_OK);
     CHECK(la == lb);
     CHECK(mp_compute_scaled_gradients(a) == MP_OK && mp_compute_scaled_gradients(b) == MP_OK);
     CHECK(mp_get_unscaled_gradients(a) == MP_OK && mp_get_unscaled_gradients(b) == MP_OK);
@@ -391,7 +387,9 @@ static void test_reads(void) {
           memcmp(ga, gb, n * sizeof(float)) == 0);
     free(ga);
     free(gb);
-    CHECK(mp_model_predict(a, xs, 8, 3, pa) == MP_OK && mp_model_predict(b, xs, 8, 3, pb) == MP_OK);
+    d = data_xy(xs, 8 * 8 * 2, NULL, 8);
+    CHECK(mp_model_predict(a, &d, 3, pa, sizeof pa / sizeof pa[0]) == MP_OK &&
+          mp_model_predict(b, &d, 3, pb, sizeof pb / sizeof pb[0]) == MP_OK);
     CHECK(memcmp(pa, pb, sizeof pa) == 0);
     mp_model_destroy(a);
     mp_model_destroy(b);
@@ -407,15 +405,15 @@ static void test_device_nonfinite(void) {
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     memcpy(bad, xs, sizeof bad);
     bad[77] = NAN;
-    CHECK(mp_forward(a, bad, 8, 1) == MP_ERR_NONFINITE);
-    CHECK(mp_forward(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
-    CHECK(mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_ERR_NONFINITE);
+    CHECK(forward_rows(a, bad, 8, 1) == MP_ERR_NONFINITE);
+    CHECK(forward_rows(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
+    CHECK(loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_ERR_NONFINITE);
     CHECK(strstr(mp_model_error(b), "Inf or NaN") != NULL);
     CHECK(mp_compute_scaled_gradients(b) == MP_ERR_STATE);
     CHECK(same_weights(a, b));
     /* (inference: b's training forward drew a dropout mask, a's did not) */
-    CHECK(mp_forward(a, xs, 8, 0) == MP_OK && mp_forward(b, xs, 8, 0) == MP_OK);
-    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(forward_rows(a, xs, 8, 0) == MP_OK && forward_rows(b, xs, 8, 0) == MP_OK);
+    CHECK(loss_rows(a, labels, NULL, 8, &la, NULL) == MP_OK && loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_OK);
     CHECK(la == lb);
     mp_model_destroy(a);
     mp_model_destroy(b);
@@ -732,7 +730,7 @@ static void test_amp_output(void) {
         memset(&nd, 0, sizeof nd);
         nd.every = 1;
         CHECK(mp_model_compile(m[k], &cd) == MP_OK && mp_model_set_numerics(m[k], &nd) == MP_OK);
-        CHECK(mp_forward(m[k], xs, 8, 1) == MP_OK && mp_output(m[k], &t[k]) == MP_OK);
+        CHECK(forward_rows(m[k], xs, 8, 1) == MP_OK && mp_output(m[k], &t[k]) == MP_OK);
     }
     if (m[0] && m[1]) {
         CHECK(t[0].dtype == MP_FLOAT32 && t[1].dtype == MP_FLOAT32);
@@ -772,8 +770,8 @@ static void capture(int out, char *text, size_t cap, void (*run)(void *), void *
 static void two_forwards(void *arg) {
     mp_model *m = (mp_model *)arg;
     if (!m) return;
-    CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
-    CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
+    CHECK(forward_rows(m, xs, 5, 0) == MP_OK);
+    CHECK(forward_rows(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
 }
 
 static void test_tensor_core_warning(void) {
@@ -796,13 +794,14 @@ static void verbose_fit(void *arg) {
     CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
 }
 
-/* fit says in its first line that the data stay on the device. */
+/* fit's first line names the policy; the next says that the data stay on the device. */
 static void test_data_on_device_line(void) {
     mp_model *m = conv_net(&remote, "float32", MP_SGD);
     char text[4096];
     if (!m) return;
     capture(1, text, sizeof text, verbose_fit, m);
-    CHECK(strncmp(text, "fit: the data (", 15) == 0 && strstr(text, "stays on the remote backend") != NULL);
+    CHECK(strncmp(text, "fit: policy float32 (compute float32, variables float32)\nfit: the data (", 72) == 0);
+    CHECK(strstr(text, "stays on the remote backend") != NULL);
     mp_model_destroy(m);
 }
 
