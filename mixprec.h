@@ -11,36 +11,45 @@ QUICK START
         #define MIXPREC_IMPLEMENTATION
         #include "mixprec.h"
 
-    and plain `#include "mixprec.h"` everywhere else. Then, in a function:
+    and plain `#include "mixprec.h"` everywhere else. Then, in a function
+    (every call returns an mp_status: MP_OK, or what went wrong):
 
         float src32[3] = {256.0f, 1e-8f, 70000.0f};
         mp_f16 dst16[3];
         mp_cast_stats st = {0};                            // casts add to it
-        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st);  // 1e-8: 0, 70000: Inf
         mp_policy p;                                       // float16's range too narrow?
-        mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p);
-        mp_set_global_policy(p);                           // 16-bit compute, float32 variables
+        if (mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st) != MP_OK ||  // 1e-8: 0, 70000: Inf
+            mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p) != MP_OK ||
+            mp_set_global_policy(p) != MP_OK)              // 16-bit compute, float32 variables
+            return;
 
     Training, the TensorFlow mixed precision guide's model, on an MNIST-format
-    data set (C99's designated initializers; a zero field means the default):
+    data set (C99's designated initializers; a zero field means the default;
+    each call runs only if every one before it succeeded):
 
-        mp_dataset d;
-        mp_load_idx("train-images-idx3-ubyte", "train-labels-idx1-ubyte", &d);
-        mp_set_global_policy_name("mixed_float16");
+        #include <stdio.h>
+        mp_dataset d = {0};
+        mp_model *m = NULL;
         mp_model_desc md = {.input_shape = {784}};
-        mp_model *m;
-        mp_model_create(&m, &md);
-        mp_model_add(m, mp_dense(4096, MP_RELU));
-        mp_model_add(m, mp_dense(10, MP_LINEAR));
         mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
-        out.dtype = "float32";                             // keep the output float32
-        mp_model_add(m, out);
         mp_compile_desc cd = {.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY,
                               .metrics = MP_METRIC_ACCURACY};  // RMSprop by default,
-        mp_model_compile(m, &cd);                          // loss scaling by itself
-        mp_fit_desc fd = {.data = {.x = d.x, .labels = d.labels, .n = d.n},
-                          .batch_size = 8192, .epochs = 5, .validation_split = 0.2f};
-        mp_model_fit(m, &fd);                              // Keras-style progress lines
+        mp_status s = mp_load_idx("train-images-idx3-ubyte", // loss scaling by itself
+                                  "train-labels-idx1-ubyte", &d);
+        out.dtype = "float32";                             // keep the output float32
+        if (s == MP_OK) s = mp_set_global_policy_name("mixed_float16");
+        if (s == MP_OK) s = mp_model_create(&m, &md);
+        if (s == MP_OK) s = mp_model_add(m, mp_dense(4096, MP_RELU));
+        if (s == MP_OK) s = mp_model_add(m, mp_dense(10, MP_LINEAR));
+        if (s == MP_OK) s = mp_model_add(m, out);
+        if (s == MP_OK) s = mp_model_compile(m, &cd);
+        if (s == MP_OK) {                                  // x (n, 28, 28), y (n,) labels
+            mp_fit_desc fd = {.data = mp_dataset_data(&d), .batch_size = 8192,
+                              .epochs = 5, .validation_split = 0.2f};
+            s = mp_model_fit(m, &fd);                      // Keras-style progress lines
+        }
+        if (s != MP_OK)                                    // what to fix, first
+            fprintf(stderr, "%s: %s\n", mp_status_name(s), m ? mp_model_error(m) : mp_status_message(s));
         mp_model_destroy(m);
         mp_dataset_free(&d);
 
@@ -48,8 +57,8 @@ QUICK START
 
         mp_model_desc md = {};                             // zero, then by name
         md.input_shape[0] = 784;
-        mp_model *m;
-        mp_model_create(&m, &md);
+        mp_model *m = NULL;
+        if (mp_model_create(&m, &md) != MP_OK) return;
         mp_model_destroy(m);
 
     Compile with -O2 -march=native (the SIMD paths need the instructions
@@ -57,9 +66,10 @@ QUICK START
     and link with -lm (expf, logf, powf, sqrtf) and, for the thread pool on
     glibc before 2.34, -pthread:
     cc -std=c99 -O2 -march=native app.c -o app -lm
-    Define _POSIX_C_SOURCE 199309L before the includes of the
-    implementation file to time epochs by the wall clock (clock_gettime);
-    otherwise fit reports processor time. Every code block above compiles
+    fit times epochs by the wall clock (POSIX's clock_gettime or
+    gettimeofday, C11's timespec_get), whatever feature macros are defined;
+    only a platform with none of them gets processor time, and fit's lines
+    say so. Every code block above compiles
     with -Wall -Wextra -Wpedantic -Werror (tests/doc_snippets.sh).
     Checkpoint saves fsync the file and its directory on any POSIX system,
     whatever feature macros are defined.
@@ -298,8 +308,9 @@ extern "C" {
     X(MP_ERR_SIZE, "size overflows size_t or does not fit the buffer")            \
     X(MP_ERR_ALLOC, "memory allocation failed (nothing was changed or leaked)")   \
     X(MP_ERR_ARG, "an argument is out of range (a count, size, rate or option)")  \
-    X(MP_ERR_SHAPE, "shapes do not match: a layer cannot take the previous "      \
-      "layer's output, or the data does not fit the model")                       \
+    X(MP_ERR_SHAPE, "the model does not fit: a layer cannot take the previous "   \
+      "layer's output, or the data, weights or checkpoint differ from the model " \
+      "in shape or policy")                                                        \
     X(MP_ERR_UNKNOWN_NAME, "unknown name: see the valid activations, losses "    \
       "and optimizers in mixprec.h")                                              \
     X(MP_ERR_STATE, "call out of order: layers go in before build/compile, "     \
@@ -899,7 +910,8 @@ MIXPREC_API mp_status mp_to_categorical(const int32_t *labels, size_t n, int num
 typedef struct mp_logs {
     float loss, accuracy;         /* accuracy: 0 without the metric */
     float val_loss, val_accuracy; /* 0 without validation data */
-    float seconds;                /* wall time of the epoch, validation included (Keras) */
+    float seconds;                /* wall time of the epoch, validation included (Keras); processor
+                                     time where the platform has no wall clock (its line says so) */
     float ms_per_step;
     size_t steps;
     float loss_scale;             /* at the end of the epoch (1 without scaling) */
@@ -1903,9 +1915,17 @@ MP__ROUND_EACH_END;
 #include <time.h>
 #ifndef MIXPREC_NO_STDIO
 #include <stdio.h>
+#include <errno.h> /* MP_ERR_IO's messages give the system's reason */
 #endif
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h> /* isatty, sysconf, _POSIX_THREADS, _POSIX_VERSION */
+#endif
+#if defined(_POSIX_VERSION) && !defined(CLOCK_MONOTONIC) && !defined(TIME_UTC)
+/* gettimeofday: the wall clock where <time.h> shows neither POSIX's
+   clock_gettime nor C11's timespec_get (a strict -std=c99 build without
+   feature macros); <sys/time.h> declares it whatever they are (>>fit). */
+#include <sys/time.h>
+#define MP__GETTIMEOFDAY 1
 #endif
 #if !defined(MIXPREC_NO_STDIO) && defined(_POSIX_VERSION)
 /* Files through POSIX descriptors (open with O_EXCL, fsync, stat): every
@@ -6712,6 +6732,13 @@ static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
     return st;
 }
 
+#ifndef MIXPREC_NO_STDIO
+/* The system's reason for a failed file call, from the errno it left (set
+   to 0 before the call): POSIX's calls set it; C's fopen and fclose need
+   not, and then there is none to give. */
+static const char *mp__io_reason(int err) { return err ? strerror(err) : "the system gave no reason"; }
+#endif
+
 static uint64_t mp__splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -7568,7 +7595,7 @@ static mp_status mp__resolve_policy(mp_model *m, const mp_layer_desc *d, mp_poli
         *out = *d->policy;
     } else if (d->dtype) {
         if (mp_policy_from_name(d->dtype, out) != MP_OK)
-            return mp__fail(m, MP_ERR_UNKNOWN_POLICY, "Cannot convert '%s' to a mixed precision DTypePolicy", d->dtype);
+            return mp__fail(m, MP_ERR_UNKNOWN_POLICY, "Cannot convert '%s' to a mixed precision Policy", d->dtype);
     } else {
         *out = mp_global_policy();
     }
@@ -8952,6 +8979,17 @@ MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rat
 /* >>fit */
 typedef struct mp__clock { long sec, nsec; } mp__clock;
 
+/* Epochs are timed by the wall clock, as Keras's: POSIX's monotonic
+   clock where <time.h> declares it, else C11's timespec_get, else POSIX's
+   gettimeofday. Only a platform with none of them falls back on clock(),
+   processor time (all the threads' together), and the progress line says
+   so (MP__WALL_CLOCK 0). */
+#if defined(CLOCK_MONOTONIC) || defined(TIME_UTC) || defined(MP__GETTIMEOFDAY)
+#define MP__WALL_CLOCK 1
+#else
+#define MP__WALL_CLOCK 0
+#endif
+
 static mp__clock mp__now(void) {
     mp__clock c;
 #if defined(CLOCK_MONOTONIC)
@@ -8959,7 +8997,17 @@ static mp__clock mp__now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     c.sec = (long)ts.tv_sec;
     c.nsec = (long)ts.tv_nsec;
-#else /* processor time: the wall time of a single thread */
+#elif defined(TIME_UTC)
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    c.sec = (long)ts.tv_sec;
+    c.nsec = (long)ts.tv_nsec;
+#elif defined(MP__GETTIMEOFDAY)
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    c.sec = (long)tv.tv_sec;
+    c.nsec = (long)tv.tv_usec * 1000L;
+#else
     clock_t t = clock();
     c.sec = (long)(t / CLOCKS_PER_SEC);
     c.nsec = (long)((t % CLOCKS_PER_SEC) * (1000000000L / CLOCKS_PER_SEC));
@@ -9130,7 +9178,7 @@ static void mp__progress_show(mp_progbar_logger *p, size_t step, size_t total, c
         float per_step = elapsed / (float)total;
         mp__put(&t, " - ");
         mp__put_float(&t, elapsed, 0);
-        mp__put(&t, "s ");
+        mp__put(&t, MP__WALL_CLOCK ? "s " : "s of processor time, ");
         if (per_step >= 1.0f) { mp__put_float(&t, per_step, 0); mp__put(&t, "s/step"); }
         else if (per_step >= 1e-3f) { mp__put_float(&t, per_step * 1e3f, 0); mp__put(&t, "ms/step"); }
         else { mp__put_float(&t, per_step * 1e6f, 0); mp__put(&t, "us/step"); }
@@ -9532,8 +9580,9 @@ static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
     c->file = NULL;
     if (s->replica) return MP_OK; /* rank 0 writes (>>communicator) */
     if (!c->filename) return mp__fail(s->model, MP_ERR_NULL, "CSVLogger: no filename");
+    errno = 0;
     if (!(f = fopen(c->filename, c->append ? "a" : "w")))
-        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s", c->filename);
+        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s: %s", c->filename, mp__io_reason(errno));
     if (!c->append || ftell(f) == 0)
         fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", f);
     c->file = f;
@@ -9552,10 +9601,13 @@ static mp_status mp__csv_epoch_end(void *user, mp_fit_state *s, const mp_logs *l
 static mp_status mp__csv_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_csv_logger *c = (mp_csv_logger *)user;
     FILE *f = (FILE *)c->file;
+    int bad;
     (void)lg;
     c->file = NULL;
-    if (f && (ferror(f) | fclose(f)) && s->status == MP_OK) /* the log is short: say so, the weights stand */
-        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed", c->filename);
+    errno = 0;
+    bad = f && (ferror(f) | fclose(f));
+    if (bad && s->status == MP_OK) /* the log is short: say so, the weights stand */
+        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed: %s", c->filename, mp__io_reason(errno));
     return MP_OK;
 }
 MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c) {
@@ -10012,21 +10064,38 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
 
 /* >>model: summary. Keras's model.summary() with a Policy column */
 
-static void mp__rule(mp__text *t, const char *c) {
-    int i;
-    for (i = 0; i < 80; i++) mp__put(t, c);
+static void mp__rule(mp__text *t, const char *c, size_t width) {
+    size_t i;
+    for (i = 0; i < width; i++) mp__put(t, c);
     mp__put(t, "\n");
 }
 
+/* The first column's width: Keras's 29, or more where a row's " name
+   (Type)" and a space need it (a MaxPooling2D or GlobalAveragePooling2D
+   row with its automatic name does), so that no row runs into the
+   shape's column. */
+static size_t mp__summary_width(const mp_model *m) {
+    size_t width = 29, row;
+    int i;
+    for (i = 0; i < m->n_layers; i++) {
+        row = 1 + strlen(m->layers[i].name) + 2 + strlen(mp__kinds[m->layers[i].desc.kind].type) + 1 + 1;
+        if (row > width) width = row;
+    }
+    return width;
+}
+
 static void mp__summary(const mp_model *m, mp__text *t) {
-    size_t total = mp_model_param_count(m), line;
+    size_t total = mp_model_param_count(m), line, w = mp__summary_width(m), rule = 80 + w - 29;
     int i;
     mp__put(t, "Model: \"");
     mp__put(t, m->desc.name);
     mp__put(t, "\"\n");
-    mp__rule(t, "_");
-    mp__put(t, " Layer (type)                Output Shape              Param #    Policy\n");
-    mp__rule(t, "=");
+    mp__rule(t, "_", rule);
+    line = t->len;
+    mp__put(t, " Layer (type)");
+    mp__pad_to(t, line + w);
+    mp__put(t, "Output Shape              Param #    Policy\n");
+    mp__rule(t, "=", rule);
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         const char *policy = mp_policy_name(l->policy);
@@ -10036,22 +10105,22 @@ static void mp__summary(const mp_model *m, mp__text *t) {
         mp__put(t, " (");
         mp__put(t, mp__kinds[l->desc.kind].type);
         mp__put(t, ")");
-        mp__pad_to(t, line + 29);
+        mp__pad_to(t, line + w);
         mp__put_shape(t, l->out_rank, l->out_shape);
-        mp__pad_to(t, line + 55);
+        mp__pad_to(t, line + w + 26);
         mp__put_uint(t, mp__params(l), 0);
-        mp__pad_to(t, line + 66);
+        mp__pad_to(t, line + w + 37);
         if (m->amp) mp__amp_put_dtypes(t, l);
         else mp__put(t, policy ? policy : "?");
         mp__put(t, "\n");
     }
-    mp__rule(t, "=");
+    mp__rule(t, "=", rule);
     mp__put(t, "Total params: ");
     mp__put_uint(t, total, 1);
     mp__put(t, "\nTrainable params: ");
     mp__put_uint(t, total, 1);
     mp__put(t, "\nNon-trainable params: 0\n");
-    mp__rule(t, "_");
+    mp__rule(t, "_", rule);
 }
 
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size) {
@@ -10506,14 +10575,17 @@ static mp_status mp__numerics_csv(mp_model *m, const mp__numerics *nu, int creat
     FILE *f;
     int i, k;
     if (m->rank) return MP_OK; /* rank 0 writes (>>communicator) */
+    errno = 0;
     if (!(f = fopen(nu->desc.csv_path, create ? "w" : "a")))
-        return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s", nu->desc.csv_path);
+        return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s: %s", nu->desc.csv_path, mp__io_reason(errno));
     if (create) mp__csv_header(f);
     for (i = 0; !create && i < m->n_layers; i++)
         for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++)
             if (mp__numerics_at(nu, i, k)->count)
                 mp__csv_stats(f, nu->step, m->layers[i].name, mp__numerics_kind_names[k], mp__numerics_at(nu, i, k));
-    if (ferror(f) | fclose(f)) return mp__fail(m, MP_ERR_IO, "writing the numerics CSV %s failed", nu->desc.csv_path);
+    errno = 0;
+    if (ferror(f) | fclose(f))
+        return mp__fail(m, MP_ERR_IO, "writing the numerics CSV %s failed: %s", nu->desc.csv_path, mp__io_reason(errno));
     return MP_OK;
 }
 #endif
@@ -10911,7 +10983,8 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
         ct = mp__io_uint(&c->io, (uint64_t)l->policy.compute_dtype, 4);
         vt = mp__io_uint(&c->io, (uint64_t)l->policy.variable_dtype, 4);
         if (c->kind == 'C' && (ct != (uint64_t)l->policy.compute_dtype || vt != (uint64_t)l->policy.variable_dtype))
-            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): policy %s in the file, %s in the model", i, l->name,
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): policy %s in the file, %s in the model; a checkpoint "
+                            "resumes the same model: give the layer the file's policy", i, l->name,
                             mp__ckpt_policy_name(ct, vt), mp_policy_name(l->policy));
         if (mp__differs(c, (uint64_t)l->n_kernel, 8))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z kernel weights in the file, %z in the model", i, l->name,
@@ -11256,7 +11329,7 @@ static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *p
     char *tmp;
     const char *why = "exists:";
     size_t len = 0, n, cap;
-    int created = 0, tries;
+    int created = 0, tries, err = 0;
     mp_status st;
     if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
     n = strlen(path);
@@ -11271,17 +11344,19 @@ static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *p
     (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
     for (tries = 0; why && strcmp(why, "exists:") == 0 && tries < 100; tries++) {
         mp__temp_name(tmp, cap, path);
+        errno = 0;
         why = mp__write_new(tmp, buf, len, &created);
     }
 #ifdef _WIN32
     if (!why) remove(path); /* rename does not replace there; the new file is whole in tmp */
 #endif
     if (!why && rename(tmp, path) != 0) why = "cannot rename";
+    err = errno; /* the failed call's reason, before remove */
     if (why && created) remove(tmp);
 #ifdef MP__POSIX_FILES
-    if (!why) why = mp__sync_dir(path, tmp);
+    if (!why && (why = mp__sync_dir(path, tmp)) != NULL) err = errno;
 #endif
-    st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s", path, why, tmp) : MP_OK;
+    st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s: %s", path, why, tmp, mp__io_reason(err)) : MP_OK;
     mp__free(buf);
     mp__free(tmp);
     return st;
@@ -11344,8 +11419,10 @@ static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
     mp_status st = MP_OK;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
+    errno = 0;
     if (!m->rank && (st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
-        st = mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
+        st = mp__fail(m, st, "cannot read %s: %s (it must be a readable regular file)", path,
+                      st == MP_ERR_IO && errno ? strerror(errno) : st == MP_ERR_IO ? "not a regular file" : "no memory for it");
     st = mp__rank0_outcome(m, st, "read", path);
     if (st == MP_OK && m->ranks > 1) st = mp__ckpt_share(m, &buf, &len, path);
     if (st == MP_OK) st = mp__ranks_agree(m, mp__ckpt_read(m, kind, buf, len), path);
