@@ -8296,7 +8296,7 @@ MIXPREC_API mp_status mp_to_categorical(const int32_t *labels, size_t n, int num
     }
     k = num_classes ? (size_t)num_classes : (size_t)top + 1u; /* Keras: 1 + the largest label */
     if (!mp__mul_ok(n, k, &need) || need > out_count) return MP_ERR_SIZE;
-    memset(out, 0, need * sizeof(float));
+    if (need) memset(out, 0, need * sizeof(float)); /* out may be NULL when there is nothing to write */
     for (i = 0; i < n; i++) out[i * k + (size_t)labels[i]] = 1.0f;
     return MP_OK;
 }

@@ -2,7 +2,8 @@
    check.h: a seeded random stream (splitmix64; define TEST_SEED first for
    another stream), zeroed allocation that ends the test when memory runs
    out, typed element access, OK(call, model): one check that prints the
-   status and the model's own message when the call fails, new_model,
+   status and the model's own message when the call fails, weights_of /
+   weights_equal, new_model,
    data_xy / data_xt (an mp_data of rows), forward_rows / loss_rows (the
    custom loop's first two calls on rows) and silent_fit. */
 #ifndef MIXPREC_TEST_HELPERS_H
@@ -91,6 +92,22 @@ static inline mp_model *new_model(const char *policy, const int *shape, const mp
     }
     return m;
 }
+/* The model's float32 weights (the caller frees them; a failed read is
+   counted), and whether they are w's, bit for bit. */
+static inline float *weights_of(mp_model *m) {
+    size_t n = mp_model_param_count(m);
+    float *w = floats(n);
+    OK(mp_model_get_weights(m, w, n), m);
+    return w;
+}
+static inline int weights_equal(mp_model *m, const float *w) {
+    size_t n = mp_model_param_count(m);
+    float *now = floats(n);
+    int same = mp_model_get_weights(m, now, n) == MP_OK && memcmp(now, w, n * sizeof(float)) == 0;
+    free(now);
+    return same;
+}
+
 /* n samples of `width` floats with their labels (NULL: none), as fit,
    evaluate and mp_forward read them. */
 static inline mp_data data_xy(const float *x, int width, const int32_t *labels, size_t n) {

@@ -243,13 +243,6 @@ static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer
     return m;
 }
 
-static float *weights_of(mp_model *m) {
-    size_t n = mp_model_param_count(m);
-    float *w = (float *)malloc(n * sizeof(float));
-    if (w && !CHECK(mp_model_get_weights(m, w, n) == MP_OK)) { free(w); return NULL; }
-    return w;
-}
-
 /* Two models' float32 weights, bit for bit. */
 static int same_weights(mp_model *a, mp_model *b) {
     float *wa = weights_of(a), *wb = weights_of(b);

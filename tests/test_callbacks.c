@@ -69,19 +69,6 @@ static char *path_in(const char *name) {
     sprintf(p, "%s/%s", tmp_dir, name);
     return p;
 }
-static int weights_equal(mp_model *a, const float *w) {
-    size_t n = mp_model_param_count(a);
-    float *now = floats(n);
-    int same = mp_model_get_weights(a, now, n) == MP_OK && memcmp(now, w, n * 4) == 0;
-    free(now);
-    return same;
-}
-static float *weights_of(mp_model *m) {
-    size_t n = mp_model_param_count(m);
-    float *w = floats(n);
-    OK(mp_model_get_weights(m, w, n), m);
-    return w;
-}
 
 /* ======================================================================== */
 /* 1. The hooks: order, arguments, logs, the user pointer */
