@@ -798,6 +798,35 @@ static void test_data_on_device_line(void) {
     mp_model_destroy(m);
 }
 
+/* int32 inputs on a device backend: converted on the host as the batch is
+   gathered into the staging buffer, shuffled (fit) or in order (predict);
+   the same numbers as the float32 array of those values on the CPU. */
+static void test_int32_inputs(void) {
+    static int32_t ix[N * 8 * 8 * 2];
+    static float fx[N * 8 * 8 * 2], pa[N * CLASSES], pb[N * CLASSES];
+    static const int shape[3] = {8, 8, 2};
+    mp_model *a = conv_net(&remote, "mixed_float16", MP_ADAM), *b = conv_net(mp_cpu_backend(), "mixed_float16", MP_ADAM);
+    mp_fit_desc fd;
+    float *wa, *wb;
+    size_t i;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    for (i = 0; i < N * 8 * 8 * 2; i++) ix[i] = (int32_t)(i * 13 % 9) - 4, fx[i] = (float)ix[i];
+    fd = silent_fit(fx, 8 * 8 * 2, labels, N, 16, 2);
+    fd.validation_split = 0.25f; /* the validation batches too, in order */
+    OK(mp_model_fit(b, &fd), b);
+    fd.data.x[0] = mp_array_i32(ix, N, 3, shape); /* never uploaded: batches go from the host */
+    OK(mp_model_fit(a, &fd), a);
+    wa = weights_of(a), wb = weights_of(b);
+    CHECK(memcmp(wa, wb, mp_model_param_count(a) * sizeof(float)) == 0);
+    OK(mp_model_predict(a, &fd.data, 7, pa, N * CLASSES), a);
+    fd.data = data_xy(fx, 8 * 8 * 2, NULL, N);
+    OK(mp_model_predict(b, &fd.data, 7, pb, N * CLASSES), b);
+    CHECK(memcmp(pa, pb, sizeof pa) == 0);
+    free(wa), free(wb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -821,6 +850,7 @@ int main(int argc, char **argv) {
     RUN(test_amp_output());
     RUN(test_tensor_core_warning());
     RUN(test_data_on_device_line());
+    RUN(test_int32_inputs());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }
