@@ -120,7 +120,8 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
 TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
     - A layer computes in its policy's compute dtype and keeps float32
       variables, read as the compute dtype each step. Floating inputs are cast
-      on entry; integer labels are never cast. The loss is float32; after a
+      on entry; int32 inputs become float32 first (exact to 2^24, see
+      >>data); integer labels are never cast. The loss is float32; after a
       softmax (sigmoid) output a crossentropy reads the logits, as Keras's.
     - Matrix products (Dense, Conv2D, forward and backward) accumulate in
       float32 and round once to the output dtype, as Tensor Cores do.
@@ -843,7 +844,7 @@ typedef struct mp_model_memory {
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
-MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* floats per sample */
+MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* values per sample of x (>>data) */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
 /* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size);
@@ -982,8 +983,9 @@ typedef struct mp_fit_desc {
     const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
     int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
     int host_data;           /* nonzero: send each batch from the host. 0: a device backend
-                                uploads the data once when it fits in half its free memory,
-                                and shuffles and batches it there (fit's first line says so) */
+                                uploads float32 data once when it fits in half its free memory,
+                                and shuffles and batches it there (fit's second line says so);
+                                int32 x always goes from the host, converted batch by batch */
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
@@ -1533,7 +1535,7 @@ struct mp_backend {
      strategies: every rank shuffles alike and takes its slice of each
      global batch of b samples (rank r of N: [b r / N, b (r + 1) / N)), at
      most ceil(batch_size / N) samples (mp_fit_state has both sizes; rank
-     0's first line shows them). 2 ranks at batch_size 256 train as one
+     0's progress lines show them). 2 ranks at batch_size 256 train as one
      process at 256, 128 samples each.
    - Gradients: each rank's, in float32 and weighted by its share of the
      global batch, are summed over the ranks BEFORE the fused
