@@ -9227,6 +9227,7 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
 typedef struct mp__fit_data {
     mp__feed train, val;
     size_t n_train, val_first, val_end;
+    int split;    /* val is train's part past n_train (uploaded with it where fit's data is on the device) */
     size_t batch; /* the global batch: batch_size (0: 32), at most n_train */
 } mp__fit_data;
 
@@ -9793,7 +9794,7 @@ static mp_status mp__fit_epoch(mp_model *m, const mp__fit_data *fd, const mp__fi
     }
     if (st == MP_OK && m->metric_count) st = mp__fit_read(m, &sum, &right, &seen, lg); /* stopped early */
     if (st == MP_OK && s->has_validation) /* the split's samples on the device: validated there */
-        st = mp__evaluate_shared(m, m->data_block && fd->val.x == fd->train.x ? NULL : &fd->val, fd->val_first,
+        st = mp__evaluate_shared(m, m->data_block && fd->split ? NULL : &fd->val, fd->val_first,
                                  fd->val_end, batch, &lg->val_loss, &lg->val_accuracy);
     lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
     lg->steps = s->steps;
@@ -9833,6 +9834,7 @@ static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s
     if (!has_val_data) {
         fd->val = fd->train;
         fd->val_first = fd->n_train;
+        fd->split = 1;
     }
     fd->val_end = fd->val.n;
     fd->batch = mp__min(want, fd->n_train);

@@ -827,6 +827,28 @@ static void test_int32_inputs(void) {
     mp_model_destroy(b);
 }
 
+/* validation_data on a device backend that holds fit's data: read from the
+   host, even where its x is fit's own array (here with other labels), and
+   the same numbers as on the CPU. */
+static void test_validation_data_on_device(void) {
+    static int32_t other[24];
+    mp_model *a = conv_net(&remote, "float32", MP_SGD), *b = conv_net(mp_cpu_backend(), "float32", MP_SGD);
+    mp_logs ha[2], hb[2];
+    mp_fit_desc fd;
+    size_t i;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    for (i = 0; i < 24; i++) other[i] = (int32_t)((labels[i] + 1) % CLASSES);
+    fd = silent_fit(xs, 8 * 8 * 2, labels, N, 16, 2);
+    fd.validation_data = data_xy(xs, 8 * 8 * 2, other, 24);
+    fd.history = ha;
+    OK(mp_model_fit(a, &fd), a);
+    fd.history = hb;
+    OK(mp_model_fit(b, &fd), b);
+    CHECK(ha[1].val_loss == hb[1].val_loss && ha[1].val_accuracy == hb[1].val_accuracy && ha[1].loss == hb[1].loss);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -851,6 +873,7 @@ int main(int argc, char **argv) {
     RUN(test_tensor_core_warning());
     RUN(test_data_on_device_line());
     RUN(test_int32_inputs());
+    RUN(test_validation_data_on_device());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }
