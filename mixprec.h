@@ -1455,7 +1455,9 @@ struct mp_backend {
     mp_status (*gemm_reserve)(void *ctx, size_t m, size_t n, size_t k);
     /* The batch in: n host float32 values cast into dst (dt); nonfinite,
        the backend's memory or NULL, is set to 1 when any of them is Inf or
-       NaN (a device checks in its cast, so the host need not scan). */
+       NaN (a device checks in its cast, so the host need not scan). int32
+       data never reaches a backend: the host converts it first (>>data), so
+       every dtype an operation gets is a float one (< MP_DTYPE_COUNT). */
     void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite);
     /* dst = src cast from st to dt (a copy when they agree); stats, a host
        pointer or NULL, get the narrowing counts added as mp_convert's. */
