@@ -97,7 +97,7 @@ test:
 # runs the quick ones and adds up their tallies; a failing program's whole
 # output is shown. `make test-train` runs one program, `make test-train
 # T=grad_conv` one test in it (T may name several; `T=--list` lists them).
-CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks comm threads
+CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks comm threads data
 $(B)/test_%: tests/test_%.c tests/*.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 

@@ -11,36 +11,45 @@ QUICK START
         #define MIXPREC_IMPLEMENTATION
         #include "mixprec.h"
 
-    and plain `#include "mixprec.h"` everywhere else. Then, in a function:
+    and plain `#include "mixprec.h"` everywhere else. Then, in a function
+    (every call returns an mp_status: MP_OK, or what went wrong):
 
         float src32[3] = {256.0f, 1e-8f, 70000.0f};
         mp_f16 dst16[3];
         mp_cast_stats st = {0};                            // casts add to it
-        mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st);  // 1e-8: 0, 70000: Inf
         mp_policy p;                                       // float16's range too narrow?
-        mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p);
-        mp_set_global_policy(p);                           // 16-bit compute, float32 variables
+        if (mp_convert(dst16, MP_FLOAT16, src32, MP_FLOAT32, 3, &st) != MP_OK ||  // 1e-8: 0, 70000: Inf
+            mp_policy_from_name(st.overflow || st.underflow ? "mixed_bfloat16" : "mixed_float16", &p) != MP_OK ||
+            mp_set_global_policy(p) != MP_OK)              // 16-bit compute, float32 variables
+            return;
 
     Training, the TensorFlow mixed precision guide's model, on an MNIST-format
-    data set (C99's designated initializers; a zero field means the default):
+    data set (C99's designated initializers; a zero field means the default;
+    each call runs only if every one before it succeeded):
 
-        mp_dataset d;
-        mp_load_idx("train-images-idx3-ubyte", "train-labels-idx1-ubyte", &d);
-        mp_set_global_policy_name("mixed_float16");
+        #include <stdio.h>
+        mp_dataset d = {0};
+        mp_model *m = NULL;
         mp_model_desc md = {.input_shape = {784}};
-        mp_model *m;
-        mp_model_create(&m, &md);
-        mp_model_add(m, mp_dense(4096, MP_RELU));
-        mp_model_add(m, mp_dense(10, MP_LINEAR));
         mp_layer_desc out = mp_activation_layer(MP_SOFTMAX);
-        out.dtype = "float32";                             // keep the output float32
-        mp_model_add(m, out);
         mp_compile_desc cd = {.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY,
                               .metrics = MP_METRIC_ACCURACY};  // RMSprop by default,
-        mp_model_compile(m, &cd);                          // loss scaling by itself
-        mp_fit_desc fd = {.data = {.x = d.x, .labels = d.labels, .n = d.n},
-                          .batch_size = 8192, .epochs = 5, .validation_split = 0.2f};
-        mp_model_fit(m, &fd);                              // Keras-style progress lines
+        mp_status s = mp_load_idx("train-images-idx3-ubyte", // loss scaling by itself
+                                  "train-labels-idx1-ubyte", &d);
+        out.dtype = "float32";                             // keep the output float32
+        if (s == MP_OK) s = mp_set_global_policy_name("mixed_float16");
+        if (s == MP_OK) s = mp_model_create(&m, &md);
+        if (s == MP_OK) s = mp_model_add(m, mp_dense(4096, MP_RELU));
+        if (s == MP_OK) s = mp_model_add(m, mp_dense(10, MP_LINEAR));
+        if (s == MP_OK) s = mp_model_add(m, out);
+        if (s == MP_OK) s = mp_model_compile(m, &cd);
+        if (s == MP_OK) {                                  // x (n, 28, 28), y (n,) labels
+            mp_fit_desc fd = {.data = mp_dataset_data(&d), .batch_size = 8192,
+                              .epochs = 5, .validation_split = 0.2f};
+            s = mp_model_fit(m, &fd);                      // Keras-style progress lines
+        }
+        if (s != MP_OK)                                    // what to fix, first
+            fprintf(stderr, "%s: %s\n", mp_status_name(s), m ? mp_model_error(m) : mp_status_message(s));
         mp_model_destroy(m);
         mp_dataset_free(&d);
 
@@ -48,8 +57,8 @@ QUICK START
 
         mp_model_desc md = {};                             // zero, then by name
         md.input_shape[0] = 784;
-        mp_model *m;
-        mp_model_create(&m, &md);
+        mp_model *m = NULL;
+        if (mp_model_create(&m, &md) != MP_OK) return;
         mp_model_destroy(m);
 
     Compile with -O2 -march=native (the SIMD paths need the instructions
@@ -57,9 +66,10 @@ QUICK START
     and link with -lm (expf, logf, powf, sqrtf) and, for the thread pool on
     glibc before 2.34, -pthread:
     cc -std=c99 -O2 -march=native app.c -o app -lm
-    Define _POSIX_C_SOURCE 199309L before the includes of the
-    implementation file to time epochs by the wall clock (clock_gettime);
-    otherwise fit reports processor time. Every code block above compiles
+    fit times epochs by the wall clock (POSIX's clock_gettime or
+    gettimeofday, C11's timespec_get), whatever feature macros are defined;
+    only a platform with none of them gets processor time, and fit's lines
+    say so. Every code block above compiles
     with -Wall -Wextra -Wpedantic -Werror (tests/doc_snippets.sh).
     Checkpoint saves fsync the file and its directory on any POSIX system,
     whatever feature macros are defined.
@@ -110,7 +120,8 @@ leaves a choice, so that the scalar and SIMD paths agree bit for bit)
 TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
     - A layer computes in its policy's compute dtype and keeps float32
       variables, read as the compute dtype each step. Floating inputs are cast
-      on entry; integer labels are never cast. The loss is float32; after a
+      on entry; int32 inputs become float32 first (exact to 2^24, see
+      >>data); integer labels are never cast. The loss is float32; after a
       softmax (sigmoid) output a crossentropy reads the logits, as Keras's.
     - Matrix products (Dense, Conv2D, forward and backward) accumulate in
       float32 and round once to the output dtype, as Tensor Cores do.
@@ -195,13 +206,16 @@ CONTENTS
     >>automatic mixed precision   TensorFlow's AMP graph rewrite; compile's
                              settings (before >>model: mp_compile_desc holds them)
     >>model                  create, add, build, compile, queries, weights
+    >>data: arrays           mp_array, mp_data: what fit, evaluate, predict and
+                             the custom loop read, and the checks they pass;
+                             mp_to_categorical
     >>fit                    fit, evaluate, predict, mp_logs; >>fit: callbacks
                              (the hooks) and >>fit: built-in callbacks
     >>custom training loop   the guide's train_step, one call per line
     >>numerics diagnostics   per-layer statistics, check-numerics, advice
     >>checkpoints            save/load (atomic), weight export/import
     >>data: gzip             mp_gunzip: gzip (RFC 1952) and deflate (RFC 1951), bounded
-    >>data                   IDX files (MNIST, Fashion-MNIST), plain or gzip
+    >>data                   IDX files (MNIST, Fashion-MNIST), plain or gzip; mp_dataset_data
     >>backends               the table of operations a backend fills (MP_OP),
                              and the inline rules every backend shares
     >>communicator           data-parallel training: the table of collectives
@@ -212,7 +226,7 @@ CONTENTS
     >>errors                 mp_status_message, mp_status_name
     >>numbers: conversion    float32/float64 <-> float16/bfloat16, integer-only
     >>numbers: arithmetic    + - * / sqrt through float32, comparisons
-    >>dtypes                 the dtype table
+    >>dtypes                 the dtype table (int32's row past the float dtypes')
     >>bulk casts             mp_convert's checks and dispatch
     >>bulk casts: cast stats the scalar, AVX-512 and AVX2 rows that count as they cast
     >>policies               policy names, the global policy
@@ -244,6 +258,8 @@ CONTENTS
                              needs nothing of the model's code)
     >>communicator           joining a job, collectives on host values, rank 0's weights
     >>model                  create, add, build, compile, the activation plan
+    >>data: arrays           mp_array_f32, mp_rows, mp_to_categorical, ...
+    >>data: checks           an mp_data checked against the model: its feed
     >>custom training loop   mp_forward ... mp_apply_gradients, learning rate
     >>fit                    the training loop, evaluate, predict
     >>fit: callbacks         calling the hooks, monitors
@@ -253,7 +269,7 @@ CONTENTS
     >>numerics diagnostics   statistics, histograms, check-numerics, advice
     >>checkpoints            the container: write, read, check, commit; files
     >>data: gzip             inflate: bits, Huffman codes, blocks, members
-    >>data                   IDX parsing and loading (a gzip file in two steps)
+    >>data                   IDX parsing and loading (a gzip file in two steps), mp_dataset_data
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
@@ -284,9 +300,11 @@ extern "C" {
 #define MP_STATUS_LIST(X)                                                          \
     X(MP_OK, "ok")                                                                 \
     X(MP_ERR_NULL, "a required pointer argument is NULL")                          \
-    X(MP_ERR_DTYPE, "unsupported dtype: valid dtypes are float32, float16, bfloat16") \
+    X(MP_ERR_DTYPE, "unsupported dtype: casts, tensors and policies take float32, " \
+      "float16, bfloat16; data also int32")                                       \
     X(MP_ERR_UNKNOWN_DTYPE,                                                        \
-      "unknown dtype name: valid names are 'float32', 'float16' and 'bfloat16'")   \
+      "unknown dtype name: valid names are 'float32', 'float16', 'bfloat16' and "  \
+      "'int32'")                                                                   \
     X(MP_ERR_UNKNOWN_POLICY,                                                       \
       "cannot convert the name to a mixed precision policy: valid policies are "   \
       "'mixed_float16', 'mixed_bfloat16', and the name of any float dtype "        \
@@ -299,8 +317,9 @@ extern "C" {
     X(MP_ERR_SIZE, "size overflows size_t or does not fit the buffer")            \
     X(MP_ERR_ALLOC, "memory allocation failed (nothing was changed or leaked)")   \
     X(MP_ERR_ARG, "an argument is out of range (a count, size, rate or option)")  \
-    X(MP_ERR_SHAPE, "shapes do not match: a layer cannot take the previous "      \
-      "layer's output, or the data does not fit the model")                       \
+    X(MP_ERR_SHAPE, "the model does not fit: a layer cannot take the previous "   \
+      "layer's output, or the data, weights or checkpoint differ from the model " \
+      "in shape or policy")                                                        \
     X(MP_ERR_UNKNOWN_NAME, "unknown name: see the valid activations, losses "    \
       "and optimizers in mixprec.h")                                              \
     X(MP_ERR_STATE, "call out of order: layers go in before build/compile, "     \
@@ -389,16 +408,23 @@ MIXPREC_API int mp_bf16_isnan(mp_bf16 a);
 MIXPREC_API int mp_bf16_isinf(mp_bf16 a);
 MIXPREC_API int mp_bf16_isfinite(mp_bf16 a);
 
-/* >>dtypes */
+/* >>dtypes
+   The float dtypes come first and MP_DTYPE_COUNT counts them: casts,
+   tensors, policies, weights and backends take those alone. MP_INT32 sits
+   past the count, for data only (class labels, integer inputs: see >>data),
+   so that every table and check sized by MP_DTYPE_COUNT refuses it (mp_convert,
+   mp_tensor_alloc, mp_matmul... give MP_ERR_DTYPE). */
 typedef enum mp_dtype {
     MP_FLOAT32 = 0,
     MP_FLOAT16,
     MP_BFLOAT16,
-    MP_DTYPE_COUNT
+    MP_DTYPE_COUNT, /* the float dtypes; not a dtype */
+    MP_INT32        /* data only */
 } mp_dtype;
 
-MIXPREC_API const char *mp_dtype_name(mp_dtype dtype);  /* "float16"; NULL if invalid */
+MIXPREC_API const char *mp_dtype_name(mp_dtype dtype);  /* "float16", "int32"; NULL if invalid */
 MIXPREC_API size_t mp_dtype_size(mp_dtype dtype);       /* bytes; 0 if invalid */
+/* "float32", "float16", "bfloat16" or "int32". */
 MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out);
 
 /* >>bulk casts
@@ -826,7 +852,7 @@ typedef struct mp_model_memory {
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
-MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* floats per sample */
+MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* values per sample of x (>>data) */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
 /* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size);
@@ -834,18 +860,67 @@ MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n);
 MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n);
 
-/* >>fit */
+/* >>data: arrays, what fit, evaluate, predict and the custom loop read
+   (docs/data.md). An mp_array is a view of the caller's array: n samples,
+   samples first, each sample's values contiguous and row-major (C order,
+   NumPy's default), so sample i starts at element i x (its shape's
+   product). mixprec reads it during the call only: it never copies it
+   (a device backend sends each batch, or fit's data once), keeps it or
+   frees it. Every entry point that reads data checks it before anything
+   changes, and refuses with the model's error naming both shapes:
+   - the inputs given (the x[i] whose data is set) are as many as the
+     model takes, from x[0] on (a sequential model takes one: x[0]);
+   - x's per-sample count (its shape's product) is the model's input size:
+     a sample of another shape with the same count is taken as a C reshape
+     is, for free; its dtype is float32 or int32 (MP_ERR_DTYPE);
+   - y has as many samples as x, and fits the loss: int32 class indices,
+     one per sample ((n,) or (n, 1)), for sparse categorical crossentropy;
+     float32 rows of the model's output size for the other losses;
+   - ranks are 0 to MP_MAX_RANK, axes positive, sizes overflow-checked.
+   int32 x given to a float model is converted to float32 as Keras converts
+   an integer array fed to a float Input: exactly up to 2^24 in magnitude,
+   beyond that rounded to the nearest float32 (ties to even). */
+typedef struct mp_array {
+    const void *data;        /* NULL: absent */
+    mp_dtype dtype;          /* MP_FLOAT32 (zero) or MP_INT32 */
+    size_t n;                /* samples: Keras's batch axis (None) */
+    int rank;                /* of ONE sample: 0 a scalar per sample (a class index),
+                                1 (features,), 3 (h, w, c) */
+    int shape[MP_MAX_RANK];  /* one sample's shape[0..rank-1] */
+} mp_array;
+/* shape: rank sizes (NULL for rank 0); a rank past MP_MAX_RANK is kept for
+   the checks to refuse, with no shape. */
+MIXPREC_API mp_array mp_array_f32(const float *data, size_t n, int rank, const int *shape);
+MIXPREC_API mp_array mp_array_i32(const int32_t *data, size_t n, int rank, const int *shape);
+/* The two everyday ones: (n, width) float32 rows, and (n,) int32 class indices. */
+MIXPREC_API mp_array mp_rows(const float *x, size_t n, int width);
+MIXPREC_API mp_array mp_labels(const int32_t *labels, size_t n);
+
+#define MP_MAX_INPUTS 8
 typedef struct mp_data {
-    const float *x;          /* [n, input shape...] */
-    const int32_t *labels;   /* [n] class indices (sparse crossentropy); never cast */
-    const float *y;          /* [n, outputs] targets (categorical, binary, MSE) */
-    size_t n;
+    mp_array x[MP_MAX_INPUTS]; /* the model's inputs in order (one-input models: x[0]);
+                                  unused ones: data NULL */
+    mp_array y;                /* targets: int32 class indices for sparse crossentropy
+                                  ((n,) or (n, 1)); float32 (n, outputs) for the other
+                                  losses; not read by predict */
 } mp_data;
+/* usage: mp_data d = {.x = {mp_rows(x, n, 784)}, .y = mp_labels(labels, n)}; */
+
+/* Keras's to_categorical: out[i][labels[i]] = 1, the rest 0, as n rows of
+   num_classes floats (0: 1 + the largest label, as Keras). MP_ERR_LABEL
+   for a label below 0 or not below num_classes, MP_ERR_SIZE when out_count
+   (the floats out holds) is less than n x num_classes; nothing is written
+   then. */
+MIXPREC_API mp_status mp_to_categorical(const int32_t *labels, size_t n, int num_classes, float *out,
+                                        size_t out_count);
+
+/* >>fit */
 
 typedef struct mp_logs {
     float loss, accuracy;         /* accuracy: 0 without the metric */
     float val_loss, val_accuracy; /* 0 without validation data */
-    float seconds;                /* wall time of the epoch, validation included (Keras) */
+    float seconds;                /* wall time of the epoch, validation included (Keras); processor
+                                     time where the platform has no wall clock (its line says so) */
     float ms_per_step;
     size_t steps;
     float loss_scale;             /* at the end of the epoch (1 without scaling) */
@@ -872,7 +947,7 @@ typedef struct mp_fit_state {
     size_t step;        /* on_batch_end: 0-based batch index in the epoch (Keras's batch) */
     size_t steps;       /* per epoch */
     int has_accuracy;   /* the accuracy metric is compiled */
-    int has_validation; /* validation_split left samples to validate on */
+    int has_validation; /* validation_data, or samples validation_split set apart */
     int stop_training;  /* a hook sets it: fit ends after this batch or epoch (Keras's model.stop_training) */
     mp_status status;   /* on_train_end: how fit ended */
     /* data-parallel (>>communicator): batch_size is the global batch, split
@@ -900,11 +975,15 @@ typedef enum mp_verbose {
 } mp_verbose;
 
 typedef struct mp_fit_desc {
-    mp_data data;
-    int batch_size;          /* required: > 0 */
+    mp_data data;            /* x and y (see >>data) */
+    int batch_size;          /* 0 = 32 (Keras's batch_size=None) */
     int epochs;              /* 0 = 1 */
     float validation_split;  /* the last fraction of data, before shuffling (as Keras): ceil(n x split)
                                 samples, counted in integers (docs/reliability.md, what a failed call guarantees) */
+    mp_data validation_data; /* zero: none. Given (x[0].data set), it is what each epoch
+                                validates on and validation_split is not used: Keras's
+                                precedence ("validation_data will override
+                                validation_split") */
     int no_shuffle;          /* nonzero: keep the order */
     uint64_t shuffle_seed;   /* 0 = the model's seed */
     mp_verbose verbose;
@@ -912,8 +991,9 @@ typedef struct mp_fit_desc {
     const char *csv_path;    /* NULL, or a CSV log written as it trains (needs stdio) */
     int csv_per_step;        /* nonzero: a row per step too, not only per epoch */
     int host_data;           /* nonzero: send each batch from the host. 0: a device backend
-                                uploads the data once when it fits in half its free memory,
-                                and shuffles and batches it there (fit's first line says so) */
+                                uploads float32 data once when it fits in half its free memory,
+                                and shuffles and batches it there (fit's second line says so);
+                                int32 x always goes from the host, converted batch by batch */
     int initial_epoch;       /* resume at this epoch index (Keras): epochs is then the
                                 final epoch; the skipped epochs' shuffles are replayed,
                                 so the order is the uninterrupted run's */
@@ -922,11 +1002,14 @@ typedef struct mp_fit_desc {
 } mp_fit_desc;
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc);
+/* batch_size 0 = 32, as fit's. */
 MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size,
                                         mp_logs *out);
-/* out: [n, outputs] float32. */
-MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size,
-                                       float *out);
+/* data->x's predictions into out: [n, outputs] float32, out_count the
+   floats out holds (fewer than n x outputs: MP_ERR_SIZE, naming both);
+   data->y is not read. batch_size 0 = 32. */
+MIXPREC_API mp_status mp_model_predict(mp_model *m, const mp_data *data, int batch_size, float *out,
+                                       size_t out_count);
 
 /* >>fit: built-in callbacks. Each keeps its settings and its state in a
    struct the caller owns (zero means Keras's default); mp_..._callback(p)
@@ -934,7 +1017,8 @@ MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, in
    the names of Keras's logs: "loss", "accuracy", "val_loss",
    "val_accuracy", "learning_rate". Mode AUTO maximises a name with "acc" in
    it and minimises the others (Keras). A val_ name without validation data
-   (validation_split), or another name, is MP_ERR_ARG at on_train_begin. */
+   (validation_data or validation_split), or another name, is MP_ERR_ARG at
+   on_train_begin. */
 typedef enum mp_monitor_mode { MP_MODE_AUTO = 0, MP_MODE_MIN, MP_MODE_MAX } mp_monitor_mode;
 
 /* History: each epoch's logs in epochs[epoch - initial_epoch] (as many as
@@ -1039,22 +1123,25 @@ MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
 #endif
 
 /* >>custom training loop: the guide's train_step, one call per line
-       mp_forward(m, x, batch, 1);                       // predictions = model(x)
-       mp_compute_loss(m, labels, NULL, &loss, NULL);    // loss = loss_object(y, predictions)
+       mp_data b = {.x = {mp_rows(x, n, 784)}, .y = mp_labels(labels, n)};
+       mp_forward(m, &b, 1);                             // predictions = model(x)
+       mp_compute_loss(m, &b.y, &loss, NULL);            // loss = loss_object(y, predictions)
        scaled = mp_get_scaled_loss(m, loss);             // optimizer.get_scaled_loss(loss)
        mp_compute_scaled_gradients(m);                   // tape.gradient(scaled_loss, ...)
        mp_get_unscaled_gradients(m);                     // optimizer.get_unscaled_gradients
        mp_apply_gradients(m, &applied);                  // optimizer.apply_gradients
    Without loss scaling the scale is 1 and the calls are the same. */
-MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training);
+/* A batch of batch->x's n samples through the model (training: Keras's
+   training argument); batch->y is not read. */
+MIXPREC_API mp_status mp_forward(mp_model *m, const mp_data *batch, int training);
 /* The last forward's output, in the last layer's compute dtype, where the
    host can read it (from a GPU: a copy, valid until the next call). */
 MIXPREC_API mp_status mp_output(const mp_model *m, mp_tensor *out);
 /* The compiled loss (float32, mean over the batch) of the last forward's
-   output; labels or y as the loss needs. *correct gets the number of samples
-   the accuracy metric counts as right (may be NULL). */
-MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const float *y,
-                                      float *loss, size_t *correct);
+   output against y (the last forward's n samples, as the loss takes them:
+   see >>data). *correct gets the number of samples the accuracy metric
+   counts as right (may be NULL). */
+MIXPREC_API mp_status mp_compute_loss(mp_model *m, const mp_array *y, float *loss, size_t *correct);
 MIXPREC_API float mp_get_scaled_loss(const mp_model *m, float loss);
 /* Backpropagates the scaled loss: weight gradients in each layer's compute
    dtype, activation gradients in the dtype of the activations. */
@@ -1308,6 +1395,9 @@ MIXPREC_API mp_status mp_idx_parse(const void *buf, size_t len, int *rank, uint3
 MIXPREC_API mp_status mp_dataset_from_idx(const void *images, size_t images_len, const void *labels,
                                           size_t labels_len, mp_dataset *out);
 MIXPREC_API void mp_dataset_free(mp_dataset *d);
+/* The data set as fit reads it: x (n, rows, cols) float32, y its labels
+   (n,) int32; a view of d, valid while d is. */
+MIXPREC_API mp_data mp_dataset_data(const mp_dataset *d);
 #ifndef MIXPREC_NO_STDIO
 /* Images and labels from two IDX files, each plain or gzip-compressed (told
    apart by gzip's magic, 1f 8b), so that Fashion-MNIST's `*-idx?-ubyte.gz`
@@ -1416,7 +1506,9 @@ struct mp_backend {
     mp_status (*gemm_reserve)(void *ctx, size_t m, size_t n, size_t k);
     /* The batch in: n host float32 values cast into dst (dt); nonfinite,
        the backend's memory or NULL, is set to 1 when any of them is Inf or
-       NaN (a device checks in its cast, so the host need not scan). */
+       NaN (a device checks in its cast, so the host need not scan). int32
+       data never reaches a backend: the host converts it first (>>data), so
+       every dtype an operation gets is a float one (< MP_DTYPE_COUNT). */
     void (*cast_in)(void *ctx, void *dst, mp_dtype dt, const float *host_src, size_t n, int *nonfinite);
     /* dst = src cast from st to dt (a copy when they agree); stats, a host
        pointer or NULL, get the narrowing counts added as mp_convert's. */
@@ -1496,7 +1588,7 @@ struct mp_backend {
      strategies: every rank shuffles alike and takes its slice of each
      global batch of b samples (rank r of N: [b r / N, b (r + 1) / N)), at
      most ceil(batch_size / N) samples (mp_fit_state has both sizes; rank
-     0's first line shows them). 2 ranks at batch_size 256 train as one
+     0's progress lines show them). 2 ranks at batch_size 256 train as one
      process at 256, 128 samples each.
    - Gradients: each rank's, in float32 and weighted by its share of the
      global batch, are summed over the ranks BEFORE the fused
@@ -1878,9 +1970,17 @@ MP__ROUND_EACH_END;
 #include <time.h>
 #ifndef MIXPREC_NO_STDIO
 #include <stdio.h>
+#include <errno.h> /* MP_ERR_IO's messages give the system's reason */
 #endif
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h> /* isatty, sysconf, _POSIX_THREADS, _POSIX_VERSION */
+#endif
+#if defined(_POSIX_VERSION) && !defined(CLOCK_MONOTONIC) && !defined(TIME_UTC)
+/* gettimeofday: the wall clock where <time.h> shows neither POSIX's
+   clock_gettime nor C11's timespec_get (a strict -std=c99 build without
+   feature macros); <sys/time.h> declares it whatever they are (>>fit). */
+#include <sys/time.h>
+#define MP__GETTIMEOFDAY 1
 #endif
 #if !defined(MIXPREC_NO_STDIO) && defined(_POSIX_VERSION)
 /* Files through POSIX descriptors (open with O_EXCL, fsync, stat): every
@@ -2086,19 +2186,23 @@ MP__BITOPS(mp_bf16, 0x7F80u);
 #undef MP__BITOPS
 
 /* >>dtypes */
-static const struct { const char *name; size_t size; } mp__dtypes[MP_DTYPE_COUNT] = {
-    {"float32", 4}, {"float16", 2}, {"bfloat16", 2}};
+/* Indexed by mp_dtype: the float dtypes, then MP_DTYPE_COUNT's empty row,
+   then int32 (names and sizes only). */
+static const struct { const char *name; size_t size; } mp__dtypes[MP_INT32 + 1] = {
+    {"float32", 4}, {"float16", 2}, {"bfloat16", 2}, {NULL, 0}, {"int32", 4}};
 
+/* A float dtype: what casts, tensors and policies take. */
 static int mp__dtype_valid(mp_dtype t) { return (unsigned)t < (unsigned)MP_DTYPE_COUNT; }
+static int mp__dtype_named(mp_dtype t) { return mp__dtype_valid(t) || t == MP_INT32; }
 
-MIXPREC_API const char *mp_dtype_name(mp_dtype t) { return mp__dtype_valid(t) ? mp__dtypes[t].name : NULL; }
-MIXPREC_API size_t mp_dtype_size(mp_dtype t) { return mp__dtype_valid(t) ? mp__dtypes[t].size : 0; }
+MIXPREC_API const char *mp_dtype_name(mp_dtype t) { return mp__dtype_named(t) ? mp__dtypes[t].name : NULL; }
+MIXPREC_API size_t mp_dtype_size(mp_dtype t) { return mp__dtype_named(t) ? mp__dtypes[t].size : 0; }
 
 MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
     int t;
     if (!name || !out) return MP_ERR_NULL;
-    for (t = 0; t < MP_DTYPE_COUNT; t++)
-        if (strcmp(name, mp__dtypes[t].name) == 0) { *out = (mp_dtype)t; return MP_OK; }
+    for (t = 0; t <= MP_INT32; t++)
+        if (mp__dtypes[t].name && strcmp(name, mp__dtypes[t].name) == 0) { *out = (mp_dtype)t; return MP_OK; }
     return MP_ERR_UNKNOWN_DTYPE;
 }
 
@@ -3511,7 +3615,7 @@ MIXPREC_API size_t mp_tensor_count(const mp_tensor *t) {
 
 MIXPREC_API size_t mp_tensor_bytes(const mp_tensor *t) {
     size_t bytes;
-    if (!t || !mp__mul_ok(mp_tensor_count(t), mp_dtype_size(t->dtype), &bytes)) return 0;
+    if (!t || !mp__dtype_valid(t->dtype) || !mp__mul_ok(mp_tensor_count(t), mp_dtype_size(t->dtype), &bytes)) return 0;
     return bytes;
 }
 
@@ -6723,7 +6827,7 @@ struct mp_model {
     /* diagnostics and errors */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
-    char error[256];          /* the last error's message (mp_model_error) */
+    char error[512];          /* the last error's message (mp_model_error) */
 };
 
 /* The diagnostics' hooks (>>numerics diagnostics): after each layer's
@@ -6771,13 +6875,21 @@ static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...) {
     t.buf = m->error;
     t.cap = sizeof m->error;
     t.len = 0;
-    mp__put(&t, mp_status_message(st));
-    mp__put(&t, ": ");
-    va_start(ap, fmt);
+    va_start(ap, fmt); /* what to fix first, then the status's general sentence */
     mp__putv(&t, fmt, ap);
     va_end(ap);
+    mp__put(&t, " (");
+    mp__put(&t, mp_status_message(st));
+    mp__put(&t, ")");
     return st;
 }
+
+#ifndef MIXPREC_NO_STDIO
+/* The system's reason for a failed file call, from the errno it left (set
+   to 0 before the call): POSIX's calls set it; C's fopen and fclose need
+   not, and then there is none to give. */
+static const char *mp__io_reason(int err) { return err ? strerror(err) : "the system gave no reason"; }
+#endif
 
 static uint64_t mp__splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -7635,7 +7747,7 @@ static mp_status mp__resolve_policy(mp_model *m, const mp_layer_desc *d, mp_poli
         *out = *d->policy;
     } else if (d->dtype) {
         if (mp_policy_from_name(d->dtype, out) != MP_OK)
-            return mp__fail(m, MP_ERR_UNKNOWN_POLICY, "Cannot convert '%s' to a mixed precision DTypePolicy", d->dtype);
+            return mp__fail(m, MP_ERR_UNKNOWN_POLICY, "Cannot convert '%s' to a mixed precision Policy", d->dtype);
     } else {
         *out = mp_global_policy();
     }
@@ -8267,51 +8379,217 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     return MP_OK;
 }
 
-/* count samples of `per` floats each fit in memory (their bytes in size_t). */
-static mp_status mp__check_count(mp_model *m, size_t count, size_t per, const char *what) {
-    size_t n;
-    if (!mp__mul_ok(count, per, &n) || n > SIZE_MAX / sizeof(float))
-        return mp__fail(m, MP_ERR_SIZE, "%s: %z samples of %z floats exceed SIZE_MAX bytes", what, count, per);
-    return MP_OK;
-}
-
-/* x holds no Inf or NaN, else the first one's sample and feature. A host
-   backend scans x with unscale_check's test alone, split across its pool
-   (a batch of 8192 x 784 comes from memory, bench/train.c); a device's
-   cannot read host memory, and the index comes from a scan here. */
-static mp_status mp__check_finite(mp_model *m, const float *x, size_t first, size_t count) {
+/* x holds no Inf or NaN, else the first one's sample and feature (int32
+   x has none). A host backend scans x with unscale_check's test alone,
+   split across its pool; a device's cannot read host memory, and the
+   index comes from a scan here. */
+static mp_status mp__check_finite(mp_model *m, const char *who, const void *xv, mp_dtype xt, size_t count) {
+    const float *x = (const float *)xv;
     size_t i, n = count * m->in_size;
     int found = 1; /* a device's: the scan here looks */
-    mp_status st = mp__check_count(m, count, m->in_size, "x");
-    if (st != MP_OK) return st;
+    if (xt != MP_FLOAT32) return MP_OK;
     if (!m->be->device_memory) {
         found = 0;
         m->be->unscale_check(m->ctx, NULL, x, MP_FLOAT32, n, NULL, &found);
     }
     if (found && (i = mp__first_nonfinite(x, n)) < n)
-        return mp__fail(m, MP_ERR_NONFINITE, "sample %z, feature %z is %s", first + i / m->in_size, i % m->in_size,
-                        x[i] != x[i] ? "NaN" : "Inf");
+        return mp__fail(m, MP_ERR_NONFINITE, "%s: x: sample %z, feature %z is %s", who, i / m->in_size,
+                        i % m->in_size, x[i] != x[i] ? "NaN" : "Inf");
     return MP_OK;
 }
 
-static mp_status mp__check_targets(mp_model *m, const int32_t *labels, const float *y, size_t count) {
+/* The values of the targets, once their shapes are checked: labels in
+   range for sparse crossentropy, finite float targets for the rest. */
+static mp_status mp__check_targets(mp_model *m, const char *who, const int32_t *labels, const float *y, size_t count) {
     size_t i, classes = mp__last(m)->out_size;
-    if (m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY) {
-        if (!labels) return mp__fail(m, MP_ERR_NULL, "sparse categorical crossentropy needs int32 labels");
+    if (labels) {
         for (i = 0; i < count; i++)
             if (labels[i] < 0 || (size_t)labels[i] >= classes)
-                return mp__fail(m, MP_ERR_LABEL, "sample %z has label %d; the model has %z classes", i, (int)labels[i],
-                                classes);
-    } else if (!y) {
-        return mp__fail(m, MP_ERR_NULL, "this loss needs float targets y");
+                return mp__fail(m, MP_ERR_LABEL, "%s: y: sample %z has label %d; the model has %z classes", who, i,
+                                (int)labels[i], classes);
     } else {
-        mp_status st = mp__check_count(m, count, classes, "y");
-        for (i = 0; st == MP_OK && i < count * classes; i++) /* a NaN target would turn every weight NaN */
+        for (i = 0; i < count * classes; i++) /* a NaN target would turn every weight NaN */
             if ((mp__f32_bits(y[i]) & MP__F32_INF) == MP__F32_INF)
-                return mp__fail(m, MP_ERR_NONFINITE, "y: sample %z, output %z is %s", i / classes, i % classes,
-                                y[i] != y[i] ? "NaN" : "Inf");
-        return st;
+                return mp__fail(m, MP_ERR_NONFINITE, "%s: y: sample %z, output %z is %s", who, i / classes,
+                                i % classes, y[i] != y[i] ? "NaN" : "Inf");
     }
+    return MP_OK;
+}
+
+/* >>data: arrays (see the declaration) */
+static mp_array mp__array(const void *data, mp_dtype dtype, size_t n, int rank, const int *shape) {
+    mp_array a;
+    int i;
+    memset(&a, 0, sizeof a);
+    a.data = data;
+    a.dtype = dtype;
+    a.n = n;
+    a.rank = rank;
+    for (i = 0; shape && i < rank && i < MP_MAX_RANK; i++) a.shape[i] = shape[i];
+    return a;
+}
+MIXPREC_API mp_array mp_array_f32(const float *data, size_t n, int rank, const int *shape) {
+    return mp__array(data, MP_FLOAT32, n, rank, shape);
+}
+MIXPREC_API mp_array mp_array_i32(const int32_t *data, size_t n, int rank, const int *shape) {
+    return mp__array(data, MP_INT32, n, rank, shape);
+}
+MIXPREC_API mp_array mp_rows(const float *x, size_t n, int width) { return mp__array(x, MP_FLOAT32, n, 1, &width); }
+MIXPREC_API mp_array mp_labels(const int32_t *labels, size_t n) { return mp__array(labels, MP_INT32, n, 0, NULL); }
+
+MIXPREC_API mp_status mp_to_categorical(const int32_t *labels, size_t n, int num_classes, float *out,
+                                        size_t out_count) {
+    size_t i, k, need;
+    int32_t top = -1;
+    if ((!labels || !out) && n) return MP_ERR_NULL;
+    if (num_classes < 0) return MP_ERR_ARG;
+    for (i = 0; i < n; i++) {
+        if (labels[i] < 0 || (num_classes && labels[i] >= num_classes)) return MP_ERR_LABEL;
+        if (labels[i] > top) top = labels[i];
+    }
+    k = num_classes ? (size_t)num_classes : (size_t)top + 1u; /* Keras: 1 + the largest label */
+    if (!mp__mul_ok(n, k, &need) || need > out_count) return MP_ERR_SIZE;
+    if (need) memset(out, 0, need * sizeof(float)); /* out may be NULL when there is nothing to write */
+    for (i = 0; i < n; i++) out[i * k + (size_t)labels[i]] = 1.0f;
+    return MP_OK;
+}
+
+/* >>data: checks (see the declaration). A checked mp_data as batches
+   are taken from it: the input's rows and the targets, typed, n samples
+   each. */
+typedef struct mp__feed {
+    const void *x;         /* n x in_size values of xt */
+    mp_dtype xt;           /* MP_FLOAT32 or MP_INT32 */
+    const int32_t *labels; /* sparse crossentropy's class indices, or NULL */
+    const float *y;        /* the other losses' targets, or NULL */
+    size_t n;
+} mp__feed;
+
+/* "(None, 28, 28, 1)": a batch's shape, as Keras prints it. */
+static void mp__put_shape(mp__text *t, int rank, const int *shape) {
+    int i;
+    mp__put(t, "(None");
+    for (i = 0; i < rank; i++) { mp__put(t, ", "); mp__put_int(t, shape[i]); }
+    mp__put(t, ")");
+}
+
+/* "(6,)", "(28, 28, 1)": a Python tuple, as Keras's input_shape. */
+static void mp__put_tuple(mp__text *t, int rank, const int *shape) {
+    int i;
+    mp__put(t, "(");
+    for (i = 0; i < rank; i++) {
+        if (i) mp__put(t, ", ");
+        mp__put_int(t, shape[i]);
+    }
+    mp__put(t, rank == 1 ? ",)" : ")");
+}
+
+/* A shape into buf, tuple or batch-shaped: for the messages. */
+static const char *mp__shape_text(char *buf, size_t cap, int rank, const int *shape, int tuple) {
+    mp__text t;
+    t.buf = buf;
+    t.cap = cap;
+    t.len = 0;
+    if (tuple) mp__put_tuple(&t, rank, shape);
+    else mp__put_shape(&t, rank, shape);
+    return buf;
+}
+
+static const char *mp__loss_name(mp_loss loss) {
+    static const char *const names[MP_LOSS_COUNT] = {"no loss", "sparse_categorical_crossentropy",
+                                                     "categorical_crossentropy", "binary_crossentropy",
+                                                     "mean_squared_error"};
+    return names[loss];
+}
+
+/* An array's own fields: a data dtype, a rank of 0 to MP_MAX_RANK,
+   positive axes, and a per-sample count (*per) and n x *per values whose
+   bytes fit in size_t. */
+static mp_status mp__check_array(mp_model *m, const char *who, const char *what, const mp_array *a, size_t *per) {
+    size_t total;
+    int i;
+    if (a->dtype != MP_FLOAT32 && a->dtype != MP_INT32)
+        return mp__fail(m, MP_ERR_DTYPE, "%s: %s has dtype %s; data is float32 or int32 (mp_array_f32, mp_array_i32)",
+                        who, what, mp_dtype_name(a->dtype) ? mp_dtype_name(a->dtype) : "(not a dtype)");
+    if (a->rank < 0 || a->rank > MP_MAX_RANK)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: %s's samples have rank %d; a sample has 0 to %d axes", who, what, a->rank,
+                        MP_MAX_RANK);
+    *per = 1;
+    for (i = 0; i < a->rank; i++) {
+        if (a->shape[i] <= 0)
+            return mp__fail(m, MP_ERR_SHAPE, "%s: %s's sample shape has size %d on axis %d; sizes are positive", who,
+                            what, a->shape[i], i);
+        if (!mp__mul_ok(*per, (size_t)a->shape[i], per)) break;
+    }
+    if (i < a->rank || !mp__mul_ok(a->n, *per, &total) || total > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "%s: %s's %z samples exceed SIZE_MAX bytes", who, what, a->n);
+    return MP_OK;
+}
+
+/* The inputs: as many as the model takes (one), x[0]'s dtype and
+   per-sample count the model's; into f. */
+static mp_status mp__check_x(mp_model *m, const char *who, const mp_data *d, mp__feed *f) {
+    const mp_array *x = &d->x[0];
+    char want[96], got[96], tuple[96];
+    size_t per;
+    int given = 0, i;
+    mp_status st;
+    for (i = 0; i < MP_MAX_INPUTS; i++) given += d->x[i].data != NULL;
+    if (!x->data) return mp__fail(m, MP_ERR_NULL, "%s: x[0].data is NULL: the first input is x[0]", who);
+    if (given != 1)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: %d inputs given (x[0] and %d more); Layer \"%s\" expects 1 input(s), but "
+                        "it received %d input tensors", who, given, given - 1, m->desc.name, given);
+    if ((st = mp__check_array(m, who, "x", x, &per)) != MP_OK) return st;
+    if (x->n == 0) return mp__fail(m, MP_ERR_ARG, "%s: x has no samples (n = 0)", who);
+    if (per != m->in_size)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: x has %z values per sample, the model's input takes %z (input_shape %s); "
+                        "expected shape=%s, found shape=%s", who, per, m->in_size,
+                        mp__shape_text(tuple, sizeof tuple, m->in_rank, m->in_shape, 1),
+                        mp__shape_text(want, sizeof want, m->in_rank, m->in_shape, 0),
+                        mp__shape_text(got, sizeof got, x->rank, x->shape, 0));
+    f->x = x->data;
+    f->xt = x->dtype;
+    f->n = x->n;
+    return MP_OK;
+}
+
+/* The targets of n samples, as the compiled loss takes them; into f. */
+static mp_status mp__check_y(mp_model *m, const char *who, const mp_array *y, size_t n, mp__feed *f) {
+    const mp__layer *last = mp__last(m);
+    int sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    const char *loss = mp__loss_name(m->compile.loss);
+    char want[96], got[96];
+    size_t per;
+    mp_status st;
+    if (!y->data)
+        return mp__fail(m, MP_ERR_NULL, "%s: y is absent; %s needs %s", who, loss,
+                        sparse ? "int32 class indices (mp_labels)" : "float32 targets");
+    if ((st = mp__check_array(m, who, "y", y, &per)) != MP_OK) return st;
+    if (y->n != n)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: x has %z samples and y %z; Data cardinality is ambiguous: make sure all "
+                        "arrays contain the same number of samples", who, n, y->n);
+    mp__shape_text(got, sizeof got, y->rank, y->shape, 0);
+    if (sparse && y->dtype != MP_INT32)
+        return mp__fail(m, MP_ERR_DTYPE, "%s: y is float32; %s takes int32 class indices (mp_labels)", who, loss);
+    if (sparse && per != 1)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: y has %z values per sample; %s takes one class index per sample: expected "
+                        "shape=(None,) or (None, 1), found shape=%s", who, per, loss, got);
+    if (!sparse && y->dtype != MP_FLOAT32)
+        return mp__fail(m, MP_ERR_DTYPE, "%s: y is int32; %s takes float32 targets, %z per sample (mp_to_categorical "
+                        "makes one-hot rows of class indices)", who, loss, last->out_size);
+    if (!sparse && per != last->out_size)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: y has %z values per sample, the model's output has %z (layer %s); "
+                        "expected shape=%s, found shape=%s", who, per, last->out_size, last->name,
+                        mp__shape_text(want, sizeof want, last->out_rank, last->out_shape, 0), got);
+    f->labels = sparse ? (const int32_t *)y->data : NULL;
+    f->y = sparse ? NULL : (const float *)y->data;
+    return mp__check_targets(m, who, f->labels, f->y, n);
+}
+
+/* Keras's batch_size: 0 (None) is 32. */
+static mp_status mp__batch_size(mp_model *m, const char *who, int batch_size, size_t *out) {
+    if (batch_size < 0) return mp__fail(m, MP_ERR_ARG, "%s: batch_size must be positive (0: 32), got %d", who, batch_size);
+    *out = batch_size ? (size_t)batch_size : 32u;
     return MP_OK;
 }
 
@@ -8348,18 +8626,26 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
     return st ? st : mp__ensure_batch(m, batch);
 }
 
-/* The batch in: count samples of d from `first` (through idx when
-   shuffled; d NULL: of fit's data on the device) into the input, labels
-   and targets. A device backend gets them
-   gathered on the host and sent in one copy each, and checks them for Inf
-   and NaN in its cast (the host scanned the CPU's; mp__read_state reports
-   the device's finding). */
-static void mp__send(mp_model *m, size_t at, const float *x, const int32_t *labels, const float *y, size_t count) {
-    size_t outs = mp__last(m)->out_size;
+/* The batch in: count samples' inputs (x, of xt), labels and targets to
+   the batch's row `at`. A device backend checks the inputs for Inf and
+   NaN in its cast (the host scanned the CPU's; mp__read_state reports the
+   device's finding). int32 inputs reach float32 a block at a time, each
+   value rounded once (exact to 2^24), as Keras casts an int array fed to
+   a float Input; a device's come converted through the staging buffer
+   (mp__gather), so only the CPU's take the blocks. */
+static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const int32_t *labels, const float *y,
+                     size_t count) {
+    size_t outs = mp__last(m)->out_size, n = count * m->in_size, i, j, k;
     mp_dtype dt = m->layers[0].dt;
     int *bad = m->be->device_memory ? &m->state->bad_input : NULL;
     if (bad && at == 0) m->be->zero(m->ctx, bad, sizeof(int)); /* a new batch */
-    m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, x, count * m->in_size, bad);
+    if (xt == MP_FLOAT32) m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, (const float *)x, n, bad);
+    for (i = 0; xt == MP_INT32 && i < n; i += k) {
+        float block[256];
+        k = mp__min(n - i, sizeof block / sizeof block[0]);
+        for (j = 0; j < k; j++) block[j] = (float)((const int32_t *)x)[i + j];
+        m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size + i), dt, block, k, bad);
+    }
     if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
 }
@@ -8375,9 +8661,16 @@ static void mp__take_uploaded(mp_model *m, size_t first, size_t count) {
     if (m->data_y) m->be->copy(m->ctx, m->batch_y, m->data_y + first * outs, count * outs * sizeof(float), MP_COPY_WITHIN);
 }
 
-static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t first, size_t count) {
-    size_t i, outs = mp__last(m)->out_size, in = m->in_size;
-    if (!d) {
+/* Sample s's inputs in f. */
+static const void *mp__feed_x(const mp_model *m, const mp__feed *f, size_t s) { return mp__at(f->x, f->xt, s * m->in_size); }
+
+/* The batch in: count samples of f from `first` (through idx when
+   shuffled; f NULL: of fit's data on the device) into the input, labels
+   and targets. A device backend gets them gathered on the host (int32
+   inputs converted on the way) and sent in one copy each. */
+static void mp__gather(mp_model *m, const mp__feed *f, const size_t *idx, size_t first, size_t count) {
+    size_t i, j, outs = mp__last(m)->out_size, in = m->in_size;
+    if (!f) {
         mp__take_uploaded(m, first, count);
     } else if (idx && m->data_block) { /* the data on the device: nothing crosses */
         const mp__layer *l0 = &m->layers[0];
@@ -8386,38 +8679,42 @@ static void mp__gather(mp_model *m, const mp_data *d, const size_t *idx, size_t 
         if (m->data_labels)
             m->be->gather(m->ctx, m->batch_labels, m->data_labels, m->data_idx + first, count, sizeof(int32_t));
         if (m->data_y) m->be->gather(m->ctx, m->batch_y, m->data_y, m->data_idx + first, count, outs * sizeof(float));
-    } else if (!idx) {
-        mp__send(m, 0, d->x + first * in, d->labels ? d->labels + first : NULL, d->y ? d->y + first * outs : NULL,
-                 count);
+    } else if (!idx && (!m->be->device_memory || f->xt == MP_FLOAT32)) {
+        mp__send(m, 0, mp__feed_x(m, f, first), f->xt, f->labels ? f->labels + first : NULL,
+                 f->y ? f->y + first * outs : NULL, count);
     } else if (!m->be->device_memory) {
         for (i = 0; i < count; i++) {
             size_t s = idx[first + i];
-            mp__send(m, i, d->x + s * in, d->labels ? d->labels + s : NULL, d->y ? d->y + s * outs : NULL, 1);
+            mp__send(m, i, mp__feed_x(m, f, s), f->xt, f->labels ? f->labels + s : NULL, f->y ? f->y + s * outs : NULL,
+                     1);
         }
     } else {
         const mp__stage *st = &m->stages[m->stage_turn ^= 1];
         if (m->stage_pinned) m->be->host_wait(m->ctx, st->x); /* its last batch has gone */
         for (i = 0; i < count; i++) {
-            size_t s = idx[first + i];
-            memcpy(st->x + i * in, d->x + s * in, in * sizeof(float));
-            if (d->labels) st->labels[i] = d->labels[s];
-            if (d->y) memcpy(st->y + i * outs, d->y + s * outs, outs * sizeof(float));
+            size_t s = idx ? idx[first + i] : first + i;
+            if (f->xt == MP_FLOAT32) memcpy(st->x + i * in, mp__feed_x(m, f, s), in * sizeof(float));
+            for (j = 0; f->xt == MP_INT32 && j < in; j++) st->x[i * in + j] = (float)((const int32_t *)f->x)[s * in + j];
+            if (f->labels) st->labels[i] = f->labels[s];
+            if (f->y) memcpy(st->y + i * outs, f->y + s * outs, outs * sizeof(float));
         }
-        mp__send(m, 0, st->x, d->labels ? st->labels : NULL, d->y ? st->y : NULL, count);
+        mp__send(m, 0, st->x, MP_FLOAT32, f->labels ? st->labels : NULL, f->y ? st->y : NULL, count);
     }
 }
 
 /* >>custom training loop (see the declaration): the six calls of the guide's
    train_step, with the helpers they share with fit. */
-MIXPREC_API mp_status mp_forward(mp_model *m, const float *x, int batch, int training) {
+MIXPREC_API mp_status mp_forward(mp_model *m, const mp_data *batch, int training) {
+    mp__feed f;
     mp_status st;
     if (!m) return MP_ERR_NULL;
-    if (!x) return mp__fail(m, MP_ERR_NULL, "the input x is NULL");
-    if (batch <= 0) return mp__fail(m, MP_ERR_ARG, "batch size must be positive, got %d", batch);
-    if (!m->be->device_memory && (st = mp__check_finite(m, x, 0, (size_t)batch)) != MP_OK) return st;
-    if ((st = mp__prepare(m, (size_t)batch)) != MP_OK) return st;
-    mp__send(m, 0, x, NULL, NULL, (size_t)batch);
-    return mp__run_forward(m, (size_t)batch, training != 0);
+    if (!batch) return mp__fail(m, MP_ERR_NULL, "mp_forward: the batch is NULL");
+    memset(&f, 0, sizeof f);
+    if ((st = mp__check_x(m, "mp_forward", batch, &f)) != MP_OK) return st;
+    if (!m->be->device_memory && (st = mp__check_finite(m, "mp_forward", f.x, f.xt, f.n)) != MP_OK) return st;
+    if ((st = mp__prepare(m, f.n)) != MP_OK) return st;
+    mp__gather(m, &f, NULL, 0, f.n);
+    return mp__run_forward(m, f.n, training != 0);
 }
 
 /* The last output where the host can read it: the activations themselves
@@ -8492,20 +8789,19 @@ static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
     return MP_OK;
 }
 
-MIXPREC_API mp_status mp_compute_loss(mp_model *m, const int32_t *labels, const float *y, float *loss,
-                                      size_t *correct) {
+MIXPREC_API mp_status mp_compute_loss(mp_model *m, const mp_array *y, float *loss, size_t *correct) {
     float sum = 0.0f;
     size_t right = 0;
+    mp__feed f;
     mp_status st;
-    int sparse;
     if (!m) return MP_ERR_NULL;
-    if (!loss) return mp__fail(m, MP_ERR_NULL, "the loss output pointer is NULL");
-    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model before computing a loss");
-    if (!m->batch) return mp__fail(m, MP_ERR_STATE, "run mp_forward before mp_compute_loss");
-    if ((st = mp__check_targets(m, labels, y, m->batch)) != MP_OK) return st;
-    sparse = m->compile.loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    if (sparse) m->be->copy(m->ctx, m->batch_labels, labels, m->batch * sizeof(int32_t), MP_COPY_TO_BACKEND);
-    else m->be->copy(m->ctx, m->batch_y, y, m->batch * mp__last(m)->out_size * sizeof(float), MP_COPY_TO_BACKEND);
+    if (!y || !loss) return mp__fail(m, MP_ERR_NULL, "mp_compute_loss: %s is NULL", y ? "the loss output" : "y");
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "mp_compute_loss: compile() the model before computing a loss");
+    if (!m->batch) return mp__fail(m, MP_ERR_STATE, "mp_compute_loss: run mp_forward first");
+    memset(&f, 0, sizeof f);
+    if ((st = mp__check_y(m, "mp_compute_loss", y, m->batch, &f)) != MP_OK) return st;
+    if (f.labels) m->be->copy(m->ctx, m->batch_labels, f.labels, m->batch * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    else m->be->copy(m->ctx, m->batch_y, f.y, m->batch * mp__last(m)->out_size * sizeof(float), MP_COPY_TO_BACKEND);
     if ((st = mp__loss(m, &sum, &right)) != MP_OK) return st;
     *loss = sum / (float)m->batch;
     if (correct) *correct = right;
@@ -8836,6 +9132,17 @@ MIXPREC_API mp_status mp_model_set_learning_rate(mp_model *m, float learning_rat
 /* >>fit */
 typedef struct mp__clock { long sec, nsec; } mp__clock;
 
+/* Epochs are timed by the wall clock, as Keras's: POSIX's monotonic
+   clock where <time.h> declares it, else C11's timespec_get, else POSIX's
+   gettimeofday. Only a platform with none of them falls back on clock(),
+   processor time (all the threads' together), and the progress line says
+   so (MP__WALL_CLOCK 0). */
+#if defined(CLOCK_MONOTONIC) || defined(TIME_UTC) || defined(MP__GETTIMEOFDAY)
+#define MP__WALL_CLOCK 1
+#else
+#define MP__WALL_CLOCK 0
+#endif
+
 static mp__clock mp__now(void) {
     mp__clock c;
 #if defined(CLOCK_MONOTONIC)
@@ -8843,7 +9150,17 @@ static mp__clock mp__now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     c.sec = (long)ts.tv_sec;
     c.nsec = (long)ts.tv_nsec;
-#else /* processor time: the wall time of a single thread */
+#elif defined(TIME_UTC)
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    c.sec = (long)ts.tv_sec;
+    c.nsec = (long)ts.tv_nsec;
+#elif defined(MP__GETTIMEOFDAY)
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    c.sec = (long)tv.tv_sec;
+    c.nsec = (long)tv.tv_usec * 1000L;
+#else
     clock_t t = clock();
     c.sec = (long)(t / CLOCKS_PER_SEC);
     c.nsec = (long)((t % CLOCKS_PER_SEC) * (1000000000L / CLOCKS_PER_SEC));
@@ -8879,27 +9196,33 @@ static size_t mp__split_count(size_t n, float s) {
     return (size_t)(q + (uint64_t)rest);
 }
 
-static mp_status mp__check_data(mp_model *m, const mp_data *d, int batch_size) {
+/* fit's, evaluate's and validation_data's data, checked (>>data): into f. */
+static mp_status mp__check_data(mp_model *m, const char *who, const mp_data *d, mp__feed *f) {
     mp_status st;
-    if (!d->x) return mp__fail(m, MP_ERR_NULL, "data.x is NULL");
-    if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
-    if (d->n == 0) return mp__fail(m, MP_ERR_ARG, "the data set is empty");
-    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "compile() the model first");
-    if ((st = mp__check_count(m, d->n, m->in_size, "x")) != MP_OK) return st; /* before the labels are read */
-    if ((st = mp__check_targets(m, d->labels, d->y, d->n)) != MP_OK) return st;
-    return mp__check_finite(m, d->x, 0, d->n);
+    memset(f, 0, sizeof *f);
+    if (!m->compiled) return mp__fail(m, MP_ERR_STATE, "%s: compile() the model first", who);
+    if ((st = mp__check_x(m, who, d, f)) != MP_OK) return st; /* before the targets are read */
+    if ((st = mp__check_y(m, who, &d->y, f->n, f)) != MP_OK) return st;
+    return mp__check_finite(m, who, f->x, f->xt, f->n);
 }
 
-/* Mean loss and accuracy over samples [first, end) of d in inference mode;
-   d NULL: of fit's data on the device (validation), taken there. */
-static mp_status mp__evaluate_range(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
+/* Whether any array of d is given (validation_data: zero is none). */
+static int mp__data_given(const mp_data *d) {
+    int i, any = d->y.data != NULL;
+    for (i = 0; i < MP_MAX_INPUTS; i++) any |= d->x[i].data != NULL;
+    return any;
+}
+
+/* Mean loss and accuracy over samples [first, end) of f in inference mode;
+   f NULL: of fit's data on the device (validation), taken there. */
+static mp_status mp__evaluate_range(mp_model *m, const mp__feed *f, size_t first, size_t end, size_t batch,
                                     float *loss, float *accuracy) {
     float sum = 0.0f;
     size_t right = 0, s;
     mp_status st = MP_OK;
     for (s = first; s < end && st == MP_OK; s += batch) {
         size_t b = mp__min(batch, end - s);
-        mp__gather(m, d, NULL, s, b);
+        mp__gather(m, f, NULL, s, b);
         mp__run_forward(m, b, 0);
         st = mp__loss(m, &sum, &right);
     }
@@ -9008,7 +9331,7 @@ static void mp__progress_show(mp_progbar_logger *p, size_t step, size_t total, c
         float per_step = elapsed / (float)total;
         mp__put(&t, " - ");
         mp__put_float(&t, elapsed, 0);
-        mp__put(&t, "s ");
+        mp__put(&t, MP__WALL_CLOCK ? "s " : "s of processor time, ");
         if (per_step >= 1.0f) { mp__put_float(&t, per_step, 0); mp__put(&t, "s/step"); }
         else if (per_step >= 1e-3f) { mp__put_float(&t, per_step * 1e3f, 0); mp__put(&t, "ms/step"); }
         else { mp__put_float(&t, per_step * 1e6f, 0); mp__put(&t, "us/step"); }
@@ -9049,21 +9372,35 @@ static void mp__shuffle(size_t *idx, size_t n, uint64_t *rng) {
     }
 }
 
+/* fit's data, checked: the training samples are train's first n_train;
+   validation reads [val_first, val_end) of val (validation_data's, or
+   train's last part that validation_split set apart). */
+typedef struct mp__fit_data {
+    mp__feed train, val;
+    size_t n_train, val_first, val_end;
+    int split;    /* val is train's part past n_train (uploaded with it where fit's data is on the device) */
+    size_t batch; /* the global batch: batch_size (0: 32), at most n_train */
+} mp__fit_data;
+
 /* fit's data on a device backend that can hold it in half its free memory
-   (and host_data unset): uploaded once, then each epoch's order, so that a
-   step gathers its batch there and copies nothing in. Else (or when the
-   allocation fails) nothing: batches go from the host. */
-static void mp__upload_data(mp_model *m, const mp_fit_desc *d, size_t n_train, size_t batch) {
-    size_t n = d->data.n, in = m->in_size, outs = mp__last(m)->out_size, need;
+   (and host_data unset, and float32 x: int32 x is converted on the host
+   as it goes, mp__gather): uploaded once, then each epoch's order, so
+   that a step gathers its batch there and copies nothing in. Else (or
+   when the allocation fails) nothing: batches go from the host. */
+static void mp__upload_data(mp_model *m, const mp_fit_desc *d, const mp__fit_data *fd) {
+    const mp__feed *f = &fd->train;
+    size_t n = f->n, in = m->in_size, outs = mp__last(m)->out_size, need;
     mp__arena a = {NULL, 0, 0};
     int i;
-    if (d->host_data || !m->be->device_memory || !m->be->gather || !m->be->free_memory || n > UINT32_MAX) return;
+    if (d->host_data || !m->be->device_memory || !m->be->gather || !m->be->free_memory || n > UINT32_MAX ||
+        f->xt != MP_FLOAT32)
+        return;
     for (i = 0; i < 2; i++) {
         m->data_x = (const float *)mp__carve(&a, n, in * sizeof(float));
-        m->data_labels = d->data.labels ? (const int32_t *)mp__carve(&a, n, sizeof(int32_t)) : NULL;
-        m->data_y = d->data.y ? (const float *)mp__carve(&a, n, outs * sizeof(float)) : NULL;
-        m->data_idx = (uint32_t *)mp__carve(&a, n_train, sizeof(uint32_t));
-        m->data_batch = (float *)mp__carve(&a, batch, in * sizeof(float));
+        m->data_labels = f->labels ? (const int32_t *)mp__carve(&a, n, sizeof(int32_t)) : NULL;
+        m->data_y = f->y ? (const float *)mp__carve(&a, n, outs * sizeof(float)) : NULL;
+        m->data_idx = (uint32_t *)mp__carve(&a, fd->n_train, sizeof(uint32_t));
+        m->data_batch = (float *)mp__carve(&a, fd->batch, in * sizeof(float));
         need = a.used;
         if (i == 1) break;
         if (a.overflow || need > m->be->free_memory(m->ctx) / 2 || !(a.base = (unsigned char *)m->be->alloc(m->ctx, need)))
@@ -9071,14 +9408,14 @@ static void mp__upload_data(mp_model *m, const mp_fit_desc *d, size_t n_train, s
         m->data_block = a.base;
         a.used = 0;
     }
-    m->be->copy(m->ctx, (void *)(uintptr_t)m->data_x, d->data.x, n * in * sizeof(float), MP_COPY_TO_BACKEND);
+    m->be->copy(m->ctx, (void *)(uintptr_t)m->data_x, f->x, n * in * sizeof(float), MP_COPY_TO_BACKEND);
     /* fit's batches come from here now, scanned on the host: a bad batch an
        earlier mp_forward sent must not fail them (mp__read_state) */
     m->be->zero(m->ctx, &m->state->bad_input, sizeof(int));
     if (m->data_labels)
-        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, d->data.labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, f->labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (m->data_y)
-        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_y, d->data.y, n * outs * sizeof(float), MP_COPY_TO_BACKEND);
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_y, f->y, n * outs * sizeof(float), MP_COPY_TO_BACKEND);
 #ifndef MIXPREC_NO_STDIO
     if (d->verbose != MP_VERBOSE_SILENT)
         printf("fit: the data (%.1f MB) stays on the %s backend: batches are gathered there (host_data = 1: from the host)\n",
@@ -9141,7 +9478,7 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
 /* mp__evaluate_range over this rank's part of [first, end), each rank
    batch / ranks samples at a time, summed over the ranks (d NULL: fit's
    data on the device, as there). */
-static mp_status mp__evaluate_shared(mp_model *m, const mp_data *d, size_t first, size_t end, size_t batch,
+static mp_status mp__evaluate_shared(mp_model *m, const mp__feed *d, size_t first, size_t end, size_t batch,
                                      float *loss, float *accuracy) {
     size_t n = end - first, lo = first + mp__slice_start(n, m->rank, m->ranks);
     size_t hi = first + mp__slice_start(n, m->rank + 1, m->ranks);
@@ -9397,8 +9734,9 @@ static mp_status mp__csv_begin(void *user, mp_fit_state *s, const mp_logs *lg) {
     c->file = NULL;
     if (s->replica) return MP_OK; /* rank 0 writes (>>communicator) */
     if (!c->filename) return mp__fail(s->model, MP_ERR_NULL, "CSVLogger: no filename");
+    errno = 0;
     if (!(f = fopen(c->filename, c->append ? "a" : "w")))
-        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s", c->filename);
+        return mp__fail(s->model, MP_ERR_IO, "cannot write the CSV log %s: %s", c->filename, mp__io_reason(errno));
     if (!c->append || ftell(f) == 0)
         fputs("kind,epoch,step,loss,accuracy,val_loss,val_accuracy,loss_scale,skipped_steps\n", f);
     c->file = f;
@@ -9417,10 +9755,13 @@ static mp_status mp__csv_epoch_end(void *user, mp_fit_state *s, const mp_logs *l
 static mp_status mp__csv_end(void *user, mp_fit_state *s, const mp_logs *lg) {
     mp_csv_logger *c = (mp_csv_logger *)user;
     FILE *f = (FILE *)c->file;
+    int bad;
     (void)lg;
     c->file = NULL;
-    if (f && (ferror(f) | fclose(f)) && s->status == MP_OK) /* the log is short: say so, the weights stand */
-        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed", c->filename);
+    errno = 0;
+    bad = f && (ferror(f) | fclose(f));
+    if (bad && s->status == MP_OK) /* the log is short: say so, the weights stand */
+        return mp__fail(s->model, MP_ERR_IO, "writing the CSV log %s failed: %s", c->filename, mp__io_reason(errno));
     return MP_OK;
 }
 MIXPREC_API mp_callback mp_csv_logger_callback(mp_csv_logger *c) {
@@ -9583,19 +9924,19 @@ static int mp__fit_read_now(const mp_model *m, const mp__fit_callbacks *cb, int 
 
 /* One epoch: its shuffled batches, each a training step and the batch
    hooks, then validation. */
-static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_callbacks *cb, mp_fit_state *s,
-                               const size_t *idx, uint32_t *order, size_t n_train, size_t batch, mp_logs *lg) {
+static mp_status mp__fit_epoch(mp_model *m, const mp__fit_data *fd, const mp__fit_callbacks *cb, mp_fit_state *s,
+                               const size_t *idx, uint32_t *order, mp_logs *lg) {
     float sum = 0.0f;
-    size_t right = 0, seen = 0;
+    size_t right = 0, seen = 0, batch = fd->batch;
     mp__clock start = mp__now(), read = start;
     mp_status st = MP_OK;
     memset(lg, 0, sizeof *lg);
-    if (m->data_block) mp__send_order(m, idx, order, n_train);
+    if (m->data_block) mp__send_order(m, idx, order, fd->n_train);
     m->metric_count = 0;
     for (s->step = 0; s->step < s->steps && st == MP_OK && !s->stop_training; s->step++) {
-        size_t b = mp__min(batch, n_train - s->step * batch); /* the global batch */
+        size_t b = mp__min(batch, fd->n_train - s->step * batch); /* the global batch */
         size_t lo = mp__slice_start(b, m->rank, m->ranks), mine = mp__slice_start(b, m->rank + 1, m->ranks) - lo;
-        if (mine) mp__gather(m, &d->data, idx, s->step * batch + lo, mine);
+        if (mine) mp__gather(m, &fd->train, idx, s->step * batch + lo, mine);
         if ((st = mp__train_step(m, mine, b)) != MP_OK) break;
         if (!mp__fit_read_now(m, cb, s->step + 1 == s->steps, read)) continue;
         if ((st = mp__fit_read(m, &sum, &right, &seen, lg)) != MP_OK) break;
@@ -9603,9 +9944,9 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
         st = mp__call_hooks(cb->list, cb->n, MP__BATCH_END, s, lg);
     }
     if (st == MP_OK && m->metric_count) st = mp__fit_read(m, &sum, &right, &seen, lg); /* stopped early */
-    if (st == MP_OK && s->has_validation)
-        st = mp__evaluate_shared(m, m->data_block ? NULL : &d->data, n_train, d->data.n, batch, &lg->val_loss,
-                                 &lg->val_accuracy); /* the data on the device: validated there */
+    if (st == MP_OK && s->has_validation) /* the split's samples on the device: validated there */
+        st = mp__evaluate_shared(m, m->data_block && fd->split ? NULL : &fd->val, fd->val_first,
+                                 fd->val_end, batch, &lg->val_loss, &lg->val_accuracy);
     lg->seconds = mp__seconds_since(start); /* with validation, as Keras's epoch time */
     lg->steps = s->steps;
     lg->ms_per_step = lg->seconds * 1000.0f / (float)s->steps;
@@ -9614,44 +9955,77 @@ static mp_status mp__fit_epoch(mp_model *m, const mp_fit_desc *d, const mp__fit_
 }
 
 /* fit's arguments checked, and the run's shape: epochs, steps, the training
-   samples (the last validation_split of the data validates, as Keras's). */
-static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s, size_t *n_train, size_t *batch) {
+   samples and what validates: validation_data when given, else the last
+   validation_split of the data, as Keras's. */
+static mp_status mp__fit_plan(mp_model *m, const mp_fit_desc *d, mp_fit_state *s, mp__fit_data *fd) {
+    int has_val_data = mp__data_given(&d->validation_data);
+    size_t want = 0, n;
     mp_status st;
     memset(s, 0, sizeof *s);
+    memset(fd, 0, sizeof *fd);
     s->model = m;
     s->epochs = d->epochs ? d->epochs : 1;
     s->initial_epoch = d->initial_epoch;
-    if ((st = mp__check_data(m, &d->data, d->batch_size)) != MP_OK) return st;
-    if (s->epochs < 0) return mp__fail(m, MP_ERR_ARG, "epochs must be positive, got %d", s->epochs);
+    if ((st = mp__check_data(m, "fit", &d->data, &fd->train)) != MP_OK) return st;
+    if (has_val_data && (st = mp__check_data(m, "validation_data", &d->validation_data, &fd->val)) != MP_OK) return st;
+    if ((st = mp__batch_size(m, "fit", d->batch_size, &want)) != MP_OK) return st;
+    if (s->epochs < 0) return mp__fail(m, MP_ERR_ARG, "fit: epochs must be positive, got %d", s->epochs);
     if (d->initial_epoch < 0 || d->initial_epoch > s->epochs)
-        return mp__fail(m, MP_ERR_ARG, "initial_epoch must be in [0, epochs = %d], got %d", s->epochs, d->initial_epoch);
+        return mp__fail(m, MP_ERR_ARG, "fit: initial_epoch must be in [0, epochs = %d], got %d", s->epochs,
+                        d->initial_epoch);
     if (!(d->validation_split >= 0.0f && d->validation_split < 1.0f))
-        return mp__fail(m, MP_ERR_ARG, "validation_split must be in [0, 1)");
+        return mp__fail(m, MP_ERR_ARG, "fit: validation_split must be in [0, 1)");
     if (d->callback_count < 0 || (d->callback_count > 0 && !d->callbacks))
-        return mp__fail(m, MP_ERR_ARG, "callback_count is %d and callbacks %s", d->callback_count,
+        return mp__fail(m, MP_ERR_ARG, "fit: callback_count is %d and callbacks %s", d->callback_count,
                         d->callbacks ? "set" : "NULL");
-    *n_train = d->data.n - mp__split_count(d->data.n, d->validation_split); /* Keras: the last part validates */
-    if (*n_train == 0) return mp__fail(m, MP_ERR_ARG, "validation_split leaves no training samples");
-    *batch = mp__min((size_t)d->batch_size, *n_train);
-    s->steps = (*n_train + *batch - 1) / *batch;
+    n = fd->train.n;
+    /* Keras: the last part validates, unless validation_data overrides it */
+    fd->n_train = n - (has_val_data ? 0 : mp__split_count(n, d->validation_split));
+    if (fd->n_train == 0) return mp__fail(m, MP_ERR_ARG, "fit: validation_split leaves no training samples");
+    if (!has_val_data) {
+        fd->val = fd->train;
+        fd->val_first = fd->n_train;
+        fd->split = 1;
+    }
+    fd->val_end = fd->val.n;
+    fd->batch = mp__min(want, fd->n_train);
+    s->steps = (fd->n_train + fd->batch - 1) / fd->batch;
     s->num_replicas = m->ranks;
     s->replica = m->rank;
-    s->global_batch = *batch;
-    s->replica_batch = (*batch + (size_t)m->ranks - 1) / (size_t)m->ranks;
+    s->global_batch = fd->batch;
+    s->replica_batch = (fd->batch + (size_t)m->ranks - 1) / (size_t)m->ranks;
     s->has_accuracy = m->compile.metrics != 0;
-    s->has_validation = *n_train < d->data.n;
+    s->has_validation = fd->val_end > fd->val_first;
 #ifdef MIXPREC_NO_STDIO
-    if (d->csv_path) return mp__fail(m, MP_ERR_ARG, "a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
+    if (d->csv_path) return mp__fail(m, MP_ERR_ARG, "fit: a CSV log needs stdio (MIXPREC_NO_STDIO is defined)");
 #endif
-    return mp__prepare(m, (mp__min((size_t)d->batch_size, d->data.n) + (size_t)m->ranks - 1) / (size_t)m->ranks);
+    return mp__prepare(m, (mp__min(want, n) + (size_t)m->ranks - 1) / (size_t)m->ranks);
 }
+
+#ifndef MIXPREC_NO_STDIO
+/* fit's first line: the policy the model computes in, and its loss scaling. */
+static void mp__fit_banner(const mp_model *m, const mp_fit_desc *d) {
+    mp_policy p = m->policy;
+    const char *name = mp_policy_name(p);
+    int i, own = 0;
+    if (d->verbose == MP_VERBOSE_SILENT || m->rank) return;
+    for (i = 0; i < m->n_layers; i++) own += mp__policy_row(m->layers[i].policy) != mp__policy_row(p);
+    printf("fit: policy %s (compute %s, variables %s)", name ? name : "?", mp_dtype_name(p.compute_dtype),
+           mp_dtype_name(p.variable_dtype));
+    if (own) printf(", %d layer%s with a policy of %s own", own, own > 1 ? "s" : "", own > 1 ? "their" : "its");
+    if (m->amp) printf(", automatic mixed precision to %s", mp_dtype_name(m->amp->dtype));
+    if (m->has_loss_scale) printf(", dynamic loss scale %g", (double)m->seen.ls.scale);
+    printf("\n");
+}
+#endif
 
 MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     mp_fit_desc d;
+    mp__fit_data fd;
     mp__fit_callbacks cb;
     mp_fit_state s;
     mp_callback *list;
-    size_t n_train = 0, batch = 0, i, *idx, list_bytes;
+    size_t i, *idx, list_bytes;
     uint32_t *order = NULL; /* the order as the device takes it */
     uint64_t rng;
     mp_status st;
@@ -9659,26 +10033,29 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     if (!m) return MP_ERR_NULL;
     if (!desc) return mp__fail(m, MP_ERR_NULL, "fit() needs a mp_fit_desc");
     d = *desc;
-    if ((st = mp__fit_plan(m, &d, &s, &n_train, &batch)) != MP_OK) return st;
+    if ((st = mp__fit_plan(m, &d, &s, &fd)) != MP_OK) return st;
     /* one block: the callback list (the user's and three built-in ones), then the shuffle order */
     if ((size_t)d.callback_count > SIZE_MAX / sizeof(mp_callback) - 3)
-        return mp__fail(m, MP_ERR_SIZE, "%d callbacks", d.callback_count);
+        return mp__fail(m, MP_ERR_SIZE, "fit: %d callbacks", d.callback_count);
     list_bytes = ((size_t)d.callback_count + 3) * sizeof(mp_callback);
-    if (n_train > (SIZE_MAX - list_bytes) / sizeof(size_t) ||
-        !(list = (mp_callback *)mp__alloc(list_bytes + n_train * sizeof(size_t))))
-        return mp__fail(m, MP_ERR_ALLOC, "shuffle indices");
+    if (fd.n_train > (SIZE_MAX - list_bytes) / sizeof(size_t) ||
+        !(list = (mp_callback *)mp__alloc(list_bytes + fd.n_train * sizeof(size_t))))
+        return mp__fail(m, MP_ERR_ALLOC, "fit: shuffle indices");
     idx = (size_t *)(void *)((char *)list + list_bytes);
     mp__fit_callbacks_init(&d, s.epochs, list, &cb);
-    for (i = 0; i < n_train; i++) idx[i] = i;
-    mp__upload_data(m, &d, n_train, batch);
-    if (m->data_block && !(order = (uint32_t *)mp__alloc(n_train * sizeof(uint32_t)))) mp__free_data(m);
+    for (i = 0; i < fd.n_train; i++) idx[i] = i;
+#ifndef MIXPREC_NO_STDIO
+    mp__fit_banner(m, &d);
+#endif
+    mp__upload_data(m, &d, &fd);
+    if (m->data_block && !(order = (uint32_t *)mp__alloc(fd.n_train * sizeof(uint32_t)))) mp__free_data(m);
     rng = d.shuffle_seed ? d.shuffle_seed : m->desc.seed;
     if (m->ranks > 1 && ((st = mp__comm_host(m, &rng, sizeof rng, 0, "sharing rank 0's shuffle seed")) != MP_OK ||
                          (st = mp__agree_as_summed(m)) != MP_OK)) {
         mp__free(list);
         return st;
     }
-    for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, n_train, &rng);
+    for (s.epoch = 0; s.epoch < d.initial_epoch && !d.no_shuffle; s.epoch++) mp__shuffle(idx, fd.n_train, &rng);
     /* on_train_begin one callback at a time: on_train_end goes to those it reached */
     s.epoch = d.initial_epoch;
     for (begun = 0; begun < cb.n && st == MP_OK; begun++) st = mp__call_hooks(cb.list + begun, 1, MP__TRAIN_BEGIN, &s, NULL);
@@ -9686,8 +10063,8 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
     for (s.epoch = d.initial_epoch; s.epoch < s.epochs && st == MP_OK && !s.stop_training; s.epoch++) {
         mp_logs lg;
         if ((st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_BEGIN, &s, NULL)) != MP_OK) break;
-        if (!d.no_shuffle) mp__shuffle(idx, n_train, &rng);
-        if ((st = mp__fit_epoch(m, &d, &cb, &s, idx, order, n_train, batch, &lg)) != MP_OK) break;
+        if (!d.no_shuffle) mp__shuffle(idx, fd.n_train, &rng);
+        if ((st = mp__fit_epoch(m, &fd, &cb, &s, idx, order, &lg)) != MP_OK) break;
         st = mp__call_hooks(cb.list, cb.n, MP__EPOCH_END, &s, &lg);
     }
     s.status = st;
@@ -9702,36 +10079,45 @@ MIXPREC_API mp_status mp_model_fit(mp_model *m, const mp_fit_desc *desc) {
 }
 
 MIXPREC_API mp_status mp_model_evaluate(mp_model *m, const mp_data *data, int batch_size, mp_logs *out) {
+    mp__feed f;
+    size_t batch = 0;
     mp_status st;
     mp_logs lg;
     if (!m) return MP_ERR_NULL;
     if (!data || !out) return mp__fail(m, MP_ERR_NULL, "evaluate() needs data and an output mp_logs");
-    if ((st = mp__check_data(m, data, batch_size)) != MP_OK) return st;
-    if ((st = mp__prepare(m, mp__min((size_t)batch_size, data->n))) != MP_OK) return st;
+    if ((st = mp__check_data(m, "evaluate", data, &f)) != MP_OK) return st;
+    if ((st = mp__batch_size(m, "evaluate", batch_size, &batch)) != MP_OK) return st;
+    batch = mp__min(batch, f.n);
+    if ((st = mp__prepare(m, batch)) != MP_OK) return st;
     memset(&lg, 0, sizeof lg);
-    st = mp__evaluate_shared(m, data, 0, data->n, mp__min((size_t)batch_size, data->n), &lg.loss, &lg.accuracy);
+    st = mp__evaluate_shared(m, &f, 0, f.n, batch, &lg.loss, &lg.accuracy);
     lg.loss_scale = mp_current_loss_scale(m);
     lg.skipped_steps = m->has_loss_scale ? m->seen.ls.skipped_steps : 0;
     if (st == MP_OK) *out = lg;
     return st;
 }
 
-MIXPREC_API mp_status mp_model_predict(mp_model *m, const float *x, size_t n, int batch_size, float *out) {
+MIXPREC_API mp_status mp_model_predict(mp_model *m, const mp_data *data, int batch_size, float *out,
+                                       size_t out_count) {
     const mp__layer *l;
+    mp__feed f;
     mp_status st;
-    size_t s, batch;
+    size_t s, batch = 0, need;
     if (!m) return MP_ERR_NULL;
-    if (!x || !out) return mp__fail(m, MP_ERR_NULL, "predict() needs x and an output buffer");
-    if (batch_size <= 0) return mp__fail(m, MP_ERR_ARG, "batch_size must be positive, got %d", batch_size);
-    if (n == 0) return mp__fail(m, MP_ERR_ARG, "no samples to predict");
-    if ((st = mp__check_finite(m, x, 0, n)) != MP_OK) return st;
-    if (m->n_layers && (st = mp__check_count(m, n, mp__last(m)->out_size, "predict's out")) != MP_OK) return st;
-    batch = mp__min((size_t)batch_size, n);
+    if (!data || !out) return mp__fail(m, MP_ERR_NULL, "predict() needs data and an output buffer");
+    memset(&f, 0, sizeof f);
+    if ((st = mp__check_x(m, "predict", data, &f)) != MP_OK) return st;
+    if ((st = mp__batch_size(m, "predict", batch_size, &batch)) != MP_OK) return st;
+    if ((st = mp__check_finite(m, "predict", f.x, f.xt, f.n)) != MP_OK) return st;
+    if (m->n_layers && (!mp__mul_ok(f.n, mp__last(m)->out_size, &need) || need > out_count))
+        return mp__fail(m, MP_ERR_SIZE, "predict: out holds %z floats, the predictions of %z samples take %z x %z",
+                        out_count, f.n, f.n, mp__last(m)->out_size);
+    batch = mp__min(batch, f.n);
     if ((st = mp__prepare(m, batch)) != MP_OK) return st;
     l = mp__last(m);
-    for (s = 0; s < n; s += batch) {
-        size_t b = mp__min(batch, n - s);
-        mp__send(m, 0, x + s * m->in_size, NULL, NULL, b);
+    for (s = 0; s < f.n; s += batch) {
+        size_t b = mp__min(batch, f.n - s);
+        mp__gather(m, &f, NULL, s, b);
         mp__run_forward(m, b, 0);
         (void)mp_convert(out + s * l->out_size, MP_FLOAT32, mp__host_output(m), l->yt, b * l->out_size, NULL);
     }
@@ -9832,28 +10218,39 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
 }
 
 /* >>model: summary. Keras's model.summary() with a Policy column */
-static void mp__put_shape(mp__text *t, int rank, const int *shape) {
-    int i;
-    mp__put(t, "(None");
-    for (i = 0; i < rank; i++) { mp__put(t, ", "); mp__put_int(t, shape[i]); }
-    mp__put(t, ")");
-}
 
-static void mp__rule(mp__text *t, const char *c) {
-    int i;
-    for (i = 0; i < 80; i++) mp__put(t, c);
+static void mp__rule(mp__text *t, const char *c, size_t width) {
+    size_t i;
+    for (i = 0; i < width; i++) mp__put(t, c);
     mp__put(t, "\n");
 }
 
+/* The first column's width: Keras's 29, or more where a row's " name
+   (Type)" and a space need it (a MaxPooling2D or GlobalAveragePooling2D
+   row with its automatic name does), so that no row runs into the
+   shape's column. */
+static size_t mp__summary_width(const mp_model *m) {
+    size_t width = 29, row;
+    int i;
+    for (i = 0; i < m->n_layers; i++) {
+        row = 1 + strlen(m->layers[i].name) + 2 + strlen(mp__kinds[m->layers[i].desc.kind].type) + 1 + 1;
+        if (row > width) width = row;
+    }
+    return width;
+}
+
 static void mp__summary(const mp_model *m, mp__text *t) {
-    size_t total = mp_model_param_count(m), line;
+    size_t total = mp_model_param_count(m), line, w = mp__summary_width(m), rule = 80 + w - 29;
     int i;
     mp__put(t, "Model: \"");
     mp__put(t, m->desc.name);
     mp__put(t, "\"\n");
-    mp__rule(t, "_");
-    mp__put(t, " Layer (type)                Output Shape              Param #    Policy\n");
-    mp__rule(t, "=");
+    mp__rule(t, "_", rule);
+    line = t->len;
+    mp__put(t, " Layer (type)");
+    mp__pad_to(t, line + w);
+    mp__put(t, "Output Shape              Param #    Policy\n");
+    mp__rule(t, "=", rule);
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         const char *policy = mp_policy_name(l->policy);
@@ -9863,22 +10260,22 @@ static void mp__summary(const mp_model *m, mp__text *t) {
         mp__put(t, " (");
         mp__put(t, mp__kinds[l->desc.kind].type);
         mp__put(t, ")");
-        mp__pad_to(t, line + 29);
+        mp__pad_to(t, line + w);
         mp__put_shape(t, l->out_rank, l->out_shape);
-        mp__pad_to(t, line + 55);
+        mp__pad_to(t, line + w + 26);
         mp__put_uint(t, mp__params(l), 0);
-        mp__pad_to(t, line + 66);
+        mp__pad_to(t, line + w + 37);
         if (m->amp) mp__amp_put_dtypes(t, l);
         else mp__put(t, policy ? policy : "?");
         mp__put(t, "\n");
     }
-    mp__rule(t, "=");
+    mp__rule(t, "=", rule);
     mp__put(t, "Total params: ");
     mp__put_uint(t, total, 1);
     mp__put(t, "\nTrainable params: ");
     mp__put_uint(t, total, 1);
     mp__put(t, "\nNon-trainable params: 0\n");
-    mp__rule(t, "_");
+    mp__rule(t, "_", rule);
 }
 
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size) {
@@ -10333,14 +10730,17 @@ static mp_status mp__numerics_csv(mp_model *m, const mp__numerics *nu, int creat
     FILE *f;
     int i, k;
     if (m->rank) return MP_OK; /* rank 0 writes (>>communicator) */
+    errno = 0;
     if (!(f = fopen(nu->desc.csv_path, create ? "w" : "a")))
-        return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s", nu->desc.csv_path);
+        return mp__fail(m, MP_ERR_IO, "cannot write the numerics CSV %s: %s", nu->desc.csv_path, mp__io_reason(errno));
     if (create) mp__csv_header(f);
     for (i = 0; !create && i < m->n_layers; i++)
         for (k = 0; k < MP_NUMERICS_KIND_COUNT; k++)
             if (mp__numerics_at(nu, i, k)->count)
                 mp__csv_stats(f, nu->step, m->layers[i].name, mp__numerics_kind_names[k], mp__numerics_at(nu, i, k));
-    if (ferror(f) | fclose(f)) return mp__fail(m, MP_ERR_IO, "writing the numerics CSV %s failed", nu->desc.csv_path);
+    errno = 0;
+    if (ferror(f) | fclose(f))
+        return mp__fail(m, MP_ERR_IO, "writing the numerics CSV %s failed: %s", nu->desc.csv_path, mp__io_reason(errno));
     return MP_OK;
 }
 #endif
@@ -10740,7 +11140,8 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
         ct = mp__io_uint(&c->io, (uint64_t)l->policy.compute_dtype, 4);
         vt = mp__io_uint(&c->io, (uint64_t)l->policy.variable_dtype, 4);
         if (c->kind == 'C' && (ct != (uint64_t)l->policy.compute_dtype || vt != (uint64_t)l->policy.variable_dtype))
-            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): policy %s in the file, %s in the model", i, l->name,
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): policy %s in the file, %s in the model; a checkpoint "
+                            "resumes the same model: give the layer the file's policy", i, l->name,
                             mp__ckpt_policy_name(ct, vt), mp_policy_name(l->policy));
         if (mp__differs(c, (uint64_t)l->n_kernel, 8))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z kernel weights in the file, %z in the model", i, l->name,
@@ -11085,7 +11486,7 @@ static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *p
     char *tmp;
     const char *why = "exists:";
     size_t len = 0, n, cap;
-    int created = 0, tries;
+    int created = 0, tries, err = 0;
     mp_status st;
     if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
     n = strlen(path);
@@ -11100,17 +11501,19 @@ static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *p
     (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
     for (tries = 0; why && strcmp(why, "exists:") == 0 && tries < 100; tries++) {
         mp__temp_name(tmp, cap, path);
+        errno = 0;
         why = mp__write_new(tmp, buf, len, &created);
     }
 #ifdef _WIN32
     if (!why) remove(path); /* rename does not replace there; the new file is whole in tmp */
 #endif
     if (!why && rename(tmp, path) != 0) why = "cannot rename";
+    err = errno; /* the failed call's reason, before remove */
     if (why && created) remove(tmp);
 #ifdef MP__POSIX_FILES
-    if (!why) why = mp__sync_dir(path, tmp);
+    if (!why && (why = mp__sync_dir(path, tmp)) != NULL) err = errno;
 #endif
-    st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s", path, why, tmp) : MP_OK;
+    st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s: %s", path, why, tmp, mp__io_reason(err)) : MP_OK;
     mp__free(buf);
     mp__free(tmp);
     return st;
@@ -11173,8 +11576,10 @@ static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
     mp_status st = MP_OK;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
+    errno = 0;
     if (!m->rank && (st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
-        st = mp__fail(m, st, "cannot read %s (it must be a readable regular file)", path);
+        st = mp__fail(m, st, "cannot read %s: %s (it must be a readable regular file)", path,
+                      st == MP_ERR_IO && errno ? strerror(errno) : st == MP_ERR_IO ? "not a regular file" : "no memory for it");
     st = mp__rank0_outcome(m, st, "read", path);
     if (st == MP_OK && m->ranks > 1) st = mp__ckpt_share(m, &buf, &len, path);
     if (st == MP_OK) st = mp__ranks_agree(m, mp__ckpt_read(m, kind, buf, len), path);
@@ -11587,6 +11992,18 @@ MIXPREC_API void mp_dataset_free(mp_dataset *d) {
     mp__free(d->x);
     mp__free(d->labels);
     memset(d, 0, sizeof *d);
+}
+
+MIXPREC_API mp_data mp_dataset_data(const mp_dataset *d) {
+    mp_data v;
+    int shape[2] = {0, 0};
+    memset(&v, 0, sizeof v);
+    if (!d) return v;
+    shape[0] = d->rows;
+    shape[1] = d->cols;
+    v.x[0] = mp_array_f32(d->x, d->n, 2, shape);
+    v.y = mp_labels(d->labels, d->n);
+    return v;
 }
 
 #ifndef MIXPREC_NO_STDIO

@@ -120,13 +120,12 @@ int main(int argc, char **argv) {
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     check(mp_model_compile(m, &cd), m, "compile");
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x;
-    fd.data.labels = y;
-    fd.data.n = global * 2; /* warm-up: two steps */
+    fd.data.x[0] = mp_rows(x, global * 2, 784); /* warm-up: two steps */
+    fd.data.y = mp_labels(y, global * 2);
     fd.batch_size = (int)global;
     fd.verbose = MP_VERBOSE_SILENT;
     check(mp_model_fit(m, &fd), m, "warm-up fit");
-    fd.data.n = n;
+    fd.data.x[0].n = fd.data.y.n = n;
     allreduce_s = 0.0;
     MPI_Barrier(MPI_COMM_WORLD);
     t0 = now_s();

@@ -138,8 +138,12 @@ static mp_model *build_mlp(const char *policy, const mp_cuda_config *cfg) {
 static void train_step(mp_model *m, const float *x, const int32_t *labels, const float *y, int batch) {
     float loss;
     int applied;
-    check(mp_forward(m, x, batch, 1), m, "mp_forward");
-    check(mp_compute_loss(m, labels, y, &loss, NULL), m, "mp_compute_loss");
+    mp_data b;
+    memset(&b, 0, sizeof b);
+    b.x[0] = mp_rows(x, (size_t)batch, (int)mp_model_input_size(m)); /* an MLP's rows, or images as rows */
+    b.y = labels ? mp_labels(labels, (size_t)batch) : mp_rows(y, (size_t)batch, (int)mp_model_output_size(m));
+    check(mp_forward(m, &b, 1), m, "mp_forward");
+    check(mp_compute_loss(m, &b.y, &loss, NULL), m, "mp_compute_loss");
     check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
     check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");
     check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
@@ -219,9 +223,8 @@ static void time_fit(mlp_run *r, const float *x, const int32_t *labels) {
     cfg = tf32_config(r->tf32);
     m = build_mlp(r->policy, &cfg);
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = ls;
-    fd.data.n = n;
+    fd.data.x[0] = mp_rows(xs, n, INPUTS);
+    fd.data.y = mp_labels(ls, n);
     fd.batch_size = S.batch;
     fd.verbose = MP_VERBOSE_SILENT;
     check(mp_model_fit(m, &fd), m, "mp_model_fit (warm-up)");
@@ -402,18 +405,14 @@ static double time_fashion(size_t p, const mp_dataset *train, const mp_dataset *
     int r, e;
     cfg = tf32_config(p == 1);
     memset(&fd, 0, sizeof fd);
-    fd.data.x = train->x;
-    fd.data.labels = train->labels;
-    fd.data.n = S.fashion_limit && S.fashion_limit < train->n ? S.fashion_limit : train->n;
+    fd.data = mp_dataset_data(train);
+    if (S.fashion_limit && S.fashion_limit < train->n) fd.data.x[0].n = fd.data.y.n = S.fashion_limit;
     fd.batch_size = S.batch;
     fd.epochs = S.fashion_epochs;
     fd.validation_split = 0.2f; /* the guide's */
     fd.verbose = MP_VERBOSE_SILENT;
     fd.history = history;
-    memset(&test_data, 0, sizeof test_data);
-    test_data.x = test->x;
-    test_data.labels = test->labels;
-    test_data.n = test->n;
+    test_data = mp_dataset_data(test);
     for (r = 0; r < FASHION_REPS; r++) {
         m = build_mlp(policy_name(p), &cfg);
         t0 = now_s();

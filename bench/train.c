@@ -108,8 +108,12 @@ static mp_model *build_model(const run *r) {
 static void train_step(mp_model *m, const float *x, const int32_t *labels, int batch) {
     float loss;
     int applied;
-    check(mp_forward(m, x, batch, 1), m, "mp_forward");
-    check(mp_compute_loss(m, labels, NULL, &loss, NULL), m, "mp_compute_loss");
+    mp_data b;
+    memset(&b, 0, sizeof b);
+    b.x[0] = mp_rows(x, (size_t)batch, INPUTS);
+    b.y = mp_labels(labels, (size_t)batch);
+    check(mp_forward(m, &b, 1), m, "mp_forward");
+    check(mp_compute_loss(m, &b.y, &loss, NULL), m, "mp_compute_loss");
     (void)mp_get_scaled_loss(m, loss); /* the scaled loss itself is not needed */
     check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
     check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");

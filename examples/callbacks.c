@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     /* keras.optimizers.schedules.CosineDecay(1e-3, decay_steps = every step of the run) */
     cd.optimizer.schedule.kind = MP_COSINE_DECAY;
     cd.optimizer.schedule.initial_learning_rate = 1e-3f;
-    cd.optimizer.schedule.decay_steps = (uint64_t)epochs * ((data.train.n * 4 / 5 + (size_t)batch - 1) / (size_t)batch);
+    cd.optimizer.schedule.decay_steps = (uint64_t)epochs * ((data.train.x[0].n * 4 / 5 + (size_t)batch - 1) / (size_t)batch);
     CHECK(mp_model_compile(m, &cd), m);
 
     memset(&early, 0, sizeof early); /* EarlyStopping(monitor="val_loss", patience=2, restore_best_weights=True) */

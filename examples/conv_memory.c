@@ -118,9 +118,13 @@ static result run_policy(const config *c, const char *policy, const float *x, co
     mp_model_print_summary(m);
 
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x;
-    fd.data.y = y;
-    fd.data.n = (size_t)c->images;
+    {
+        int shape[3];
+        shape[0] = shape[1] = c->image_size;
+        shape[2] = 3;
+        fd.data.x[0] = mp_array_f32(x, (size_t)c->images, 3, shape); /* (images, size, size, 3) */
+        fd.data.y = mp_rows(y, (size_t)c->images, 1);                 /* (images, 1): one logit's target */
+    }
     fd.batch_size = c->batch_size;
     fd.epochs = c->epochs;
     fd.history = history;

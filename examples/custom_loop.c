@@ -91,9 +91,10 @@ static mp_model *build_model(const config *c) {
 /* The guide's train_step, one call per line. Returns the (unscaled) loss
    and, through *scaled, the loss the gradients were taken of. */
 static float train_step(mp_model *m, const float *x, const int32_t *y, int batch, float *scaled) {
+    mp_data b = {.x = {mp_rows(x, (size_t)batch, FM_PIXELS)}, .y = mp_labels(y, (size_t)batch)};
     float loss;
-    CHECK(mp_forward(m, x, batch, 1), m);                  /* predictions = model(x) */
-    CHECK(mp_compute_loss(m, y, NULL, &loss, NULL), m);    /* loss = loss_object(y, predictions) */
+    CHECK(mp_forward(m, &b, 1), m);                        /* predictions = model(x) */
+    CHECK(mp_compute_loss(m, &b.y, &loss, NULL), m);       /* loss = loss_object(y, predictions) */
     *scaled = mp_get_scaled_loss(m, loss);                 /* optimizer.get_scaled_loss(loss) */
     CHECK(mp_compute_scaled_gradients(m), m);              /* tape.gradient(scaled_loss, vars) */
     CHECK(mp_get_unscaled_gradients(m), m);                /* optimizer.get_unscaled_gradients */
@@ -104,16 +105,18 @@ static float train_step(mp_model *m, const float *x, const int32_t *y, int batch
 /* The guide's test_step over the whole test set: model(x, training=False)
    batch by batch, counting the right answers. */
 static float test_accuracy(mp_model *m, const mp_data *test, int batch_size) {
-    size_t correct = 0, start;
+    const float *x = (const float *)test->x[0].data;
+    const int32_t *y = (const int32_t *)test->y.data;
+    size_t correct = 0, start, n = test->x[0].n;
     float loss; /* not reported: the guide's test_step only counts accuracy */
-    for (start = 0; start < test->n; start += (size_t)batch_size) {
-        size_t right = 0, left = test->n - start;
-        int batch = left < (size_t)batch_size ? (int)left : batch_size;
-        CHECK(mp_forward(m, test->x + start * FM_PIXELS, batch, 0), m);
-        CHECK(mp_compute_loss(m, test->labels + start, NULL, &loss, &right), m);
+    for (start = 0; start < n; start += (size_t)batch_size) {
+        size_t right = 0, left = n - start, batch = left < (size_t)batch_size ? left : (size_t)batch_size;
+        mp_data b = {.x = {mp_rows(x + start * FM_PIXELS, batch, FM_PIXELS)}, .y = mp_labels(y + start, batch)};
+        CHECK(mp_forward(m, &b, 0), m);
+        CHECK(mp_compute_loss(m, &b.y, &loss, &right), m);
         correct += right;
     }
-    return (float)correct / (float)test->n;
+    return (float)correct / (float)n;
 }
 
 /* The guide's .shuffle(): a new order of the training set every epoch. */
@@ -130,8 +133,8 @@ static void shuffle(size_t *order, size_t n, uint64_t *rng) {
 static void gather(const mp_data *d, const size_t *order, int batch, float *x, int32_t *y) {
     int i;
     for (i = 0; i < batch; i++) {
-        memcpy(x + (size_t)i * FM_PIXELS, d->x + order[i] * FM_PIXELS, FM_PIXELS * sizeof *x);
-        y[i] = d->labels[order[i]];
+        memcpy(x + (size_t)i * FM_PIXELS, (const float *)d->x[0].data + order[i] * FM_PIXELS, FM_PIXELS * sizeof *x);
+        y[i] = ((const int32_t *)d->y.data)[order[i]];
     }
 }
 
@@ -147,7 +150,7 @@ static void watch_loss_scale(const mp_model *m, size_t step, float scaled_loss, 
 }
 
 static void train(mp_model *m, const fm_data *d, const config *c) {
-    size_t n = d->train.n, step = 0, i;
+    size_t n = d->train.x[0].n, step = 0, i;
     size_t *order = malloc(n * sizeof *order);
     float *xb = malloc((size_t)c->batch_size * FM_PIXELS * sizeof *xb);
     int32_t *yb = malloc((size_t)c->batch_size * sizeof *yb);
@@ -192,7 +195,7 @@ int main(int argc, char **argv) {
 
     fm_load(&d, c.data_dir, c.train_limit, 1337);
     printf("custom training loop, mixed_float16: %zu training images, units %d, batch %d\n",
-           d.train.n, c.units, c.batch_size);
+           d.train.x[0].n, c.units, c.batch_size);
     m = build_model(&c);
     mp_model_print_summary(m);
     train(m, &d, &c);

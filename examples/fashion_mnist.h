@@ -20,7 +20,7 @@
 #define FM_SYNTH_TEST 2000
 
 typedef struct fm_data {
-    mp_data train, test;      /* what the examples read: x, labels, n */
+    mp_data train, test;      /* what the examples read: x[0] and y, n samples each */
     mp_dataset idx_train;     /* the IDX files, owned by mixprec ... */
     mp_dataset idx_test;
     float *synth_x;           /* ... or the synthetic set, owned here */
@@ -49,12 +49,10 @@ static void fm_synthesize(fm_data *d, uint64_t seed) {
         for (p = 0; p < FM_PIXELS; p++)
             d->synth_x[i * FM_PIXELS + p] = 0.5f * proto[c][p] + 0.5f * ex_uniform(&rng);
     }
-    d->train.x = d->synth_x;
-    d->train.labels = d->synth_labels;
-    d->train.n = FM_SYNTH_TRAIN;
-    d->test.x = d->synth_x + (size_t)FM_SYNTH_TRAIN * FM_PIXELS;
-    d->test.labels = d->synth_labels + FM_SYNTH_TRAIN;
-    d->test.n = FM_SYNTH_TEST;
+    d->train.x[0] = mp_rows(d->synth_x, FM_SYNTH_TRAIN, FM_PIXELS);
+    d->train.y = mp_labels(d->synth_labels, FM_SYNTH_TRAIN);
+    d->test.x[0] = mp_rows(d->synth_x + (size_t)FM_SYNTH_TRAIN * FM_PIXELS, FM_SYNTH_TEST, FM_PIXELS);
+    d->test.y = mp_labels(d->synth_labels + FM_SYNTH_TRAIN, FM_SYNTH_TEST);
     d->synthetic = 1;
 }
 
@@ -85,15 +83,6 @@ static mp_status fm_load_split(const char *dir, const char *prefix, mp_dataset *
     return mp_load_idx_why(images, labels, out, why, cap);
 }
 
-static mp_data fm_view(const mp_dataset *s) {
-    mp_data v;
-    memset(&v, 0, sizeof v);
-    v.x = s->x;
-    v.labels = s->labels;
-    v.n = s->n;
-    return v;
-}
-
 /* Fashion-MNIST from dir, or the synthetic set (saying why) when the files
    cannot be read; files that are there but corrupt end the program.
    train_limit > 0 keeps only the first train_limit training images. */
@@ -109,10 +98,10 @@ static void fm_load(fm_data *d, const char *dir, size_t train_limit, uint64_t se
             fprintf(stderr, "%s: the images are not 28x28\n", dir);
             exit(1);
         }
-        d->train = fm_view(&d->idx_train);
-        d->test = fm_view(&d->idx_test);
-        printf("Fashion-MNIST from %s: %zu training, %zu test images\n", dir, d->train.n,
-               d->test.n);
+        d->train = mp_dataset_data(&d->idx_train); /* (n, 28, 28): the model's 784 values a sample */
+        d->test = mp_dataset_data(&d->idx_test);
+        printf("Fashion-MNIST from %s: %zu training, %zu test images\n", dir, d->train.x[0].n,
+               d->test.x[0].n);
     } else if (st == MP_ERR_IO) {
         mp_dataset_free(&d->idx_train); /* the train split may have loaded */
         printf("Fashion-MNIST cannot be read: %s.\n"
@@ -124,7 +113,7 @@ static void fm_load(fm_data *d, const char *dir, size_t train_limit, uint64_t se
         fprintf(stderr, "%s\n", why);
         exit(1);
     }
-    if (train_limit > 0 && train_limit < d->train.n) d->train.n = train_limit;
+    if (train_limit > 0 && train_limit < d->train.x[0].n) d->train.x[0].n = d->train.y.n = train_limit;
 }
 
 /* The guide's layers: Dense(units, relu) x2, Dense(10), and a softmax kept

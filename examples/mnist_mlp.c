@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
     fm_load(&d, c.data_dir, c.train_limit, c.seed);
     printf("training on %zu images (the last 20%% validate), testing on %zu; units %d, batch %d, "
            "%d epochs\n",
-           d.train.n, d.test.n, c.units, c.batch_size, c.epochs);
+           d.train.x[0].n, d.test.x[0].n, c.units, c.batch_size, c.epochs);
     for (i = 0; i < c.n_policies; i++)
         results[i] = run_policy(&c, &d, c.policies[i], &initial, &n_initial);
     print_table(results, c.n_policies);

@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     /* Statistics every N steps (by default at the epoch's last step),
        printed by the library as they are taken. */
     memset(&nd, 0, sizeof nd);
-    nd.every = c.every ? c.every : (int)((fd.data.n + (size_t)c.batch_size - 1) / (size_t)c.batch_size);
+    nd.every = c.every ? c.every : (int)((fd.data.x[0].n + (size_t)c.batch_size - 1) / (size_t)c.batch_size);
     nd.print = 1;
     nd.csv_path = c.csv;
     CHECK(mp_model_set_numerics(m, &nd), m);

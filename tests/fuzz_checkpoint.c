@@ -59,9 +59,8 @@ static mp_model *model(int compile) {
     cd.optimizer.kind = MP_ADAM;
     cd.loss_scale_config.initial_scale = 1048576.0f;
     cd.loss_scale_config.growth_interval = 3;
-    fd.data.x = x;
-    fd.data.labels = y;
-    fd.data.n = 16;
+    fd.data.x[0] = mp_rows(x, 16, 5);
+    fd.data.y = mp_labels(y, 16);
     fd.batch_size = 4;
     fd.verbose = MP_VERBOSE_SILENT;
     mp_set_global_policy_name("mixed_float16");

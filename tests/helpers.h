@@ -2,8 +2,10 @@
    check.h: a seeded random stream (splitmix64; define TEST_SEED first for
    another stream), zeroed allocation that ends the test when memory runs
    out, typed element access, OK(call, model): one check that prints the
-   status and the model's own message when the call fails, new_model, and
-   silent_fit. */
+   status and the model's own message when the call fails, weights_of /
+   weights_equal, new_model,
+   data_xy / data_xt (an mp_data of rows), forward_rows / loss_rows (the
+   custom loop's first two calls on rows) and silent_fit. */
 #ifndef MIXPREC_TEST_HELPERS_H
 #define MIXPREC_TEST_HELPERS_H
 #include <math.h>
@@ -90,13 +92,53 @@ static inline mp_model *new_model(const char *policy, const int *shape, const mp
     }
     return m;
 }
-/* A quiet fit of n labelled samples: every other setting Keras's default. */
-static inline mp_fit_desc silent_fit(const float *x, const int32_t *labels, size_t n, int batch, int epochs) {
+/* The model's float32 weights (the caller frees them; a failed read is
+   counted), and whether they are w's, bit for bit. */
+static inline float *weights_of(mp_model *m) {
+    size_t n = mp_model_param_count(m);
+    float *w = floats(n);
+    OK(mp_model_get_weights(m, w, n), m);
+    return w;
+}
+static inline int weights_equal(mp_model *m, const float *w) {
+    size_t n = mp_model_param_count(m);
+    float *now = floats(n);
+    int same = mp_model_get_weights(m, now, n) == MP_OK && memcmp(now, w, n * sizeof(float)) == 0;
+    free(now);
+    return same;
+}
+
+/* n samples of `width` floats with their labels (NULL: none), as fit,
+   evaluate and mp_forward read them. */
+static inline mp_data data_xy(const float *x, int width, const int32_t *labels, size_t n) {
+    mp_data d;
+    memset(&d, 0, sizeof d);
+    d.x[0] = mp_rows(x, n, width);
+    if (labels) d.y = mp_labels(labels, n);
+    return d;
+}
+/* The same with float targets, `outs` a sample. */
+static inline mp_data data_xt(const float *x, int width, const float *y, int outs, size_t n) {
+    mp_data d = data_xy(x, width, NULL, n);
+    if (y) d.y = mp_rows(y, n, outs);
+    return d;
+}
+/* The custom loop's first two lines on rows of the model's input size (x)
+   and of its output size (y, where labels is NULL), n samples. */
+static inline mp_status forward_rows(mp_model *m, const float *x, size_t n, int training) {
+    mp_data d = data_xy(x, (int)mp_model_input_size(m), NULL, n);
+    return mp_forward(m, &d, training);
+}
+static inline mp_status loss_rows(mp_model *m, const int32_t *labels, const float *y, size_t n, float *loss,
+                                  size_t *correct) {
+    mp_array a = labels ? mp_labels(labels, n) : mp_rows(y, n, (int)mp_model_output_size(m));
+    return mp_compute_loss(m, &a, loss, correct);
+}
+/* A quiet fit of n labelled samples of `width` floats: every other setting Keras's default. */
+static inline mp_fit_desc silent_fit(const float *x, int width, const int32_t *labels, size_t n, int batch, int epochs) {
     mp_fit_desc fd;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x;
-    fd.data.labels = labels;
-    fd.data.n = n;
+    fd.data = data_xy(x, width, labels, n);
     fd.batch_size = batch;
     fd.epochs = epochs;
     fd.verbose = MP_VERBOSE_SILENT;

@@ -273,7 +273,7 @@ else
     par skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
 fi
 
-section "== training, GEMM, backends, diagnostics, checkpoints, AMP, reliability and threads (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability, test_callbacks, test_comm, test_threads) in every build"
+section "== training, GEMM, backends, diagnostics, checkpoints, AMP, reliability, threads and data (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability, test_callbacks, test_comm, test_threads, test_data) in every build"
 # name, compiler and flags of each build; the tests are fast enough for all
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
@@ -286,7 +286,7 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm test_threads; do
+    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm test_threads test_data; do
         par build_run "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag
         if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
     done

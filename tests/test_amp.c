@@ -324,7 +324,7 @@ static void test_levels(void) {
         CHECK_STR(report(m), "Converted 11/11 nodes to float16 precision using 1 cast(s) to float16 "
                              "(excluding Const and Variable casts)");
         check_dtypes(m, all, __LINE__);
-        if (OK(mp_forward(m, x, 1, 0), m) && OK(mp_output(m, &out), m)) CHECK(out.dtype == MP_FLOAT16);
+        if (OK(forward_rows(m, x, 1, 0), m) && OK(mp_output(m, &out), m)) CHECK(out.dtype == MP_FLOAT16);
     }
     mp_model_destroy(m);
 }
@@ -506,7 +506,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 /* One step's float32 gradients of model m on a batch. */
 static int gradients(mp_model *m, const float *x, const int32_t *labels, int n, float *g) {
     float loss;
-    return OK(mp_forward(m, x, n, 1), m) && OK(mp_compute_loss(m, labels, NULL, &loss, NULL), m) &&
+    return OK(forward_rows(m, x, n, 1), m) && OK(loss_rows(m, labels, NULL, n, &loss, NULL), m) &&
            OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
            OK(mp_get_gradients(m, g, mp_model_param_count(m)), m);
 }
@@ -621,10 +621,8 @@ static void test_training(void) {
     if (!labels || !lt) exit(2);
     blobs(x, labels, N);
     blobs(xt, lt, NT);
-    memset(&data, 0, sizeof data);
-    data.x = x, data.labels = labels, data.n = N;
-    test = data;
-    test.x = xt, test.labels = lt, test.n = NT;
+    data = data_xy(x, 16, labels, N);
+    test = data_xy(xt, 16, lt, NT);
     f32 = train("float32", 0, &data, &test);
     mixed = train("mixed_float16", 0, &data, &test);
     amp = train("float32", 1, &data, &test);

@@ -17,6 +17,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "check.h"
+#include "helpers.h"
 
 /* >>the remote backend */
 #define OFFSET ((uintptr_t)1 << 46) /* far above any x86-64 user mapping */
@@ -242,13 +243,6 @@ static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer
     return m;
 }
 
-static float *weights_of(mp_model *m) {
-    size_t n = mp_model_param_count(m);
-    float *w = (float *)malloc(n * sizeof(float));
-    if (w && !CHECK(mp_model_get_weights(m, w, n) == MP_OK)) { free(w); return NULL; }
-    return w;
-}
-
 /* Two models' float32 weights, bit for bit. */
 static int same_weights(mp_model *a, mp_model *b) {
     float *wa = weights_of(a), *wb = weights_of(b);
@@ -266,9 +260,7 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     mp_logs ha[2], hb[2];
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = N;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, N);
     fd.batch_size = 16;
     fd.epochs = 2;
     fd.validation_split = 0.25f;
@@ -303,9 +295,7 @@ static void test_step_traffic(void) {
     size_t steps = 6, batch = 16, n = steps * batch, x_bytes = n * 8 * 8 * 2 * sizeof(float);
     if (!m) return;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = n;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, n);
     fd.batch_size = (int)batch;
     fd.verbose = MP_VERBOSE_SILENT;
     for (fd.host_data = 0; fd.host_data < 2; fd.host_data++) {
@@ -338,9 +328,7 @@ static void test_step_traffic(void) {
 static mp_fit_desc batches_of_16(size_t n, mp_verbose verbose) {
     mp_fit_desc fd;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = labels;
-    fd.data.n = n;
+    fd.data = data_xy(xs, 8 * 8 * 2, labels, n);
     fd.batch_size = 16;
     fd.verbose = verbose;
     return fd;
@@ -373,13 +361,14 @@ static void test_reads(void) {
     float *ga, *gb;
     mp_tensor ta, tb;
     int applied_a = -1, applied_b = -2;
+    mp_data d;
     size_t n;
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     n = mp_model_param_count(a);
-    CHECK(mp_forward(a, xs, 8, 1) == MP_OK && mp_forward(b, xs, 8, 1) == MP_OK);
+    CHECK(forward_rows(a, xs, 8, 1) == MP_OK && forward_rows(b, xs, 8, 1) == MP_OK);
     CHECK(mp_output(a, &ta) == MP_OK && mp_output(b, &tb) == MP_OK);
     CHECK(tb.dtype == ta.dtype && memcmp(ta.data, tb.data, mp_tensor_bytes(&ta)) == 0);
-    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(loss_rows(a, labels, NULL, 8, &la, NULL) == MP_OK && loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_OK);
     CHECK(la == lb);
     CHECK(mp_compute_scaled_gradients(a) == MP_OK && mp_compute_scaled_gradients(b) == MP_OK);
     CHECK(mp_get_unscaled_gradients(a) == MP_OK && mp_get_unscaled_gradients(b) == MP_OK);
@@ -391,7 +380,9 @@ static void test_reads(void) {
           memcmp(ga, gb, n * sizeof(float)) == 0);
     free(ga);
     free(gb);
-    CHECK(mp_model_predict(a, xs, 8, 3, pa) == MP_OK && mp_model_predict(b, xs, 8, 3, pb) == MP_OK);
+    d = data_xy(xs, 8 * 8 * 2, NULL, 8);
+    CHECK(mp_model_predict(a, &d, 3, pa, sizeof pa / sizeof pa[0]) == MP_OK &&
+          mp_model_predict(b, &d, 3, pb, sizeof pb / sizeof pb[0]) == MP_OK);
     CHECK(memcmp(pa, pb, sizeof pa) == 0);
     mp_model_destroy(a);
     mp_model_destroy(b);
@@ -407,15 +398,15 @@ static void test_device_nonfinite(void) {
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
     memcpy(bad, xs, sizeof bad);
     bad[77] = NAN;
-    CHECK(mp_forward(a, bad, 8, 1) == MP_ERR_NONFINITE);
-    CHECK(mp_forward(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
-    CHECK(mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_ERR_NONFINITE);
+    CHECK(forward_rows(a, bad, 8, 1) == MP_ERR_NONFINITE);
+    CHECK(forward_rows(b, bad, 8, 1) == MP_OK); /* not scanned on the host */
+    CHECK(loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_ERR_NONFINITE);
     CHECK(strstr(mp_model_error(b), "Inf or NaN") != NULL);
     CHECK(mp_compute_scaled_gradients(b) == MP_ERR_STATE);
     CHECK(same_weights(a, b));
     /* (inference: b's training forward drew a dropout mask, a's did not) */
-    CHECK(mp_forward(a, xs, 8, 0) == MP_OK && mp_forward(b, xs, 8, 0) == MP_OK);
-    CHECK(mp_compute_loss(a, labels, NULL, &la, NULL) == MP_OK && mp_compute_loss(b, labels, NULL, &lb, NULL) == MP_OK);
+    CHECK(forward_rows(a, xs, 8, 0) == MP_OK && forward_rows(b, xs, 8, 0) == MP_OK);
+    CHECK(loss_rows(a, labels, NULL, 8, &la, NULL) == MP_OK && loss_rows(b, labels, NULL, 8, &lb, NULL) == MP_OK);
     CHECK(la == lb);
     mp_model_destroy(a);
     mp_model_destroy(b);
@@ -732,7 +723,7 @@ static void test_amp_output(void) {
         memset(&nd, 0, sizeof nd);
         nd.every = 1;
         CHECK(mp_model_compile(m[k], &cd) == MP_OK && mp_model_set_numerics(m[k], &nd) == MP_OK);
-        CHECK(mp_forward(m[k], xs, 8, 1) == MP_OK && mp_output(m[k], &t[k]) == MP_OK);
+        CHECK(forward_rows(m[k], xs, 8, 1) == MP_OK && mp_output(m[k], &t[k]) == MP_OK);
     }
     if (m[0] && m[1]) {
         CHECK(t[0].dtype == MP_FLOAT32 && t[1].dtype == MP_FLOAT32);
@@ -772,8 +763,8 @@ static void capture(int out, char *text, size_t cap, void (*run)(void *), void *
 static void two_forwards(void *arg) {
     mp_model *m = (mp_model *)arg;
     if (!m) return;
-    CHECK(mp_forward(m, xs, 5, 0) == MP_OK);
-    CHECK(mp_forward(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
+    CHECK(forward_rows(m, xs, 5, 0) == MP_OK);
+    CHECK(forward_rows(m, xs, 9, 0) == MP_OK); /* a larger batch: no second warning */
 }
 
 static void test_tensor_core_warning(void) {
@@ -796,14 +787,66 @@ static void verbose_fit(void *arg) {
     CHECK(mp_model_fit((mp_model *)arg, &fd) == MP_OK);
 }
 
-/* fit says in its first line that the data stay on the device. */
+/* fit's first line names the policy; the next says that the data stay on the device. */
 static void test_data_on_device_line(void) {
     mp_model *m = conv_net(&remote, "float32", MP_SGD);
     char text[4096];
     if (!m) return;
     capture(1, text, sizeof text, verbose_fit, m);
-    CHECK(strncmp(text, "fit: the data (", 15) == 0 && strstr(text, "stays on the remote backend") != NULL);
+    CHECK(strncmp(text, "fit: policy float32 (compute float32, variables float32)\nfit: the data (", 72) == 0);
+    CHECK(strstr(text, "stays on the remote backend") != NULL);
     mp_model_destroy(m);
+}
+
+/* int32 inputs on a device backend: converted on the host as the batch is
+   gathered into the staging buffer, shuffled (fit) or in order (predict);
+   the same numbers as the float32 array of those values on the CPU. */
+static void test_int32_inputs(void) {
+    static int32_t ix[N * 8 * 8 * 2];
+    static float fx[N * 8 * 8 * 2], pa[N * CLASSES], pb[N * CLASSES];
+    static const int shape[3] = {8, 8, 2};
+    mp_model *a = conv_net(&remote, "mixed_float16", MP_ADAM), *b = conv_net(mp_cpu_backend(), "mixed_float16", MP_ADAM);
+    mp_fit_desc fd;
+    float *wa, *wb;
+    size_t i;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    for (i = 0; i < N * 8 * 8 * 2; i++) ix[i] = (int32_t)(i * 13 % 9) - 4, fx[i] = (float)ix[i];
+    fd = silent_fit(fx, 8 * 8 * 2, labels, N, 16, 2);
+    fd.validation_split = 0.25f; /* the validation batches too, in order */
+    OK(mp_model_fit(b, &fd), b);
+    fd.data.x[0] = mp_array_i32(ix, N, 3, shape); /* never uploaded: batches go from the host */
+    OK(mp_model_fit(a, &fd), a);
+    wa = weights_of(a), wb = weights_of(b);
+    CHECK(memcmp(wa, wb, mp_model_param_count(a) * sizeof(float)) == 0);
+    OK(mp_model_predict(a, &fd.data, 7, pa, N * CLASSES), a);
+    fd.data = data_xy(fx, 8 * 8 * 2, NULL, N);
+    OK(mp_model_predict(b, &fd.data, 7, pb, N * CLASSES), b);
+    CHECK(memcmp(pa, pb, sizeof pa) == 0);
+    free(wa), free(wb);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
+}
+
+/* validation_data on a device backend that holds fit's data: read from the
+   host, even where its x is fit's own array (here with other labels), and
+   the same numbers as on the CPU. */
+static void test_validation_data_on_device(void) {
+    static int32_t other[24];
+    mp_model *a = conv_net(&remote, "float32", MP_SGD), *b = conv_net(mp_cpu_backend(), "float32", MP_SGD);
+    mp_logs ha[2], hb[2];
+    mp_fit_desc fd;
+    size_t i;
+    if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+    for (i = 0; i < 24; i++) other[i] = (int32_t)((labels[i] + 1) % CLASSES);
+    fd = silent_fit(xs, 8 * 8 * 2, labels, N, 16, 2);
+    fd.validation_data = data_xy(xs, 8 * 8 * 2, other, 24);
+    fd.history = ha;
+    OK(mp_model_fit(a, &fd), a);
+    fd.history = hb;
+    OK(mp_model_fit(b, &fd), b);
+    CHECK(ha[1].val_loss == hb[1].val_loss && ha[1].val_accuracy == hb[1].val_accuracy && ha[1].loss == hb[1].loss);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
 }
 
 int main(int argc, char **argv) {
@@ -829,6 +872,8 @@ int main(int argc, char **argv) {
     RUN(test_amp_output());
     RUN(test_tensor_core_warning());
     RUN(test_data_on_device_line());
+    RUN(test_int32_inputs());
+    RUN(test_validation_data_on_device());
     CHECK(mp_get_memory_info().current == start); /* every model gave back every byte */
     return check_done("test_backend");
 }

@@ -57,7 +57,7 @@ static mp_model *model(void) {
 }
 
 static mp_fit_desc fit_desc(int epochs, const mp_callback *cbs, int count) {
-    mp_fit_desc fd = silent_fit(xs, ys, N, BATCH, epochs);
+    mp_fit_desc fd = silent_fit(xs, F, ys, N, BATCH, epochs);
     fd.validation_split = 0.2f;
     fd.callbacks = cbs;
     fd.callback_count = count;
@@ -68,19 +68,6 @@ static char *path_in(const char *name) {
     char *p = (char *)zalloc(strlen(tmp_dir) + strlen(name) + 2);
     sprintf(p, "%s/%s", tmp_dir, name);
     return p;
-}
-static int weights_equal(mp_model *a, const float *w) {
-    size_t n = mp_model_param_count(a);
-    float *now = floats(n);
-    int same = mp_model_get_weights(a, now, n) == MP_OK && memcmp(now, w, n * 4) == 0;
-    free(now);
-    return same;
-}
-static float *weights_of(mp_model *m) {
-    size_t n = mp_model_param_count(m);
-    float *w = floats(n);
-    OK(mp_model_get_weights(m, w, n), m);
-    return w;
 }
 
 /* ======================================================================== */
@@ -619,8 +606,8 @@ static void test_schedule_steps(void) {
         float lr = 0.5f / (float)(1u << step), loss;
         CHECK(mp_model_learning_rate(m) == lr);
         OK(mp_model_get_weights(m, w0, n), m);
-        OK(mp_forward(m, xs, BATCH, 1), m);
-        OK(mp_compute_loss(m, ys, NULL, &loss, NULL), m);
+        OK(forward_rows(m, xs, BATCH, 1), m);
+        OK(loss_rows(m, ys, NULL, BATCH, &loss, NULL), m);
         OK(mp_compute_scaled_gradients(m), m);
         OK(mp_get_unscaled_gradients(m), m);
         OK(mp_get_gradients(m, g, n), m);

@@ -125,9 +125,7 @@ static mp_model *make(spec s) {
 static mp_fit_desc fit_desc(int epochs, int initial_epoch, mp_logs *history) {
     mp_fit_desc fd;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs;
-    fd.data.labels = ys;
-    fd.data.n = NS;
+    fd.data = data_xy(xs, NF, ys, NS);
     fd.batch_size = 8;
     fd.epochs = epochs;
     fd.initial_epoch = initial_epoch;
@@ -158,8 +156,9 @@ typedef struct snap {
 
 static snap take(mp_model *m) {
     snap s;
+    mp_data d = data_xy(xs, NF, NULL, 4);
     s.bytes = save(m, &s.len);
-    if (mp_model_predict(m, xs, 4, 4, s.pred) != MP_OK) memset(s.pred, 0xFF, sizeof s.pred);
+    if (mp_model_predict(m, &d, 4, s.pred, sizeof s.pred / sizeof s.pred[0]) != MP_OK) memset(s.pred, 0xFF, sizeof s.pred);
     return s;
 }
 static int same(mp_model *m, const snap *s) {
@@ -272,7 +271,7 @@ static void custom_steps(mp_model *m, int first, int count) {
     for (i = first; i < first + count; i++) {
         int k = i % (NS / 8), applied;
         float loss;
-        if (mp_forward(m, xs + k * 8 * NF, 8, 1) || mp_compute_loss(m, ys + k * 8, NULL, &loss, NULL) ||
+        if (forward_rows(m, xs + k * 8 * NF, 8, 1) || loss_rows(m, ys + k * 8, NULL, 8, &loss, NULL) ||
             mp_compute_scaled_gradients(m) || mp_get_unscaled_gradients(m) || mp_apply_gradients(m, &applied)) {
             CHECK(!"a custom-loop step failed");
             return;

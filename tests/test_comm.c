@@ -201,9 +201,7 @@ static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, co
     memset(&fd, 0, sizeof fd);
     memset(&cb, 0, sizeof cb);
     memset(&ck, 0, sizeof ck);
-    fd.data.x = xs;
-    fd.data.labels = ys;
-    fd.data.n = (size_t)(st->n ? st->n : NS);
+    fd.data = data_xy(xs, NF, ys, (size_t)(st->n ? st->n : NS));
     fd.batch_size = st->batch;
     fd.epochs = st->epochs;
     fd.initial_epoch = st->initial_epoch;
@@ -327,8 +325,8 @@ static void inf_rank(const mp_communicator *comm, int rank, rank_report *out, co
     for (step = 0; step < 2; step++) { /* a good step, then the planted Inf */
         memcpy(x, xs + (size_t)(rank * 8) * NF, sizeof x);
         if (step == 1 && rank == 1) x[3] = 1e30f;
-        if ((out->status = mp_forward(m, x, 8, 1)) != MP_OK ||
-            (out->status = mp_compute_loss(m, ys + rank * 8, NULL, &loss, NULL)) != MP_OK ||
+        if ((out->status = forward_rows(m, x, 8, 1)) != MP_OK ||
+            (out->status = loss_rows(m, ys + rank * 8, NULL, 8, &loss, NULL)) != MP_OK ||
             (out->status = mp_compute_scaled_gradients(m)) != MP_OK ||
             (out->status = mp_get_unscaled_gradients(m)) != MP_OK)
             break;

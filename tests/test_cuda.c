@@ -719,7 +719,7 @@ static mp_model *mlp(const mp_backend *be, const char *policy, const mp_loss_sca
 static float train_step(mp_model *m, const float *x, const int32_t *labels, int batch, int *applied) {
     float loss = NAN;
     size_t right;
-    int ok = mp_forward(m, x, batch, 1) == MP_OK && mp_compute_loss(m, labels, NULL, &loss, &right) == MP_OK &&
+    int ok = forward_rows(m, x, batch, 1) == MP_OK && loss_rows(m, labels, NULL, batch, &loss, &right) == MP_OK &&
              mp_compute_scaled_gradients(m) == MP_OK && mp_get_unscaled_gradients(m) == MP_OK &&
              mp_apply_gradients(m, applied) == MP_OK;
     if (!CHECK(ok)) fprintf(stderr, "  train_step: %s\n", mp_model_error(m));
@@ -758,7 +758,7 @@ static void test_mlp_matches_cpu(void) {
         }
         if (!CHECK(bad == 0)) fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
         /* the output, read back from the device (inference) */
-        CHECK(mp_forward(mc, x, BATCH, 0) == MP_OK && mp_forward(mg, x, BATCH, 0) == MP_OK);
+        CHECK(forward_rows(mc, x, BATCH, 0) == MP_OK && forward_rows(mg, x, BATCH, 0) == MP_OK);
         CHECK(mp_output(mc, &oc) == MP_OK && mp_output(mg, &og) == MP_OK);
         CHECK(og.dtype == F32 && og.shape[0] == BATCH && og.shape[1] == CLASSES);
         for (i = 0, bad = 0; i < (size_t)BATCH * CLASSES; i++) {
@@ -889,8 +889,8 @@ static void test_conv_model(void) {
             CHECK(mp_model_compile(m[b], &cd) == MP_OK);
             for (s = 0; s < 3; s++) {
                 size_t right;
-                int applied, ok = mp_forward(m[b], x, (int)n, 1) == MP_OK &&
-                                  mp_compute_loss(m[b], NULL, y, &loss[b][s], &right) == MP_OK &&
+                int applied, ok = forward_rows(m[b], x, n, 1) == MP_OK &&
+                                  loss_rows(m[b], NULL, y, n, &loss[b][s], &right) == MP_OK &&
                                   mp_compute_scaled_gradients(m[b]) == MP_OK &&
                                   mp_get_unscaled_gradients(m[b]) == MP_OK && mp_apply_gradients(m[b], &applied) == MP_OK;
                 if (!CHECK(ok)) fprintf(stderr, "  conv model: %s\n", mp_model_error(m[b]));
@@ -905,9 +905,9 @@ static void test_conv_model(void) {
         if (cuda_emu_counters) { /* the batch is one im2col and one product per layer and direction */
             cuda_emu_counts c0, c1, c2;
             cuda_emu_counters(&c0);
-            CHECK(mp_forward(m[1], x, (int)n / 2, 1) == MP_OK);
+            CHECK(forward_rows(m[1], x, n / 2, 1) == MP_OK);
             cuda_emu_counters(&c1);
-            CHECK(mp_forward(m[1], x, (int)n, 1) == MP_OK);
+            CHECK(forward_rows(m[1], x, n, 1) == MP_OK);
             cuda_emu_counters(&c2);
             CHECK(c2.launches - c1.launches == c1.launches - c0.launches); /* whatever the batch */
         }
@@ -950,9 +950,7 @@ static cuda_emu_counts fit_counts(mp_model *m, const float *x, const int32_t *la
     cuda_emu_counts before, after;
     mp_cuda_stats own_before;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x;
-    fd.data.labels = labels;
-    fd.data.n = steps * BATCH;
+    fd.data = data_xy(x, INPUTS, labels, steps * BATCH);
     fd.batch_size = BATCH;
     fd.verbose = MP_VERBOSE_SILENT;
     fd.host_data = host_data;
@@ -1036,7 +1034,7 @@ static void test_validation_on_device(void) {
     synthetic(x, labels, N, INPUTS);
     for (host = 0; host < 2; host++) {
         mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
-        mp_fit_desc fd = silent_fit(x, labels, N, BATCH, EPOCHS);
+        mp_fit_desc fd = silent_fit(x, INPUTS, labels, N, BATCH, EPOCHS);
         if (!CHECK(m != NULL)) return;
         fd.validation_split = 0.25f;
         fd.history = history[host];
@@ -1071,15 +1069,15 @@ static void test_fit_after_bad_batch(void) {
     float *x = (float *)zalloc(N * INPUTS * sizeof(float)), loss;
     int32_t *labels = (int32_t *)zalloc(N * sizeof(int32_t));
     mp_model *m = mlp(mp_cuda_backend(), "mixed_float16", NULL);
-    mp_fit_desc fd = silent_fit(x, labels, N, BATCH, 2);
+    mp_fit_desc fd = silent_fit(x, INPUTS, labels, N, BATCH, 2);
     int host;
     if (!CHECK(m != NULL)) return;
     synthetic(x, labels, N, INPUTS);
     fd.validation_split = 0.25f;
     for (host = 0; host < 2; host++) {
         x[7] = NAN;
-        CHECK(mp_forward(m, x, BATCH, 1) == MP_OK); /* a device does not scan the host's input */
-        CHECK(mp_compute_loss(m, labels, NULL, &loss, NULL) == MP_ERR_NONFINITE);
+        CHECK(forward_rows(m, x, BATCH, 1) == MP_OK); /* a device does not scan the host's input */
+        CHECK(loss_rows(m, labels, NULL, BATCH, &loss, NULL) == MP_ERR_NONFINITE);
         x[7] = 0.5f;
         fd.host_data = host;
         CHECK(mp_model_fit(m, &fd) == MP_OK);
@@ -1147,7 +1145,7 @@ static void test_padded_bias(void) {
     for (i = 0; i < COUNT(back); i++) w[0][i] = i < IN * UNITS ? 0.0f : (float)i;
     CHECK(mp_model_set_weights(m[1], w[0], COUNT(back)) == MP_OK && mp_model_get_weights(m[1], back, COUNT(back)) == MP_OK);
     CHECK(memcmp(back, w[0], sizeof back) == 0);
-    CHECK(mp_forward(m[1], x, N, 0) == MP_OK);
+    CHECK(forward_rows(m[1], x, N, 0) == MP_OK);
     {
         mp_tensor out;
         CHECK(mp_output(m[1], &out) == MP_OK && out.dtype == MP_FLOAT16);

@@ -94,8 +94,10 @@ static void stale_mark(mp_model *m, const char *words) {
     mp_layer_desc d = mp_flatten();
     d.kind = (mp_layer_kind)77;
     if (!m) return;
+    mp_data bad = data_xy(cx, 4, NULL, 4);
+    bad.x[0].rank = -31337;
     if (words && strstr(words, "batch")) mp_model_add(m, d);
-    else mp_forward(m, cx, -31337, 0);
+    else mp_forward(m, &bad, 0);
     strncpy(stale_text, mp_model_error(m), sizeof stale_text - 1);
 }
 
@@ -171,14 +173,7 @@ static mp_model *classifier(mp_optimizer_kind opt) {
     return m;
 }
 
-static mp_data data_of(const float *x, const int32_t *labels, size_t n) {
-    mp_data d;
-    d.x = x;
-    d.labels = labels;
-    d.y = NULL;
-    d.n = n;
-    return d;
-}
+static mp_data data_of(const float *x, const int32_t *labels, size_t n) { return data_xy(x, 4, labels, n); }
 
 /* the weights (plain malloc, uncounted); NULL if get_weights fails */
 static float *weights(mp_model *m) {
@@ -256,47 +251,54 @@ static void test_null_model(void) {
 
 static void test_null_fit_evaluate_predict(void) {
     mp_model *m = classifier(MP_ADAM);
-    mp_fit_desc fd = silent_fit(cx, cl, NS, 4, 1);
+    mp_fit_desc fd = silent_fit(cx, 4, cl, NS, 4, 1);
     mp_data d = data_of(cx, cl, NS);
     mp_logs logs;
     float out[NS * 3];
     if (!m) return;
     CHECK_ST(mp_model_fit(NULL, &fd), MP_ERR_NULL);
     CHECK_MST(m, mp_model_fit(m, NULL), MP_ERR_NULL, "null");
-    fd.data.x = NULL;
+    fd.data.x[0].data = NULL;
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NULL, "null");
-    fd = silent_fit(cx, NULL, NS, 4, 1); /* sparse crossentropy needs labels */
+    fd = silent_fit(cx, 4, NULL, NS, 4, 1); /* sparse crossentropy needs labels */
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NULL, "null");
     CHECK_ST(mp_model_evaluate(NULL, &d, 4, &logs), MP_ERR_NULL);
     CHECK_MST(m, mp_model_evaluate(m, NULL, 4, &logs), MP_ERR_NULL, "null");
-    d.x = NULL;
+    d.x[0].data = NULL;
     CHECK_MST(m, mp_model_evaluate(m, &d, 4, &logs), MP_ERR_NULL, "null");
     d = data_of(cx, NULL, NS);
     CHECK_MST(m, mp_model_evaluate(m, &d, 4, &logs), MP_ERR_NULL, "null");
-    CHECK_ST(mp_model_predict(NULL, cx, NS, 4, out), MP_ERR_NULL);
-    CHECK_MST(m, mp_model_predict(m, NULL, NS, 4, out), MP_ERR_NULL, "null");
-    CHECK_MST(m, mp_model_predict(m, cx, NS, 4, NULL), MP_ERR_NULL, "null");
+    d = data_of(cx, NULL, NS);
+    CHECK_ST(mp_model_predict(NULL, &d, 4, out, NS * 3), MP_ERR_NULL);
+    CHECK_MST(m, mp_model_predict(m, NULL, 4, out, NS * 3), MP_ERR_NULL, "null");
+    CHECK_MST(m, mp_model_predict(m, &d, 4, NULL, NS * 3), MP_ERR_NULL, "null");
+    d.x[0].data = NULL;
+    CHECK_MST(m, mp_model_predict(m, &d, 4, out, NS * 3), MP_ERR_NULL, "null");
     mp_model_destroy(m);
 }
 
 static void test_null_custom_loop(void) {
     mp_model *m = classifier(MP_ADAM);
     mp_tensor t;
+    mp_data b = data_of(cx, cl, 4), none;
     float loss = 0, g[256];
     int applied = 0;
     size_t n, slots;
+    memset(&none, 0, sizeof none);
     if (!m) return;
     n = mp_model_param_count(m);
     CHECK(n <= 256);
-    CHECK_ST(mp_forward(NULL, cx, 4, 1), MP_ERR_NULL);
-    CHECK_MST(m, mp_forward(m, NULL, 4, 1), MP_ERR_NULL, "null");
+    CHECK_ST(mp_forward(NULL, &b, 1), MP_ERR_NULL);
+    CHECK_MST(m, mp_forward(m, NULL, 1), MP_ERR_NULL, "null");
+    CHECK_MST(m, mp_forward(m, &none, 1), MP_ERR_NULL, "null");
     CHECK_ST(mp_output(NULL, &t), MP_ERR_NULL);
     CHECK_ST(mp_output(m, NULL), MP_ERR_NULL);
-    CHECK_ST(mp_forward(m, cx, 4, 1), MP_OK);
-    CHECK_ST(mp_compute_loss(NULL, cl, NULL, &loss, NULL), MP_ERR_NULL);
-    CHECK_MST(m, mp_compute_loss(m, NULL, NULL, &loss, NULL), MP_ERR_NULL, "null");
-    CHECK_MST(m, mp_compute_loss(m, cl, NULL, NULL, NULL), MP_ERR_NULL, "null");
-    CHECK_ST(mp_compute_loss(m, cl, NULL, &loss, NULL), MP_OK); /* correct may be NULL */
+    CHECK_ST(mp_forward(m, &b, 1), MP_OK);
+    CHECK_ST(mp_compute_loss(NULL, &b.y, &loss, NULL), MP_ERR_NULL);
+    CHECK_MST(m, mp_compute_loss(m, NULL, &loss, NULL), MP_ERR_NULL, "null");
+    CHECK_MST(m, mp_compute_loss(m, &none.y, &loss, NULL), MP_ERR_NULL, "null");
+    CHECK_MST(m, mp_compute_loss(m, &b.y, NULL, NULL), MP_ERR_NULL, "null");
+    CHECK_ST(mp_compute_loss(m, &b.y, &loss, NULL), MP_OK); /* correct may be NULL */
     (void)mp_get_scaled_loss(NULL, loss);
     CHECK_ST(mp_compute_scaled_gradients(NULL), MP_ERR_NULL);
     CHECK_ST(mp_compute_scaled_gradients(m), MP_OK);
@@ -529,7 +531,7 @@ static void test_bad_compile(void) {
 static void test_state(void) {
     mp_model *m;
     mp_compile_desc cd = compile_desc(MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_SGD);
-    mp_fit_desc fd = silent_fit(cx, cl, NS, 4, 1);
+    mp_fit_desc fd = silent_fit(cx, 4, cl, NS, 4, 1);
     mp_data d = data_of(cx, cl, NS);
     mp_logs logs;
     float w[128];
@@ -555,14 +557,15 @@ static void test_state(void) {
         mp_tensor t;
         CHECK_ST(mp_output(m, &t), MP_ERR_STATE); /* no forward yet */
         CHECK_MST(m, mp_model_add(m, mp_dense(3, MP_LINEAR)), MP_ERR_STATE, "built|build|compile");
-        CHECK_MST(m, mp_compute_loss(m, cl, NULL, &logs.loss, NULL), MP_ERR_STATE, "forward");
+        CHECK_MST(m, mp_compute_loss(m, &d.y, &logs.loss, NULL), MP_ERR_STATE, "forward");
         CHECK_MST(m, mp_compute_scaled_gradients(m), MP_ERR_STATE, "forward|loss");
         CHECK_MST(m, mp_get_unscaled_gradients(m), MP_ERR_STATE, "gradient");
         CHECK_MST(m, mp_apply_gradients(m, NULL), MP_ERR_STATE, "gradient");
         CHECK_ST(mp_get_gradients(m, w, mp_model_param_count(m)), MP_ERR_STATE); /* none computed yet */
-        CHECK_ST(mp_forward(m, cx, 4, 1), MP_OK);
+        d = data_of(cx, cl, 4);
+        CHECK_ST(mp_forward(m, &d, 1), MP_OK);
         CHECK_MST(m, mp_compute_scaled_gradients(m), MP_ERR_STATE, "loss"); /* no loss yet */
-        CHECK_ST(mp_compute_loss(m, cl, NULL, &logs.loss, NULL), MP_OK);
+        CHECK_ST(mp_compute_loss(m, &d.y, &logs.loss, NULL), MP_OK);
         CHECK_MST(m, mp_apply_gradients(m, NULL), MP_ERR_STATE, "gradient"); /* no gradients yet */
         mp_model_destroy(m);
     }
@@ -572,6 +575,7 @@ static void test_sizes_that_do_not_fit(void) {
     mp_model *m = classifier(MP_ADAM);
     float w[128], *w0;
     mp_layer_info info;
+    mp_data b = data_of(cx, cl, 4);
     char small[8];
     size_t n;
     if (!m) return;
@@ -588,8 +592,8 @@ static void test_sizes_that_do_not_fit(void) {
     CHECK_MST(m, mp_model_get_weights(m, w, n + 1), MP_ERR_SHAPE, "weight");
     memset(small, 'x', sizeof small);
     CHECK_ST(mp_model_summary(m, small, sizeof small), MP_ERR_SIZE); /* as mp_policy_repr */
-    CHECK_ST(mp_forward(m, cx, 4, 1), MP_OK);
-    CHECK_ST(mp_compute_loss(m, cl, NULL, &w[0], NULL), MP_OK);
+    CHECK_ST(mp_forward(m, &b, 1), MP_OK);
+    CHECK_ST(mp_compute_loss(m, &b.y, &w[0], NULL), MP_OK);
     CHECK_ST(mp_compute_scaled_gradients(m), MP_OK);
     CHECK_ST(mp_get_unscaled_gradients(m), MP_OK);
     CHECK_ST(mp_get_gradients(m, w, n - 1), MP_ERR_SHAPE);
@@ -617,23 +621,24 @@ static void test_labels(void) {
     for (i = 0; i < 2; i++) {
         memcpy(lab, cl, sizeof lab);
         lab[NS - 1] = bad_values[i]; /* the last sample: found before any step */
-        fd = silent_fit(cx, lab, NS, 4, 1);
+        fd = silent_fit(cx, 4, lab, NS, 4, 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_LABEL, "label");
         CHECK(same_weights(m, w0));
         d = data_of(cx, lab, NS);
         CHECK_MST(m, mp_model_evaluate(m, &d, 4, &logs), MP_ERR_LABEL, "label");
-        CHECK_ST(mp_forward(m, cx + 4 * 4, 4, 0), MP_OK);
-        CHECK_MST(m, mp_compute_loss(m, lab + 4, NULL, &loss, NULL), MP_ERR_LABEL, "label");
+        d = data_of(cx + 4 * 4, lab + 4, 4);
+        CHECK_ST(mp_forward(m, &d, 0), MP_OK);
+        CHECK_MST(m, mp_compute_loss(m, &d.y, &loss, NULL), MP_ERR_LABEL, "label");
     }
     lab[NS - 1] = 2; /* all fine again */
-    fd = silent_fit(cx, lab, NS, 4, 1);
+    fd = silent_fit(cx, 4, lab, NS, 4, 1);
     CHECK_ST(mp_model_fit(m, &fd), MP_OK);
     free(w0);
     mp_model_destroy(m);
 }
 
 static void test_batch_epochs_split(void) {
-    static const int bad_batch[2] = {0, -4};
+    static const int bad_batch[2] = {-1, -4};
     static const float bad_split[4] = {-0.1f, 1.0f, 1.5f, NAN};
     mp_model *m = classifier(MP_SGD);
     mp_fit_desc fd;
@@ -643,21 +648,20 @@ static void test_batch_epochs_split(void) {
     int i;
     if (!m) return;
     for (i = 0; i < 2; i++) {
-        fd = silent_fit(cx, cl, NS, bad_batch[i], 1);
+        fd = silent_fit(cx, 4, cl, NS, bad_batch[i], 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "batch");
         CHECK_MST(m, mp_model_evaluate(m, &d, bad_batch[i], &logs), MP_ERR_ARG, "batch");
-        CHECK_MST(m, mp_model_predict(m, cx, NS, bad_batch[i], out), MP_ERR_ARG, "batch");
-        CHECK_MST(m, mp_forward(m, cx, bad_batch[i], 0), MP_ERR_ARG, "batch");
+        CHECK_MST(m, mp_model_predict(m, &d, bad_batch[i], out, NS * 3), MP_ERR_ARG, "batch");
     }
-    fd = silent_fit(cx, cl, NS, 4, 1), fd.epochs = -1;
+    fd = silent_fit(cx, 4, cl, NS, 4, 1), fd.epochs = -1;
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "epoch");
     for (i = 0; i < 4; i++) {
-        fd = silent_fit(cx, cl, NS, 4, 1), fd.validation_split = bad_split[i];
+        fd = silent_fit(cx, 4, cl, NS, 4, 1), fd.validation_split = bad_split[i];
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "validation");
     }
-    fd = silent_fit(cx, cl, 0, 4, 1); /* no samples */
+    fd = silent_fit(cx, 4, cl, 0, 4, 1); /* no samples */
     CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_ARG, "empty|sample|data");
-    fd = silent_fit(cx, cl, NS, 4, 1), fd.validation_split = 0.25f;
+    fd = silent_fit(cx, 4, cl, NS, 4, 1), fd.validation_split = 0.25f;
     CHECK_ST(mp_model_fit(m, &fd), MP_OK);
     mp_model_destroy(m);
 }
@@ -674,7 +678,7 @@ static void test_nonfinite_x(void) {
     for (i = 0; i < 3; i++) {
         memcpy(x, cx, sizeof x);
         x[where[i]] = bad[i];
-        fd = silent_fit(x, cl, NS, 4, 1);
+        fd = silent_fit(x, 4, cl, NS, 4, 1);
         CHECK_MST(m, mp_model_fit(m, &fd), MP_ERR_NONFINITE, "nan|inf|finite");
         CHECK(same_weights(m, w0));
     }
@@ -1284,19 +1288,19 @@ static mp_status run_step(scen *s, int i) {
     static const int tshape[3] = {3, 4, 5};
     size_t n = mp_model_param_count(s->m);
     mp_fit_desc fd;
-    mp_data d = data_of(sx, sl, SN);
+    mp_data d = data_xy(sx, 36, sl, SN);
     if (i < FIRST_BUILT) return build_step(s, i);
     if (n > 256) return MP_ERR_SIZE; /* the test's buffer */
     switch (i) {
     case 9: return mp_model_get_weights(s->m, s->w, n);
     case 10: return mp_model_set_weights(s->m, s->w, n);
     case 11:
-        fd = silent_fit(sx, sl, SN, 3, 1), fd.validation_split = 0.25f, fd.history = s->hist;
+        fd = silent_fit(sx, 36, sl, SN, 3, 1), fd.validation_split = 0.25f, fd.history = s->hist;
         return mp_model_fit(s->m, &fd);
     case 12: return mp_model_evaluate(s->m, &d, 4, &s->logs);
-    case 13: return mp_model_predict(s->m, sx, SN, 3, s->pred);
-    case 14: return mp_forward(s->m, sx, 4, 1);
-    case 15: return mp_compute_loss(s->m, sl, NULL, &s->loss, &s->correct);
+    case 13: return mp_model_predict(s->m, &d, 3, s->pred, sizeof s->pred / sizeof s->pred[0]);
+    case 14: d.x[0].n = d.y.n = 4; return mp_forward(s->m, &d, 1);
+    case 15: d.x[0].n = d.y.n = 4; return mp_compute_loss(s->m, &d.y, &s->loss, &s->correct);
     case 16: return mp_compute_scaled_gradients(s->m);
     case 17: return mp_get_unscaled_gradients(s->m);
     case 18: return mp_apply_gradients(s->m, &s->applied);
@@ -1425,10 +1429,11 @@ static void test_no_allocation_per_step(void) {
     for (p = 0; p < 3; p++) {
         mp_model_desc md = model_desc(H, H, 2);
         mp_compile_desc cd = compile_desc(MP_SPARSE_CATEGORICAL_CROSSENTROPY, MP_ADAM);
-        mp_fit_desc fd = silent_fit(img, lab, N, 4, 1);
+        mp_fit_desc fd = silent_fit(img, H * H * 2, lab, N, 4, 1);
         mp_model *m = NULL;
         float loss;
         int applied, step, ok;
+        mp_data b = data_xy(img, H * H * 2, lab, 4);
         md.threads = 2;
         CHECK_ST(mp_set_global_policy_name(policies[p]), MP_OK);
         ok = mp_model_create(&m, &md) == MP_OK && mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_RELU)) == MP_OK &&
@@ -1442,8 +1447,8 @@ static void test_no_allocation_per_step(void) {
         if (!CHECK(t_count - before == 1)) fprintf(stderr, "    %s: fit allocated %zu times\n", policies[p], t_count - before);
         before = t_count;
         for (step = 0; step < 5; step++) {
-            mp_forward(m, img, 4, 1);
-            mp_compute_loss(m, lab, NULL, &loss, NULL);
+            mp_forward(m, &b, 1);
+            mp_compute_loss(m, &b.y, &loss, NULL);
             mp_compute_scaled_gradients(m);
             mp_get_unscaled_gradients(m);
             mp_apply_gradients(m, &applied);

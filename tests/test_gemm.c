@@ -1242,13 +1242,13 @@ static float *train(mp_model *m, size_t *count) {
         size_t off = (size_t)step * 20;
         int batch = step == 1 ? 31 : 33, applied = 0;
         float loss = 0;
-        ok = mp_forward(m, xs + off * in, batch, 1) == MP_OK &&
-             mp_compute_loss(m, labels + off, NULL, &loss, NULL) == MP_OK &&
+        ok = forward_rows(m, xs + off * in, batch, 1) == MP_OK &&
+             loss_rows(m, labels + off, NULL, batch, &loss, NULL) == MP_OK &&
              mp_compute_scaled_gradients(m) == MP_OK && mp_get_unscaled_gradients(m) == MP_OK &&
              mp_apply_gradients(m, &applied) == MP_OK;
     }
     memset(&fd, 0, sizeof fd);
-    fd.data.x = xs, fd.data.labels = labels, fd.data.n = NS;
+    fd.data = data_xy(xs, (int)in, labels, NS);
     fd.batch_size = 16, fd.epochs = 1, fd.verbose = MP_VERBOSE_SILENT;
     ok = ok && mp_model_fit(m, &fd) == MP_OK && mp_model_get_weights(m, w, n) == MP_OK;
     if (!CHECK(ok)) {
@@ -1292,8 +1292,8 @@ static void test_row_kernels_threads(void) {
             for (step = 0; ok && step < 2; step++) {
                 float loss;
                 int applied;
-                ok = CHECK(mp_forward(m, xs, step ? 61 : 64, 1) == MP_OK) &&
-                     CHECK(mp_compute_loss(m, labels, NULL, &loss, NULL) == MP_OK) &&
+                ok = CHECK(forward_rows(m, xs, step ? 61 : 64, 1) == MP_OK) &&
+                     CHECK(loss_rows(m, labels, NULL, step ? 61 : 64, &loss, NULL) == MP_OK) &&
                      CHECK(mp_compute_scaled_gradients(m) == MP_OK) && CHECK(mp_get_unscaled_gradients(m) == MP_OK) &&
                      CHECK(mp_apply_gradients(m, &applied) == MP_OK);
             }

@@ -85,7 +85,7 @@ static mp_status batch_die(void *user, mp_fit_state *s, const mp_logs *lg) {
 
 static mp_status fit(mp_model *m, int batch, int initial_epoch, int epochs, mp_callback *extra, int n_extra,
                      const char *csv) {
-    mp_fit_desc fd = silent_fit(xs, ys, NS, batch, epochs);
+    mp_fit_desc fd = silent_fit(xs, NF, ys, NS, batch, epochs);
     mp_callback cbs[4];
     memset(cbs, 0, sizeof cbs);
     cbs[0].on_epoch_end = epoch_check;
@@ -116,7 +116,7 @@ static void test_initial_weights(void) {
    summed in `wire` (a 16-bit sum rounds: a looser tolerance). */
 static void test_ranks_match_one_process(const char *policy, mp_dtype wire) {
     mp_model *m, *one = my_model(NULL, policy);
-    mp_data d = {xs, ys, NULL, NS};
+    mp_data d = data_xy(xs, NF, ys, NS);
     mp_logs a, b;
     model_state sa, sb;
     float tol = wire != MP_FLOAT32 ? 5e-2f : strcmp(policy, "float32") == 0 ? 1e-4f : 2e-2f;
@@ -147,8 +147,8 @@ static void test_inf_on_one_rank(void) {
     for (step = 0; step < 2; step++) {
         memcpy(x, xs + (size_t)(C.rank * 8) * NF, sizeof x);
         if (step == 1 && C.rank == 1) x[3] = 1e30f; /* finite in float32, Inf in float16 */
-        OK(mp_forward(m, x, 8, 1), m);
-        OK(mp_compute_loss(m, ys + C.rank * 8, NULL, &loss, NULL), m);
+        OK(forward_rows(m, x, 8, 1), m);
+        OK(loss_rows(m, ys + C.rank * 8, NULL, 8, &loss, NULL), m);
         OK(mp_compute_scaled_gradients(m), m);
         OK(mp_get_unscaled_gradients(m), m);
         if (step == 1) get_state(m, &before);
@@ -171,7 +171,7 @@ static void test_inf_on_one_rank(void) {
    rounds a 16-bit sum at each addition where the window rounds once). */
 static void test_window_matches_mpi(const char *policy, mp_dtype wire) {
     mp_communicator plain = C.table;
-    mp_fit_desc fd = silent_fit(xs, ys, NS, 16 * C.size, 2);
+    mp_fit_desc fd = silent_fit(xs, NF, ys, NS, 16 * C.size, 2);
     mp_model *a, *b;
     float *wa, *wb, tol = wire != MP_FLOAT32 ? 5e-2f : 1e-4f;
     size_t n;
@@ -222,7 +222,7 @@ static void test_fit_is_the_custom_loop(const char *policy, mp_dtype wire, float
     int epoch;
     memcpy(x, xs, sizeof x);
     x[planted * NF + 3] = 1e30f; /* finite in float32, Inf in float16 */
-    fd = silent_fit(x, ys, NS, (int)global, EPOCHS);
+    fd = silent_fit(x, NF, ys, NS, (int)global, EPOCHS);
     fd.no_shuffle = 1;
     rank_allreduce_dtype = wire;
     rank_loss_scale.growth_interval = 1;
@@ -235,8 +235,8 @@ static void test_fit_is_the_custom_loop(const char *policy, mp_dtype wire, float
     for (epoch = 0; epoch < EPOCHS; epoch++)
         for (s = 0; s < NS; s += global) { /* NS is a whole number of global batches */
             size_t lo = s + (size_t)C.rank * EACH;
-            OK(mp_forward(b, x + lo * NF, EACH, 1), b);
-            OK(mp_compute_loss(b, ys + lo, NULL, &loss, NULL), b);
+            OK(forward_rows(b, x + lo * NF, EACH, 1), b);
+            OK(loss_rows(b, ys + lo, NULL, EACH, &loss, NULL), b);
             OK(mp_compute_scaled_gradients(b), b);
             OK(mp_get_unscaled_gradients(b), b);
             OK(mp_apply_gradients(b, NULL), b);

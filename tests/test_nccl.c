@@ -53,9 +53,8 @@ static void test_fit_attached(mp_nccl *nc) {
         cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
         CHECK(mp_model_compile(m, &cd) == MP_OK);
         memset(&fd, 0, sizeof fd);
-        fd.data.x = x;
-        fd.data.labels = y;
-        fd.data.n = N;
+        fd.data.x[0] = mp_rows(x, N, 784);
+        fd.data.y = mp_labels(y, N);
         fd.batch_size = 128;
         fd.verbose = MP_VERBOSE_SILENT;
         if (!CHECK(mp_model_fit(m, &fd) == MP_OK)) fprintf(stderr, "    %s\n", mp_model_error(m));

@@ -103,7 +103,7 @@ static int expect(mp_status got, mp_status want, const mp_model *m, const char *
 static float sx[NS * 4];
 static int32_t sl[NS];
 
-static mp_fit_desc fit_of(int batch, int epochs) { return silent_fit(sx, sl, NS, batch, epochs); }
+static mp_fit_desc fit_of(int batch, int epochs) { return silent_fit(sx, 4, sl, NS, batch, epochs); }
 static mp_compile_desc compile_of(mp_optimizer_kind opt, int amp) {
     mp_compile_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -261,9 +261,10 @@ static mp_status call_fit_new_batch(mp_model *m) {
 }
 static mp_status call_predict(mp_model *m) {
     static float out[NS * 3];
-    return mp_model_predict(m, sx, NS, NS, out);
+    mp_data d = data_xy(sx, 4, NULL, NS);
+    return mp_model_predict(m, &d, NS, out, NS * 3);
 }
-static mp_status call_forward(mp_model *m) { return mp_forward(m, sx, 12, 1); }
+static mp_status call_forward(mp_model *m) { return forward_rows(m, sx, 12, 1); }
 static mp_status call_numerics(mp_model *m) {
     mp_numerics_desc nd;
     memset(&nd, 0, sizeof nd);
@@ -488,7 +489,7 @@ static void test_split_near_2_24(void) {
     cd.loss = MP_MEAN_SQUARED_ERROR;
     cd.optimizer.kind = MP_SGD;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x, fd.data.y = y, fd.data.n = n;
+    fd.data = data_xt(x, 1, y, 1, n);
     fd.batch_size = 1 << 20, fd.verbose = MP_VERBOSE_SILENT, fd.no_shuffle = 1, fd.history = hist;
     if (CHECK(mp_model_create(&m, &md) == MP_OK) && OK(mp_model_add(m, mp_dense(1, MP_LINEAR)), m) &&
         OK(mp_model_compile(m, &cd), m) && OK(mp_model_fit(m, &fd), m))
@@ -524,12 +525,13 @@ static void test_windows_and_counts(void) {
         {
             mp_fit_desc fd;
             memset(&fd, 0, sizeof fd);
-            fd.data.x = x, fd.data.labels = lab, fd.data.n = 1, fd.batch_size = 1, fd.verbose = MP_VERBOSE_SILENT;
+            fd.data = data_xy(x, 28 * 28, lab, 1), fd.batch_size = 1, fd.verbose = MP_VERBOSE_SILENT;
             OK(mp_model_fit(m, &fd), m);
             /* n x features x 4 past SIZE_MAX: refused before a byte of x is read */
-            fd.data.n = SIZE_MAX / 784 + 1;
+            fd.data.x[0].n = fd.data.y.n = SIZE_MAX / 784 + 1;
             EXPECT(mp_model_fit(m, &fd), MP_ERR_SIZE, m, "SIZE_MAX");
-            EXPECT(mp_model_predict(m, x, SIZE_MAX / 1000, 1, out), MP_ERR_SIZE, m, "SIZE_MAX");
+            fd.data.x[0].n = SIZE_MAX / 1000;
+            EXPECT(mp_model_predict(m, &fd.data, 1, out, 8), MP_ERR_SIZE, m, "SIZE_MAX");
         }
         mp_model_destroy(m);
     }
@@ -586,15 +588,15 @@ static void test_nonfinite_targets(void) {
             for (j = 0; j < NS * 3; j++) y[j] = j % 3 == 0 ? 1.0f : 0.0f;
             y[7 * 3 + 1] = i ? INFINITY : NAN;
             cd.loss = losses[l];
-            fd.data.labels = NULL, fd.data.y = y;
+            fd.data.y = mp_rows(y, NS, 3);
             must(mp_model_compile(m, &cd), m, "compile");
             {
                 float w0[67], w1[67];
                 CHECK(mp_model_param_count(m) == 67 && mp_model_get_weights(m, w0, 67) == MP_OK);
                 EXPECT(mp_model_fit(m, &fd), MP_ERR_NONFINITE, m, "y: sample 7, output 1");
                 EXPECT(mp_model_evaluate(m, &fd.data, 4, &logs), MP_ERR_NONFINITE, m, "y: sample");
-                OK(mp_forward(m, sx, NS, 1), m);
-                EXPECT(mp_compute_loss(m, NULL, y, &loss, NULL), MP_ERR_NONFINITE, m, "y: sample 7");
+                OK(forward_rows(m, sx, NS, 1), m);
+                EXPECT(loss_rows(m, NULL, y, NS, &loss, NULL), MP_ERR_NONFINITE, m, "y: sample 7");
                 CHECK(mp_model_get_weights(m, w1, 67) == MP_OK && memcmp(w0, w1, sizeof w0) == 0); /* no weight moved */
             }
             mp_model_destroy(m);
@@ -629,13 +631,13 @@ static void test_nonfinite_wide_x(void) {
     must(mp_model_add(m, mp_dense(8, MP_RELU)), m, "add");
     must(mp_model_add(m, mp_dense(3, MP_SOFTMAX)), m, "add");
     must(mp_model_compile(m, &cd), m, "compile");
-    fd = silent_fit(x, labels, N, 20000, 1);
-    OK(mp_forward(m, x, 8, 1), m);
+    fd = silent_fit(x, 4, labels, N, 20000, 1);
+    OK(forward_rows(m, x, 8, 1), m);
     CHECK(mp_model_get_weights(m, w0, 67) == MP_OK);
     for (b = 0; b < 2; b++) {
         x[bad[b].at] = bad[b].v; /* b = 1: the NaN of b = 0 stays, after it */
-        EXPECT(mp_forward(m, x, N, 1), MP_ERR_NONFINITE, m, bad[b].says);
-        EXPECT(mp_model_predict(m, x, N, 4096, out), MP_ERR_NONFINITE, m, bad[b].says);
+        EXPECT(forward_rows(m, x, N, 1), MP_ERR_NONFINITE, m, bad[b].says);
+        EXPECT(mp_model_predict(m, &fd.data, 4096, out, N * 3), MP_ERR_NONFINITE, m, bad[b].says);
         EXPECT(mp_model_fit(m, &fd), MP_ERR_NONFINITE, m, bad[b].says);
     }
     CHECK(mp_model_get_weights(m, w1, 67) == MP_OK && memcmp(w0, w1, sizeof w0) == 0);
@@ -859,8 +861,8 @@ static void test_out_params(void) {
     UNTOUCHED(dims, mp_idx_parse(idx, sizeof idx, &rank, dims, &data));
     UNTOUCHED(data, mp_idx_parse(idx, sizeof idx, &rank, dims, &data));
     UNTOUCHED(pool, mp_pool_create(&pool, -3));
-    UNTOUCHED(loss, mp_compute_loss(m, sl, NULL, &loss, &correct));
-    UNTOUCHED(correct, mp_compute_loss(c, NULL, NULL, &loss, &correct));
+    UNTOUCHED(loss, loss_rows(m, sl, NULL, NS, &loss, &correct));
+    UNTOUCHED(correct, loss_rows(c, NULL, NULL, NS, &loss, &correct));
     UNTOUCHED(applied, mp_apply_gradients(c, &applied));
     UNTOUCHED(issues, mp_model_tensor_core_advice(c, -1, buf, sizeof buf, &issues));
     UNTOUCHED(issues, mp_model_tensor_core_advice(c, 8, NULL, sizeof buf, &issues));
@@ -869,7 +871,8 @@ static void test_out_params(void) {
     UNTOUCHED(w, mp_model_get_weights(c, w, 4));
     UNTOUCHED(w, mp_get_gradients(m, w, 4));
     UNTOUCHED(w, mp_get_optimizer_slots(c, w, 4));
-    UNTOUCHED(big, mp_model_predict(c, sx, 4, 0, big));
+    d = data_xy(sx, 4, NULL, 4);
+    UNTOUCHED(big, mp_model_predict(c, &d, -1, big, 200));
     UNTOUCHED(len, mp_model_export_weights_to_memory(c, (mp_dtype)7, NULL, 0, &len));
     UNTOUCHED(buf, mp_model_save_to_memory(c, buf, sizeof buf, &len)); /* *len gets the size needed */
     none = (mp_model *)&d;

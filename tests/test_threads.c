@@ -123,7 +123,7 @@ static mp_model *new_job_model(job *j) {
 
 static void training(job *j) {
     char path[256];
-    mp_fit_desc fd = silent_fit(in_x, in_labels, SAMPLES, 32, 2);
+    mp_fit_desc fd = silent_fit(in_x, FEATURES, in_labels, SAMPLES, 32, 2);
     mp_model *m = new_job_model(j), *back = NULL;
     if (!m) return;
     j->params = mp_model_param_count(m);

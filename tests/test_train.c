@@ -154,8 +154,8 @@ static const float *targets_of(const batch *b) {
 /* The training-mode loss at the model's current weights; NaN on failure. */
 static float loss_of(mp_model *m, const batch *b) {
     float loss = NAN;
-    if (mp_forward(m, b->x, b->n, 1) != MP_OK) return NAN;
-    if (mp_compute_loss(m, labels_of(b), targets_of(b), &loss, NULL) != MP_OK) return NAN;
+    if (forward_rows(m, b->x, b->n, 1) != MP_OK) return NAN;
+    if (loss_rows(m, labels_of(b), targets_of(b), b->n, &loss, NULL) != MP_OK) return NAN;
     return loss;
 }
 
@@ -163,8 +163,8 @@ static float loss_of(mp_model *m, const batch *b) {
    without apply_gradients). */
 static int gradients(mp_model *m, const batch *b, float *g, size_t n, float *loss) {
     float l;
-    return OK(mp_forward(m, b->x, b->n, 1), m) &&
-           OK(mp_compute_loss(m, labels_of(b), targets_of(b), loss ? loss : &l, NULL), m) &&
+    return OK(forward_rows(m, b->x, b->n, 1), m) &&
+           OK(loss_rows(m, labels_of(b), targets_of(b), b->n, loss ? loss : &l, NULL), m) &&
            OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
            OK(mp_get_gradients(m, g, n), m);
 }
@@ -261,7 +261,7 @@ static float *prefix_output(const fd_case *c, int k, const float *w, const float
     ok = mp_model_create(&p, &md) == MP_OK;
     for (i = 0; ok && i < k; i++) ok = mp_model_add(p, layers[i]) == MP_OK;
     ok = ok && mp_model_set_weights(p, w, mp_model_param_count(p)) == MP_OK &&
-         mp_forward(p, x, c->batch, 1) == MP_OK && mp_output(p, &t) == MP_OK;
+         forward_rows(p, x, c->batch, 1) == MP_OK && mp_output(p, &t) == MP_OK;
     if (ok) {
         *count = mp_tensor_count(&t);
         *shape = t;
@@ -494,7 +494,7 @@ static void test_dropout_mask(void) {
     fill(y, B * U, -1.0f, 1.0f);
     for (b = 0; b < B; b++)
         for (j = 0; j < U; j++) pre[b * U + j] = x[b] * w[j] + w[U + j];
-    if (!OK(mp_model_set_weights(m, w, 2 * U), m) || !OK(mp_forward(m, x, B, 1), m) ||
+    if (!OK(mp_model_set_weights(m, w, 2 * U), m) || !OK(forward_rows(m, x, B, 1), m) ||
         !(out = output_f32(m, &count, NULL)) || !CHECK(count == B * U))
         goto out;
     for (b = 0; b < B * U; b++) {
@@ -512,7 +512,7 @@ static void test_dropout_mask(void) {
     }
     check_all(bad, "Dropout(0.5): kept outputs are 2x their input", detail, __LINE__);
     CHECK(kept >= B * U * 35 / 100 && kept <= B * U * 65 / 100); /* 256 +- 5.7 sigma */
-    if (OK(mp_compute_loss(m, NULL, y, &loss, NULL), m)) CHECK_NEAR(loss, want_loss, 1e-5, 1e-7);
+    if (OK(loss_rows(m, NULL, y, B, &loss, NULL), m)) CHECK_NEAR(loss, want_loss, 1e-5, 1e-7);
     if (OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
         OK(mp_get_gradients(m, g, 2 * U), m)) {
         bad = 0;
@@ -524,11 +524,11 @@ static void test_dropout_mask(void) {
         }
         check_all(bad, "Dropout(0.5): backward applies the forward's mask and scale", detail, __LINE__);
     }
-    if (OK(mp_forward(m, x, B, 1), m) && (out2 = output_f32(m, &count2, NULL)) && CHECK(count2 == B * U)) {
+    if (OK(forward_rows(m, x, B, 1), m) && (out2 = output_f32(m, &count2, NULL)) && CHECK(count2 == B * U)) {
         for (b = 0; b < B * U; b++) differ += (out[b] == 0.0f) != (out2[b] == 0.0f);
         CHECK(differ > 0); /* a new mask every training call */
     }
-    if (OK(mp_forward(m, x, B, 0), m) && (out0 = output_f32(m, &count0, NULL)) && CHECK(count0 == B * U)) {
+    if (OK(forward_rows(m, x, B, 0), m) && (out0 = output_f32(m, &count0, NULL)) && CHECK(count0 == B * U)) {
         for (b = 0; b < B * U; b++) bad0 += !(fabsf(out0[b] - pre[b]) <= 1e-6f * pre[b]);
         check_all(bad0, "Dropout(0.5) at inference is the identity", "an output differs from its input",
                   __LINE__);
@@ -617,8 +617,8 @@ static void test_loss_values(void) {
         if (cases[i].loss == MP_BINARY_CROSSENTROPY && cases[i].units == 1) /* hard 0/1 targets */
             for (j = 0; j < 16; j++) b.y[j] = (float)(rng_next() & 1);
         if (compile(m, cases[i].loss, cases[i].from_logits, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
-            OK(mp_forward(m, b.x, b.n, 0), m) && (p = output_f32(m, &count, NULL)) &&
-            OK(mp_compute_loss(m, labels_of(&b), targets_of(&b), &loss, &correct), m)) {
+            OK(forward_rows(m, b.x, b.n, 0), m) && (p = output_f32(m, &count, NULL)) &&
+            OK(loss_rows(m, labels_of(&b), targets_of(&b), b.n, &loss, &correct), m)) {
             double want = keras_loss(cases[i].loss, cases[i].from_logits, p, b.labels, b.y, 16, cases[i].units,
                                      &want_correct);
             if (!CHECK_NEAR(loss, want, 1e-5, 1e-6)) fprintf(stderr, "    loss case %zu\n", i);
@@ -745,7 +745,7 @@ static void test_activation_values(void) {
         char detail[96] = "";
         if (!m) continue;
         for (j = 0; j < 7; j++) sum += exp(in[j]);
-        if (OK(mp_forward(m, in, 1, 0), m) && (out = output_f32(m, &count, NULL)) && CHECK(count == 7)) {
+        if (OK(forward_rows(m, in, 1, 0), m) && (out = output_f32(m, &count, NULL)) && CHECK(count == 7)) {
             for (j = 0; j < 7; j++) {
                 double x = in[j], want = act == MP_RELU      ? fmax(x, 0.0)
                                          : act == MP_SIGMOID ? 1.0 / (1.0 + exp(-x))
@@ -824,7 +824,7 @@ static void test_layer_values(void) {
     int b, j, oh = 0, ow = 0;
     fill(x, sizeof x / sizeof x[0], -1.0f, 1.0f);
     fill(k, sizeof k / sizeof k[0], -0.5f, 0.5f);
-    if (m && OK(mp_model_set_weights(m, k, 16), m) && OK(mp_forward(m, x, B, 0), m)) {
+    if (m && OK(mp_model_set_weights(m, k, 16), m) && OK(forward_rows(m, x, B, 0), m)) {
         for (b = 0; b < B; b++)
             for (j = 0; j < 4; j++)
                 want[b * 4 + j] = x[b * 3] * k[j] + x[b * 3 + 1] * k[4 + j] + x[b * 3 + 2] * k[8 + j] + k[12 + j];
@@ -843,12 +843,12 @@ static void test_layer_values(void) {
                     info.output_shape[1], info.output_shape[2], oh, ow, F);
         CHECK(mp_model_param_count(m) == (size_t)(convs[i].kh * convs[i].kw * C * F + F));
         if (OK(mp_model_set_weights(m, k, (size_t)(convs[i].kh * convs[i].kw * C * F + F)), m) &&
-            OK(mp_forward(m, x, B, 0), m))
+            OK(forward_rows(m, x, B, 0), m))
             check_output(m, want, (size_t)(B * oh * ow * F), "Conv2D as TensorFlow (NHWC, [kh, kw, cin, cout])");
         mp_model_destroy(m);
     }
     d = mp_max_pooling2d(2, 2);
-    if ((m = make_model("float32", pool_shape, &d, 1)) && OK(mp_forward(m, x, B, 0), m)) {
+    if ((m = make_model("float32", pool_shape, &d, 1)) && OK(forward_rows(m, x, B, 0), m)) {
         for (b = 0; b < B; b++)
             for (j = 0; j < 2 * 2 * C; j++) {
                 int i0 = j / (2 * C) * 2, j0 = j / C % 2 * 2, c = j % C, di;
@@ -860,7 +860,7 @@ static void test_layer_values(void) {
     }
     mp_model_destroy(m);
     d = mp_flatten();
-    if ((m = make_model("float32", flat_shape, &d, 1)) && OK(mp_forward(m, x, B, 0), m)) {
+    if ((m = make_model("float32", flat_shape, &d, 1)) && OK(forward_rows(m, x, B, 0), m)) {
         CHECK(OK(mp_model_layer_info(m, 0, &info), m) && info.rank == 1 && info.output_shape[0] == 12);
         check_output(m, x, B * 12, "Flatten keeps the row-major order");
     }
@@ -886,7 +886,7 @@ static void compare_forward(const char *policy, const char *what, const int *sha
     x = floats(B * mp_model_input_size(m32));
     fill(x, B * mp_model_input_size(m32), -1.0f, 1.0f);
     if (!OK(mp_model_get_weights(m32, w, n), m32) || !OK(mp_model_set_weights(m16, w, n), m16) ||
-        !OK(mp_forward(m32, x, B, 0), m32) || !OK(mp_forward(m16, x, B, 0), m16) ||
+        !OK(forward_rows(m32, x, B, 0), m32) || !OK(forward_rows(m16, x, B, 0), m16) ||
         !(a = output_f32(m16, &na, NULL)) || !(o = output_f32(m32, &no, NULL)) || !CHECK(na == no))
         goto out;
     for (i = 0; i < na; i++)
@@ -1037,7 +1037,7 @@ static void test_policy_at_add_time(void) {
     }
     CHECK(policy_is(mp_model_policy(m), "float32"));
     memset(&t, 0, sizeof t);
-    if (OK(mp_forward(m, x, 1, 0), m) && OK(mp_output(m, &t), m)) {
+    if (OK(forward_rows(m, x, 1, 0), m) && OK(mp_output(m, &t), m)) {
         CHECK(t.dtype == MP_FLOAT16);
         CHECK(t.rank == 2 && t.shape[0] == 1 && t.shape[1] == 2);
     }
@@ -1087,17 +1087,17 @@ static void test_compute_dtype_casts(void) {
     mo = make_model("mixed_float16", shape, layers, 2);
     memset(&t, 0, sizeof t);
     if (m16 && OK(mp_model_set_weights(m16, vv, 3), m16)) { /* weights cast */
-        if (OK(mp_forward(m16, one, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
+        if (OK(forward_rows(m16, one, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
             CHECK_EQ(((const mp_f16 *)t.data)[0].bits, 0x4202u);
     }
     if (m16 && OK(mp_model_set_weights(m16, one, 3), m16)) { /* inputs cast */
-        if (OK(mp_forward(m16, vv, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
+        if (OK(forward_rows(m16, vv, 1, 0), m16) && OK(mp_output(m16, &t), m16) && CHECK(t.dtype == MP_FLOAT16))
             CHECK_EQ(((const mp_f16 *)t.data)[0].bits, 0x4202u);
     }
-    if (m32 && OK(mp_model_set_weights(m32, vv, 3), m32) && OK(mp_forward(m32, one, 1, 0), m32) &&
+    if (m32 && OK(mp_model_set_weights(m32, vv, 3), m32) && OK(forward_rows(m32, one, 1, 0), m32) &&
         OK(mp_output(m32, &t), m32) && CHECK(t.dtype == MP_FLOAT32))
         CHECK(((const float *)t.data)[0] == 3.0f + 15.0f / 8192.0f);
-    if (mo && OK(mp_model_set_weights(mo, vv, 3), mo) && OK(mp_forward(mo, one, 1, 0), mo) &&
+    if (mo && OK(mp_model_set_weights(mo, vv, 3), mo) && OK(forward_rows(mo, one, 1, 0), mo) &&
         OK(mp_output(mo, &t), mo) && CHECK(t.dtype == MP_FLOAT32))
         CHECK(((const float *)t.data)[0] == 3.0f + 1.0f / 256.0f); /* the float16 sum, then float32 */
     mp_model_destroy(m16);
@@ -1128,8 +1128,8 @@ static void test_labels_not_cast(void) {
         size_t correct = 99;
         if (!m) continue;
         if (compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
-            OK(mp_model_set_weights(m, w, K), m) && OK(mp_forward(m, x, 2, 1), m) &&
-            OK(mp_compute_loss(m, labels, NULL, &loss, &correct), m)) {
+            OK(mp_model_set_weights(m, w, K), m) && OK(forward_rows(m, x, 2, 1), m) &&
+            OK(loss_rows(m, labels, NULL, 2, &loss, &correct), m)) {
             if (!CHECK_NEAR(loss, want, 1e-5, 0.0)) fprintf(stderr, "    policy %s\n", policies[p]);
             CHECK(correct == 0); /* the argmax is 2048: right only if 2049 became 2048 */
             /* d loss / d w_j = mean over the batch of (softmax_j - onehot_j) x */
@@ -1316,7 +1316,7 @@ static void test_loss_scale_wrapping(void) {
 static int train_step(mp_model *m, const float *x, const float *y, int n) {
     float loss;
     int applied = -1;
-    if (OK(mp_forward(m, x, n, 1), m) && OK(mp_compute_loss(m, NULL, y, &loss, NULL), m) &&
+    if (OK(forward_rows(m, x, n, 1), m) && OK(loss_rows(m, NULL, y, n, &loss, NULL), m) &&
         OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
         OK(mp_apply_gradients(m, &applied), m))
         return applied;
@@ -1437,13 +1437,13 @@ static void deferred_like_written(const char *policy, mp_optimizer_kind opt) {
     for (k = 0; k < 3; k++)
         if (!(m[k] = deferral_model(policy, opt, k == 2))) goto out;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x, fd.data.y = y, fd.data.n = STEPS * B;
+    fd.data = data_xt(x, IN, y, OUT, STEPS * B);
     fd.batch_size = B, fd.epochs = 1, fd.no_shuffle = 1, fd.verbose = MP_VERBOSE_SILENT;
     if (!OK(mp_model_fit(m[0], &fd), m[0])) goto out;
     for (k = 1; k < 3; k++)
         for (step = 0; step < STEPS; step++)
-            if (!(OK(mp_forward(m[k], x + step * B * IN, B, 1), m[k]) &&
-                  OK(mp_compute_loss(m[k], NULL, y + step * B * OUT, &loss, NULL), m[k]) &&
+            if (!(OK(forward_rows(m[k], x + step * B * IN, B, 1), m[k]) &&
+                  OK(loss_rows(m[k], NULL, y + step * B * OUT, B, &loss, NULL), m[k]) &&
                   OK(mp_compute_scaled_gradients(m[k]), m[k]) && OK(mp_get_unscaled_gradients(m[k]), m[k]) &&
                   OK(mp_apply_gradients(m[k], &applied), m[k])))
                 goto out;
@@ -1517,7 +1517,7 @@ static void train_blobs(const char *policy) {
     if (!compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_ADAM, 0.005f, MP_LOSS_SCALE_AUTO)) goto out;
     memset(hist, 0xFF, sizeof hist); /* NaN and all ones until fit fills them */
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+    fd.data = data_xy(x, 8, labels, N);
     fd.batch_size = BATCH, fd.epochs = EPOCHS, fd.validation_split = 0.2f, fd.verbose = MP_VERBOSE_SILENT;
     fd.history = hist;
     if (!OK(mp_model_fit(m, &fd), m)) goto out;
@@ -1537,9 +1537,9 @@ static void train_blobs(const char *policy) {
     if (strcmp(policy, "mixed_float16") == 0) CHECK(hist[EPOCHS - 1].loss_scale <= 32768.0f);
     else CHECK(hist[EPOCHS - 1].loss_scale == 1.0f && hist[EPOCHS - 1].skipped_steps == 0);
     memset(&test, 0, sizeof test);
-    test.x = xt, test.labels = lt, test.n = NT;
+    test = data_xy(xt, 8, lt, NT);
     memset(&ev, 0, sizeof ev);
-    if (OK(mp_model_evaluate(m, &test, 128, &ev), m) && OK(mp_model_predict(m, xt, NT, 128, probs), m)) {
+    if (OK(mp_model_evaluate(m, &test, 128, &ev), m) && OK(mp_model_predict(m, &test, 128, probs, NT * 4), m)) {
         size_t right = 0, i;
         int j;
         double loss = 0.0;
@@ -1588,7 +1588,7 @@ static void test_csv_log(void) {
     if (!(m = make_model("mixed_float16", shape, layers, 2))) goto out;
     if (!compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) goto out;
     memset(&fd, 0, sizeof fd);
-    fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+    fd.data = data_xy(x, 8, labels, N);
     fd.batch_size = BATCH, fd.epochs = EPOCHS, fd.validation_split = 0.2f, fd.verbose = MP_VERBOSE_SILENT;
     fd.history = hist;
     fd.csv_path = "/nonexistent-directory/log.csv";
@@ -1891,7 +1891,7 @@ static size_t forward_growth(const char *policy, const float *x, int batch) {
         mp_reset_peak_memory();
         before = mp_get_memory_info().current;
         CHECK(mp_model_memory_info(m, &before_mem) == MP_OK && before_mem.activations == 0);
-        if (OK(mp_forward(m, x, batch, 1), m) && CHECK(mp_model_memory_info(m, &after_mem) == MP_OK)) {
+        if (OK(forward_rows(m, x, batch, 1), m) && CHECK(mp_model_memory_info(m, &after_mem) == MP_OK)) {
             growth = mp_get_memory_info().peak - before - (after_mem.workspace - before_mem.workspace);
             CHECK(growth == after_mem.activations);
         }
@@ -1932,7 +1932,7 @@ static size_t narrow_workspace(const char *policy, const float *x, const float *
     shape[0] = inputs, shape[1] = 0;
     if (!(m = make_model(policy, shape, &layer, 1))) return 0;
     if (compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_NONE) &&
-        OK(mp_forward(m, x, 50, 1), m) && OK(mp_compute_loss(m, NULL, y, &loss, NULL), m) &&
+        OK(forward_rows(m, x, 50, 1), m) && OK(loss_rows(m, NULL, y, 50, &loss, NULL), m) &&
         OK(mp_compute_scaled_gradients(m), m) && CHECK(mp_model_memory_info(m, &mem) == MP_OK))
         bytes = mem.workspace;
     mp_model_destroy(m);
@@ -1985,11 +1985,11 @@ static void test_model_memory(void) {
     if ((m = make_model("mixed_float16", shape, layers, 5)) &&
         compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) {
         memset(&fd, 0, sizeof fd);
-        fd.data.x = x, fd.data.labels = labels, fd.data.n = N;
+        fd.data = data_xy(x, 25, labels, N); /* (5, 5, 1) images as rows of 25: a reshape */
         fd.batch_size = 32, fd.epochs = 2, fd.validation_split = 0.1f, fd.verbose = MP_VERBOSE_SILENT;
         OK(mp_model_fit(m, &fd), m);
         OK(mp_model_evaluate(m, &fd.data, 64, &ev), m);
-        OK(mp_model_predict(m, x, N, 64, p), m);
+        OK(mp_model_predict(m, &fd.data, 64, p, N * 3), m);
         CHECK(mp_get_memory_info().current > start);
     }
     mp_model_destroy(m);
@@ -2019,11 +2019,10 @@ static double fashion_accuracy(const char *policy, const mp_dataset *train, cons
     if (!(m = make_model(policy, shape, layers, 4))) return -1.0;
     if (compile(m, MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_RMSPROP, 0.0f, MP_LOSS_SCALE_AUTO)) {
         memset(&fd, 0, sizeof fd);
-        fd.data.x = train->x, fd.data.labels = train->labels;
-        fd.data.n = train->n < (size_t)TRAIN ? train->n : (size_t)TRAIN;
+        fd.data = mp_dataset_data(train);
+        if (train->n > (size_t)TRAIN) fd.data.x[0].n = fd.data.y.n = (size_t)TRAIN;
         fd.batch_size = 128, fd.epochs = EPOCHS, fd.verbose = MP_VERBOSE_SILENT;
-        memset(&td, 0, sizeof td);
-        td.x = test->x, td.labels = test->labels, td.n = test->n;
+        td = mp_dataset_data(test);
         if (OK(mp_model_fit(m, &fd), m) && OK(mp_model_evaluate(m, &td, 1000, &ev), m)) acc = ev.accuracy;
     }
     mp_model_destroy(m);

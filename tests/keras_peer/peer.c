@@ -40,7 +40,11 @@ static int run_mixprec(const peer_case *c, float *loss, float *g) {
     mp_layer_desc out = mp_activation_layer(strcmp(c->act, "softmax") == 0 ? MP_SOFTMAX : MP_SIGMOID);
     mp_model *m = NULL;
     size_t np = (size_t)(c->in + 1) * (size_t)c->units;
+    mp_data d;
     int ok;
+    memset(&d, 0, sizeof d);
+    d.x[0] = mp_rows(c->x, (size_t)c->n, c->in);
+    d.y = c->loss == 1 ? mp_labels(c->labels, (size_t)c->n) : mp_rows(c->y, (size_t)c->n, c->units);
     memset(&md, 0, sizeof md);
     md.input_shape[0] = c->in;
     memset(&cd, 0, sizeof cd);
@@ -51,8 +55,8 @@ static int run_mixprec(const peer_case *c, float *loss, float *g) {
     ok = mp_set_global_policy_name(c->policy) == MP_OK && mp_model_create(&m, &md) == MP_OK &&
          mp_model_add(m, mp_dense(c->units, c->layer ? MP_LINEAR : out.activation)) == MP_OK &&
          (!c->layer || mp_model_add(m, out) == MP_OK) && mp_model_compile(m, &cd) == MP_OK &&
-         mp_model_set_weights(m, c->w, np) == MP_OK && mp_forward(m, c->x, c->n, 1) == MP_OK &&
-         mp_compute_loss(m, c->loss == 1 ? c->labels : NULL, c->loss == 1 ? NULL : c->y, loss, NULL) == MP_OK &&
+         mp_model_set_weights(m, c->w, np) == MP_OK && mp_forward(m, &d, 1) == MP_OK &&
+         mp_compute_loss(m, &d.y, loss, NULL) == MP_OK &&
          mp_compute_scaled_gradients(m) == MP_OK && mp_get_unscaled_gradients(m) == MP_OK &&
          mp_get_gradients(m, g, np) == MP_OK;
     if (!CHECK(ok)) fprintf(stderr, "    %s: %s\n", c->name, m ? mp_model_error(m) : "no model");
