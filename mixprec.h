@@ -212,8 +212,13 @@ CONTENTS
     >>numbers: conversion    float32/float64 <-> float16/bfloat16, integer-only
     >>numbers: arithmetic    + - * / sqrt through float32, comparisons
     >>dtypes                 the dtype table
-    >>bulk casts             mp_convert's checks and dispatch
-    >>bulk casts: cast stats the scalar, AVX-512 and AVX2 rows that count as they cast
+    >>bulk casts             which row runs when (the table), mp__first_nonfinite
+    >>bulk casts: cast stats the thresholds the counts compare against
+    >>bulk casts: scalar     the portable rows and scan (mp_convert_portable)
+    >>bulk casts: simd       what the AVX-512 and AVX2 rows share: chunks, counts
+    >>bulk casts: avx512     16 float32 lanes, cast and counted in one pass
+    >>bulk casts: avx2       8 float32 lanes, two counts packed in each lane
+    >>bulk casts: dispatch   the rows' table (mp__rows), mp_convert's checks
     >>policies               policy names, the global policy
     >>memory                 the counted allocator; one block carved into tensors
     >>tensors                mp_tensor_alloc, ...
@@ -2044,19 +2049,42 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 
 /* >>bulk casts
    Every row goes through float32 lanes: widen the source exactly, narrow
-   once. The portable path works in blocks that stay in L1 (MP__BLOCK), so
-   that the optional stats and the cast read the source from memory once;
-   the AVX-512 and AVX2 rows, which count in the cast's own pass, take
-   larger ones. */
-#define MP__BLOCK 2048
+   once. A row casts n elements from one dtype to another and, given a
+   mp__scan, counts what the cast does (>>bulk casts: cast stats). Which
+   row runs when, as the table mp__rows and mp__rows_block (at the end of
+   the section) pick them for mp_convert, by the instruction sets the build
+   enables (MP__SIMD_AVX512 and MP__SIMD_X86, where the header includes
+   <immintrin.h>):
+
+       build                       a cast between two dtypes       a row of
+       --------------------------  ------------------------------  -------------
+       AVX-512 F, BW, VL; F16C     mp__row_X_to_Y_avx512           MP__Z_BLOCK
+       AVX2 and F16C               mp__row_X_to_Y_avx2 (its head   MP__X86_BLOCK
+                                   and tail by the scalar row)
+       neither; MIXPREC_NO_SIMD    mp__row_X_to_Y_scalar           MP__BLOCK
+       mp_convert_portable, any    mp__row_X_to_Y_scalar           MP__BLOCK
+
+   A cast to the same dtype is the scalar row's copy in every build. The
+   SIMD rows take half a block per call in a cast shorter than
+   MP__CAST_FAR elements (>>bulk casts: simd). The counts alone (the
+   numerics diagnostics' mp__scans) follow the same rule: mp__z_scan_*,
+   mp__x86_scan_*, mp__scan_*. The scalar path works in blocks that stay
+   in L1 (MP__BLOCK), so that the optional stats and the cast read the
+   source from memory once; the SIMD rows count in the cast's own pass and
+   take larger ones. Each variant's functions are static inline, named
+   `..._scalar`, `..._avx2` (mp__x86_*) and `..._avx512` (mp__z_*), and
+   take the dtypes as arguments that are constants wherever they are
+   inlined, so that each row compiles to its own loops. bench/convert.c
+   times every direction through each path. */
+enum { MP__BLOCK = 2048 };
 #define MP__F32_INF 0x7F800000u
 
 /* The index of the first Inf or NaN of x[0 .. n), or n: blocks of 64 tested
    without a branch (a loop compilers vectorise: an exponent of all ones
    is the one that carries into bit 31 when its lowest bit is added), then
    the block that has one. With a compare per element and a test per 16,
-   gcc kept each 16 on the stack: 2.7-3.9 ms for a batch of 8192 x 784
-   from memory, half the memory's read rate. */
+   gcc kept each 16 on the stack, and a batch from memory went at half the
+   memory's read rate. */
 static size_t mp__first_nonfinite(const float *x, size_t n) {
     size_t i = 0, k;
     for (; i + 64 <= n; i += 64) {
@@ -2104,94 +2132,109 @@ static uint32_t mp__load_bf16(const void *p, size_t i) { return mp__f32_bits_fro
 static void mp__store_f32(void *p, size_t i, uint32_t u) { ((float *)p)[i] = mp__f32_from_bits(u); }
 static void mp__store_f16(void *p, size_t i, uint32_t u) { ((mp_f16 *)p)[i].bits = mp__f16_from_f32_bits(u); }
 static void mp__store_bf16(void *p, size_t i, uint32_t u) { ((mp_bf16 *)p)[i].bits = mp__bf16_from_f32_bits(u); }
-typedef float mp__elem_f32;
-typedef mp_f16 mp__elem_f16;
-typedef mp_bf16 mp__elem_bf16;
+
+/* >>bulk casts: scalar
+   The float32 bits of element i of a dtype, and back. */
+MP__HOT uint32_t mp__load_bits(const void *p, mp_dtype t, size_t i) {
+    return t == MP_FLOAT32 ? mp__load_f32(p, i) : t == MP_FLOAT16 ? mp__load_f16(p, i) : mp__load_bf16(p, i);
+}
+MP__HOT void mp__store_bits(void *p, mp_dtype t, size_t i, uint32_t u) {
+    if (t == MP_FLOAT32) mp__store_f32(p, i, u);
+    else if (t == MP_FLOAT16) mp__store_f16(p, i, u);
+    else mp__store_bf16(p, i, u);
+}
+MP__HOT size_t mp__elem_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
 
 static uint32_t mp__in(uint32_t a, uint32_t lo, uint32_t hi) { return a - lo < hi - lo; } /* lo <= a < hi */
 
-/* The portable scan: local accumulators and mask selects, which compilers
+/* The scalar scan: local accumulators and mask selects, which compilers
    vectorise. */
-#define MP__PORTABLE_SCAN(SRC)                                                               \
-    static mp__scan mp__scan_##SRC(const void *src, size_t n, mp__ranges r) {               \
-        uint32_t nan = 0, inf = 0, under = 0, sub = 0, over = 0, hi = 0, lo = 0xFFFFFFFFu;   \
-        size_t i;                                                                            \
-        mp__scan s;                                                                          \
-        for (i = 0; i < n; i++) {                                                            \
-            uint32_t a = mp__load_##SRC(src, i) & 0x7FFFFFFFu;                               \
-            uint32_t finite_nonzero = 0u - mp__in(a, 1u, MP__F32_INF); /* all ones */        \
-            nan += a > MP__F32_INF;                                                          \
-            inf += a == MP__F32_INF;                                                         \
-            under += mp__in(a, 1u, r.sub_lo);                                                \
-            sub += mp__in(a, r.sub_lo, r.normal_lo);                                         \
-            over += mp__in(a, r.inf_lo, MP__F32_INF);                                        \
-            hi = (a & finite_nonzero) > hi ? a & finite_nonzero : hi;                        \
-            lo = (a | ~finite_nonzero) < lo ? a | ~finite_nonzero : lo;                      \
-        }                                                                                    \
-        s.nan = nan, s.inf = inf, s.underflow = under, s.subnormal = sub, s.overflow = over;  \
-        s.max_abs = hi, s.min_abs = lo;                                                      \
-        return s;                                                                            \
+MP__HOT mp__scan mp__scan_scalar(const void *src, mp_dtype from, size_t n, mp__ranges r) {
+    uint32_t nan = 0, inf = 0, under = 0, sub = 0, over = 0, hi = 0, lo = 0xFFFFFFFFu;
+    size_t i;
+    mp__scan s;
+    for (i = 0; i < n; i++) {
+        uint32_t a = mp__load_bits(src, from, i) & 0x7FFFFFFFu;
+        uint32_t finite_nonzero = 0u - mp__in(a, 1u, MP__F32_INF); /* all ones */
+        nan += a > MP__F32_INF;
+        inf += a == MP__F32_INF;
+        under += mp__in(a, 1u, r.sub_lo);
+        sub += mp__in(a, r.sub_lo, r.normal_lo);
+        over += mp__in(a, r.inf_lo, MP__F32_INF);
+        hi = (a & finite_nonzero) > hi ? a & finite_nonzero : hi;
+        lo = (a | ~finite_nonzero) < lo ? a | ~finite_nonzero : lo;
     }
-MP__PORTABLE_SCAN(f32)
-MP__PORTABLE_SCAN(f16)
-MP__PORTABLE_SCAN(bf16)
-#undef MP__PORTABLE_SCAN
+    s.nan = nan, s.inf = inf, s.underflow = under, s.subnormal = sub, s.overflow = over;
+    s.max_abs = hi, s.min_abs = lo;
+    return s;
+}
+static mp__scan mp__scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT32, n, r); }
+static mp__scan mp__scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT16, n, r); }
+static mp__scan mp__scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_BFLOAT16, n, r); }
+MP__HOT mp__scan mp__scan_by(mp_dtype from, const void *src, size_t n, mp__ranges r) {
+    return from == MP_FLOAT32 ? mp__scan_f32(src, n, r) : from == MP_FLOAT16 ? mp__scan_f16(src, n, r) : mp__scan_bf16(src, n, r);
+}
 
-/* Portable rows: classify first (dst may be src), then cast. A cast to the
-   same dtype is a copy, as in Keras: signalling NaNs pass unchanged. */
-#define MP__PORTABLE_ROW(SRC, DST)                                                           \
-    static void mp__row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                         mp__ranges r) {                                     \
-        size_t i;                                                                            \
-        if (scan) *scan = mp__scan_##SRC(src, n, r);                                         \
-        for (i = 0; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));             \
-    }
-#define MP__COPY_ROW(T)                                                                      \
-    static void mp__row_##T##_to_##T(void *dst, const void *src, size_t n, mp__scan *scan,   \
-                                     mp__ranges r) {                                         \
-        if (scan) *scan = mp__scan_##T(src, n, r);                                           \
-        memmove(dst, src, n * sizeof(mp__elem_##T));                                         \
-    }
-MP__COPY_ROW(f32)
-MP__COPY_ROW(f16)
-MP__COPY_ROW(bf16)
-MP__PORTABLE_ROW(f32, f16)
-MP__PORTABLE_ROW(f32, bf16)
-MP__PORTABLE_ROW(f16, f32)
-MP__PORTABLE_ROW(f16, bf16)
-MP__PORTABLE_ROW(bf16, f32)
-MP__PORTABLE_ROW(bf16, f16)
-#undef MP__PORTABLE_ROW
-#undef MP__COPY_ROW
-
+/* The scalar rows: classify first (dst may be src), then cast. A cast to
+   the same dtype is a copy, as in Keras: signalling NaNs pass unchanged. */
+MP__HOT void mp__row_scalar(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                            mp__ranges r) {
+    size_t i;
+    if (scan) *scan = mp__scan_by(from, src, n, r);
+    if (to == from) memmove(dst, src, n * mp__elem_size(to));
+    else for (i = 0; i < n; i++) mp__store_bits(dst, to, i, mp__load_bits(src, from, i));
+}
+static void mp__row_f32_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_f32_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f32_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_f16_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
 /* [dst][src], in mp_dtype order: float32, float16, bfloat16 */
-static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__row_f16_to_f32, mp__row_bf16_to_f32},
-    {mp__row_f32_to_f16, mp__row_f16_to_f16, mp__row_bf16_to_f16},
-    {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_bf16_to_bf16}};
+static const mp__row_fn mp__rows_scalar[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_scalar, mp__row_bf16_to_f32_scalar},
+    {mp__row_f32_to_f16_scalar, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_scalar},
+    {mp__row_f32_to_bf16_scalar, mp__row_f16_to_bf16_scalar, mp__row_bf16_to_bf16_scalar}};
 
 #ifdef MP__SIMD_X86
-/* >>bulk casts: what the SIMD rows share. Both count in the cast's own
+/* >>bulk casts: simd
+   What the AVX-512 and AVX2 rows share. Both count in the cast's own
    pass, with the same counts and thresholds, in vectors of their width. */
 
 /* A cast of MP__CAST_FAR elements or more (64 MiB of float32) goes in
    rows of its path's whole block, a shorter one in half blocks
-   (MP__ROWS_BLOCK), so that a row of a whole block knows it is part of a
+   (mp__rows_block), so that a row of a whole block knows it is part of a
    long cast, whose source comes from memory: such a row fetches its
    source MP__CAST_AHEAD bytes ahead of its loads (and the AVX-512 rows
    stream their stores). The hardware prefetchers alone left those casts
-   short of the memory's rate, the counted ones most: float32 to float16,
-   16M elements of wide data (an Intel Xeon, family 6 model 207), the
-   counts' cost over the cast from +30-58% to -7-+11% with AVX-512 and
-   from +34-68% to +3-11% with AVX2, and the plain casts as fast or faster
-   (bench/RESULTS.md, The casts). In a shorter cast the source is in
-   cache (1M elements ran at one speed either way) and the prefetches would
-   cost their instructions (AVX2, float32 to float16 in L1, clang 14: 20.4 to
-   17.7 Gelem/s). The address is formed as an integer: near the end it
-   lies past the source, where a prefetch does nothing. */
-#define MP__CAST_FAR ((size_t)1 << 24)
-#define MP__CAST_AHEAD 4096
-#define MP__ROWS_OF(n, block) ((n) >= MP__CAST_FAR ? (block) : (block) / 2)
+   short of the memory's rate, the counted ones most (bench/convert,
+   16M elements). In a shorter cast the
+   source is in cache and the prefetches would only cost their
+   instructions (bench/convert in L1). The address is formed as an
+   integer: near the end it lies past the source, where a prefetch does
+   nothing. */
+enum { MP__CAST_FAR = 1 << 24, MP__CAST_AHEAD = 4096 };
 MP__HOT void mp__cast_ahead(const void *p) { mp__prefetch((const void *)((uintptr_t)p + MP__CAST_AHEAD)); }
 
 /* How many of n elements of elem_size bytes come before dst's first
@@ -2205,11 +2248,11 @@ MP__HOT size_t mp__head(const void *dst, size_t elem_size, size_t n, size_t alig
 /* The bits set in a mask: POPCNT, which every AVX2 and AVX-512 CPU has
    (a build without -mpopcnt gets a slower sequence, the same count). The
    empty asm keeps each count in a general register: where the CPU has
-   AVX512_VPOPCNTDQ, clang 14's SLP vectorizer gathered four masks' bits
-   into a vector (vmovd, three vpinsrd) for one vpopcntd, and bfloat16 to
-   float16 with counts on wide data (every mask counted) cost +10% to +28%
-   over the plain cast from memory; with it, -4% to +1%, as gcc's code
-   (an Intel Xeon, family 6 model 207, bench/convert, three runs each). */
+   AVX512_VPOPCNTDQ, clang's SLP vectorizer gathered four masks' bits into
+   a vector (vmovd, three vpinsrd) for one vpopcntd, which made the counts
+   cost several times more over the plain cast from memory (bfloat16 to
+   float16, wide data, every mask counted); with it, clang's counts cost
+   what gcc's do (bench/convert). */
 #if defined(__GNUC__) || defined(__clang__)
 MP__HOT uint32_t mp__ones(uint32_t mask) {
     uint32_t ones = (uint32_t)__builtin_popcount(mask);
@@ -2242,47 +2285,11 @@ static uint32_t mp__specials(const mp__scan *s) { return s->underflow + s->subno
 
 /* The rows with counts take a chunk at a time, its bounds alone after a
    chunk with nothing to count (the rows below), and start that way. The
-   first chunk is short: where the data is full of values to count, it is
-   cast twice, bounds and then counts, and a first chunk of 4096 elements
-   would add a bounds pass to a whole cast of 4096 (AVX-512, float32 to
-   float16, wide data from L1, gcc 12, Intel Xeon: the counts' cost over
-   the cast +360% to +430% counting every element, +630% to +650% with a
-   first chunk of 4096, +400% to +460% with this one; typical data +400%
-   to +470% counting every element, +110% to +145% in chunks). */
-#define MP__STATS_PROBE 256
-
-/* That loop, one for both paths: rows of `step` elements, chunks of `len`
-   after the first. BOUNDS runs a chunk's steps to end_ with its bounds
-   alone (from fresh ones), CLEAN tells whether they show nothing to count
-   and MERGE adds them to the row's extremes; COUNTED and RECOUNTED, blocks
-   in braces, run them with the counts, storing and not (the chunk was
-   stored with its bounds), and COUNTS puts the row's counts so far into
-   *scan. In place
-   (dst == src) every chunk is counted as it is cast. */
-#define MP__STATS_CHUNKS(step, len, BOUNDS, CLEAN, MERGE, COUNTED, RECOUNTED, COUNTS)              \
-    {                                                                                            \
-        int count_ = dst == src;                                                                 \
-        uint32_t specials_ = 0, now_;                                                            \
-        size_t chunk_ = MP__STATS_PROBE;                                                         \
-        while (i + (step) <= n) {                                                                \
-            size_t start_ = i, end_ = n - i > chunk_ ? i + chunk_ : n;                           \
-            chunk_ = (len);                                                                      \
-            if (!count_) {                                                                       \
-                BOUNDS;                                                                          \
-                if (CLEAN) {                                                                     \
-                    MERGE;                                                                       \
-                    continue; /* nothing to count: the next chunk likewise */                    \
-                }                                                                                \
-                i = start_; /* counted again, from L1 */                                         \
-            }                                                                                    \
-            if (count_) COUNTED                                                                  \
-            else RECOUNTED                                                                       \
-            COUNTS(*scan);                                                                       \
-            now_ = mp__specials(scan);                                                           \
-            count_ = dst == src || now_ != specials_;                                            \
-            specials_ = now_;                                                                    \
-        }                                                                                        \
-    }
+   first chunk is short (MP__STATS_PROBE): where the data is full of values
+   to count, it is cast twice, bounds and then counts, and a first chunk as
+   long as the rest would add a whole bounds pass to a short cast, which
+   bench/convert shows for 4096 elements of wide data. */
+enum { MP__STATS_PROBE = 256 };
 
 /* The extremes as float32 bits from a row's lanes: top = max(a + bias) as
    signed (bias = 2^(W-1) - Inf puts every finite magnitude a in the
@@ -2305,15 +2312,6 @@ static void mp__extremes32(mp__scan *s, uint32_t top, uint32_t low_minus_1) {
 static const uint16_t mp__ranges16[2][MP_DTYPE_COUNT][3] = {
     {{0x0001, 0x0001, 0x7C00}, {0x0001, 0x0400, 0x7C00}, {0x0001, 0x0001, 0x7C00}},  /* float16 */
     {{0x0001, 0x0080, 0x7F80}, {0x3301, 0x3880, 0x4780}, {0x0001, 0x0080, 0x7F80}}}; /* bfloat16 */
-#define MP__INDEX16_f16 0
-#define MP__INDEX16_bf16 1
-#define MP__INF16_f16 0x7C00
-#define MP__INF16_bf16 0x7F80
-#define MP__NORMAL16_f16 0x0400
-#define MP__NORMAL16_bf16 0x0080
-#define MP__DTYPE_OF_f32 MP_FLOAT32
-#define MP__DTYPE_OF_f16 MP_FLOAT16
-#define MP__DTYPE_OF_bf16 MP_BFLOAT16
 
 /* A 16-bit dtype's Inf and least normal magnitude, its thresholds for a
    target (mp__ranges16) and its bits widened to float32's. */
@@ -2323,7 +2321,6 @@ MP__HOT const uint16_t *mp__ranges16_of(mp_dtype from, mp_dtype to) { return mp_
 MP__HOT uint32_t mp__widen16(mp_dtype t, uint16_t h) {
     return t == MP_FLOAT16 ? mp__f32_bits_from_f16(h) : mp__f32_bits_from_bf16(h);
 }
-MP__HOT size_t mp__elem_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
 
 /* What a pass over a row's whole vectors does besides the cast: nothing
    (PLAIN), take their bounds (BOUNDS), count them (COUNT), or count a
@@ -2461,7 +2458,7 @@ MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b, int stream) {
 }
 /* float16 results that stay in cache go out as each vcvtps2ph's own
    32-byte store, not joined into one 64-byte store first, as the AVX2
-   rows' do (mp__x86_put2_f16): the join is a shuffle on the port the
+   rows' do (mp__x86_put2): the join is a shuffle on the port the
    conversions use, and the plain cast from float32 ran faster without it
    in L1 and in L2 (bench/convert). A streamed line keeps its one store
    (write-combining). */
@@ -2885,13 +2882,9 @@ static void mp__row_bf16_to_f16_avx512(void *dst, const void *src, size_t n, mp_
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__row_f16_to_f32_avx512, mp__row_bf16_to_f32_avx512},
-    {mp__row_f32_to_f16_avx512, mp__row_f16_to_f16, mp__row_bf16_to_f16_avx512},
-    {mp__row_f32_to_bf16_avx512, mp__row_f16_to_bf16_avx512, mp__row_bf16_to_bf16}};
-#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, (size_t)MP__Z_BLOCK)
 #elif defined(MP__SIMD_X86)
-/* Eight float32 lanes a vector, or sixteen 16-bit ones, in one pass that
+/* >>bulk casts: avx2
+   Eight float32 lanes a vector, or sixteen 16-bit ones, in one pass that
    casts and counts, as the AVX-512 rows above do. vcvtps2ph with an
    explicit rounding immediate ignores MXCSR; its NaN and subnormal results
    are exactly the scalar ones (tests/test_numerics.c checks all 2^32
@@ -2908,6 +2901,9 @@ MP__HOT __m256 mp__x86_load_f16(const void *p, size_t i) {
 }
 MP__HOT __m256 mp__x86_load_bf16(const void *p, size_t i) {
     return mp__x86_widen_bf16(_mm_loadu_si128((const __m128i *)((const mp_bf16 *)p + i)));
+}
+MP__HOT __m256 mp__x86_load(const void *p, mp_dtype from, size_t i) {
+    return from == MP_FLOAT32 ? mp__x86_load_f32(p, i) : from == MP_FLOAT16 ? mp__x86_load_f16(p, i) : mp__x86_load_bf16(p, i);
 }
 
 /* bfloat16's rounding in 32-bit lanes, each at most 0xFFFF */
@@ -2926,10 +2922,10 @@ MP__HOT __m128i mp__x86_narrow_bf16(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 /* A pair of vectors' 16-bit results in one, a's in the low half. */
-MP__HOT __m256i mp__x86_narrow2_f16(__m256 a, __m256 b) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(mp__x86_narrow_f16(a)), mp__x86_narrow_f16(b), 1);
-}
-MP__HOT __m256i mp__x86_narrow2_bf16(__m256 a, __m256 b) { /* packus leaves a0 b0 a1 b1 (halves) */
+MP__HOT __m256i mp__x86_narrow2(__m256 a, __m256 b, mp_dtype to) {
+    if (to == MP_FLOAT16)
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(mp__x86_narrow_f16(a)), mp__x86_narrow_f16(b), 1);
+    /* packus leaves a0 b0 a1 b1 (halves) */
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(mp__x86_round_bf16(a), mp__x86_round_bf16(b)), 0xD8);
 }
 MP__HOT void mp__x86_store_f32(void *p, size_t i, __m256 v) { _mm256_storeu_ps((float *)p + i, v); }
@@ -2945,43 +2941,37 @@ MP__HOT void mp__x86_store(void *p, __m256i v, int stream) {
     if (stream) _mm256_stream_si256((__m256i *)p, v);
     else _mm256_storeu_si256((__m256i *)p, v);
 }
-/* A pair of vectors (16 elements) at i, stored in address order: on an
-   AMD EPYC (Zen 4, gcc 12, 4096 elements in L1) float16 to float32 took
-   0.099 ns an element with the second vector stored first, 0.061 this way.
-   float16 results leave in two 16-byte stores (bfloat16 to float16 in L1:
-   0.088 ns an element joined by vinserti128, 0.073 apart), but streamed
-   in one; bfloat16 ones in one, packed together (float32 to bfloat16:
-   0.132 apart, 0.123). */
-MP__HOT void mp__x86_put2_f32(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    mp__x86_store((float *)p + i, _mm256_castps_si256(a), stream);
-    mp__x86_store((float *)p + i + 8, _mm256_castps_si256(b), stream);
-}
-MP__HOT void mp__x86_put2_f16(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    if (stream) {
-        mp__x86_store((mp_f16 *)p + i, mp__x86_narrow2_f16(a, b), 1);
-    } else {
+/* A pair of vectors (16 elements) at i, stored in address order: the
+   second vector stored first ran slower. float16 results leave in two
+   16-byte stores (joined by vinserti128 they ran slower), but streamed in
+   one; bfloat16 ones in one, packed together, which ran faster than apart
+   (bench/convert, in L1). */
+MP__HOT void mp__x86_put2(void *p, mp_dtype to, size_t i, __m256 a, __m256 b, int stream) {
+    if (to == MP_FLOAT32) {
+        mp__x86_store((float *)p + i, _mm256_castps_si256(a), stream);
+        mp__x86_store((float *)p + i + 8, _mm256_castps_si256(b), stream);
+    } else if (to == MP_FLOAT16 && !stream) {
         mp__x86_store_f16(p, i, a);
         mp__x86_store_f16(p, i + 8, b);
+    } else {
+        mp__x86_store((uint16_t *)p + i, mp__x86_narrow2(a, b, to), stream);
     }
 }
-MP__HOT void mp__x86_put2_bf16(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    mp__x86_store((mp_bf16 *)p + i, mp__x86_narrow2_bf16(a, b), stream);
-}
 
-/* mp__x86_hsum, mp__x86_hmax, mp__x86_hmin: horizontal sum, signed max
-   and unsigned min of eight 32-bit lanes: fold 256 -> 128 -> 64 -> 32
-   bits. */
-#define MP__X86_HORIZONTAL(NAME, OP)                                                          \
-    static uint32_t NAME(__m256i v) {                                                         \
-        __m128i x = OP(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));            \
-        x = OP(x, _mm_shuffle_epi32(x, 0x4E));                                                \
-        return (uint32_t)_mm_cvtsi128_si32(OP(x, _mm_shuffle_epi32(x, 0xB1)));                \
-    }                                                                                         \
-    struct mp__semicolon
-MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32);
-MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epi32);
-MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32);
-#undef MP__X86_HORIZONTAL
+/* Horizontal sum, signed max and unsigned min of eight 32-bit lanes: fold
+   256 -> 128 -> 64 -> 32 bits. */
+enum { MP__FOLD_SUM, MP__FOLD_MAX, MP__FOLD_MINU };
+MP__HOT __m128i mp__x86_fold_op(__m128i a, __m128i b, int op) {
+    return op == MP__FOLD_SUM ? _mm_add_epi32(a, b) : op == MP__FOLD_MAX ? _mm_max_epi32(a, b) : _mm_min_epu32(a, b);
+}
+MP__HOT uint32_t mp__x86_fold(__m256i v, int op) {
+    __m128i x = mp__x86_fold_op(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), op);
+    x = mp__x86_fold_op(x, _mm_shuffle_epi32(x, 0x4E), op);
+    return (uint32_t)_mm_cvtsi128_si32(mp__x86_fold_op(x, _mm_shuffle_epi32(x, 0xB1), op));
+}
+static uint32_t mp__x86_hsum(__m256i v) { return mp__x86_fold(v, MP__FOLD_SUM); }
+static uint32_t mp__x86_hmax(__m256i v) { return mp__x86_fold(v, MP__FOLD_MAX); }
+static uint32_t mp__x86_hmin(__m256i v) { return mp__x86_fold(v, MP__FOLD_MINU); }
 /* The same over sixteen 16-bit lanes: the sum of counts below 2^15 (vpmaddwd
    adds pairs as signed), and the extremes by phminposuw, the unsigned min
    of eight lanes; x ^ 0x7FFF turns the signed order into the unsigned one
@@ -2995,17 +2985,6 @@ static uint32_t mp__x86_hmax16(__m256i v) {
     __m128i flip = _mm_set1_epi16(0x7FFF);
     __m128i x = _mm_xor_si128(_mm_max_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)), flip);
     return ((uint32_t)_mm_cvtsi128_si32(_mm_minpos_epu16(x)) ^ 0x7FFFu) & 0xFFFFu;
-}
-
-/* Adds a chunk's two fields of each lane (MP__X86_COUNT2, below) to n[0]
-   and n[1]. */
-static void mp__x86_fields16(__m256i p, uint32_t *n) {
-    n[0] += mp__x86_hsum16(_mm256_and_si256(p, _mm256_set1_epi16(0xFF)));
-    n[1] += mp__x86_hsum16(_mm256_srli_epi16(p, 8));
-}
-static void mp__x86_fields32(__m256i p, uint32_t *n) {
-    n[0] += mp__x86_hsum(_mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)));
-    n[1] += mp__x86_hsum(_mm256_srli_epi32(p, 16));
 }
 
 /* The sign bits set in a pair of vectors' 32-bit lanes. */
@@ -3022,138 +3001,178 @@ static void mp__scan_merge(mp__scan *s, const mp__scan *t) {
     if (t->min_abs < s->min_abs) s->min_abs = t->min_abs;
 }
 
-/* The counts as the AVX-512 rows take them (MP__Z_COUNT_LANES), in vector
-   lanes. AVX2 has 16 vector registers where AVX-512 has 32: with a count
-   a register, gcc 12 kept the extremes and a count on the stack, a chain
-   through memory every pair (bfloat16 to float16: 0.25 ns an element in
-   L1, against 0.07 for the plain cast). So each W-bit lane of a count
-   holds two counts of W/2 bits, the second shifted up (a compare's lanes
-   are -1 where it holds: subtracted, they add 1, or 1 << W/2), and a
-   chunk of at most MP__X86_CHUNK pairs is added to the totals in general
-   registers before any field can carry. W-bit magnitudes (W = 32: float32
-   bits; 16: float16 or bfloat16 bits) lie below 2^(W-1), so AVX2's signed
-   compares order them: a >= t is a > t - 1. Named locals, as there. */
-#define MP__X86_CHUNK 255
-#define MP__X86_COUNT2(p, W, low, high) _mm256_sub_epi##W(_mm256_sub_epi##W(p, low), _mm256_slli_epi##W(high, W / 2))
-#define MP__X86_COUNT_VARS                                                                      \
-    __m256i p0, p1, p2, hi = bias, lo = minus_one, a_, b_, m_;                                  \
-    uint32_t n_[6] = {0, 0, 0, 0, 0, 0}
-#define MP__X86_CHUNK_BEGIN (p0 = p1 = p2 = _mm256_setzero_si256())
-#define MP__X86_CHUNK_END(W) (mp__x86_fields##W(p0, n_), mp__x86_fields##W(p1, n_ + 2), mp__x86_fields##W(p2, n_ + 4))
-/* The lanes with a >= 1, t1 | t2, t3 | Inf, > Inf: n_[0] ... n_[5] */
-#define MP__X86_COUNT_LANES(W, bits)                                                            \
-    (a_ = _mm256_and_si256(bits, abs_mask),                                                     \
-     p0 = under_ || sub_ ? MP__X86_COUNT2(p0, W, under_ ? _mm256_cmpgt_epi##W(a_, zero) : zero, \
-                                          _mm256_cmpgt_epi##W(a_, t1)) : p0,                    \
-     b_ = _mm256_add_epi##W(a_, bias), hi = _mm256_max_epi##W(hi, b_),                          \
-     p1 = sub_ || over_ ? MP__X86_COUNT2(p1, W, sub_ ? _mm256_cmpgt_epi##W(a_, t2) : zero,      \
-                                         over_ ? _mm256_cmpgt_epi##W(a_, t3) : zero) : p1,      \
-     m_ = _mm256_srai_epi##W(b_, W - 1), /* a >= Inf: a + bias is negative */                   \
-     p2 = MP__X86_COUNT2(p2, W, m_, _mm256_cmpgt_epi##W(a_, inf)),                                   \
-     lo = _mm256_min_epu##W(lo, _mm256_add_epi##W(a_, minus_one)))
-/* A chunk's bounds alone, top_ = max a and low_ = min(a - 1) (zero wraps
-   to the top), for the rows' uncounted chunks (below). */
-#define MP__X86_BOUNDS(W, bits)                                                                 \
-    (a_ = _mm256_and_si256(bits, abs_mask), top_ = _mm256_max_epi##W(top_, a_),                 \
-     low_ = _mm256_min_epu##W(low_, _mm256_add_epi##W(a_, minus_one)))
-/* A clean chunk's bounds into the row's extremes: its top is finite. */
-#define MP__X86_MERGE(W)                                                                        \
-    (lo = _mm256_min_epu##W(lo, low_), hi = _mm256_max_epi##W(hi, _mm256_add_epi##W(top_, bias)))
-/* float32 lanes against a target's thresholds: the scans */
-#define MP__X86_COUNT_BEGIN                                                                     \
-    const int under_ = 1, sub_ = 1, over_ = 1;                                                  \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  t1 = _mm256_set1_epi32((int)r.sub_lo - 1), t2 = _mm256_set1_epi32((int)r.normal_lo - 1), \
-                  t3 = _mm256_set1_epi32((int)r.inf_lo - 1), inf = _mm256_set1_epi32((int)MP__F32_INF), \
-                  abs_mask = _mm256_set1_epi32(0x7FFFFFFF),                                     \
-                  bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF));                   \
-    MP__X86_COUNT_VARS
-#define MP__X86_COUNT_END(s)                                                                    \
-    mp__range_counts(&(s), under_, sub_, over_, n_[0], n_[1], n_[2], n_[3], n_[4], n_[5]);      \
-    mp__extremes32(&(s), mp__x86_hmax(hi), mp__x86_hmin(lo))
-/* a 16-bit source's own bits (mp__ranges16) */
-#define MP__X86_COUNT16_BEGIN(SRC, DST)                                                         \
-    const uint16_t *u_ = mp__ranges16[MP__INDEX16_##SRC][MP__DTYPE_OF_##DST];                   \
-    const int under_ = u_[0] != 1, sub_ = u_[1] != u_[0], over_ = u_[2] != MP__INF16_##SRC;     \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  t1 = _mm256_set1_epi16((short)(u_[0] - 1)), t2 = _mm256_set1_epi16((short)(u_[1] - 1)), \
-                  t3 = _mm256_set1_epi16((short)(u_[2] - 1)), inf = _mm256_set1_epi16(MP__INF16_##SRC), \
-                  abs_mask = _mm256_set1_epi16(0x7FFF),                                         \
-                  bias = _mm256_set1_epi16((short)(0x8000 - MP__INF16_##SRC));                  \
-    MP__X86_COUNT_VARS
-#define MP__X86_COUNT16(x0, x1, h) MP__X86_COUNT_LANES(16, h)
-#define MP__X86_COUNT16_BOUNDS(x0, x1, h) MP__X86_BOUNDS(16, h)
-#define MP__X86_COUNT16_CLEAN (mp__x86_hmax16(top_) < u_[2] && mp__x86_hmin16(low_) >= u_[1] - 1u)
-#define MP__X86_COUNT16_MERGE MP__X86_MERGE(16)
-#define MP__X86_COUNT16_COUNTS(s) mp__range_counts(&(s), under_, sub_, over_, n_[0], n_[1], n_[2], n_[3], n_[4], n_[5])
-#define MP__X86_COUNT16_END(s, SRC)                                                             \
-    MP__X86_COUNT16_COUNTS(s);                                                                  \
-    mp__extremes16(&(s), mp__x86_hmax16(hi), mp__x86_hmin16(lo), MP__DTYPE_OF_##SRC)
-/* float32 to 16 bits: the source's zero and nonfinite lanes and the
-   results' classes, as the AVX-512 rows count them (MP__Z_NARROW_COUNT).
-   The source's lanes are the sign bits of a - 1 and a + bias, counted by
-   vmovmskps and POPCNT in general registers, which leaves p0 to the
-   compiler to drop (float32 to float16 in L2, wide data, gcc 12: 0.225 ns
-   an element packed into p0, 0.195 this way); n_[2] ... n_[5] are zero and
-   below-normal results, Inf or NaN results and NaN results. */
-#define MP__X86_NARROW_COUNT_BEGIN(SRC, DST)                                                    \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  abs_mask = _mm256_set1_epi32(0x7FFFFFFF),                                     \
-                  bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF)),                   \
-                  abs16 = _mm256_set1_epi16(0x7FFF), normal16 = _mm256_set1_epi16(MP__NORMAL16_##DST), \
-                  inf16 = _mm256_set1_epi16(MP__INF16_##DST), below_inf16 = _mm256_set1_epi16(MP__INF16_##DST - 1); \
-    __m256i c0_, c1_;                                                                           \
-    uint32_t zero_in_ = 0, nonfinite_in_ = 0;                                                   \
-    MP__X86_COUNT_VARS
-#define MP__X86_NARROW_SOURCE(x, b, c)                                                          \
-    (a_ = _mm256_and_si256(_mm256_castps_si256(x), abs_mask),                                   \
-     b = _mm256_add_epi32(a_, bias), hi = _mm256_max_epi32(hi, b),                              \
-     c = _mm256_add_epi32(a_, minus_one), lo = _mm256_min_epu32(lo, c))
-#define MP__X86_NARROW_COUNT(x0, x1, h)                                                         \
-    (MP__X86_NARROW_SOURCE(x0, b_, c0_), MP__X86_NARROW_SOURCE(x1, m_, c1_),                    \
-     zero_in_ += mp__x86_signs(c0_, c1_), nonfinite_in_ += mp__x86_signs(b_, m_),                 \
-     a_ = _mm256_and_si256(h, abs16),                                                           \
-     p1 = MP__X86_COUNT2(p1, 16, _mm256_cmpeq_epi16(a_, zero), _mm256_cmpgt_epi16(normal16, a_)),    \
-     p2 = MP__X86_COUNT2(p2, 16, _mm256_cmpgt_epi16(a_, below_inf16), _mm256_cmpgt_epi16(a_, inf16)))
-#define MP__X86_NARROW_COUNT_BOUNDS(x0, x1, h)                                                  \
-    (MP__X86_BOUNDS(32, _mm256_castps_si256(x0)), MP__X86_BOUNDS(32, _mm256_castps_si256(x1)))
-#define MP__X86_NARROW_COUNT_CLEAN (mp__x86_hmax(top_) < r.inf_lo && mp__x86_hmin(low_) >= r.normal_lo - 1u)
-#define MP__X86_NARROW_COUNT_MERGE MP__X86_MERGE(32)
-#define MP__X86_NARROW_COUNT_COUNTS(s)                                                          \
-    mp__narrow_counts(&(s), zero_in_, nonfinite_in_, n_[2], n_[3], n_[4], n_[5])
-#define MP__X86_NARROW_COUNT_END(s, SRC)                                                        \
-    MP__X86_NARROW_COUNT_COUNTS(s);                                                             \
-    mp__extremes32(&(s), mp__x86_hmax(hi), mp__x86_hmin(lo))
+/* Lane-width-generic operations on W-bit lanes (w = 32 or 16), as the
+   AVX-512 rows' mp__z_add and the rest. */
+MP__HOT __m256i mp__x86_set(uint32_t x, int w) { return w == 32 ? _mm256_set1_epi32((int)x) : _mm256_set1_epi16((short)x); }
+MP__HOT __m256i mp__x86_add(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_add_epi32(a, b) : _mm256_add_epi16(a, b); }
+MP__HOT __m256i mp__x86_gt(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_cmpgt_epi32(a, b) : _mm256_cmpgt_epi16(a, b); }
+MP__HOT __m256i mp__x86_max(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_max_epi32(a, b) : _mm256_max_epi16(a, b); }
+MP__HOT __m256i mp__x86_minu(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_min_epu32(a, b) : _mm256_min_epu16(a, b); }
+MP__HOT __m256i mp__x86_sign(__m256i a, int w) { return w == 32 ? _mm256_srai_epi32(a, 31) : _mm256_srai_epi16(a, 15); }
+/* Two counts in each W-bit lane, the second shifted up by W/2: a compare's
+   lanes are -1 where it holds, so subtracting adds 1, or 1 << W/2. */
+MP__HOT __m256i mp__x86_count2(__m256i p, __m256i low, __m256i high, int w) {
+    return w == 32 ? _mm256_sub_epi32(_mm256_sub_epi32(p, low), _mm256_slli_epi32(high, 16))
+                   : _mm256_sub_epi16(_mm256_sub_epi16(p, low), _mm256_slli_epi16(high, 8));
+}
 
-/* Counts alone: for the numerics diagnostics. */
-#define MP__X86_SCAN(SRC)                                                                       \
-    static mp__scan mp__x86_scan_##SRC(const void *src, size_t n, mp__ranges r) {               \
-        size_t i = 0;                                                                           \
-        mp__scan s, tail;                                                                       \
-        MP__X86_COUNT_BEGIN;                                                                    \
-        while (i + 8 <= n) {                                                                    \
-            size_t end = n - i > 8 * MP__X86_CHUNK ? i + 8 * MP__X86_CHUNK : n;                 \
-            MP__X86_CHUNK_BEGIN;                                                                \
-            for (; i + 8 <= end; i += 8) MP__X86_COUNT_LANES(32, _mm256_castps_si256(mp__x86_load_##SRC(src, i))); \
-            MP__X86_CHUNK_END(32);                                                              \
-        }                                                                                       \
-        MP__X86_COUNT_END(s);                                                                   \
-        tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                       \
-        mp__scan_merge(&s, &tail);                                                              \
-        return s;                                                                               \
+/* What an AVX2 row or scan counts as it goes: the counts of the AVX-512
+   rows (mp__z_tally), in vector lanes. AVX2 has 16 vector registers where
+   AVX-512 has 32: with a count a register, gcc kept the extremes and a
+   count on the stack, a chain through memory every pair, and the counted
+   cast ran at a fraction of the plain one's speed (bench/convert). So each
+   W-bit lane of p0, p1, p2 holds two counts of W/2 bits (mp__x86_count2),
+   and a chunk of at most MP__X86_CHUNK pairs is added to the totals n[]
+   in general registers (mp__x86_chunk_end) before any field can carry.
+   W-bit magnitudes (W = 32: float32 bits; 16: float16 or bfloat16 bits) lie
+   below 2^(W-1), so AVX2's signed compares order them: a >= t is
+   a > t - 1 (t1, t2, t3 hold t - 1). n[0] ... n[5]: the lanes with a >= 1,
+   t1 | t2, t3 | Inf, > Inf.
+
+   A float32 source narrowed: the source's zero and nonfinite lanes are the
+   sign bits of a - 1 and a + bias, counted by vmovmskps and POPCNT in
+   general registers (zero_in, nonfinite_in), which leaves p0 to the
+   compiler to drop and ran faster than packing them into p0
+   (bench/convert); n[2] ... n[5] are zero and below-normal results, Inf or
+   NaN results and NaN results. The extremes are hi = max(a + bias) and
+   lo = min(a - 1), as the AVX-512 range counts keep them; top and low a
+   chunk's bounds alone. As there, the fields are the row's locals once
+   the functions that take the tally are inlined (MP__HOT). */
+typedef struct mp__x86_tally {
+    __m256i zero, minus_one, abs, bias, t1, t2, t3, inf; /* W-bit lanes' constants */
+    __m256i abs16, normal16, inf16, below_inf16;         /* a float32 source's 16-bit results' */
+    __m256i p0, p1, p2, hi, lo, top, low;
+    uint32_t n[6];
+    uint32_t zero_in, nonfinite_in, normal_lo, inf_lo;
+    int under, sub, over;
+} mp__x86_tally;
+enum { MP__X86_CHUNK = 255 };
+
+MP__HOT void mp__x86_tally_ranges(mp__x86_tally *c, int w, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t inf) {
+    uint32_t sign = 1u << (w - 1);
+    c->under = t1 != 1u, c->sub = t2 != t1, c->over = t3 != inf;
+    c->zero = _mm256_setzero_si256(), c->minus_one = _mm256_set1_epi32(-1);
+    c->t1 = mp__x86_set(t1 - 1u, w), c->t2 = mp__x86_set(t2 - 1u, w), c->t3 = mp__x86_set(t3 - 1u, w);
+    c->inf = mp__x86_set(inf, w), c->abs = mp__x86_set(sign - 1u, w), c->bias = mp__x86_set(sign - inf, w);
+    c->hi = c->bias, c->lo = c->minus_one;
+    c->n[0] = c->n[1] = c->n[2] = c->n[3] = c->n[4] = c->n[5] = 0;
+    c->normal_lo = t2, c->inf_lo = t3;
+}
+MP__HOT void mp__x86_tally_begin(mp__x86_tally *c, mp_dtype from, mp_dtype to, mp__ranges r) {
+    const uint16_t *u = mp__ranges16_of(from, to);
+    if (from != MP_FLOAT32) {
+        mp__x86_tally_ranges(c, 16, u[0], u[1], u[2], mp__inf16(from));
+        return;
     }
-MP__X86_SCAN(f32)
-MP__X86_SCAN(f16)
-MP__X86_SCAN(bf16)
-#undef MP__X86_SCAN
+    c->zero = _mm256_setzero_si256(), c->minus_one = _mm256_set1_epi32(-1);
+    c->abs = _mm256_set1_epi32(0x7FFFFFFF), c->bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF));
+    c->abs16 = _mm256_set1_epi16(0x7FFF), c->normal16 = mp__x86_set(mp__normal16(to), 16);
+    c->inf16 = mp__x86_set(mp__inf16(to), 16), c->below_inf16 = mp__x86_set(mp__inf16(to) - 1u, 16);
+    c->hi = c->bias, c->lo = c->minus_one;
+    c->zero_in = c->nonfinite_in = 0;
+    c->n[0] = c->n[1] = c->n[2] = c->n[3] = c->n[4] = c->n[5] = 0;
+    c->normal_lo = r.normal_lo, c->inf_lo = r.inf_lo;
+}
+
+/* A chunk's packed counts: zeroed before it, added to n[] after it. */
+MP__HOT void mp__x86_chunk_begin(mp__x86_tally *c) { c->p0 = c->p1 = c->p2 = _mm256_setzero_si256(); }
+MP__HOT void mp__x86_fields(__m256i p, uint32_t *n, int w) {
+    if (w == 16) {
+        n[0] += mp__x86_hsum16(_mm256_and_si256(p, _mm256_set1_epi16(0xFF)));
+        n[1] += mp__x86_hsum16(_mm256_srli_epi16(p, 8));
+    } else {
+        n[0] += mp__x86_hsum(_mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)));
+        n[1] += mp__x86_hsum(_mm256_srli_epi32(p, 16));
+    }
+}
+MP__HOT void mp__x86_chunk_end(mp__x86_tally *c, int w) {
+    mp__x86_fields(c->p0, c->n, w), mp__x86_fields(c->p1, c->n + 2, w), mp__x86_fields(c->p2, c->n + 4, w);
+}
+
+/* The range counts and extremes of W-bit lanes. */
+MP__HOT void mp__x86_count_lanes(mp__x86_tally *c, __m256i bits, int w) {
+    __m256i a = _mm256_and_si256(bits, c->abs), b;
+    if (c->under || c->sub)
+        c->p0 = mp__x86_count2(c->p0, c->under ? mp__x86_gt(a, c->zero, w) : c->zero, mp__x86_gt(a, c->t1, w), w);
+    b = mp__x86_add(a, c->bias, w), c->hi = mp__x86_max(c->hi, b, w);
+    if (c->sub || c->over)
+        c->p1 = mp__x86_count2(c->p1, c->sub ? mp__x86_gt(a, c->t2, w) : c->zero,
+                               c->over ? mp__x86_gt(a, c->t3, w) : c->zero, w);
+    c->p2 = mp__x86_count2(c->p2, mp__x86_sign(b, w), mp__x86_gt(a, c->inf, w), w); /* a >= Inf: a + bias < 0 */
+    c->lo = mp__x86_minu(c->lo, mp__x86_add(a, c->minus_one, w), w);
+}
+/* A float32 source vector into the extremes: returns a + bias, and a - 1 in *below. */
+MP__HOT __m256i mp__x86_narrow_source(mp__x86_tally *c, __m256 x, __m256i *below) {
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(x), c->abs);
+    __m256i b = _mm256_add_epi32(a, c->bias);
+    c->hi = _mm256_max_epi32(c->hi, b);
+    *below = _mm256_add_epi32(a, c->minus_one), c->lo = _mm256_min_epu32(c->lo, *below);
+    return b;
+}
+MP__HOT void mp__x86_count_narrow(mp__x86_tally *c, __m256 x0, __m256 x1, __m256i h) {
+    __m256i z0, z1, b0 = mp__x86_narrow_source(c, x0, &z0), b1 = mp__x86_narrow_source(c, x1, &z1), a;
+    c->zero_in += mp__x86_signs(z0, z1), c->nonfinite_in += mp__x86_signs(b0, b1);
+    a = _mm256_and_si256(h, c->abs16);
+    c->p1 = mp__x86_count2(c->p1, _mm256_cmpeq_epi16(a, c->zero), _mm256_cmpgt_epi16(c->normal16, a), 16);
+    c->p2 = mp__x86_count2(c->p2, _mm256_cmpgt_epi16(a, c->below_inf16), _mm256_cmpgt_epi16(a, c->inf16), 16);
+}
+MP__HOT void mp__x86_bounds(mp__x86_tally *c, __m256i bits, int w) {
+    __m256i a = _mm256_and_si256(bits, c->abs);
+    c->top = mp__x86_max(c->top, a, w), c->low = mp__x86_minu(c->low, mp__x86_add(a, c->minus_one, w), w);
+}
+/* Whether a chunk's bounds show nothing to count; then they join the
+   row's extremes (the top is finite). W = 32 for a float32 source. */
+MP__HOT int mp__x86_clean(const mp__x86_tally *c, int w) {
+    if (w == 32) return mp__x86_hmax(c->top) < c->inf_lo && mp__x86_hmin(c->low) >= c->normal_lo - 1u;
+    return mp__x86_hmax16(c->top) < c->inf_lo && mp__x86_hmin16(c->low) >= c->normal_lo - 1u;
+}
+MP__HOT void mp__x86_merge(mp__x86_tally *c, int w) {
+    c->lo = mp__x86_minu(c->lo, c->low, w), c->hi = mp__x86_max(c->hi, mp__x86_add(c->top, c->bias, w), w);
+}
+
+/* Counts alone: for the numerics diagnostics (mp__scans); the last few
+   elements by the scalar scan. Every range is counted (r is not a
+   constant); one the target cannot reach counts 0. */
+MP__HOT mp__scan mp__scan_avx2(const void *src, mp_dtype from, size_t n, mp__ranges r) {
+    size_t i = 0;
+    mp__scan s, tail;
+    mp__x86_tally c;
+    mp__x86_tally_ranges(&c, 32, r.sub_lo, r.normal_lo, r.inf_lo, MP__F32_INF);
+    c.under = c.sub = c.over = 1;
+    while (i + 8 <= n) {
+        size_t end = n - i > 8 * MP__X86_CHUNK ? i + 8 * MP__X86_CHUNK : n;
+        mp__x86_chunk_begin(&c);
+        for (; i + 8 <= end; i += 8) mp__x86_count_lanes(&c, _mm256_castps_si256(mp__x86_load(src, from, i)), 32);
+        mp__x86_chunk_end(&c, 32);
+    }
+    mp__range_counts(&s, c.under, c.sub, c.over, c.n[0], c.n[1], c.n[2], c.n[3], c.n[4], c.n[5]);
+    mp__extremes32(&s, mp__x86_hmax(c.hi), mp__x86_hmin(c.lo));
+    tail = mp__scan_by(from, (const char *)src + i * mp__elem_size(from), n - i, r);
+    mp__scan_merge(&s, &tail);
+    return s;
+}
+static mp__scan mp__x86_scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT32, n, r); }
+static mp__scan mp__x86_scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT16, n, r); }
+static mp__scan mp__x86_scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_BFLOAT16, n, r); }
+
+/* A row's counts so far into *s, and at its end its counts and extremes. */
+MP__HOT void mp__x86_counts(const mp__x86_tally *c, mp_dtype from, mp__scan *s) {
+    if (from == MP_FLOAT32) mp__narrow_counts(s, c->zero_in, c->nonfinite_in, c->n[2], c->n[3], c->n[4], c->n[5]);
+    else mp__range_counts(s, c->under, c->sub, c->over, c->n[0], c->n[1], c->n[2], c->n[3], c->n[4], c->n[5]);
+}
+MP__HOT void mp__x86_tally_end(const mp__x86_tally *c, mp_dtype from, mp__scan *s) {
+    mp__x86_counts(c, from, s);
+    if (from == MP_FLOAT32) mp__extremes32(s, mp__x86_hmax(c->hi), mp__x86_hmin(c->lo));
+    else mp__extremes16(s, mp__x86_hmax16(c->hi), mp__x86_hmin16(c->lo), from);
+}
 
 /* The rows: whole pairs of vectors (16 elements), then the rest one at a
-   time by the portable row (mp__row_*, which counts them too). With
-   counts, a chunk at a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source,
-   in L1 or L2): a chunk after one with nothing to count is cast with its
-   bounds alone (four operations a vector); if they show a value the counts
-   would name, the chunk is counted again from cache, and the next ones as
-   they are cast, until a chunk has nothing to count. Most tensors have
+   time by the scalar row (which counts them too). With counts, a chunk at
+   a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source, in L1 or L2): a
+   chunk after one with nothing to count is cast with its bounds alone
+   (four operations a vector); if they show a value the counts would name,
+   the chunk is counted again from cache, and the next ones as they are
+   cast, until a chunk has nothing to count (mp__chunks). Most tensors have
    nothing to count and pay for the bounds; data full of underflows and
    overflows pays for the counts once. Every pair is loaded and counted
    before it is stored, so dst may be src (the same element size), where
@@ -3161,125 +3180,143 @@ MP__X86_SCAN(bf16)
    row of a long cast (far: MP__CAST_FAR) fetches its source ahead and,
    from the destination's first 32-byte boundary on, stores around the
    caches (vmovntdq), as the AVX-512 rows do, then sfence; the elements
-   before that boundary go one at a time, as the tail does. An AVX2 build
-   on an Intel Xeon (family 6 model 207), 16M elements: float16 to float32
-   from 1.5-1.8 to 2.9-3.8 Gelem/s (0.88-1.02 of a plain F16C loop before,
-   1.76-2.35 after), bfloat16 to float16 2.8-3.7 to 4.0-5.5. */
-#define MP__X86_BLOCK ((size_t)1 << 18) /* a row: few calls, and 32-bit counts hold it */
-#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__X86_BLOCK)
-#define MP__X86_NARROW_PAIR(SRC, DST, COUNT, far, store)                                        \
-    {                                                                                           \
-        __m256 x0 = mp__x86_load_f32(src, i), x1 = mp__x86_load_f32(src, i + 8);                \
-        __m256i h = mp__x86_narrow2_##DST(x0, x1);                                              \
-        if (far) mp__cast_ahead((const float *)src + i);                                        \
-        COUNT(x0, x1, h);                                                                       \
-        if (store) mp__x86_store((mp__elem_##DST *)dst + i, h, far);                            \
-    }
-#define MP__X86_PAIR16(SRC, DST, COUNT, far, store)                                             \
-    {                                                                                           \
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const mp__elem_##SRC *)src + i));     \
-        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
-        COUNT(0, 0, h);                                                                         \
-        if (store) mp__x86_put2_##DST(dst, i, mp__x86_load_##SRC(src, i), mp__x86_load_##SRC(src, i + 8), far); \
-    }
-/* The whole pairs, fetched ahead and streamed where far (a row of a long cast). */
-#define MP__X86_PLAIN(SRC, DST, far)                                                            \
-    for (; i + 16 <= n; i += 16) {                                                              \
-        __m256 x0 = mp__x86_load_##SRC(src, i), x1 = mp__x86_load_##SRC(src, i + 8);           \
-        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
-        mp__x86_put2_##DST(dst, i, x0, x1, far);                                                \
-    }
-#define MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, far)                                              \
-    MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                                    \
-                     (top_ = zero, low_ = minus_one);                                           \
-                     for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, far, 1),    \
-                     COUNT##_CLEAN, COUNT##_MERGE,                                              \
-                     { MP__X86_CHUNK_BEGIN;                                                     \
-                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 1)            \
-                       MP__X86_CHUNK_END(16); },                                                \
-                     { MP__X86_CHUNK_BEGIN;                                                     \
-                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 0)            \
-                       MP__X86_CHUNK_END(16); },                                                \
-                     COUNT##_COUNTS)
-#define MP__X86_ROW(SRC, DST, PAIR, COUNT)                                                      \
-    static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                             mp__ranges r) {                                    \
-        int far = n >= MP__X86_BLOCK;                                                           \
-        size_t i = far ? mp__head(dst, sizeof(mp__elem_##DST), n, 32) : 0;                      \
-        mp__scan part;                                                                          \
-        mp__row_##SRC##_to_##DST(dst, src, i, scan ? &part : NULL, r); /* the head */            \
-        if (!scan) {                                                                            \
-            if (far) MP__X86_PLAIN(SRC, DST, 1)                                                 \
-            else MP__X86_PLAIN(SRC, DST, 0)                                                     \
-        } else {                                                                                \
-            COUNT##_BEGIN(SRC, DST);                                                            \
-            __m256i top_, low_;                                                                 \
-            if (far) MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 1)                                   \
-            else MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 0)                                       \
-            COUNT##_END(*scan, SRC);                                                            \
-            mp__scan_merge(scan, &part);                                                        \
-        }                                                                                       \
-        if (far) _mm_sfence(); /* the streamed stores before any later one */                  \
-        mp__row_##SRC##_to_##DST((mp__elem_##DST *)dst + i, (const mp__elem_##SRC *)src + i, n - i, \
-                                 scan ? &part : NULL, r); /* the tail */                        \
-        if (scan) mp__scan_merge(scan, &part);                                                  \
-    }
-MP__X86_ROW(f32, f16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
-MP__X86_ROW(f32, bf16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
-MP__X86_ROW(f16, f32, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(f16, bf16, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(bf16, f32, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(bf16, f16, MP__X86_PAIR16, MP__X86_COUNT16)
-#undef MP__X86_ROW
-#undef MP__X86_PLAIN
-#undef MP__X86_CHUNKS
-#undef MP__X86_PAIR16
-#undef MP__X86_NARROW_PAIR
-#undef MP__X86_NARROW_COUNT_BEGIN
-#undef MP__X86_NARROW_SOURCE
-#undef MP__X86_NARROW_COUNT
-#undef MP__X86_NARROW_COUNT_END
-#undef MP__X86_COUNT16_BEGIN
-#undef MP__X86_COUNT16
-#undef MP__X86_COUNT16_END
-#undef MP__X86_COUNT_BEGIN
-#undef MP__X86_COUNT_END
-#undef MP__X86_COUNT_LANES
-#undef MP__X86_CHUNK_BEGIN
-#undef MP__X86_CHUNK_END
-#undef MP__X86_COUNT_VARS
-#undef MP__X86_COUNT2
-#undef MP__X86_BOUNDS
-#undef MP__X86_MERGE
-#undef MP__X86_COUNT16_MERGE
-#undef MP__X86_COUNT16_COUNTS
-#undef MP__X86_COUNT16_BOUNDS
-#undef MP__X86_COUNT16_CLEAN
-#undef MP__X86_NARROW_COUNT_MERGE
-#undef MP__X86_NARROW_COUNT_COUNTS
-#undef MP__X86_NARROW_COUNT_BOUNDS
-#undef MP__X86_NARROW_COUNT_CLEAN
+   before that boundary go one at a time, as the tail does. From memory
+   this ran well ahead of a plain F16C loop (bench/convert, 16M
+   elements). */
+enum { MP__X86_BLOCK = 1 << 18 }; /* a row: few calls, and 32-bit counts hold it */
 
+/* The whole pairs from i to end; returns where they stop. A 16-bit source
+   is counted on its 32 bytes at once and widened from two 16-byte loads. */
+MP__HOT size_t mp__x86_pairs(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t end, int pass,
+                             int far, mp__x86_tally *c) {
+    for (; i + 16 <= end; i += 16) {
+        const void *ahead = (const char *)src + i * mp__elem_size(from);
+        if (pass == MP__PASS_PLAIN) {
+            __m256 x0 = mp__x86_load(src, from, i), x1 = mp__x86_load(src, from, i + 8);
+            if (far) mp__cast_ahead(ahead);
+            mp__x86_put2(dst, to, i, x0, x1, far);
+        } else if (from == MP_FLOAT32) {
+            __m256 x0 = mp__x86_load_f32(src, i), x1 = mp__x86_load_f32(src, i + 8);
+            __m256i h = mp__x86_narrow2(x0, x1, to);
+            if (far) mp__cast_ahead(ahead);
+            if (pass == MP__PASS_BOUNDS)
+                mp__x86_bounds(c, _mm256_castps_si256(x0), 32), mp__x86_bounds(c, _mm256_castps_si256(x1), 32);
+            else
+                mp__x86_count_narrow(c, x0, x1, h);
+            if (pass != MP__PASS_RECOUNT) mp__x86_store((uint16_t *)dst + i, h, far);
+        } else {
+            __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i));
+            if (far) mp__cast_ahead(ahead);
+            if (pass == MP__PASS_BOUNDS) mp__x86_bounds(c, h, 16);
+            else mp__x86_count_lanes(c, h, 16);
+            if (pass != MP__PASS_RECOUNT)
+                mp__x86_put2(dst, to, i, mp__x86_load(src, from, i), mp__x86_load(src, from, i + 8), far);
+        }
+    }
+    return i;
+}
+/* The whole pairs with counts, a chunk at a time (mp__chunks). */
+MP__HOT size_t mp__x86_chunks(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int far,
+                              mp__x86_tally *c, mp__scan *scan) {
+    int w = from == MP_FLOAT32 ? 32 : 16; /* the source's lanes */
+    mp__chunks k;
+    mp__chunks_begin(&k, dst, src);
+    while (mp__chunks_next(&k, i, n, 16, 16 * MP__X86_CHUNK)) {
+        if (!k.count) {
+            c->top = c->zero, c->low = c->minus_one;
+            i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_BOUNDS, far, c);
+            if (mp__x86_clean(c, w)) {
+                mp__x86_merge(c, w);
+                continue; /* nothing to count: the next chunk likewise */
+            }
+            i = k.start; /* counted again, from cache */
+        }
+        mp__x86_chunk_begin(c);
+        if (k.count) i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_COUNT, far, c);
+        else i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_RECOUNT, far, c);
+        mp__x86_chunk_end(c, 16); /* the counts are in 16-bit lanes either way */
+        mp__x86_counts(c, from, scan);
+        mp__chunks_counted(&k, scan);
+    }
+    return i;
+}
+MP__HOT size_t mp__x86_whole(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int pass,
+                             int far, mp__x86_tally *c, mp__scan *scan) {
+    if (pass == MP__PASS_PLAIN) return mp__x86_pairs(dst, to, src, from, i, n, MP__PASS_PLAIN, far, c);
+    return mp__x86_chunks(dst, to, src, from, i, n, far, c, scan);
+}
+/* A row, plain (pass PLAIN) or counted (COUNT): its head and tail by the
+   scalar row. */
+MP__HOT void mp__x86_cast(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                          mp__ranges r, int pass) {
+    int far = n >= MP__X86_BLOCK;
+    size_t i = far ? mp__head(dst, mp__elem_size(to), n, 32) : 0;
+    mp__scan part;
+    mp__x86_tally c;
+    mp__rows_scalar[to][from](dst, src, i, scan ? &part : NULL, r); /* the head */
+    if (pass == MP__PASS_COUNT) mp__x86_tally_begin(&c, from, to, r);
+    if (far) i = mp__x86_whole(dst, to, src, from, i, n, pass, 1, &c, scan);
+    else i = mp__x86_whole(dst, to, src, from, i, n, pass, 0, &c, scan);
+    if (pass == MP__PASS_COUNT) {
+        mp__x86_tally_end(&c, from, scan);
+        mp__scan_merge(scan, &part);
+    }
+    if (far) _mm_sfence(); /* the streamed stores before any later one */
+    mp__rows_scalar[to][from]((char *)dst + i * mp__elem_size(to), (const char *)src + i * mp__elem_size(from), n - i,
+                              scan ? &part : NULL, r); /* the tail */
+    if (scan) mp__scan_merge(scan, &part);
+}
+MP__HOT void mp__row_avx2(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                          mp__ranges r) {
+    if (scan) mp__x86_cast(dst, to, src, from, n, scan, r, MP__PASS_COUNT);
+    else mp__x86_cast(dst, to, src, from, n, scan, r, MP__PASS_PLAIN);
+}
+static void mp__row_f32_to_f16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f32_to_bf16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_BFLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f32_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT32, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_f16_to_bf16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_BFLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f32_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT32, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
+#endif
+
+/* >>bulk casts: dispatch (the table at the head of the section). [dst][src]. */
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
-    {mp__x86_row_f32_to_f16, mp__row_f16_to_f16, mp__x86_row_bf16_to_f16},
-    {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_bf16_to_bf16}};
+#if defined(MP__SIMD_AVX512)
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_avx512, mp__row_bf16_to_f32_avx512},
+    {mp__row_f32_to_f16_avx512, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_avx512},
+    {mp__row_f32_to_bf16_avx512, mp__row_f16_to_bf16_avx512, mp__row_bf16_to_bf16_scalar}};
+#elif defined(MP__SIMD_X86)
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_avx2, mp__row_bf16_to_f32_avx2},
+    {mp__row_f32_to_f16_avx2, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_avx2},
+    {mp__row_f32_to_bf16_avx2, mp__row_f16_to_bf16_avx2, mp__row_bf16_to_bf16_scalar}};
 #else
-#define mp__rows mp__portable_rows
-#define MP__ROWS_BLOCK(n) MP__BLOCK
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_scalar, mp__row_bf16_to_f32_scalar},
+    {mp__row_f32_to_f16_scalar, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_scalar},
+    {mp__row_f32_to_bf16_scalar, mp__row_f16_to_bf16_scalar, mp__row_bf16_to_bf16_scalar}};
 #endif
-#ifdef MP__SIMD_X86
-#undef MP__INDEX16_f16
-#undef MP__INDEX16_bf16
-#undef MP__INF16_f16
-#undef MP__INF16_bf16
-#undef MP__NORMAL16_f16
-#undef MP__NORMAL16_bf16
-#undef MP__DTYPE_OF_f32
-#undef MP__DTYPE_OF_f16
-#undef MP__DTYPE_OF_bf16
-#undef MP__STATS_CHUNKS
+/* How many elements mp_convert hands a row at a time. */
+static size_t mp__rows_block(size_t n) {
+#if defined(MP__SIMD_AVX512)
+    return n >= MP__CAST_FAR ? MP__Z_BLOCK : MP__Z_BLOCK / 2;
+#elif defined(MP__SIMD_X86)
+    return n >= MP__CAST_FAR ? MP__X86_BLOCK : MP__X86_BLOCK / 2;
+#else
+    (void)n;
+    return MP__BLOCK;
 #endif
+}
 
 static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {
     st->count += n;
@@ -3323,12 +3360,12 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
 
 MIXPREC_API mp_status mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                                  size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__rows, MP__ROWS_BLOCK(n), dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows, mp__rows_block(n), dst, dst_type, src, src_type, n, stats);
 }
 
 MIXPREC_API mp_status mp_convert_portable(void *dst, mp_dtype dst_type, const void *src,
                                           mp_dtype src_type, size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__portable_rows, MP__BLOCK, dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows_scalar, MP__BLOCK, dst, dst_type, src, src_type, n, stats);
 }
 
 /* >>policies */
