@@ -2249,10 +2249,10 @@ MP__HOT size_t mp__head(const void *dst, size_t elem_size, size_t n, size_t alig
    (a build without -mpopcnt gets a slower sequence, the same count). The
    empty asm keeps each count in a general register: where the CPU has
    AVX512_VPOPCNTDQ, clang's SLP vectorizer gathered four masks' bits into
-   a vector (vmovd, three vpinsrd) for one vpopcntd, which made the counts
-   cost several times more over the plain cast from memory (bfloat16 to
-   float16, wide data, every mask counted); with it, clang's counts cost
-   what gcc's do (bench/convert). */
+   a vector (vmovd, three vpinsrd) for one vpopcntd, and its counted cast
+   ran slower than gcc's from memory (bfloat16 to float16, wide data, every
+   mask counted); with it, clang's counts cost what gcc's do
+   (bench/convert). */
 #if defined(__GNUC__) || defined(__clang__)
 MP__HOT uint32_t mp__ones(uint32_t mask) {
     uint32_t ones = (uint32_t)__builtin_popcount(mask);
