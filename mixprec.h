@@ -227,8 +227,13 @@ CONTENTS
     >>numbers: conversion    float32/float64 <-> float16/bfloat16, integer-only
     >>numbers: arithmetic    + - * / sqrt through float32, comparisons
     >>dtypes                 the dtype table (int32's row past the float dtypes')
-    >>bulk casts             mp_convert's checks and dispatch
-    >>bulk casts: cast stats the scalar, AVX-512 and AVX2 rows that count as they cast
+    >>bulk casts             which row runs when (the table), mp__first_nonfinite
+    >>bulk casts: cast stats the thresholds the counts compare against
+    >>bulk casts: scalar     the portable rows and scan (mp_convert_portable)
+    >>bulk casts: simd       what the AVX-512 and AVX2 rows share: chunks, counts
+    >>bulk casts: avx512     16 float32 lanes, cast and counted in one pass
+    >>bulk casts: avx2       8 float32 lanes, two counts packed in each lane
+    >>bulk casts: dispatch   the rows' table (mp__rows), mp_convert's checks
     >>policies               policy names, the global policy
     >>memory                 the counted allocator; one block carved into tensors
     >>tensors                mp_tensor_alloc, ...
@@ -2208,19 +2213,42 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
 
 /* >>bulk casts
    Every row goes through float32 lanes: widen the source exactly, narrow
-   once. The portable path works in blocks that stay in L1 (MP__BLOCK), so
-   that the optional stats and the cast read the source from memory once;
-   the AVX-512 and AVX2 rows, which count in the cast's own pass, take
-   larger ones. */
-#define MP__BLOCK 2048
+   once. A row casts n elements from one dtype to another and, given a
+   mp__scan, counts what the cast does (>>bulk casts: cast stats). Which
+   row runs when, as the table mp__rows and mp__rows_block (at the end of
+   the section) pick them for mp_convert, by the instruction sets the build
+   enables (MP__SIMD_AVX512 and MP__SIMD_X86, where the header includes
+   <immintrin.h>):
+
+       build                       a cast between two dtypes       a row of
+       --------------------------  ------------------------------  -------------
+       AVX-512 F, BW, VL; F16C     mp__row_X_to_Y_avx512           MP__Z_BLOCK
+       AVX2 and F16C               mp__row_X_to_Y_avx2 (its head   MP__X86_BLOCK
+                                   and tail by the scalar row)
+       neither; MIXPREC_NO_SIMD    mp__row_X_to_Y_scalar           MP__BLOCK
+       mp_convert_portable, any    mp__row_X_to_Y_scalar           MP__BLOCK
+
+   A cast to the same dtype is the scalar row's copy in every build. The
+   SIMD rows take half a block per call in a cast shorter than
+   MP__CAST_FAR elements (>>bulk casts: simd). The counts alone (the
+   numerics diagnostics' mp__scans) follow the same rule: mp__z_scan_*,
+   mp__x86_scan_*, mp__scan_*. The scalar path works in blocks that stay
+   in L1 (MP__BLOCK), so that the optional stats and the cast read the
+   source from memory once; the SIMD rows count in the cast's own pass and
+   take larger ones. Each variant's functions are static inline, named
+   `..._scalar`, `..._avx2` (mp__x86_*) and `..._avx512` (mp__z_*), and
+   take the dtypes as arguments that are constants wherever they are
+   inlined, so that each row compiles to its own loops. bench/convert.c
+   times every direction through each path. */
+enum { MP__BLOCK = 2048 };
 #define MP__F32_INF 0x7F800000u
 
 /* The index of the first Inf or NaN of x[0 .. n), or n: blocks of 64 tested
    without a branch (a loop compilers vectorise: an exponent of all ones
    is the one that carries into bit 31 when its lowest bit is added), then
    the block that has one. With a compare per element and a test per 16,
-   gcc kept each 16 on the stack: 2.7-3.9 ms for a batch of 8192 x 784
-   from memory, half the memory's read rate. */
+   gcc kept each 16 on the stack, and a batch from memory went at half the
+   memory's read rate. */
 static size_t mp__first_nonfinite(const float *x, size_t n) {
     size_t i = 0, k;
     for (; i + 64 <= n; i += 64) {
@@ -2268,94 +2296,109 @@ static uint32_t mp__load_bf16(const void *p, size_t i) { return mp__f32_bits_fro
 static void mp__store_f32(void *p, size_t i, uint32_t u) { ((float *)p)[i] = mp__f32_from_bits(u); }
 static void mp__store_f16(void *p, size_t i, uint32_t u) { ((mp_f16 *)p)[i].bits = mp__f16_from_f32_bits(u); }
 static void mp__store_bf16(void *p, size_t i, uint32_t u) { ((mp_bf16 *)p)[i].bits = mp__bf16_from_f32_bits(u); }
-typedef float mp__elem_f32;
-typedef mp_f16 mp__elem_f16;
-typedef mp_bf16 mp__elem_bf16;
+
+/* >>bulk casts: scalar
+   The float32 bits of element i of a dtype, and back. */
+MP__HOT uint32_t mp__load_bits(const void *p, mp_dtype t, size_t i) {
+    return t == MP_FLOAT32 ? mp__load_f32(p, i) : t == MP_FLOAT16 ? mp__load_f16(p, i) : mp__load_bf16(p, i);
+}
+MP__HOT void mp__store_bits(void *p, mp_dtype t, size_t i, uint32_t u) {
+    if (t == MP_FLOAT32) mp__store_f32(p, i, u);
+    else if (t == MP_FLOAT16) mp__store_f16(p, i, u);
+    else mp__store_bf16(p, i, u);
+}
+MP__HOT size_t mp__elem_size(mp_dtype t) { return t == MP_FLOAT32 ? 4u : 2u; }
 
 static uint32_t mp__in(uint32_t a, uint32_t lo, uint32_t hi) { return a - lo < hi - lo; } /* lo <= a < hi */
 
-/* The portable scan: local accumulators and mask selects, which compilers
+/* The scalar scan: local accumulators and mask selects, which compilers
    vectorise. */
-#define MP__PORTABLE_SCAN(SRC)                                                               \
-    static mp__scan mp__scan_##SRC(const void *src, size_t n, mp__ranges r) {               \
-        uint32_t nan = 0, inf = 0, under = 0, sub = 0, over = 0, hi = 0, lo = 0xFFFFFFFFu;   \
-        size_t i;                                                                            \
-        mp__scan s;                                                                          \
-        for (i = 0; i < n; i++) {                                                            \
-            uint32_t a = mp__load_##SRC(src, i) & 0x7FFFFFFFu;                               \
-            uint32_t finite_nonzero = 0u - mp__in(a, 1u, MP__F32_INF); /* all ones */        \
-            nan += a > MP__F32_INF;                                                          \
-            inf += a == MP__F32_INF;                                                         \
-            under += mp__in(a, 1u, r.sub_lo);                                                \
-            sub += mp__in(a, r.sub_lo, r.normal_lo);                                         \
-            over += mp__in(a, r.inf_lo, MP__F32_INF);                                        \
-            hi = (a & finite_nonzero) > hi ? a & finite_nonzero : hi;                        \
-            lo = (a | ~finite_nonzero) < lo ? a | ~finite_nonzero : lo;                      \
-        }                                                                                    \
-        s.nan = nan, s.inf = inf, s.underflow = under, s.subnormal = sub, s.overflow = over;  \
-        s.max_abs = hi, s.min_abs = lo;                                                      \
-        return s;                                                                            \
+MP__HOT mp__scan mp__scan_scalar(const void *src, mp_dtype from, size_t n, mp__ranges r) {
+    uint32_t nan = 0, inf = 0, under = 0, sub = 0, over = 0, hi = 0, lo = 0xFFFFFFFFu;
+    size_t i;
+    mp__scan s;
+    for (i = 0; i < n; i++) {
+        uint32_t a = mp__load_bits(src, from, i) & 0x7FFFFFFFu;
+        uint32_t finite_nonzero = 0u - mp__in(a, 1u, MP__F32_INF); /* all ones */
+        nan += a > MP__F32_INF;
+        inf += a == MP__F32_INF;
+        under += mp__in(a, 1u, r.sub_lo);
+        sub += mp__in(a, r.sub_lo, r.normal_lo);
+        over += mp__in(a, r.inf_lo, MP__F32_INF);
+        hi = (a & finite_nonzero) > hi ? a & finite_nonzero : hi;
+        lo = (a | ~finite_nonzero) < lo ? a | ~finite_nonzero : lo;
     }
-MP__PORTABLE_SCAN(f32)
-MP__PORTABLE_SCAN(f16)
-MP__PORTABLE_SCAN(bf16)
-#undef MP__PORTABLE_SCAN
+    s.nan = nan, s.inf = inf, s.underflow = under, s.subnormal = sub, s.overflow = over;
+    s.max_abs = hi, s.min_abs = lo;
+    return s;
+}
+static mp__scan mp__scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT32, n, r); }
+static mp__scan mp__scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT16, n, r); }
+static mp__scan mp__scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_BFLOAT16, n, r); }
+MP__HOT mp__scan mp__scan_by(mp_dtype from, const void *src, size_t n, mp__ranges r) {
+    return from == MP_FLOAT32 ? mp__scan_f32(src, n, r) : from == MP_FLOAT16 ? mp__scan_f16(src, n, r) : mp__scan_bf16(src, n, r);
+}
 
-/* Portable rows: classify first (dst may be src), then cast. A cast to the
-   same dtype is a copy, as in Keras: signalling NaNs pass unchanged. */
-#define MP__PORTABLE_ROW(SRC, DST)                                                           \
-    static void mp__row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                         mp__ranges r) {                                     \
-        size_t i;                                                                            \
-        if (scan) *scan = mp__scan_##SRC(src, n, r);                                         \
-        for (i = 0; i < n; i++) mp__store_##DST(dst, i, mp__load_##SRC(src, i));             \
-    }
-#define MP__COPY_ROW(T)                                                                      \
-    static void mp__row_##T##_to_##T(void *dst, const void *src, size_t n, mp__scan *scan,   \
-                                     mp__ranges r) {                                         \
-        if (scan) *scan = mp__scan_##T(src, n, r);                                           \
-        memmove(dst, src, n * sizeof(mp__elem_##T));                                         \
-    }
-MP__COPY_ROW(f32)
-MP__COPY_ROW(f16)
-MP__COPY_ROW(bf16)
-MP__PORTABLE_ROW(f32, f16)
-MP__PORTABLE_ROW(f32, bf16)
-MP__PORTABLE_ROW(f16, f32)
-MP__PORTABLE_ROW(f16, bf16)
-MP__PORTABLE_ROW(bf16, f32)
-MP__PORTABLE_ROW(bf16, f16)
-#undef MP__PORTABLE_ROW
-#undef MP__COPY_ROW
-
+/* The scalar rows: classify first (dst may be src), then cast. A cast to
+   the same dtype is a copy, as in Keras: signalling NaNs pass unchanged. */
+MP__HOT void mp__row_scalar(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                            mp__ranges r) {
+    size_t i;
+    if (scan) *scan = mp__scan_by(from, src, n, r);
+    if (to == from) memmove(dst, src, n * mp__elem_size(to));
+    else for (i = 0; i < n; i++) mp__store_bits(dst, to, i, mp__load_bits(src, from, i));
+}
+static void mp__row_f32_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_f32_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f32_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_f16_to_bf16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_BFLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f32_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT32, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f16_scalar(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_scalar(dst, MP_FLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
 /* [dst][src], in mp_dtype order: float32, float16, bfloat16 */
-static const mp__row_fn mp__portable_rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__row_f16_to_f32, mp__row_bf16_to_f32},
-    {mp__row_f32_to_f16, mp__row_f16_to_f16, mp__row_bf16_to_f16},
-    {mp__row_f32_to_bf16, mp__row_f16_to_bf16, mp__row_bf16_to_bf16}};
+static const mp__row_fn mp__rows_scalar[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_scalar, mp__row_bf16_to_f32_scalar},
+    {mp__row_f32_to_f16_scalar, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_scalar},
+    {mp__row_f32_to_bf16_scalar, mp__row_f16_to_bf16_scalar, mp__row_bf16_to_bf16_scalar}};
 
 #ifdef MP__SIMD_X86
-/* >>bulk casts: what the SIMD rows share. Both count in the cast's own
+/* >>bulk casts: simd
+   What the AVX-512 and AVX2 rows share. Both count in the cast's own
    pass, with the same counts and thresholds, in vectors of their width. */
 
 /* A cast of MP__CAST_FAR elements or more (64 MiB of float32) goes in
    rows of its path's whole block, a shorter one in half blocks
-   (MP__ROWS_BLOCK), so that a row of a whole block knows it is part of a
+   (mp__rows_block), so that a row of a whole block knows it is part of a
    long cast, whose source comes from memory: such a row fetches its
    source MP__CAST_AHEAD bytes ahead of its loads (and the AVX-512 rows
    stream their stores). The hardware prefetchers alone left those casts
-   short of the memory's rate, the counted ones most: float32 to float16,
-   16M elements of wide data (an Intel Xeon, family 6 model 207), the
-   counts' cost over the cast from +30-58% to -7-+11% with AVX-512 and
-   from +34-68% to +3-11% with AVX2, and the plain casts as fast or faster
-   (bench/RESULTS.md, The casts). In a shorter cast the source is in
-   cache (1M elements ran at one speed either way) and the prefetches would
-   cost their instructions (AVX2, float32 to float16 in L1, clang 14: 20.4 to
-   17.7 Gelem/s). The address is formed as an integer: near the end it
-   lies past the source, where a prefetch does nothing. */
-#define MP__CAST_FAR ((size_t)1 << 24)
-#define MP__CAST_AHEAD 4096
-#define MP__ROWS_OF(n, block) ((n) >= MP__CAST_FAR ? (block) : (block) / 2)
+   short of the memory's rate, the counted ones most (bench/convert,
+   16M elements). In a shorter cast the
+   source is in cache and the prefetches would only cost their
+   instructions (bench/convert in L1). The address is formed as an
+   integer: near the end it lies past the source, where a prefetch does
+   nothing. */
+enum { MP__CAST_FAR = 1 << 24, MP__CAST_AHEAD = 4096 };
 MP__HOT void mp__cast_ahead(const void *p) { mp__prefetch((const void *)((uintptr_t)p + MP__CAST_AHEAD)); }
 
 /* How many of n elements of elem_size bytes come before dst's first
@@ -2369,11 +2412,11 @@ MP__HOT size_t mp__head(const void *dst, size_t elem_size, size_t n, size_t alig
 /* The bits set in a mask: POPCNT, which every AVX2 and AVX-512 CPU has
    (a build without -mpopcnt gets a slower sequence, the same count). The
    empty asm keeps each count in a general register: where the CPU has
-   AVX512_VPOPCNTDQ, clang 14's SLP vectorizer gathered four masks' bits
-   into a vector (vmovd, three vpinsrd) for one vpopcntd, and bfloat16 to
-   float16 with counts on wide data (every mask counted) cost +10% to +28%
-   over the plain cast from memory; with it, -4% to +1%, as gcc's code
-   (an Intel Xeon, family 6 model 207, bench/convert, three runs each). */
+   AVX512_VPOPCNTDQ, clang's SLP vectorizer gathered four masks' bits into
+   a vector (vmovd, three vpinsrd) for one vpopcntd, and its counted cast
+   ran slower than gcc's from memory (bfloat16 to float16, wide data, every
+   mask counted); with it, clang's counts cost what gcc's do
+   (bench/convert). */
 #if defined(__GNUC__) || defined(__clang__)
 MP__HOT uint32_t mp__ones(uint32_t mask) {
     uint32_t ones = (uint32_t)__builtin_popcount(mask);
@@ -2406,47 +2449,11 @@ static uint32_t mp__specials(const mp__scan *s) { return s->underflow + s->subno
 
 /* The rows with counts take a chunk at a time, its bounds alone after a
    chunk with nothing to count (the rows below), and start that way. The
-   first chunk is short: where the data is full of values to count, it is
-   cast twice, bounds and then counts, and a first chunk of 4096 elements
-   would add a bounds pass to a whole cast of 4096 (AVX-512, float32 to
-   float16, wide data from L1, gcc 12, Intel Xeon: the counts' cost over
-   the cast +360% to +430% counting every element, +630% to +650% with a
-   first chunk of 4096, +400% to +460% with this one; typical data +400%
-   to +470% counting every element, +110% to +145% in chunks). */
-#define MP__STATS_PROBE 256
-
-/* That loop, one for both paths: rows of `step` elements, chunks of `len`
-   after the first. BOUNDS runs a chunk's steps to end_ with its bounds
-   alone (from fresh ones), CLEAN tells whether they show nothing to count
-   and MERGE adds them to the row's extremes; COUNTED and RECOUNTED, blocks
-   in braces, run them with the counts, storing and not (the chunk was
-   stored with its bounds), and COUNTS puts the row's counts so far into
-   *scan. In place
-   (dst == src) every chunk is counted as it is cast. */
-#define MP__STATS_CHUNKS(step, len, BOUNDS, CLEAN, MERGE, COUNTED, RECOUNTED, COUNTS)              \
-    {                                                                                            \
-        int count_ = dst == src;                                                                 \
-        uint32_t specials_ = 0, now_;                                                            \
-        size_t chunk_ = MP__STATS_PROBE;                                                         \
-        while (i + (step) <= n) {                                                                \
-            size_t start_ = i, end_ = n - i > chunk_ ? i + chunk_ : n;                           \
-            chunk_ = (len);                                                                      \
-            if (!count_) {                                                                       \
-                BOUNDS;                                                                          \
-                if (CLEAN) {                                                                     \
-                    MERGE;                                                                       \
-                    continue; /* nothing to count: the next chunk likewise */                    \
-                }                                                                                \
-                i = start_; /* counted again, from L1 */                                         \
-            }                                                                                    \
-            if (count_) COUNTED                                                                  \
-            else RECOUNTED                                                                       \
-            COUNTS(*scan);                                                                       \
-            now_ = mp__specials(scan);                                                           \
-            count_ = dst == src || now_ != specials_;                                            \
-            specials_ = now_;                                                                    \
-        }                                                                                        \
-    }
+   first chunk is short (MP__STATS_PROBE): where the data is full of values
+   to count, it is cast twice, bounds and then counts, and a first chunk as
+   long as the rest would add a whole bounds pass to a short cast, which
+   bench/convert shows for 4096 elements of wide data. */
+enum { MP__STATS_PROBE = 256 };
 
 /* The extremes as float32 bits from a row's lanes: top = max(a + bias) as
    signed (bias = 2^(W-1) - Inf puts every finite magnitude a in the
@@ -2457,11 +2464,6 @@ static uint32_t mp__specials(const mp__scan *s) { return s->underflow + s->subno
 static void mp__extremes32(mp__scan *s, uint32_t top, uint32_t low_minus_1) {
     s->max_abs = top - (0x80000000u - MP__F32_INF);
     s->min_abs = low_minus_1 < MP__F32_INF - 1u ? low_minus_1 + 1u : 0xFFFFFFFFu;
-}
-/* The same from 16-bit lanes, widened to float32 bits. */
-static void mp__extremes16(mp__scan *s, uint32_t top, uint32_t low_minus_1, uint32_t inf, uint32_t (*widen)(uint16_t)) {
-    s->max_abs = widen((uint16_t)(top - (0x8000u - inf)));
-    s->min_abs = low_minus_1 < inf - 1u ? widen((uint16_t)(low_minus_1 + 1u)) : 0xFFFFFFFFu;
 }
 
 /* 16-bit sources are counted on their own bits, a vector's 16-bit lanes a
@@ -2474,30 +2476,73 @@ static void mp__extremes16(mp__scan *s, uint32_t top, uint32_t low_minus_1, uint
 static const uint16_t mp__ranges16[2][MP_DTYPE_COUNT][3] = {
     {{0x0001, 0x0001, 0x7C00}, {0x0001, 0x0400, 0x7C00}, {0x0001, 0x0001, 0x7C00}},  /* float16 */
     {{0x0001, 0x0080, 0x7F80}, {0x3301, 0x3880, 0x4780}, {0x0001, 0x0080, 0x7F80}}}; /* bfloat16 */
-#define MP__INDEX16_f16 0
-#define MP__INDEX16_bf16 1
-#define MP__INF16_f16 0x7C00
-#define MP__INF16_bf16 0x7F80
-#define MP__NORMAL16_f16 0x0400
-#define MP__NORMAL16_bf16 0x0080
-#define MP__DTYPE_OF_f32 MP_FLOAT32
-#define MP__DTYPE_OF_f16 MP_FLOAT16
-#define MP__DTYPE_OF_bf16 MP_BFLOAT16
+
+/* A 16-bit dtype's Inf and least normal magnitude, its thresholds for a
+   target (mp__ranges16) and its bits widened to float32's. */
+MP__HOT uint32_t mp__inf16(mp_dtype t) { return t == MP_FLOAT16 ? 0x7C00u : 0x7F80u; }
+MP__HOT uint32_t mp__normal16(mp_dtype t) { return t == MP_FLOAT16 ? 0x0400u : 0x0080u; }
+MP__HOT const uint16_t *mp__ranges16_of(mp_dtype from, mp_dtype to) { return mp__ranges16[from == MP_FLOAT16 ? 0 : 1][to]; }
+MP__HOT uint32_t mp__widen16(mp_dtype t, uint16_t h) {
+    return t == MP_FLOAT16 ? mp__f32_bits_from_f16(h) : mp__f32_bits_from_bf16(h);
+}
+
+/* What a pass over a row's whole vectors does besides the cast: nothing
+   (PLAIN), take their bounds (BOUNDS), count them (COUNT), or count a
+   chunk already cast and stored again without storing (RECOUNT). The pass,
+   the dtypes and `far` are constants wherever the SIMD rows' functions are
+   inlined (MP__HOT), so each row compiles to loops that carry no test. */
+enum { MP__PASS_PLAIN, MP__PASS_BOUNDS, MP__PASS_COUNT, MP__PASS_RECOUNT };
+
+/* Where a counted row stands in the chunk loop (the rows below): the chunk
+   [start, end), the length of the next, whether this one is counted as it
+   is cast (in place, dst == src, every chunk is) and the specials counted
+   so far. */
+typedef struct mp__chunks {
+    size_t start, end, len;
+    uint32_t specials;
+    int count, in_place;
+} mp__chunks;
+MP__HOT void mp__chunks_begin(mp__chunks *k, const void *dst, const void *src) {
+    k->start = k->end = 0, k->len = MP__STATS_PROBE, k->specials = 0;
+    k->in_place = k->count = dst == src;
+}
+/* The next chunk of whole steps from i, if one remains; those after the
+   first are len long. */
+MP__HOT int mp__chunks_next(mp__chunks *k, size_t i, size_t n, size_t step, size_t len) {
+    if (i + step > n) return 0;
+    k->start = i, k->end = n - i > k->len ? i + k->len : n;
+    k->len = len;
+    return 1;
+}
+/* After a counted chunk, whose counts are now in *s: the next one is
+   counted too if this one added to the specials. */
+MP__HOT void mp__chunks_counted(mp__chunks *k, const mp__scan *s) {
+    uint32_t now = mp__specials(s);
+    k->count = k->in_place || now != k->specials;
+    k->specials = now;
+}
+/* The extremes from 16-bit lanes of a dtype `from`, widened to float32 bits. */
+static void mp__extremes16(mp__scan *s, uint32_t top, uint32_t low_minus_1, mp_dtype from) {
+    uint32_t inf = mp__inf16(from);
+    s->max_abs = mp__widen16(from, (uint16_t)(top - (0x8000u - inf)));
+    s->min_abs = low_minus_1 < inf - 1u ? mp__widen16(from, (uint16_t)(low_minus_1 + 1u)) : 0xFFFFFFFFu;
+}
 #endif
 
 #ifdef MP__SIMD_AVX512
-/* Sixteen float32 lanes at a time, in one pass that casts and counts. The
-   conversions are those of the AVX2 path below, widened: vcvtph2ps, and
+/* >>bulk casts: avx512
+   Sixteen float32 lanes at a time, in one pass that casts and counts. The
+   conversions are those of the AVX2 rows below, widened: vcvtph2ps, and
    vcvtps2ph with an explicit rounding immediate, which ignores MXCSR; the
    bfloat16 narrowing is the scalar integer formula, or with AVX512_BF16
    vcvtne2ps2bf16 wherever no input is subnormal (it flushes those to
    zero; see mp__z_narrow2_bf16). tests/test_numerics.c checks all
    2^32 inputs against the scalar code. Whole pairs of vectors go first:
-   their 16-bit results leave in one 64-byte store, as the register form of
-   vcvtps2ph and a store run at twice the speed of vcvtps2ph to memory (on
-   AMD Zen 5). The pairs before the destination's first 64-byte boundary,
+   their 16-bit results leave in one 64-byte store where they stream, as
+   the register form of vcvtps2ph and a store can outrun vcvtps2ph to
+   memory. The pairs before the destination's first 64-byte boundary,
    and the last pair, are loaded and stored under a mask; their missing
-   lanes load as zeros, which no count and no extreme sees. g++ 12
+   lanes load as zeros, which no count and no extreme sees. g++
    takes the `_mm512_undefined_*` inside these intrinsics for uses of
    uninitialised values (a false positive, in C++ only), as in the GEMM's
    transposes. */
@@ -2511,11 +2556,15 @@ MP__HOT __m512 mp__z_load_f32(const void *p, size_t i, __mmask16 k) {
 }
 MP__HOT __m512 mp__z_widen_f16(__m256i h) { return _mm512_cvtph_ps(h); }
 MP__HOT __m512 mp__z_widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+MP__HOT __m512 mp__z_widen(__m256i h, mp_dtype from) { return from == MP_FLOAT16 ? mp__z_widen_f16(h) : mp__z_widen_bf16(h); }
 MP__HOT __m512 mp__z_load_f16(const void *p, size_t i, __mmask16 k) {
     return mp__z_widen_f16(_mm256_maskz_loadu_epi16(k, (const mp_f16 *)p + i));
 }
 MP__HOT __m512 mp__z_load_bf16(const void *p, size_t i, __mmask16 k) {
     return mp__z_widen_bf16(_mm256_maskz_loadu_epi16(k, (const mp_bf16 *)p + i));
+}
+MP__HOT __m512 mp__z_load(const void *p, mp_dtype from, size_t i, __mmask16 k) {
+    return from == MP_FLOAT32 ? mp__z_load_f32(p, i, k) : from == MP_FLOAT16 ? mp__z_load_f16(p, i, k) : mp__z_load_bf16(p, i, k);
 }
 
 /* The 16-bit results of a vector, and of a pair (a in the low half). */
@@ -2544,6 +2593,9 @@ MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
 #endif
     return mp__z_join(mp__z_narrow_bf16(a), mp__z_narrow_bf16(b));
 }
+MP__HOT __m512i mp__z_narrow2(__m512 a, __m512 b, mp_dtype to) {
+    return to == MP_FLOAT16 ? mp__z_narrow2_f16(a, b) : mp__z_narrow2_bf16(a, b);
+}
 
 /* The AVX-512 rows count in the cast's own pass, so their blocks need not stay
    in L1: mp_convert calls a row per MP__Z_BLOCK elements (its 32-bit counts
@@ -2557,8 +2609,7 @@ MP__HOT __m512i mp__z_narrow2_bf16(__m512 a, __m512 b) {
    (the layers' casts, split over the threads). The row ends with sfence, which
    orders the streaming stores before any later store, as other threads expect.
    `stream` is a constant wherever these are inlined. */
-#define MP__Z_BLOCK ((size_t)1 << 20)
-#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__Z_BLOCK)
+enum { MP__Z_BLOCK = 1 << 20 };
 MP__HOT void mp__z_store(void *p, __m512i v, int stream) {
     if (stream) _mm512_stream_si512((__m512i *)p, v);
     else _mm512_storeu_si512(p, v);
@@ -2571,12 +2622,10 @@ MP__HOT void mp__z_put2_f32(void *p, size_t i, __m512 a, __m512 b, int stream) {
 }
 /* float16 results that stay in cache go out as each vcvtps2ph's own
    32-byte store, not joined into one 64-byte store first, as the AVX2
-   rows' do (mp__x86_put2_f16): the join is a shuffle on the port the
-   conversions use. The plain cast from float32 (MP__Z_PLAIN; an Intel
-   Xeon, family 6 model 207, bench/convert, three runs each, in turn):
-   from L1 29 to 43 Gelem/s (clang 14) and 29 to 34 (gcc 12), in L2 14.3
-   to 14.5-15.0 (clang) and 12.0-14.2 to 14.6-14.8 (gcc). A streamed line
-   keeps its one store (write-combining). */
+   rows' do (mp__x86_put2): the join is a shuffle on the port the
+   conversions use, and the plain cast from float32 ran faster without it
+   in L1 and in L2 (bench/convert). A streamed line keeps its one store
+   (write-combining). */
 MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b, int stream) {
     mp_f16 *d = (mp_f16 *)p + i;
     if (stream) {
@@ -2589,6 +2638,11 @@ MP__HOT void mp__z_put2_f16(void *p, size_t i, __m512 a, __m512 b, int stream) {
 MP__HOT void mp__z_put2_bf16(void *p, size_t i, __m512 a, __m512 b, int stream) {
     mp__z_store((mp_bf16 *)p + i, mp__z_narrow2_bf16(a, b), stream);
 }
+MP__HOT void mp__z_put2(void *p, mp_dtype to, size_t i, __m512 a, __m512 b, int stream) {
+    if (to == MP_FLOAT32) mp__z_put2_f32(p, i, a, b, stream);
+    else if (to == MP_FLOAT16) mp__z_put2_f16(p, i, a, b, stream);
+    else mp__z_put2_bf16(p, i, a, b, stream);
+}
 MP__HOT void mp__z_put2_masked_f32(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
     _mm512_mask_storeu_ps((float *)p + i, (__mmask16)k, a);
     _mm512_mask_storeu_ps((float *)p + i + 16, (__mmask16)(k >> 16), b);
@@ -2598,6 +2652,11 @@ MP__HOT void mp__z_put2_masked_f16(void *p, size_t i, __mmask32 k, __m512 a, __m
 }
 MP__HOT void mp__z_put2_masked_bf16(void *p, size_t i, __mmask32 k, __m512 a, __m512 b) {
     _mm512_mask_storeu_epi16((mp_bf16 *)p + i, k, mp__z_narrow2_bf16(a, b));
+}
+MP__HOT void mp__z_put2_masked(void *p, mp_dtype to, size_t i, __mmask32 k, __m512 a, __m512 b) {
+    if (to == MP_FLOAT32) mp__z_put2_masked_f32(p, i, k, a, b);
+    else if (to == MP_FLOAT16) mp__z_put2_masked_f16(p, i, k, a, b);
+    else mp__z_put2_masked_bf16(p, i, k, a, b);
 }
 
 /* The lanes of the 32 float32 or bfloat16 values at p + i (those in k)
@@ -2625,9 +2684,9 @@ MP__HOT __mmask16 mp__z_lanes(size_t i, size_t n) {
 MP__HOT __mmask32 mp__z_tail(size_t m) { return (__mmask32)((1u << m) - 1u); }
 /* A short run of float16 or bfloat16 widened in line (mp__load): whole
    vectors, then the tail under a mask. The 2x2 convolution's weight
-   gradient in float16 (12 x 128 x 21142) on 2 threads, each packing a run
-   of 64 a row (Zen 5, gcc 12): 314 us with a call to the row function per
-   run, 300 in line with a mask on every store, 257 this way. */
+   gradient in float16 packs runs of 64 a row, and ran faster this way than
+   with a call to the row function per run or with a mask on every store
+   (bench/train). */
 MP__HOT void mp__z_widen_run(float *dst, const void *src, mp_dtype t, size_t n) {
     const __m256i *v = (const __m256i *)src; /* 16 elements a vector */
     size_t i = 0;
@@ -2641,89 +2700,143 @@ MP__HOT void mp__z_widen_run(float *dst, const void *src, mp_dtype t, size_t n) 
     _mm512_mask_storeu_ps(dst + i, k, t == MP_FLOAT16 ? mp__z_load_f16(src, i, k) : mp__z_load_bf16(src, i, k));
 }
 
-/* The lanes set in a compare's mask are added to a count in a general
-   register (mp__ones). Counting there rather than by a masked add of one into a
-   vector of counts leaves the vector units the cast and the compares: on
-   an AMD EPYC (Zen 4, whose 512-bit operations take two passes of its
-   256-bit units; gcc 12, wide data) the counts' cost over the cast fell
-   from +113% to +64% for bfloat16 to float16 in L2 and from +31-41% to
-   +18-23% from memory, float32 to bfloat16 from +241% to +193% in L2;
-   clang's likewise, but for float32 sources, where also counting the
-   source's zero and Inf lanes this way (rather than by their sign bits,
-   below) cost +26-36% from memory against +5-16%.
+/* Lane-width-generic operations on W-bit lanes (w = 32: float32 bits; 16:
+   float16 or bfloat16 bits); the masks' lanes as bits of a uint32_t. */
+MP__HOT __m512i mp__z_set(uint32_t x, int w) { return w == 32 ? _mm512_set1_epi32((int)x) : _mm512_set1_epi16((short)x); }
+MP__HOT __m512i mp__z_add(__m512i a, __m512i b, int w) { return w == 32 ? _mm512_add_epi32(a, b) : _mm512_add_epi16(a, b); }
+MP__HOT __m512i mp__z_sub(__m512i a, __m512i b, int w) { return w == 32 ? _mm512_sub_epi32(a, b) : _mm512_sub_epi16(a, b); }
+MP__HOT __m512i mp__z_max(__m512i a, __m512i b, int w) { return w == 32 ? _mm512_max_epi32(a, b) : _mm512_max_epi16(a, b); }
+MP__HOT __m512i mp__z_maxu(__m512i a, __m512i b, int w) { return w == 32 ? _mm512_max_epu32(a, b) : _mm512_max_epu16(a, b); }
+MP__HOT __m512i mp__z_minu(__m512i a, __m512i b, int w) { return w == 32 ? _mm512_min_epu32(a, b) : _mm512_min_epu16(a, b); }
+MP__HOT uint32_t mp__z_nonzero(__m512i a, int w) {
+    return w == 32 ? (uint32_t)_mm512_test_epi32_mask(a, a) : (uint32_t)_mm512_test_epi16_mask(a, a);
+}
+MP__HOT uint32_t mp__z_ge(__m512i a, __m512i b, int w) { /* unsigned */
+    return w == 32 ? (uint32_t)_mm512_cmpge_epu32_mask(a, b) : (uint32_t)_mm512_cmpge_epu16_mask(a, b);
+}
+MP__HOT uint32_t mp__z_gt(__m512i a, __m512i b, int w) { /* unsigned */
+    return w == 32 ? (uint32_t)_mm512_cmpgt_epu32_mask(a, b) : (uint32_t)_mm512_cmpgt_epu16_mask(a, b);
+}
+MP__HOT uint32_t mp__z_negative(__m512i a, int w) {
+    return w == 32 ? (uint32_t)_mm512_cmplt_epi32_mask(a, _mm512_setzero_si512())
+                   : (uint32_t)_mm512_cmplt_epi16_mask(a, _mm512_setzero_si512());
+}
 
-   The counts of a source's W-bit magnitudes a (W = 32: float32 bits; 16:
-   float16 or bfloat16 bits): one compare into a mask register per
-   threshold t (lanes with a >= t), its lanes added to a count
+/* What an AVX-512 row or scan counts as it goes. Its fields are locals
+   of the row once the functions that take it are inlined (MP__HOT): a
+   tally whose address escaped would keep its vectors in memory.
+
+   The lanes set in a compare's mask are added to a count in a general
+   register (mp__ones). Counting there rather than by a masked add of one
+   into a vector of counts leaves the vector units the cast and the
+   compares, which costs less where 512-bit operations take two passes of
+   256-bit units (bench/convert, the counts' cost over the cast); for
+   float32 sources the source's zero and Inf lanes are counted by their
+   sign bits instead (below), which cost less than masks there.
+
+   The range counts of a source's W-bit magnitudes a (the scans: W = 32;
+   the rows from float16 or bfloat16: W = 16, on the source's own bits): one
+   compare into a mask register per threshold t (n0 ... n5: lanes with
+   a >= 1, t1, t2, t3, Inf, and a > Inf), its lanes added to a count
    (mp__ones), every vector, so that data full of underflows, overflows
    and Inf costs what data without them does; differences of adjacent
    counts give the ranges. Nonzero lanes are a & a != 0, and the lanes with
    a >= Inf those where the extremes' a + bias has its sign bit set. A
-   range the cast cannot reach (under_, sub_, over_ are 0: float16 to
+   range the cast cannot reach (under, sub, over are 0: float16 to
    float32 or to bfloat16, bfloat16 to float32) costs nothing. The
-   extremes take no mask: max over a + bias, signed, where bias moves
+   extremes take no mask: hi = max(a + bias), signed, where bias moves
    every finite magnitude to the positive half and Inf and NaN to the
-   negative one; min over a - 1, unsigned, where zero wraps to the top and
+   negative one; lo = min(a - 1), unsigned, where zero wraps to the top and
    Inf and NaN lie above every finite value, to be dropped at the end.
-   Named locals: a struct would live in memory. */
-#define MP__Z_COUNT_VARS                                                                         \
-    __m512i lo, hi, a_, b_;                                                                      \
-    uint32_t n0_ = 0, n1_ = 0, n2_ = 0, n3_ = 0, n4_ = 0, n5_ = 0
-#define MP__Z_COUNT_BEGIN                                                                        \
-    const int under_ = 1, sub_ = 1, over_ = 1;                                                   \
-    const __m512i one = _mm512_set1_epi32(1), t1 = _mm512_set1_epi32((int)r.sub_lo),             \
-                  t2 = _mm512_set1_epi32((int)r.normal_lo), t3 = _mm512_set1_epi32((int)r.inf_lo), \
-                  inf = _mm512_set1_epi32((int)MP__F32_INF), abs_mask = _mm512_set1_epi32(0x7FFFFFFF), \
-                  bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF));                   \
-    MP__Z_COUNT_VARS;                                                                            \
-    hi = bias, lo = _mm512_set1_epi32(-1)
-#define MP__Z_COUNT_LANES(W, bits)                                                               \
-    (a_ = _mm512_and_si512(bits, abs_mask),                                                      \
-     n0_ += under_ ? mp__ones(_mm512_test_epi##W##_mask(a_, a_)) : 0u,                          \
-     n1_ += under_ || sub_ ? mp__ones(_mm512_cmpge_epu##W##_mask(a_, t1)) : 0u,                 \
-     n2_ += sub_ ? mp__ones(_mm512_cmpge_epu##W##_mask(a_, t2)) : 0u,                           \
-     n3_ += over_ ? mp__ones(_mm512_cmpge_epu##W##_mask(a_, t3)) : 0u,                          \
-     n5_ += mp__ones(_mm512_cmpgt_epu##W##_mask(a_, inf)),                                      \
-     b_ = _mm512_add_epi##W(a_, bias), hi = _mm512_max_epi##W(hi, b_),                            \
-     n4_ += mp__ones(_mm512_cmplt_epi##W##_mask(b_, _mm512_setzero_si512())),                  \
-     lo = _mm512_min_epu##W(lo, _mm512_sub_epi##W(a_, one)))
-#define MP__Z_COUNT(x) MP__Z_COUNT_LANES(32, _mm512_castps_si512(x))
-/* A chunk's bounds alone, top_ = max a and low_ = min(a - 1) (zero wraps
-   to the top), for the rows' uncounted chunks (MP__Z_CHUNKS, below); each
-   row's _MERGE puts a clean chunk's bounds into its extremes (the top is
-   finite). */
-#define MP__Z_BOUNDS(W, bits)                                                                    \
-    (a_ = _mm512_and_si512(bits, abs_mask), top_ = _mm512_max_epu##W(top_, a_),                  \
-     low_ = _mm512_min_epu##W(low_, _mm512_sub_epi##W(a_, one)))
-#define MP__Z_COUNT_END(s)                                                                       \
-    mp__range_counts(&(s), under_, sub_, over_, n0_, n1_, n2_, n3_, n4_, n5_);                       \
-    mp__z_extremes32(&(s), hi, lo)
 
-MP__HOT uint32_t mp__z_sum32(__m512i v) { return (uint32_t)_mm512_reduce_add_epi32(v); }
+   A float32 source's counts come mostly from the cast's results, 32 lanes
+   a compare (mp__z_count_narrow): round to nearest is monotone and sub_lo,
+   normal_lo and inf_lo (mp__ranges_of) are exactly where the result
+   becomes nonzero, normal and Inf, so zero, subnormal, Inf and NaN
+   results (n2 ... n5: zero, below normal, Inf or NaN, NaN) count the
+   ranges once zero and nonfinite inputs are told apart, on the source.
+   Those two take no compare: a + bias has its sign bit set exactly for Inf
+   and NaN, and a - 1 for zero, so a shift by 31 gives each count, in vector
+   lanes (zero_in), which cost less than comparing them into masks. The
+   results' four classes are counted by mp__ones. The extremes are the
+   source's, as above, but for the largest: the loop keeps max a alone (hi)
+   and counts no Inf or NaN input (which leaves mp__specials' sum as it
+   is), five operations a source vector rather than nine. Where max a shows
+   Inf or NaN in the row, a source that overflowed before this cast, the
+   row's counts and extremes come from the counting scan (mp__z_scan_f32),
+   which reads it again.
 
-/* The extremes from max(a + bias) and min(a - 1) in 32-bit lanes. */
-static void mp__z_extremes32(mp__scan *s, __m512i hi, __m512i lo_minus_1) {
-    mp__extremes32(s, (uint32_t)_mm512_reduce_max_epi32(hi), (uint32_t)_mm512_reduce_min_epu32(lo_minus_1));
+   top and low: a chunk's bounds alone, max a and min(a - 1), for the rows'
+   uncounted chunks (mp__z_chunks); normal_lo and inf_lo, in the lanes'
+   bits, tell whether they show something to count. */
+typedef struct mp__z_tally {
+    __m512i one, abs, bias, t1, t2, t3, inf; /* W-bit lanes' constants */
+    __m512i abs16, normal16, inf16;          /* a float32 source's 16-bit results' */
+    __m512i hi, lo, top, low, zero_in;
+    uint32_t n0, n1, n2, n3, n4, n5, normal_lo, inf_lo;
+    int under, sub, over;
+} mp__z_tally;
+
+/* The range counts against thresholds t1, t2, t3 in W-bit lanes whose Inf is inf. */
+MP__HOT void mp__z_tally_ranges(mp__z_tally *c, int w, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t inf) {
+    uint32_t sign = 1u << (w - 1);
+    c->under = t1 != 1u, c->sub = t2 != t1, c->over = t3 != inf;
+    c->one = mp__z_set(1, w), c->abs = mp__z_set(sign - 1u, w), c->bias = mp__z_set(sign - inf, w);
+    c->t1 = mp__z_set(t1, w), c->t2 = mp__z_set(t2, w), c->t3 = mp__z_set(t3, w), c->inf = mp__z_set(inf, w);
+    c->hi = c->bias, c->lo = _mm512_set1_epi32(-1);
+    c->n0 = c->n1 = c->n2 = c->n3 = c->n4 = c->n5 = 0;
+    c->normal_lo = t2, c->inf_lo = t3;
+}
+/* A row's tally: a float32 source narrowed to `to`, or a 16-bit one. */
+MP__HOT void mp__z_tally_begin(mp__z_tally *c, mp_dtype from, mp_dtype to, mp__ranges r) {
+    const uint16_t *u = mp__ranges16_of(from, to);
+    if (from != MP_FLOAT32) {
+        mp__z_tally_ranges(c, 16, u[0], u[1], u[2], mp__inf16(from));
+        return;
+    }
+    c->one = _mm512_set1_epi32(1), c->abs = _mm512_set1_epi32(0x7FFFFFFF);
+    c->bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF));
+    c->abs16 = _mm512_set1_epi16(0x7FFF), c->normal16 = mp__z_set(mp__normal16(to), 16);
+    c->inf16 = mp__z_set(mp__inf16(to), 16);
+    c->zero_in = _mm512_setzero_si512(), c->hi = c->zero_in, c->lo = _mm512_set1_epi32(-1);
+    c->n2 = c->n3 = c->n4 = c->n5 = 0;
+    c->normal_lo = r.normal_lo, c->inf_lo = r.inf_lo;
 }
 
-#define MP__Z_COUNT16_BEGIN(SRC, DST)                                                            \
-    const uint16_t *u_ = mp__ranges16[MP__INDEX16_##SRC][MP__DTYPE_OF_##DST];                   \
-    const int under_ = u_[0] != 1, sub_ = u_[1] != u_[0], over_ = u_[2] != MP__INF16_##SRC;      \
-    const __m512i one = _mm512_set1_epi16(1), t1 = _mm512_set1_epi16((short)u_[0]),              \
-                  t2 = _mm512_set1_epi16((short)u_[1]), t3 = _mm512_set1_epi16((short)u_[2]),    \
-                  inf = _mm512_set1_epi16(MP__INF16_##SRC), abs_mask = _mm512_set1_epi16(0x7FFF), \
-                  bias = _mm512_set1_epi16((short)(0x8000 - MP__INF16_##SRC));                   \
-    MP__Z_COUNT_VARS;                                                                            \
-    hi = bias, lo = _mm512_set1_epi16(-1)
-#define MP__Z_COUNT16(h) MP__Z_COUNT_LANES(16, h)
-#define MP__Z_COUNT16_BOUNDS(h) MP__Z_BOUNDS(16, h)
-#define MP__Z_COUNT16_CLEAN (mp__z_hmax16(top_) < u_[2] && mp__z_hmin16(low_) >= u_[1] - 1u)
-#define MP__Z_COUNT16_MERGE (lo = _mm512_min_epu16(lo, low_), hi = _mm512_max_epi16(hi, _mm512_add_epi16(top_, bias)))
-#define MP__Z_COUNT16_COUNTS(s) mp__range_counts(&(s), under_, sub_, over_, n0_, n1_, n2_, n3_, n4_, n5_)
-#define MP__Z_COUNT16_END(s, SRC)                                                                \
-    MP__Z_COUNT16_COUNTS(s);                                                                     \
-    mp__z_extremes16(&(s), hi, lo, MP__INF16_##SRC, mp__f32_bits_from_##SRC)
+/* The range counts and extremes of W-bit lanes. */
+MP__HOT void mp__z_count_lanes(mp__z_tally *c, __m512i bits, int w) {
+    __m512i a = _mm512_and_si512(bits, c->abs), b;
+    c->n0 += c->under ? mp__ones(mp__z_nonzero(a, w)) : 0u;
+    c->n1 += c->under || c->sub ? mp__ones(mp__z_ge(a, c->t1, w)) : 0u;
+    c->n2 += c->sub ? mp__ones(mp__z_ge(a, c->t2, w)) : 0u;
+    c->n3 += c->over ? mp__ones(mp__z_ge(a, c->t3, w)) : 0u;
+    c->n5 += mp__ones(mp__z_gt(a, c->inf, w));
+    b = mp__z_add(a, c->bias, w), c->hi = mp__z_max(c->hi, b, w);
+    c->n4 += mp__ones(mp__z_negative(b, w));
+    c->lo = mp__z_minu(c->lo, mp__z_sub(a, c->one, w), w);
+}
+/* A float32 source vector's extremes and zero lanes, and a pair's results. */
+MP__HOT void mp__z_narrow_source(mp__z_tally *c, __m512 x) {
+    __m512i a = _mm512_and_si512(_mm512_castps_si512(x), c->abs), b;
+    c->hi = _mm512_max_epu32(c->hi, a);
+    b = _mm512_sub_epi32(a, c->one), c->lo = _mm512_min_epu32(c->lo, b);
+    c->zero_in = _mm512_add_epi32(c->zero_in, _mm512_srli_epi32(b, 31));
+}
+MP__HOT void mp__z_count_narrow(mp__z_tally *c, __m512 x0, __m512 x1, __m512i h) {
+    __m512i a;
+    mp__z_narrow_source(c, x0), mp__z_narrow_source(c, x1);
+    a = _mm512_and_si512(h, c->abs16);
+    c->n2 += mp__ones(_mm512_testn_epi16_mask(a, a));
+    c->n3 += mp__ones(_mm512_cmplt_epu16_mask(a, c->normal16));
+    c->n4 += mp__ones(_mm512_cmpge_epu16_mask(a, c->inf16));
+    c->n5 += mp__ones(_mm512_cmpgt_epu16_mask(a, c->inf16));
+}
+MP__HOT void mp__z_bounds(mp__z_tally *c, __m512i bits, int w) {
+    __m512i a = _mm512_and_si512(bits, c->abs);
+    c->top = mp__z_maxu(c->top, a, w), c->low = mp__z_minu(c->low, mp__z_sub(a, c->one, w), w);
+}
 
+MP__HOT uint32_t mp__z_sum32(__m512i v) { return (uint32_t)_mm512_reduce_add_epi32(v); }
 /* The largest of 32 signed 16-bit lanes (sign-extended), and the least
    of 32 unsigned ones. */
 static uint32_t mp__z_hmax16(__m512i v) {
@@ -2734,245 +2847,208 @@ static uint32_t mp__z_hmin16(__m512i v) {
     return (uint32_t)_mm512_reduce_min_epu32(_mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)),
                                                               _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1))));
 }
-/* The same for 16-bit lanes, widened to float32 bits. */
-static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, uint32_t inf, uint32_t (*widen)(uint16_t)) {
-    mp__extremes16(s, mp__z_hmax16(hi), mp__z_hmin16(lo_minus_1), inf, widen);
+/* Whether a chunk's bounds show nothing to count; then they join the
+   row's extremes (the top is finite). */
+MP__HOT int mp__z_clean(const mp__z_tally *c, mp_dtype from) {
+    if (from == MP_FLOAT32)
+        return (uint32_t)_mm512_reduce_max_epu32(c->top) < c->inf_lo &&
+               (uint32_t)_mm512_reduce_min_epu32(c->low) >= c->normal_lo - 1u;
+    return mp__z_hmax16(c->top) < c->inf_lo && mp__z_hmin16(c->low) >= c->normal_lo - 1u;
+}
+MP__HOT void mp__z_merge(mp__z_tally *c, mp_dtype from) {
+    if (from == MP_FLOAT32) {
+        c->lo = _mm512_min_epu32(c->lo, c->low), c->hi = _mm512_max_epu32(c->hi, c->top);
+    } else {
+        c->lo = _mm512_min_epu16(c->lo, c->low), c->hi = _mm512_max_epi16(c->hi, _mm512_add_epi16(c->top, c->bias));
+    }
 }
 
-/* A float32 source's counts come mostly from the cast's results, 32 lanes
-   a compare: round to nearest is monotone and sub_lo, normal_lo and inf_lo
-   (mp__ranges_of) are exactly where the result becomes nonzero, normal and
-   Inf, so zero, subnormal, Inf and NaN results count the ranges once zero
-   and nonfinite inputs are told apart, on the source. Those two take no
-   compare: the extremes' a + bias has its sign bit set exactly for Inf and
-   NaN, and a - 1 for zero, so a shift by 31 gives each count, in vector
-   lanes (on Zen 5, with gcc, from L1: the source's zero and Inf compared
-   into masks, 8 masks a pair, added 371% to 406% to the cast's time, these
-   4 masks 341% to 362%; on Zen 4 with clang, counted from masks by
-   mp__ones, +26-36% from memory against +5-16%). The results' four
-   classes are counted by mp__ones. The extremes are the source's, as
-   above, but for the largest: the loop keeps max a alone (hi) and counts
-   no Inf or NaN input (which leaves mp__specials' sum as it is), five
-   operations a source vector rather than nine. Where max a shows Inf or
-   NaN in the row, a source that overflowed before this cast, the row's
-   counts and extremes come from the counting scan (mp__z_scan_f32), which
-   reads it again. */
-#define MP__Z_NARROW_COUNT_BEGIN(DST)                                                            \
-    const __m512i one = _mm512_set1_epi32(1), abs_mask = _mm512_set1_epi32(0x7FFFFFFF),          \
-                  bias = _mm512_set1_epi32((int)(0x80000000u - MP__F32_INF)),                    \
-                  abs16 = _mm512_set1_epi16(0x7FFF),                                             \
-                  normal16 = _mm512_set1_epi16(MP__NORMAL16_##DST), inf16 = _mm512_set1_epi16(MP__INF16_##DST); \
-    __m512i zero_in = _mm512_setzero_si512(), hi = zero_in, lo = _mm512_set1_epi32(-1), a_, b_;  \
-    uint32_t zero_out = 0, below_normal = 0, inf_out = 0, nan_out = 0
-#define MP__Z_NARROW_SOURCE(x)                                                                   \
-    (a_ = _mm512_and_si512(_mm512_castps_si512(x), abs_mask), hi = _mm512_max_epu32(hi, a_),     \
-     b_ = _mm512_sub_epi32(a_, one), lo = _mm512_min_epu32(lo, b_),                               \
-     zero_in = _mm512_add_epi32(zero_in, _mm512_srli_epi32(b_, 31)))
-#define MP__Z_NARROW_COUNT(x0, x1, h)                                                            \
-    (MP__Z_NARROW_SOURCE(x0), MP__Z_NARROW_SOURCE(x1), a_ = _mm512_and_si512(h, abs16),           \
-     zero_out += mp__ones(_mm512_testn_epi16_mask(a_, a_)),                                     \
-     below_normal += mp__ones(_mm512_cmplt_epu16_mask(a_, normal16)),                           \
-     inf_out += mp__ones(_mm512_cmpge_epu16_mask(a_, inf16)),                                   \
-     nan_out += mp__ones(_mm512_cmpgt_epu16_mask(a_, inf16)))
-#define MP__Z_NARROW_COUNT_BOUNDS(x0, x1, h)                                                     \
-    (MP__Z_BOUNDS(32, _mm512_castps_si512(x0)), MP__Z_BOUNDS(32, _mm512_castps_si512(x1)))
-#define MP__Z_NARROW_COUNT_CLEAN                                                                 \
-    ((uint32_t)_mm512_reduce_max_epu32(top_) < r.inf_lo && (uint32_t)_mm512_reduce_min_epu32(low_) >= r.normal_lo - 1u)
-#define MP__Z_NARROW_COUNT_MERGE (lo = _mm512_min_epu32(lo, low_), hi = _mm512_max_epu32(hi, top_))
-#define MP__Z_NARROW_COUNT_COUNTS(s)                                                             \
-    mp__narrow_counts(&(s), mp__z_sum32(zero_in), 0, zero_out, below_normal, inf_out, nan_out)
-#define MP__Z_NARROW_COUNT_END(s)                                                                \
-    if ((uint32_t)_mm512_reduce_max_epu32(hi) >= MP__F32_INF) {                                 \
-        (s) = mp__z_scan_f32(src, n, r);                                                         \
-    } else {                                                                                     \
-        MP__Z_NARROW_COUNT_COUNTS(s);                                                            \
-        mp__z_extremes32(&(s), _mm512_add_epi32(hi, bias), lo);                                  \
-    }
+/* The extremes from max(a + bias) and min(a - 1) in 32-bit lanes, and in
+   16-bit ones widened to float32 bits. */
+static void mp__z_extremes32(mp__scan *s, __m512i hi, __m512i lo_minus_1) {
+    mp__extremes32(s, (uint32_t)_mm512_reduce_max_epi32(hi), (uint32_t)_mm512_reduce_min_epu32(lo_minus_1));
+}
+static void mp__z_extremes16(mp__scan *s, __m512i hi, __m512i lo_minus_1, mp_dtype from) {
+    mp__extremes16(s, mp__z_hmax16(hi), mp__z_hmin16(lo_minus_1), from);
+}
 
-#define MP__Z_NOTHING(...) (void)0
+/* Counts alone: for the numerics diagnostics (mp__scans). Every range is
+   counted (r is not a constant); one the target cannot reach counts 0. */
+MP__HOT mp__scan mp__scan_avx512(const void *src, mp_dtype from, size_t n, mp__ranges r) {
+    size_t i;
+    mp__scan s;
+    mp__z_tally c;
+    mp__z_tally_ranges(&c, 32, r.sub_lo, r.normal_lo, r.inf_lo, MP__F32_INF);
+    c.under = c.sub = c.over = 1;
+    for (i = 0; i < n; i += 16) mp__z_count_lanes(&c, _mm512_castps_si512(mp__z_load(src, from, i, mp__z_lanes(i, n))), 32);
+    mp__range_counts(&s, c.under, c.sub, c.over, c.n0, c.n1, c.n2, c.n3, c.n4, c.n5);
+    mp__z_extremes32(&s, c.hi, c.lo);
+    return s;
+}
+static mp__scan mp__z_scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT32, n, r); }
+static mp__scan mp__z_scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT16, n, r); }
+static mp__scan mp__z_scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_BFLOAT16, n, r); }
 
-/* Counts alone: for the numerics diagnostics. */
-#define MP__Z_SCAN(SRC)                                                                          \
-    static mp__scan mp__z_scan_##SRC(const void *src, size_t n, mp__ranges r) {                 \
-        size_t i;                                                                                \
-        mp__scan s;                                                                              \
-        MP__Z_COUNT_BEGIN;                                                                       \
-        for (i = 0; i < n; i += 16) MP__Z_COUNT(mp__z_load_##SRC(src, i, mp__z_lanes(i, n)));     \
-        MP__Z_COUNT_END(s);                                                                      \
-        return s;                                                                                \
+/* A row's counts so far into *s, and at its end its counts and extremes. */
+MP__HOT void mp__z_counts(const mp__z_tally *c, mp_dtype from, mp__scan *s) {
+    if (from == MP_FLOAT32) mp__narrow_counts(s, mp__z_sum32(c->zero_in), 0, c->n2, c->n3, c->n4, c->n5);
+    else mp__range_counts(s, c->under, c->sub, c->over, c->n0, c->n1, c->n2, c->n3, c->n4, c->n5);
+}
+MP__HOT void mp__z_tally_end(const mp__z_tally *c, mp_dtype from, const void *src, size_t n, mp__ranges r,
+                             mp__scan *s) {
+    if (from != MP_FLOAT32) {
+        mp__z_counts(c, from, s);
+        mp__z_extremes16(s, c->hi, c->lo, from);
+    } else if ((uint32_t)_mm512_reduce_max_epu32(c->hi) >= MP__F32_INF) {
+        *s = mp__z_scan_f32(src, n, r);
+    } else {
+        mp__z_counts(c, from, s);
+        mp__z_extremes32(s, _mm512_add_epi32(c->hi, c->bias), c->lo);
     }
-MP__Z_SCAN(f32)
-MP__Z_SCAN(f16)
-MP__Z_SCAN(bf16)
-#undef MP__Z_SCAN
+}
 
 /* The rows: a pair under a mask up to the destination's first 64-byte
    boundary (mp__head; so that a whole pair's stores fill whole cache
    lines, where misaligned ones touch one more), whole pairs of vectors (32
    elements), then one pair under a mask. Every pair is loaded and counted
-   before it is stored, so dst may be src (the same element size). The loop
-   is written once and expanded with and without the counts (and with stores
-   or without them, far or near: fetched ahead and streamed or not), so that
-   none carries a test. With counts, the whole pairs go a chunk of
-   MP__Z_CHUNK elements at a time (16 KiB of float32 source, in L1) through
-   MP__STATS_CHUNKS, as the AVX2 rows do: bounds alone (four operations a
-   vector) after a chunk with nothing to count, the counts again from L1
-   where they show something. */
-#define MP__Z_CHUNK 4096
-#define MP__Z_PART(SRC, DST, COUNT, m)                                                           \
-    {                                                                                            \
-        __mmask32 k = mp__z_tail(m);                                                             \
-        __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)k, s_ + i);                                 \
-        __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(k >> 16), s_ + i + 16);                    \
-        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
-        COUNT(x0, x1, h);                                                                        \
-        _mm512_mask_storeu_epi16(d_ + i, k, h);                                                  \
-    }
-#define MP__Z_WHOLE(SRC, DST, COUNT, far, store, end)                                            \
-    for (; i + 32 <= (end); i += 32) {                                                           \
-        __m512 x0 = _mm512_loadu_ps(s_ + i), x1 = _mm512_loadu_ps(s_ + i + 16);                  \
-        __m512i h = mp__z_narrow2_##DST(x0, x1);                                                 \
-        if (far) mp__cast_ahead(s_ + i), mp__cast_ahead(s_ + i + 16);                            \
-        COUNT(x0, x1, h);                                                                        \
-        if (store) mp__z_store(d_ + i, h, far);                                                  \
-    }
-/* Without the counts, each pair stored as mp__z_put2_##DST does (the
-   counted loop has the joined results already, and keeps its store). */
-#define MP__Z_PLAIN(SRC, DST, COUNT, far, store, end)                                            \
-    for (; i + 32 <= (end); i += 32) {                                                           \
-        if (far) mp__cast_ahead(s_ + i), mp__cast_ahead(s_ + i + 16);                            \
-        mp__z_put2_##DST(dst, i, _mm512_loadu_ps(s_ + i), _mm512_loadu_ps(s_ + i + 16), far);    \
-    }
-/* The whole pairs in one loop, or in chunks (above). */
-#define MP__Z_ALL(SRC, DST, COUNT, WHOLE, far) WHOLE(SRC, DST, COUNT, far, 1, n)
-#define MP__Z_CHUNKS(SRC, DST, COUNT, WHOLE, far)                                                \
-    MP__STATS_CHUNKS(32, MP__Z_CHUNK,                                                            \
-                     (top_ = _mm512_setzero_si512(), low_ = _mm512_set1_epi32(-1));              \
-                     WHOLE(SRC, DST, COUNT##_BOUNDS, far, 1, end_),                              \
-                     COUNT##_CLEAN, COUNT##_MERGE, { WHOLE(SRC, DST, COUNT, far, 1, end_) },     \
-                     { WHOLE(SRC, DST, COUNT, far, 0, end_) }, COUNT##_COUNTS)
-#define MP__Z_PAIRS(SRC, DST, COUNT, WHOLE, PART, LOOP)                                          \
-    if (head) {                                                                                  \
-        PART(SRC, DST, COUNT, head)                                                              \
-        i = head;                                                                                \
-    }                                                                                            \
-    if (n >= MP__Z_BLOCK) {                                                                      \
-        LOOP(SRC, DST, COUNT, WHOLE, 1)                                                          \
-        _mm_sfence();                                                                            \
-    } else {                                                                                     \
-        LOOP(SRC, DST, COUNT, WHOLE, 0)                                                          \
-    }                                                                                            \
-    if (i < n) PART(SRC, DST, COUNT, n - i)
-#define MP__Z_ROW(SRC, DST)                                                                      \
-    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                           mp__ranges r) {                                       \
-        const float *s_ = (const float *)src;                                                    \
-        uint16_t *d_ = &((mp__elem_##DST *)dst)->bits;                                           \
-        size_t i = 0, head = mp__head(dst, sizeof(mp__elem_##DST), n, 64);                      \
-        (void)r;                                                                                 \
-        if (!scan) {                                                                             \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_PLAIN, MP__Z_PART, MP__Z_ALL)             \
-        } else {                                                                                 \
-            MP__Z_NARROW_COUNT_BEGIN(DST);                                                       \
-            __m512i top_, low_;                                                                  \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NARROW_COUNT, MP__Z_WHOLE, MP__Z_PART, MP__Z_CHUNKS)     \
-            MP__Z_NARROW_COUNT_END(*scan);                                                       \
-        }                                                                                        \
-    }
-/* The same from a 16-bit source: 32 elements a load, counted on their bits
-   and widened a half at a time. */
-#define MP__Z_PART16(SRC, DST, COUNT, m)                                                         \
-    {                                                                                            \
-        __mmask32 k = mp__z_tail(m);                                                             \
-        __m512i h = _mm512_maskz_loadu_epi16(k, s_ + i);                                         \
-        COUNT(h);                                                                                \
-        mp__z_put2_masked_##DST(dst, i, k, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),         \
-                                mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)));             \
-    }
-#define MP__Z_WHOLE16(SRC, DST, COUNT, far, store, end)                                          \
-    for (; i + 32 <= (end); i += 32) {                                                           \
-        __m512i h = _mm512_loadu_si512(s_ + i);                                                  \
-        if (far) mp__cast_ahead(s_ + i);                                                         \
-        COUNT(h);                                                                                \
-        if (store)                                                                               \
-            mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm512_castsi512_si256(h)),               \
-                             mp__z_widen_##SRC(_mm512_extracti64x4_epi64(h, 1)), far);           \
-    }
-/* Without the counts, two 32-byte loads: gcc 12 kept the 64-byte one and
-   its vextracti64x4 (f16 to f32 in L2: 0.97 to 1.00 of the F16C loop, 1.05
-   to 1.13 this way), while the counted loop ran slower with the halves
-   (bf16 to f16 in L2: +150% on a plain loop of 0.023 ns/element, against
-   +83% on one of 0.029 with the one load). */
-#define MP__Z_PLAIN16(SRC, DST, COUNT, far, store, end)                                          \
-    for (; i + 32 <= (end); i += 32) {                                                           \
-        if (far) mp__cast_ahead(s_ + i);                                                         \
-        mp__z_put2_##DST(dst, i, mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i))), \
-                         mp__z_widen_##SRC(_mm256_loadu_si256((const __m256i *)(s_ + i + 16))), far); \
-    }
-#define MP__Z_ROW16(SRC, DST)                                                                    \
-    static void mp__z_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                           mp__ranges r) {                                       \
-        const uint16_t *s_ = &((const mp__elem_##SRC *)src)->bits;                               \
-        size_t i = 0, head = mp__head(dst, sizeof(mp__elem_##DST), n, 64);                      \
-        (void)r;                                                                                 \
-        if (!scan) {                                                                             \
-            MP__Z_PAIRS(SRC, DST, MP__Z_NOTHING, MP__Z_PLAIN16, MP__Z_PART16, MP__Z_ALL)         \
-        } else {                                                                                 \
-            MP__Z_COUNT16_BEGIN(SRC, DST);                                                       \
-            __m512i top_, low_;                                                                  \
-            MP__Z_PAIRS(SRC, DST, MP__Z_COUNT16, MP__Z_WHOLE16, MP__Z_PART16, MP__Z_CHUNKS)      \
-            MP__Z_COUNT16_END(*scan, SRC);                                                       \
-        }                                                                                        \
-    }
-MP__Z_ROW(f32, f16)
-MP__Z_ROW(f32, bf16)
-MP__Z_ROW16(f16, f32)
-MP__Z_ROW16(f16, bf16)
-MP__Z_ROW16(bf16, f32)
-MP__Z_ROW16(bf16, f16)
-#undef MP__Z_ROW
-#undef MP__Z_ROW16
-#undef MP__Z_PAIRS
-#undef MP__Z_ALL
-#undef MP__Z_CHUNKS
-#undef MP__Z_BOUNDS
-#undef MP__Z_COUNT16_BOUNDS
-#undef MP__Z_COUNT16_CLEAN
-#undef MP__Z_COUNT16_MERGE
-#undef MP__Z_COUNT16_COUNTS
-#undef MP__Z_NARROW_COUNT_BOUNDS
-#undef MP__Z_NARROW_COUNT_CLEAN
-#undef MP__Z_NARROW_COUNT_MERGE
-#undef MP__Z_NARROW_COUNT_COUNTS
-#undef MP__Z_PART
-#undef MP__Z_PART16
-#undef MP__Z_WHOLE
-#undef MP__Z_PLAIN
-#undef MP__Z_WHOLE16
-#undef MP__Z_PLAIN16
-#undef MP__Z_NOTHING
-#undef MP__Z_COUNT16_BEGIN
-#undef MP__Z_COUNT16
-#undef MP__Z_COUNT16_END
-#undef MP__Z_NARROW_COUNT_BEGIN
-#undef MP__Z_NARROW_SOURCE
-#undef MP__Z_NARROW_COUNT
-#undef MP__Z_NARROW_COUNT_END
-#undef MP__Z_COUNT_VARS
-#undef MP__Z_COUNT_BEGIN
-#undef MP__Z_COUNT
-#undef MP__Z_COUNT_LANES
-#undef MP__Z_COUNT_END
+   before it is stored, so dst may be src (the same element size). With
+   counts, the whole pairs go a chunk of MP__Z_CHUNK elements at a time
+   (16 KiB of float32 source, in L1), as the AVX2 rows do: bounds alone
+   (four operations a vector) after a chunk with nothing to count, the
+   counts again from L1 where they show something. */
+enum { MP__Z_CHUNK = 4096 };
 
-static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__z_row_f16_to_f32, mp__z_row_bf16_to_f32},
-    {mp__z_row_f32_to_f16, mp__row_f16_to_f16, mp__z_row_bf16_to_f16},
-    {mp__z_row_f32_to_bf16, mp__z_row_f16_to_bf16, mp__row_bf16_to_bf16}};
+/* The m < 32 elements at i, under a mask. */
+MP__HOT void mp__z_part(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t m, int pass,
+                        mp__z_tally *c) {
+    __mmask32 k = mp__z_tail(m);
+    if (from == MP_FLOAT32) {
+        const float *s = (const float *)src;
+        __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)k, s + i);
+        __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(k >> 16), s + i + 16);
+        __m512i h = mp__z_narrow2(x0, x1, to);
+        if (pass == MP__PASS_COUNT) mp__z_count_narrow(c, x0, x1, h);
+        _mm512_mask_storeu_epi16((uint16_t *)dst + i, k, h);
+    } else {
+        __m512i h = _mm512_maskz_loadu_epi16(k, (const uint16_t *)src + i);
+        if (pass == MP__PASS_COUNT) mp__z_count_lanes(c, h, 16);
+        mp__z_put2_masked(dst, to, i, k, mp__z_widen(_mm512_castsi512_si256(h), from),
+                          mp__z_widen(_mm512_extracti64x4_epi64(h, 1), from));
+    }
+}
+/* The whole pairs from i to end; returns where they stop. Without the
+   counts, each pair is stored as mp__z_put2 does, and a 16-bit source
+   comes in two 32-byte loads: gcc kept a 64-byte one and its vextracti64x4,
+   which ran slower in L2; the counted loop, which compares the 64 bytes at
+   once, ran slower with the halves (bench/convert). */
+MP__HOT size_t mp__z_pairs(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t end, int pass,
+                           int far, mp__z_tally *c) {
+    const float *s32 = (const float *)src;
+    const uint16_t *s16 = (const uint16_t *)src;
+    for (; i + 32 <= end; i += 32) {
+        if (from == MP_FLOAT32 && pass == MP__PASS_PLAIN) {
+            if (far) mp__cast_ahead(s32 + i), mp__cast_ahead(s32 + i + 16);
+            mp__z_put2(dst, to, i, _mm512_loadu_ps(s32 + i), _mm512_loadu_ps(s32 + i + 16), far);
+        } else if (from == MP_FLOAT32) {
+            __m512 x0 = _mm512_loadu_ps(s32 + i), x1 = _mm512_loadu_ps(s32 + i + 16);
+            __m512i h = mp__z_narrow2(x0, x1, to);
+            if (far) mp__cast_ahead(s32 + i), mp__cast_ahead(s32 + i + 16);
+            if (pass == MP__PASS_BOUNDS)
+                mp__z_bounds(c, _mm512_castps_si512(x0), 32), mp__z_bounds(c, _mm512_castps_si512(x1), 32);
+            else
+                mp__z_count_narrow(c, x0, x1, h);
+            if (pass != MP__PASS_RECOUNT) mp__z_store((uint16_t *)dst + i, h, far);
+        } else if (pass == MP__PASS_PLAIN) {
+            if (far) mp__cast_ahead(s16 + i);
+            mp__z_put2(dst, to, i, mp__z_widen(_mm256_loadu_si256((const __m256i *)(s16 + i)), from),
+                       mp__z_widen(_mm256_loadu_si256((const __m256i *)(s16 + i + 16)), from), far);
+        } else {
+            __m512i h = _mm512_loadu_si512(s16 + i);
+            if (far) mp__cast_ahead(s16 + i);
+            if (pass == MP__PASS_BOUNDS) mp__z_bounds(c, h, 16);
+            else mp__z_count_lanes(c, h, 16);
+            if (pass != MP__PASS_RECOUNT)
+                mp__z_put2(dst, to, i, mp__z_widen(_mm512_castsi512_si256(h), from),
+                           mp__z_widen(_mm512_extracti64x4_epi64(h, 1), from), far);
+        }
+    }
+    return i;
+}
+/* The whole pairs with counts, a chunk at a time (mp__chunks). */
+MP__HOT size_t mp__z_chunks(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int far,
+                            mp__z_tally *c, mp__scan *scan) {
+    mp__chunks k;
+    mp__chunks_begin(&k, dst, src);
+    while (mp__chunks_next(&k, i, n, 32, MP__Z_CHUNK)) {
+        if (!k.count) {
+            c->top = _mm512_setzero_si512(), c->low = _mm512_set1_epi32(-1);
+            i = mp__z_pairs(dst, to, src, from, i, k.end, MP__PASS_BOUNDS, far, c);
+            if (mp__z_clean(c, from)) {
+                mp__z_merge(c, from);
+                continue; /* nothing to count: the next chunk likewise */
+            }
+            i = k.start; /* counted again, from L1 */
+        }
+        if (k.count) i = mp__z_pairs(dst, to, src, from, i, k.end, MP__PASS_COUNT, far, c);
+        else i = mp__z_pairs(dst, to, src, from, i, k.end, MP__PASS_RECOUNT, far, c);
+        mp__z_counts(c, from, scan);
+        mp__chunks_counted(&k, scan);
+    }
+    return i;
+}
+MP__HOT size_t mp__z_whole(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int pass,
+                           int far, mp__z_tally *c, mp__scan *scan) {
+    if (pass == MP__PASS_PLAIN) return mp__z_pairs(dst, to, src, from, i, n, MP__PASS_PLAIN, far, c);
+    return mp__z_chunks(dst, to, src, from, i, n, far, c, scan);
+}
+/* A row, plain (pass PLAIN) or counted (COUNT). */
+MP__HOT void mp__z_cast(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                        mp__ranges r, int pass) {
+    size_t i = 0, head = mp__head(dst, mp__elem_size(to), n, 64);
+    mp__z_tally c;
+    if (pass == MP__PASS_COUNT) mp__z_tally_begin(&c, from, to, r);
+    if (head) {
+        mp__z_part(dst, to, src, from, 0, head, pass, &c);
+        i = head;
+    }
+    if (n >= MP__Z_BLOCK) {
+        i = mp__z_whole(dst, to, src, from, i, n, pass, 1, &c, scan);
+        _mm_sfence();
+    } else {
+        i = mp__z_whole(dst, to, src, from, i, n, pass, 0, &c, scan);
+    }
+    if (i < n) mp__z_part(dst, to, src, from, i, n - i, pass, &c);
+    if (pass == MP__PASS_COUNT) mp__z_tally_end(&c, from, src, n, r, scan);
+}
+MP__HOT void mp__row_avx512(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                            mp__ranges r) {
+    if (scan) mp__z_cast(dst, to, src, from, n, scan, r, MP__PASS_COUNT);
+    else mp__z_cast(dst, to, src, from, n, scan, r, MP__PASS_PLAIN);
+}
+static void mp__row_f32_to_f16_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_FLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f32_to_bf16_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_BFLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f32_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_FLOAT32, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_f16_to_bf16_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_BFLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f32_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_FLOAT32, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f16_avx512(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx512(dst, MP_FLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #elif defined(MP__SIMD_X86)
-/* Eight float32 lanes a vector, or sixteen 16-bit ones, in one pass that
+/* >>bulk casts: avx2
+   Eight float32 lanes a vector, or sixteen 16-bit ones, in one pass that
    casts and counts, as the AVX-512 rows above do. vcvtps2ph with an
    explicit rounding immediate ignores MXCSR; its NaN and subnormal results
    are exactly the scalar ones (tests/test_numerics.c checks all 2^32
@@ -2989,6 +3065,9 @@ MP__HOT __m256 mp__x86_load_f16(const void *p, size_t i) {
 }
 MP__HOT __m256 mp__x86_load_bf16(const void *p, size_t i) {
     return mp__x86_widen_bf16(_mm_loadu_si128((const __m128i *)((const mp_bf16 *)p + i)));
+}
+MP__HOT __m256 mp__x86_load(const void *p, mp_dtype from, size_t i) {
+    return from == MP_FLOAT32 ? mp__x86_load_f32(p, i) : from == MP_FLOAT16 ? mp__x86_load_f16(p, i) : mp__x86_load_bf16(p, i);
 }
 
 /* bfloat16's rounding in 32-bit lanes, each at most 0xFFFF */
@@ -3007,10 +3086,10 @@ MP__HOT __m128i mp__x86_narrow_bf16(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 /* A pair of vectors' 16-bit results in one, a's in the low half. */
-MP__HOT __m256i mp__x86_narrow2_f16(__m256 a, __m256 b) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(mp__x86_narrow_f16(a)), mp__x86_narrow_f16(b), 1);
-}
-MP__HOT __m256i mp__x86_narrow2_bf16(__m256 a, __m256 b) { /* packus leaves a0 b0 a1 b1 (halves) */
+MP__HOT __m256i mp__x86_narrow2(__m256 a, __m256 b, mp_dtype to) {
+    if (to == MP_FLOAT16)
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(mp__x86_narrow_f16(a)), mp__x86_narrow_f16(b), 1);
+    /* packus leaves a0 b0 a1 b1 (halves) */
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(mp__x86_round_bf16(a), mp__x86_round_bf16(b)), 0xD8);
 }
 MP__HOT void mp__x86_store_f32(void *p, size_t i, __m256 v) { _mm256_storeu_ps((float *)p + i, v); }
@@ -3026,43 +3105,37 @@ MP__HOT void mp__x86_store(void *p, __m256i v, int stream) {
     if (stream) _mm256_stream_si256((__m256i *)p, v);
     else _mm256_storeu_si256((__m256i *)p, v);
 }
-/* A pair of vectors (16 elements) at i, stored in address order: on an
-   AMD EPYC (Zen 4, gcc 12, 4096 elements in L1) float16 to float32 took
-   0.099 ns an element with the second vector stored first, 0.061 this way.
-   float16 results leave in two 16-byte stores (bfloat16 to float16 in L1:
-   0.088 ns an element joined by vinserti128, 0.073 apart), but streamed
-   in one; bfloat16 ones in one, packed together (float32 to bfloat16:
-   0.132 apart, 0.123). */
-MP__HOT void mp__x86_put2_f32(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    mp__x86_store((float *)p + i, _mm256_castps_si256(a), stream);
-    mp__x86_store((float *)p + i + 8, _mm256_castps_si256(b), stream);
-}
-MP__HOT void mp__x86_put2_f16(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    if (stream) {
-        mp__x86_store((mp_f16 *)p + i, mp__x86_narrow2_f16(a, b), 1);
-    } else {
+/* A pair of vectors (16 elements) at i, stored in address order: the
+   second vector stored first ran slower. float16 results leave in two
+   16-byte stores (joined by vinserti128 they ran slower), but streamed in
+   one; bfloat16 ones in one, packed together, which ran faster than apart
+   (bench/convert, in L1). */
+MP__HOT void mp__x86_put2(void *p, mp_dtype to, size_t i, __m256 a, __m256 b, int stream) {
+    if (to == MP_FLOAT32) {
+        mp__x86_store((float *)p + i, _mm256_castps_si256(a), stream);
+        mp__x86_store((float *)p + i + 8, _mm256_castps_si256(b), stream);
+    } else if (to == MP_FLOAT16 && !stream) {
         mp__x86_store_f16(p, i, a);
         mp__x86_store_f16(p, i + 8, b);
+    } else {
+        mp__x86_store((uint16_t *)p + i, mp__x86_narrow2(a, b, to), stream);
     }
 }
-MP__HOT void mp__x86_put2_bf16(void *p, size_t i, __m256 a, __m256 b, int stream) {
-    mp__x86_store((mp_bf16 *)p + i, mp__x86_narrow2_bf16(a, b), stream);
-}
 
-/* mp__x86_hsum, mp__x86_hmax, mp__x86_hmin: horizontal sum, signed max
-   and unsigned min of eight 32-bit lanes: fold 256 -> 128 -> 64 -> 32
-   bits. */
-#define MP__X86_HORIZONTAL(NAME, OP)                                                          \
-    static uint32_t NAME(__m256i v) {                                                         \
-        __m128i x = OP(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));            \
-        x = OP(x, _mm_shuffle_epi32(x, 0x4E));                                                \
-        return (uint32_t)_mm_cvtsi128_si32(OP(x, _mm_shuffle_epi32(x, 0xB1)));                \
-    }                                                                                         \
-    struct mp__semicolon
-MP__X86_HORIZONTAL(mp__x86_hsum, _mm_add_epi32);
-MP__X86_HORIZONTAL(mp__x86_hmax, _mm_max_epi32);
-MP__X86_HORIZONTAL(mp__x86_hmin, _mm_min_epu32);
-#undef MP__X86_HORIZONTAL
+/* Horizontal sum, signed max and unsigned min of eight 32-bit lanes: fold
+   256 -> 128 -> 64 -> 32 bits. */
+enum { MP__FOLD_SUM, MP__FOLD_MAX, MP__FOLD_MINU };
+MP__HOT __m128i mp__x86_fold_op(__m128i a, __m128i b, int op) {
+    return op == MP__FOLD_SUM ? _mm_add_epi32(a, b) : op == MP__FOLD_MAX ? _mm_max_epi32(a, b) : _mm_min_epu32(a, b);
+}
+MP__HOT uint32_t mp__x86_fold(__m256i v, int op) {
+    __m128i x = mp__x86_fold_op(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), op);
+    x = mp__x86_fold_op(x, _mm_shuffle_epi32(x, 0x4E), op);
+    return (uint32_t)_mm_cvtsi128_si32(mp__x86_fold_op(x, _mm_shuffle_epi32(x, 0xB1), op));
+}
+static uint32_t mp__x86_hsum(__m256i v) { return mp__x86_fold(v, MP__FOLD_SUM); }
+static uint32_t mp__x86_hmax(__m256i v) { return mp__x86_fold(v, MP__FOLD_MAX); }
+static uint32_t mp__x86_hmin(__m256i v) { return mp__x86_fold(v, MP__FOLD_MINU); }
 /* The same over sixteen 16-bit lanes: the sum of counts below 2^15 (vpmaddwd
    adds pairs as signed), and the extremes by phminposuw, the unsigned min
    of eight lanes; x ^ 0x7FFF turns the signed order into the unsigned one
@@ -3076,17 +3149,6 @@ static uint32_t mp__x86_hmax16(__m256i v) {
     __m128i flip = _mm_set1_epi16(0x7FFF);
     __m128i x = _mm_xor_si128(_mm_max_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)), flip);
     return ((uint32_t)_mm_cvtsi128_si32(_mm_minpos_epu16(x)) ^ 0x7FFFu) & 0xFFFFu;
-}
-
-/* Adds a chunk's two fields of each lane (MP__X86_COUNT2, below) to n[0]
-   and n[1]. */
-static void mp__x86_fields16(__m256i p, uint32_t *n) {
-    n[0] += mp__x86_hsum16(_mm256_and_si256(p, _mm256_set1_epi16(0xFF)));
-    n[1] += mp__x86_hsum16(_mm256_srli_epi16(p, 8));
-}
-static void mp__x86_fields32(__m256i p, uint32_t *n) {
-    n[0] += mp__x86_hsum(_mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)));
-    n[1] += mp__x86_hsum(_mm256_srli_epi32(p, 16));
 }
 
 /* The sign bits set in a pair of vectors' 32-bit lanes. */
@@ -3103,138 +3165,178 @@ static void mp__scan_merge(mp__scan *s, const mp__scan *t) {
     if (t->min_abs < s->min_abs) s->min_abs = t->min_abs;
 }
 
-/* The counts as the AVX-512 rows take them (MP__Z_COUNT_LANES), in vector
-   lanes. AVX2 has 16 vector registers where AVX-512 has 32: with a count
-   a register, gcc 12 kept the extremes and a count on the stack, a chain
-   through memory every pair (bfloat16 to float16: 0.25 ns an element in
-   L1, against 0.07 for the plain cast). So each W-bit lane of a count
-   holds two counts of W/2 bits, the second shifted up (a compare's lanes
-   are -1 where it holds: subtracted, they add 1, or 1 << W/2), and a
-   chunk of at most MP__X86_CHUNK pairs is added to the totals in general
-   registers before any field can carry. W-bit magnitudes (W = 32: float32
-   bits; 16: float16 or bfloat16 bits) lie below 2^(W-1), so AVX2's signed
-   compares order them: a >= t is a > t - 1. Named locals, as there. */
-#define MP__X86_CHUNK 255
-#define MP__X86_COUNT2(p, W, low, high) _mm256_sub_epi##W(_mm256_sub_epi##W(p, low), _mm256_slli_epi##W(high, W / 2))
-#define MP__X86_COUNT_VARS                                                                      \
-    __m256i p0, p1, p2, hi = bias, lo = minus_one, a_, b_, m_;                                  \
-    uint32_t n_[6] = {0, 0, 0, 0, 0, 0}
-#define MP__X86_CHUNK_BEGIN (p0 = p1 = p2 = _mm256_setzero_si256())
-#define MP__X86_CHUNK_END(W) (mp__x86_fields##W(p0, n_), mp__x86_fields##W(p1, n_ + 2), mp__x86_fields##W(p2, n_ + 4))
-/* The lanes with a >= 1, t1 | t2, t3 | Inf, > Inf: n_[0] ... n_[5] */
-#define MP__X86_COUNT_LANES(W, bits)                                                            \
-    (a_ = _mm256_and_si256(bits, abs_mask),                                                     \
-     p0 = under_ || sub_ ? MP__X86_COUNT2(p0, W, under_ ? _mm256_cmpgt_epi##W(a_, zero) : zero, \
-                                          _mm256_cmpgt_epi##W(a_, t1)) : p0,                    \
-     b_ = _mm256_add_epi##W(a_, bias), hi = _mm256_max_epi##W(hi, b_),                          \
-     p1 = sub_ || over_ ? MP__X86_COUNT2(p1, W, sub_ ? _mm256_cmpgt_epi##W(a_, t2) : zero,      \
-                                         over_ ? _mm256_cmpgt_epi##W(a_, t3) : zero) : p1,      \
-     m_ = _mm256_srai_epi##W(b_, W - 1), /* a >= Inf: a + bias is negative */                   \
-     p2 = MP__X86_COUNT2(p2, W, m_, _mm256_cmpgt_epi##W(a_, inf)),                                   \
-     lo = _mm256_min_epu##W(lo, _mm256_add_epi##W(a_, minus_one)))
-/* A chunk's bounds alone, top_ = max a and low_ = min(a - 1) (zero wraps
-   to the top), for the rows' uncounted chunks (below). */
-#define MP__X86_BOUNDS(W, bits)                                                                 \
-    (a_ = _mm256_and_si256(bits, abs_mask), top_ = _mm256_max_epi##W(top_, a_),                 \
-     low_ = _mm256_min_epu##W(low_, _mm256_add_epi##W(a_, minus_one)))
-/* A clean chunk's bounds into the row's extremes: its top is finite. */
-#define MP__X86_MERGE(W)                                                                        \
-    (lo = _mm256_min_epu##W(lo, low_), hi = _mm256_max_epi##W(hi, _mm256_add_epi##W(top_, bias)))
-/* float32 lanes against a target's thresholds: the scans */
-#define MP__X86_COUNT_BEGIN                                                                     \
-    const int under_ = 1, sub_ = 1, over_ = 1;                                                  \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  t1 = _mm256_set1_epi32((int)r.sub_lo - 1), t2 = _mm256_set1_epi32((int)r.normal_lo - 1), \
-                  t3 = _mm256_set1_epi32((int)r.inf_lo - 1), inf = _mm256_set1_epi32((int)MP__F32_INF), \
-                  abs_mask = _mm256_set1_epi32(0x7FFFFFFF),                                     \
-                  bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF));                   \
-    MP__X86_COUNT_VARS
-#define MP__X86_COUNT_END(s)                                                                    \
-    mp__range_counts(&(s), under_, sub_, over_, n_[0], n_[1], n_[2], n_[3], n_[4], n_[5]);      \
-    mp__extremes32(&(s), mp__x86_hmax(hi), mp__x86_hmin(lo))
-/* a 16-bit source's own bits (mp__ranges16) */
-#define MP__X86_COUNT16_BEGIN(SRC, DST)                                                         \
-    const uint16_t *u_ = mp__ranges16[MP__INDEX16_##SRC][MP__DTYPE_OF_##DST];                   \
-    const int under_ = u_[0] != 1, sub_ = u_[1] != u_[0], over_ = u_[2] != MP__INF16_##SRC;     \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  t1 = _mm256_set1_epi16((short)(u_[0] - 1)), t2 = _mm256_set1_epi16((short)(u_[1] - 1)), \
-                  t3 = _mm256_set1_epi16((short)(u_[2] - 1)), inf = _mm256_set1_epi16(MP__INF16_##SRC), \
-                  abs_mask = _mm256_set1_epi16(0x7FFF),                                         \
-                  bias = _mm256_set1_epi16((short)(0x8000 - MP__INF16_##SRC));                  \
-    MP__X86_COUNT_VARS
-#define MP__X86_COUNT16(x0, x1, h) MP__X86_COUNT_LANES(16, h)
-#define MP__X86_COUNT16_BOUNDS(x0, x1, h) MP__X86_BOUNDS(16, h)
-#define MP__X86_COUNT16_CLEAN (mp__x86_hmax16(top_) < u_[2] && mp__x86_hmin16(low_) >= u_[1] - 1u)
-#define MP__X86_COUNT16_MERGE MP__X86_MERGE(16)
-#define MP__X86_COUNT16_COUNTS(s) mp__range_counts(&(s), under_, sub_, over_, n_[0], n_[1], n_[2], n_[3], n_[4], n_[5])
-#define MP__X86_COUNT16_END(s, SRC)                                                             \
-    MP__X86_COUNT16_COUNTS(s);                                                                  \
-    mp__extremes16(&(s), mp__x86_hmax16(hi), mp__x86_hmin16(lo), MP__INF16_##SRC, mp__f32_bits_from_##SRC)
-/* float32 to 16 bits: the source's zero and nonfinite lanes and the
-   results' classes, as the AVX-512 rows count them (MP__Z_NARROW_COUNT).
-   The source's lanes are the sign bits of a - 1 and a + bias, counted by
-   vmovmskps and POPCNT in general registers, which leaves p0 to the
-   compiler to drop (float32 to float16 in L2, wide data, gcc 12: 0.225 ns
-   an element packed into p0, 0.195 this way); n_[2] ... n_[5] are zero and
-   below-normal results, Inf or NaN results and NaN results. */
-#define MP__X86_NARROW_COUNT_BEGIN(SRC, DST)                                                    \
-    const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1),             \
-                  abs_mask = _mm256_set1_epi32(0x7FFFFFFF),                                     \
-                  bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF)),                   \
-                  abs16 = _mm256_set1_epi16(0x7FFF), normal16 = _mm256_set1_epi16(MP__NORMAL16_##DST), \
-                  inf16 = _mm256_set1_epi16(MP__INF16_##DST), below_inf16 = _mm256_set1_epi16(MP__INF16_##DST - 1); \
-    __m256i c0_, c1_;                                                                           \
-    uint32_t zero_in_ = 0, nonfinite_in_ = 0;                                                   \
-    MP__X86_COUNT_VARS
-#define MP__X86_NARROW_SOURCE(x, b, c)                                                          \
-    (a_ = _mm256_and_si256(_mm256_castps_si256(x), abs_mask),                                   \
-     b = _mm256_add_epi32(a_, bias), hi = _mm256_max_epi32(hi, b),                              \
-     c = _mm256_add_epi32(a_, minus_one), lo = _mm256_min_epu32(lo, c))
-#define MP__X86_NARROW_COUNT(x0, x1, h)                                                         \
-    (MP__X86_NARROW_SOURCE(x0, b_, c0_), MP__X86_NARROW_SOURCE(x1, m_, c1_),                    \
-     zero_in_ += mp__x86_signs(c0_, c1_), nonfinite_in_ += mp__x86_signs(b_, m_),                 \
-     a_ = _mm256_and_si256(h, abs16),                                                           \
-     p1 = MP__X86_COUNT2(p1, 16, _mm256_cmpeq_epi16(a_, zero), _mm256_cmpgt_epi16(normal16, a_)),    \
-     p2 = MP__X86_COUNT2(p2, 16, _mm256_cmpgt_epi16(a_, below_inf16), _mm256_cmpgt_epi16(a_, inf16)))
-#define MP__X86_NARROW_COUNT_BOUNDS(x0, x1, h)                                                  \
-    (MP__X86_BOUNDS(32, _mm256_castps_si256(x0)), MP__X86_BOUNDS(32, _mm256_castps_si256(x1)))
-#define MP__X86_NARROW_COUNT_CLEAN (mp__x86_hmax(top_) < r.inf_lo && mp__x86_hmin(low_) >= r.normal_lo - 1u)
-#define MP__X86_NARROW_COUNT_MERGE MP__X86_MERGE(32)
-#define MP__X86_NARROW_COUNT_COUNTS(s)                                                          \
-    mp__narrow_counts(&(s), zero_in_, nonfinite_in_, n_[2], n_[3], n_[4], n_[5])
-#define MP__X86_NARROW_COUNT_END(s, SRC)                                                        \
-    MP__X86_NARROW_COUNT_COUNTS(s);                                                             \
-    mp__extremes32(&(s), mp__x86_hmax(hi), mp__x86_hmin(lo))
+/* Lane-width-generic operations on W-bit lanes (w = 32 or 16), as the
+   AVX-512 rows' mp__z_add and the rest. */
+MP__HOT __m256i mp__x86_set(uint32_t x, int w) { return w == 32 ? _mm256_set1_epi32((int)x) : _mm256_set1_epi16((short)x); }
+MP__HOT __m256i mp__x86_add(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_add_epi32(a, b) : _mm256_add_epi16(a, b); }
+MP__HOT __m256i mp__x86_gt(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_cmpgt_epi32(a, b) : _mm256_cmpgt_epi16(a, b); }
+MP__HOT __m256i mp__x86_max(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_max_epi32(a, b) : _mm256_max_epi16(a, b); }
+MP__HOT __m256i mp__x86_minu(__m256i a, __m256i b, int w) { return w == 32 ? _mm256_min_epu32(a, b) : _mm256_min_epu16(a, b); }
+MP__HOT __m256i mp__x86_sign(__m256i a, int w) { return w == 32 ? _mm256_srai_epi32(a, 31) : _mm256_srai_epi16(a, 15); }
+/* Two counts in each W-bit lane, the second shifted up by W/2: a compare's
+   lanes are -1 where it holds, so subtracting adds 1, or 1 << W/2. */
+MP__HOT __m256i mp__x86_count2(__m256i p, __m256i low, __m256i high, int w) {
+    return w == 32 ? _mm256_sub_epi32(_mm256_sub_epi32(p, low), _mm256_slli_epi32(high, 16))
+                   : _mm256_sub_epi16(_mm256_sub_epi16(p, low), _mm256_slli_epi16(high, 8));
+}
 
-/* Counts alone: for the numerics diagnostics. */
-#define MP__X86_SCAN(SRC)                                                                       \
-    static mp__scan mp__x86_scan_##SRC(const void *src, size_t n, mp__ranges r) {               \
-        size_t i = 0;                                                                           \
-        mp__scan s, tail;                                                                       \
-        MP__X86_COUNT_BEGIN;                                                                    \
-        while (i + 8 <= n) {                                                                    \
-            size_t end = n - i > 8 * MP__X86_CHUNK ? i + 8 * MP__X86_CHUNK : n;                 \
-            MP__X86_CHUNK_BEGIN;                                                                \
-            for (; i + 8 <= end; i += 8) MP__X86_COUNT_LANES(32, _mm256_castps_si256(mp__x86_load_##SRC(src, i))); \
-            MP__X86_CHUNK_END(32);                                                              \
-        }                                                                                       \
-        MP__X86_COUNT_END(s);                                                                   \
-        tail = mp__scan_##SRC((const mp__elem_##SRC *)src + i, n - i, r);                       \
-        mp__scan_merge(&s, &tail);                                                              \
-        return s;                                                                               \
+/* What an AVX2 row or scan counts as it goes: the counts of the AVX-512
+   rows (mp__z_tally), in vector lanes. AVX2 has 16 vector registers where
+   AVX-512 has 32: with a count a register, gcc kept the extremes and a
+   count on the stack, a chain through memory every pair, and the counted
+   cast ran at a fraction of the plain one's speed (bench/convert). So each
+   W-bit lane of p0, p1, p2 holds two counts of W/2 bits (mp__x86_count2),
+   and a chunk of at most MP__X86_CHUNK pairs is added to the totals n[]
+   in general registers (mp__x86_chunk_end) before any field can carry.
+   W-bit magnitudes (W = 32: float32 bits; 16: float16 or bfloat16 bits) lie
+   below 2^(W-1), so AVX2's signed compares order them: a >= t is
+   a > t - 1 (t1, t2, t3 hold t - 1). n[0] ... n[5]: the lanes with a >= 1,
+   t1 | t2, t3 | Inf, > Inf.
+
+   A float32 source narrowed: the source's zero and nonfinite lanes are the
+   sign bits of a - 1 and a + bias, counted by vmovmskps and POPCNT in
+   general registers (zero_in, nonfinite_in), which leaves p0 to the
+   compiler to drop and ran faster than packing them into p0
+   (bench/convert); n[2] ... n[5] are zero and below-normal results, Inf or
+   NaN results and NaN results. The extremes are hi = max(a + bias) and
+   lo = min(a - 1), as the AVX-512 range counts keep them; top and low a
+   chunk's bounds alone. As there, the fields are the row's locals once
+   the functions that take the tally are inlined (MP__HOT). */
+typedef struct mp__x86_tally {
+    __m256i zero, minus_one, abs, bias, t1, t2, t3, inf; /* W-bit lanes' constants */
+    __m256i abs16, normal16, inf16, below_inf16;         /* a float32 source's 16-bit results' */
+    __m256i p0, p1, p2, hi, lo, top, low;
+    uint32_t n[6];
+    uint32_t zero_in, nonfinite_in, normal_lo, inf_lo;
+    int under, sub, over;
+} mp__x86_tally;
+enum { MP__X86_CHUNK = 255 };
+
+MP__HOT void mp__x86_tally_ranges(mp__x86_tally *c, int w, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t inf) {
+    uint32_t sign = 1u << (w - 1);
+    c->under = t1 != 1u, c->sub = t2 != t1, c->over = t3 != inf;
+    c->zero = _mm256_setzero_si256(), c->minus_one = _mm256_set1_epi32(-1);
+    c->t1 = mp__x86_set(t1 - 1u, w), c->t2 = mp__x86_set(t2 - 1u, w), c->t3 = mp__x86_set(t3 - 1u, w);
+    c->inf = mp__x86_set(inf, w), c->abs = mp__x86_set(sign - 1u, w), c->bias = mp__x86_set(sign - inf, w);
+    c->hi = c->bias, c->lo = c->minus_one;
+    c->n[0] = c->n[1] = c->n[2] = c->n[3] = c->n[4] = c->n[5] = 0;
+    c->normal_lo = t2, c->inf_lo = t3;
+}
+MP__HOT void mp__x86_tally_begin(mp__x86_tally *c, mp_dtype from, mp_dtype to, mp__ranges r) {
+    const uint16_t *u = mp__ranges16_of(from, to);
+    if (from != MP_FLOAT32) {
+        mp__x86_tally_ranges(c, 16, u[0], u[1], u[2], mp__inf16(from));
+        return;
     }
-MP__X86_SCAN(f32)
-MP__X86_SCAN(f16)
-MP__X86_SCAN(bf16)
-#undef MP__X86_SCAN
+    c->zero = _mm256_setzero_si256(), c->minus_one = _mm256_set1_epi32(-1);
+    c->abs = _mm256_set1_epi32(0x7FFFFFFF), c->bias = _mm256_set1_epi32((int)(0x80000000u - MP__F32_INF));
+    c->abs16 = _mm256_set1_epi16(0x7FFF), c->normal16 = mp__x86_set(mp__normal16(to), 16);
+    c->inf16 = mp__x86_set(mp__inf16(to), 16), c->below_inf16 = mp__x86_set(mp__inf16(to) - 1u, 16);
+    c->hi = c->bias, c->lo = c->minus_one;
+    c->zero_in = c->nonfinite_in = 0;
+    c->n[0] = c->n[1] = c->n[2] = c->n[3] = c->n[4] = c->n[5] = 0;
+    c->normal_lo = r.normal_lo, c->inf_lo = r.inf_lo;
+}
+
+/* A chunk's packed counts: zeroed before it, added to n[] after it. */
+MP__HOT void mp__x86_chunk_begin(mp__x86_tally *c) { c->p0 = c->p1 = c->p2 = _mm256_setzero_si256(); }
+MP__HOT void mp__x86_fields(__m256i p, uint32_t *n, int w) {
+    if (w == 16) {
+        n[0] += mp__x86_hsum16(_mm256_and_si256(p, _mm256_set1_epi16(0xFF)));
+        n[1] += mp__x86_hsum16(_mm256_srli_epi16(p, 8));
+    } else {
+        n[0] += mp__x86_hsum(_mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)));
+        n[1] += mp__x86_hsum(_mm256_srli_epi32(p, 16));
+    }
+}
+MP__HOT void mp__x86_chunk_end(mp__x86_tally *c, int w) {
+    mp__x86_fields(c->p0, c->n, w), mp__x86_fields(c->p1, c->n + 2, w), mp__x86_fields(c->p2, c->n + 4, w);
+}
+
+/* The range counts and extremes of W-bit lanes. */
+MP__HOT void mp__x86_count_lanes(mp__x86_tally *c, __m256i bits, int w) {
+    __m256i a = _mm256_and_si256(bits, c->abs), b;
+    if (c->under || c->sub)
+        c->p0 = mp__x86_count2(c->p0, c->under ? mp__x86_gt(a, c->zero, w) : c->zero, mp__x86_gt(a, c->t1, w), w);
+    b = mp__x86_add(a, c->bias, w), c->hi = mp__x86_max(c->hi, b, w);
+    if (c->sub || c->over)
+        c->p1 = mp__x86_count2(c->p1, c->sub ? mp__x86_gt(a, c->t2, w) : c->zero,
+                               c->over ? mp__x86_gt(a, c->t3, w) : c->zero, w);
+    c->p2 = mp__x86_count2(c->p2, mp__x86_sign(b, w), mp__x86_gt(a, c->inf, w), w); /* a >= Inf: a + bias < 0 */
+    c->lo = mp__x86_minu(c->lo, mp__x86_add(a, c->minus_one, w), w);
+}
+/* A float32 source vector into the extremes: returns a + bias, and a - 1 in *below. */
+MP__HOT __m256i mp__x86_narrow_source(mp__x86_tally *c, __m256 x, __m256i *below) {
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(x), c->abs);
+    __m256i b = _mm256_add_epi32(a, c->bias);
+    c->hi = _mm256_max_epi32(c->hi, b);
+    *below = _mm256_add_epi32(a, c->minus_one), c->lo = _mm256_min_epu32(c->lo, *below);
+    return b;
+}
+MP__HOT void mp__x86_count_narrow(mp__x86_tally *c, __m256 x0, __m256 x1, __m256i h) {
+    __m256i z0, z1, b0 = mp__x86_narrow_source(c, x0, &z0), b1 = mp__x86_narrow_source(c, x1, &z1), a;
+    c->zero_in += mp__x86_signs(z0, z1), c->nonfinite_in += mp__x86_signs(b0, b1);
+    a = _mm256_and_si256(h, c->abs16);
+    c->p1 = mp__x86_count2(c->p1, _mm256_cmpeq_epi16(a, c->zero), _mm256_cmpgt_epi16(c->normal16, a), 16);
+    c->p2 = mp__x86_count2(c->p2, _mm256_cmpgt_epi16(a, c->below_inf16), _mm256_cmpgt_epi16(a, c->inf16), 16);
+}
+MP__HOT void mp__x86_bounds(mp__x86_tally *c, __m256i bits, int w) {
+    __m256i a = _mm256_and_si256(bits, c->abs);
+    c->top = mp__x86_max(c->top, a, w), c->low = mp__x86_minu(c->low, mp__x86_add(a, c->minus_one, w), w);
+}
+/* Whether a chunk's bounds show nothing to count; then they join the
+   row's extremes (the top is finite). W = 32 for a float32 source. */
+MP__HOT int mp__x86_clean(const mp__x86_tally *c, int w) {
+    if (w == 32) return mp__x86_hmax(c->top) < c->inf_lo && mp__x86_hmin(c->low) >= c->normal_lo - 1u;
+    return mp__x86_hmax16(c->top) < c->inf_lo && mp__x86_hmin16(c->low) >= c->normal_lo - 1u;
+}
+MP__HOT void mp__x86_merge(mp__x86_tally *c, int w) {
+    c->lo = mp__x86_minu(c->lo, c->low, w), c->hi = mp__x86_max(c->hi, mp__x86_add(c->top, c->bias, w), w);
+}
+
+/* Counts alone: for the numerics diagnostics (mp__scans); the last few
+   elements by the scalar scan. Every range is counted (r is not a
+   constant); one the target cannot reach counts 0. */
+MP__HOT mp__scan mp__scan_avx2(const void *src, mp_dtype from, size_t n, mp__ranges r) {
+    size_t i = 0;
+    mp__scan s, tail;
+    mp__x86_tally c;
+    mp__x86_tally_ranges(&c, 32, r.sub_lo, r.normal_lo, r.inf_lo, MP__F32_INF);
+    c.under = c.sub = c.over = 1;
+    while (i + 8 <= n) {
+        size_t end = n - i > 8 * MP__X86_CHUNK ? i + 8 * MP__X86_CHUNK : n;
+        mp__x86_chunk_begin(&c);
+        for (; i + 8 <= end; i += 8) mp__x86_count_lanes(&c, _mm256_castps_si256(mp__x86_load(src, from, i)), 32);
+        mp__x86_chunk_end(&c, 32);
+    }
+    mp__range_counts(&s, c.under, c.sub, c.over, c.n[0], c.n[1], c.n[2], c.n[3], c.n[4], c.n[5]);
+    mp__extremes32(&s, mp__x86_hmax(c.hi), mp__x86_hmin(c.lo));
+    tail = mp__scan_by(from, (const char *)src + i * mp__elem_size(from), n - i, r);
+    mp__scan_merge(&s, &tail);
+    return s;
+}
+static mp__scan mp__x86_scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT32, n, r); }
+static mp__scan mp__x86_scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT16, n, r); }
+static mp__scan mp__x86_scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_BFLOAT16, n, r); }
+
+/* A row's counts so far into *s, and at its end its counts and extremes. */
+MP__HOT void mp__x86_counts(const mp__x86_tally *c, mp_dtype from, mp__scan *s) {
+    if (from == MP_FLOAT32) mp__narrow_counts(s, c->zero_in, c->nonfinite_in, c->n[2], c->n[3], c->n[4], c->n[5]);
+    else mp__range_counts(s, c->under, c->sub, c->over, c->n[0], c->n[1], c->n[2], c->n[3], c->n[4], c->n[5]);
+}
+MP__HOT void mp__x86_tally_end(const mp__x86_tally *c, mp_dtype from, mp__scan *s) {
+    mp__x86_counts(c, from, s);
+    if (from == MP_FLOAT32) mp__extremes32(s, mp__x86_hmax(c->hi), mp__x86_hmin(c->lo));
+    else mp__extremes16(s, mp__x86_hmax16(c->hi), mp__x86_hmin16(c->lo), from);
+}
 
 /* The rows: whole pairs of vectors (16 elements), then the rest one at a
-   time by the portable row (mp__row_*, which counts them too). With
-   counts, a chunk at a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source,
-   in L1 or L2): a chunk after one with nothing to count is cast with its
-   bounds alone (four operations a vector); if they show a value the counts
-   would name, the chunk is counted again from cache, and the next ones as
-   they are cast, until a chunk has nothing to count. Most tensors have
+   time by the scalar row (which counts them too). With counts, a chunk at
+   a time (MP__X86_CHUNK pairs, 16 to 64 KiB of source, in L1 or L2): a
+   chunk after one with nothing to count is cast with its bounds alone
+   (four operations a vector); if they show a value the counts would name,
+   the chunk is counted again from cache, and the next ones as they are
+   cast, until a chunk has nothing to count (mp__chunks). Most tensors have
    nothing to count and pay for the bounds; data full of underflows and
    overflows pays for the counts once. Every pair is loaded and counted
    before it is stored, so dst may be src (the same element size), where
@@ -3242,125 +3344,143 @@ MP__X86_SCAN(bf16)
    row of a long cast (far: MP__CAST_FAR) fetches its source ahead and,
    from the destination's first 32-byte boundary on, stores around the
    caches (vmovntdq), as the AVX-512 rows do, then sfence; the elements
-   before that boundary go one at a time, as the tail does. An AVX2 build
-   on an Intel Xeon (family 6 model 207), 16M elements: float16 to float32
-   from 1.5-1.8 to 2.9-3.8 Gelem/s (0.88-1.02 of a plain F16C loop before,
-   1.76-2.35 after), bfloat16 to float16 2.8-3.7 to 4.0-5.5. */
-#define MP__X86_BLOCK ((size_t)1 << 18) /* a row: few calls, and 32-bit counts hold it */
-#define MP__ROWS_BLOCK(n) MP__ROWS_OF(n, MP__X86_BLOCK)
-#define MP__X86_NARROW_PAIR(SRC, DST, COUNT, far, store)                                        \
-    {                                                                                           \
-        __m256 x0 = mp__x86_load_f32(src, i), x1 = mp__x86_load_f32(src, i + 8);                \
-        __m256i h = mp__x86_narrow2_##DST(x0, x1);                                              \
-        if (far) mp__cast_ahead((const float *)src + i);                                        \
-        COUNT(x0, x1, h);                                                                       \
-        if (store) mp__x86_store((mp__elem_##DST *)dst + i, h, far);                            \
-    }
-#define MP__X86_PAIR16(SRC, DST, COUNT, far, store)                                             \
-    {                                                                                           \
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const mp__elem_##SRC *)src + i));     \
-        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
-        COUNT(0, 0, h);                                                                         \
-        if (store) mp__x86_put2_##DST(dst, i, mp__x86_load_##SRC(src, i), mp__x86_load_##SRC(src, i + 8), far); \
-    }
-/* The whole pairs, fetched ahead and streamed where far (a row of a long cast). */
-#define MP__X86_PLAIN(SRC, DST, far)                                                            \
-    for (; i + 16 <= n; i += 16) {                                                              \
-        __m256 x0 = mp__x86_load_##SRC(src, i), x1 = mp__x86_load_##SRC(src, i + 8);           \
-        if (far) mp__cast_ahead((const mp__elem_##SRC *)src + i);                               \
-        mp__x86_put2_##DST(dst, i, x0, x1, far);                                                \
-    }
-#define MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, far)                                              \
-    MP__STATS_CHUNKS(16, 16 * MP__X86_CHUNK,                                                    \
-                     (top_ = zero, low_ = minus_one);                                           \
-                     for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT##_BOUNDS, far, 1),    \
-                     COUNT##_CLEAN, COUNT##_MERGE,                                              \
-                     { MP__X86_CHUNK_BEGIN;                                                     \
-                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 1)            \
-                       MP__X86_CHUNK_END(16); },                                                \
-                     { MP__X86_CHUNK_BEGIN;                                                     \
-                       for (; i + 16 <= end_; i += 16) PAIR(SRC, DST, COUNT, far, 0)            \
-                       MP__X86_CHUNK_END(16); },                                                \
-                     COUNT##_COUNTS)
-#define MP__X86_ROW(SRC, DST, PAIR, COUNT)                                                      \
-    static void mp__x86_row_##SRC##_to_##DST(void *dst, const void *src, size_t n, mp__scan *scan, \
-                                             mp__ranges r) {                                    \
-        int far = n >= MP__X86_BLOCK;                                                           \
-        size_t i = far ? mp__head(dst, sizeof(mp__elem_##DST), n, 32) : 0;                      \
-        mp__scan part;                                                                          \
-        mp__row_##SRC##_to_##DST(dst, src, i, scan ? &part : NULL, r); /* the head */            \
-        if (!scan) {                                                                            \
-            if (far) MP__X86_PLAIN(SRC, DST, 1)                                                 \
-            else MP__X86_PLAIN(SRC, DST, 0)                                                     \
-        } else {                                                                                \
-            COUNT##_BEGIN(SRC, DST);                                                            \
-            __m256i top_, low_;                                                                 \
-            if (far) MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 1)                                   \
-            else MP__X86_CHUNKS(SRC, DST, PAIR, COUNT, 0)                                       \
-            COUNT##_END(*scan, SRC);                                                            \
-            mp__scan_merge(scan, &part);                                                        \
-        }                                                                                       \
-        if (far) _mm_sfence(); /* the streamed stores before any later one */                  \
-        mp__row_##SRC##_to_##DST((mp__elem_##DST *)dst + i, (const mp__elem_##SRC *)src + i, n - i, \
-                                 scan ? &part : NULL, r); /* the tail */                        \
-        if (scan) mp__scan_merge(scan, &part);                                                  \
-    }
-MP__X86_ROW(f32, f16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
-MP__X86_ROW(f32, bf16, MP__X86_NARROW_PAIR, MP__X86_NARROW_COUNT)
-MP__X86_ROW(f16, f32, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(f16, bf16, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(bf16, f32, MP__X86_PAIR16, MP__X86_COUNT16)
-MP__X86_ROW(bf16, f16, MP__X86_PAIR16, MP__X86_COUNT16)
-#undef MP__X86_ROW
-#undef MP__X86_PLAIN
-#undef MP__X86_CHUNKS
-#undef MP__X86_PAIR16
-#undef MP__X86_NARROW_PAIR
-#undef MP__X86_NARROW_COUNT_BEGIN
-#undef MP__X86_NARROW_SOURCE
-#undef MP__X86_NARROW_COUNT
-#undef MP__X86_NARROW_COUNT_END
-#undef MP__X86_COUNT16_BEGIN
-#undef MP__X86_COUNT16
-#undef MP__X86_COUNT16_END
-#undef MP__X86_COUNT_BEGIN
-#undef MP__X86_COUNT_END
-#undef MP__X86_COUNT_LANES
-#undef MP__X86_CHUNK_BEGIN
-#undef MP__X86_CHUNK_END
-#undef MP__X86_COUNT_VARS
-#undef MP__X86_COUNT2
-#undef MP__X86_BOUNDS
-#undef MP__X86_MERGE
-#undef MP__X86_COUNT16_MERGE
-#undef MP__X86_COUNT16_COUNTS
-#undef MP__X86_COUNT16_BOUNDS
-#undef MP__X86_COUNT16_CLEAN
-#undef MP__X86_NARROW_COUNT_MERGE
-#undef MP__X86_NARROW_COUNT_COUNTS
-#undef MP__X86_NARROW_COUNT_BOUNDS
-#undef MP__X86_NARROW_COUNT_CLEAN
+   before that boundary go one at a time, as the tail does. From memory
+   this ran well ahead of a plain F16C loop (bench/convert, 16M
+   elements). */
+enum { MP__X86_BLOCK = 1 << 18 }; /* a row: few calls, and 32-bit counts hold it */
 
+/* The whole pairs from i to end; returns where they stop. A 16-bit source
+   is counted on its 32 bytes at once and widened from two 16-byte loads. */
+MP__HOT size_t mp__x86_pairs(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t end, int pass,
+                             int far, mp__x86_tally *c) {
+    for (; i + 16 <= end; i += 16) {
+        const void *ahead = (const char *)src + i * mp__elem_size(from);
+        if (pass == MP__PASS_PLAIN) {
+            __m256 x0 = mp__x86_load(src, from, i), x1 = mp__x86_load(src, from, i + 8);
+            if (far) mp__cast_ahead(ahead);
+            mp__x86_put2(dst, to, i, x0, x1, far);
+        } else if (from == MP_FLOAT32) {
+            __m256 x0 = mp__x86_load_f32(src, i), x1 = mp__x86_load_f32(src, i + 8);
+            __m256i h = mp__x86_narrow2(x0, x1, to);
+            if (far) mp__cast_ahead(ahead);
+            if (pass == MP__PASS_BOUNDS)
+                mp__x86_bounds(c, _mm256_castps_si256(x0), 32), mp__x86_bounds(c, _mm256_castps_si256(x1), 32);
+            else
+                mp__x86_count_narrow(c, x0, x1, h);
+            if (pass != MP__PASS_RECOUNT) mp__x86_store((uint16_t *)dst + i, h, far);
+        } else {
+            __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i));
+            if (far) mp__cast_ahead(ahead);
+            if (pass == MP__PASS_BOUNDS) mp__x86_bounds(c, h, 16);
+            else mp__x86_count_lanes(c, h, 16);
+            if (pass != MP__PASS_RECOUNT)
+                mp__x86_put2(dst, to, i, mp__x86_load(src, from, i), mp__x86_load(src, from, i + 8), far);
+        }
+    }
+    return i;
+}
+/* The whole pairs with counts, a chunk at a time (mp__chunks). */
+MP__HOT size_t mp__x86_chunks(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int far,
+                              mp__x86_tally *c, mp__scan *scan) {
+    int w = from == MP_FLOAT32 ? 32 : 16; /* the source's lanes */
+    mp__chunks k;
+    mp__chunks_begin(&k, dst, src);
+    while (mp__chunks_next(&k, i, n, 16, 16 * MP__X86_CHUNK)) {
+        if (!k.count) {
+            c->top = c->zero, c->low = c->minus_one;
+            i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_BOUNDS, far, c);
+            if (mp__x86_clean(c, w)) {
+                mp__x86_merge(c, w);
+                continue; /* nothing to count: the next chunk likewise */
+            }
+            i = k.start; /* counted again, from cache */
+        }
+        mp__x86_chunk_begin(c);
+        if (k.count) i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_COUNT, far, c);
+        else i = mp__x86_pairs(dst, to, src, from, i, k.end, MP__PASS_RECOUNT, far, c);
+        mp__x86_chunk_end(c, 16); /* the counts are in 16-bit lanes either way */
+        mp__x86_counts(c, from, scan);
+        mp__chunks_counted(&k, scan);
+    }
+    return i;
+}
+MP__HOT size_t mp__x86_whole(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t i, size_t n, int pass,
+                             int far, mp__x86_tally *c, mp__scan *scan) {
+    if (pass == MP__PASS_PLAIN) return mp__x86_pairs(dst, to, src, from, i, n, MP__PASS_PLAIN, far, c);
+    return mp__x86_chunks(dst, to, src, from, i, n, far, c, scan);
+}
+/* A row, plain (pass PLAIN) or counted (COUNT): its head and tail by the
+   scalar row. */
+MP__HOT void mp__x86_cast(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                          mp__ranges r, int pass) {
+    int far = n >= MP__X86_BLOCK;
+    size_t i = far ? mp__head(dst, mp__elem_size(to), n, 32) : 0;
+    mp__scan part;
+    mp__x86_tally c;
+    mp__rows_scalar[to][from](dst, src, i, scan ? &part : NULL, r); /* the head */
+    if (pass == MP__PASS_COUNT) mp__x86_tally_begin(&c, from, to, r);
+    if (far) i = mp__x86_whole(dst, to, src, from, i, n, pass, 1, &c, scan);
+    else i = mp__x86_whole(dst, to, src, from, i, n, pass, 0, &c, scan);
+    if (pass == MP__PASS_COUNT) {
+        mp__x86_tally_end(&c, from, scan);
+        mp__scan_merge(scan, &part);
+    }
+    if (far) _mm_sfence(); /* the streamed stores before any later one */
+    mp__rows_scalar[to][from]((char *)dst + i * mp__elem_size(to), (const char *)src + i * mp__elem_size(from), n - i,
+                              scan ? &part : NULL, r); /* the tail */
+    if (scan) mp__scan_merge(scan, &part);
+}
+MP__HOT void mp__row_avx2(void *dst, mp_dtype to, const void *src, mp_dtype from, size_t n, mp__scan *scan,
+                          mp__ranges r) {
+    if (scan) mp__x86_cast(dst, to, src, from, n, scan, r, MP__PASS_COUNT);
+    else mp__x86_cast(dst, to, src, from, n, scan, r, MP__PASS_PLAIN);
+}
+static void mp__row_f32_to_f16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f32_to_bf16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_BFLOAT16, src, MP_FLOAT32, n, scan, r);
+}
+static void mp__row_f16_to_f32_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT32, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_f16_to_bf16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_BFLOAT16, src, MP_FLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f32_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT32, src, MP_BFLOAT16, n, scan, r);
+}
+static void mp__row_bf16_to_f16_avx2(void *dst, const void *src, size_t n, mp__scan *scan, mp__ranges r) {
+    mp__row_avx2(dst, MP_FLOAT16, src, MP_BFLOAT16, n, scan, r);
+}
+#endif
+
+/* >>bulk casts: dispatch (the table at the head of the section). [dst][src]. */
 static const mp__row_fn mp__rows[MP_DTYPE_COUNT][MP_DTYPE_COUNT] = {
-    {mp__row_f32_to_f32, mp__x86_row_f16_to_f32, mp__x86_row_bf16_to_f32},
-    {mp__x86_row_f32_to_f16, mp__row_f16_to_f16, mp__x86_row_bf16_to_f16},
-    {mp__x86_row_f32_to_bf16, mp__x86_row_f16_to_bf16, mp__row_bf16_to_bf16}};
+#if defined(MP__SIMD_AVX512)
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_avx512, mp__row_bf16_to_f32_avx512},
+    {mp__row_f32_to_f16_avx512, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_avx512},
+    {mp__row_f32_to_bf16_avx512, mp__row_f16_to_bf16_avx512, mp__row_bf16_to_bf16_scalar}};
+#elif defined(MP__SIMD_X86)
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_avx2, mp__row_bf16_to_f32_avx2},
+    {mp__row_f32_to_f16_avx2, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_avx2},
+    {mp__row_f32_to_bf16_avx2, mp__row_f16_to_bf16_avx2, mp__row_bf16_to_bf16_scalar}};
 #else
-#define mp__rows mp__portable_rows
-#define MP__ROWS_BLOCK(n) MP__BLOCK
+    {mp__row_f32_to_f32_scalar, mp__row_f16_to_f32_scalar, mp__row_bf16_to_f32_scalar},
+    {mp__row_f32_to_f16_scalar, mp__row_f16_to_f16_scalar, mp__row_bf16_to_f16_scalar},
+    {mp__row_f32_to_bf16_scalar, mp__row_f16_to_bf16_scalar, mp__row_bf16_to_bf16_scalar}};
 #endif
-#ifdef MP__SIMD_X86
-#undef MP__INDEX16_f16
-#undef MP__INDEX16_bf16
-#undef MP__INF16_f16
-#undef MP__INF16_bf16
-#undef MP__NORMAL16_f16
-#undef MP__NORMAL16_bf16
-#undef MP__DTYPE_OF_f32
-#undef MP__DTYPE_OF_f16
-#undef MP__DTYPE_OF_bf16
-#undef MP__STATS_CHUNKS
+/* How many elements mp_convert hands a row at a time. */
+static size_t mp__rows_block(size_t n) {
+#if defined(MP__SIMD_AVX512)
+    return n >= MP__CAST_FAR ? MP__Z_BLOCK : MP__Z_BLOCK / 2;
+#elif defined(MP__SIMD_X86)
+    return n >= MP__CAST_FAR ? MP__X86_BLOCK : MP__X86_BLOCK / 2;
+#else
+    (void)n;
+    return MP__BLOCK;
 #endif
+}
 
 static void mp__stats_add(mp_cast_stats *st, const mp__scan *s, size_t n) {
     st->count += n;
@@ -3404,12 +3524,12 @@ static mp_status mp__convert_with(const mp__row_fn rows[MP_DTYPE_COUNT][MP_DTYPE
 
 MIXPREC_API mp_status mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                                  size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__rows, MP__ROWS_BLOCK(n), dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows, mp__rows_block(n), dst, dst_type, src, src_type, n, stats);
 }
 
 MIXPREC_API mp_status mp_convert_portable(void *dst, mp_dtype dst_type, const void *src,
                                           mp_dtype src_type, size_t n, mp_cast_stats *stats) {
-    return mp__convert_with(mp__portable_rows, MP__BLOCK, dst, dst_type, src, src_type, n, stats);
+    return mp__convert_with(mp__rows_scalar, MP__BLOCK, dst, dst_type, src, src_type, n, stats);
 }
 
 /* >>policies */
