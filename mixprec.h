@@ -2231,8 +2231,8 @@ MIXPREC_API mp_status mp_dtype_from_name(const char *name, mp_dtype *out) {
    A cast to the same dtype is the scalar row's copy in every build. The
    SIMD rows take half a block per call in a cast shorter than
    MP__CAST_FAR elements (>>bulk casts: simd). The counts alone (the
-   numerics diagnostics' mp__scans) follow the same rule: mp__z_scan_*,
-   mp__x86_scan_*, mp__scan_*. The scalar path works in blocks that stay
+   numerics diagnostics' mp__scans) follow the same rule: mp__scan_*_avx512,
+   mp__scan_*_avx2, mp__scan_*_scalar. The scalar path works in blocks that stay
    in L1 (MP__BLOCK), so that the optional stats and the cast read the
    source from memory once; the SIMD rows count in the cast's own pass and
    take larger ones. Each variant's functions are static inline, named
@@ -2332,11 +2332,11 @@ MP__HOT mp__scan mp__scan_scalar(const void *src, mp_dtype from, size_t n, mp__r
     s.max_abs = hi, s.min_abs = lo;
     return s;
 }
-static mp__scan mp__scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT32, n, r); }
-static mp__scan mp__scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT16, n, r); }
-static mp__scan mp__scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_BFLOAT16, n, r); }
+static mp__scan mp__scan_f32_scalar(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT32, n, r); }
+static mp__scan mp__scan_f16_scalar(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_FLOAT16, n, r); }
+static mp__scan mp__scan_bf16_scalar(const void *src, size_t n, mp__ranges r) { return mp__scan_scalar(src, MP_BFLOAT16, n, r); }
 MP__HOT mp__scan mp__scan_by(mp_dtype from, const void *src, size_t n, mp__ranges r) {
-    return from == MP_FLOAT32 ? mp__scan_f32(src, n, r) : from == MP_FLOAT16 ? mp__scan_f16(src, n, r) : mp__scan_bf16(src, n, r);
+    return from == MP_FLOAT32 ? mp__scan_f32_scalar(src, n, r) : from == MP_FLOAT16 ? mp__scan_f16_scalar(src, n, r) : mp__scan_bf16_scalar(src, n, r);
 }
 
 /* The scalar rows: classify first (dst may be src), then cast. A cast to
@@ -2763,7 +2763,7 @@ MP__HOT uint32_t mp__z_negative(__m512i a, int w) {
    and counts no Inf or NaN input (which leaves mp__specials' sum as it
    is), five operations a source vector rather than nine. Where max a shows
    Inf or NaN in the row, a source that overflowed before this cast, the
-   row's counts and extremes come from the counting scan (mp__z_scan_f32),
+   row's counts and extremes come from the counting scan (mp__scan_f32_avx512),
    which reads it again.
 
    top and low: a chunk's bounds alone, max a and min(a - 1), for the rows'
@@ -2885,9 +2885,9 @@ MP__HOT mp__scan mp__scan_avx512(const void *src, mp_dtype from, size_t n, mp__r
     mp__z_extremes32(&s, c.hi, c.lo);
     return s;
 }
-static mp__scan mp__z_scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT32, n, r); }
-static mp__scan mp__z_scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT16, n, r); }
-static mp__scan mp__z_scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_BFLOAT16, n, r); }
+static mp__scan mp__scan_f32_avx512(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT32, n, r); }
+static mp__scan mp__scan_f16_avx512(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_FLOAT16, n, r); }
+static mp__scan mp__scan_bf16_avx512(const void *src, size_t n, mp__ranges r) { return mp__scan_avx512(src, MP_BFLOAT16, n, r); }
 
 /* A row's counts so far into *s, and at its end its counts and extremes. */
 MP__HOT void mp__z_counts(const mp__z_tally *c, mp_dtype from, mp__scan *s) {
@@ -2900,7 +2900,7 @@ MP__HOT void mp__z_tally_end(const mp__z_tally *c, mp_dtype from, const void *sr
         mp__z_counts(c, from, s);
         mp__z_extremes16(s, c->hi, c->lo, from);
     } else if ((uint32_t)_mm512_reduce_max_epu32(c->hi) >= MP__F32_INF) {
-        *s = mp__z_scan_f32(src, n, r);
+        *s = mp__scan_f32_avx512(src, n, r);
     } else {
         mp__z_counts(c, from, s);
         mp__z_extremes32(s, _mm512_add_epi32(c->hi, c->bias), c->lo);
@@ -3315,9 +3315,9 @@ MP__HOT mp__scan mp__scan_avx2(const void *src, mp_dtype from, size_t n, mp__ran
     mp__scan_merge(&s, &tail);
     return s;
 }
-static mp__scan mp__x86_scan_f32(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT32, n, r); }
-static mp__scan mp__x86_scan_f16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT16, n, r); }
-static mp__scan mp__x86_scan_bf16(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_BFLOAT16, n, r); }
+static mp__scan mp__scan_f32_avx2(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT32, n, r); }
+static mp__scan mp__scan_f16_avx2(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_FLOAT16, n, r); }
+static mp__scan mp__scan_bf16_avx2(const void *src, size_t n, mp__ranges r) { return mp__scan_avx2(src, MP_BFLOAT16, n, r); }
 
 /* A row's counts so far into *s, and at its end its counts and extremes. */
 MP__HOT void mp__x86_counts(const mp__x86_tally *c, mp_dtype from, mp__scan *s) {
@@ -10438,11 +10438,11 @@ MIXPREC_API void mp_model_print_summary(const mp_model *m) {
    only when diagnostics are on (m->num). */
 typedef mp__scan (*mp__scan_fn)(const void *src, size_t n, mp__ranges r);
 #if defined(MP__SIMD_AVX512)
-static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__z_scan_f32, mp__z_scan_f16, mp__z_scan_bf16};
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32_avx512, mp__scan_f16_avx512, mp__scan_bf16_avx512};
 #elif defined(MP__SIMD_X86)
-static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__x86_scan_f32, mp__x86_scan_f16, mp__x86_scan_bf16};
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32_avx2, mp__scan_f16_avx2, mp__scan_bf16_avx2};
 #else
-static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32, mp__scan_f16, mp__scan_bf16};
+static const mp__scan_fn mp__scans[MP_DTYPE_COUNT] = {mp__scan_f32_scalar, mp__scan_f16_scalar, mp__scan_bf16_scalar};
 #endif
 
 static int mp__exponent(uint32_t magnitude) { return (int)(magnitude >> 23) - 127; } /* float32 bits */
