@@ -11809,7 +11809,7 @@ static mp_status mp__huff_build(mp__inflate *z, mp__huff *h, const uint8_t *leng
         len = lengths[sym];
         if (len == 0 || len > MP__HUFF_FAST) continue;
         c = next[len]++;
-        for (k = 0; k < (unsigned)len; k++) r |= ((c >> k) & 1u) << (len - 1 - k); /* first bit lowest */
+        for (k = 0; k < (unsigned)len; k++) r |= ((c >> k) & 1u) << ((unsigned)len - 1u - k); /* first bit lowest */
         for (k = r; k < (1u << MP__HUFF_FAST); k += 1u << len) h->fast[k] = (uint16_t)(len << 9 | sym);
     }
     return MP_OK;
