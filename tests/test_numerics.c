@@ -168,7 +168,7 @@ typedef struct target {
 
 static uint16_t expected_narrow(uint32_t u, const target *g) {
     uint32_t a = u & 0x7FFFFFFFu, sign = u >> 31;
-    if (a > 0x7F800000u) /* the NaN patterns of reference.md */
+    if (a > 0x7F800000u) /* quieted, the top payload bits kept (the NaN rule of the header's doc block) */
         return (uint16_t)(g->f16 ? sign << 15 | 0x7E00u | (a & 0x7FFFFFu) >> 13 : sign << 15 | 0x7FC0u | (a & 0x7FFFFFu) >> 16);
     return oracle_round((double)f32(u), g->format);
 }

@@ -1,6 +1,9 @@
 /* test_train.c - tests of mixprec's models: finite-difference gradients of
-   every layer, activation and loss in float32; forward passes that follow
-   Keras's layouts and formulas; mixed_float16 and mixed_bfloat16 forward
+   every layer, activation and loss in float32 (strided convolutions after
+   another layer, where the input gradient runs, too); a max-pool tie's
+   gradient to the first maximum; crossentropy from logits spread past
+   expf's range; each optimizer step by step against Keras's formulas;
+   forward passes that follow Keras's layouts and formulas; mixed_float16 and mixed_bfloat16 forward
    passes against float32; policy semantics (per-layer policies, float32
    weights read as the compute dtype, integer labels never cast); the
    loss-scale state machine step by step; a skipped step that touches no
