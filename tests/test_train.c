@@ -449,6 +449,8 @@ static void test_grad_conv_stack(void) {
         {"Conv2D 3x3 -> Conv2D 3x2 valid strides (2,1), 7x6x2", 7, 6, 3, 2, 2, 1, MP_VALID},
         {"Conv2D 3x3 -> Conv2D 3x3 same strides (2,2), 7x5x2", 7, 5, 3, 3, 2, 2, MP_SAME},
         {"Conv2D 3x3 -> Conv2D 2x2 same strides (3,2), 7x6x2", 7, 6, 2, 2, 3, 2, MP_SAME},
+        {"Conv2D 3x3 -> Conv2D 3x2 same (padding 1 top, 0 left), 6x5x2", 6, 5, 3, 2, 1, 1, MP_SAME},
+        {"Conv2D 3x3 -> Conv2D 2x3 same (padding 0 top, 1 left), 5x6x2", 5, 6, 2, 3, 1, 1, MP_SAME},
     };
     size_t i;
     for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -464,14 +466,14 @@ static void test_grad_conv_stack(void) {
         run_fd(&c);
     }
     {
-        fd_case c = fd_base("Conv2D 3x3 -> MaxPooling2D 2x2 -> Conv2D 2x2 strides (1,2), 8x8x2", 8, 8, 2);
-        c.layers[0] = mp_conv2d(3, 3, 3, MP_SAME, MP_LINEAR);
+        fd_case c = fd_base("Conv2D 3x3 -> MaxPooling2D 2x2 -> Conv2D 2x2 strides (1,2), 6x6x2", 6, 6, 2);
+        c.layers[0] = mp_conv2d(2, 3, 3, MP_SAME, MP_LINEAR);
         c.layers[1] = mp_max_pooling2d(2, 2);
         c.layers[2] = with_strides(mp_conv2d(2, 2, 2, MP_VALID, MP_LINEAR), 1, 2);
         c.layers[3] = mp_flatten();
         c.layers[4] = mp_dense(2, MP_LINEAR);
         c.count = 5;
-        c.batch = 2;
+        c.batch = 1; /* few windows: an input with no near tie is soon found */
         c.wscale = 0.4f;
         c.pool = 1;
         c.eps = 5e-3f;
@@ -736,6 +738,7 @@ static void test_loss_from_logits(void) {
     };
     static const int shape[] = {IN, 0};
     size_t c;
+    rng_state = TEST_SEED; /* its own draws, whichever tests ran before: overconfident ones */
     for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int binary = cases[c].loss == MP_BINARY_CROSSENTROPY, b, i, k, clipped = 0, bad = 0;
         mp_layer_desc layers[2];
@@ -974,7 +977,9 @@ static void check_output(mp_model *m, const float *want, size_t count, const cha
    2x2 drops the odd last row and column; Flatten keeps the row-major order. */
 static void test_layer_values(void) {
     static const struct { int h, w, kh, kw, sh, sw; mp_padding pad; } convs[] = {
-        {6, 6, 3, 3, 2, 2, MP_SAME}, {5, 6, 2, 3, 1, 2, MP_SAME}, {5, 6, 2, 3, 2, 1, MP_VALID}, {5, 5, 3, 3, 1, 1, MP_VALID}};
+        {6, 6, 3, 3, 2, 2, MP_SAME}, {5, 6, 2, 3, 1, 2, MP_SAME}, {5, 6, 2, 3, 2, 1, MP_VALID}, {5, 5, 3, 3, 1, 1, MP_VALID},
+        {6, 5, 3, 2, 1, 1, MP_SAME},  /* same padding 1 at the top, 0 at the left */
+        {5, 6, 2, 3, 1, 1, MP_SAME}}; /* 0 at the top, 1 at the left */
     enum { B = 2, C = 2, F = 3 };
     static const int dense_shape[] = {3, 0}, pool_shape[] = {5, 5, 2, 0}, flat_shape[] = {2, 3, 2, 0};
     float x[B * 6 * 6 * C], k[3 * 3 * C * F + F], want[B * 6 * 6 * F];
