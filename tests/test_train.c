@@ -893,6 +893,36 @@ static void test_loss_wide_logits(void) {
     }
 }
 
+/* Accuracy on tied outputs: the prediction is the first of equal maxima,
+   as tf.math.argmax, which Keras's sparse_categorical_accuracy and
+   categorical_accuracy take (and the target's too). An identity Dense, so
+   the outputs are the inputs: rows {1, 1, 0} with label 0 count, label 1
+   does not; {0, 2, 2} with 1 counts, 2 does not; one-hot and tied targets
+   likewise. */
+static void test_accuracy_ties(void) {
+    enum { B = 4, K = 3 };
+    static const float x[B * K] = {1, 1, 0, 1, 1, 0, 0, 2, 2, 0, 2, 2};
+    static const int32_t labels[B] = {0, 1, 1, 2};
+    static const float targets[B * K] = {1, 0, 0, 0, 1, 0, 0, 0.5f, 0.5f, 0, 0, 1}; /* argmax 0, 1, 1, 2 */
+    static const int shape[] = {K, 0};
+    float w[K * K + K] = {0}, loss = NAN;
+    int i, sparse;
+    for (i = 0; i < K; i++) w[i * K + i] = 1.0f;
+    for (sparse = 1; sparse >= 0; sparse--) {
+        mp_layer_desc d = mp_dense(K, MP_LINEAR);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        size_t correct = 0;
+        mp_loss kind = sparse ? MP_SPARSE_CATEGORICAL_CROSSENTROPY : MP_CATEGORICAL_CROSSENTROPY;
+        if (!m) continue;
+        if (compile(m, kind, 1, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) && OK(mp_model_set_weights(m, w, K * K + K), m) &&
+            OK(mp_forward(m, x, B, 0), m) &&
+            OK(mp_compute_loss(m, sparse ? labels : NULL, sparse ? NULL : targets, &loss, &correct), m))
+            if (!CHECK(correct == 2)) /* rows 0 and 2 */
+                fprintf(stderr, "    %s: %zu correct, want 2\n", sparse ? "sparse" : "categorical", correct);
+        mp_model_destroy(m);
+    }
+}
+
 /* Each activation's forward against its formula (GELU exact, with erf). */
 static void test_activation_values(void) {
     static const float in[7] = {-3.0f, -1.0f, -0.3f, 0.0f, 0.4f, 1.2f, 2.5f};
@@ -2324,6 +2354,7 @@ int main(int argc, char **argv) {
     RUN(test_loss_values());
     RUN(test_loss_from_logits());
     RUN(test_loss_wide_logits());
+    RUN(test_accuracy_ties());
     RUN(test_activation_values());
     RUN(test_layer_values());
     RUN(test_mixed_forward());
