@@ -119,6 +119,13 @@ why   col2im (the convolution's input gradient) steps columns by the row stride
 from  int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;\n                        float *px;
 to    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sh - g->pl + kx;\n                        float *px;
 
+name  layers/col2im_top_pad_for_left
+file  mixprec.h
+first train
+why   col2im (the convolution's input gradient) pads columns by the top padding
+from  int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;\n                        float *px;
+to    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pt + kx;\n                        float *px;
+
 name  layers/im2col_top_pad_for_left
 file  mixprec.h
 first train
@@ -150,9 +157,9 @@ to    static float mp__dropout_scale(const mp__layer *l) { return 1.0f / l->desc
 name  layers/relu_grad_at_zero
 file  mixprec.h
 first train
-why   relu's derivative taken as 1 at 0 from the output (Keras: 0)
-from  case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
-to    case MP_RELU: return y >= 0.0f ? 1.0f : 0.0f;
+why   relu's gradient passes where its output is 0 (in a run's tail past blocks of 16)
+from  for (; j < n; j++) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
+to    for (; j < n; j++) g[j] = y[j] >= 0.0f ? g[j] : 0.0f;
 
 name  losses/logits_shift_first
 file  mixprec.h
@@ -277,6 +284,7 @@ EOF
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mixprec-mutants.XXXXXX") || exit 2
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$tmp" || exit 2
 tests=$(make -s --no-print-directory print-tests) || exit 2
 
