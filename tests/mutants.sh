@@ -339,5 +339,6 @@ while IFS= read -r -d '' record; do
     *) nobuild=$((nobuild + 1)); printf '%-42s no-build: %s\n' "$name" "$(grep -m1 -i error "$tmp/out")" ;;
     esac
 done < <(printf '%s\n\n' "$MUTANTS" | awk 'BEGIN { RS = ""; ORS = "\0" } { print }')
+if [ $list = 1 ]; then echo "$stale stale"; [ $stale -eq 0 ]; exit; fi
 echo "$caught caught, $missed missed, $stale stale, $nobuild no-build"
 [ $missed -eq 0 ] && [ $stale -eq 0 ] && [ $nobuild -eq 0 ]
