@@ -1,6 +1,6 @@
 # mixprec: `make` builds the examples, `make demo` runs them, `make check`
-# runs the unit tests once (gcc, no sanitizers, well under a minute), `make
-# test-NAME` one test program (T=name runs one test in it), `make test` the
+# runs each test program's fast case once (gcc, no sanitizers, about a
+# minute on 2 cores), `make test-NAME` one test program (T=name runs one test in it), `make test` the
 # whole matrix CI runs (last line: N passed, N failed), `make bench` the
 # benchmarks. They need make and gcc; `make deps` (as root) installs the rest
 # of what the full test matrix uses, which otherwise skips, by name, what is
@@ -31,7 +31,7 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
 
-.PHONY: all deps examples data demo check test test-mpi bench bench-dp nccl bench-build bench-quick cuda examples-cuda bench-gpu clean
+.PHONY: all deps examples data demo check print-tests test $(TESTS:%=test-%) test-mpi bench bench-dp nccl bench-build bench-quick cuda examples-cuda bench-gpu clean
 
 all: examples
 examples: $(EXAMPLES)
@@ -93,34 +93,48 @@ demo: $(EXAMPLES)
 test:
 	@bash tests/matrix.sh
 
-# One build of each test program (CC, CFLAGS, ARCH as above). `make check`
-# runs the quick ones and adds up their tallies; a failing program's whole
-# output is shown. `make test-train` runs one program, `make test-train
-# T=grad_conv` one test in it (T may name several; `T=--list` lists them).
-CHECK_TESTS = core train errors gemm backend diagnostics checkpoint amp callbacks comm threads data
+# The test programs, tests/test_NAME.c: the one list `make check`, `make
+# test-NAME` and the matrix (tests/matrix.sh reads `make -s print-tests`)
+# run. Each has a fast case, which `make check` and each build of the matrix
+# run (--quick: test_numerics samples its 2^32 sweeps, the others run whole),
+# and its whole run, which `make test-NAME` and the matrix's last step (the
+# exhaustive test_numerics) run. T=name runs one test of a program (T may
+# name several; `T=--list` lists them): `make test-train T=grad_conv`.
+TESTS = core train errors gemm backend diagnostics checkpoint amp reliability callbacks comm threads data numerics
+
+print-tests:
+	@echo $(TESTS)
+
+# One build of each (CC, CFLAGS, ARCH as above), one job per CPU unless
+# make already has a job server (make -jN check).
 $(B)/test_%: tests/test_%.c tests/*.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
 
-check: $(CHECK_TESTS:%=$(B)/test_%)
-	@p=0; f=0; for t in $(CHECK_TESTS); do \
-	    out=$$($(B)/test_$$t 2>&1); rc=$$?; \
+CHECK_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
+
+# Every program's fast case, then the sum of their tallies; a failing
+# program's whole output is shown.
+check:
+	@$(MAKE) --no-print-directory $(CHECK_JOBS) $(TESTS:%=$(B)/test_%)
+	@p=0; f=0; for t in $(TESTS); do \
+	    out=$$($(B)/test_$$t --quick 2>&1); rc=$$?; \
 	    tally=$$(echo "$$out" | grep -E '^test_[a-z]+: [0-9]+ passed, [0-9]+ failed$$' | tail -n 1); \
 	    tp=$$(echo "$$tally" | sed -nE 's/.*: ([0-9]+) passed.*/\1/p'); tf=$$(echo "$$tally" | sed -nE 's/.* ([0-9]+) failed$$/\1/p'); \
 	    [ -n "$$tp" ] || tp=0; [ -n "$$tf" ] || tf=0; [ $$rc -eq 0 ] || [ $$tf -ne 0 ] || tf=1; \
 	    p=$$((p + tp)); f=$$((f + tf)); \
-	    if [ $$tf -eq 0 ]; then echo "ok    test_$$t ($$tp checks)"; else echo "FAIL  test_$$t"; echo "$$out" | sed 's/^/      /'; fi; \
+	    if [ $$tf -eq 0 ]; then echo "ok    test_$$t"; else echo "FAIL  test_$$t"; echo "$$out" | sed 's/^/      /'; fi; \
 	done; echo "$$p passed, $$f failed"; [ $$f -eq 0 ]
 
-test-%: $(B)/test_%
+$(TESTS:%=test-%): test-%: $(B)/test_%
 	$(B)/test_$* $(T)
 
 # Data-parallel training under Open MPI (mpicc, mpirun): 2 and 3 ranks.
 test-mpi:
 	@bash tests/mpi.sh $(B)/mpi
 
-# test_numerics is exhaustive (minutes); test_cuda runs the CUDA backend
-# under tests/cuda_emu.h, a host emulation built against the stand-in
-# headers of tests/cuda_emu/ (no CUDA toolkit needed).
+# test_cuda runs the CUDA backend under tests/cuda_emu.h, a host emulation
+# built against the stand-in headers of tests/cuda_emu/ (no CUDA toolkit
+# needed).
 test-cuda: $(B)/test_cuda_emu
 	$(B)/test_cuda_emu $(T)
 

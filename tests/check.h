@@ -9,7 +9,9 @@
    is resume_fit(MP_ADAM). Names on the command line run only those tests
    (`./build/test_train grad_conv`; `resume_fit` runs every resume_fit(...));
    --list prints the names. An argument with a '/' is a path the program
-   reads (check_path), never a name. */
+   reads (check_path), never a name. --quick (what `make check` passes to
+   every program) asks for the program's fast case: check_quick is set, and
+   a program with a long run (test_numerics) samples it. */
 #ifndef MIXPREC_CHECK_H
 #define MIXPREC_CHECK_H
 #include <stdio.h>
@@ -20,7 +22,7 @@ static unsigned long check_passed, check_failed;
 static const char *check_test = "main"; /* the test running now */
 static char check_name_buf[128];
 static char *check_names[32];    /* the names asked for, or none: run all */
-static int check_name_count, check_listing;
+static int check_name_count, check_listing, check_quick;
 static unsigned long check_matched; /* bit i: name i ran a test */
 static const char *check_path_arg;  /* the first argument with a '/' */
 
@@ -47,6 +49,7 @@ static void check_args(int argc, char **argv) {
     int i;
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--list") == 0) check_listing = 1;
+        else if (strcmp(argv[i], "--quick") == 0) check_quick = 1;
         else if (strchr(argv[i], '/')) { if (!check_path_arg) check_path_arg = argv[i]; }
         else if (check_name_count < 32) check_names[check_name_count++] = argv[i];
     }

@@ -92,7 +92,7 @@ run() {
         f=$(echo "$tally" | sed -E 's/.* ([0-9]+) failed$/\1/')
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    passed=$((passed + p)); failed=$((failed + f)); note tally "$name" "$p"
+    passed=$((passed + p)); failed=$((failed + f))
     if [ "$f" -eq 0 ]; then echo "ok    $name ($p checks)"; else echo "FAIL  $name"; fi
     if [ "$f" -ne 0 ] && [ "${LIVE:-0}" = 1 ]; then return; fi
     if [ "$f" -ne 0 ] || [ "${VERBOSE:-0}" = 1 ]; then echo "$out" | sed 's/^/      /'; fi
@@ -200,25 +200,6 @@ skip_summary() {
     echo "skipped: $line"
 }
 
-# The check counts README.md gives each test program, `**`tests/NAME.c`**
-# (N checks`, against this run's gcc build of NAME (a few checks differ
-# between builds: threads, SIMD); a program this run did not build with gcc
-# is not compared.
-declare -A TALLY=()
-tally() { TALLY[$1]=$2; }
-readme_counts() {
-    local line name n got bad=0
-    while IFS=: read -r line name n; do
-        got=${TALLY["$name, gcc"]:-${TALLY["$name, gcc, SIMD path"]:-}}
-        if [ -n "$got" ] && [ "$got" != "$n" ]; then
-            echo "README.md:$line says $name has $n checks; this run counted $got"
-            bad=1
-        fi
-    done < <(grep -no '\*\*`tests/[a-z_]*\.c`\*\* ([0-9]* checks' README.md |
-             sed -E 's/^([0-9]+):.*tests\/([a-z_]+)\.c.*\(([0-9]+) checks/\1:\2:\3/')
-    return $bad
-}
-
 # should_fail NAME CMD...: a build that must be refused
 should_fail() {
     local name=$1
@@ -246,20 +227,6 @@ for cc in gcc clang g++; do
     else par skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
 done
 
-section "== unit tests (test_core) in every build"
-par build_run "build test_core, gcc -O2 -march=native" gcc $WARN -O2 -march=native tests/test_core.c -o $B/core_gcc -lm -- \
-    "test_core, gcc, SIMD path" $B/core_gcc
-par build_run "build test_core, clang -O2 -march=native" clang $WARN -O2 -march=native tests/test_core.c -o $B/core_clang -lm -- \
-    "test_core, clang, SIMD path" $B/core_clang
-par build_run "build test_core, MIXPREC_NO_SIMD" gcc $WARN -O2 -march=native -DMIXPREC_NO_SIMD tests/test_core.c -o $B/core_nosimd -lm -- \
-    "test_core, portable path only" $B/core_nosimd
-par build_run "build test_core as C++ (g++ -std=c++11)" g++ -std=c++11 -Wall -Wextra -Wpedantic -Werror -O2 -march=native -x c++ \
-    tests/test_core.c -o $B/core_cpp -lm -- "test_core, as C++" $B/core_cpp
-par build_run "build test_core, gcc ASan+UBSan" gcc $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_gcc -lm -- \
-    "test_core, gcc ASan+UBSan" $B/core_asan_gcc
-par build_run "build test_core, clang ASan+UBSan" clang $WARN $SAN -march=native tests/test_core.c -o $B/core_asan_clang -lm -- \
-    "test_core, clang ASan+UBSan" $B/core_asan_clang
-
 # -march=native builds one SIMD path; the AVX2+FMA one (F16C casts, the 6x16
 # GEMM tile) gets builds of its own wherever the CPU runs it, so that a
 # machine with AVX-512 compiles and runs it too (an AVX2 build once failed
@@ -273,8 +240,12 @@ else
     par skip "the AVX2 builds of test_core, test_gemm and test_train" "this CPU has no AVX2, FMA or F16C"
 fi
 
-section "== training, GEMM, backends, diagnostics, checkpoints, AMP, reliability, threads and data (test_train, test_errors, test_gemm, test_backend, test_diagnostics, test_checkpoint, test_amp, test_reliability, test_callbacks, test_comm, test_threads, test_data) in every build"
-# name, compiler and flags of each build; the tests are fast enough for all
+# The test programs: the Makefile's list (TESTS), as `make check` runs them.
+TESTS=$(make -s --no-print-directory print-tests) || { echo "make print-tests failed"; exit 2; }
+
+section "== the test programs (make print-tests: $TESTS), their fast cases, in every build"
+# name, compiler and flags of each build; every program's fast case (what
+# make check runs, --quick) in each, the exhaustive test_numerics at the end
 TRAIN_BUILDS=(
     "gcc|gcc $WARN -O2 -march=native"
     "clang|clang $WARN -O2 -march=native"
@@ -286,8 +257,9 @@ TRAIN_BUILDS=(
 )
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for t in test_train test_errors test_gemm test_backend test_diagnostics test_checkpoint test_amp test_reliability test_callbacks test_comm test_threads test_data; do
-        par build_run "build $t, $tag" $cc tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag
+    for name in $TESTS; do
+        t=test_$name
+        par build_run "build $t, $tag" $cc -pthread tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag --quick
         if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
     done
 done
@@ -533,11 +505,8 @@ fi
 flush
 LIVE=1 run "test_numerics" $B/numerics
 if [ $avx2_numerics = 1 ]; then
-    LIVE=1 run "test_numerics, the AVX2 casts" $B/numerics_avx2 decode_all all_16bit bulk_vs_portable bulk_long narrow_all_f32
+    LIVE=1 run "test_numerics, the AVX2 casts" $B/numerics_avx2 all_16bit bulk_vs_portable bulk_long narrow_all_f32
 fi
-
-echo "== README's figures"
-step "README's check counts are this run's" readme_counts
 
 echo
 if [ "$skipped" -gt 0 ]; then skip_summary; echo "$passed passed, $failed failed, $skipped skipped"; else echo "$passed passed, $failed failed"; fi

@@ -202,6 +202,33 @@ static void test_guide_mlp(void) {
     mp_model_destroy(m);
 }
 
+/* Binary crossentropy's ops, as tf_keras writes them (from the logits:
+   Exp, Log1p, Mean; from probabilities: Log, Mean; then the Mean over the
+   batch): Exp is on the deny
+   list and stays float32, and so does the Log1p after it (deny spreads
+   through infer ops); Log, infer, follows an allow op and converts. */
+static void test_binary_loss_ops(void) {
+    static const int shape[] = {6, 0};
+    static const row logits[] = {
+        {"MatMul", "dense", "allow", "float16"}, {"BiasAdd", "dense", "infer", "float16"},
+        {"Sigmoid", "dense", "infer", "float16"}, {"Exp", "(loss)", "deny", "float32"},
+        {"Log1p", "(loss)", "infer", "float32"}, {"Mean", "(loss)", "deny", "float32"},
+        {"Mean", "(loss)", "deny", "float32"}};
+    static const row probs[] = {
+        {"MatMul", "dense", "allow", "float16"}, {"BiasAdd", "dense", "infer", "float16"},
+        {"Log", "(loss)", "infer", "float16"}, {"Mean", "(loss)", "deny", "float32"},
+        {"Mean", "(loss)", "deny", "float32"}};
+    mp_layer_desc d = mp_dense(3, MP_SIGMOID);
+    mp_compile_desc cd = amp_desc(MP_BINARY_CROSSENTROPY, 0);
+    mp_model *m = new_model("float32", shape, &d, 1);
+    if (m && OK(compile_amp(m, &cd), m)) check_table(m, logits, 7, __LINE__);
+    mp_model_destroy(m);
+    d = mp_dense(3, MP_LINEAR);
+    m = new_model("float32", shape, &d, 1);
+    if (m && OK(compile_amp(m, &cd), m)) check_table(m, probs, 5, __LINE__);
+    mp_model_destroy(m);
+}
+
 /* A conv net: Conv2D, its BiasAdd and Relu, MaxPool and Reshape all lie
    between Conv2D and MatMul; the Dense's BiasAdd and Softmax follow it. */
 static void test_conv_net(void) {
@@ -644,6 +671,7 @@ int main(int argc, char **argv) {
     unset_amp_environment(); /* the tests set what they need */
     RUN(test_guide_mlp());
     RUN(test_conv_net());
+    RUN(test_binary_loss_ops());
     RUN(test_deny_spreads());
     RUN(test_levels());
     RUN(test_code_edits());

@@ -75,6 +75,7 @@ typedef struct spec {
     int units, inputs, compiled, dropout;
     mp_optimizer_kind opt;
     float momentum;
+    int nesterov;
     mp_loss_scale_mode loss_scale;
     mp_lr_schedule schedule;
 } spec;
@@ -107,6 +108,7 @@ static mp_model *make(spec s) {
     cd.metrics = MP_METRIC_ACCURACY;
     cd.optimizer.kind = s.opt;
     cd.optimizer.momentum = s.momentum;
+    cd.optimizer.nesterov = s.nesterov;
     cd.optimizer.schedule = s.schedule;
     cd.loss_scale = s.loss_scale;
     cd.loss_scale_config.initial_scale = 1048576.0f;
@@ -413,6 +415,20 @@ static void test_forged(void) {
     put_le(c + len - 4 - 56 + 36, 1000000, 8);
     fix_crc(c, len);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "loss-scale state");
+    {   /* every other field out of its range (mp__io_loss_scale's layout: max_scale at 16, scale at 24,
+           good_steps at 28, overflows_left at 52): a scale of Inf, max_scale below min_scale, as many
+           good steps as the growth interval (the scale would have grown), no overflows left, and more
+           than the hysteresis (1) allows */
+        static const struct { size_t at, bytes; uint64_t value; } bad[] = {
+            {24, 4, 0x7F800000u}, {16, 4, 0x3F000000u}, {28, 8, 2000}, {52, 4, 0}, {52, 4, 2}};
+        size_t k;
+        for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            memcpy(c, b, len);
+            put_le(c + len - 4 - 56 + bad[k].at, bad[k].value, bad[k].bytes);
+            fix_crc(c, len);
+            CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "loss-scale state");
+        }
+    }
     /* one byte more (the length field is for one less) */
     memcpy(c, b, len);
     c[len] = 0;
@@ -761,6 +777,7 @@ static void test_portable_bytes(void) {
 }
 
 /* ======================================================================== */
+
 /* 7. The learning rate is optimizer state: a schedule, and a rate set
    during training, come back with the checkpoint; a version-1 file (no
    schedule field: a constant rate) still loads. */
@@ -835,6 +852,37 @@ static void test_learning_rate_state(void) {
     mp_model_destroy(d);
 }
 
+/* A checkpoint restores the optimizer's settings, as Keras's optimizer
+   variables and config: a model compiled with plain momentum that loads a
+   Nesterov model's file saves the same bytes and then takes the same
+   steps (Nesterov's). */
+static void test_optimizer_config_restored(void) {
+    spec s = base();
+    mp_model *src, *dst;
+    unsigned char *b;
+    size_t len;
+    snap want;
+    s.opt = MP_SGD, s.momentum = 0.9f, s.nesterov = 1;
+    src = make(s);
+    s.nesterov = 0;
+    dst = make(s);
+    custom_steps(src, 0, 2);
+    b = save(src, &len);
+    if (b && OK(mp_model_load_from_memory(dst, b, len), dst)) {
+        want = take(src);
+        CHECK(same(dst, &want));
+        free(want.bytes);
+        custom_steps(src, 2, 3);
+        custom_steps(dst, 2, 3);
+        want = take(src);
+        CHECK(same(dst, &want));
+        free(want.bytes);
+    }
+    free(b);
+    mp_model_destroy(src);
+    mp_model_destroy(dst);
+}
+
 int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_ckpt_XXXXXX";
     check_args(argc, argv);
@@ -855,6 +903,7 @@ int main(int argc, char **argv) {
     RUN(test_files());
     RUN(test_portable_bytes());
     RUN(test_learning_rate_state());
+    RUN(test_optimizer_config_restored());
     rmdir(dir);
     return check_done("test_checkpoint");
 }

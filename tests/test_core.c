@@ -1,6 +1,8 @@
 /* test_core.c - fast unit tests of mixprec's numeric core: the boundary
-   values of reference.md, NaN patterns, float64 single rounding, arithmetic
-   and comparisons, bulk casts and their stats, independence from the FPU
+   values of binary16 and bfloat16 (IEEE 754-2019 3.6, 4.3.1), NaN patterns,
+   float64 single rounding, arithmetic (every pair of boundary values
+   against the oracle) and comparisons, bulk casts and their stats (as
+   counts of the cast's results), independence from the FPU
    rounding mode and FTZ/DAZ, dtypes, policies and errors. Runs in well under a
    second, so it also runs under ASan/UBSan, as C++, without SIMD and on a
    big-endian target under qemu. The exhaustive sweeps are in test_numerics.c. */
@@ -37,7 +39,7 @@ static uint32_t rng(void) { /* xorshift32 */
 }
 
 static void test_f16_boundaries(void) {
-    /* reference.md section 1 */
+    /* IEEE 754 binary16, round to nearest even: the ties at each boundary */
     CHECK_EQ(to_f16(0x477FEFFFu), 0x7BFFu);   /* just under 65520 -> 65504 */
     CHECK_EQ(to_f16(0x477FF000u), 0x7C00u);   /* 65520 -> Inf */
     CHECK_EQ(to_f16(0xC77FF000u), 0xFC00u);
@@ -174,6 +176,70 @@ static void test_arithmetic(void) {
     CHECK_EQ(mp_bf16_sqrt(hb(2.0f)).bits, 0x3FB5u);
     CHECK_EQ(mp_bf16_neg(hb(1.0f)).bits, 0xBF80u);
     CHECK_EQ(mp_bf16_abs(hb(-0.0f)).bits, 0x0000u);
+}
+
+/* Each of the four operations on every ordered pair of some values of
+   each boundary class (zeros, subnormals, the smallest normal, one and its
+   neighbours, the largest finite, Inf, NaN; both signs) and a few plain
+   ones, against the oracle: an operand swapped (b - a for a - b, b / a)
+   or a wrong rounding shows on pairs that are not symmetric. Then the
+   identities a - b = a + (-b) = -(b - a) on the same pairs. */
+static int op_matches(uint16_t got, double exact, oracle_format f) {
+    uint16_t inf = (uint16_t)(((1u << f.ebits) - 1u) << (f.p - 1));
+    if (exact != exact) return (got & 0x7FFFu) > inf;
+    return got == oracle_round(exact, f);
+}
+static void test_arithmetic_pairs(void) {
+    static const uint16_t f16_values[] = {0x0000, 0x0001, 0x0003, 0x03FF, 0x0400, 0x3555, 0x3800, 0x3BFF, 0x3C00,
+                                          0x3C01, 0x4000, 0x4248, 0x57D0, 0x7BFF, 0x7C00, 0x7E00};
+    static const uint16_t bf16_values[] = {0x0000, 0x0001, 0x0003, 0x007F, 0x0080, 0x3EAB, 0x3F00, 0x3F7F, 0x3F80,
+                                           0x3F81, 0x4000, 0x4049, 0x447A, 0x7F7F, 0x7F80, 0x7FC0};
+    enum { NV = sizeof f16_values / sizeof f16_values[0] };
+    int f16, i, j, s, op;
+    for (f16 = 1; f16 >= 0; f16--) {
+        oracle_format f = f16 ? ORACLE_F16 : ORACLE_BF16;
+        const uint16_t *v = f16 ? f16_values : bf16_values;
+        unsigned bad[4] = {0, 0, 0, 0}, bad_identity = 0;
+        for (i = 0; i < 2 * NV; i++)
+            for (j = 0; j < 2 * NV; j++) {
+                uint16_t a = (uint16_t)(v[i % NV] | (i >= NV ? 0x8000u : 0u));
+                uint16_t b = (uint16_t)(v[j % NV] | (j >= NV ? 0x8000u : 0u));
+                double x = oracle_value(a, f), y = oracle_value(b, f), exact[4];
+                uint16_t got[4], plus_neg, neg_swapped;
+                exact[0] = x + y, exact[1] = x - y, exact[2] = x * y, exact[3] = x / y; /* all exact or innocuous */
+                if (f16) {
+                    mp_f16 p = mp_f16_from_bits(a), q = mp_f16_from_bits(b);
+                    got[0] = mp_f16_add(p, q).bits, got[1] = mp_f16_sub(p, q).bits;
+                    got[2] = mp_f16_mul(p, q).bits, got[3] = mp_f16_div(p, q).bits;
+                    plus_neg = mp_f16_add(p, mp_f16_neg(q)).bits, neg_swapped = mp_f16_neg(mp_f16_sub(q, p)).bits;
+                } else {
+                    mp_bf16 p = mp_bf16_from_bits(a), q = mp_bf16_from_bits(b);
+                    got[0] = mp_bf16_add(p, q).bits, got[1] = mp_bf16_sub(p, q).bits;
+                    got[2] = mp_bf16_mul(p, q).bits, got[3] = mp_bf16_div(p, q).bits;
+                    plus_neg = mp_bf16_add(p, mp_bf16_neg(q)).bits, neg_swapped = mp_bf16_neg(mp_bf16_sub(q, p)).bits;
+                }
+                for (op = 0; op < 4; op++)
+                    if (!op_matches(got[op], exact[op], f) && bad[op]++ == 0)
+                        fprintf(stderr, "    %s op %d on 0x%04x, 0x%04x: 0x%04x\n", f16 ? "float16" : "bfloat16", op,
+                                a, b, got[op]);
+                /* -(b - a) is a - b but for the sign of an exact zero (IEEE 754 6.3); NaNs' signs differ */
+                s = exact[1] == exact[1] && exact[1] != 0.0;
+                bad_identity += exact[1] == exact[1] && (plus_neg != got[1] || (s && neg_swapped != got[1]));
+            }
+        CHECK(bad[0] == 0); /* add */
+        CHECK(bad[1] == 0); /* sub */
+        CHECK(bad[2] == 0); /* mul */
+        CHECK(bad[3] == 0); /* div */
+        CHECK(bad_identity == 0);
+    }
+    /* the simplest asymmetric cases, by name */
+    CHECK_EQ(mp_f16_sub(h16(1.0f), h16(0.5f)).bits, 0x3800u);
+    CHECK_EQ(mp_f16_sub(h16(0.5f), h16(1.0f)).bits, 0xB800u);
+    CHECK_EQ(mp_f16_sub(h16(1.0f), MP_F16_EPSILON).bits, 0x3BFEu); /* 1 - 2^-10 */
+    CHECK_EQ(mp_f16_div(h16(1.0f), h16(4.0f)).bits, 0x3400u);
+    CHECK_EQ(mp_bf16_sub(hb(1.0f), hb(0.5f)).bits, 0x3F00u);
+    CHECK_EQ(mp_bf16_sub(hb(0.5f), hb(1.0f)).bits, 0xBF00u);
+    CHECK_EQ(mp_bf16_div(hb(1.0f), hb(4.0f)).bits, 0x3E80u);
 }
 
 static void test_comparisons_and_constants(void) {
@@ -355,6 +421,90 @@ static void test_stats(void) {
     }
 }
 
+/* The stats are counts of what the cast did: overflow = finite inputs
+   whose result is Inf, underflow = nonzero inputs whose result is zero,
+   subnormal = subnormal results, and the extremes of the finite nonzero
+   inputs. Inputs at each threshold of each target and one float32 ulp on
+   either side (the ties that round to zero, to the smallest normal and to
+   Inf), both signs, tiled over calls of many blocks and a short one, from
+   float32 and from bfloat16 (to float16), on both paths: the stats
+   against those counts of the results, and a call's stats as the sum of
+   its halves'. */
+static void stats_of_results(mp_cast_stats *want, const float *in, const void *out, mp_dtype dt, size_t n) {
+    size_t i;
+    memset(want, 0, sizeof *want);
+    want->count = n;
+    for (i = 0; i < n; i++) {
+        float x = in[i], y = dt == MP_FLOAT16 ? mp_f16_to_f32(((const mp_f16 *)out)[i])
+                                              : mp_bf16_to_f32(((const mp_bf16 *)out)[i]);
+        float ax = fabsf(x), ay = fabsf(y), least_normal = dt == MP_FLOAT16 ? ldexpf(1, -14) : ldexpf(1, -126);
+        int finite = ax < INFINITY;
+        want->nan_in += x != x;
+        want->inf_in += ax == INFINITY;
+        want->overflow += finite && ay == INFINITY;
+        want->underflow += x != 0.0f && finite && y == 0.0f;
+        want->subnormal += y != 0.0f && ay < least_normal;
+        if (finite && x != 0.0f) {
+            if (ax > want->max_abs) want->max_abs = ax;
+            if (want->min_abs == 0.0f || ax < want->min_abs) want->min_abs = ax;
+        }
+    }
+}
+static void test_stats_are_counts(void) {
+    static const uint32_t thresholds[] = {0x33000000u, 0x387FE000u, 0x477FF000u,  /* float16 */
+                                          0x00008000u, 0x007F8000u, 0x7F7F8000u}; /* bfloat16 */
+    enum { N = 3 * 4096 * 8 + 77 };
+    static float in[N], wide[N];
+    static uint16_t out[N], mid[N];
+    size_t i, k, n_base = 0, lengths[2] = {N, 45};
+    float base[64];
+    int dt, path, src, l;
+    for (i = 0; i < sizeof thresholds / sizeof thresholds[0]; i++)
+        for (k = 0; k < 3; k++) base[n_base++] = f32(thresholds[i] + (uint32_t)k - 1u);
+    base[n_base++] = 0.0f, base[n_base++] = 1.0f, base[n_base++] = INFINITY, base[n_base++] = NAN;
+    base[n_base++] = f32(1u); /* the least float32 subnormal */
+    for (i = 0; i < N; i++) { /* the values in a varying order, every sign, between plain ones */
+        float v = i % 3 == 2 ? 1.5f : base[(i * 7 + i / 23) % n_base];
+        in[i] = (i / 2) % 2 ? -v : v;
+    }
+    for (dt = MP_FLOAT16; dt <= MP_BFLOAT16; dt++)
+        for (src = 0; src < 2; src++) /* float32, or the bfloat16 source (to float16 only) */
+            for (path = 0; path < 2; path++)
+                for (l = 0; l < 2; l++) {
+                    mp_cast_stats got, want, half;
+                    const void *from = in;
+                    mp_dtype st = MP_FLOAT32;
+                    size_t n = lengths[l];
+                    if (src && dt != MP_FLOAT16) continue;
+                    if (src) { /* the bfloat16 values widened are what the cast sees */
+                        mp_convert_portable(mid, MP_BFLOAT16, in, MP_FLOAT32, n, NULL);
+                        mp_convert_portable(wide, MP_FLOAT32, mid, MP_BFLOAT16, n, NULL);
+                        from = mid, st = MP_BFLOAT16;
+                    } else {
+                        memcpy(wide, in, n * sizeof(float));
+                    }
+                    memset(&got, 0, sizeof got), memset(&half, 0, sizeof half);
+                    if (path) mp_convert(out, (mp_dtype)dt, from, st, n, &got);
+                    else mp_convert_portable(out, (mp_dtype)dt, from, st, n, &got);
+                    stats_of_results(&want, wide, out, (mp_dtype)dt, n);
+                    if (!CHECK(same(&got, &want, sizeof got)))
+                        fprintf(stderr, "    %s <- %s, %s path, %zu: overflow %llu/%llu underflow %llu/%llu "
+                                "subnormal %llu/%llu min %g/%g max %g/%g\n", mp_dtype_name((mp_dtype)dt),
+                                mp_dtype_name(st), path ? "SIMD" : "portable", n,
+                                (unsigned long long)got.overflow, (unsigned long long)want.overflow,
+                                (unsigned long long)got.underflow, (unsigned long long)want.underflow,
+                                (unsigned long long)got.subnormal, (unsigned long long)want.subnormal,
+                                (double)got.min_abs, (double)want.min_abs, (double)got.max_abs, (double)want.max_abs);
+                    /* the same elements in two calls: the stats add up to the same */
+                    if (path) {
+                        size_t h = n / 2 + 3 > n ? n : n / 2 + 3, es = mp_dtype_size(st);
+                        mp_convert(out, (mp_dtype)dt, from, st, h, &half);
+                        mp_convert(out, (mp_dtype)dt, (const char *)from + h * es, st, n - h, &half);
+                        CHECK(same(&half, &want, sizeof half));
+                    }
+                }
+}
+
 /* Stats over long runs where clean stretches (every value normal in the
    target) and special ones (underflow, subnormal, overflow, Inf, NaN)
    alternate: the SIMD rows count only where a stretch has something to
@@ -506,10 +656,12 @@ int main(int argc, char **argv) {
     RUN(test_bf16_boundaries());
     RUN(test_from_f64());
     RUN(test_arithmetic());
+    RUN(test_arithmetic_pairs());
     RUN(test_comparisons_and_constants());
     RUN(test_bulk_matches_scalar());
     RUN(test_fpu_mode_independence());
     RUN(test_stats());
+    RUN(test_stats_are_counts());
     RUN(test_stats_stretches());
     RUN(test_convert_errors());
     RUN(test_dtypes_policies_status());

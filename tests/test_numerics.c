@@ -5,12 +5,15 @@
      one, F16C hardware where the CPU has it, and the cast stats against a
      per-element count;
    - every float16 and bfloat16 value to float32, to each other, and back;
-   - float16 add and mul over all 2^32 pairs; float16 sqrt on every value;
+   - float16 add, sub and mul over all 2^32 pairs; float16 sqrt on every value;
      float16 div, and bfloat16 add, sub, mul, div on every value against a
      sample of divisors/operands that covers every boundary class; bfloat16
      sqrt on every value.
    The oracle for a result is the exact value (or the double-rounded one,
-   which is innocuous at 53 >= 2p+2 bits) rounded by oracle_round. */
+   which is innocuous at 53 >= 2p+2 bits) rounded by oracle_round.
+   Under --quick (`make check`) each sweep takes a sample of its chunks:
+   those that hold the format's boundary cases and every QUICK_STRIDE-th
+   one; the matrix runs every input. */
 #define _POSIX_C_SOURCE 200112L
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
@@ -41,34 +44,35 @@ typedef struct worker {
     const char *what;     /* the sweep's name, for its progress lines */
     chunk_fn fn;
     const void *ctx;
-    uint64_t total, *next;
+    const uint64_t *begins; /* each chunk's first input, or NULL: chunk j begins at j CHUNK */
+    uint64_t chunks, *next; /* how many chunks; the next one to take */
     pthread_mutex_t *lock;
     tally t;
 } worker;
 
 /* A line at each quarter of a long sweep, so that `make test` is not silent
    for minutes (stdout is line-buffered; the caller holds the lock). */
-static void progress(const worker *w, uint64_t begin) {
-    uint64_t quarter = w->total / 4;
-    if (w->total < (1ull << 32) || begin == 0 || begin >= w->total || begin % quarter) return;
-    printf("  %-44s %d%%\n", w->what, (int)(begin / quarter) * 25);
+static void progress(const worker *w, uint64_t j) {
+    uint64_t quarter = w->chunks / 4;
+    if (w->begins || w->chunks < (1ull << 32) / CHUNK || j == 0 || j >= w->chunks || j % quarter) return;
+    printf("  %-44s %d%%\n", w->what, (int)(j / quarter) * 25);
 }
 
 static void *worker_main(void *arg) {
     worker *w = (worker *)arg;
     for (;;) {
-        uint64_t begin;
+        uint64_t j;
         pthread_mutex_lock(w->lock);
-        begin = *w->next;
-        *w->next += CHUNK;
-        progress(w, begin);
+        j = (*w->next)++;
+        progress(w, j);
         pthread_mutex_unlock(w->lock);
-        if (begin >= w->total) return NULL;
-        w->fn(begin, w->ctx, &w->t);
+        if (j >= w->chunks) return NULL;
+        w->fn(w->begins ? w->begins[j] : j * CHUNK, w->ctx, &w->t);
     }
 }
 
-static void parallel_chunks(const char *what, uint64_t total, chunk_fn fn, const void *ctx, tally *out) {
+static void parallel_chunks(const char *what, const uint64_t *begins, uint64_t chunks, chunk_fn fn, const void *ctx,
+                            tally *out) {
     pthread_t th[MAX_THREADS];
     worker w[MAX_THREADS];
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -79,13 +83,15 @@ static void parallel_chunks(const char *what, uint64_t total, chunk_fn fn, const
     memset(out, 0, sizeof *out);
     for (i = 0; i < n; i++) {
         memset(&w[i], 0, sizeof w[i]);
-        w[i].what = what, w[i].fn = fn, w[i].ctx = ctx, w[i].total = total, w[i].next = &next, w[i].lock = &lock;
+        w[i].what = what, w[i].fn = fn, w[i].ctx = ctx, w[i].begins = begins, w[i].chunks = chunks;
+        w[i].next = &next, w[i].lock = &lock;
         if (pthread_create(&th[i], NULL, worker_main, &w[i]) != 0) { n = i; break; }
     }
     if (n == 0) { /* no threads to be had: run here */
         worker one;
         memset(&one, 0, sizeof one);
-        one.what = what, one.fn = fn, one.ctx = ctx, one.total = total, one.next = &next, one.lock = &lock;
+        one.what = what, one.fn = fn, one.ctx = ctx, one.begins = begins, one.chunks = chunks;
+        one.next = &next, one.lock = &lock;
         worker_main(&one);
         *out = one.t;
         return;
@@ -125,11 +131,26 @@ static void report(const char *what, const tally *t, const char *const kinds[8])
     printf("  %-44s %s  (%.1f s)\n", what, ok ? "ok" : "FAILED", lap());
 }
 
-/* One exhaustive sweep over [0, total) and its report. */
-static void sweep(const char *what, uint64_t total, chunk_fn fn, const void *ctx, const char *const kinds[8]) {
+/* One sweep over [0, total) and its report: every chunk, or under --quick
+   the chunks that hold the inputs edges[0 .. n_edges) and every
+   QUICK_STRIDE-th one (prime: the sample's values of each bit field vary). */
+enum { QUICK_STRIDE = 251 };
+static void sweep(const char *what, uint64_t total, chunk_fn fn, const void *ctx, const char *const kinds[8],
+                  const uint64_t *edges, size_t n_edges) {
+    uint64_t chunks = (total + CHUNK - 1) / CHUNK, *begins = NULL, n = 0, k;
+    char title[96];
     tally t;
-    parallel_chunks(what, total, fn, ctx, &t);
-    report(what, &t, kinds);
+    if (check_quick) {
+        begins = (uint64_t *)malloc((chunks / QUICK_STRIDE + 1 + n_edges) * sizeof *begins);
+        if (!CHECK(begins != NULL)) return;
+        for (k = 0; k < n_edges; k++) begins[n++] = edges[k] / CHUNK * CHUNK;
+        for (k = 0; k < chunks; k += QUICK_STRIDE) begins[n++] = k * CHUNK;
+        chunks = n;
+    }
+    snprintf(title, sizeof title, "%s%s", what, check_quick ? " (sampled)" : "");
+    parallel_chunks(title, begins, chunks, fn, ctx, &t);
+    report(title, &t, kinds);
+    free(begins);
 }
 
 /* ---- float32 -> float16 / bfloat16, all 2^32 inputs */
@@ -147,7 +168,7 @@ typedef struct target {
 
 static uint16_t expected_narrow(uint32_t u, const target *g) {
     uint32_t a = u & 0x7FFFFFFFu, sign = u >> 31;
-    if (a > 0x7F800000u) /* the NaN patterns of reference.md */
+    if (a > 0x7F800000u) /* quieted, the top payload bits kept (the NaN rule of the header's doc block) */
         return (uint16_t)(g->f16 ? sign << 15 | 0x7E00u | (a & 0x7FFFFFu) >> 13 : sign << 15 | 0x7FC0u | (a & 0x7FFFFFu) >> 16);
     return oracle_round((double)f32(u), g->format);
 }
@@ -161,12 +182,12 @@ static int same_stats(const mp_cast_stats *a, const mp_cast_stats *b) {
 
 static void narrow_chunk(uint64_t begin, const void *ctx, tally *t) {
     const target *g = (const target *)ctx;
-    static const mp_cast_stats zero;
     uint32_t src[CHUNK];
     uint16_t bulk[CHUNK], port[CHUNK];
-    mp_cast_stats st = zero, stp = zero;
+    mp_cast_stats st, stp;
     uint64_t nan = 0, infs = 0, over = 0, under = 0, sub = 0;
     size_t i;
+    memset(&st, 0, sizeof st), memset(&stp, 0, sizeof stp);
     for (i = 0; i < CHUNK; i++) src[i] = (uint32_t)(begin + i);
     mp_convert(bulk, g->dtype, src, MP_FLOAT32, CHUNK, &st);
     mp_convert_portable(port, g->dtype, src, MP_FLOAT32, CHUNK, &stp);
@@ -192,11 +213,28 @@ static void narrow_chunk(uint64_t begin, const void *ctx, tally *t) {
         miss(t, K_STATS, begin);
 }
 
+/* The float32 inputs whose chunks (2^16 inputs that share their top 16
+   bits) --quick always takes: zero and float32's subnormals, its smallest
+   normal, bfloat16's subnormal range and smallest normal, float16's
+   underflow threshold (2^-25), smallest subnormal and smallest normal, one,
+   float16's largest finite and overflow threshold (65504, 65520), 2^16,
+   float32's largest finite, Inf and the NaNs; both signs. */
+static size_t narrow_edges(uint64_t *out) {
+    static const uint32_t edges[] = {0x00000000u, 0x00010000u, 0x007F0000u, 0x00800000u, 0x33000000u, 0x33800000u,
+                                     0x387F0000u, 0x38800000u, 0x3F800000u, 0x477F0000u, 0x47800000u, 0x7F7F0000u,
+                                     0x7F800000u, 0x7FC00000u, 0x7FFF0000u};
+    size_t i, n = sizeof edges / sizeof edges[0];
+    for (i = 0; i < n; i++) out[2 * i] = edges[i], out[2 * i + 1] = edges[i] | 0x80000000u;
+    return 2 * n;
+}
+
 static void test_narrow_all_f32(void) {
     target f16 = {1, MP_FLOAT16, ORACLE_F16, 0x7C00u, 0x0400u};
     target bf16 = {0, MP_BFLOAT16, ORACLE_BF16, 0x7F80u, 0x0080u};
-    sweep("all 2^32 float32 -> float16", 1ull << 32, narrow_chunk, &f16, narrow_kinds);
-    sweep("all 2^32 float32 -> bfloat16", 1ull << 32, narrow_chunk, &bf16, narrow_kinds);
+    uint64_t edges[32];
+    size_t n_edges = narrow_edges(edges);
+    sweep("all 2^32 float32 -> float16", 1ull << 32, narrow_chunk, &f16, narrow_kinds, edges, n_edges);
+    sweep("all 2^32 float32 -> bfloat16", 1ull << 32, narrow_chunk, &bf16, narrow_kinds, edges, n_edges);
 #if !defined(__F16C__)
     printf("  (F16C not enabled in this build: hardware comparison skipped)\n");
 #endif
@@ -338,12 +376,13 @@ static void test_bulk_vs_portable(void) {
    tiled, in a call long enough for the rows' streaming stores (2^24
    elements and more), the destination 0 to 3 elements past an
    allocation's start (by call), so that those rows' heads before their
-   first aligned store differ: stats and results as the portable path's. */
+   first aligned store differ: stats and results as the portable path's.
+   --quick leaves out the tiled call. */
 static void test_bulk_long(void) {
     static const mp_dtype types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
     const float fills[] = {0.0f, -1e-30f, 1e-6f, 70000.0f, INFINITY, NAN, 1.5f, 0.0f /* tiled */};
     const size_t n_fill = (5u << 19) + 37, n_tiled = (17u << 20) + 37; /* 2.5 and 17 blocks, a tail */
-    const size_t nfills = sizeof fills / sizeof fills[0];
+    const size_t nfills = sizeof fills / sizeof fills[0], ncalls = nfills - (check_quick ? 1 : 0);
     float *x = (float *)malloc(n_tiled * 4);
     unsigned char *src = (unsigned char *)malloc(n_tiled * 4), *simd = (unsigned char *)malloc(n_tiled * 4 + 12),
                   *port = (unsigned char *)malloc(n_tiled * 4 + 12);
@@ -352,7 +391,7 @@ static void test_bulk_long(void) {
     size_t f, i, n = 0;
     int s, d;
     CHECK(x && src && simd && port);
-    for (f = 0; x && src && simd && port && f < nfills; f++) {
+    for (f = 0; x && src && simd && port && f < ncalls; f++) {
         n = f + 1 < nfills ? n_fill : n_tiled;
         for (i = 0; i < n; i++) {
             r ^= r << 13, r ^= r >> 17, r ^= r << 5;
@@ -373,8 +412,9 @@ static void test_bulk_long(void) {
             }
     }
     CHECK(bad == 0);
-    printf("  bulk vs portable: calls of %zu and %zu elements %s  (%llu cases)\n", n_fill, n_tiled,
-           bad ? "FAILED" : "ok", (unsigned long long)cases);
+    printf("  bulk vs portable: calls of %zu", n_fill);
+    if (ncalls == nfills) printf(" and %zu", n_tiled);
+    printf(" elements %s  (%llu cases)\n", bad ? "FAILED" : "ok", (unsigned long long)cases);
     free(x), free(src), free(simd), free(port);
 }
 
@@ -407,6 +447,7 @@ static void f16_pairs_chunk(uint64_t begin, const void *ctx, tally *t) {
         double x = f16v(a.bits), y = f16v(b.bits);
         if (!same_result(mp_f16_add(a, b).bits, x + y, ORACLE_F16)) miss(t, 0, i); /* exact in double */
         if (!same_result(mp_f16_mul(a, b).bits, x * y, ORACLE_F16)) miss(t, 1, i); /* 22 bits: exact */
+        if (!same_result(mp_f16_sub(a, b).bits, x - y, ORACLE_F16)) miss(t, 2, i); /* exact in double */
     }
 }
 
@@ -459,15 +500,23 @@ static void bf16_ops_chunk(uint64_t begin, const void *ctx, tally *t) {
     }
 }
 
+/* The sampled sweeps' chunk j pairs every value with operand j: --quick
+   takes the boundary operands (the first 34) and some random ones. The
+   all-pairs sweep's chunk a pairs a with every value: --quick takes the
+   float16 boundary values as a. */
 static void test_arithmetic(void) {
     static uint16_t f16_operands[NSAMPLE], bf16_operands[NSAMPLE];
-    uint64_t bad_sqrt = 0;
+    uint64_t bad_sqrt = 0, edges[34];
     uint32_t i;
-    sweep("float16 add, mul: all 2^32 pairs", 1ull << 32, f16_pairs_chunk, NULL, op_kinds);
     boundary_operands(f16_operands, NSAMPLE, 1);
-    sweep("float16 div: 65536 x 1024 boundary/random", 65536ull * NSAMPLE, f16_div_chunk, f16_operands, op_kinds);
+    for (i = 0; i < 34; i++) edges[i] = (uint64_t)f16_operands[i] << 16;
+    sweep("float16 add, sub, mul: all 2^32 pairs", 1ull << 32, f16_pairs_chunk, NULL, op_kinds, edges, 34);
+    for (i = 0; i < 34; i++) edges[i] = (uint64_t)i << 16;
+    sweep("float16 div: 65536 x 1024 boundary/random", 65536ull * NSAMPLE, f16_div_chunk, f16_operands, op_kinds,
+          edges, 34);
     boundary_operands(bf16_operands, NSAMPLE, 0);
-    sweep("bfloat16 add/sub/mul/div: 65536 x 1024", 65536ull * NSAMPLE, bf16_ops_chunk, bf16_operands, op_kinds);
+    sweep("bfloat16 add/sub/mul/div: 65536 x 1024", 65536ull * NSAMPLE, bf16_ops_chunk, bf16_operands, op_kinds,
+          edges, 34);
     for (i = 0; i < 65536; i++) { /* sqrt in double is correctly rounded, then innocuous */
         bad_sqrt += !same_result(mp_f16_sqrt(mp_f16_from_bits((uint16_t)i)).bits, sqrt(f16v(i)), ORACLE_F16);
         bad_sqrt += !same_result(mp_bf16_sqrt(mp_bf16_from_bits((uint16_t)i)).bits, sqrt(bf16v(i)), ORACLE_BF16);
@@ -479,8 +528,8 @@ static void test_arithmetic(void) {
 int main(int argc, char **argv) {
     check_args(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line as it is printed: the progress of make test */
-    printf("exhaustive numeric checks (%ld threads)\n", sysconf(_SC_NPROCESSORS_ONLN));
-    RUN(decode_all());
+    printf("%s numeric checks (%ld threads)\n", check_quick ? "sampled" : "exhaustive", sysconf(_SC_NPROCESSORS_ONLN));
+    decode_all(); /* what every test reads, whichever run */
     lap();
     RUN(test_all_16bit());
     RUN(test_bulk_vs_portable());

@@ -1,6 +1,9 @@
 /* test_train.c - tests of mixprec's models: finite-difference gradients of
-   every layer, activation and loss in float32; forward passes that follow
-   Keras's layouts and formulas; mixed_float16 and mixed_bfloat16 forward
+   every layer, activation and loss in float32 (strided convolutions after
+   another layer, where the input gradient runs, too); a max-pool tie's
+   gradient to the first maximum; crossentropy from logits spread past
+   expf's range; each optimizer step by step against Keras's formulas;
+   forward passes that follow Keras's layouts and formulas; mixed_float16 and mixed_bfloat16 forward
    passes against float32; policy semantics (per-layer policies, float32
    weights read as the compute dtype, integer labels never cast); the
    loss-scale state machine step by step; a skipped step that touches no
@@ -431,6 +434,85 @@ static void test_grad_conv(void) {
     }
 }
 
+/* A strided Conv2D after another layer, where the convolution's input
+   gradient (col2im) runs (a first layer's is never needed): strides
+   (1, 2), (2, 1), (2, 2) and (3, 2), valid and same, kernels not square,
+   on inputs neither square nor a multiple of the strides; then a max-pool
+   between two convolutions, whose gradient reaches the first. */
+static void test_grad_conv_stack(void) {
+    static const struct {
+        const char *what;
+        int h, w, kh, kw, sh, sw;
+        mp_padding pad;
+    } cases[] = {
+        {"Conv2D 3x3 -> Conv2D 2x3 valid strides (1,2), 6x7x2", 6, 7, 2, 3, 1, 2, MP_VALID},
+        {"Conv2D 3x3 -> Conv2D 3x2 valid strides (2,1), 7x6x2", 7, 6, 3, 2, 2, 1, MP_VALID},
+        {"Conv2D 3x3 -> Conv2D 3x3 same strides (2,2), 7x5x2", 7, 5, 3, 3, 2, 2, MP_SAME},
+        {"Conv2D 3x3 -> Conv2D 2x2 same strides (3,2), 7x6x2", 7, 6, 2, 2, 3, 2, MP_SAME},
+        {"Conv2D 3x3 -> Conv2D 3x2 same (padding 1 top, 0 left), 6x5x2", 6, 5, 3, 2, 1, 1, MP_SAME},
+        {"Conv2D 3x3 -> Conv2D 2x3 same (padding 0 top, 1 left), 5x6x2", 5, 6, 2, 3, 1, 1, MP_SAME},
+    };
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fd_case c = fd_base(cases[i].what, cases[i].h, cases[i].w, 2);
+        c.layers[0] = mp_conv2d(3, 3, 3, MP_SAME, MP_TANH);
+        c.layers[1] = with_strides(mp_conv2d(2, cases[i].kh, cases[i].kw, cases[i].pad, MP_LINEAR), cases[i].sh,
+                                   cases[i].sw);
+        c.layers[2] = mp_flatten();
+        c.layers[3] = mp_dense(2, MP_LINEAR);
+        c.count = 4;
+        c.batch = 2;
+        c.wscale = 0.4f;
+        run_fd(&c);
+    }
+    {
+        fd_case c = fd_base("Conv2D 3x3 -> MaxPooling2D 2x2 -> Conv2D 2x2 strides (1,2), 6x6x2", 6, 6, 2);
+        c.layers[0] = mp_conv2d(2, 3, 3, MP_SAME, MP_LINEAR);
+        c.layers[1] = mp_max_pooling2d(2, 2);
+        c.layers[2] = with_strides(mp_conv2d(2, 2, 2, MP_VALID, MP_LINEAR), 1, 2);
+        c.layers[3] = mp_flatten();
+        c.layers[4] = mp_dense(2, MP_LINEAR);
+        c.count = 5;
+        c.batch = 1; /* few windows: an input with no near tie is soon found */
+        c.wscale = 0.4f;
+        c.pool = 1;
+        c.eps = 5e-3f;
+        run_fd(&c);
+    }
+}
+
+/* A max-pool window with two equal maxima passes the gradient to the first
+   in row-major order, as TensorFlow's MaxPoolGrad (the one its forward
+   scan keeps, taking a value only when it is greater): a 1x1 Conv2D adds
+   two channels, so that tied outputs come from different inputs and the
+   kernel's gradient shows which one the pool chose. Sample 1 ties at (0, 1)
+   and (1, 0), sample 2 at (0, 0) and (1, 1); MSE against 0. */
+static void test_max_pool_tie(void) {
+    static const int shape[] = {2, 2, 2, 0};
+    static const float x[2 * 8] = {0.25f, 0.25f, 1, 0, 0, 1, 0.5f, 0, /* sums 0.5, 1, 1, 0.5 */
+                                   0, 2, 0, 0, 0, 0, 2, 0};           /* sums 2, 0, 0, 2 */
+    static const float y[2] = {0, 0};
+    const float w[3] = {1, 1, 0}; /* kernel [1, 1, 2, 1], bias */
+    float g[3] = {0, 0, 0}, loss = NAN;
+    mp_layer_desc layers[3];
+    batch b;
+    mp_model *m;
+    layers[0] = mp_conv2d(1, 1, 1, MP_VALID, MP_LINEAR);
+    layers[1] = mp_max_pooling2d(2, 2);
+    layers[2] = mp_flatten();
+    if (!(m = make_model("float32", shape, layers, 3))) return;
+    b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 2, b.loss = MP_MEAN_SQUARED_ERROR;
+    if (compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) && OK(mp_model_set_weights(m, w, 3), m) &&
+        gradients(m, &b, g, 3, &loss)) {
+        /* outputs 1 and 2: loss (1 + 4) / 2; d loss / d output 1 and 2, to the inputs (1, 0) and (0, 2) */
+        CHECK(loss == 2.5f);
+        if (!CHECK(g[0] == 1.0f && g[1] == 4.0f && g[2] == 3.0f))
+            fprintf(stderr, "    kernel gradient (%g, %g), bias %g; want (1, 4), 3 (the last maxima: (4, 1))\n",
+                    (double)g[0], (double)g[1], (double)g[2]);
+    }
+    mp_model_destroy(m);
+}
+
 /* Dropout with rate 0 in training is the identity. */
 static void test_grad_dropout_zero(void) {
     fd_case c = fd_base("Dense(4, tanh) -> Dropout(0) -> Dense(2), training, MSE", 3, 0, 0);
@@ -469,24 +551,26 @@ static void test_grad_losses(void) {
     }
 }
 
-/* Dropout(0.5) in training: every output is 0 or 2x its input (Keras's
-   1/(1 - rate) scaling), about half are dropped, the backward pass uses the
-   same mask and scale, each call draws a new mask, and inference is the
-   identity. Dense(64) on one input feature: its kernel is [1, 64] whatever
-   the layout, so the expected values are plain arithmetic. */
-static void test_dropout_mask(void) {
+/* Dropout(rate) in training: every output is 0 or 1 / (1 - rate) times its
+   input (Keras's scaling), about a fraction rate are dropped, the backward
+   pass uses the same mask and scale, each call draws a new mask, and
+   inference is the identity. Dense(64) on one input feature: its kernel is
+   [1, 64] whatever the layout, so the expected values are plain
+   arithmetic. Rates other than 0.5 tell 1 / (1 - rate) from 1 / rate. */
+static void test_dropout_mask(float rate) {
     enum { B = 8, U = 64 };
     static const int shape[] = {1, 0};
     mp_layer_desc layers[2];
     float w[2 * U], x[B], y[B * U], g[2 * U], pre[B * U], *out = NULL, *out2 = NULL, *out0 = NULL;
     double want_loss = 0.0, gw[U] = {0}, gb[U] = {0};
-    float loss = NAN;
+    float loss = NAN, scale = 1.0f / (1.0f - rate);
     int b, j, bad = 0, kept = 0, differ = 0, bad0 = 0;
+    double expect_kept = B * U * (1.0 - rate), sigma = sqrt(B * U * rate * (1.0 - rate));
     char detail[160] = "";
     size_t count = 0, count2 = 0, count0 = 0;
     mp_model *m;
     layers[0] = mp_dense(U, MP_LINEAR);
-    layers[1] = mp_dropout(0.5f);
+    layers[1] = mp_dropout(rate);
     if (!(m = make_model("float32", shape, layers, 2))) return;
     if (!compile(m, MP_MEAN_SQUARED_ERROR, 0, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE)) goto out;
     fill(w, 2 * U, 0.5f, 1.5f); /* kernel then bias: every pre-activation >= 0.75 */
@@ -500,18 +584,19 @@ static void test_dropout_mask(void) {
     for (b = 0; b < B * U; b++) {
         int keep = out[b] != 0.0f;
         kept += keep;
-        if (keep && !(fabsf(out[b] - 2.0f * pre[b]) <= 1e-5f * pre[b]) && bad++ == 0)
+        if (keep && !(fabsf(out[b] - scale * pre[b]) <= 1e-5f * pre[b]) && bad++ == 0)
             snprintf(detail, sizeof detail, "element %d: %.7g, input %.7g", b, (double)out[b], (double)pre[b]);
         want_loss += ((double)out[b] - y[b]) * ((double)out[b] - y[b]) / (B * U);
-        /* d loss / d pre = 2 (out - y) / (B U) * mask * 2 */
+        /* d loss / d pre = 2 (out - y) / (B U) * mask * scale */
         if (keep) {
-            double d = 2.0 * ((double)out[b] - y[b]) / (B * U) * 2.0;
+            double d = 2.0 * ((double)out[b] - y[b]) / (B * U) * scale;
             gw[b % U] += x[b / U] * d;
             gb[b % U] += d;
         }
     }
-    check_all(bad, "Dropout(0.5): kept outputs are 2x their input", detail, __LINE__);
-    CHECK(kept >= B * U * 35 / 100 && kept <= B * U * 65 / 100); /* 256 +- 5.7 sigma */
+    check_all(bad, "Dropout: kept outputs are 1 / (1 - rate) times their input", detail, __LINE__);
+    if (!CHECK(fabs(kept - expect_kept) <= 6.0 * sigma))
+        fprintf(stderr, "    rate %g: %d of %d kept\n", (double)rate, kept, B * U);
     if (OK(loss_rows(m, NULL, y, B, &loss, NULL), m)) CHECK_NEAR(loss, want_loss, 1e-5, 1e-7);
     if (OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
         OK(mp_get_gradients(m, g, 2 * U), m)) {
@@ -522,7 +607,7 @@ static void test_dropout_mask(void) {
             if (!(fabs(g[U + j] - gb[j]) <= 1e-5 * fabs(gb[j]) + 1e-7) && bad++ == 0)
                 snprintf(detail, sizeof detail, "bias %d: %.7g, want %.7g", j, (double)g[U + j], gb[j]);
         }
-        check_all(bad, "Dropout(0.5): backward applies the forward's mask and scale", detail, __LINE__);
+        check_all(bad, "Dropout: backward applies the forward's mask and scale", detail, __LINE__);
     }
     if (OK(forward_rows(m, x, B, 1), m) && (out2 = output_f32(m, &count2, NULL)) && CHECK(count2 == B * U)) {
         for (b = 0; b < B * U; b++) differ += (out[b] == 0.0f) != (out2[b] == 0.0f);
@@ -530,7 +615,7 @@ static void test_dropout_mask(void) {
     }
     if (OK(forward_rows(m, x, B, 0), m) && (out0 = output_f32(m, &count0, NULL)) && CHECK(count0 == B * U)) {
         for (b = 0; b < B * U; b++) bad0 += !(fabsf(out0[b] - pre[b]) <= 1e-6f * pre[b]);
-        check_all(bad0, "Dropout(0.5) at inference is the identity", "an output differs from its input",
+        check_all(bad0, "Dropout at inference is the identity", "an output differs from its input",
                   __LINE__);
     }
 out:
@@ -653,6 +738,7 @@ static void test_loss_from_logits(void) {
     };
     static const int shape[] = {IN, 0};
     size_t c;
+    rng_state = TEST_SEED; /* its own draws, whichever tests ran before: overconfident ones */
     for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int binary = cases[c].loss == MP_BINARY_CROSSENTROPY, b, i, k, clipped = 0, bad = 0;
         mp_layer_desc layers[2];
@@ -725,6 +811,114 @@ static void test_loss_from_logits(void) {
         }
         free(out);
         free_batch(&bt);
+        mp_model_destroy(m);
+    }
+}
+
+/* Crossentropy from logits spread wider than expf's range (88): logits
+   such as {-50, 0, 50} in every order, Keras's loss from the log-sum-exp
+   shifted by the largest logit (label 0: 100, not NaN or Inf), and the
+   logits' gradient softmax - target, for each crossentropy: sparse and
+   categorical from_logits, a softmax output read as logits, and binary
+   from_logits (logits -100 ... 100, where exp(-z) overflows). The model is
+   a Dense whose kernel is the identity: its output is its input, exactly,
+   and its weights' gradients are the logits' gradients times the logits. */
+static void test_loss_wide_logits(void) {
+    enum { B = 6, K = 3 };
+    static const float logits[B][K] = {{-50, 0, 50}, {50, -50, 0}, {0, 50, -50}, {-80, 10, 20}, {100, -100, 3}, {-1, -90, 0}};
+    static const int32_t labels[B] = {0, 1, 2, 0, 1, 2};
+    static const float soft[K] = {0.2f, 0.3f, 0.5f};
+    static const int shape[] = {K, 0};
+    static const struct {
+        mp_loss loss;
+        int from_logits;
+        mp_activation act;
+    } cases[] = {
+        {MP_SPARSE_CATEGORICAL_CROSSENTROPY, 1, MP_LINEAR}, {MP_SPARSE_CATEGORICAL_CROSSENTROPY, 0, MP_SOFTMAX},
+        {MP_CATEGORICAL_CROSSENTROPY, 1, MP_LINEAR},        {MP_CATEGORICAL_CROSSENTROPY, 0, MP_SOFTMAX},
+        {MP_BINARY_CROSSENTROPY, 1, MP_LINEAR},             {MP_BINARY_CROSSENTROPY, 0, MP_SIGMOID},
+    };
+    size_t c;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mp_layer_desc d = mp_dense(K, cases[c].act);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        float w[K * K + K] = {0}, g[K * K + K], x[B * K], y[B * K], got = NAN;
+        double want = 0.0, gw[K * K + K] = {0}, gmax = 0.0;
+        int b, i, j, binary = cases[c].loss == MP_BINARY_CROSSENTROPY, bad = 0;
+        char what[96], detail[128] = "";
+        batch bt;
+        if (!m) continue;
+        for (i = 0; i < K; i++) w[i * K + i] = 1.0f; /* the identity kernel, zero bias */
+        for (b = 0; b < B; b++)
+            for (j = 0; j < K; j++) {
+                x[b * K + j] = logits[b][j];
+                y[b * K + j] = binary ? (float)((b + j) % 2) : cases[c].loss == MP_CATEGORICAL_CROSSENTROPY
+                                                                   ? soft[(j + (size_t)b) % K] : 0.0f;
+            }
+        for (b = 0; b < B; b++) { /* Keras's loss and d loss / d logits, in double */
+            double mx = -INFINITY, lse = 0.0, dz[K];
+            for (j = 0; j < K; j++) mx = fmax(mx, logits[b][j]);
+            for (j = 0; j < K; j++) lse += exp(logits[b][j] - mx);
+            lse = mx + log(lse);
+            for (j = 0; j < K; j++) {
+                double z = logits[b][j], t = cases[c].loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY ? (double)(labels[b] == j)
+                                                                                               : (double)y[b * K + j];
+                if (binary) {
+                    want += (fmax(z, 0.0) - z * t + log1p(exp(-fabs(z)))) / K / B;
+                    dz[j] = (1.0 / (1.0 + exp(-z)) - t) / K / B;
+                } else {
+                    want += t * (lse - z) / B;
+                    dz[j] = (exp(z - lse) - t) / B;
+                }
+            }
+            for (j = 0; j < K; j++) {
+                for (i = 0; i < K; i++) gw[i * K + j] += logits[b][i] * dz[j];
+                gw[K * K + j] += dz[j];
+            }
+        }
+        for (i = 0; i < K * K + K; i++) gmax = fmax(gmax, fabs(gw[i]));
+        snprintf(what, sizeof what, "loss %d %s, logits from -100 to 100", (int)cases[c].loss,
+                 cases[c].from_logits ? "from_logits" : "after its activation");
+        bt.x = x, bt.labels = (int32_t *)labels, bt.y = y, bt.n = B, bt.loss = cases[c].loss;
+        if (compile(m, cases[c].loss, cases[c].from_logits, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) &&
+            OK(mp_model_set_weights(m, w, K * K + K), m) && gradients(m, &bt, g, K * K + K, &got)) {
+            if (!check_report(fabs(got - want) <= 1e-6 * want, __FILE__, __LINE__, what))
+                fprintf(stderr, "    loss %.9g, Keras's %.9g\n", (double)got, want);
+            for (i = 0; i < K * K + K; i++)
+                if (!(fabs(g[i] - gw[i]) <= 1e-5 * gmax) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "weight %d: %.7g, want %.7g", i, (double)g[i], gw[i]);
+            check_all(bad, what, detail, __LINE__);
+        }
+        mp_model_destroy(m);
+    }
+}
+
+/* Accuracy on tied outputs: the prediction is the first of equal maxima,
+   as tf.math.argmax, which Keras's sparse_categorical_accuracy and
+   categorical_accuracy take (and the target's too). An identity Dense, so
+   the outputs are the inputs: rows {1, 1, 0} with label 0 count, label 1
+   does not; {0, 2, 2} with 1 counts, 2 does not; one-hot and tied targets
+   likewise. */
+static void test_accuracy_ties(void) {
+    enum { B = 4, K = 3 };
+    static const float x[B * K] = {1, 1, 0, 1, 1, 0, 0, 2, 2, 0, 2, 2};
+    static const int32_t labels[B] = {0, 1, 1, 2};
+    static const float targets[B * K] = {1, 0, 0, 0, 1, 0, 0, 0.5f, 0.5f, 0, 0, 1}; /* argmax 0, 1, 1, 2 */
+    static const int shape[] = {K, 0};
+    float w[K * K + K] = {0}, loss = NAN;
+    int i, sparse;
+    for (i = 0; i < K; i++) w[i * K + i] = 1.0f;
+    for (sparse = 1; sparse >= 0; sparse--) {
+        mp_layer_desc d = mp_dense(K, MP_LINEAR);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        size_t correct = 0;
+        mp_loss kind = sparse ? MP_SPARSE_CATEGORICAL_CROSSENTROPY : MP_CATEGORICAL_CROSSENTROPY;
+        if (!m) continue;
+        if (compile(m, kind, 1, MP_SGD, 0.0f, MP_LOSS_SCALE_NONE) && OK(mp_model_set_weights(m, w, K * K + K), m) &&
+            OK(forward_rows(m, x, B, 0), m) &&
+            OK(loss_rows(m, sparse ? labels : NULL, sparse ? NULL : targets, B, &loss, &correct), m))
+            if (!CHECK(correct == 2)) /* rows 0 and 2 */
+                fprintf(stderr, "    %s: %zu correct, want 2\n", sparse ? "sparse" : "categorical", correct);
         mp_model_destroy(m);
     }
 }
@@ -813,7 +1007,9 @@ static void check_output(mp_model *m, const float *want, size_t count, const cha
    2x2 drops the odd last row and column; Flatten keeps the row-major order. */
 static void test_layer_values(void) {
     static const struct { int h, w, kh, kw, sh, sw; mp_padding pad; } convs[] = {
-        {6, 6, 3, 3, 2, 2, MP_SAME}, {5, 6, 2, 3, 1, 2, MP_SAME}, {5, 6, 2, 3, 2, 1, MP_VALID}, {5, 5, 3, 3, 1, 1, MP_VALID}};
+        {6, 6, 3, 3, 2, 2, MP_SAME}, {5, 6, 2, 3, 1, 2, MP_SAME}, {5, 6, 2, 3, 2, 1, MP_VALID}, {5, 5, 3, 3, 1, 1, MP_VALID},
+        {6, 5, 3, 2, 1, 1, MP_SAME},  /* same padding 1 at the top, 0 at the left */
+        {5, 6, 2, 3, 1, 1, MP_SAME}}; /* 0 at the top, 1 at the left */
     enum { B = 2, C = 2, F = 3 };
     static const int dense_shape[] = {3, 0}, pool_shape[] = {5, 5, 2, 0}, flat_shape[] = {2, 3, 2, 0};
     float x[B * 6 * 6 * C], k[3 * 3 * C * F + F], want[B * 6 * 6 * F];
@@ -1716,6 +1912,88 @@ static void optimizer_reference(const mp_optimizer_desc *o, float alpha, float i
         }
     }
 }
+/* Each optimizer, six steps of a custom loop, against Keras 3's formulas
+   applied one step at a time in double to the weights the step started
+   from, the gradients mp_get_gradients gave and the reference's own slots
+   (Keras's defaults where the description leaves zero):
+     SGD:      m = momentum m - lr g; w += m, or with nesterov
+               w += momentum m - lr g (plain SGD: w -= lr g);
+     RMSprop:  v = rho v + (1 - rho) g^2; w -= lr g / sqrt(v + epsilon);
+     Adam:     m += (g - m)(1 - beta_1); v += (g^2 - v)(1 - beta_2);
+               w -= lr sqrt(1 - beta_2^t) / (1 - beta_1^t) m / (sqrt(v) + epsilon).
+   The model's three weights are its outputs (Dense(3) without bias on the
+   input 1), so MSE gives each its own gradient: large, small (1e-4, where
+   RMSprop's and Adam's epsilon matters) and of the other sign. Each step
+   must move each weight as the formula does, within 1e-3 of the step. */
+static void test_optimizer_keras_steps(void) {
+    enum { K = 3, STEPS = 6 };
+    static const int shape[] = {1, 0};
+    static const struct {
+        const char *what;
+        mp_optimizer_kind kind;
+        float lr, momentum;
+        int nesterov;
+    } cases[] = {
+        {"SGD", MP_SGD, 0.1f, 0.0f, 0},
+        {"SGD momentum 0.9", MP_SGD, 0.1f, 0.9f, 0},
+        {"SGD momentum 0.9 nesterov", MP_SGD, 0.1f, 0.9f, 1},
+        {"SGD momentum 0.5 nesterov", MP_SGD, 0.1f, 0.5f, 1},
+        {"RMSprop", MP_RMSPROP, 1e-3f, 0.0f, 0},
+        {"Adam", MP_ADAM, 1e-3f, 0.0f, 0},
+    };
+    const float w0[K] = {0.5f, -0.25f, 1.0f};
+    const float x[1] = {1.0f}, y[K] = {-0.625f, -0.25015f, 1.003f}; /* gradients 2/3 (w - y) */
+    size_t c;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mp_layer_desc d = without_bias(mp_dense(K, MP_LINEAR));
+        mp_model *m = make_model("float32", shape, &d, 1);
+        mp_compile_desc cd;
+        double s1[K] = {0, 0, 0}, s2[K] = {0, 0, 0};
+        const double rho = 0.9, beta_1 = 0.9, beta_2 = 0.999, eps = 1e-7; /* Keras's defaults */
+        int step, j, bad = 0, applied = 0;
+        char detail[160] = "";
+        batch b;
+        if (!m) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_MEAN_SQUARED_ERROR;
+        cd.optimizer.kind = cases[c].kind;
+        cd.optimizer.learning_rate = cases[c].lr;
+        cd.optimizer.momentum = cases[c].momentum;
+        cd.optimizer.nesterov = cases[c].nesterov;
+        b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        for (step = 1; step <= STEPS; step++) {
+            float before[K], g[K], after[K];
+            double lr = cases[c].lr, mu = cases[c].momentum;
+            if (!OK(mp_model_get_weights(m, before, K), m) || !gradients(m, &b, g, K, NULL) ||
+                !OK(mp_apply_gradients(m, &applied), m) || !CHECK(applied) || !OK(mp_model_get_weights(m, after, K), m))
+                goto next;
+            for (j = 0; j < K; j++) {
+                double w = before[j], gj = g[j], want;
+                if (cases[c].kind == MP_SGD && mu == 0.0) {
+                    want = w - lr * gj;
+                } else if (cases[c].kind == MP_SGD) {
+                    s1[j] = mu * s1[j] - lr * gj;
+                    want = w + (cases[c].nesterov ? mu * s1[j] - lr * gj : s1[j]);
+                } else if (cases[c].kind == MP_RMSPROP) {
+                    s1[j] = rho * s1[j] + (1 - rho) * gj * gj;
+                    want = w - lr * gj / sqrt(s1[j] + eps);
+                } else {
+                    s1[j] += (gj - s1[j]) * (1 - beta_1);
+                    s2[j] += (gj * gj - s2[j]) * (1 - beta_2);
+                    want = w - lr * sqrt(1 - pow(beta_2, step)) / (1 - pow(beta_1, step)) * s1[j] / (sqrt(s2[j]) + eps);
+                }
+                if (!(fabs(after[j] - want) <= 1e-3 * fabs(want - w) + 2e-7) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "step %d, weight %d (gradient %.3g): %.9g -> %.9g, want %.9g",
+                             step, j, gj, w, (double)after[j], want);
+            }
+        }
+        check_all(bad, cases[c].what, detail, __LINE__);
+    next:
+        mp_model_destroy(m);
+    }
+}
+
 static void test_optimizer_subnormals(void) {
     enum { N = 1003 };
     static const mp_optimizer_kind kinds[] = {MP_SGD, MP_SGD, MP_SGD, MP_RMSPROP, MP_ADAM};
@@ -2065,11 +2343,17 @@ int main(int argc, char **argv) {
     RUN(test_grad_dense_activations());
     RUN(test_grad_activation_layers());
     RUN(test_grad_conv());
+    RUN(test_grad_conv_stack());
+    RUN(test_max_pool_tie());
     RUN(test_grad_dropout_zero());
     RUN(test_grad_losses());
-    RUN(test_dropout_mask());
+    RUN(test_dropout_mask(0.5f));
+    RUN(test_dropout_mask(0.25f));
+    RUN(test_dropout_mask(0.75f));
     RUN(test_loss_values());
     RUN(test_loss_from_logits());
+    RUN(test_loss_wide_logits());
+    RUN(test_accuracy_ties());
     RUN(test_activation_values());
     RUN(test_layer_values());
     RUN(test_mixed_forward());
@@ -2089,6 +2373,7 @@ int main(int argc, char **argv) {
     RUN(test_tensor_memory());
     RUN(test_huge_pages());
     RUN(test_optimizer_subnormals());
+    RUN(test_optimizer_keras_steps());
     RUN(test_optimizer_copy());
     RUN(test_activation_memory());
     RUN(test_narrow_layer_workspace());
