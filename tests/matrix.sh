@@ -221,7 +221,7 @@ par step "g++ -std=c++20 (MP_OP designators: the CPU table's order)" g++ -std=c+
 par step "gcc, custom MIXPREC_MALLOC and MIXPREC_FREE" gcc $CORE -DMIXPREC_MALLOC=malloc -DMIXPREC_FREE=free -include stdlib.h -c tests/header_only.c -o $B/h8.o
 par should_fail "MIXPREC_MALLOC without MIXPREC_FREE is an #error" gcc $WARN -DMIXPREC_MALLOC=malloc -c tests/header_only.c -o $B/h9.o
 
-section "== the code blocks of README.md and of the header's doc block compile as written"
+section "== the code blocks of README.md, docs/ and the header's doc block compile as written"
 for cc in gcc clang g++; do
     if have $cc; then par step "tests/doc_snippets.sh $cc" bash tests/doc_snippets.sh $cc $B/snippets
     else par skip "tests/doc_snippets.sh $cc" "$cc not installed" "${PACKAGE[$cc]}"; fi
