@@ -8746,16 +8746,22 @@ static mp_status mp__prepare(mp_model *m, size_t batch) {
     return st ? st : mp__ensure_batch(m, batch);
 }
 
+/* int32 inputs as float32, each value rounded once (exact to 2^24), as
+   Keras casts an int array fed to a float Input. */
+static void mp__i32_to_f32(float *dst, const int32_t *src, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+
 /* The batch in: count samples' inputs (x, of xt), labels and targets to
    the batch's row `at`. A device backend checks the inputs for Inf and
    NaN in its cast (the host scanned the CPU's; mp__read_state reports the
-   device's finding). int32 inputs reach float32 a block at a time, each
-   value rounded once (exact to 2^24), as Keras casts an int array fed to
-   a float Input; a device's come converted through the staging buffer
+   device's finding). int32 inputs reach float32 a block at a time
+   (mp__i32_to_f32); a device's come converted through the staging buffer
    (mp__gather), so only the CPU's take the blocks. */
 static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const int32_t *labels, const float *y,
                      size_t count) {
-    size_t outs = mp__last(m)->out_size, n = count * m->in_size, i, j, k;
+    size_t outs = mp__last(m)->out_size, n = count * m->in_size, i, k;
     mp_dtype dt = m->layers[0].dt;
     int *bad = m->be->device_memory ? &m->state->bad_input : NULL;
     if (bad && at == 0) m->be->zero(m->ctx, bad, sizeof(int)); /* a new batch */
@@ -8763,7 +8769,7 @@ static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const i
     for (i = 0; xt == MP_INT32 && i < n; i += k) {
         float block[256];
         k = mp__min(n - i, sizeof block / sizeof block[0]);
-        for (j = 0; j < k; j++) block[j] = (float)((const int32_t *)x)[i + j];
+        mp__i32_to_f32(block, (const int32_t *)x + i, k);
         m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size + i), dt, block, k, bad);
     }
     if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
@@ -8789,7 +8795,7 @@ static const void *mp__feed_x(const mp_model *m, const mp__feed *f, size_t s) { 
    and targets. A device backend gets them gathered on the host (int32
    inputs converted on the way) and sent in one copy each. */
 static void mp__gather(mp_model *m, const mp__feed *f, const size_t *idx, size_t first, size_t count) {
-    size_t i, j, outs = mp__last(m)->out_size, in = m->in_size;
+    size_t i, outs = mp__last(m)->out_size, in = m->in_size;
     if (!f) {
         mp__take_uploaded(m, first, count);
     } else if (idx && m->data_block) { /* the data on the device: nothing crosses */
@@ -8814,7 +8820,7 @@ static void mp__gather(mp_model *m, const mp__feed *f, const size_t *idx, size_t
         for (i = 0; i < count; i++) {
             size_t s = idx ? idx[first + i] : first + i;
             if (f->xt == MP_FLOAT32) memcpy(st->x + i * in, mp__feed_x(m, f, s), in * sizeof(float));
-            for (j = 0; f->xt == MP_INT32 && j < in; j++) st->x[i * in + j] = (float)((const int32_t *)f->x)[s * in + j];
+            if (f->xt == MP_INT32) mp__i32_to_f32(st->x + i * in, (const int32_t *)f->x + s * in, in);
             if (f->labels) st->labels[i] = f->labels[s];
             if (f->y) memcpy(st->y + i * outs, f->y + s * outs, outs * sizeof(float));
         }
