@@ -556,8 +556,22 @@ typedef enum mp_layer_kind {
     MP_MAX_POOLING2D,
     MP_FLATTEN,
     MP_DROPOUT,
+    MP_BATCH_NORMALIZATION,
+    MP_LAYER_NORMALIZATION,
+    MP_ADD, /* the merges: two or more inputs (Subtract: two) */
+    MP_SUBTRACT,
+    MP_MULTIPLY,
+    MP_AVERAGE,
+    MP_CONCATENATE,
+    MP_AVERAGE_POOLING2D,
+    MP_GLOBAL_AVERAGE_POOLING2D,
+    MP_RESHAPE,
     MP_LAYER_KIND_COUNT
 } mp_layer_kind;
+
+/* The most inputs a layer takes (a merge's), and the id of the model's
+   input in mp_model_call's inputs; layer ids count from 1 as added. */
+enum { MP_MAX_LAYER_INPUTS = 8, MP_MODEL_INPUT = 0 };
 
 typedef enum mp_padding { MP_VALID = 0, MP_SAME } mp_padding;
 
@@ -567,8 +581,15 @@ typedef struct mp_layer_desc {
     int filters;              /* Conv2D */
     int kernel_size[2];       /* Conv2D, (h, w) */
     int strides[2];           /* Conv2D: 0 = 1 */
-    int pool_size[2];         /* MaxPooling2D: 0 = 2; strides = pool_size, padding valid */
+    int pool_size[2];         /* MaxPooling2D, AveragePooling2D: 0 = 2; strides = pool_size,
+                                 padding valid */
     mp_padding padding;       /* Conv2D */
+    float momentum;           /* BatchNormalization: 0 = 0.99 */
+    float epsilon;            /* BatchNormalization, LayerNormalization: 0 = 1e-3 */
+    int axis;                 /* Concatenate: 0 = -1, the last; Keras's numbering (1 = the
+                                 first axis of a sample) */
+    int target_shape[MP_MAX_RANK - 1]; /* Reshape: per sample, zero-terminated; one -1 is
+                                          inferred */
     mp_activation activation; /* Dense, Conv2D, Activation */
     int no_bias;              /* Dense, Conv2D: nonzero = use_bias=False */
     float rate;               /* Dropout: fraction dropped, [0, 1) */
@@ -585,6 +606,16 @@ MIXPREC_API mp_layer_desc mp_conv2d(int filters, int kernel_h, int kernel_w, mp_
 MIXPREC_API mp_layer_desc mp_max_pooling2d(int pool_h, int pool_w);
 MIXPREC_API mp_layer_desc mp_flatten(void);
 MIXPREC_API mp_layer_desc mp_dropout(float rate);
+MIXPREC_API mp_layer_desc mp_batch_normalization(void);
+MIXPREC_API mp_layer_desc mp_layer_normalization(void);
+MIXPREC_API mp_layer_desc mp_add(void);
+MIXPREC_API mp_layer_desc mp_subtract(void);
+MIXPREC_API mp_layer_desc mp_multiply(void);
+MIXPREC_API mp_layer_desc mp_average(void);
+MIXPREC_API mp_layer_desc mp_concatenate(int axis);
+MIXPREC_API mp_layer_desc mp_average_pooling2d(int pool_h, int pool_w);
+MIXPREC_API mp_layer_desc mp_global_average_pooling2d(void);
+MIXPREC_API mp_layer_desc mp_reshape(const int *target_shape); /* zero-terminated */
 /* "relu", "sigmoid", "softmax", "tanh", "gelu", "linear" */
 MIXPREC_API mp_status mp_activation_from_name(const char *name, mp_activation *out);
 MIXPREC_API const char *mp_activation_name(mp_activation a); /* NULL if invalid */
@@ -819,6 +850,13 @@ typedef struct mp_model_desc {
 MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc);
 MIXPREC_API void mp_model_destroy(mp_model *m); /* NULL-safe */
 MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc layer);
+/* The functional API (Keras's y = layer(x), or layer([a, b]) for a merge):
+   the layer reads the outputs of `inputs`, n_inputs ids of earlier layers
+   (MP_MODEL_INPUT: the model's input); inputs NULL and n_inputs 0 is the
+   layer added last, as mp_model_add. *id (may be NULL) gets the new
+   layer's id. The model's output is the layer added last; every other
+   layer must feed one. */
+MIXPREC_API mp_status mp_model_call(mp_model *m, mp_layer_desc layer, const int *inputs, int n_inputs, int *id);
 /* Allocates and initialises the weights (glorot_uniform kernels, zero
    biases, from the model's seed). compile, fit, get/set_weights build
    implicitly; no layer can be added after. */
@@ -1469,6 +1507,9 @@ typedef struct mp_gemm_args {
                             ReluGrad), after the activation, before the rounding */
 } mp_gemm_args;
 
+/* backend elementwise ops (mp_backend.elementwise) */
+typedef enum mp_elementwise { MP_EW_ADD, MP_EW_SUBTRACT, MP_EW_MULTIPLY, MP_EW_SCALE } mp_elementwise;
+
 typedef struct mp_conv_geom {
     int h, w, c;        /* input image */
     int kh, kw, sh, sw; /* kernel, strides */
@@ -1566,6 +1607,50 @@ struct mp_backend {
     /* y = mask ? x * scale : 0, x in xt, y in yt. */
     void (*dropout)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                     size_t n, float scale);
+    /* The merges' and the gradients' sums: y = a op b over n values, in
+       float32, rounded once into yt (MP_EW_SCALE: y = a * s, b unused). y
+       may be a or b where their dtypes agree. */
+    void (*elementwise)(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                        const void *b, mp_dtype bt, float s, size_t n);
+    /* dst[r][0, cols) = src[r][0, cols) cast from st to dt, for each of rows
+       rows, dst's rows dst_stride values apart and src's src_stride
+       (Concatenate's blocks, in and out). */
+    void (*copy_cols)(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                      size_t src_stride, size_t rows, size_t cols);
+    /* AveragePooling2D and GlobalAveragePooling2D (padding valid): y = the
+       window's mean, summed in float32 and rounded once; its gradient,
+       dy / window summed where windows overlap, rounded once into dxt. */
+    void (*avg_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
+    void (*avg_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                              mp_dtype dt);
+    /* BatchNormalization over rows x cols, cols the channels (the last
+       axis); x in dt, y in yt; gamma_beta = gamma[cols] then beta[cols],
+       float32, as are the statistics. training: stats = the batch's mean
+       [cols] then biased variance [cols] (two passes), moving (mean then
+       variance) = moving * momentum + stats * (1 - momentum), y from the
+       batch's statistics; else y from moving, stats untouched.
+       y = (x - mean) / sqrt(var + epsilon) * gamma + beta. */
+    void (*batch_norm)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                       const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                       int training);
+    /* Its gradient from the batch's statistics (dy and x in dt):
+       dgamma_beta = sum dy xhat [cols] then sum dy [cols], float32,
+       overwritten; dx (NULL: none) = gamma / sqrt(var + epsilon)
+       (dy - mean(dy) - xhat mean(dy xhat)) in dxt. */
+    void (*batch_norm_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                size_t rows, size_t cols, const float *gamma_beta, const float *stats, float epsilon,
+                                float *dgamma_beta);
+    /* LayerNormalization over the last axis: each of rows rows by its own
+       float32 mean and biased variance; y = (x - mean) rstd gamma + beta in
+       yt, rstd = 1 / sqrt(var + epsilon); stats[2 r] = the row's mean,
+       stats[2 r + 1] its rstd, kept for the backward pass. */
+    void (*layer_norm)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                       const float *gamma_beta, float epsilon, float *stats);
+    /* Its gradient: dx (NULL: none) in dxt; dgamma_beta = sum dy xhat
+       [cols] then sum dy [cols], float32, overwritten. */
+    void (*layer_norm_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                float *dgamma_beta);
     /* A device backend's staging memory (NULL where the host's memory is the
        backend's): host memory whose copies to the backend run without the
        host waiting (pinned). host_wait(p) returns once no queued copy still
