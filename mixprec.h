@@ -3901,6 +3901,36 @@ static void mp__putv(mp__text *t, const char *fmt, va_list ap) {
     }
 }
 
+/* "(None, 28, 28, 1)": a batch's shape, as Keras prints it. */
+static void mp__put_shape(mp__text *t, int rank, const int *shape) {
+    int i;
+    mp__put(t, "(None");
+    for (i = 0; i < rank; i++) { mp__put(t, ", "); mp__put_int(t, shape[i]); }
+    mp__put(t, ")");
+}
+
+/* "(6,)", "(28, 28, 1)": a Python tuple, as Keras's input_shape. */
+static void mp__put_tuple(mp__text *t, int rank, const int *shape) {
+    int i;
+    mp__put(t, "(");
+    for (i = 0; i < rank; i++) {
+        if (i) mp__put(t, ", ");
+        mp__put_int(t, shape[i]);
+    }
+    mp__put(t, rank == 1 ? ",)" : ")");
+}
+
+/* A shape into buf, tuple or batch-shaped: for the messages. */
+static const char *mp__shape_text(char *buf, size_t cap, int rank, const int *shape, int tuple) {
+    mp__text t;
+    t.buf = buf;
+    t.cap = cap;
+    t.len = 0;
+    if (tuple) mp__put_tuple(&t, rank, shape);
+    else mp__put_shape(&t, rank, shape);
+    return buf;
+}
+
 /* >>cpu backend
    The CPU backend (the operations table is declared under >>backends):
    every kernel a layer, loss or optimizer runs is one of its ops. Kernels work
@@ -6910,22 +6940,40 @@ typedef struct mp__layer {
     mp_layer_desc desc;
     char name[32];
     mp_policy policy;
-    mp_dtype dt, xt, yt;      /* compute dtype; dtype of the incoming activations; output dtype */
-    int in_rank, out_rank;
+    /* the graph: the layers whose outputs it reads (MP__FROM_INPUT: the
+       model's input), in the order given; how many layers read its output,
+       and the one that does where there is exactly one (else -1) */
+    int in[MP_MAX_LAYER_INPUTS], n_in;
+    int consumers, consumer;
+    mp_dtype dt, yt;          /* compute dtype; output dtype */
+    mp_dtype wt;              /* the dtype its weights are read in: dt, or float32 where the
+                                 kind reads them uncast (the normalizations) */
+    int in_rank, out_rank;    /* of the first input; of the output */
     int in_shape[MP_MAX_RANK - 1], out_shape[MP_MAX_RANK - 1];
     size_t in_size, out_size; /* elements per sample */
-    size_t n_kernel, n_bias;
-    mp_conv_geom geom;       /* Conv2D, MaxPooling2D */
+    size_t in_sizes[MP_MAX_LAYER_INPUTS]; /* each input's (a merge's) */
+    size_t n_kernel, n_bias;  /* trainable: kernel (gamma), then bias (beta) */
+    size_t n_state;           /* non-trainable float32 state: BatchNormalization's moving mean
+                                 and variance */
+    mp_conv_geom geom;        /* Conv2D, the poolings */
     float *w, *g;             /* float32 weights and gradients: kernel, then bias */
-    void *wc, *gc;            /* the same in dt (alias w and g under float32) */
+    void *wc, *gc;            /* the same in wt (alias w and g where wt is float32) */
     size_t bias_at;           /* the bias's element in wc: n_kernel, or in an own copy the next 256 bytes */
-    const void *x;            /* incoming activations, xt */
-    void *xin;                /* x cast to dt, or NULL when x already is dt */
+    float *state;             /* n_state values, after the model's trainable weights */
+    const void *x[MP_MAX_LAYER_INPUTS]; /* incoming activations, in xt */
+    mp_dtype xt[MP_MAX_LAYER_INPUTS];
+    void *xin[MP_MAX_LAYER_INPUTS];     /* x cast to dt, or NULL when x already is dt */
+    void *dx[MP_MAX_LAYER_INPUTS];      /* where its backward pass writes each input's gradient:
+                                           the input's dy, or where it is added to that after */
+    int add_dx[MP_MAX_LAYER_INPUTS];    /* dx[k] is then added to the input's dy */
     void *y, *z;              /* output; pre-activation (gelu only); both yt */
+    void *dy;                 /* the output's gradient, yt, summed over the layers that read it */
     void *dyc;                /* the output gradient in dt, where yt differs */
+    float *stats;             /* the normalizations' batch statistics, float32 */
     unsigned char *mask;      /* Dropout */
     uint64_t rng;             /* Dropout */
 } mp__layer;
+enum { MP__FROM_INPUT = -1 };
 
 /* What a step leaves in the backend's memory for the host to read (one
    small copy): the loss scale, which stays with the backend, the found-Inf
@@ -6985,8 +7033,8 @@ struct mp_model {
     /* built: weights, gradients, their dt copies, the step state; every
        block is the backend's memory */
     void *params_block;
-    float *w, *g;
-    size_t n_params;
+    float *w, *g;             /* w: the trainable weights, then the layers' state */
+    size_t n_params, n_state; /* trainable; non-trainable (BatchNormalization's moving statistics) */
     mp__step_state *state;
     mp__step_state seen; /* the host's copy of *state, as of the last read */
     size_t params_bytes, slots_bytes, act_bytes;
@@ -7006,7 +7054,6 @@ struct mp_model {
     void *input; /* the batch, already in the first layer's compute dtype */
     float *dpred, *batch_y;
     int32_t *batch_labels;
-    void *grad[2];
     void *grad16; /* the gradients' 16-bit sum (>>communicator), or NULL */
     void *col;
     float *dcol, *img;
@@ -7148,12 +7195,12 @@ static const void *mp__bias(const mp__layer *l, mp_dtype *type) {
 }
 
 /* The layer's input in its compute dtype, casting on entry if needed. */
-static const void *mp__layer_input(const mp_model *m, mp__layer *l, size_t batch) {
-    if (!l->xin) return l->x;
-    m->be->cast(m->ctx, l->xin, l->dt, l->x, l->xt, batch * l->in_size, NULL);
-    return l->xin;
+static const void *mp__layer_input(const mp_model *m, mp__layer *l, int k, size_t batch) {
+    if (!l->xin[k]) return l->x[k];
+    m->be->cast(m->ctx, l->xin[k], l->dt, l->x[k], l->xt[k], batch * l->in_sizes[k], NULL);
+    return l->xin[k];
 }
-static const void *mp__saved_input(const mp__layer *l) { return l->xin ? l->xin : l->x; }
+static const void *mp__saved_input(const mp__layer *l, int k) { return l->xin[k] ? l->xin[k] : l->x[k]; }
 
 /* One product C[m x n] = op(A) op(B), A and B in dt. */
 static mp_gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, size_t k, const void *a, const void *b,
@@ -7185,7 +7232,7 @@ static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size
 
 /* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
-    const void *x = mp__layer_input(m, l, batch);
+    const void *x = mp__layer_input(m, l, 0, batch);
     mp_gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->yt);
     g.z = l->z;
     mp__linear_forward(m, l, g);
@@ -7201,19 +7248,19 @@ static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
    gradient as it was before. */
 static const mp__layer *mp__relu_below(const mp_model *m, const mp__layer *above) {
     const mp__layer *below;
-    if (!m->be->relu_grad || above == m->layers || above->desc.kind != MP_DENSE || mp__numerics_active(m))
+    if (!m->be->relu_grad || above->in[0] == MP__FROM_INPUT || above->desc.kind != MP_DENSE || mp__numerics_active(m))
         return NULL;
-    below = above - 1; /* (not formed before: above may be the first layer) */
-    if (below->desc.kind != MP_DENSE && below->desc.kind != MP_CONV2D) return NULL;
-    return below->desc.activation == MP_RELU && !below->dyc && below->yt == above->xt ? below : NULL;
+    below = &m->layers[above->in[0]]; /* (not formed before: above may read the model's input) */
+    if ((below->desc.kind != MP_DENSE && below->desc.kind != MP_CONV2D) || below->consumers != 1) return NULL;
+    return below->desc.activation == MP_RELU && !below->dyc && below->yt == above->xt[0] ? below : NULL;
 }
 
 /* dz = dy * act'(z) in the compute dtype: in place, or into dyc where the
    output dtype differs (the backward's cast on entry); dy already where
-   the layer above made it (mp__relu_below). */
+   the layer reading it made it (mp__relu_below). */
 static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size_t cols) {
     void *dz = l->dyc ? l->dyc : dy;
-    if (l + 1 < m->layers + m->n_layers && mp__relu_below(m, l + 1) == l) return dz;
+    if (l->consumer >= 0 && mp__relu_below(m, &m->layers[l->consumer]) == l) return dz;
     if (l->desc.activation != MP_LINEAR && !mp__loss_from_logits(m, l))
         m->be->act_backward(m->ctx, dz, l->dt, dy, l->y, l->z, rows, cols, l->desc.activation, l->yt);
     else if (dz != dy)
@@ -7221,33 +7268,33 @@ static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size
     return dz;
 }
 
-static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
     size_t in = l->in_size, units = l->out_size;
     dy = mp__dz(m, l, dy, batch, units);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
     /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
-    mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l), dy, l->dt, l->gc, l->dt);
+    mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l, 0), dy, l->dt, l->gc, l->dt);
     m->be->gemm(m->ctx, &dw);
-    if (dx) {
+    if (dx[0]) {
         const mp__layer *below = mp__relu_below(m, l);
-        mp_gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx, l->xt);
+        mp_gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx[0], l->xt[0]);
         dxg.relu_y = below ? below->y : NULL;
         m->be->gemm(m->ctx, &dxg);
     }
 }
 
 static void mp__activation_forward(mp_model *m, mp__layer *l, size_t batch) {
-    const void *x = mp__layer_input(m, l, batch);
+    const void *x = mp__layer_input(m, l, 0, batch);
     size_t cols = mp__last_axis(l);
     m->be->bias_act(m->ctx, l->y, x, NULL, batch * l->in_size / cols, cols, l->desc.activation, l->dt);
 }
 
-static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
     size_t cols = mp__last_axis(l);
-    if (dx && mp__loss_from_logits(m, l)) /* dy is already the logits' gradient */
-        m->be->cast(m->ctx, dx, l->xt, dy, l->dt, batch * l->in_size, NULL);
-    else if (dx)
-        m->be->act_backward(m->ctx, dx, l->xt, dy, l->y, mp__saved_input(l), batch * l->in_size / cols, cols,
+    if (dx[0] && mp__loss_from_logits(m, l)) /* dy is already the logits' gradient */
+        m->be->cast(m->ctx, dx[0], l->xt[0], dy, l->dt, batch * l->in_size, NULL);
+    else if (dx[0])
+        m->be->act_backward(m->ctx, dx[0], l->xt[0], dy, l->y, mp__saved_input(l, 0), batch * l->in_size / cols, cols,
                             l->desc.activation, l->dt);
 }
 
@@ -7279,7 +7326,7 @@ static const void *mp__columns(mp_model *m, const mp__layer *l, const void *x, s
 }
 
 static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
-    const void *x = mp__layer_input(m, l, batch);
+    const void *x = mp__layer_input(m, l, 0, batch);
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
     size_t group = mp__conv_group(m, l, batch), i;
     for (i = 0; i < batch; i += group) {
@@ -7292,7 +7339,7 @@ static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
     mp__softmax_after(m, l, batch * pixels, f);
 }
 
-static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
+static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
     size_t group = mp__conv_group(m, l, batch), i;
     dy = mp__dz(m, l, dy, batch * pixels, f);
@@ -7300,18 +7347,18 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
     /* dW [patch, F] = sum over the groups of col^T dy, in float32 (in g), rounded once into gc */
     for (i = 0; i < batch; i += group) {
         size_t n = mp__min(group, batch - i);
-        const void *cols = mp__columns(m, l, mp__at(mp__saved_input(l), l->dt, i * l->in_size), n);
+        const void *cols = mp__columns(m, l, mp__at(mp__saved_input(l, 0), l->dt, i * l->in_size), n);
         mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, cols, mp__at(dy, l->dt, i * l->out_size), l->dt, l->g,
                                       MP_FLOAT32);
         dw.accumulate = i > 0;
         m->be->gemm(m->ctx, &dw);
     }
     m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
-    for (i = 0; dx && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
+    for (i = 0; dx[0] && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
         size_t n = mp__min(group, batch - i);
-        void *dxi = mp__at_mut(dx, l->xt, i * l->in_size);
+        void *dxi = mp__at_mut(dx[0], l->xt[0], i * l->in_size);
         mp_gemm_args dcol =
-            mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt);
+            mp__product(0, 1, n * pixels, patch, f, mp__at(dy, l->dt, i * l->out_size), l->wc, l->dt, dxi, l->xt[0]);
         if (mp__pointwise(l)) { /* a 1x1 kernel's dcol is dx itself */
             m->be->gemm(m->ctx, &dcol);
             continue;
@@ -7320,24 +7367,25 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
         dcol.ct = MP_FLOAT32;
         m->be->gemm(m->ctx, &dcol);
         m->be->col2im(m->ctx, m->img, m->dcol, n, &l->geom);
-        m->be->cast(m->ctx, dxi, l->xt, m->img, MP_FLOAT32, n * l->in_size, NULL);
+        m->be->cast(m->ctx, dxi, l->xt[0], m->img, MP_FLOAT32, n * l->in_size, NULL);
     }
 }
 
 /* MaxPooling2D */
 static void mp__pool_forward(mp_model *m, mp__layer *l, size_t batch) {
-    m->be->max_pool(m->ctx, l->y, mp__layer_input(m, l, batch), batch, &l->geom, l->dt);
+    m->be->max_pool(m->ctx, l->y, mp__layer_input(m, l, 0, batch), batch, &l->geom, l->dt);
 }
 
-static void mp__pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->max_pool_backward(m->ctx, dx, l->xt, dy, mp__saved_input(l), batch, &l->geom, l->dt);
+static void mp__pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    if (dx[0]) m->be->max_pool_backward(m->ctx, dx[0], l->xt[0], dy, mp__saved_input(l, 0), batch, &l->geom, l->dt);
 }
 
-/* Flatten: the output is the (cast) input itself */
-static void mp__flatten_forward(mp_model *m, mp__layer *l, size_t batch) { (void)mp__layer_input(m, l, batch); }
+/* Flatten and Reshape: the output is the (cast) input itself, a new view
+   of the same values (the planner lets it share the input's memory) */
+static void mp__view_forward(mp_model *m, mp__layer *l, size_t batch) { (void)mp__layer_input(m, l, 0, batch); }
 
-static void mp__flatten_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->cast(m->ctx, dx, l->xt, dy, l->dt, batch * l->in_size, NULL);
+static void mp__view_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    if (dx[0]) m->be->cast(m->ctx, dx[0], l->xt[0], dy, l->dt, batch * l->in_size, NULL);
 }
 
 /* Dropout: in training keep each value with probability 1 - rate and scale
@@ -7345,44 +7393,218 @@ static void mp__flatten_backward(mp_model *m, mp__layer *l, size_t batch, void *
 static float mp__dropout_scale(const mp__layer *l) { return 1.0f / (1.0f - l->desc.rate); }
 
 static void mp__dropout_forward(mp_model *m, mp__layer *l, size_t batch) {
-    const void *x = mp__layer_input(m, l, batch);
+    const void *x = mp__layer_input(m, l, 0, batch);
     size_t n = batch * l->in_size;
     if (!m->training) { m->be->cast(m->ctx, l->y, l->dt, x, l->dt, n, NULL); return; }
     m->be->dropout_mask(m->ctx, l->mask, n, l->desc.rate, mp__splitmix(&l->rng)); /* a fresh mask each step */
     m->be->dropout(m->ctx, l->y, l->dt, x, l->dt, l->mask, n, mp__dropout_scale(l));
 }
 
-static void mp__dropout_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx) {
-    if (dx) m->be->dropout(m->ctx, dx, l->xt, dy, l->dt, l->mask, batch * l->in_size, mp__dropout_scale(l));
+static void mp__dropout_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    if (dx[0]) m->be->dropout(m->ctx, dx[0], l->xt[0], dy, l->dt, l->mask, batch * l->in_size, mp__dropout_scale(l));
 }
 
+/* BatchNormalization (Keras 3): each channel (the last axis) normalised by
+   the batch's float32 mean and variance in training, which also move the
+   moving statistics (l->state: mean, then variance), and by the moving
+   ones at inference; gamma and beta (the kernel and bias slots) read as
+   float32, uncast. x [B*H*W, C] */
+static void mp__batch_norm_forward(mp_model *m, mp__layer *l, size_t batch) {
+    size_t c = mp__last_axis(l);
+    m->be->batch_norm(m->ctx, l->y, l->yt, mp__layer_input(m, l, 0, batch), l->dt, batch * l->in_size / c, c, l->w,
+                      l->stats, l->state, l->desc.momentum, l->desc.epsilon, m->training);
+}
+
+static void mp__batch_norm_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    size_t c = mp__last_axis(l), rows = batch * l->in_size / c;
+    m->be->batch_norm_backward(m->ctx, dx[0], l->xt[0], mp__dz(m, l, dy, rows, c), mp__saved_input(l, 0), l->dt,
+                               rows, c, l->w, l->stats, l->desc.epsilon, l->g);
+}
+
+/* LayerNormalization (Keras): each row of the last axis by its own float32
+   mean and variance (kept in l->stats for the backward pass); gamma and
+   beta float32, uncast. x [B*..., C] */
+static void mp__layer_norm_forward(mp_model *m, mp__layer *l, size_t batch) {
+    size_t c = mp__last_axis(l);
+    m->be->layer_norm(m->ctx, l->y, l->yt, mp__layer_input(m, l, 0, batch), l->dt, batch * l->in_size / c, c, l->w,
+                      l->desc.epsilon, l->stats);
+}
+
+static void mp__layer_norm_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    size_t c = mp__last_axis(l), rows = batch * l->in_size / c;
+    m->be->layer_norm_backward(m->ctx, dx[0], l->xt[0], mp__dz(m, l, dy, rows, c), mp__saved_input(l, 0), l->dt,
+                               rows, c, l->w, l->stats, l->g);
+}
+
+/* Add, Subtract, Multiply, Average: Keras's merge layers, y = x0 op x1 op
+   x2 ..., a pair at a time in the layer's dtype (each step rounded, as
+   Keras's loop of ops.add); Average divides the sum once. The inputs are
+   cast on entry to the compute dtype. */
+static mp_elementwise mp__merge_op(const mp__layer *l) {
+    return l->desc.kind == MP_SUBTRACT ? MP_EW_SUBTRACT : l->desc.kind == MP_MULTIPLY ? MP_EW_MULTIPLY : MP_EW_ADD;
+}
+
+static void mp__merge_forward(mp_model *m, mp__layer *l, size_t batch) {
+    size_t n = batch * l->out_size;
+    int k;
+    m->be->elementwise(m->ctx, mp__merge_op(l), l->y, l->yt, mp__layer_input(m, l, 0, batch), l->dt,
+                       mp__layer_input(m, l, 1, batch), l->dt, 0.0f, n);
+    for (k = 2; k < l->n_in; k++)
+        m->be->elementwise(m->ctx, mp__merge_op(l), l->y, l->yt, l->y, l->yt, mp__layer_input(m, l, k, batch), l->dt,
+                           0.0f, n);
+    if (l->desc.kind == MP_AVERAGE)
+        m->be->elementwise(m->ctx, MP_EW_SCALE, l->y, l->yt, l->y, l->yt, NULL, l->yt, 1.0f / (float)l->n_in, n);
+}
+
+/* dx_k = dy (Add), dy and -dy (Subtract), dy / n (Average), dy times the
+   other inputs (Multiply, a factor at a time), each into its input's dtype */
+static void mp__merge_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    size_t n = batch * l->out_size;
+    const void *dz = mp__dz(m, l, dy, batch, l->out_size);
+    int k, j;
+    for (k = 0; k < l->n_in; k++) {
+        const void *from = dz;
+        mp_dtype ft = l->dt;
+        if (!dx[k]) continue;
+        if (l->desc.kind == MP_MULTIPLY) {
+            for (j = 0; j < l->n_in; j++) {
+                if (j == k) continue;
+                m->be->elementwise(m->ctx, MP_EW_MULTIPLY, dx[k], l->xt[k], from, ft, mp__saved_input(l, j), l->dt,
+                                   0.0f, n);
+                from = dx[k];
+                ft = l->xt[k];
+            }
+        } else if (l->desc.kind == MP_ADD) {
+            m->be->cast(m->ctx, dx[k], l->xt[k], dz, l->dt, n, NULL);
+        } else {
+            float s = l->desc.kind == MP_AVERAGE ? 1.0f / (float)l->n_in : k ? -1.0f : 1.0f;
+            m->be->elementwise(m->ctx, MP_EW_SCALE, dx[k], l->xt[k], dz, l->dt, NULL, l->dt, s, n);
+        }
+    }
+}
+
+/* Concatenate along desc.axis (Keras's numbering, a sample's axes from 1):
+   each sample is `outer` rows of its inputs' blocks side by side, input
+   k's block in_sizes[k] / outer values wide. */
+static size_t mp__concat_outer(const mp__layer *l) {
+    size_t outer = 1;
+    int a;
+    for (a = 0; a + 1 < l->desc.axis; a++) outer *= (size_t)l->out_shape[a];
+    return outer;
+}
+
+static void mp__concat_forward(mp_model *m, mp__layer *l, size_t batch) {
+    size_t outer = mp__concat_outer(l), rows = batch * outer, width = l->out_size / outer, at = 0, cols;
+    int k;
+    for (k = 0; k < l->n_in; k++, at += cols) {
+        cols = l->in_sizes[k] / outer;
+        m->be->copy_cols(m->ctx, mp__at_mut(l->y, l->yt, at), l->yt, width, mp__layer_input(m, l, k, batch), l->dt,
+                         cols, rows, cols);
+    }
+}
+
+static void mp__concat_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    size_t outer = mp__concat_outer(l), rows = batch * outer, width = l->out_size / outer, at = 0, cols;
+    const void *dz = mp__dz(m, l, dy, rows, width);
+    int k;
+    for (k = 0; k < l->n_in; k++, at += cols) {
+        cols = l->in_sizes[k] / outer;
+        if (dx[k]) m->be->copy_cols(m->ctx, dx[k], l->xt[k], cols, mp__at(dz, l->dt, at), l->dt, width, rows, cols);
+    }
+}
+
+/* AveragePooling2D and GlobalAveragePooling2D (one window over the whole
+   image, the output (C,)): each window's mean */
+static void mp__avg_pool_forward(mp_model *m, mp__layer *l, size_t batch) {
+    m->be->avg_pool(m->ctx, l->y, mp__layer_input(m, l, 0, batch), batch, &l->geom, l->dt);
+}
+
+static void mp__avg_pool_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    if (dx[0]) m->be->avg_pool_backward(m->ctx, dx[0], l->xt[0], dy, batch, &l->geom, l->dt);
+}
+
+/* A kind's passes and what the planner needs to know of them: how many
+   inputs it takes; whether its backward pass reads its inputs (kept until
+   then) or its own output; whether its output is its input (a view);
+   whether it reads its weights as float32 whatever its compute dtype. */
 typedef struct mp__layer_kind {
     const char *type, *base_name;
     void (*forward)(mp_model *m, mp__layer *l, size_t batch);
-    void (*backward)(mp_model *m, mp__layer *l, size_t batch, void *dy, void *dx);
+    void (*backward)(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx);
+    int min_inputs, max_inputs;
+    int reads_input, reads_output, view, float32_weights;
 } mp__layer_kind;
 
 /* Indexed by mp_layer_kind (see ADDING A LAYER KIND in the doc block). */
 static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
-    /* 0 */ {MP_OP(type) NULL, MP_OP(base_name) NULL, MP_OP(forward) NULL, MP_OP(backward) NULL},
+    /* 0 */
+    {MP_OP(type) NULL, MP_OP(base_name) NULL, MP_OP(forward) NULL, MP_OP(backward) NULL,
+     MP_OP(min_inputs) 0, MP_OP(max_inputs) 0, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
     /* MP_DENSE */
-    {MP_OP(type) "Dense", MP_OP(base_name) "dense", MP_OP(forward) mp__dense_forward,
-     MP_OP(backward) mp__dense_backward},
+    {MP_OP(type) "Dense", MP_OP(base_name) "dense", MP_OP(forward) mp__dense_forward, MP_OP(backward) mp__dense_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 1, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
     /* MP_ACTIVATION */
-    {MP_OP(type) "Activation", MP_OP(base_name) "activation", MP_OP(forward) mp__activation_forward,
-     MP_OP(backward) mp__activation_backward},
+    {MP_OP(type) "Activation", MP_OP(base_name) "activation", MP_OP(forward) mp__activation_forward, MP_OP(backward) mp__activation_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 1, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
     /* MP_CONV2D */
-    {MP_OP(type) "Conv2D", MP_OP(base_name) "conv2d", MP_OP(forward) mp__conv_forward,
-     MP_OP(backward) mp__conv_backward},
+    {MP_OP(type) "Conv2D", MP_OP(base_name) "conv2d", MP_OP(forward) mp__conv_forward, MP_OP(backward) mp__conv_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 1, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
     /* MP_MAX_POOLING2D */
-    {MP_OP(type) "MaxPooling2D", MP_OP(base_name) "max_pooling2d", MP_OP(forward) mp__pool_forward,
-     MP_OP(backward) mp__pool_backward},
+    {MP_OP(type) "MaxPooling2D", MP_OP(base_name) "max_pooling2d", MP_OP(forward) mp__pool_forward, MP_OP(backward) mp__pool_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
     /* MP_FLATTEN */
-    {MP_OP(type) "Flatten", MP_OP(base_name) "flatten", MP_OP(forward) mp__flatten_forward,
-     MP_OP(backward) mp__flatten_backward},
+    {MP_OP(type) "Flatten", MP_OP(base_name) "flatten", MP_OP(forward) mp__view_forward, MP_OP(backward) mp__view_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 1,
+     MP_OP(float32_weights) 0},
     /* MP_DROPOUT */
-    {MP_OP(type) "Dropout", MP_OP(base_name) "dropout", MP_OP(forward) mp__dropout_forward,
-     MP_OP(backward) mp__dropout_backward},
+    {MP_OP(type) "Dropout", MP_OP(base_name) "dropout", MP_OP(forward) mp__dropout_forward, MP_OP(backward) mp__dropout_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_BATCH_NORMALIZATION */
+    {MP_OP(type) "BatchNormalization", MP_OP(base_name) "batch_normalization", MP_OP(forward) mp__batch_norm_forward, MP_OP(backward) mp__batch_norm_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 1},
+    /* MP_LAYER_NORMALIZATION */
+    {MP_OP(type) "LayerNormalization", MP_OP(base_name) "layer_normalization", MP_OP(forward) mp__layer_norm_forward, MP_OP(backward) mp__layer_norm_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 1, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 1},
+    /* MP_ADD */
+    {MP_OP(type) "Add", MP_OP(base_name) "add", MP_OP(forward) mp__merge_forward, MP_OP(backward) mp__merge_backward,
+     MP_OP(min_inputs) 2, MP_OP(max_inputs) MP_MAX_LAYER_INPUTS, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_SUBTRACT */
+    {MP_OP(type) "Subtract", MP_OP(base_name) "subtract", MP_OP(forward) mp__merge_forward, MP_OP(backward) mp__merge_backward,
+     MP_OP(min_inputs) 2, MP_OP(max_inputs) 2, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_MULTIPLY */
+    {MP_OP(type) "Multiply", MP_OP(base_name) "multiply", MP_OP(forward) mp__merge_forward, MP_OP(backward) mp__merge_backward,
+     MP_OP(min_inputs) 2, MP_OP(max_inputs) MP_MAX_LAYER_INPUTS, MP_OP(reads_input) 1, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_AVERAGE */
+    {MP_OP(type) "Average", MP_OP(base_name) "average", MP_OP(forward) mp__merge_forward, MP_OP(backward) mp__merge_backward,
+     MP_OP(min_inputs) 2, MP_OP(max_inputs) MP_MAX_LAYER_INPUTS, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_CONCATENATE */
+    {MP_OP(type) "Concatenate", MP_OP(base_name) "concatenate", MP_OP(forward) mp__concat_forward, MP_OP(backward) mp__concat_backward,
+     MP_OP(min_inputs) 2, MP_OP(max_inputs) MP_MAX_LAYER_INPUTS, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_AVERAGE_POOLING2D */
+    {MP_OP(type) "AveragePooling2D", MP_OP(base_name) "average_pooling2d", MP_OP(forward) mp__avg_pool_forward, MP_OP(backward) mp__avg_pool_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_GLOBAL_AVERAGE_POOLING2D */
+    {MP_OP(type) "GlobalAveragePooling2D", MP_OP(base_name) "global_average_pooling2d", MP_OP(forward) mp__avg_pool_forward, MP_OP(backward) mp__avg_pool_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0,
+     MP_OP(float32_weights) 0},
+    /* MP_RESHAPE */
+    {MP_OP(type) "Reshape", MP_OP(base_name) "reshape", MP_OP(forward) mp__view_forward, MP_OP(backward) mp__view_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1, MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 1,
+     MP_OP(float32_weights) 0},
 };
 
 /* >>layers: descriptions */
@@ -7444,6 +7666,35 @@ MIXPREC_API mp_layer_desc mp_flatten(void) { return mp__desc(MP_FLATTEN); }
 MIXPREC_API mp_layer_desc mp_dropout(float rate) {
     mp_layer_desc d = mp__desc(MP_DROPOUT);
     d.rate = rate;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_batch_normalization(void) { return mp__desc(MP_BATCH_NORMALIZATION); }
+MIXPREC_API mp_layer_desc mp_layer_normalization(void) { return mp__desc(MP_LAYER_NORMALIZATION); }
+MIXPREC_API mp_layer_desc mp_add(void) { return mp__desc(MP_ADD); }
+MIXPREC_API mp_layer_desc mp_subtract(void) { return mp__desc(MP_SUBTRACT); }
+MIXPREC_API mp_layer_desc mp_multiply(void) { return mp__desc(MP_MULTIPLY); }
+MIXPREC_API mp_layer_desc mp_average(void) { return mp__desc(MP_AVERAGE); }
+
+MIXPREC_API mp_layer_desc mp_concatenate(int axis) {
+    mp_layer_desc d = mp__desc(MP_CONCATENATE);
+    d.axis = axis;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_average_pooling2d(int pool_h, int pool_w) {
+    mp_layer_desc d = mp__desc(MP_AVERAGE_POOLING2D);
+    d.pool_size[0] = pool_h;
+    d.pool_size[1] = pool_w;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_global_average_pooling2d(void) { return mp__desc(MP_GLOBAL_AVERAGE_POOLING2D); }
+
+MIXPREC_API mp_layer_desc mp_reshape(const int *target_shape) {
+    mp_layer_desc d = mp__desc(MP_RESHAPE);
+    int i;
+    for (i = 0; target_shape && i < MP_MAX_RANK - 1 && target_shape[i]; i++) d.target_shape[i] = target_shape[i];
     return d;
 }
 
@@ -7783,7 +8034,11 @@ static void mp__amp_layer_dtypes(const mp_model *m, const struct mp__amp *a, int
 
 static void mp__amp_retype(mp_model *m, const struct mp__amp *a) {
     int i;
-    for (i = 0; i < m->n_layers; i++) mp__amp_layer_dtypes(m, a, i, &m->layers[i].dt, &m->layers[i].yt);
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        mp__amp_layer_dtypes(m, a, i, &l->dt, &l->yt);
+        l->wt = mp__kinds[l->desc.kind].float32_weights ? MP_FLOAT32 : l->dt;
+    }
 }
 
 static void mp__amp_summary(const struct mp__amp *a, mp__text *t) {
@@ -7939,7 +8194,7 @@ static mp_status mp__comm_share_weights(mp_model *m) {
     mp_status st;
     if (m->ranks == 1) return MP_OK;
     if ((st = mp__comm_ready(m)) != MP_OK) return st;
-    if (c->broadcast(c->ctx, m->w, m->n_params * sizeof(float), 0) != MP_OK)
+    if (c->broadcast(c->ctx, m->w, (m->n_params + m->n_state) * sizeof(float), 0) != MP_OK)
         return mp__comm_failed(m, "broadcasting rank 0's initial weights");
     m->casts_fresh = 0; /* the next forward casts the new weights */
     return MP_OK;
@@ -8016,6 +8271,88 @@ static mp_status mp__conv_shape(mp_model *m, mp__layer *l, int kh, int kw, int s
     return MP_OK;
 }
 
+/* Keras 3 names a functional model's input "input_layer" */
+static const char *mp__input_name(const mp_model *m, int from) {
+    return from == MP__FROM_INPUT ? "input_layer" : m->layers[from].name;
+}
+
+/* The normalizations: gamma and beta per channel (the last axis), and
+   BatchNormalization's moving mean and variance; Keras's defaults. */
+static mp_status mp__norm_shape(mp_model *m, mp__layer *l) {
+    mp_layer_desc *d = &l->desc;
+    size_t c = (size_t)l->in_shape[l->in_rank - 1];
+    if (d->momentum == 0.0f) d->momentum = 0.99f;
+    if (d->epsilon == 0.0f) d->epsilon = 1e-3f;
+    if (!(d->momentum >= 0.0f && d->momentum <= 1.0f) || !(d->epsilon > 0.0f && d->epsilon <= FLT_MAX))
+        return mp__fail(m, MP_ERR_ARG, "layer %s: momentum must be in [0, 1] and epsilon finite and positive, got %g "
+                        "and %g", l->name, (double)d->momentum, (double)d->epsilon);
+    l->n_kernel = l->n_bias = c;
+    l->n_state = d->kind == MP_BATCH_NORMALIZATION ? 2 * c : 0;
+    return MP_OK;
+}
+
+/* The merges: every input of the first's shape (Add, Subtract, Multiply,
+   Average), or of its rank and the same sizes but along the axis
+   (Concatenate, whose output sums them there). */
+static mp_status mp__merge_shape(mp_model *m, mp__layer *l) {
+    const char *type = mp__kinds[l->desc.kind].type;
+    int k, a, axis = l->desc.axis ? l->desc.axis : -1;
+    if (l->desc.kind == MP_CONCATENATE) {
+        if (axis < 0) axis += l->in_rank + 1; /* -1: the last of a sample's axes */
+        if (axis < 1 || axis > l->in_rank)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (Concatenate): axis %d out of range for inputs of rank %d (the "
+                            "batch axis is 0)", l->name, l->desc.axis, l->in_rank);
+        l->desc.axis = axis;
+        l->out_shape[axis - 1] = 0;
+    }
+    for (k = 0; k < l->n_in; k++) {
+        const int *shape = l->in[k] == MP__FROM_INPUT ? m->in_shape : m->layers[l->in[k]].out_shape;
+        int rank = l->in[k] == MP__FROM_INPUT ? m->in_rank : m->layers[l->in[k]].out_rank, same = rank == l->in_rank;
+        for (a = 0; same && a < rank; a++)
+            same = shape[a] == l->in_shape[a] || (l->desc.kind == MP_CONCATENATE && a == axis - 1);
+        if (!same) {
+            char want[64], got[64];
+            return mp__fail(m, MP_ERR_SHAPE, "layer %s (%s): input %d (%s) has shape %s, input 0 (%s) has %s%s",
+                            l->name, type, k, mp__input_name(m, l->in[k]),
+                            mp__shape_text(got, sizeof got, rank, shape, 0), mp__input_name(m, l->in[0]),
+                            mp__shape_text(want, sizeof want, l->in_rank, l->in_shape, 0),
+                            l->desc.kind == MP_CONCATENATE ? ": all sizes must match but along the axis" : "");
+        }
+        if (l->desc.kind == MP_CONCATENATE) {
+            if (l->out_shape[axis - 1] > INT32_MAX - shape[axis - 1])
+                return mp__fail(m, MP_ERR_SIZE, "layer %s: the concatenated axis overflows", l->name);
+            l->out_shape[axis - 1] += shape[axis - 1];
+        }
+    }
+    return MP_OK;
+}
+
+/* Reshape: target_shape's sizes, one -1 inferred; as many values. */
+static mp_status mp__reshape_shape(mp_model *m, mp__layer *l) {
+    const int *t = l->desc.target_shape;
+    size_t known = 1;
+    int r, unknown = -1;
+    char want[64], got[64];
+    for (r = 0; r < MP_MAX_RANK - 1 && t[r]; r++) {
+        if (t[r] == -1 && unknown < 0) unknown = r;
+        else if (t[r] < 0 || !mp__mul_ok(known, (size_t)t[r], &known))
+            return mp__fail(m, MP_ERR_ARG, "layer %s (Reshape): target_shape sizes must be positive, with at most one "
+                            "-1", l->name);
+    }
+    if (r == 0) return mp__fail(m, MP_ERR_ARG, "layer %s (Reshape): an empty target_shape", l->name);
+    l->out_rank = r;
+    memcpy(l->out_shape, t, sizeof l->out_shape);
+    if (unknown >= 0 && known && l->in_size % known == 0 && l->in_size / known <= (size_t)INT32_MAX) {
+        l->out_shape[unknown] = (int)(l->in_size / known);
+        known = l->in_size;
+    }
+    if (known != l->in_size)
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s (Reshape): the input %s has %z values, target_shape %s has a "
+                        "different count", l->name, mp__shape_text(got, sizeof got, l->in_rank, l->in_shape, 0),
+                        l->in_size, mp__shape_text(want, sizeof want, r, t, 0));
+    return MP_OK;
+}
+
 static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     const mp_layer_desc *d = &l->desc;
     mp_status st = MP_OK;
@@ -8051,6 +8388,26 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
         if (!(d->rate >= 0.0f && d->rate < 1.0f))
             return mp__fail(m, MP_ERR_ARG, "layer %s: dropout rate must be in [0, 1)", l->name);
         break;
+    case MP_BATCH_NORMALIZATION:
+    case MP_LAYER_NORMALIZATION: st = mp__norm_shape(m, l); break;
+    case MP_ADD:
+    case MP_SUBTRACT:
+    case MP_MULTIPLY:
+    case MP_AVERAGE:
+    case MP_CONCATENATE: st = mp__merge_shape(m, l); break;
+    case MP_AVERAGE_POOLING2D: {
+        int ph = d->pool_size[0] ? d->pool_size[0] : 2, pw = d->pool_size[1] ? d->pool_size[1] : 2;
+        st = mp__conv_shape(m, l, ph, pw, ph, pw, MP_VALID);
+        break;
+    }
+    case MP_GLOBAL_AVERAGE_POOLING2D:
+        if (l->in_rank != 3) return mp__conv_shape(m, l, 1, 1, 1, 1, MP_VALID); /* (says what it needs) */
+        st = mp__conv_shape(m, l, l->in_shape[0], l->in_shape[1], l->in_shape[0], l->in_shape[1], MP_VALID);
+        l->out_rank = 1; /* (C,): Keras's keepdims=False */
+        l->out_shape[0] = l->in_shape[2];
+        l->out_shape[1] = l->out_shape[2] = 0;
+        break;
+    case MP_RESHAPE: st = mp__reshape_shape(m, l); break;
     default: return mp__fail(m, MP_ERR_ARG, "unknown layer kind %d", (int)d->kind);
     }
     if (st) return st;
@@ -8124,49 +8481,112 @@ MIXPREC_API const char *mp_model_error(const mp_model *m) {
 
 static int mp__built(const mp_model *m) { return m->params_block != NULL; }
 
-MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
+/* The new layer's inputs from mp_model_call's ids (MP_MODEL_INPUT, or 1 +
+   an earlier layer's index), checked: none may name a layer not added yet,
+   so the graph has no cycle and the order added is an order to run it. */
+static mp_status mp__connect(mp_model *m, mp__layer *l, const int *inputs, int n_inputs) {
+    const mp__layer_kind *kind = &mp__kinds[l->desc.kind];
+    int k;
+    if (n_inputs == 0 && !inputs) { /* sequential: the layer added last */
+        l->n_in = 1;
+        l->in[0] = m->n_layers - 1; /* MP__FROM_INPUT for the first */
+    } else {
+        if (!inputs) return mp__fail(m, MP_ERR_NULL, "layer %s: inputs is NULL with n_inputs %d", l->name, n_inputs);
+        if (n_inputs < kind->min_inputs || n_inputs > kind->max_inputs)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (%s) takes %d to %d inputs, got %d", l->name, kind->type,
+                            kind->min_inputs, kind->max_inputs, n_inputs);
+        for (k = 0; k < n_inputs; k++) {
+            if (inputs[k] < 0 || inputs[k] > m->n_layers)
+                return mp__fail(m, MP_ERR_ARG, "layer %s: input %d is id %d, but the model has %d layers so far (ids "
+                                "1..%d; MP_MODEL_INPUT, 0, is the model's input): a layer reads only layers added "
+                                "before it", l->name, k, inputs[k], m->n_layers, m->n_layers);
+            l->in[k] = inputs[k] - 1;
+        }
+        l->n_in = n_inputs;
+    }
+    if (l->n_in < kind->min_inputs)
+        return mp__fail(m, MP_ERR_ARG, "layer %s (%s) takes %d inputs or more: give them to mp_model_call", l->name,
+                        kind->type, kind->min_inputs);
+    for (k = 0; k < l->n_in; k++) {
+        const mp__layer *from = l->in[k] == MP__FROM_INPUT ? NULL : &m->layers[l->in[k]];
+        l->in_sizes[k] = from ? from->out_size : m->in_size;
+    }
+    l->in_rank = l->in[0] == MP__FROM_INPUT ? m->in_rank : m->layers[l->in[0]].out_rank;
+    memcpy(l->in_shape, l->in[0] == MP__FROM_INPUT ? m->in_shape : m->layers[l->in[0]].out_shape, sizeof l->in_shape);
+    l->in_size = l->in_sizes[0];
+    return MP_OK;
+}
+
+/* The layer made from desc and its inputs, named, typed and shaped; the
+   model unchanged (a failure leaves the kind's name counter as it was). */
+static mp_status mp__make_layer(mp_model *m, const mp_layer_desc *desc, const int *inputs, int n_inputs, mp__layer *l) {
+    mp_status st;
+    memset(l, 0, sizeof *l);
+    l->desc = *desc;
+    mp__name_layer(m, l);
+    l->desc.name = NULL; /* copied: the caller's string need not outlive the model */
+    l->desc.dtype = NULL;
+    l->desc.policy = NULL;
+    l->consumer = -1;
+    if ((st = mp__resolve_policy(m, desc, &l->policy)) == MP_OK) {
+        l->dt = l->yt = l->policy.compute_dtype;
+        l->wt = mp__kinds[desc->kind].float32_weights ? MP_FLOAT32 : l->dt;
+        if ((st = mp__connect(m, l, inputs, n_inputs)) == MP_OK) st = mp__infer_shape(m, l);
+    }
+    if (st == MP_OK && (m->n_params > SIZE_MAX - mp__params(l) || m->n_state > SIZE_MAX - l->n_state))
+        st = mp__fail(m, MP_ERR_SIZE, "layer %s: the model's weights overflow size_t", l->name);
+    if (st != MP_OK) m->kind_count[desc->kind]--;
+    return st;
+}
+
+static mp_status mp__grow_layers(mp_model *m, const char *name) {
+    int cap = m->cap_layers ? 2 * m->cap_layers : 8;
+    mp__layer *grown;
+    if (m->n_layers < m->cap_layers) return MP_OK;
+    if (!(grown = (mp__layer *)mp__alloc((size_t)cap * sizeof *grown)))
+        return mp__fail(m, MP_ERR_ALLOC, "adding layer %s", name);
+    if (m->n_layers) memcpy(grown, m->layers, (size_t)m->n_layers * sizeof *grown);
+    mp__free(m->layers);
+    m->layers = grown;
+    m->cap_layers = cap;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_call(mp_model *m, mp_layer_desc desc, const int *inputs, int n_inputs, int *id) {
     mp__layer l;
     mp_status st;
+    int k;
     if (!m) return MP_ERR_NULL;
     if (mp__built(m)) return mp__fail(m, MP_ERR_STATE, "the model is built; add every layer before build/compile");
     if ((unsigned)desc.kind >= (unsigned)MP_LAYER_KIND_COUNT || desc.kind == 0)
         return mp__fail(m, MP_ERR_ARG, "unknown layer kind %d", (int)desc.kind);
-    memset(&l, 0, sizeof l);
-    l.desc = desc;
-    mp__name_layer(m, &l);
-    l.desc.name = NULL; /* copied: the caller's string need not outlive the model */
-    if ((st = mp__resolve_policy(m, &desc, &l.policy)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
-    l.desc.dtype = NULL;
-    l.desc.policy = NULL;
-    l.dt = l.yt = l.policy.compute_dtype;
-    if (m->n_layers == 0) {
-        l.in_rank = m->in_rank;
-        memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
-        l.in_size = m->in_size;
-    } else {
-        const mp__layer *prev = mp__last(m);
-        l.in_rank = prev->out_rank;
-        memcpy(l.in_shape, prev->out_shape, sizeof l.in_shape);
-        l.in_size = prev->out_size;
-    }
-    if ((st = mp__infer_shape(m, &l)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
-    if (m->n_params > SIZE_MAX - mp__params(&l)) {
-        m->kind_count[desc.kind]--;
-        return mp__fail(m, MP_ERR_SIZE, "layer %s: the model's weights overflow size_t", l.name);
-    }
-    if (m->n_layers == m->cap_layers) {
-        int cap = m->cap_layers ? 2 * m->cap_layers : 8;
-        mp__layer *grown = (mp__layer *)mp__alloc((size_t)cap * sizeof *grown);
-        if (!grown) { m->kind_count[desc.kind]--; return mp__fail(m, MP_ERR_ALLOC, "adding layer %s", l.name); }
-        if (m->n_layers) memcpy(grown, m->layers, (size_t)m->n_layers * sizeof *grown);
-        mp__free(m->layers);
-        m->layers = grown;
-        m->cap_layers = cap;
-    }
+    if ((st = mp__make_layer(m, &desc, inputs, n_inputs, &l)) != MP_OK) return st;
+    if ((st = mp__grow_layers(m, l.name)) != MP_OK) { m->kind_count[desc.kind]--; return st; }
     l.rng = m->desc.seed ^ ((uint64_t)0xD1B54A32D192ED03u * (uint64_t)(m->n_layers + 1));
     if (desc.kind == MP_DROPOUT && desc.seed) l.rng = desc.seed;
+    for (k = 0; k < l.n_in; k++) {
+        mp__layer *from = l.in[k] == MP__FROM_INPUT ? NULL : &m->layers[l.in[k]];
+        if (from) from->consumer = from->consumers++ ? -1 : m->n_layers;
+    }
     m->layers[m->n_layers++] = l;
     m->n_params += mp__params(&l);
+    m->n_state += l.n_state;
+    if (id) *id = m->n_layers;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) { return mp_model_call(m, desc, NULL, 0, NULL); }
+
+/* Every layer but the last (the model's output) feeds another: a branch
+   that leads nowhere is a mistake Keras would make a second output of. */
+static mp_status mp__check_graph(mp_model *m) {
+    int i;
+    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
+    for (i = 0; i + 1 < m->n_layers; i++)
+        if (!m->layers[i].consumers)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (%s): its output feeds no layer; the model's one output is the "
+                            "last layer added (%s), so every other layer must feed one", m->layers[i].name,
+                            mp__kinds[m->layers[i].desc.kind].type, mp__last(m)->name);
     return MP_OK;
 }
 
@@ -8174,7 +8594,8 @@ MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) {
    their copies in each layer's compute dtype as the AMP pass `amp` types
    them (NULL: the policies'). Measuring (base NULL) changes nothing. */
 static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp) {
-    float *w = (float *)mp__carve(a, m->n_params, sizeof(float)), *g = (float *)mp__carve(a, m->n_params, sizeof(float));
+    float *w = (float *)mp__carve(a, m->n_params + m->n_state, sizeof(float));
+    float *g = (float *)mp__carve(a, m->n_params, sizeof(float));
     mp__step_state *state = (mp__step_state *)mp__carve(a, 1, sizeof(mp__step_state));
     int i;
     float *log = (float *)mp__carve(a, MP__METRIC_LOG * 2, sizeof(float));
@@ -8186,6 +8607,7 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         size_t bias_at;
         int own;
         mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
+        if (mp__kinds[l->desc.kind].float32_weights) dt = MP_FLOAT32; /* the weights' dtype, wt */
         own = dt != MP_FLOAT32 && mp__params(l);
         /* an own copy's bias on a 256-byte boundary too, where the BIAS
            epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned
@@ -8201,18 +8623,35 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
     }
 }
 
-/* Each layer's slice of the float32 weights and gradients; under float32
-   its compute-dtype copies are those very slices. */
+/* Each layer's slice of the float32 weights and gradients, and of the
+   state after them; under float32 its compute-dtype copies are those very
+   slices. */
 static void mp__point_weights(mp_model *m) {
-    size_t off = 0;
+    size_t off = 0, state = m->n_params;
     int li;
     for (li = 0; li < m->n_layers; li++) {
         mp__layer *l = &m->layers[li];
+        if (l->n_state) l->state = m->w + state;
+        state += l->n_state;
         if (!mp__params(l)) continue;
         l->w = m->w + off;
         l->g = m->g + off;
         if (!l->wc) { l->wc = l->w; l->gc = l->g; }
         off += mp__params(l);
+    }
+}
+
+/* The normalizations' initial values, Keras's: gamma (the kernel slot)
+   ones, beta zeros; BatchNormalization's moving mean zeros, moving
+   variance ones. */
+static void mp__init_norm(mp_model *m, const mp__layer *l) {
+    float chunk[MP__TILE];
+    size_t i, len, c = l->n_kernel;
+    for (i = 0; i < MP__TILE; i++) chunk[i] = 1.0f;
+    for (i = 0; i < c; i += len) {
+        len = mp__min(MP__TILE, c - i);
+        m->be->copy(m->ctx, l->w + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
+        if (l->n_state) m->be->copy(m->ctx, l->state + c + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
     }
 }
 
@@ -8226,7 +8665,8 @@ static void mp__init_weights(mp_model *m) {
     mp__point_weights(m);
     for (li = 0; li < m->n_layers; li++) {
         const mp__layer *l = &m->layers[li];
-        if (l->n_kernel) {
+        if (mp__kinds[l->desc.kind].float32_weights) mp__init_norm(m, l);
+        else if (l->n_kernel) {
             size_t units = (size_t)(l->desc.kind == MP_DENSE ? l->desc.units : l->desc.filters);
             float receptive = l->desc.kind == MP_CONV2D ? (float)l->geom.kh * (float)l->geom.kw : 1.0f;
             float fan_in = (float)(l->n_kernel / units), fan_out = receptive * (float)units;
@@ -8243,7 +8683,8 @@ static void mp__init_weights(mp_model *m) {
 /* A weight block for the layers as `amp` types them, not yet the model's. */
 static mp_status mp__alloc_params(mp_model *m, const struct mp__amp *amp, void **block, size_t *bytes) {
     mp__arena a = {NULL, 0, 0};
-    if (m->n_layers == 0) return mp__fail(m, MP_ERR_STATE, "the model has no layers");
+    mp_status st = mp__check_graph(m);
+    if (st != MP_OK) return st;
     mp__plan_params(m, &a, amp);
     if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "the weights do not fit in memory");
     if (!(*block = m->be->alloc(m->ctx, a.used)))
@@ -8268,7 +8709,7 @@ static void mp__adopt_params(mp_model *m, void *block, size_t bytes) {
         return;
     }
     mp__point_weights(m);
-    m->be->copy(m->ctx, m->w, w, m->n_params * sizeof(float), MP_COPY_WITHIN);
+    m->be->copy(m->ctx, m->w, w, (m->n_params + m->n_state) * sizeof(float), MP_COPY_WITHIN);
     m->be->free(m->ctx, old);
     m->casts_fresh = m->grads_ready = 0;
 }
@@ -8415,41 +8856,190 @@ MIXPREC_API mp_status mp_model_compile(mp_model *m, const mp_compile_desc *desc)
     return fresh ? mp__comm_share_weights(m) : MP_OK; /* weights initialised here: rank 0's */
 }
 
-/* The activation block for `batch` samples: the input (in the first
-   layer's compute dtype), each layer's cast
-   input, output and caches, two gradient buffers used in turn (layer i's
-   dx is layer i-1's dy), the loss gradient and conv scratch. */
-static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
-    size_t grad_bytes = 0, col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size;
-    const void *prev = NULL;
-    mp_dtype prev_t = m->layers[0].dt; /* the first layer's cast on entry happens as the batch comes in */
-    int i;
+/* The activations' memory. Each buffer a batch needs lives from the step
+   that writes it to the last that reads it, on a timeline of the forward
+   pass (layer i at step i) and then the backward pass (layer i at step
+   2n - 1 - i); buffers whose lives do not overlap share bytes. An output
+   lives until the last layer reading it has run forward, unless a
+   backward pass reads it (mp__layer_kind.reads_input of a layer reading
+   it, reads_output of its own): then, like the model's output, logits,
+   masks and statistics, it is kept to the end (step 2n), since gradients
+   may be taken again after an apply without a new forward pass (the
+   custom loop's rules). A gradient lives from the backward pass of the
+   last layer reading the output to the layer's own. */
+typedef struct mp__buffer {
+    void **at;       /* where the address goes, when the block is carved */
+    size_t bytes;    /* a multiple of MP__CARVE_ALIGN */
+    int first, last; /* steps */
+    size_t offset;   /* in the shared region */
+} mp__buffer;
+
+/* The most buffers a layer asks for: its output, z, dy, dyc, stats and
+   mask, and a cast copy and a gradient share per input. */
+enum { MP__LAYER_BUFFERS = 6 + 2 * MP_MAX_LAYER_INPUTS };
+
+static void mp__want(mp__buffer *b, int *n, void **at, size_t count, size_t elem, int first, int last, int *overflow) {
+    size_t bytes;
+    if (!mp__mul_ok(count, elem, &bytes) || bytes > SIZE_MAX - MP__CARVE_ALIGN) { *overflow = 1; return; }
+    if (!bytes) { *at = NULL; return; }
+    b[*n].at = at;
+    b[*n].bytes = (bytes + MP__CARVE_ALIGN - 1) / MP__CARVE_ALIGN * MP__CARVE_ALIGN;
+    b[*n].first = first;
+    b[*n].last = last;
+    (*n)++;
+}
+
+/* The step after which nothing reads layer i's output any more. A view
+   (Flatten, Reshape) is its input: what reads the view reads the input. */
+static int mp__last_read(const mp_model *m, int i) {
+    int n = m->n_layers, last = i, c, k;
+    if (i == n - 1 || mp__kinds[m->layers[i].desc.kind].reads_output) return 2 * n;
+    for (c = i + 1; c < n; c++) {
+        const mp__layer *l = &m->layers[c];
+        for (k = 0; k < l->n_in; k++) {
+            int until = c;
+            if (l->in[k] != i) continue;
+            if (l->xt[k] != l->dt) { /* it reads its cast copy after its forward pass */
+                if (c > last) last = c;
+                continue;
+            }
+            if (mp__kinds[l->desc.kind].view) until = mp__last_read(m, c);
+            else if (mp__kinds[l->desc.kind].reads_input) until = 2 * n;
+            if (until > last) last = until;
+        }
+    }
+    return last;
+}
+
+/* Where each gradient share goes: the first layer (in the backward pass)
+   to reach an output writes its dy; the others write their own buffer and
+   add it to that dy after their backward pass (the sum in the output's
+   dtype, the dtype every activation gradient has). */
+static int mp__adds_share(const mp_model *m, int i, int k) {
+    int p = m->layers[i].in[k], c, j;
+    for (c = m->n_layers - 1; c > i; c--)
+        for (j = 0; j < m->layers[c].n_in; j++)
+            if (m->layers[c].in[j] == p) return 1;
+    for (j = 0; j < k; j++)
+        if (m->layers[i].in[j] == p) return 1;
+    return 0;
+}
+
+/* The dtypes of each layer's inputs, and which gradient shares are added. */
+static void mp__link_types(mp_model *m) {
+    int i, k;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        for (k = 0; k < l->n_in; k++) {
+            int from = l->in[k];
+            /* the batch comes in as the first layer reads it */
+            l->xt[k] = from == MP__FROM_INPUT ? m->layers[0].dt : m->layers[from].yt;
+            l->add_dx[k] = from != MP__FROM_INPUT && mp__adds_share(m, i, k);
+        }
+    }
+}
+
+/* Each layer's inputs, and the gradient buffers of its inputs where it
+   writes them directly, once every layer's own buffers have addresses; a
+   view's output is its input (or the cast copy of it). */
+static void mp__link_pointers(mp_model *m) {
+    int i, k;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        for (k = 0; k < l->n_in; k++) {
+            const mp__layer *from = l->in[k] == MP__FROM_INPUT ? NULL : &m->layers[l->in[k]];
+            l->x[k] = from ? from->y : m->input;
+            if (!l->add_dx[k]) l->dx[k] = from ? from->dy : NULL;
+        }
+        if (mp__kinds[l->desc.kind].view) l->y = l->xin[0] ? l->xin[0] : (void *)(uintptr_t)l->x[0];
+    }
+}
+
+/* Layer i's own buffers (mp__link_types has run). */
+static void mp__want_layer(mp_model *m, mp__buffer *b, int *count, size_t batch, int i, int *overflow) {
+    mp__layer *l = &m->layers[i];
+    const mp__layer_kind *kind = &mp__kinds[l->desc.kind];
+    int n = m->n_layers, fwd = i, bwd = 2 * n - 1 - i, k, last_reader = fwd, c;
+    size_t es = mp__dtypes[l->dt].size, ys = mp__dtypes[l->yt].size;
+    int linear = l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D, out_last = mp__last_read(m, i);
+    /* z: gelu's input, and the logits a loss may read from the last layer */
+    int keep_z = linear && (l->desc.activation == MP_GELU ||
+                            (i == n - 1 && (l->desc.activation == MP_SOFTMAX || l->desc.activation == MP_SIGMOID)));
+    for (c = i + 1; c < n; c++)
+        for (k = 0; k < m->layers[c].n_in; k++)
+            if (m->layers[c].in[k] == i) last_reader = c;
+    for (k = 0; k < l->n_in; k++) {
+        int xin_last = kind->view ? out_last : kind->reads_input ? 2 * n : fwd;
+        mp__want(b, count, &l->xin[k], l->xt[k] != l->dt ? batch : 0, l->in_sizes[k] * es, fwd, xin_last, overflow);
+        if (l->add_dx[k])
+            mp__want(b, count, &l->dx[k], batch, l->in_sizes[k] * mp__dtypes[l->xt[k]].size, bwd, bwd, overflow);
+    }
+    if (!kind->view) mp__want(b, count, &l->y, batch, l->out_size * ys, fwd, out_last, overflow);
+    mp__want(b, count, &l->z, keep_z ? batch : 0, l->out_size * ys, fwd, 2 * n, overflow);
+    mp__want(b, count, &l->dy, batch, l->out_size * ys, 2 * n - 1 - last_reader, bwd, overflow);
+    mp__want(b, count, &l->dyc, l->yt != l->dt ? batch : 0, l->out_size * es, bwd, bwd, overflow);
+    mp__want(b, count, (void **)&l->mask, l->desc.kind == MP_DROPOUT ? batch : 0, l->in_size, fwd, 2 * n, overflow);
+    mp__want(b, count, (void **)&l->stats,
+             l->desc.kind == MP_BATCH_NORMALIZATION ? 2 : l->desc.kind == MP_LAYER_NORMALIZATION ? 2 * batch : 0,
+             (l->desc.kind == MP_LAYER_NORMALIZATION ? l->in_size / mp__last_axis(l) : mp__last_axis(l)) * sizeof(float),
+             fwd, 2 * n, overflow);
+}
+
+static int mp__by_size(const void *pa, const void *pb) {
+    const mp__buffer *a = *(const mp__buffer *const *)pa, *b = *(const mp__buffer *const *)pb;
+    if (a->bytes != b->bytes) return a->bytes < b->bytes ? 1 : -1;
+    return a < b ? -1 : a > b; /* in the order asked: the same plan each time */
+}
+
+static int mp__by_offset(const void *pa, const void *pb) {
+    const mp__buffer *a = *(const mp__buffer *const *)pa, *b = *(const mp__buffer *const *)pb;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Offsets, the largest buffer first, each at the lowest offset free of
+   the buffers placed before it that it lives beside (greedy by size, as
+   TensorFlow Lite's arena planner); returns the region's bytes. order and
+   near are scratch for n pointers each. */
+static size_t mp__place(mp__buffer *b, int n, mp__buffer **order, mp__buffer **near) {
+    size_t end = 0, at;
+    int i, j, count;
+    for (i = 0; i < n; i++) order[i] = &b[i];
+    qsort(order, (size_t)n, sizeof *order, mp__by_size);
+    for (i = 0; i < n; i++) {
+        mp__buffer *x = order[i];
+        for (j = count = 0; j < i; j++)
+            if (order[j]->first <= x->last && x->first <= order[j]->last) near[count++] = order[j];
+        qsort(near, (size_t)count, sizeof *near, mp__by_offset);
+        for (at = 0, j = 0; j < count; j++) {
+            if (near[j]->offset >= at + x->bytes) break; /* a gap before it fits */
+            if (near[j]->offset + near[j]->bytes > at) at = near[j]->offset + near[j]->bytes;
+        }
+        x->offset = at;
+        if (at + x->bytes > end) end = at + x->bytes;
+    }
+    return end;
+}
+
+/* The activation block for `batch` samples: the batch (the input in the
+   first layer's compute dtype, labels, targets), the loss's gradient, the
+   layers' buffers in one shared region (mp__place), conv scratch. b holds
+   MP__LAYER_BUFFERS a layer, order and near as many pointers. */
+static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__buffer *b, mp__buffer **order,
+                                 mp__buffer **near) {
+    size_t col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size, region;
+    unsigned char *shared;
+    int i, count = 0;
     m->input = mp__carve(a, batch, m->in_size * mp__dtypes[m->layers[0].dt].size);
     m->batch_labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
     m->batch_y = (float *)mp__carve(a, batch, outs * sizeof(float));
     m->dpred = (float *)mp__carve(a, batch, outs * sizeof(float));
-    prev = m->input;
+    mp__link_types(m);
     for (i = 0; i < m->n_layers; i++) {
-        mp__layer *l = &m->layers[i];
-        size_t es = mp__dtypes[l->dt].size, ys = mp__dtypes[l->yt].size, out_bytes = 0;
-        int linear = l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D;
-        /* z: gelu's input, and the logits a loss may read from the last layer */
-        int keep_z = linear && (l->desc.activation == MP_GELU ||
-                                (i == m->n_layers - 1 && (l->desc.activation == MP_SOFTMAX ||
-                                                          l->desc.activation == MP_SIGMOID)));
-        l->x = prev;
-        l->xt = prev_t;
-        l->xin = l->xt != l->dt ? mp__carve(a, batch, l->in_size * es) : NULL;
-        if (l->desc.kind == MP_FLATTEN) l->y = l->xin ? l->xin : (void *)(uintptr_t)l->x;
-        else l->y = mp__carve(a, batch, l->out_size * ys);
-        l->z = keep_z ? mp__carve(a, batch, l->out_size * ys) : NULL;
-        l->dyc = l->yt != l->dt ? mp__carve(a, batch, l->out_size * es) : NULL;
-        l->mask = l->desc.kind == MP_DROPOUT ? (unsigned char *)mp__carve(a, batch, l->in_size) : NULL;
-        if (!mp__mul_ok(l->out_size * ys, batch, &out_bytes)) a->overflow = 1;
-        if (out_bytes > grad_bytes) grad_bytes = out_bytes;
+        const mp__layer *l = &m->layers[i];
+        mp__want_layer(m, b, &count, batch, i, &a->overflow);
         if (l->desc.kind == MP_CONV2D && !mp__pointwise(l)) { /* per group of images */
-            size_t patches = 0, fbytes = 0, group = mp__conv_group(m, l, batch), col_bytes = 0, dcol_bytes = 0,
-                   img_bytes = 0; /* the im2col matrix: one row per output pixel */
+            size_t es = mp__dtypes[l->dt].size, patches = 0, fbytes = 0, group = mp__conv_group(m, l, batch),
+                   col_bytes = 0, dcol_bytes = 0, img_bytes = 0; /* the im2col matrix: one row per output pixel */
             if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
                 !mp__mul_ok(patches, sizeof(float), &fbytes) || !mp__mul_ok(group, fbytes, &dcol_bytes) ||
                 !mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
@@ -8458,11 +9048,11 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch) {
             if (dcol_bytes > dcol) dcol = dcol_bytes;
             if (img_bytes > img) img = img_bytes;
         }
-        prev = l->y;
-        prev_t = l->yt;
     }
-    m->grad[0] = mp__carve(a, grad_bytes, 1);
-    m->grad[1] = mp__carve(a, grad_bytes, 1);
+    region = mp__place(b, count, order, near);
+    shared = (unsigned char *)mp__carve(a, region, 1);
+    for (i = 0; i < count; i++) *b[i].at = shared ? shared + b[i].offset : NULL;
+    mp__link_pointers(m);
     m->grad16 = m->ranks > 1 && m->desc.allreduce_dtype != MP_FLOAT32 ? mp__carve(a, m->n_params, 2) : NULL;
     m->col = mp__carve(a, col, 1);
     m->dcol = (float *)mp__carve(a, dcol, 1);
@@ -8554,8 +9144,29 @@ static void mp__warn_tensor_cores(mp_model *m, size_t batch) {
     m->tensor_core_warned = 1;
 }
 
-static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
+/* The activation block for batch samples, planned (mp__place) in the
+   host's scratch, measured, then carved. */
+static mp_status mp__alloc_activations(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
+    size_t n = (size_t)m->n_layers * MP__LAYER_BUFFERS;
+    mp__buffer *b = (mp__buffer *)mp__alloc(n * (sizeof(mp__buffer) + 2 * sizeof(mp__buffer *)));
+    mp__buffer **order = (mp__buffer **)(void *)(b + n);
+    if (!b) return mp__fail(m, MP_ERR_ALLOC, "planning the activations of batch %z", batch);
+    mp__plan_activations(m, &a, batch, b, order, order + n);
+    if (!a.overflow && (a.base = (unsigned char *)m->be->alloc(m->ctx, a.used)) != NULL) {
+        m->act_bytes = a.used;
+        a.used = 0;
+        m->act_block = a.base;
+        mp__plan_activations(m, &a, batch, b, order, order + n);
+    }
+    mp__free(b);
+    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
+    if (!m->act_block)
+        return mp__fail(m, MP_ERR_ALLOC, "activations for batch %z (%z bytes on %s)", batch, a.used, m->be->name);
+    return MP_OK;
+}
+
+static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     mp_status st;
     if (batch <= m->batch_cap) return MP_OK;
     /* Activations hold nothing worth keeping between calls: free first, so
@@ -8564,14 +9175,7 @@ static mp_status mp__ensure_batch(mp_model *m, size_t batch) {
     m->act_block = NULL;
     m->act_bytes = m->batch_cap = m->batch = 0;
     mp__loop_move(m, MP__CALL_RESET);
-    mp__plan_activations(m, &a, batch);
-    if (a.overflow) return mp__fail(m, MP_ERR_SIZE, "activations for batch %z do not fit in memory", batch);
-    a.base = (unsigned char *)m->be->alloc(m->ctx, a.used);
-    if (!a.base) return mp__fail(m, MP_ERR_ALLOC, "activations for batch %z (%z bytes on %s)", batch, a.used, m->be->name);
-    m->act_bytes = a.used;
-    a.used = 0;
-    m->act_block = a.base;
-    mp__plan_activations(m, &a, batch);
+    if ((st = mp__alloc_activations(m, batch)) != MP_OK) return st;
     if ((st = mp__reserve_products(m, batch)) == MP_OK) st = mp__ensure_stage(m, batch);
     if (st != MP_OK) {
         m->be->free(m->ctx, m->act_block);
@@ -8669,36 +9273,6 @@ typedef struct mp__feed {
     const float *y;        /* the other losses' targets, or NULL */
     size_t n;
 } mp__feed;
-
-/* "(None, 28, 28, 1)": a batch's shape, as Keras prints it. */
-static void mp__put_shape(mp__text *t, int rank, const int *shape) {
-    int i;
-    mp__put(t, "(None");
-    for (i = 0; i < rank; i++) { mp__put(t, ", "); mp__put_int(t, shape[i]); }
-    mp__put(t, ")");
-}
-
-/* "(6,)", "(28, 28, 1)": a Python tuple, as Keras's input_shape. */
-static void mp__put_tuple(mp__text *t, int rank, const int *shape) {
-    int i;
-    mp__put(t, "(");
-    for (i = 0; i < rank; i++) {
-        if (i) mp__put(t, ", ");
-        mp__put_int(t, shape[i]);
-    }
-    mp__put(t, rank == 1 ? ",)" : ")");
-}
-
-/* A shape into buf, tuple or batch-shaped: for the messages. */
-static const char *mp__shape_text(char *buf, size_t cap, int rank, const int *shape, int tuple) {
-    mp__text t;
-    t.buf = buf;
-    t.cap = cap;
-    t.len = 0;
-    if (tuple) mp__put_tuple(&t, rank, shape);
-    else mp__put_shape(&t, rank, shape);
-    return buf;
-}
 
 static const char *mp__loss_name(mp_loss loss) {
     static const char *const names[MP_LOSS_COUNT] = {"no loss", "sparse_categorical_crossentropy",
@@ -8813,9 +9387,9 @@ static mp_status mp__run_forward(mp_model *m, size_t batch, int training) {
         mp__layer *l = &m->layers[i];
         if (l->wc != l->w && !m->casts_fresh) { /* the AutoCastVariable read */
             size_t run = mp__copy_run(l);
-            m->be->cast(m->ctx, l->wc, l->dt, l->w, MP_FLOAT32, run, NULL);
+            m->be->cast(m->ctx, l->wc, l->wt, l->w, MP_FLOAT32, run, NULL);
             if (run < mp__params(l))
-                m->be->cast(m->ctx, mp__at_mut(l->wc, l->dt, l->bias_at), l->dt, l->w + run, MP_FLOAT32, l->n_bias,
+                m->be->cast(m->ctx, mp__at_mut(l->wc, l->wt, l->bias_at), l->wt, l->w + run, MP_FLOAT32, l->n_bias,
                             NULL);
         }
         mp__kinds[l->desc.kind].forward(m, l, batch);
@@ -8983,7 +9557,7 @@ static void mp__loss_into(mp_model *m, float *metrics) {
     const void *pred = l->y;
     mp_dtype pt = l->yt;
     if (logits) { /* the softmax's or sigmoid's input (see mp__loss_from_logits) */
-        pred = l->desc.kind == MP_ACTIVATION ? mp__saved_input(l) : l->z;
+        pred = l->desc.kind == MP_ACTIVATION ? mp__saved_input(l, 0) : l->z;
         pt = l->desc.kind == MP_ACTIVATION ? l->dt : l->yt;
     }
     m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits || logits, pred, pt, l->y, l->yt,
@@ -9032,19 +9606,28 @@ MIXPREC_API float mp_get_scaled_loss(const mp_model *m, float loss) { return los
 /* The loss scale where the backend reads it; NULL without scaling (1). */
 static const float *mp__scale(const mp_model *m) { return m->has_loss_scale ? &m->state->ls.scale : NULL; }
 
+/* The backward pass, the layers in reverse order: each writes its inputs'
+   gradients, and the share of an output read by several layers is added
+   to what the others wrote (mp__adds_share). */
 MIXPREC_API mp_status mp_compute_scaled_gradients(mp_model *m) {
-    int i, cur = 0;
+    int i, k;
     const mp__layer *last;
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if ((st = mp__loop_check(m, MP__CALL_GRADIENTS)) != MP_OK) return st;
     m->grads_ready = 0; /* float32 layers' g is their gc: overwritten now */
     last = mp__last(m);
-    m->be->scale_cast(m->ctx, m->grad[0], last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
-    for (i = m->n_layers - 1; i >= 0; i--, cur ^= 1) {
+    m->be->scale_cast(m->ctx, last->dy, last->yt, m->dpred, m->batch * last->out_size, mp__scale(m));
+    for (i = m->n_layers - 1; i >= 0; i--) {
         mp__layer *l = &m->layers[i];
-        mp__kinds[l->desc.kind].backward(m, l, m->batch, m->grad[cur], i ? m->grad[cur ^ 1] : NULL);
-        if (m->num && (st = mp__numerics_backward(m, i, i ? m->grad[cur ^ 1] : NULL)) != MP_OK) return st;
+        mp__kinds[l->desc.kind].backward(m, l, m->batch, l->dy, l->dx);
+        for (k = 0; k < l->n_in; k++)
+            if (l->add_dx[k]) {
+                const mp__layer *from = &m->layers[l->in[k]];
+                m->be->elementwise(m->ctx, MP_EW_ADD, from->dy, from->yt, from->dy, from->yt, l->dx[k], l->xt[k], 0.0f,
+                                   m->batch * l->in_sizes[k]);
+            }
+        if (m->num && (st = mp__numerics_backward(m, i, l->dx[0])) != MP_OK) return st;
     }
     mp__loop_move(m, MP__CALL_GRADIENTS);
     return MP_OK;
@@ -9074,7 +9657,7 @@ static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype 
         mp__layer *l = &m->layers[i];
         if (!mp__layer_span(m, l, lo, hi, &a, &i0, &i1)) continue;
         at = a + i0 - lo; /* where the layer's part lies in to (and from) */
-        m->be->unscale_check(m->ctx, to + at, from ? mp__at(from, ft, at) : mp__at(l->gc, l->dt, i0),
+        m->be->unscale_check(m->ctx, to + at, from ? mp__at(from, ft, at) : mp__at(l->gc, l->wt, i0),
                              from ? ft : l->dt, i1 - i0, scale, &m->state->found_inf);
     }
 }
@@ -9101,7 +9684,7 @@ static void mp__unscale_local(mp_model *m) {
         float *to = mp__deferred(m, l) ? NULL : l->g;
         int widen = to && l->gc != l->g; /* a 16-bit layer whose copy is written now (the diagnostics') */
         if (mp__params(l) && (m->has_loss_scale || widen)) /* else nothing to unscale or check */
-            m->be->unscale_check(m->ctx, to, l->gc, l->dt, mp__params(l), mp__scale(m), &m->state->found_inf);
+            m->be->unscale_check(m->ctx, to, l->gc, l->wt, mp__params(l), mp__scale(m), &m->state->found_inf);
     }
 }
 
@@ -9113,7 +9696,7 @@ static void mp__write_deferred(const mp_model *m) {
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         if (mp__deferred(m, l) && mp__params(l))
-            m->be->unscale_check(m->ctx, l->g, l->gc, l->dt, mp__params(l),
+            m->be->unscale_check(m->ctx, l->g, l->gc, l->wt, mp__params(l),
                                  m->has_loss_scale ? &m->state->step_scale : NULL, &m->state->found_inf);
     }
 }
@@ -9129,11 +9712,11 @@ static void mp__update_part(mp_model *m, const mp__layer *l, size_t from, size_t
                             mp_dtype st) {
     size_t off = (size_t)(l->w - m->w) + from;
     int deferred = !sum && mp__deferred(m, l), scaled = sum || deferred;
-    const void *g = sum ? sum : deferred ? mp__at(l->gc, l->dt, from) : (const void *)(l->g + from);
+    const void *g = sum ? sum : deferred ? mp__at(l->gc, l->wt, from) : (const void *)(l->g + from);
     if (from < to)
-        m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, sum ? st : deferred ? l->dt : MP_FLOAT32,
+        m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, sum ? st : deferred ? l->wt : MP_FLOAT32,
                                 scaled ? mp__scale(m) : NULL, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
-                                to - from, wc, l->dt, m->has_loss_scale ? &m->state->found_inf : NULL);
+                                to - from, wc, l->wt, m->has_loss_scale ? &m->state->found_inf : NULL);
 }
 
 /* The update of the weights [lo, hi) (g's layout), a layer at a time (each
@@ -9149,10 +9732,10 @@ static void mp__update_span(mp_model *m, const void *sum, mp_dtype st, size_t lo
         if (!mp__layer_span(m, l, lo, hi, &a, &from, &to)) continue;
         run = wc ? mp__copy_run(l) : mp__params(l);
         cut = from > run ? from : mp__min(run, to);
-        mp__update_part(m, l, from, cut, wc ? mp__at_mut(wc, l->dt, from) : NULL,
+        mp__update_part(m, l, from, cut, wc ? mp__at_mut(wc, l->wt, from) : NULL,
                         sum ? mp__at(sum, st, a + from - lo) : NULL, st);
         if (cut < to)
-            mp__update_part(m, l, cut, to, wc ? mp__at_mut(wc, l->dt, l->bias_at + cut - run) : NULL,
+            mp__update_part(m, l, cut, to, wc ? mp__at_mut(wc, l->wt, l->bias_at + cut - run) : NULL,
                             sum ? mp__at(sum, st, a + cut - lo) : NULL, st);
     }
 }
@@ -9191,7 +9774,7 @@ static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
     if (!m->has_loss_scale) return MP_OK;
     for (i = 0; i < m->n_layers && batch; i++) {
         const mp__layer *l = &m->layers[i];
-        if (mp__params(l)) m->be->unscale_check(m->ctx, NULL, l->gc, l->dt, mp__params(l), NULL, &m->state->found_inf);
+        if (mp__params(l)) m->be->unscale_check(m->ctx, NULL, l->gc, l->wt, mp__params(l), NULL, &m->state->found_inf);
     }
     m->be->copy(m->ctx, &flag, &m->state->found_inf, sizeof flag, MP_COPY_TO_HOST);
     if ((st = mp__sync(m)) != MP_OK) return st;
@@ -10383,12 +10966,25 @@ MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer
     return MP_OK;
 }
 
-/* Weights and gradients in get_weights order: the float32 vectors as they
-   lie, copied to or from the backend. */
-static mp_status mp__copy_params(mp_model *m, float *dst, const float *src, size_t n, mp_copy_kind kind) {
-    if (n != m->n_params)
-        return mp__fail(m, MP_ERR_SHAPE, "the model has %z weights, the buffer %z", m->n_params, n);
-    m->be->copy(m->ctx, dst, src, n * sizeof(float), kind);
+/* The weights in get_weights order, Keras's model.weights: layer by
+   layer, its trainable weights (kernel, bias) then its state (w holds
+   every layer's trainable weights first, then every layer's state),
+   copied to the host's dst or from its src (the other NULL). */
+static mp_status mp__copy_weights(mp_model *m, float *dst, const float *src, size_t n) {
+    size_t at = 0;
+    int i, part;
+    if (n != m->n_params + m->n_state)
+        return mp__fail(m, MP_ERR_SHAPE, "the model has %z weights, the buffer %z", m->n_params + m->n_state, n);
+    for (i = 0; i < m->n_layers; i++)
+        for (part = 0; part < 2; part++) {
+            const mp__layer *l = &m->layers[i];
+            float *w = part ? l->state : l->w;
+            size_t count = part ? l->n_state : mp__params(l);
+            if (!count) continue;
+            if (dst) m->be->copy(m->ctx, dst + at, w, count * sizeof(float), MP_COPY_TO_HOST);
+            else m->be->copy(m->ctx, w, src + at, count * sizeof(float), MP_COPY_TO_BACKEND);
+            at += count;
+        }
     return mp__sync(m);
 }
 
@@ -10396,18 +10992,19 @@ MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!dst) return mp__fail(m, MP_ERR_NULL, "get_weights() needs a buffer");
-    if (n == m->n_params && (st = mp_model_build(m)) != MP_OK) return st; /* a wrong n: SHAPE, still unbuilt */
-    return mp__copy_params(m, dst, m->w, n, MP_COPY_TO_HOST);
+    if (n != m->n_params + m->n_state) return mp__copy_weights(m, dst, NULL, n); /* SHAPE, still unbuilt */
+    if ((st = mp_model_build(m)) != MP_OK) return st;
+    return mp__copy_weights(m, dst, NULL, n);
 }
 
 MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if (!src) return mp__fail(m, MP_ERR_NULL, "set_weights() needs weights");
-    if (n != m->n_params) return mp__copy_params(m, NULL, src, n, MP_COPY_TO_BACKEND); /* SHAPE, still unbuilt */
+    if (n != m->n_params + m->n_state) return mp__copy_weights(m, NULL, src, n); /* SHAPE, still unbuilt */
     if ((st = mp_model_build(m)) != MP_OK) return st;
     m->casts_fresh = 0;
-    return mp__copy_params(m, m->w, src, n, MP_COPY_TO_BACKEND);
+    return mp__copy_weights(m, NULL, src, n);
 }
 
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) {
@@ -11075,8 +11672,9 @@ static mp_status mp__numerics_backward(mp_model *m, int layer, const void *dx) {
     const mp__layer *l = &m->layers[layer];
     if (!m->num->active) return MP_OK;
     mp_status st;
-    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_SCALED_GRADIENTS, l->gc, l->dt, mp__params(l))) != MP_OK ||
-        (st = mp__numerics_take(m, layer, MP_NUMERICS_INPUT_GRADIENTS, dx, l->xt, dx ? m->batch * l->in_size : 0)) != MP_OK)
+    if ((st = mp__numerics_take(m, layer, MP_NUMERICS_SCALED_GRADIENTS, l->gc, l->wt, mp__params(l))) != MP_OK ||
+        (st = mp__numerics_take(m, layer, MP_NUMERICS_INPUT_GRADIENTS, dx, l->xt[0], dx ? m->batch * l->in_size : 0)) !=
+            MP_OK)
         return st;
     return m->has_loss_scale ? MP_OK : mp__numerics_check(m, layer, 1);
 }
