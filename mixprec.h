@@ -870,7 +870,8 @@ typedef struct mp_layer_info {
     mp_policy policy;
     int rank;            /* of the output per sample */
     int output_shape[MP_MAX_RANK - 1];
-    size_t params;
+    size_t params;           /* all its weights, Keras's layer.count_params() */
+    size_t trainable_params; /* less the non-trainable (BatchNormalization's moving statistics) */
     mp_dtype compute_dtype; /* what it reads its input and weights in */
     mp_dtype output_dtype;  /* what its output is stored in: compute_dtype but under AMP */
 } mp_layer_info;
@@ -894,7 +895,11 @@ typedef struct mp_model_memory {
                             (a refused 16-bit plan widened to float32...); 0 on the CPU */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
+/* All the weights (Keras's count_params(): get_weights' count), and the
+   trainable ones (the gradients' count): they differ by the
+   BatchNormalization layers' moving statistics. */
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
+MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m);
 MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* values per sample of x (>>data) */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
 /* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
@@ -1199,8 +1204,9 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
    last step in one process: data-parallel fit may hand the ranks' sum
    straight to the optimizer, see >>communicator), as get_weights
    (MP_ERR_STATE before the first, and from mp_compute_scaled_gradients on
-   until the next). Count mismatches here and in get/set weights and slots
-   are MP_ERR_SHAPE. */
+   until the next): the trainable weights' in model order, n =
+   mp_model_trainable_param_count. Count mismatches here and in get/set
+   weights and slots are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
@@ -10942,12 +10948,8 @@ MIXPREC_API int mp_model_threads(const mp_model *m) { return m ? m->be->threads(
 MIXPREC_API size_t mp_model_input_size(const mp_model *m) { return m ? m->in_size : 0; }
 MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_layers ? mp__last(m)->out_size : 0; }
 
-MIXPREC_API size_t mp_model_param_count(const mp_model *m) {
-    size_t n = 0;
-    int i;
-    for (i = 0; m && i < m->n_layers; i++) n += mp__params(&m->layers[i]);
-    return n;
-}
+MIXPREC_API size_t mp_model_param_count(const mp_model *m) { return m ? m->n_params + m->n_state : 0; }
+MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m) { return m ? m->n_params : 0; }
 
 MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out) {
     const mp__layer *l;
@@ -10960,7 +10962,8 @@ MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer
     out->policy = l->policy;
     out->rank = l->out_rank;
     memcpy(out->output_shape, l->out_shape, sizeof out->output_shape);
-    out->params = mp__params(l);
+    out->params = mp__params(l) + l->n_state;
+    out->trainable_params = mp__params(l);
     out->compute_dtype = l->dt;
     out->output_dtype = l->yt;
     return MP_OK;
