@@ -11,7 +11,7 @@ CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks $(B)/resnet
 # Data-parallel training over MPI (mpi/mixprec_mpi.h): built where mpicc is.
 MPICC   ?= $(shell command -v mpicc 2>/dev/null)
 EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)
@@ -86,6 +86,7 @@ demo: $(EXAMPLES)
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
+	./$(B)/resnet --width 8 --train-limit 3000
 	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 # The matrix runs its builds and tests as parallel jobs, one per CPU;
@@ -100,7 +101,7 @@ test:
 # and its whole run, which `make test-NAME` and the matrix's last step (the
 # exhaustive test_numerics) run. T=name runs one test of a program (T may
 # name several; `T=--list` lists them): `make test-train T=grad_conv`.
-TESTS = core train errors gemm backend diagnostics checkpoint amp reliability callbacks comm threads data numerics
+TESTS = core train graph errors gemm backend diagnostics checkpoint amp reliability callbacks comm threads data numerics
 
 print-tests:
 	@echo $(TESTS)

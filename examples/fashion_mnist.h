@@ -141,6 +141,63 @@ static inline mp_model *fm_guide_model(const char *policy, int units) {
     return m;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Runs compared policy by policy (mnist_mlp, resnet): each starts from the
+   same initial weights and ends in one `result` line and a table row. */
+
+typedef struct fm_result {
+    const char *policy;
+    float test_accuracy, ms_per_step, loss_scale;
+    size_t peak_bytes;
+    uint64_t skipped_steps;
+} fm_result;
+
+/* The guide's reset: every policy starts from the first model's initial
+   weights, so that the runs differ only in precision. The first call saves
+   them (*initial is NULL), later calls restore them. */
+static inline void fm_share_initial_weights(mp_model *m, float **initial, size_t *n) {
+    if (!*initial) {
+        *n = mp_model_param_count(m);
+        *initial = malloc(*n * sizeof **initial);
+        if (!*initial) {
+            fprintf(stderr, "out of memory for %zu initial weights\n", *n);
+            exit(1);
+        }
+        CHECK(mp_model_get_weights(m, *initial, *n), m);
+    } else {
+        CHECK(mp_model_set_weights(m, *initial, *n), m);
+    }
+}
+
+/* A trained model's result, printed as its `result` line: the test
+   metrics, the speed and skipped steps of `last` (an epoch's logs), the
+   peak memory above `baseline` (what was in use before the model). */
+static inline fm_result fm_result_of(const mp_model *m, const char *policy, const mp_logs *test, const mp_logs *last,
+                              size_t baseline) {
+    fm_result r;
+    r.policy = policy;
+    r.test_accuracy = test->accuracy;
+    r.ms_per_step = last->ms_per_step;
+    r.peak_bytes = ex_peak_bytes(m, mp_get_memory_info().peak - baseline);
+    r.loss_scale = mp_current_loss_scale(m);
+    r.skipped_steps = last->skipped_steps;
+    printf("result policy=%s test_accuracy=%.4f ms_per_step=%.1f peak_bytes=%zu loss_scale=%g "
+           "skipped_steps=%llu\n",
+           r.policy, (double)r.test_accuracy, (double)r.ms_per_step, r.peak_bytes, (double)r.loss_scale,
+           (unsigned long long)r.skipped_steps);
+    return r;
+}
+
+static inline void fm_print_table(const fm_result *r, int n) {
+    int i;
+    printf("\n%-16s %13s %10s %10s %11s %8s\n", "policy", "test accuracy", "ms/step", "peak MiB",
+           "loss scale", "skipped");
+    for (i = 0; i < n; i++)
+        printf("%-16s %13.4f %10.1f %10.1f %11g %8llu\n", r[i].policy, (double)r[i].test_accuracy,
+               (double)r[i].ms_per_step, (double)r[i].peak_bytes / (1024.0 * 1024.0),
+               (double)r[i].loss_scale, (unsigned long long)r[i].skipped_steps);
+}
+
 static void fm_free(fm_data *d) {
     mp_dataset_free(&d->idx_train);
     mp_dataset_free(&d->idx_test);

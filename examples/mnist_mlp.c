@@ -34,13 +34,6 @@ typedef struct config {
     const char *amp; /* "float16", "bfloat16" or NULL */
 } config;
 
-typedef struct result {
-    const char *policy;
-    float test_accuracy, ms_per_step, loss_scale;
-    size_t peak_bytes;
-    uint64_t skipped_steps;
-} result;
-
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all|none] [--units N]\n"
@@ -135,24 +128,7 @@ static void compile_model(mp_model *m, const char *amp) {
     CHECK(mp_model_compile(m, &cd), m);
 }
 
-/* The guide's reset: every policy starts from the first model's initial
-   weights, so that the runs differ only in precision. The first call saves
-   them (*initial is NULL), later calls restore them. */
-static void share_initial_weights(mp_model *m, float **initial, size_t *n) {
-    if (!*initial) {
-        *n = mp_model_param_count(m);
-        *initial = malloc(*n * sizeof **initial);
-        if (!*initial) {
-            fprintf(stderr, "out of memory for %zu initial weights\n", *n);
-            exit(1);
-        }
-        CHECK(mp_model_get_weights(m, *initial, *n), m);
-    } else {
-        CHECK(mp_model_set_weights(m, *initial, *n), m);
-    }
-}
-
-static result run_policy(const config *c, const fm_data *d, const char *policy,
+static fm_result run_policy(const config *c, const fm_data *d, const char *policy,
                          float **initial, size_t *n_initial) {
     mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
     mp_logs test;
@@ -160,7 +136,7 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     char csv_path[1024];
     mp_model *m;
     size_t baseline;
-    result r;
+    fm_result r;
 
     if (!history) {
         fprintf(stderr, "out of memory\n");
@@ -175,7 +151,7 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     mp_reset_peak_memory();
     baseline = mp_get_memory_info().current;
     m = build_model(c);
-    share_initial_weights(m, initial, n_initial);
+    fm_share_initial_weights(m, initial, n_initial);
     compile_model(m, strncmp(policy, "amp_", 4) == 0 ? policy + 4 : NULL);
     mp_model_print_summary(m);
 
@@ -193,33 +169,14 @@ static result run_policy(const config *c, const fm_data *d, const char *policy,
     CHECK(mp_model_fit(m, &fd), m);
     CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
 
-    r.policy = policy;
-    r.test_accuracy = test.accuracy;
-    r.ms_per_step = history[c->epochs - 1].ms_per_step; /* the first epoch warms up */
-    r.peak_bytes = ex_peak_bytes(m, mp_get_memory_info().peak - baseline);
-    r.loss_scale = mp_current_loss_scale(m);
-    r.skipped_steps = history[c->epochs - 1].skipped_steps;
-    printf("result policy=%s test_accuracy=%.4f ms_per_step=%.1f peak_bytes=%zu loss_scale=%g "
-           "skipped_steps=%llu\n",
-           r.policy, (double)r.test_accuracy, (double)r.ms_per_step, r.peak_bytes,
-           (double)r.loss_scale, (unsigned long long)r.skipped_steps);
+    r = fm_result_of(m, policy, &test, &history[c->epochs - 1], baseline); /* the first epoch warms up */
     mp_model_destroy(m);
     free(history);
     return r;
 }
 
-static void print_table(const result *r, int n) {
-    int i;
-    printf("\n%-16s %13s %10s %10s %11s %8s\n", "policy", "test accuracy", "ms/step", "peak MiB",
-           "loss scale", "skipped");
-    for (i = 0; i < n; i++)
-        printf("%-16s %13.4f %10.1f %10.1f %11g %8llu\n", r[i].policy, (double)r[i].test_accuracy,
-               (double)r[i].ms_per_step, (double)r[i].peak_bytes / (1024.0 * 1024.0),
-               (double)r[i].loss_scale, (unsigned long long)r[i].skipped_steps);
-}
-
 /* The demo's summary line: each policy's test accuracy. */
-static void summarize(const result *r, int n, int synthetic) {
+static void summarize(const fm_result *r, int n, int synthetic) {
     char accuracies[256];
     size_t len = 0;
     int i;
@@ -235,7 +192,7 @@ static void summarize(const result *r, int n, int synthetic) {
 
 int main(int argc, char **argv) {
     config c = parse_args(argc, argv);
-    result results[MAX_POLICIES + 1];
+    fm_result results[MAX_POLICIES + 1];
     float *initial = NULL;
     size_t n_initial = 0;
     fm_data d;
@@ -247,7 +204,7 @@ int main(int argc, char **argv) {
            d.train.x[0].n, d.test.x[0].n, c.units, c.batch_size, c.epochs);
     for (i = 0; i < c.n_policies; i++)
         results[i] = run_policy(&c, &d, c.policies[i], &initial, &n_initial);
-    print_table(results, c.n_policies);
+    fm_print_table(results, c.n_policies);
     summarize(results, c.n_policies, d.synthetic);
     free(initial);
     fm_free(&d);

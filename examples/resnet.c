@@ -1,0 +1,200 @@
+/* resnet.c - a small ResNet (He et al., "Deep Residual Learning for Image
+   Recognition", 2015: the CIFAR-10 network's shape) built with the
+   functional API and trained on Fashion-MNIST under float32,
+   mixed_float16 and mixed_bfloat16 from the same initial weights.
+
+       input (28, 28, 1)
+       Conv2D 3x3 (width) - BatchNormalization - relu
+       3 stages of 2 residual blocks, width, 2 width, 4 width filters; the
+         first block of stages 2 and 3 halves the image (strides 2) and its
+         skip is a 1x1 Conv2D with strides 2 and BatchNormalization:
+           x -> Conv2D 3x3 - BN - relu - Conv2D 3x3 - BN -> Add(skip) -> relu
+       GlobalAveragePooling2D - Dense(10) - softmax (float32, as the mixed
+       precision guide keeps the output)
+
+       make && ./build/resnet --epochs 1 --batch-size 128
+
+   Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
+          --width N (16)  --epochs N (1)  --batch-size N (128)
+          --data DIR (/usr/share/datasets/fashion-mnist)  --seed N (1337)
+          --train-limit N (0 = every training image)  --backend cpu|cuda */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "fashion_mnist.h"
+
+#define MAX_POLICIES 3
+
+typedef struct config {
+    const char *policies[MAX_POLICIES];
+    int n_policies;
+    int width, epochs, batch_size;
+    const char *data_dir;
+    uint64_t seed;
+    size_t train_limit;
+} config;
+
+static void usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--width N] [--epochs N]\n"
+            "       [--batch-size N] [--data DIR] [--seed N] [--train-limit N] [--backend cpu|cuda]\n",
+            prog);
+    exit(2);
+}
+
+static config parse_args(int argc, char **argv) {
+    static const char *const all[MAX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    config c;
+    mp_policy p;
+    int i;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < MAX_POLICIES; i++) c.policies[i] = all[i];
+    c.n_policies = MAX_POLICIES;
+    c.width = 16;
+    c.epochs = 1;
+    c.batch_size = 128;
+    c.data_dir = FM_PACKAGE_DIR;
+    c.seed = 1337;
+    for (i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) usage(argv[0]);
+        if (strcmp(argv[i], "--policy") == 0 && strcmp(argv[i + 1], "all") != 0) {
+            if (mp_policy_from_name(argv[i + 1], &p) != MP_OK) usage(argv[0]);
+            c.policies[0] = argv[i + 1];
+            c.n_policies = 1;
+        } else if (strcmp(argv[i], "--policy") == 0) {
+        } else if (flag_backend(argc, argv, i)) {
+        } else if (strcmp(argv[i], "--width") == 0) c.width = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
+        else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
+        else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
+        else usage(argv[0]);
+    }
+    return c;
+}
+
+/* Layer calls with the ids of the functional API: each returns the new
+   layer's id (Keras: y = layer(x)). */
+static int call(mp_model *m, mp_layer_desc layer, int x) {
+    int id;
+    CHECK(mp_model_call(m, layer, &x, 1, &id), m);
+    return id;
+}
+
+/* Conv2D without its bias (BatchNormalization's beta takes its place, as
+   in Keras's ResNet), then BatchNormalization, then relu unless last. */
+static int conv_bn(mp_model *m, int x, int filters, int kernel, int stride, int relu) {
+    mp_layer_desc conv = mp_conv2d(filters, kernel, kernel, MP_SAME, MP_LINEAR);
+    conv.strides[0] = conv.strides[1] = stride;
+    conv.no_bias = 1;
+    x = call(m, mp_batch_normalization(), call(m, conv, x));
+    return relu ? call(m, mp_activation_layer(MP_RELU), x) : x;
+}
+
+/* The basic block: two 3x3 convolutions, the input added back, relu. */
+static int residual_block(mp_model *m, int x, int filters, int stride) {
+    int y = conv_bn(m, conv_bn(m, x, filters, 3, stride, 1), filters, 3, 1, 0);
+    int skip = stride == 1 ? x : conv_bn(m, x, filters, 1, stride, 0), sum, both[2];
+    both[0] = y, both[1] = skip;
+    CHECK(mp_model_call(m, mp_add(), both, 2, &sum), m);
+    return call(m, mp_activation_layer(MP_RELU), sum);
+}
+
+static mp_model *build_resnet(const config *c) {
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int x, stage, block;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 28, md.input_shape[1] = 28, md.input_shape[2] = 1;
+    md.backend = ex_backend;
+    md.seed = c->seed;
+    md.name = "resnet";
+    CHECK(mp_model_create(&m, &md), NULL);
+    x = conv_bn(m, MP_MODEL_INPUT, c->width, 3, 1, 1);
+    for (stage = 0; stage < 3; stage++)
+        for (block = 0; block < 2; block++)
+            x = residual_block(m, x, c->width << stage, stage > 0 && block == 0 ? 2 : 1);
+    x = call(m, mp_dense(FM_CLASSES, MP_LINEAR), call(m, mp_global_average_pooling2d(), x));
+    softmax.dtype = "float32";
+    call(m, softmax, x);
+    CHECK(mp_model_build(m), m);
+    return m;
+}
+
+/* Adam with Keras's defaults, sparse categorical crossentropy, accuracy;
+   compile wraps the optimizer in a LossScaleOptimizer under mixed_float16,
+   as Keras does. */
+static void compile_model(mp_model *m) {
+    mp_compile_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_ADAM;
+    cd.metrics = MP_METRIC_ACCURACY;
+    CHECK(mp_model_compile(m, &cd), m);
+}
+
+static fm_result run_policy(const config *c, const fm_data *d, const char *policy, float **initial, size_t *n) {
+    mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
+    mp_logs test;
+    mp_fit_desc fd;
+    mp_model *m;
+    size_t baseline;
+    fm_result r;
+    if (!history) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    printf("\n=== policy %s ===\n", policy);
+    CHECK(mp_set_global_policy_name(policy), NULL);
+    mp_reset_peak_memory();
+    baseline = mp_get_memory_info().current;
+    m = build_resnet(c);
+    if (!*initial) mp_model_print_summary(m); /* once */
+    fm_share_initial_weights(m, initial, n);
+    compile_model(m);
+    memset(&fd, 0, sizeof fd);
+    fd.data = d->train;
+    fd.batch_size = c->batch_size;
+    fd.epochs = c->epochs;
+    fd.history = history;
+    CHECK(mp_model_fit(m, &fd), m);
+    CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
+    r = fm_result_of(m, policy, &test, &history[c->epochs - 1], baseline);
+    mp_model_destroy(m);
+    free(history);
+    return r;
+}
+
+/* The images as the network reads them: (28, 28, 1), channels last. */
+static void as_images(mp_data *d) {
+    d->x[0].rank = 3;
+    d->x[0].shape[0] = 28, d->x[0].shape[1] = 28, d->x[0].shape[2] = 1;
+}
+
+int main(int argc, char **argv) {
+    config c = parse_args(argc, argv);
+    fm_result results[MAX_POLICIES];
+    char accuracies[256];
+    float *initial = NULL;
+    size_t n_initial = 0, len = 0;
+    fm_data d;
+    int i;
+    fm_load(&d, c.data_dir, c.train_limit, c.seed);
+    as_images(&d.train);
+    as_images(&d.test);
+    printf("training on %zu images, testing on %zu; width %d, batch %d, %d epoch(s)\n", d.train.x[0].n,
+           d.test.x[0].n, c.width, c.batch_size, c.epochs);
+    for (i = 0; i < c.n_policies; i++) results[i] = run_policy(&c, &d, c.policies[i], &initial, &n_initial);
+    fm_print_table(results, c.n_policies);
+    accuracies[0] = '\0';
+    for (i = 0; i < c.n_policies && len < sizeof accuracies; i++)
+        len += (size_t)snprintf(accuracies + len, sizeof accuracies - len, "%s%s %.4f", i ? ", " : "",
+                                results[i].policy, (double)results[i].test_accuracy);
+    ex_summary("resnet", "a ResNet with BatchNormalization and residual Adds, test accuracy on %s: %s",
+               d.synthetic ? "the synthetic stand-in" : "Fashion-MNIST", accuracies);
+    free(initial);
+    fm_free(&d);
+    return 0;
+}

@@ -1,0 +1,759 @@
+/* test_graph.c - functional models and the layers they bring: graphs with
+   fan-out and fan-in built with mp_model_call and every way to get them
+   wrong; a residual block against the same block computed by hand, forward
+   and gradients; finite-difference gradients of every new layer and merge
+   (BatchNormalization, LayerNormalization, Add, Subtract, Multiply,
+   Average, Concatenate, AveragePooling2D, GlobalAveragePooling2D, Reshape)
+   in float32, and the same graphs' gradients under mixed_float16 and
+   mixed_bfloat16 against float32's; BatchNormalization's training and
+   inference passes and moving statistics, and LayerNormalization, against
+   Keras's formulas; the liveness plan's memory; training a small residual
+   net, bit-identical at 1 and 2 threads. */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "check.h"
+#include "helpers.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void fill(float *p, size_t n, float lo, float hi) {
+    size_t i;
+    for (i = 0; i < n; i++) p[i] = uniform(lo, hi);
+}
+
+/* A check over many values, reported once with the first bad one. */
+static void check_all(int bad, const char *what, const char *detail, int line) {
+    if (!check_report(bad == 0, __FILE__, line, what)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
+}
+
+/* ======================================================================== */
+/* Graphs, described as data: node i (id i + 1) is layer `layer` reading the
+   ids in `in` (MP_MODEL_INPUT = 0), or the previous node when in[0] < 0. */
+typedef struct node {
+    mp_layer_desc layer;
+    int in[4], n_in;
+} node;
+
+typedef struct graph {
+    const char *what;
+    int shape[4];  /* input per sample, zero-terminated */
+    node nodes[12];
+    int count;
+    int batch;
+    int positive; /* inputs in [0.5, 1.5] (a Multiply's factors away from 0) */
+} graph;
+
+static node seq(mp_layer_desc layer) {
+    node n;
+    memset(&n, 0, sizeof n);
+    n.layer = layer;
+    return n;
+}
+static node on1(mp_layer_desc layer, int a) {
+    node n = seq(layer);
+    n.in[0] = a;
+    n.n_in = 1;
+    return n;
+}
+static node on2(mp_layer_desc layer, int a, int b) {
+    node n = on1(layer, a);
+    n.in[1] = b;
+    n.n_in = 2;
+    return n;
+}
+static node on3(mp_layer_desc layer, int a, int b, int c) {
+    node n = on2(layer, a, b);
+    n.in[2] = c;
+    n.n_in = 3;
+    return n;
+}
+
+/* The graph under `policy` (the global policy float32 again after); NULL on
+   failure (counted). */
+static mp_model *build(const graph *g, const char *policy) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int i, ok;
+    memset(&md, 0, sizeof md);
+    for (i = 0; i < 3 && g->shape[i]; i++) md.input_shape[i] = g->shape[i];
+    md.seed = 11;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
+    for (i = 0; ok && i < g->count; i++) {
+        const node *n = &g->nodes[i];
+        ok = OK(mp_model_call(m, n->layer, n->n_in ? n->in : NULL, n->n_in, NULL), m);
+    }
+    mp_set_global_policy_name("float32");
+    if (!ok || !OK(mp_model_build(m), m)) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int compile_mse(mp_model *m) {
+    mp_compile_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = MP_SGD;
+    cd.loss_scale = MP_LOSS_SCALE_NONE;
+    return OK(mp_model_compile(m, &cd), m);
+}
+
+typedef struct batch {
+    float *x, *y;
+    int n;
+} batch;
+
+static batch make_batch(const mp_model *m, int n, int positive) {
+    batch b;
+    size_t in = mp_model_input_size(m), out = mp_model_output_size(m);
+    b.n = n;
+    b.x = floats((size_t)n * in);
+    b.y = floats((size_t)n * out);
+    fill(b.x, (size_t)n * in, positive ? 0.5f : -1.0f, positive ? 1.5f : 1.0f);
+    fill(b.y, (size_t)n * out, -1.0f, 1.0f);
+    return b;
+}
+
+static float loss_of(mp_model *m, const batch *b) {
+    float loss = NAN;
+    if (forward_rows(m, b->x, (size_t)b->n, 1) != MP_OK) return NAN;
+    if (loss_rows(m, NULL, b->y, (size_t)b->n, &loss, NULL) != MP_OK) return NAN;
+    return loss;
+}
+
+static int gradients(mp_model *m, const batch *b, float *g) {
+    float loss;
+    return OK(forward_rows(m, b->x, (size_t)b->n, 1), m) && OK(loss_rows(m, NULL, b->y, (size_t)b->n, &loss, NULL), m) &&
+           OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
+           OK(mp_get_gradients(m, g, mp_model_trainable_param_count(m)), m);
+}
+
+/* Where each trainable weight lies in get_weights' vector (which puts each
+   layer's state after its trainable weights). */
+static size_t *trainable_index(const mp_model *m) {
+    size_t *at = (size_t *)zalloc(mp_model_trainable_param_count(m) * sizeof(size_t) + 1), w = 0, t = 0, j;
+    int i;
+    for (i = 0; i < mp_model_layer_count(m); i++) {
+        mp_layer_info info;
+        if (mp_model_layer_info(m, i, &info) != MP_OK) break;
+        for (j = 0; j < info.trainable_params; j++) at[t++] = w + j;
+        w += info.params;
+    }
+    return at;
+}
+
+/* mp_get_gradients against central differences of the training loss,
+   weight by weight: |g - fd| <= 2e-2 max(|g|, |fd|) + 3e-4 (the float32
+   loss's rounding over eps), the vectors within 2e-2 relative L2, and a
+   gradient that is not zero. */
+static void grad_check(const char *what, mp_model *m, const batch *b, float eps) {
+    size_t n = mp_model_param_count(m), nt = mp_model_trainable_param_count(m), i;
+    size_t *at = trainable_index(m);
+    float *w = floats(n), *g = floats(nt);
+    double diff2 = 0.0, fd2 = 0.0;
+    int bad = 0;
+    char msg[200], detail[160] = "";
+    if (!OK(mp_model_get_weights(m, w, n), m) || !gradients(m, b, g)) goto done;
+    for (i = 0; i < nt; i++) {
+        float keep = w[at[i]], hi = keep + eps, lo = keep - eps, lp, lm;
+        double fd, err, tol;
+        w[at[i]] = hi;
+        mp_model_set_weights(m, w, n);
+        lp = loss_of(m, b);
+        w[at[i]] = lo;
+        mp_model_set_weights(m, w, n);
+        lm = loss_of(m, b);
+        w[at[i]] = keep;
+        fd = ((double)lp - (double)lm) / ((double)hi - (double)lo);
+        err = fabs((double)g[i] - fd);
+        tol = 2e-2 * fmax(fabs((double)g[i]), fabs(fd)) + 3e-4;
+        diff2 += ((double)g[i] - fd) * ((double)g[i] - fd);
+        fd2 += fd * fd;
+        if (!(err <= tol) && bad++ == 0)
+            snprintf(detail, sizeof detail, "weight %zu of %zu: gradient %.7g, central difference %.7g", i, nt,
+                     (double)g[i], fd);
+    }
+    mp_model_set_weights(m, w, n);
+    snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
+    check_all(bad, msg, detail, __LINE__);
+    snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
+    if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
+        fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));
+    snprintf(msg, sizeof msg, "%s: the loss depends on the weights", what);
+    if (!check_report(sqrt(fd2) > 1e-3, __FILE__, __LINE__, msg)) fprintf(stderr, "    |fd| = %.4g\n", sqrt(fd2));
+done:
+    free(at);
+    free(w);
+    free(g);
+}
+
+/* The same weights and batch under a 16-bit policy: its float32 gradients
+   within tol (relative L2) of float32's, which grad_check has checked. */
+static void policy_check(const graph *gr, const char *policy, const float *w, const batch *b, const float *want,
+                         double tol) {
+    mp_model *m = build(gr, policy);
+    size_t nt, i;
+    float *g;
+    double diff2 = 0.0, ref2 = 0.0;
+    char msg[200];
+    if (!m) return;
+    nt = mp_model_trainable_param_count(m);
+    g = floats(nt);
+    if (compile_mse(m) && OK(mp_model_set_weights(m, w, mp_model_param_count(m)), m) && gradients(m, b, g)) {
+        for (i = 0; i < nt; i++) {
+            diff2 += ((double)g[i] - want[i]) * ((double)g[i] - want[i]);
+            ref2 += (double)want[i] * want[i];
+        }
+        snprintf(msg, sizeof msg, "%s under %s: gradients within %g of float32's (relative L2)", gr->what, policy, tol);
+        if (!check_report(sqrt(diff2) <= tol * sqrt(ref2), __FILE__, __LINE__, msg))
+            fprintf(stderr, "    |g - g32| = %.4g, |g32| = %.4g\n", sqrt(diff2), sqrt(ref2));
+    }
+    free(g);
+    mp_model_destroy(m);
+}
+
+static void run_graph(const graph *gr) {
+    mp_model *m = build(gr, "float32");
+    size_t n, nt;
+    float *w, *g;
+    batch b;
+    if (!m) return;
+    if (!compile_mse(m)) {
+        mp_model_destroy(m);
+        return;
+    }
+    n = mp_model_param_count(m);
+    nt = mp_model_trainable_param_count(m);
+    w = floats(n);
+    g = floats(nt);
+    b = make_batch(m, gr->batch ? gr->batch : 4, gr->positive);
+    if (OK(mp_model_get_weights(m, w, n), m)) {
+        grad_check(gr->what, m, &b, 1e-2f);
+        if (gradients(m, &b, g)) {
+            policy_check(gr, "mixed_float16", w, &b, g, 1e-2);
+            policy_check(gr, "mixed_bfloat16", w, &b, g, 6e-2);
+        }
+    }
+    free(b.x);
+    free(b.y);
+    free(w);
+    free(g);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 1. Every new layer and merge, by finite differences */
+
+static void test_grad_normalizations(void) {
+    graph g;
+    memset(&g, 0, sizeof g);
+    g.what = "Dense(5) -> BatchNormalization -> Dense(3, tanh)";
+    g.shape[0] = 4;
+    g.nodes[0] = seq(mp_dense(5, MP_LINEAR));
+    g.nodes[1] = seq(mp_batch_normalization());
+    g.nodes[2] = seq(mp_dense(3, MP_TANH));
+    g.count = 3;
+    g.batch = 6;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g);
+    g.what = "Conv2D(3, 3x3 same) -> BatchNormalization -> GlobalAveragePooling2D -> Dense(2)";
+    g.shape[0] = 5, g.shape[1] = 4, g.shape[2] = 2;
+    g.nodes[0] = seq(mp_conv2d(3, 3, 3, MP_SAME, MP_LINEAR));
+    g.nodes[1] = seq(mp_batch_normalization());
+    g.nodes[2] = seq(mp_global_average_pooling2d());
+    g.nodes[3] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 4;
+    g.batch = 3;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g);
+    g.what = "Dense(6) -> LayerNormalization -> Dense(3)";
+    g.shape[0] = 4;
+    g.nodes[0] = seq(mp_dense(6, MP_LINEAR));
+    g.nodes[1] = seq(mp_layer_normalization());
+    g.nodes[2] = seq(mp_dense(3, MP_LINEAR));
+    g.count = 3;
+    run_graph(&g);
+}
+
+/* Two Dense branches from the input (fan-out) merged (fan-in), then Dense. */
+static void test_grad_merges(void) {
+    static const struct {
+        const char *what;
+        mp_layer_kind kind;
+    } cases[] = {{"Add", MP_ADD}, {"Subtract", MP_SUBTRACT}, {"Multiply", MP_MULTIPLY}, {"Average", MP_AVERAGE}};
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char what[120];
+        graph g;
+        mp_layer_desc merge;
+        memset(&g, 0, sizeof g);
+        memset(&merge, 0, sizeof merge);
+        merge.kind = cases[i].kind;
+        snprintf(what, sizeof what, "input -> Dense(4, tanh), Dense(4, sigmoid) -> %s -> Dense(2)", cases[i].what);
+        g.what = what;
+        g.shape[0] = 3;
+        g.nodes[0] = on1(mp_dense(4, MP_TANH), MP_MODEL_INPUT);
+        g.nodes[1] = on1(mp_dense(4, MP_SIGMOID), MP_MODEL_INPUT);
+        g.nodes[2] = on2(merge, 1, 2);
+        g.nodes[3] = seq(mp_dense(2, MP_LINEAR));
+        g.count = 4;
+        run_graph(&g);
+    }
+    {   /* three inputs, one of them the model's input; and a tensor twice */
+        graph g;
+        memset(&g, 0, sizeof g);
+        g.what = "Add(input, Dense(3), Dense(3)) and Multiply(x, x) -> Dense(2)";
+        g.shape[0] = 3;
+        g.nodes[0] = on1(mp_dense(3, MP_TANH), MP_MODEL_INPUT);
+        g.nodes[1] = on1(mp_dense(3, MP_LINEAR), 1);
+        g.nodes[2] = on3(mp_add(), MP_MODEL_INPUT, 1, 2);
+        g.nodes[3] = on2(mp_multiply(), 3, 3);
+        g.nodes[4] = seq(mp_dense(2, MP_LINEAR));
+        g.count = 5;
+        g.positive = 1;
+        run_graph(&g);
+        memset(&g, 0, sizeof g);
+        g.what = "Average of three branches, one read twice";
+        g.shape[0] = 3;
+        g.nodes[0] = on1(mp_dense(4, MP_TANH), MP_MODEL_INPUT);
+        g.nodes[1] = on1(mp_dense(4, MP_LINEAR), MP_MODEL_INPUT);
+        g.nodes[2] = on3(mp_average(), 1, 2, 1);
+        g.nodes[3] = seq(mp_dense(2, MP_LINEAR));
+        g.count = 4;
+        run_graph(&g);
+    }
+}
+
+static void test_grad_concatenate(void) {
+    graph g;
+    memset(&g, 0, sizeof g);
+    g.what = "Concatenate(Dense(3), Dense(5), input) -> Dense(2)";
+    g.shape[0] = 2;
+    g.nodes[0] = on1(mp_dense(3, MP_TANH), MP_MODEL_INPUT);
+    g.nodes[1] = on1(mp_dense(5, MP_LINEAR), MP_MODEL_INPUT);
+    g.nodes[2] = on3(mp_concatenate(0), 1, 2, MP_MODEL_INPUT);
+    g.nodes[3] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 4;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g); /* along the channels, then along the rows (axis 1) */
+    g.what = "Concatenate(Conv2D(2), Conv2D(3)) on channels, then with itself on rows -> Flatten -> Dense(2)";
+    g.shape[0] = 4, g.shape[1] = 3, g.shape[2] = 2;
+    g.nodes[0] = on1(mp_conv2d(2, 3, 3, MP_SAME, MP_TANH), MP_MODEL_INPUT);
+    g.nodes[1] = on1(mp_conv2d(3, 2, 2, MP_SAME, MP_LINEAR), MP_MODEL_INPUT);
+    g.nodes[2] = on2(mp_concatenate(-1), 1, 2);
+    g.nodes[3] = on2(mp_concatenate(1), 3, 3);
+    g.nodes[4] = seq(mp_flatten());
+    g.nodes[5] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 6;
+    g.batch = 2;
+    run_graph(&g);
+}
+
+static void test_grad_pooling_reshape(void) {
+    graph g;
+    int target[] = {2, -1, 0};
+    memset(&g, 0, sizeof g);
+    g.what = "Conv2D(3) -> AveragePooling2D(2x2) -> Flatten -> Dense(2)";
+    g.shape[0] = 5, g.shape[1] = 6, g.shape[2] = 2;
+    g.nodes[0] = seq(mp_conv2d(3, 3, 3, MP_SAME, MP_TANH));
+    g.nodes[1] = seq(mp_average_pooling2d(2, 2));
+    g.nodes[2] = seq(mp_flatten());
+    g.nodes[3] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 4;
+    g.batch = 2;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g);
+    g.what = "Dense(6) -> Reshape((2, -1)) -> LayerNormalization -> Flatten -> Dense(2)";
+    g.shape[0] = 3;
+    g.nodes[0] = seq(mp_dense(6, MP_LINEAR));
+    g.nodes[1] = seq(mp_reshape(target));
+    g.nodes[2] = seq(mp_layer_normalization());
+    g.nodes[3] = seq(mp_flatten());
+    g.nodes[4] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 5;
+    run_graph(&g);
+}
+
+/* ======================================================================== */
+/* 2. A residual block against the same block by hand: y = x + W2 relu(W1 x
+   + b1) + b2, MSE; forward and every gradient in double. */
+static void test_residual_by_hand(void) {
+    enum { B = 3, D = 4, H = 5 };
+    graph g;
+    mp_model *m;
+    float w[D * H + H + H * D + D], grad[D * H + H + H * D + D], x[B * D], t[B * D];
+    double z[B][H], h[B][H], y[B][D], dy[B][D], dh[B][H], want[D * H + H + H * D + D];
+    mp_tensor out;
+    float loss = 0.0f;
+    double want_loss = 0.0;
+    int i, j, k, bad = 0;
+    char detail[160] = "";
+    memset(&g, 0, sizeof g);
+    g.what = "residual";
+    g.shape[0] = D;
+    g.nodes[0] = on1(mp_dense(H, MP_RELU), MP_MODEL_INPUT);
+    g.nodes[1] = on1(mp_dense(D, MP_LINEAR), 1);
+    g.nodes[2] = on2(mp_add(), 2, MP_MODEL_INPUT);
+    g.count = 3;
+    if (!(m = build(&g, "float32"))) return;
+    fill(w, sizeof w / sizeof w[0], -0.7f, 0.7f);
+    fill(x, B * D, -1.0f, 1.0f);
+    fill(t, B * D, -1.0f, 1.0f);
+    /* by hand: W1 [D, H] (Keras's kernel layout), b1, W2 [H, D], b2 */
+    for (i = 0; i < B; i++) {
+        for (j = 0; j < H; j++) {
+            z[i][j] = w[D * H + j];
+            for (k = 0; k < D; k++) z[i][j] += (double)x[i * D + k] * w[k * H + j];
+            h[i][j] = z[i][j] > 0 ? z[i][j] : 0.0;
+        }
+        for (j = 0; j < D; j++) {
+            y[i][j] = x[i * D + j] + (double)w[D * H + H + H * D + j];
+            for (k = 0; k < H; k++) y[i][j] += h[i][k] * w[D * H + H + k * D + j];
+            dy[i][j] = 2.0 * (y[i][j] - t[i * D + j]) / (B * D);
+            want_loss += (y[i][j] - t[i * D + j]) * (y[i][j] - t[i * D + j]) / (B * D);
+        }
+    }
+    memset(want, 0, sizeof want);
+    for (i = 0; i < B; i++) {
+        for (k = 0; k < H; k++) {
+            dh[i][k] = 0.0;
+            for (j = 0; j < D; j++) {
+                want[D * H + H + k * D + j] += h[i][k] * dy[i][j]; /* dW2 */
+                dh[i][k] += dy[i][j] * w[D * H + H + k * D + j];
+            }
+            dh[i][k] *= z[i][k] > 0;
+        }
+        for (j = 0; j < D; j++) want[D * H + H + H * D + j] += dy[i][j]; /* db2 */
+        for (k = 0; k < H; k++) {
+            want[D * H + k] += dh[i][k]; /* db1 */
+            for (j = 0; j < D; j++) want[j * H + k] += (double)x[i * D + j] * dh[i][k]; /* dW1 */
+        }
+    }
+    if (compile_mse(m) && OK(mp_model_set_weights(m, w, sizeof w / sizeof w[0]), m) &&
+        OK(forward_rows(m, x, B, 1), m) && OK(mp_output(m, &out), m)) {
+        for (i = 0; i < B; i++)
+            for (j = 0; j < D; j++) {
+                double got = get(out.data, out.dtype, (size_t)(i * D + j));
+                if (!(fabs(got - y[i][j]) <= 1e-5 * (1.0 + fabs(y[i][j]))) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "y[%d][%d] = %.7g, by hand %.7g", i, j, got, y[i][j]);
+            }
+        check_all(bad, "residual block: forward equals x + Dense(Dense(x)) by hand", detail, __LINE__);
+        if (OK(loss_rows(m, NULL, t, B, &loss, NULL), m) && OK(mp_compute_scaled_gradients(m), m) &&
+            OK(mp_get_unscaled_gradients(m), m) && OK(mp_get_gradients(m, grad, sizeof grad / sizeof grad[0]), m)) {
+            CHECK(fabs(loss - want_loss) <= 1e-5 * (1.0 + want_loss));
+            for (bad = 0, i = 0; i < (int)(sizeof grad / sizeof grad[0]); i++)
+                if (!(fabs(grad[i] - want[i]) <= 1e-5 * (1.0 + fabs(want[i]))) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "weight %d: %.7g, by hand %.7g", i, (double)grad[i], want[i]);
+            check_all(bad, "residual block: every gradient equals the one by hand (the skip's share summed)", detail,
+                      __LINE__);
+        }
+    }
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 3. BatchNormalization and LayerNormalization against Keras's formulas */
+
+/* Input(3) -> BatchNormalization: the training pass normalises by the
+   batch's mean and biased variance; moving = moving * 0.99 + batch * 0.01
+   after each training pass (from 0 and 1); inference uses the moving
+   statistics; gamma and beta as set. */
+static void test_batch_norm_formulas(void) {
+    enum { B = 5, C = 3 };
+    graph g;
+    mp_model *m;
+    float w[4 * C], x[B * C], after[4 * C];
+    double mean[C], var[C], mm[C], mv[C];
+    mp_tensor out;
+    int i, c, step, bad = 0;
+    char detail[160] = "";
+    memset(&g, 0, sizeof g);
+    g.what = "bn";
+    g.shape[0] = C;
+    g.nodes[0] = seq(mp_batch_normalization());
+    g.count = 1;
+    if (!(m = build(&g, "float32"))) return;
+    CHECK_EQ(mp_model_param_count(m), 4 * C);
+    CHECK_EQ(mp_model_trainable_param_count(m), 2 * C);
+    if (!OK(mp_model_get_weights(m, w, 4 * C), m)) goto out;
+    for (c = 0; c < C; c++) /* Keras's initial values: gamma 1, beta 0, moving mean 0, moving variance 1 */
+        bad += w[c] != 1.0f || w[C + c] != 0.0f || w[2 * C + c] != 0.0f || w[3 * C + c] != 1.0f;
+    CHECK(bad == 0);
+    for (c = 0; c < C; c++) {
+        w[c] = 0.5f + (float)c, w[C + c] = -0.25f * (float)c; /* gamma, beta */
+        mm[c] = 0.0, mv[c] = 1.0;
+    }
+    if (!OK(mp_model_set_weights(m, w, 4 * C), m)) goto out;
+    for (step = 0; step < 2; step++) {
+        fill(x, B * C, -2.0f, 3.0f);
+        if (!OK(forward_rows(m, x, B, 1), m) || !OK(mp_output(m, &out), m)) goto out;
+        for (c = 0; c < C; c++) {
+            mean[c] = var[c] = 0.0;
+            for (i = 0; i < B; i++) mean[c] += x[i * C + c] / (double)B;
+            for (i = 0; i < B; i++) var[c] += (x[i * C + c] - mean[c]) * (x[i * C + c] - mean[c]) / (double)B;
+            mm[c] = mm[c] * 0.99 + mean[c] * 0.01;
+            mv[c] = mv[c] * 0.99 + var[c] * 0.01;
+            for (i = 0; i < B; i++) {
+                double want = (x[i * C + c] - mean[c]) / sqrt(var[c] + 1e-3) * w[c] + w[C + c];
+                double got = get(out.data, out.dtype, (size_t)(i * C + c));
+                if (!(fabs(got - want) <= 2e-6 * (1.0 + fabs(want))) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "step %d, y[%d][%d] = %.7g, want %.7g", step, i, c, got, want);
+            }
+        }
+    }
+    check_all(bad, "BatchNormalization training: (x - mean) / sqrt(var + 1e-3) gamma + beta, the batch's statistics",
+              detail, __LINE__);
+    if (OK(mp_model_get_weights(m, after, 4 * C), m)) {
+        for (bad = 0, c = 0; c < C; c++)
+            if (!(fabs(after[2 * C + c] - mm[c]) <= 1e-6 && fabs(after[3 * C + c] - mv[c]) <= 1e-6) && bad++ == 0)
+                snprintf(detail, sizeof detail, "channel %d: moving %.7g, %.7g; want %.7g, %.7g", c,
+                         (double)after[2 * C + c], (double)after[3 * C + c], mm[c], mv[c]);
+        check_all(bad, "BatchNormalization: moving = moving * 0.99 + batch * 0.01, each training pass", detail,
+                  __LINE__);
+    }
+    /* inference: the moving statistics, and they stay */
+    if (OK(forward_rows(m, x, B, 0), m) && OK(mp_output(m, &out), m)) {
+        for (bad = 0, i = 0; i < B; i++)
+            for (c = 0; c < C; c++) {
+                double want = (x[i * C + c] - mm[c]) / sqrt(mv[c] + 1e-3) * w[c] + w[C + c];
+                double got = get(out.data, out.dtype, (size_t)(i * C + c));
+                if (!(fabs(got - want) <= 2e-6 * (1.0 + fabs(want))) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "y[%d][%d] = %.7g, want %.7g", i, c, got, want);
+            }
+        check_all(bad, "BatchNormalization inference: the moving statistics", detail, __LINE__);
+        CHECK(weights_equal(m, after));
+    }
+out:
+    mp_model_destroy(m);
+}
+
+/* Input(4, 6) -> LayerNormalization(epsilon 1e-5): each row of 6 by its
+   own mean and biased variance; float32 statistics under mixed_bfloat16
+   too (the output then rounded once to bfloat16). */
+static void test_layer_norm_formulas(void) {
+    enum { B = 3, R = 4, C = 6 };
+    const char *policies[] = {"float32", "mixed_bfloat16"};
+    int p;
+    for (p = 0; p < 2; p++) {
+        graph g;
+        mp_model *m;
+        float w[2 * C], x[B * R * C];
+        mp_tensor out;
+        int r, c, bad = 0;
+        char detail[160] = "", what[160];
+        memset(&g, 0, sizeof g);
+        g.what = "ln";
+        g.shape[0] = R, g.shape[1] = C;
+        g.nodes[0] = seq(mp_layer_normalization());
+        g.nodes[0].layer.epsilon = 1e-5f;
+        g.count = 1;
+        if (!(m = build(&g, policies[p]))) continue;
+        for (c = 0; c < C; c++) w[c] = 1.0f + 0.125f * (float)c, w[C + c] = 0.0625f * (float)c;
+        fill(x, B * R * C, -4.0f, 4.0f);
+        for (c = 0; p && c < B * R * C; c++) x[c] = mp_bf16_to_f32(mp_bf16_from_f32(x[c])); /* exact in bfloat16 */
+        if (OK(mp_model_set_weights(m, w, 2 * C), m) && OK(forward_rows(m, x, B, 0), m) && OK(mp_output(m, &out), m)) {
+            for (r = 0; r < B * R; r++) {
+                double mean = 0.0, var = 0.0;
+                for (c = 0; c < C; c++) mean += x[r * C + c] / (double)C;
+                for (c = 0; c < C; c++) var += (x[r * C + c] - mean) * (x[r * C + c] - mean) / (double)C;
+                for (c = 0; c < C; c++) {
+                    double want = (x[r * C + c] - mean) / sqrt(var + 1e-5) * w[c] + w[C + c];
+                    double got = get(out.data, out.dtype, (size_t)(r * C + c));
+                    double tol = p ? 1.0 / 128 * fabs(want) + 1e-6 : 2e-6 * (1.0 + fabs(want));
+                    if (!(fabs(got - want) <= tol) && bad++ == 0)
+                        snprintf(detail, sizeof detail, "row %d col %d: %.7g, want %.7g", r, c, got, want);
+                }
+            }
+            snprintf(what, sizeof what, "LayerNormalization under %s: each row by its own statistics", policies[p]);
+            check_all(bad, what, detail, __LINE__);
+            CHECK(out.dtype == (p ? MP_BFLOAT16 : MP_FLOAT32));
+        }
+        mp_model_destroy(m);
+    }
+}
+
+/* ======================================================================== */
+/* 4. Wrong graphs: a clear status naming the layers, nothing changed */
+
+static int message_has(const mp_model *m, const char *a, const char *b) {
+    const char *e = mp_model_error(m);
+    return strstr(e, a) && (!b || strstr(e, b));
+}
+
+static void test_graph_errors(void) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int id = -7, ids[3], target[4] = {5, 0, 0, 0}, bad_target[4] = {-1, -1, 0, 0};
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    if (!OK(mp_model_create(&m, &md), m)) return;
+    CHECK(mp_model_call(m, mp_dense(3, MP_RELU), NULL, 0, &id) == MP_OK && id == 1);
+    ids[0] = 2; /* not added yet */
+    CHECK(mp_model_call(m, mp_dense(3, MP_RELU), ids, 1, &id) == MP_ERR_ARG && id == 1);
+    CHECK(message_has(m, "dense_1", "added before"));
+    ids[0] = -1;
+    CHECK(mp_model_call(m, mp_dense(3, MP_RELU), ids, 1, NULL) == MP_ERR_ARG);
+    CHECK(mp_model_call(m, mp_dense(3, MP_RELU), NULL, 1, NULL) == MP_ERR_NULL);
+    CHECK(mp_model_add(m, mp_add()) == MP_ERR_ARG); /* a merge takes two inputs or more */
+    CHECK(message_has(m, "Add", "2"));
+    ids[0] = 1, ids[1] = MP_MODEL_INPUT; /* (None, 3) and (None, 4) */
+    CHECK(mp_model_call(m, mp_add(), ids, 2, NULL) == MP_ERR_SHAPE);
+    CHECK(message_has(m, "add", "(None, 4)") && message_has(m, "dense", "input_layer"));
+    ids[2] = 1;
+    CHECK(mp_model_call(m, mp_subtract(), ids, 3, NULL) == MP_ERR_ARG);
+    CHECK(mp_model_call(m, mp_concatenate(2), ids, 2, NULL) == MP_ERR_ARG); /* axis 2 of rank-1 inputs */
+    CHECK(mp_model_call(m, mp_reshape(target), ids, 1, NULL) == MP_ERR_SHAPE); /* 3 values into 5 */
+    CHECK(mp_model_call(m, mp_reshape(bad_target), ids, 1, NULL) == MP_ERR_ARG); /* two -1 */
+    CHECK(mp_model_call(m, mp_global_average_pooling2d(), ids, 1, NULL) == MP_ERR_SHAPE);
+    {
+        mp_layer_desc bn = mp_batch_normalization();
+        bn.momentum = 1.5f;
+        CHECK(mp_model_call(m, bn, ids, 1, NULL) == MP_ERR_ARG);
+    }
+    CHECK(mp_model_layer_count(m) == 1);
+    /* the failed calls took no name: the next Dense is dense_1, the next Add add */
+    CHECK(mp_model_call(m, mp_dense(4, MP_LINEAR), ids, 1, &id) == MP_OK && id == 2);
+    CHECK(mp_model_call(m, mp_concatenate(0), ids, 2, &id) == MP_OK && id == 3); /* (None, 3 + 4) */
+    {
+        mp_layer_info info;
+        CHECK(mp_model_layer_info(m, 1, &info) == MP_OK && strcmp(info.name, "dense_1") == 0);
+        CHECK(mp_model_layer_info(m, 2, &info) == MP_OK && strcmp(info.name, "concatenate") == 0 &&
+              info.rank == 1 && info.output_shape[0] == 7);
+    }
+    /* dense_1 feeds nothing: the model's one output is the last layer */
+    CHECK(mp_model_build(m) == MP_ERR_ARG);
+    CHECK(message_has(m, "dense_1", "feeds no layer"));
+    ids[0] = 3, ids[1] = 2;
+    CHECK(mp_model_call(m, mp_concatenate(-1), ids, 2, NULL) == MP_OK);
+    CHECK(mp_model_build(m) == MP_OK);
+    CHECK(mp_model_output_size(m) == 11);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 5. Memory: an output nothing reads in the backward pass is not kept. A
+   chain of Add layers over a shared input keeps far less than a buffer per
+   edge: each Add's output (read forward only) and each gradient share the
+   same bytes. */
+static void test_liveness(void) {
+    enum { D = 256, DEPTH = 12, BATCH = 64 };
+    graph g;
+    mp_model *m;
+    mp_model_memory mem;
+    float *x, *t;
+    int i;
+    memset(&g, 0, sizeof g);
+    g.what = "adds";
+    g.shape[0] = D;
+    g.nodes[0] = on1(mp_dense(D, MP_LINEAR), MP_MODEL_INPUT);
+    for (i = 1; i < DEPTH; i++) g.nodes[i] = on2(mp_add(), i, MP_MODEL_INPUT);
+    g.count = DEPTH;
+    if (!(m = build(&g, "float32"))) return;
+    x = floats((size_t)BATCH * D);
+    t = floats((size_t)BATCH * D);
+    fill(x, (size_t)BATCH * D, -1.0f, 1.0f);
+    if (compile_mse(m) && OK(forward_rows(m, x, BATCH, 1), m) && OK(mp_model_memory_info(m, &mem), m)) {
+        size_t edge = (size_t)BATCH * D * sizeof(float), per_edge = 2 * (size_t)DEPTH * edge;
+        /* a buffer and a gradient per layer would be per_edge; live at once
+           are the input copy, a few outputs and two gradients */
+        if (!check_report(mem.activations < per_edge / 3, __FILE__, __LINE__,
+                          "a chain of Adds keeps under a third of a buffer and a gradient per layer"))
+            fprintf(stderr, "    activations %zu bytes, a buffer per edge %zu\n", mem.activations, per_edge);
+    }
+    free(x);
+    free(t);
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* 6. A small residual net trains, the same bits at 1 and 2 threads */
+
+static mp_model *residual_net(int threads) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int stem = 0, a = 0, b = 0, sum = 0, ok;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 8, md.input_shape[1] = 8, md.input_shape[2] = 1;
+    md.threads = threads;
+    md.seed = 5;
+    ok = OK(mp_model_create(&m, &md), m);
+    ok = ok && OK(mp_model_call(m, mp_conv2d(8, 3, 3, MP_SAME, MP_LINEAR), NULL, 0, &stem), m);
+    ok = ok && OK(mp_model_add(m, mp_batch_normalization()), m) && OK(mp_model_add(m, mp_activation_layer(MP_RELU)), m);
+    ok = ok && OK(mp_model_call(m, mp_conv2d(8, 3, 3, MP_SAME, MP_LINEAR), NULL, 0, &a), m);
+    ok = ok && OK(mp_model_add(m, mp_batch_normalization()), m);
+    ok = ok && OK(mp_model_call(m, mp_activation_layer(MP_RELU), NULL, 0, &b), m);
+    {
+        int both[2];
+        both[0] = b, both[1] = a - 1; /* the stem's relu: the skip */
+        ok = ok && OK(mp_model_call(m, mp_add(), both, 2, &sum), m);
+    }
+    ok = ok && OK(mp_model_add(m, mp_global_average_pooling2d()), m) && OK(mp_model_add(m, mp_dense(2, MP_SOFTMAX)), m);
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    (void)stem, (void)sum;
+    return m;
+}
+
+static void test_residual_training(void) {
+    enum { N = 96 };
+    float *x = floats((size_t)N * 64), *w[2] = {NULL, NULL};
+    int32_t labels[N];
+    float acc[2] = {0, 0};
+    int i, t;
+    for (i = 0; i < N; i++) { /* class 1: a bright left half */
+        int j;
+        labels[i] = (int32_t)(i & 1);
+        for (j = 0; j < 64; j++) x[i * 64 + j] = uniform(0.0f, 0.5f) + (labels[i] && (j % 8) < 4 ? 0.5f : 0.0f);
+    }
+    for (t = 0; t < 2; t++) {
+        mp_model *m = residual_net(t + 1);
+        mp_compile_desc cd;
+        mp_fit_desc fd = silent_fit(x, 64, labels, N, 16, 8);
+        mp_logs ev;
+        if (!m) break;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.metrics = MP_METRIC_ACCURACY;
+        cd.optimizer.kind = MP_ADAM;
+        cd.optimizer.learning_rate = 0.01f;
+        fd.data.x[0] = mp_array_f32(x, N, 3, (int[]){8, 8, 1});
+        if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_fit(m, &fd), m)) {
+            if (OK(mp_model_evaluate(m, &fd.data, 0, &ev), m)) acc[t] = ev.accuracy;
+            w[t] = weights_of(m);
+        }
+        mp_model_destroy(m);
+    }
+    CHECK(acc[0] >= 0.9f);
+    if (w[0] && w[1]) {
+        mp_model *m = residual_net(1);
+        CHECK(m && memcmp(w[0], w[1], mp_model_param_count(m) * sizeof(float)) == 0);
+        mp_model_destroy(m);
+    }
+    free(w[0]);
+    free(w[1]);
+    free(x);
+}
+
+int main(int argc, char **argv) {
+    check_args(argc, argv);
+    RUN(test_graph_errors());
+    RUN(test_residual_by_hand());
+    RUN(test_grad_normalizations());
+    RUN(test_grad_merges());
+    RUN(test_grad_concatenate());
+    RUN(test_grad_pooling_reshape());
+    RUN(test_batch_norm_formulas());
+    RUN(test_layer_norm_formulas());
+    RUN(test_liveness());
+    RUN(test_residual_training());
+    return check_done("test_graph");
+}
