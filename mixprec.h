@@ -150,12 +150,19 @@ ADDING A LAYER KIND (every place that names the kinds; search each tag)
     >>layers          its mp_layer_kind before MP_LAYER_KIND_COUNT, the
                       mp_layer_desc fields it reads, a constructor (mp_dense
                       style) declared here and defined in >>layers: descriptions
-    >>layers (impl.)  its forward/backward pair and its row in mp__kinds
-                      (Keras's class name, the base of automatic names)
-    >>model           mp__infer_shape (output shape, kernel and bias sizes),
-                      mp_model_add (per-layer state such as Dropout's seed),
-                      mp__init_weights (its initialiser), mp__plan_activations
-                      (masks, im2col columns), mp__reserve_products (its GEMMs)
+    >>layers (impl.)  its forward/backward pair (backward writes dx[k] for
+                      each input k that has one) and its row in mp__kinds:
+                      Keras's class name, the base of automatic names, how
+                      many inputs, whether its backward pass reads its inputs
+                      or its output (the memory plan keeps them), whether it
+                      is a view of its input, whether its weights stay float32
+    >>model           mp__infer_shape (output shape, kernel, bias and state
+                      sizes; a merge checks every input's shape),
+                      mp_model_call (per-layer state such as Dropout's seed),
+                      mp__init_weights (its initialiser), mp__want_layer
+                      (buffers beyond its output: masks, statistics),
+                      mp__plan_activations (im2col columns),
+                      mp__reserve_products (its GEMMs)
     >>backends        a new op in mp_backend if no kernel does its work, and
                       then every table: >>cpu backend: the operations table,
                       cuda/mixprec_cuda.cu, tests/test_backend.c's remote one
@@ -163,11 +170,11 @@ ADDING A LAYER KIND (every place that names the kinds; search each tag)
                       list) and its row in mp__amp_chain's `first`
     >>numerics diagnostics        mp_model_tensor_core_advice, if it multiplies
     >>checkpoints     nothing (the fingerprint, mp__ckpt_model, has each
-                      layer's kind, dtypes and counts, and every layer's
-                      generator is written); other state: mp__ckpt_body
-    tests             test_train (finite-difference gradients, forward values
-                      against Keras's formula), test_backend, test_cuda,
-                      test_amp; docs/training.md
+                      layer's kind, inputs, dtypes and counts, and every
+                      layer's generator is written); other state: mp__ckpt_body
+    tests             test_graph (finite-difference gradients under each
+                      policy, forward values against Keras's formula),
+                      test_backend, test_cuda, test_amp; docs/layers.md
 
 GLOBAL STATE
     The global dtype policy (mp_set_global_policy), as in Keras, and the
