@@ -971,6 +971,41 @@ static void test_avg_pool_threads(void) {
     free(x), free(dy), free(y), free(dx), free(y1), free(dx1);
 }
 
+/* The four through the remote backend (its pointers unreadable by the
+   host): the CPU's bytes, so its table hands each op its real operands. */
+static void test_remote_graph_ops(void) {
+    static const mp_conv_geom g = {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3};
+    enum { n = 2 * 7 * 7 * 3 }; /* 2 images; also the elementwise length and Concatenate's rows x 2 columns */
+    float x[n], z[n], y[n], got[n];
+    void *ctx = NULL, *cctx = cpu_ctx(2), *rx, *rz, *ry;
+    size_t i;
+    if (!cctx) return;
+    if (!CHECK(remote.create(&ctx, 2, NULL) == MP_OK)) { cpu->destroy(cctx); return; }
+    rx = remote.alloc(ctx, sizeof x), rz = remote.alloc(ctx, sizeof z), ry = remote.alloc(ctx, sizeof y);
+    for (i = 0; i < n; i++) x[i] = uniform(-1.0f, 1.0f), z[i] = uniform(-1.0f, 1.0f);
+    remote.copy(ctx, rx, x, sizeof x, MP_COPY_TO_BACKEND);
+    remote.copy(ctx, rz, z, sizeof z, MP_COPY_TO_BACKEND);
+    cpu->elementwise(cctx, MP_EW_MULTIPLY, y, MP_FLOAT32, x, MP_FLOAT32, z, MP_FLOAT32, 0.0f, n);
+    remote.elementwise(ctx, MP_EW_MULTIPLY, ry, MP_FLOAT32, rx, MP_FLOAT32, rz, MP_FLOAT32, 0.0f, n);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    cpu->copy_cols(cctx, y, MP_FLOAT16, 2, x, MP_FLOAT32, 1, n / 2, 1); /* every other value of the first half */
+    remote.copy_cols(ctx, ry, MP_FLOAT16, 2, rx, MP_FLOAT32, 1, n / 2, 1);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    cpu->avg_pool(cctx, y, x, 2, &g, MP_FLOAT32);
+    remote.avg_pool(ctx, ry, rx, 2, &g, MP_FLOAT32);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, 2 * 3 * 3 * 3 * sizeof(float)) == 0);
+    cpu->avg_pool_backward(cctx, y, MP_FLOAT32, z, 2, &g, MP_FLOAT32);
+    remote.avg_pool_backward(ctx, ry, MP_FLOAT32, rz, 2, &g, MP_FLOAT32);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    remote.free(ctx, rx), remote.free(ctx, rz), remote.free(ctx, ry);
+    remote.destroy(ctx);
+    cpu->destroy(cctx);
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -1207,6 +1242,7 @@ int main(int argc, char **argv) {
     RUN(test_avg_pool_values());
     RUN(test_avg_pool_gradient());
     RUN(test_avg_pool_threads());
+    RUN(test_remote_graph_ops());
     RUN(test_bias_grad_values());
     RUN(test_loss_values());
     RUN(test_diagnostics());
