@@ -6830,29 +6830,34 @@ typedef struct mp__avg_args {
     const mp_conv_geom *g;
 } mp__avg_args;
 
+/* A row of y (image r / oh, oy = r % oh) goes out a tile at a time, each
+   tile holding the channels of one or more cells: one rounding call per
+   tile, not per cell (a 2x2 pool of a few channels). */
 static void mp__avg_pool_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__avg_args *a = (const mp__avg_args *)args;
     const mp_conv_geom *g = a->g;
     float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
-    size_t r, c0, j, len, c = (size_t)g->c;
-    int ox, ky, kx;
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->ow * c;
+    int ky, kx;
     (void)thread;
-    for (r = r0; r < r1; r++) { /* row r: image r / oh, oy = r % oh */
+    for (r = r0; r < r1; r++) {
         size_t img = r / (size_t)g->oh, oy = r % (size_t)g->oh;
-        for (ox = 0; ox < g->ow; ox++)
-            for (c0 = 0; c0 < c; c0 += len) {
-                len = mp__min(MP__TILE, c - c0);
-                memset(acc, 0, len * sizeof(float));
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ox's channels [c0, c0 + run) */
+                size_t ox = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                memset(acc + k, 0, run * sizeof(float));
                 for (ky = 0; ky < g->kh; ky++)
                     for (kx = 0; kx < g->kw; kx++) {
-                        size_t iy = oy * (size_t)g->sh + (size_t)ky, ix = (size_t)ox * (size_t)g->sw + (size_t)kx;
-                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dt, len);
-                        mp__add_run(acc, t, len);
+                        size_t iy = oy * (size_t)g->sh + (size_t)ky, ix = ox * (size_t)g->sw + (size_t)kx;
+                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dt, run);
+                        mp__add_run(acc + k, t, run);
                     }
-                for (j = 0; j < len; j++) acc[j] /= size;
-                mp__store(mp__at_mut(a->out, a->outt, mp__nhwc(img, oy, (size_t)ox, g->oh, g->ow, g->c) + c0), a->outt,
-                          acc, len);
+                for (j = 0; j < run; j++) acc[k + j] /= size;
             }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
+        }
     }
 }
 
@@ -6863,30 +6868,34 @@ static void mp__windows_holding(int i, int k, int s, int outs, int *lo, int *hi)
     *hi = i / s < outs - 1 ? i / s : outs - 1;
 }
 
+/* A row of dx (image r / h, iy = r % h) goes out a tile at a time, each tile
+   holding the channels of one or more cells: one rounding call per tile,
+   not per cell (a global pool's gradient has a few channels per cell). */
 static void mp__avg_pool_backward_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__avg_args *a = (const mp__avg_args *)args;
     const mp_conv_geom *g = a->g;
     float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
-    size_t r, c0, j, len, c = (size_t)g->c;
-    int ix, oy, ox, oy_lo, oy_hi, ox_lo, ox_hi;
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->w * c;
+    int oy, ox, oy_lo, oy_hi, ox_lo, ox_hi;
     (void)thread;
-    for (r = r0; r < r1; r++) { /* row r: image r / h, iy = r % h */
+    for (r = r0; r < r1; r++) {
         size_t img = r / (size_t)g->h, iy = r % (size_t)g->h;
         mp__windows_holding((int)iy, g->kh, g->sh, g->oh, &oy_lo, &oy_hi);
-        for (ix = 0; ix < g->w; ix++) {
-            mp__windows_holding(ix, g->kw, g->sw, g->ow, &ox_lo, &ox_hi);
-            for (c0 = 0; c0 < c; c0 += len) {
-                len = mp__min(MP__TILE, c - c0);
-                memset(acc, 0, len * sizeof(float));
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ix's channels [c0, c0 + run) */
+                size_t ix = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                mp__windows_holding((int)ix, g->kw, g->sw, g->ow, &ox_lo, &ox_hi);
+                memset(acc + k, 0, run * sizeof(float));
                 for (oy = oy_lo; oy <= oy_hi; oy++)
                     for (ox = ox_lo; ox <= ox_hi; ox++) {
                         mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0),
-                                 a->dt, len);
-                        for (j = 0; j < len; j++) acc[j] += t[j] / size;
+                                 a->dt, run);
+                        for (j = 0; j < run; j++) acc[k + j] += t[j] / size;
                     }
-                mp__store(mp__at_mut(a->out, a->outt, mp__nhwc(img, iy, (size_t)ix, g->h, g->w, g->c) + c0), a->outt,
-                          acc, len);
             }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
         }
     }
 }
