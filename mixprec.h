@@ -255,11 +255,11 @@ CONTENTS
                              vdpbf16ps, AMX
     >>matmul: paths          epilogues; in place, sums in C, blocked; the plan
     >>matmul: threads        splits along N, M or K, the transpose, CBLAS, mp_matmul
-    >>cpu backend: elementwise    casts split across threads
+    >>cpu backend: elementwise    casts, elementwise ops, strided copies split across threads
     >>cpu backend: losses    the loss rows over a batch
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
     >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
-    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max pool, masks
+    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max and average pool, masks
     >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
     >>layers                 each layer's forward and backward, side by side
     >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
@@ -6208,6 +6208,72 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
     mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
+/* The merges' sums and products and the gradients' sums (mp_backend.elementwise):
+   a tile of a and one of b widened, combined in float32 and rounded once into
+   y. Each tile is read whole before it is written, so y may be a or b. */
+typedef struct mp__ew_args {
+    mp_elementwise op;
+    void *y;
+    const void *a, *b;
+    mp_dtype yt, at, bt;
+    float s;
+} mp__ew_args;
+
+static void mp__ew_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__ew_args *e = (const mp__ew_args *)args;
+    float ta[MP__TILE], tb[MP__TILE];
+    size_t i, j, len;
+    (void)thread;
+    for (i = begin; i < end; i += len) {
+        len = mp__min(MP__TILE, end - i);
+        mp__load(ta, mp__at(e->a, e->at, i), e->at, len);
+        if (e->op != MP_EW_SCALE) mp__load(tb, mp__at(e->b, e->bt, i), e->bt, len);
+        switch (e->op) { /* plain loops over local tiles: vectorised */
+        case MP_EW_ADD: mp__add_run(ta, tb, len); break;
+        case MP_EW_SUBTRACT: for (j = 0; j < len; j++) ta[j] -= tb[j]; break;
+        case MP_EW_MULTIPLY: for (j = 0; j < len; j++) ta[j] *= tb[j]; break;
+        case MP_EW_SCALE: for (j = 0; j < len; j++) ta[j] *= e->s; break;
+        }
+        mp__store(mp__at_mut(e->y, e->yt, i), e->yt, ta, len);
+    }
+}
+
+static void mp__cpu_elementwise(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                                const void *b, mp_dtype bt, float s, size_t n) {
+    mp__ew_args e;
+    e.op = op, e.y = y, e.a = a, e.b = b, e.yt = yt, e.at = at, e.bt = bt, e.s = s;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__ew_range, &e);
+}
+
+/* Concatenate's blocks (mp_backend.copy_cols): rows split among the
+   threads, each row a memcpy, or one bulk cast where the dtypes differ. */
+typedef struct mp__cols_args {
+    void *dst;
+    const void *src;
+    mp_dtype dt, st;
+    size_t dst_stride, src_stride, cols;
+} mp__cols_args;
+
+static void mp__copy_cols_range(void *args, size_t r0, size_t r1, int thread) {
+    const mp__cols_args *c = (const mp__cols_args *)args;
+    size_t r;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        void *d = mp__at_mut(c->dst, c->dt, r * c->dst_stride);
+        const void *s = mp__at(c->src, c->st, r * c->src_stride);
+        if (c->dt == c->st) memcpy(d, s, c->cols * mp__dtypes[c->dt].size);
+        else (void)mp_convert(d, c->dt, s, c->st, c->cols, NULL);
+    }
+}
+
+static void mp__cpu_copy_cols(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                              size_t src_stride, size_t rows, size_t cols) {
+    mp__cols_args c;
+    if (cols == 0) return;
+    c.dst = dst, c.src = src, c.dt = dt, c.st = st, c.dst_stride = dst_stride, c.src_stride = src_stride, c.cols = cols;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__copy_cols_range, &c);
+}
+
 /* >>cpu backend: losses. Keras 3's formulas in float32, a row at a time (the rows
    are in >>rules), split across the pool MP__LOSS_ROWS rows at a time:
    each row's loss goes to the chunk's buffer, and the chunk's are added
@@ -6791,6 +6857,106 @@ static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const v
                 }
 }
 
+/* Average pooling, valid padding (AveragePooling2D, and
+   GlobalAveragePooling2D as one window over the whole image): an output is
+   its window's float32 sum in (ky, kx) order divided once by the window's
+   size, TensorFlow's AvgPool (the mean). Its gradient at an input cell is
+   the float32 sum, in (oy, ox) order, of dy / size over the windows that
+   hold the cell (TensorFlow's AvgPoolGrad spreads dy / size over each
+   window), rounded once; 0 where none does. Rows of the output (of dx for
+   the gradient) are split among the threads, and every element's sum runs
+   in this fixed order whichever thread does it (the CUDA backend's too). */
+typedef struct mp__avg_args {
+    void *out;
+    const void *in;
+    mp_dtype outt, dt;
+    const mp_conv_geom *g;
+} mp__avg_args;
+
+/* A row of y (image r / oh, oy = r % oh) goes out a tile at a time, each
+   tile holding the channels of one or more cells: one rounding call per
+   tile, not per cell (a 2x2 pool of a few channels). */
+static void mp__avg_pool_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__avg_args *a = (const mp__avg_args *)args;
+    const mp_conv_geom *g = a->g;
+    float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->ow * c;
+    int ky, kx;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        size_t img = r / (size_t)g->oh, oy = r % (size_t)g->oh;
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ox's channels [c0, c0 + run) */
+                size_t ox = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                memset(acc + k, 0, run * sizeof(float));
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++) {
+                        size_t iy = oy * (size_t)g->sh + (size_t)ky, ix = ox * (size_t)g->sw + (size_t)kx;
+                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dt, run);
+                        mp__add_run(acc + k, t, run);
+                    }
+                for (j = 0; j < run; j++) acc[k + j] /= size;
+            }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
+        }
+    }
+}
+
+/* The windows along one axis that hold input position i: [*lo, *hi], empty
+   when *lo > *hi (a border no window reaches). */
+static void mp__windows_holding(int i, int k, int s, int outs, int *lo, int *hi) {
+    *lo = i < k ? 0 : (i - k) / s + 1;
+    *hi = i / s < outs - 1 ? i / s : outs - 1;
+}
+
+/* A row of dx (image r / h, iy = r % h) goes out a tile at a time, each tile
+   holding the channels of one or more cells: one rounding call per tile,
+   not per cell (a global pool's gradient has a few channels per cell). */
+static void mp__avg_pool_backward_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__avg_args *a = (const mp__avg_args *)args;
+    const mp_conv_geom *g = a->g;
+    float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->w * c;
+    int oy, ox, oy_lo, oy_hi, ox_lo, ox_hi;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        size_t img = r / (size_t)g->h, iy = r % (size_t)g->h;
+        mp__windows_holding((int)iy, g->kh, g->sh, g->oh, &oy_lo, &oy_hi);
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ix's channels [c0, c0 + run) */
+                size_t ix = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                mp__windows_holding((int)ix, g->kw, g->sw, g->ow, &ox_lo, &ox_hi);
+                memset(acc + k, 0, run * sizeof(float));
+                for (oy = oy_lo; oy <= oy_hi; oy++)
+                    for (ox = ox_lo; ox <= ox_hi; ox++) {
+                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0),
+                                 a->dt, run);
+                        for (j = 0; j < run; j++) acc[k + j] += t[j] / size;
+                    }
+            }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
+        }
+    }
+}
+
+static void mp__cpu_avg_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__avg_args a;
+    a.out = y, a.in = x, a.outt = a.dt = dt, a.g = g;
+    mp__parallel_items(mp__pool_of(ctx), n * (size_t)g->oh, (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c,
+                       mp__avg_pool_rows, &a);
+}
+
+static void mp__cpu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                                      mp_dtype dt) {
+    mp__avg_args a;
+    a.out = dx, a.in = dy, a.outt = dxt, a.dt = dt, a.g = g;
+    mp__parallel_items(mp__pool_of(ctx), n * (size_t)g->h, (size_t)g->w * (size_t)g->c, mp__avg_pool_backward_rows, &a);
+}
+
 static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
     size_t i;
     (void)ctx;
@@ -6931,6 +7097,14 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
     MP_OP(dropout_mask) mp__cpu_dropout_mask,
     MP_OP(dropout) mp__cpu_dropout,
+    MP_OP(elementwise) mp__cpu_elementwise,
+    MP_OP(copy_cols) mp__cpu_copy_cols,
+    MP_OP(avg_pool) mp__cpu_avg_pool,
+    MP_OP(avg_pool_backward) mp__cpu_avg_pool_backward,
+    MP_OP(batch_norm) NULL, /* the normalizations' ops: not yet on the CPU */
+    MP_OP(batch_norm_backward) NULL,
+    MP_OP(layer_norm) NULL,
+    MP_OP(layer_norm_backward) NULL,
     MP_OP(host_alloc) NULL, /* no staging: the host's memory is the CPU's */
     MP_OP(host_free) NULL,
     MP_OP(host_wait) NULL,

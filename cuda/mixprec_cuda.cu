@@ -475,6 +475,28 @@ static __global__ void mp__k_dropout(void *y, mp_dtype yt, const void *x, mp_dty
     MP__CU_LOOP(i, n) mp__st(y, yt, i, mask[i] ? mp__ld(x, xt, i) * scale : 0.0f);
 }
 
+/* y = a op b in float32, rounded once (mp_backend.elementwise); each thread
+   reads its element before writing it, so y may be a or b. */
+static __global__ void mp__k_elementwise(mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at, const void *b,
+                                         mp_dtype bt, float s, size_t n) {
+    MP__CU_LOOP(i, n) {
+        float v = mp__ld(a, at, i), w = op == MP_EW_SCALE ? s : mp__ld(b, bt, i);
+        mp__st(y, yt, i, op == MP_EW_ADD ? v + w : op == MP_EW_SUBTRACT ? v - w : v * w);
+    }
+}
+
+/* Concatenate's blocks: one thread per element, a raw copy where the
+   dtypes agree (NaN payloads untouched, as the CPU's memcpy), else a cast. */
+template <typename T>
+static __global__ void mp__k_copy_cols(T *dst, size_t dst_stride, const T *src, size_t src_stride, size_t rows, size_t cols) {
+    MP__CU_LOOP(e, rows * cols) dst[e / cols * dst_stride + e % cols] = src[e / cols * src_stride + e % cols];
+}
+
+static __global__ void mp__k_cast_cols(void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                                       size_t src_stride, size_t rows, size_t cols) {
+    MP__CU_LOOP(e, rows * cols) mp__st(dst, dt, e / cols * dst_stride + e % cols, mp__ld(src, st, e / cols * src_stride + e % cols));
+}
+
 /* >>cast stats: mp__scan on the device. Integer atomics only; the order in
    which threads add integers does not change the sum. */
 typedef struct mp__cu_ranges { uint32_t sub_lo, normal_lo, inf_lo; } mp__cu_ranges;
@@ -653,30 +675,81 @@ static __global__ void mp__k_max_pool(void *y, const void *x, size_t n, mp_conv_
     }
 }
 
+/* Input cell e of n NHWC images (padding valid): its image, channel,
+   position, and the windows that hold it, rows [oy_lo, oy_hi] by columns
+   [ox_lo, ox_hi] (empty at a border no window reaches). */
+typedef struct mp__cu_cell {
+    size_t img, ch;
+    int iy, ix, oy_lo, oy_hi, ox_lo, ox_hi;
+} mp__cu_cell;
+
+static __device__ mp__cu_cell mp__cu_cell_of(size_t e, const mp_conv_geom &g) {
+    mp__cu_cell p;
+    size_t q = e / (size_t)g.c;
+    p.ch = e % (size_t)g.c;
+    p.ix = (int)(q % (size_t)g.w);
+    q /= (size_t)g.w;
+    p.iy = (int)(q % (size_t)g.h);
+    p.img = q / (size_t)g.h;
+    p.oy_lo = p.iy < g.kh ? 0 : (p.iy - g.kh) / g.sh + 1;
+    p.ox_lo = p.ix < g.kw ? 0 : (p.ix - g.kw) / g.sw + 1;
+    p.oy_hi = p.iy / g.sh < g.oh - 1 ? p.iy / g.sh : g.oh - 1;
+    p.ox_hi = p.ix / g.sw < g.ow - 1 ? p.ix / g.sw : g.ow - 1;
+    return p;
+}
+
 /* One thread per input cell: the gradient of the window whose maximum it
    is, 0 if none. Where windows overlap, the last in (oy, ox) order decides,
    as the CPU's writes do. */
 static __global__ void mp__k_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n, mp_conv_geom g,
                                         mp_dtype dt) {
     MP__CU_LOOP(e, n * g.h * g.w * g.c) {
-        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c, img;
-        int ix = (int)(q % (size_t)g.w), iy, oy, ox, oy_hi, ox_hi;
+        mp__cu_cell p = mp__cu_cell_of(e, g);
         float out = 0.0f;
-        q /= (size_t)g.w;
-        iy = (int)(q % (size_t)g.h);
-        img = q / (size_t)g.h;
-        oy_hi = iy / g.sh < g.oh - 1 ? iy / g.sh : g.oh - 1;
-        ox_hi = ix / g.sw < g.ow - 1 ? ix / g.sw : g.ow - 1;
-        for (oy = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.sh) / g.sh; oy <= oy_hi; oy++)
-            for (ox = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.sw) / g.sw; ox <= ox_hi; ox++) {
+        int oy, ox;
+        for (oy = p.oy_lo; oy <= p.oy_hi; oy++)
+            for (ox = p.ox_lo; ox <= p.ox_hi; ox++) {
                 float best = 0.0f;
                 int arg = 0;
-                mp__cu_window(x, dt, img, g, oy, ox, ch, &best, &arg);
-                out = arg == (iy - oy * g.sh) * g.kw + (ix - ox * g.sw)
-                          ? mp__ld(dy, dt, mp__cu_nhwc(img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + ch)
+                mp__cu_window(x, dt, p.img, g, oy, ox, p.ch, &best, &arg);
+                out = arg == (p.iy - oy * g.sh) * g.kw + (p.ix - ox * g.sw)
+                          ? mp__ld(dy, dt, mp__cu_nhwc(p.img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + p.ch)
                           : 0.0f;
             }
         mp__st(dx, dxt, e, out);
+    }
+}
+
+/* Average pooling (valid padding), one thread per element, in the CPU's
+   order: the window's float32 sum in (ky, kx) order from 0, divided once
+   by its size; the gradient at a cell the sum of dy / size over the windows
+   holding it, (oy, ox) ascending, from 0. */
+static __global__ void mp__k_avg_pool(void *y, const void *x, size_t n, mp_conv_geom g, mp_dtype dt) {
+    float size = (float)(g.kh * g.kw);
+    MP__CU_LOOP(e, n * g.oh * g.ow * g.c) {
+        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c, img;
+        int ox = (int)(q % (size_t)g.ow), oy, ky, kx;
+        float sum = 0.0f;
+        q /= (size_t)g.ow;
+        oy = (int)(q % (size_t)g.oh);
+        img = q / (size_t)g.oh;
+        for (ky = 0; ky < g.kh; ky++)
+            for (kx = 0; kx < g.kw; kx++)
+                sum += mp__ld(x, dt, mp__cu_nhwc(img, (size_t)(oy * g.sh + ky), (size_t)(ox * g.sw + kx), g.h, g.w, g.c) + ch);
+        mp__st(y, dt, e, sum / size);
+    }
+}
+
+static __global__ void mp__k_avg_pool_backward(void *dx, mp_dtype dxt, const void *dy, size_t n, mp_conv_geom g, mp_dtype dt) {
+    float size = (float)(g.kh * g.kw);
+    MP__CU_LOOP(e, n * g.h * g.w * g.c) {
+        mp__cu_cell p = mp__cu_cell_of(e, g);
+        float sum = 0.0f;
+        int oy, ox;
+        for (oy = p.oy_lo; oy <= p.oy_hi; oy++)
+            for (ox = p.ox_lo; ox <= p.ox_hi; ox++)
+                sum += mp__ld(dy, dt, mp__cu_nhwc(p.img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + p.ch) / size;
+        mp__st(dx, dxt, e, sum);
     }
 }
 
@@ -1365,6 +1438,35 @@ static void mp__cu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dt
     if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout, y, yt, x, xt, mask, n, scale);
 }
 
+static void mp__cu_elementwise(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                               const void *b, mp_dtype bt, float s, size_t n) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_elementwise, op, y, yt, a, at, b, bt, s, n);
+}
+
+static void mp__cu_copy_cols(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                             size_t src_stride, size_t rows, size_t cols) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t n = rows * cols;
+    if (!mp__cu_live(c)) return;
+    if (dt != st) MP__CU_LAUNCH(c, n, mp__k_cast_cols, dst, dt, dst_stride, src, st, src_stride, rows, cols);
+    else if (dt == MP_FLOAT32)
+        MP__CU_LAUNCH(c, n, mp__k_copy_cols<uint32_t>, (uint32_t *)dst, dst_stride, (const uint32_t *)src, src_stride, rows, cols);
+    else MP__CU_LAUNCH(c, n, mp__k_copy_cols<uint16_t>, (uint16_t *)dst, dst_stride, (const uint16_t *)src, src_stride, rows, cols);
+}
+
+static void mp__cu_avg_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n * (size_t)g->oh * (size_t)g->ow * (size_t)g->c, mp__k_avg_pool, y, x, n, *g, dt);
+}
+
+static void mp__cu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                                     mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, n * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_avg_pool_backward, dx, dxt, dy, n, *g, dt);
+}
+
 /* Free device memory (0 if it cannot be queried: fit then sends batches). */
 static size_t mp__cu_free_memory(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
@@ -1413,6 +1515,14 @@ static const mp_backend mp__cu_backend = {
     MP_OP(max_pool_backward) mp__cu_max_pool_backward,
     MP_OP(dropout_mask) mp__cu_dropout_mask,
     MP_OP(dropout) mp__cu_dropout,
+    MP_OP(elementwise) mp__cu_elementwise,
+    MP_OP(copy_cols) mp__cu_copy_cols,
+    MP_OP(avg_pool) mp__cu_avg_pool,
+    MP_OP(avg_pool_backward) mp__cu_avg_pool_backward,
+    MP_OP(batch_norm) NULL, /* the normalizations' ops: not yet on the GPU */
+    MP_OP(batch_norm_backward) NULL,
+    MP_OP(layer_norm) NULL,
+    MP_OP(layer_norm_backward) NULL,
     MP_OP(host_alloc) mp__cu_host_alloc,
     MP_OP(host_free) mp__cu_host_free,
     MP_OP(host_wait) mp__cu_host_wait,

@@ -643,6 +643,67 @@ static void test_dropout(void) {
         }
 }
 
+/* The graph layers' ops: the CPU's bytes, as both compute the same float32
+   operations in the same order (elementwise in place too; Concatenate's
+   blocks both ways; average pooling's window sums and its gradient's sums
+   over overlapping windows). */
+static void test_graph_ops(void) {
+    static const mp_elementwise ops[4] = {MP_EW_ADD, MP_EW_SUBTRACT, MP_EW_MULTIPLY, MP_EW_SCALE};
+    /* h w c kh kw sh sw pt pl oh ow: tiling with a border, overlapping, global over 300 channels */
+    static const mp_conv_geom pools[] = {{7, 9, 5, 2, 2, 2, 2, 0, 0, 3, 4}, {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3},
+                                         {7, 7, 300, 7, 7, 7, 7, 0, 0, 1, 1}};
+    size_t n = 3001, rows = 211, ca = 13, cb = 6, imgs = 3, i, j, k, o;
+    for (o = 0; o < COUNT(ops); o++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (j = 0; j < COUNT(dtypes); j++)
+                for (k = 0; k < COUNT(dtypes); k++) {
+                    arg *a = rand_arg(dtypes[i], n, -300.0f, 300.0f), *b = rand_arg(dtypes[j], n, -300.0f, 300.0f);
+                    arg *y = new_arg(n * dsize(dtypes[k]));
+                    cpu.be->elementwise(cpu.ctx, ops[o], y->host, dtypes[k], a->host, dtypes[i], b->host, dtypes[j], 0.375f, n);
+                    gpu.be->elementwise(gpu.ctx, ops[o], y->dev, dtypes[k], a->dev, dtypes[i], b->dev, dtypes[j], 0.375f, n);
+                    same_bytes("elementwise", y);
+                    cpu.be->elementwise(cpu.ctx, ops[o], a->host, dtypes[i], a->host, dtypes[i], b->host, dtypes[j], 0.375f, n);
+                    gpu.be->elementwise(gpu.ctx, ops[o], a->dev, dtypes[i], a->dev, dtypes[i], b->dev, dtypes[j], 0.375f, n);
+                    same_bytes("elementwise, y == a", a);
+                    free_args();
+                }
+    for (i = 0; i < COUNT(dtypes); i++)
+        for (j = 0; j < COUNT(dtypes); j++) {
+            size_t si = dsize(dtypes[i]), sj = dsize(dtypes[j]);
+            arg *a = rand_arg(dtypes[i], rows * ca, -1.0f, 1.0f), *b = rand_arg(dtypes[i], rows * cb, -1.0f, 1.0f);
+            arg *y = new_arg(rows * (ca + cb) * sj), *back = new_arg(rows * (ca + cb) * si);
+            const side *sides[2] = {&cpu, &gpu};
+            for (k = 0; k < 2; k++) { /* Concatenate([a, b]) in dtypes[j], then its gradient split back */
+                const side *at = sides[k];
+                char *ya = (char *)(k ? y->dev : y->host), *ba = (char *)(k ? back->dev : back->host);
+                at->be->copy_cols(at->ctx, ya, dtypes[j], ca + cb, k ? a->dev : a->host, dtypes[i], ca, rows, ca);
+                at->be->copy_cols(at->ctx, ya + ca * sj, dtypes[j], ca + cb, k ? b->dev : b->host, dtypes[i], cb, rows, cb);
+                at->be->copy_cols(at->ctx, ba, dtypes[i], ca, ya, dtypes[j], ca + cb, rows, ca);
+                at->be->copy_cols(at->ctx, ba + rows * ca * si, dtypes[i], cb, ya + ca * sj, dtypes[j], ca + cb, rows, cb);
+            }
+            same_bytes("copy_cols: concatenate", y);
+            same_bytes("copy_cols: its gradient split", back);
+            free_args();
+        }
+    for (i = 0; i < COUNT(pools); i++)
+        for (j = 0; j < COUNT(dtypes); j++) {
+            const mp_conv_geom *g = &pools[i];
+            size_t in = imgs * (size_t)g->h * (size_t)g->w * (size_t)g->c, out = imgs * (size_t)g->oh * (size_t)g->ow * (size_t)g->c;
+            arg *x = rand_arg(dtypes[j], in, -1.0f, 1.0f), *y = new_arg(out * dsize(dtypes[j]));
+            arg *dy = rand_arg(dtypes[j], out, -1.0f, 1.0f);
+            cpu.be->avg_pool(cpu.ctx, y->host, x->host, imgs, g, dtypes[j]);
+            gpu.be->avg_pool(gpu.ctx, y->dev, x->dev, imgs, g, dtypes[j]);
+            same_bytes("avg_pool", y);
+            for (o = 0; o < COUNT(dtypes); o++) {
+                arg *dx = rand_arg(dtypes[o], in, 7.0f, 8.0f); /* overwritten, uncovered cells too */
+                cpu.be->avg_pool_backward(cpu.ctx, dx->host, dtypes[o], dy->host, imgs, g, dtypes[j]);
+                gpu.be->avg_pool_backward(gpu.ctx, dx->dev, dtypes[o], dy->dev, imgs, g, dtypes[j]);
+                same_bytes("avg_pool_backward", dx);
+            }
+            free_args();
+        }
+}
+
 /* The context's own accounting: blocks come and go, the peak stays. */
 static void test_memory(void) {
     mp_backend_memory a, b, c;
@@ -1344,6 +1405,7 @@ int main(int argc, char **argv) {
     RUN(test_optimizers());
     RUN(test_conv_kernels());
     RUN(test_dropout());
+    RUN(test_graph_ops());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
     RUN(test_loss_scale_trajectory());
