@@ -705,6 +705,7 @@ static mp_model *residual_net(int threads) {
 
 static void test_residual_training(void) {
     enum { N = 96 };
+    static const int image[3] = {8, 8, 1};
     float *x = floats((size_t)N * 64), *w[2] = {NULL, NULL};
     int32_t labels[N];
     float acc[2] = {0, 0};
@@ -725,7 +726,7 @@ static void test_residual_training(void) {
         cd.metrics = MP_METRIC_ACCURACY;
         cd.optimizer.kind = MP_ADAM;
         cd.optimizer.learning_rate = 0.01f;
-        fd.data.x[0] = mp_array_f32(x, N, 3, (int[]){8, 8, 1});
+        fd.data.x[0] = mp_array_f32(x, N, 3, image);
         if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_fit(m, &fd), m)) {
             if (OK(mp_model_evaluate(m, &fd.data, 0, &ev), m)) acc[t] = ev.accuracy;
             w[t] = weights_of(m);
