@@ -6834,15 +6834,21 @@ static void mp__norm_begin(mp__norm_args *a, void *out, mp_dtype outt, const voi
 static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
                               const float *rstd, float *s1, float *s2) {
     float x[MP__TILE], g[MP__TILE], p1[MP__TILE], p2[MP__TILE];
-    size_t r0, r, j, end;
+    size_t r0, r, j, end, es = mp__dtypes[a->dt].size;
+    int ahead = a->rows * a->cols * es >= MP__FAR; /* fetch rows ahead, as the bias gradient */
     for (j = 0; j < len; j++) s1[j] = s2[j] = 0.0f;
     for (r0 = 0; r0 < a->rows; r0 = end) {
         end = mp__min(a->rows, r0 + MP__NORM_ROWS);
         for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
         for (r = r0; r < end; r++) {
+            if (ahead && r + MP__ROWS_AHEAD < a->rows) {
+                mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+                if (what == MP__NORM_SUM_GRAD)
+                    mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+            }
             mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, len);
             if (what == MP__NORM_SUM_X) {
-                for (j = 0; j < len; j++) p1[j] += x[j];
+                mp__add_run(p1, x, len);
             } else if (what == MP__NORM_SUM_DEV2) {
                 for (j = 0; j < len; j++) p1[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
             } else if (mean) {
@@ -6866,7 +6872,9 @@ static void mp__norm_grad_sums(const mp__norm_args *a, size_t c0, size_t len, co
 
 /* A row's sum as a warp sums it (>>rules): acc[MP__NORM_LANES] gets the
    lanes' sums of v[0, n), which starts at a multiple of MP__NORM_LANES of
-   the row; mp__norm_lanes_total combines them (acc is used up). */
+   the row; mp__norm_lanes_total combines them as the butterfly gives lane
+   0 (acc is used up): at distance m, lane l < m adds lane l + m = l ^ m,
+   and the lanes past m, which hold the same sums, are not needed. */
 static void mp__norm_lanes_add(float *acc, const float *v, size_t n) {
     size_t j, l;
     for (j = 0; j + MP__NORM_LANES <= n; j += MP__NORM_LANES)
@@ -6874,12 +6882,9 @@ static void mp__norm_lanes_add(float *acc, const float *v, size_t n) {
     for (l = 0; j + l < n; l++) acc[l] += v[j + l];
 }
 static float mp__norm_lanes_total(float *acc) {
-    float t[MP__NORM_LANES];
     size_t m, l;
-    for (m = MP__NORM_LANES / 2; m > 0; m /= 2) {
-        for (l = 0; l < MP__NORM_LANES; l++) t[l] = acc[l] + acc[l ^ m];
-        memcpy(acc, t, sizeof t);
-    }
+    for (m = MP__NORM_LANES / 2; m > 0; m /= 2)
+        for (l = 0; l < m; l++) acc[l] += acc[l + m];
     return acc[0];
 }
 
