@@ -1629,7 +1629,10 @@ struct mp_backend {
        [cols] then biased variance [cols] (two passes), moving (mean then
        variance) = moving * momentum + stats * (1 - momentum), y from the
        batch's statistics; else y from moving, stats untouched.
-       y = (x - mean) / sqrt(var + epsilon) * gamma + beta. */
+       y = (x - mean) / sqrt(var + epsilon) * gamma + beta. These four ops
+       do nothing where rows or cols is 0; each step's rounding and the
+       order of every sum are >>rules' (mp__norm_*), which the CPU and
+       CUDA backends share bit for bit. */
     void (*batch_norm)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
                        const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
                        int training);
