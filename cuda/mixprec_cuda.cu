@@ -408,6 +408,7 @@ static __global__ void mp__k_colsum_final(void *db, mp_dtype dt, const float *pa
    adds a column's parts in order from 0 (a thread a column: the CPU's
    order, which a tree would change). A row's sums: a warp a row, each
    lane's columns in order, then the xor butterfly (mp__cu_warp_sum). */
+static_assert(MP__NORM_LANES == MP__CU_WARP, "a row's sums take a warp's lanes");
 static __device__ __forceinline__ size_t mp__cu_parts(size_t rows) { return (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS; }
 
 /* what: MP__NORM_SUM_X (x), _DEV2 ((x - mean)^2) or _GRAD (dy xhat, then

@@ -1105,6 +1105,68 @@ static void test_norm_values(void) {
     for (t = 0; t < 3; t++) cpu->destroy(ctx[t]);
 }
 
+/* The order of the sums that mixprec.h fixes for every backend (>>rules),
+   written out here in float32: a batch's statistics summed a column at a
+   time in parts of 256 rows (each part in row order from 0, then the
+   parts in order from 0), a layer's statistics a row at a time as a warp
+   sums it (lane l takes columns l, l + 32, ... in order, then the xor
+   butterfly). The CPU's statistics must have exactly these bits, which
+   the CUDA backend's kernels also give (test_cuda's norms). */
+static float order_column(const norm_in *in, size_t c, float mean, int squares) {
+    float total = 0.0f;
+    size_t r0, r;
+    for (r0 = 0; r0 < in->rows; r0 += 256) {
+        float part = 0.0f;
+        for (r = r0; r < in->rows && r < r0 + 256; r++) {
+            float v = (float)in->xd[r * in->cols + c], d = v - mean, sq = d * d; /* one rounding each */
+            part += squares ? sq : v;
+        }
+        total += part;
+    }
+    return total / (float)in->rows;
+}
+static float order_row(const norm_in *in, size_t r, float mean, int squares) {
+    float lane[32], next[32];
+    size_t j, m;
+    memset(lane, 0, sizeof lane);
+    for (j = 0; j < in->cols; j++) {
+        float v = (float)in->xd[r * in->cols + j], d = v - mean, sq = d * d;
+        lane[j % 32] += squares ? sq : v;
+    }
+    for (m = 16; m > 0; m /= 2) {
+        for (j = 0; j < 32; j++) next[j] = lane[j] + lane[j ^ m];
+        memcpy(lane, next, sizeof lane);
+    }
+    return lane[0] / (float)in->cols;
+}
+static void test_norm_order(void) {
+    static const size_t shapes[][2] = {{600, 70}, {3, 300}, {1000, 1}};
+    void *ctx = NULL;
+    size_t s, i, wrong = 0;
+    int d;
+    if (!CHECK(cpu->create(&ctx, 2, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (d = 0; d < 3; d++) {
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], (mp_dtype)d);
+            norm_out o = norm_run(cpu, ctx, as_is, &in, MP_FLOAT32);
+            float want[2];
+            for (i = 0; i < in.cols; i++) {
+                want[0] = order_column(&in, i, 0.0f, 0);
+                want[1] = order_column(&in, i, want[0], 1);
+                wrong += memcmp(&want[0], &o.bn_stats[i], 4) != 0 || memcmp(&want[1], &o.bn_stats[in.cols + i], 4) != 0;
+            }
+            for (i = 0; i < in.rows; i++) {
+                want[0] = order_row(&in, i, 0.0f, 0);
+                want[1] = 1.0f / sqrtf(order_row(&in, i, want[0], 1) + NORM_EPSILON);
+                wrong += memcmp(want, &o.ln_stats[2 * i], 8) != 0;
+            }
+            norm_out_free(&o);
+            norm_free(&in);
+        }
+    CHECK_EQ(wrong, 0);
+    cpu->destroy(ctx);
+}
+
 /* sum(dy y) in double for BatchNormalization in training (bn) or
    LayerNormalization, x and y float32. */
 static double norm_loss(void *ctx, const norm_in *in, int bn) {
@@ -1184,6 +1246,7 @@ int main(int argc, char **argv) {
     RUN(test_loss_values());
     RUN(test_norm_values());
     RUN(test_norm_finite_differences());
+    RUN(test_norm_order());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
