@@ -401,6 +401,137 @@ static __global__ void mp__k_colsum_final(void *db, mp_dtype dt, const float *pa
     }
 }
 
+/* >>normalization kernels: BatchNormalization and LayerNormalization in
+   mixprec.h's order of sums (>>rules, mp__norm_*), so that they give the
+   CPU backend's bits. Column sums: mp__k_norm_parts sums each part of
+   MP__NORM_ROWS rows of a column in row order from 0, mp__k_norm_final
+   adds a column's parts in order from 0 (a thread a column: the CPU's
+   order, which a tree would change). A row's sums: a warp a row, each
+   lane's columns in order, then the xor butterfly (mp__cu_warp_sum). */
+static_assert(MP__NORM_LANES == MP__CU_WARP, "a row's sums take a warp's lanes");
+static __device__ __forceinline__ size_t mp__cu_parts(size_t rows) { return (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS; }
+
+/* what: MP__NORM_SUM_X (x), _DEV2 ((x - mean)^2) or _GRAD (dy xhat, then
+   dy into part + parts * cols). stats: the columns' mean then var
+   (BatchNormalization), or per_row: (mean, rstd) per row (LayerNormalization). */
+static __global__ void mp__k_norm_parts(float *part, int what, const void *x, const void *dy, mp_dtype dt, size_t rows,
+                                        size_t cols, const float *stats, int per_row, float epsilon) {
+    size_t parts = mp__cu_parts(rows);
+    MP__CU_LOOP(i, parts * cols) {
+        size_t j = i % cols, r = i / cols * MP__NORM_ROWS, end = r + MP__NORM_ROWS;
+        float s1 = 0.0f, s2 = 0.0f, mean = 0.0f, rstd = 0.0f;
+        if (end > rows) end = rows;
+        if (what != MP__NORM_SUM_X && !per_row) mean = stats[j];
+        if (what == MP__NORM_SUM_GRAD && !per_row) rstd = mp__norm_rstd(stats[cols + j], epsilon);
+        for (; r < end; r++) {
+            float v = mp__ld(x, dt, r * cols + j);
+            if (what == MP__NORM_SUM_X) {
+                s1 += v;
+            } else if (what == MP__NORM_SUM_DEV2) {
+                s1 += (v - mean) * (v - mean);
+            } else {
+                float g = mp__ld(dy, dt, r * cols + j);
+                if (per_row) mean = stats[2 * r], rstd = stats[2 * r + 1];
+                s1 += g * mp__norm_xhat(v, mean, rstd);
+                s2 += g;
+            }
+        }
+        part[i] = s1;
+        if (what == MP__NORM_SUM_GRAD) part[parts * cols + i] = s2;
+    }
+}
+
+/* A column's parts added in order: SUM_X gives stats' mean, DEV2 its
+   variance and the moving update of both; GRAD sums[cols] and
+   sums[cols + j] (dgamma, dbeta). */
+static __global__ void mp__k_norm_final(const float *part, int what, size_t rows, size_t cols, float *stats, float *moving,
+                                        float momentum, float *sums) {
+    size_t parts = mp__cu_parts(rows);
+    MP__CU_LOOP(j, cols) {
+        float s1 = 0.0f, s2 = 0.0f;
+        for (size_t p = 0; p < parts; p++) {
+            s1 += part[p * cols + j];
+            if (what == MP__NORM_SUM_GRAD) s2 += part[(parts + p) * cols + j];
+        }
+        if (what == MP__NORM_SUM_X) {
+            stats[j] = mp__norm_mean(s1, rows);
+        } else if (what == MP__NORM_SUM_DEV2) {
+            float var = mp__norm_mean(s1, rows);
+            stats[cols + j] = var;
+            moving[j] = mp__norm_moving(moving[j], stats[j], momentum);
+            moving[cols + j] = mp__norm_moving(moving[cols + j], var, momentum);
+        } else {
+            sums[j] = s1;
+            sums[cols + j] = s2;
+        }
+    }
+}
+
+/* BatchNormalization's y from the columns' mean then var in mv. */
+static __global__ void mp__k_bn_y(void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t n, size_t cols,
+                                  const float *gamma_beta, const float *mv, float epsilon) {
+    MP__CU_LOOP(i, n) {
+        size_t j = i % cols;
+        float rstd = mp__norm_rstd(mv[cols + j], epsilon);
+        mp__st(y, yt, i, mp__norm_y(mp__norm_xhat(mp__ld(x, dt, i), mv[j], rstd), gamma_beta[j], gamma_beta[cols + j]));
+    }
+}
+
+/* BatchNormalization's dx from the column sums (dgamma then dbeta). */
+static __global__ void mp__k_bn_dx(void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt, size_t rows,
+                                   size_t cols, const float *gamma_beta, const float *stats, float epsilon,
+                                   const float *sums) {
+    MP__CU_LOOP(i, rows * cols) {
+        size_t j = i % cols;
+        float rstd = mp__norm_rstd(stats[cols + j], epsilon), k = gamma_beta[j] * rstd;
+        float xhat = mp__norm_xhat(mp__ld(x, dt, i), stats[j], rstd);
+        mp__st(dx, dxt, i, mp__norm_dx(k, mp__ld(dy, dt, i), xhat, mp__norm_mean(sums[cols + j], rows),
+                                       mp__norm_mean(sums[j], rows)));
+    }
+}
+
+/* LayerNormalization, a warp a row: mean, variance, rstd, then y. */
+static __global__ void mp__k_ln(void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                                const float *gamma_beta, float epsilon, float *stats) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
+        size_t base = r * cols, j;
+        float s = 0.0f, mean, rstd;
+        for (j = lane; j < cols; j += MP__CU_WARP) s += mp__ld(x, dt, base + j);
+        mean = mp__norm_mean(mp__cu_warp_sum(s), cols);
+        s = 0.0f;
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float v = mp__ld(x, dt, base + j);
+            s += (v - mean) * (v - mean);
+        }
+        rstd = mp__norm_rstd(mp__norm_mean(mp__cu_warp_sum(s), cols), epsilon);
+        if (lane == 0) stats[2 * r] = mean, stats[2 * r + 1] = rstd;
+        for (j = lane; j < cols; j += MP__CU_WARP)
+            mp__st(y, yt, base + j,
+                   mp__norm_y(mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd), gamma_beta[j], gamma_beta[cols + j]));
+    }
+}
+
+/* LayerNormalization's dx, a warp a row: the means of g = dy gamma and of
+   g xhat, then dx. */
+static __global__ void mp__k_ln_dx(void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt, size_t rows,
+                                   size_t cols, const float *gamma_beta, const float *stats) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
+        size_t base = r * cols, j;
+        float mean = stats[2 * r], rstd = stats[2 * r + 1], sg = 0.0f, sgx = 0.0f, mg, mgx;
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float g = mp__ld(dy, dt, base + j) * gamma_beta[j];
+            sg += g;
+            sgx += g * mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd);
+        }
+        mg = mp__norm_mean(mp__cu_warp_sum(sg), cols);
+        mgx = mp__norm_mean(mp__cu_warp_sum(sgx), cols);
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float g = mp__ld(dy, dt, base + j) * gamma_beta[j];
+            mp__st(dx, dxt, base + j, mp__norm_dx(rstd, g, mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd), mg, mgx));
+        }
+    }
+}
+
 /* A product's float32 result d (NULL: k was 0) into C: + C, + bias (in
    biast), the pre-activation, the activation, one rounding (mp__epilogue). */
 static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int accumulate, const void *bias,
@@ -1465,6 +1596,57 @@ static void mp__cu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const vo
     mp__cu *c = mp__cu_of(ctx);
     if (mp__cu_live(c))
         MP__CU_LAUNCH(c, n * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_avg_pool_backward, dx, dxt, dy, n, *g, dt);
+/* The column sums of what (MP__NORM_SUM_*) in two launches, reading the
+   statistics in `in`, writing what mp__k_norm_final writes; the parts in
+   the scratch (parts * cols <= rows * cols floats, two sets for GRAD). */
+static void mp__cu_norm_sums(mp__cu *c, int what, const void *x, const void *dy, mp_dtype dt, size_t rows, size_t cols,
+                             const float *in, int per_row, float epsilon, float *stats, float *moving, float momentum,
+                             float *sums) {
+    size_t parts = (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS, sets = what == MP__NORM_SUM_GRAD ? 2 : 1;
+    float *part = (float *)mp__cu_grow(c, &c->rows, sets * parts * cols * sizeof(float));
+    if (!part) return;
+    MP__CU_LAUNCH(c, parts * cols, mp__k_norm_parts, part, what, x, dy, dt, rows, cols, in, per_row, epsilon);
+    MP__CU_LAUNCH(c, cols, mp__k_norm_final, (const float *)part, what, rows, cols, stats, moving, momentum, sums);
+}
+
+static void mp__cu_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                              const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                              int training) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    if (training) {
+        mp__cu_norm_sums(c, MP__NORM_SUM_X, x, NULL, dt, rows, cols, stats, 0, epsilon, stats, moving, momentum, NULL);
+        mp__cu_norm_sums(c, MP__NORM_SUM_DEV2, x, NULL, dt, rows, cols, stats, 0, epsilon, stats, moving, momentum, NULL);
+    }
+    MP__CU_LAUNCH(c, rows * cols, mp__k_bn_y, y, yt, x, dt, rows * cols, cols, gamma_beta,
+                  (const float *)(training ? stats : moving), epsilon);
+}
+
+static void mp__cu_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                       size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                       float epsilon, float *dgamma_beta) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    mp__cu_norm_sums(c, MP__NORM_SUM_GRAD, x, dy, dt, rows, cols, stats, 0, epsilon, NULL, NULL, 0.0f, dgamma_beta);
+    if (dx)
+        MP__CU_LAUNCH(c, rows * cols, mp__k_bn_dx, dx, dxt, dy, x, dt, rows, cols, gamma_beta, stats, epsilon,
+                      (const float *)dgamma_beta);
+}
+
+static void mp__cu_layer_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                              const float *gamma_beta, float epsilon, float *stats) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (rows && cols && mp__cu_live(c))
+        MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_ln, y, yt, x, dt, rows, cols, gamma_beta, epsilon, stats);
+}
+
+static void mp__cu_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                       size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                       float *dgamma_beta) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    mp__cu_norm_sums(c, MP__NORM_SUM_GRAD, x, dy, dt, rows, cols, stats, 1, 0.0f, NULL, NULL, 0.0f, dgamma_beta);
+    if (dx) MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_ln_dx, dx, dxt, dy, x, dt, rows, cols, gamma_beta, stats);
 }
 
 /* Free device memory (0 if it cannot be queried: fit then sends batches). */
@@ -1519,10 +1701,10 @@ static const mp_backend mp__cu_backend = {
     MP_OP(copy_cols) mp__cu_copy_cols,
     MP_OP(avg_pool) mp__cu_avg_pool,
     MP_OP(avg_pool_backward) mp__cu_avg_pool_backward,
-    MP_OP(batch_norm) NULL, /* the normalizations' ops: not yet on the GPU */
-    MP_OP(batch_norm_backward) NULL,
-    MP_OP(layer_norm) NULL,
-    MP_OP(layer_norm_backward) NULL,
+    MP_OP(batch_norm) mp__cu_batch_norm,
+    MP_OP(batch_norm_backward) mp__cu_batch_norm_backward,
+    MP_OP(layer_norm) mp__cu_layer_norm,
+    MP_OP(layer_norm_backward) mp__cu_layer_norm_backward,
     MP_OP(host_alloc) mp__cu_host_alloc,
     MP_OP(host_free) mp__cu_host_free,
     MP_OP(host_wait) mp__cu_host_wait,

@@ -131,6 +131,30 @@ static void r_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *d
                                 mp_dtype dt) {
     cpu->avg_pool_backward(ctx, real(dx), dxt, real(dy), n, g, dt);
 }
+static void r_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                         const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                         int training) {
+    cpu->batch_norm(ctx, real(y), yt, real(x), dt, rows, cols, (const float *)real(gamma_beta), (float *)real(stats),
+                    (float *)real(moving), momentum, epsilon, training);
+}
+static void r_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                  size_t rows, size_t cols, const float *gamma_beta, const float *stats, float epsilon,
+                                  float *dgamma_beta) {
+    cpu->batch_norm_backward(ctx, real(dx), dxt, real(dy), real(x), dt, rows, cols, (const float *)real(gamma_beta),
+                             (const float *)real(stats), epsilon, (float *)real(dgamma_beta));
+}
+static void r_layer_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                         const float *gamma_beta, float epsilon, float *stats) {
+    cpu->layer_norm(ctx, real(y), yt, real(x), dt, rows, cols, (const float *)real(gamma_beta), epsilon,
+                    (float *)real(stats));
+}
+static void r_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                  size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                  float *dgamma_beta) {
+    cpu->layer_norm_backward(ctx, real(dx), dxt, real(dy), real(x), dt, rows, cols, (const float *)real(gamma_beta),
+                             (const float *)real(stats), (float *)real(dgamma_beta));
+}
+
 /* Staging memory: plain host memory here (copies run at once), counted. */
 static void *r_host_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -198,10 +222,10 @@ static const mp_backend remote = {
     MP_OP(copy_cols) r_copy_cols,
     MP_OP(avg_pool) r_avg_pool,
     MP_OP(avg_pool_backward) r_avg_pool_backward,
-    MP_OP(batch_norm) NULL, /* the normalizations' ops: the CPU has none yet */
-    MP_OP(batch_norm_backward) NULL,
-    MP_OP(layer_norm) NULL,
-    MP_OP(layer_norm_backward) NULL,
+    MP_OP(batch_norm) r_batch_norm,
+    MP_OP(batch_norm_backward) r_batch_norm_backward,
+    MP_OP(layer_norm) r_layer_norm,
+    MP_OP(layer_norm_backward) r_layer_norm_backward,
     MP_OP(host_alloc) r_host_alloc,
     MP_OP(host_free) r_host_free,
     MP_OP(host_wait) r_host_wait,
@@ -1220,6 +1244,351 @@ static void test_validation_data_on_device(void) {
     mp_model_destroy(b);
 }
 
+/* >>normalization ops: batch_norm, layer_norm and their backward passes
+   against plain double-precision references (Keras 3's formulas), by
+   finite differences, across thread counts and through the remote table. */
+typedef struct norm_in {
+    size_t rows, cols;
+    mp_dtype dt;
+    void *x, *dy;     /* in dt */
+    double *xd, *dyd; /* as the ops read them */
+    float *gb;        /* gamma[cols] then beta[cols] */
+    float *moving0;   /* moving mean[cols] then variance[cols] */
+} norm_in;
+
+static norm_in norm_make(size_t rows, size_t cols, mp_dtype dt) {
+    norm_in in;
+    size_t i, n = rows * cols;
+    in.rows = rows, in.cols = cols, in.dt = dt;
+    in.x = zalloc(n * 4), in.dy = zalloc(n * 4), in.xd = (double *)zalloc(n * sizeof(double));
+    in.dyd = (double *)zalloc(n * sizeof(double)), in.gb = floats(2 * cols), in.moving0 = floats(2 * cols);
+    for (i = 0; i < n; i++) { /* each column its own offset and spread: means far from 0 */
+        size_t c = i % cols;
+        put(in.x, dt, i, uniform(-2.0f, 3.0f) * (float)(1 + c % 3) + (float)(c % 5));
+        put(in.dy, dt, i, uniform(-1.0f, 1.0f));
+        in.xd[i] = get(in.x, dt, i), in.dyd[i] = get(in.dy, dt, i);
+    }
+    for (i = 0; i < cols; i++) {
+        in.gb[i] = uniform(0.5f, 1.5f), in.gb[cols + i] = uniform(-0.5f, 0.5f);
+        in.moving0[i] = uniform(-1.0f, 1.0f), in.moving0[cols + i] = uniform(0.5f, 2.0f);
+    }
+    return in;
+}
+
+static void norm_free(norm_in *in) {
+    free(in->x), free(in->dy), free(in->xd), free(in->dyd), free(in->gb), free(in->moving0);
+}
+
+/* What the ops left: BatchNormalization trained (y, stats, moving), its
+   backward (dx, dgamma_beta; again with dx NULL), in inference (y; stats
+   and moving there must stay as they were), LayerNormalization likewise. */
+typedef struct norm_out {
+    void *bn_y, *bn_dx, *inf_y, *ln_y, *ln_dx; /* in yt */
+    float *bn_stats, *moving, *bn_dgb, *bn_dgb_alone, *inf_stats, *inf_moving, *ln_stats, *ln_dgb, *ln_dgb_alone;
+} norm_out;
+
+static const float NORM_MOMENTUM = 0.9f, NORM_EPSILON = 1e-3f;
+
+static void *as_is(void *p) { return p; }
+
+/* Every op once on backend be (ctx); map turns host pointers into be's. */
+static norm_out norm_run(const mp_backend *be, void *ctx, void *(*map)(void *), const norm_in *in, mp_dtype yt) {
+    norm_out o;
+    size_t rows = in->rows, cols = in->cols, n = rows * cols, i;
+    mp_dtype dt = in->dt;
+    void *x = map(in->x), *dy = map(in->dy);
+    const float *gb = (const float *)map(in->gb);
+    o.bn_y = zalloc(n * 4), o.bn_dx = zalloc(n * 4), o.inf_y = zalloc(n * 4), o.ln_y = zalloc(n * 4);
+    o.ln_dx = zalloc(n * 4), o.bn_stats = floats(2 * cols), o.moving = floats(2 * cols), o.bn_dgb = floats(2 * cols);
+    o.bn_dgb_alone = floats(2 * cols), o.inf_stats = floats(2 * cols), o.inf_moving = floats(2 * cols);
+    o.ln_stats = floats(2 * rows), o.ln_dgb = floats(2 * cols), o.ln_dgb_alone = floats(2 * cols);
+    memcpy(o.moving, in->moving0, 2 * cols * sizeof(float));
+    memcpy(o.inf_moving, in->moving0, 2 * cols * sizeof(float));
+    for (i = 0; i < 2 * cols; i++) o.inf_stats[i] = 12345.0f;
+    be->batch_norm(ctx, map(o.bn_y), yt, x, dt, rows, cols, gb, (float *)map(o.bn_stats), (float *)map(o.moving),
+                   NORM_MOMENTUM, NORM_EPSILON, 1);
+    be->batch_norm_backward(ctx, map(o.bn_dx), yt, dy, x, dt, rows, cols, gb, (const float *)map(o.bn_stats),
+                            NORM_EPSILON, (float *)map(o.bn_dgb));
+    be->batch_norm_backward(ctx, NULL, yt, dy, x, dt, rows, cols, gb, (const float *)map(o.bn_stats), NORM_EPSILON,
+                            (float *)map(o.bn_dgb_alone));
+    be->batch_norm(ctx, map(o.inf_y), yt, x, dt, rows, cols, gb, (float *)map(o.inf_stats), (float *)map(o.inf_moving),
+                   NORM_MOMENTUM, NORM_EPSILON, 0);
+    be->layer_norm(ctx, map(o.ln_y), yt, x, dt, rows, cols, gb, NORM_EPSILON, (float *)map(o.ln_stats));
+    be->layer_norm_backward(ctx, map(o.ln_dx), yt, dy, x, dt, rows, cols, gb, (const float *)map(o.ln_stats),
+                            (float *)map(o.ln_dgb));
+    be->layer_norm_backward(ctx, NULL, yt, dy, x, dt, rows, cols, gb, (const float *)map(o.ln_stats),
+                            (float *)map(o.ln_dgb_alone));
+    return o;
+}
+
+static void norm_out_free(norm_out *o) {
+    free(o->bn_y), free(o->bn_dx), free(o->inf_y), free(o->ln_y), free(o->ln_dx), free(o->bn_stats), free(o->moving);
+    free(o->bn_dgb), free(o->bn_dgb_alone), free(o->inf_stats), free(o->inf_moving), free(o->ln_stats);
+    free(o->ln_dgb), free(o->ln_dgb_alone);
+}
+
+/* Whether two runs left the same bytes everywhere (one check). */
+static int norm_same(const norm_in *in, mp_dtype yt, const norm_out *a, const norm_out *b) {
+    size_t n = in->rows * in->cols * dsize(yt), c = 2 * in->cols * sizeof(float);
+    return CHECK(memcmp(a->bn_y, b->bn_y, n) == 0 && memcmp(a->bn_dx, b->bn_dx, n) == 0 &&
+                 memcmp(a->inf_y, b->inf_y, n) == 0 && memcmp(a->ln_y, b->ln_y, n) == 0 &&
+                 memcmp(a->ln_dx, b->ln_dx, n) == 0 && memcmp(a->bn_stats, b->bn_stats, c) == 0 &&
+                 memcmp(a->moving, b->moving, c) == 0 && memcmp(a->bn_dgb, b->bn_dgb, c) == 0 &&
+                 memcmp(a->ln_dgb, b->ln_dgb, c) == 0 &&
+                 memcmp(a->ln_stats, b->ln_stats, in->rows * 2 * sizeof(float)) == 0);
+}
+
+/* The element of group g (a column for BatchNormalization, a row for
+   LayerNormalization), member m. */
+static size_t norm_at(const norm_in *in, int per_row, size_t g, size_t m) {
+    return per_row ? g * in->cols + m : m * in->cols + g;
+}
+
+/* Each group's mean and biased variance in double. */
+static void ref_moments(const norm_in *in, int per_row, double *mean, double *var) {
+    size_t groups = per_row ? in->rows : in->cols, count = per_row ? in->cols : in->rows, g, m;
+    for (g = 0; g < groups; g++) {
+        double s = 0.0, v = 0.0;
+        for (m = 0; m < count; m++) s += in->xd[norm_at(in, per_row, g, m)];
+        mean[g] = s / (double)count;
+        for (m = 0; m < count; m++) v += (in->xd[norm_at(in, per_row, g, m)] - mean[g]) * (in->xd[norm_at(in, per_row, g, m)] - mean[g]);
+        var[g] = v / (double)count;
+    }
+}
+
+/* y = (x - mean) / sqrt(var + eps) gamma + beta, and the closed-form
+   gradient of sum(dy y): dgamma = sum dy xhat, dbeta = sum dy over the
+   rows; dx = k (g - mean(g) - xhat mean(g xhat)) over the group, with
+   k = gamma rstd and g = dy (BatchNormalization), k = rstd and g = dy
+   gamma (LayerNormalization). */
+static void ref_norm(const norm_in *in, int per_row, const double *mean, const double *var, double *y, double *dx,
+                     double *dgb) {
+    size_t groups = per_row ? in->rows : in->cols, count = per_row ? in->cols : in->rows, g, m, cols = in->cols;
+    memset(dgb, 0, 2 * cols * sizeof(double));
+    for (g = 0; g < groups; g++) {
+        double rstd = 1.0 / sqrt(var[g] + (double)NORM_EPSILON), mg = 0.0, mgx = 0.0;
+        for (m = 0; m < count; m++) {
+            size_t i = norm_at(in, per_row, g, m), c = i % cols;
+            double xhat = (in->xd[i] - mean[g]) * rstd, gi = per_row ? in->dyd[i] * in->gb[c] : in->dyd[i];
+            y[i] = xhat * in->gb[c] + in->gb[cols + c];
+            dgb[c] += in->dyd[i] * xhat, dgb[cols + c] += in->dyd[i];
+            mg += gi / (double)count, mgx += gi * xhat / (double)count;
+        }
+        for (m = 0; m < count; m++) {
+            size_t i = norm_at(in, per_row, g, m), c = i % cols;
+            double xhat = (in->xd[i] - mean[g]) * rstd, gi = per_row ? in->dyd[i] * in->gb[c] : in->dyd[i];
+            dx[i] = (per_row ? rstd : in->gb[c] * rstd) * (gi - mg - xhat * mgx);
+        }
+    }
+}
+
+static int near(double got, double want, double atol, double rtol) { return fabs(got - want) <= atol + rtol * fabs(want); }
+/* a result rounded once into t: half an ulp of t relative, with float32's own error */
+static double norm_rtol(mp_dtype t) { return t == MP_FLOAT32 ? 1e-5 : t == MP_FLOAT16 ? 1.0 / 1024 : 1.0 / 128; }
+
+/* How many of n values in t (or float32: t == MP_DTYPE_COUNT) miss the reference. */
+static size_t norm_misses(const char *what, const void *got, mp_dtype t, const double *want, size_t n, double atol,
+                          double rtol) {
+    size_t i, bad = 0;
+    for (i = 0; i < n; i++) {
+        double g = t == MP_DTYPE_COUNT ? (double)((const float *)got)[i] : (double)get(got, t, i);
+        if (near(g, want[i], atol, rtol)) continue;
+        if (++bad <= 3) fprintf(stderr, "  %s[%zu]: %.9g, want %.9g\n", what, i, g, want[i]);
+    }
+    return bad;
+}
+
+/* The outputs against the references (mixed dtypes: x in in->dt, y in yt). */
+static void norm_check(const norm_in *in, mp_dtype yt, const norm_out *o) {
+    size_t rows = in->rows, cols = in->cols, n = rows * cols, c, r, bad = 0;
+    double *mean = (double *)zalloc((rows + cols) * sizeof(double)), *var = (double *)zalloc((rows + cols) * sizeof(double));
+    double *y = (double *)zalloc(n * sizeof(double)), *dx = (double *)zalloc(n * sizeof(double));
+    double *dgb = (double *)zalloc(2 * cols * sizeof(double)), *want = (double *)zalloc(2 * (rows + cols) * sizeof(double));
+    double out_tol = norm_rtol(yt), sum_atol = 1e-5 * (double)rows;
+    /* BatchNormalization, training: the batch's moments, Keras's moving update */
+    ref_moments(in, 0, mean, var);
+    for (c = 0; c < cols; c++) want[c] = mean[c], want[cols + c] = var[c];
+    bad += norm_misses("bn stats", o->bn_stats, MP_DTYPE_COUNT, want, 2 * cols, 1e-6, 1e-5);
+    for (c = 0; c < 2 * cols; c++)
+        want[c] = (double)in->moving0[c] * NORM_MOMENTUM + want[c] * (1.0 - (double)NORM_MOMENTUM);
+    bad += norm_misses("moving", o->moving, MP_DTYPE_COUNT, want, 2 * cols, 1e-6, 1e-5);
+    ref_norm(in, 0, mean, var, y, dx, dgb);
+    bad += norm_misses("bn y", o->bn_y, yt, y, n, 1e-4, out_tol);
+    bad += norm_misses("bn dx", o->bn_dx, yt, dx, n, 2e-4, out_tol);
+    bad += norm_misses("bn dgamma, dbeta", o->bn_dgb, MP_DTYPE_COUNT, dgb, 2 * cols, sum_atol, 1e-5);
+    CHECK(memcmp(o->bn_dgb, o->bn_dgb_alone, 2 * cols * sizeof(float)) == 0); /* dx NULL: the same sums */
+    /* inference: y from the moving statistics, which stay, as stats */
+    for (c = 0; c < cols; c++) mean[c] = in->moving0[c], var[c] = in->moving0[cols + c];
+    ref_norm(in, 0, mean, var, y, dx, dgb);
+    bad += norm_misses("inference y", o->inf_y, yt, y, n, 1e-4, out_tol);
+    CHECK(memcmp(o->inf_moving, in->moving0, 2 * cols * sizeof(float)) == 0);
+    for (c = 0; c < 2 * cols; c++) bad += o->inf_stats[c] != 12345.0f;
+    /* LayerNormalization: each row's mean and rstd */
+    ref_moments(in, 1, mean, var);
+    for (r = 0; r < rows; r++) want[2 * r] = mean[r], want[2 * r + 1] = 1.0 / sqrt(var[r] + (double)NORM_EPSILON);
+    bad += norm_misses("ln stats", o->ln_stats, MP_DTYPE_COUNT, want, 2 * rows, 1e-6, 1e-5);
+    ref_norm(in, 1, mean, var, y, dx, dgb);
+    bad += norm_misses("ln y", o->ln_y, yt, y, n, 1e-4, out_tol);
+    bad += norm_misses("ln dx", o->ln_dx, yt, dx, n, 2e-4, out_tol);
+    bad += norm_misses("ln dgamma, dbeta", o->ln_dgb, MP_DTYPE_COUNT, dgb, 2 * cols, sum_atol, 1e-5);
+    CHECK(memcmp(o->ln_dgb, o->ln_dgb_alone, 2 * cols * sizeof(float)) == 0);
+    if (bad) fprintf(stderr, "  %zux%zu, %s in, %s out: %zu misses\n", rows, cols, dn(in->dt), dn(yt), bad);
+    CHECK_EQ(bad, 0);
+    free(mean), free(var), free(y), free(dx), free(dgb), free(want);
+}
+
+/* Every op on every dtype in (the output in each dtype in turn) against
+   the references; on 1, 2 and 3 threads and through the remote table the
+   same bytes. Shapes: one row (BatchNormalization's variance 0: y = beta,
+   dx = 0), one column (LayerNormalization's likewise), columns past the
+   CPU's tile of 256, rows past a part of 256, batches the pool splits by
+   columns and by rows. */
+static void test_norm_values(void) {
+    static const size_t shapes[][2] = {{1, 5}, {7, 1}, {300, 33}, {600, 300}, {7000, 10}};
+    void *ctx[3] = {NULL, NULL, NULL};
+    size_t s, t;
+    int d;
+    for (t = 0; t < 3; t++)
+        if (!CHECK(cpu->create(&ctx[t], (int)t + 1, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (d = 0; d < 3; d++) {
+            mp_dtype dt = (mp_dtype)d, yt = (mp_dtype)((d + s) % 3);
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], dt);
+            norm_out o[3], via_remote;
+            for (t = 0; t < 3; t++) o[t] = norm_run(cpu, ctx[t], as_is, &in, yt);
+            norm_check(&in, yt, &o[0]);
+            norm_same(&in, yt, &o[0], &o[1]);
+            norm_same(&in, yt, &o[0], &o[2]);
+            via_remote = norm_run(&remote, ctx[0], fake, &in, yt);
+            norm_same(&in, yt, &o[0], &via_remote);
+            for (t = 0; t < 3; t++) norm_out_free(&o[t]);
+            norm_out_free(&via_remote);
+            norm_free(&in);
+        }
+    for (t = 0; t < 3; t++) cpu->destroy(ctx[t]);
+}
+
+/* The order of the sums that mixprec.h fixes for every backend (>>rules),
+   written out here in float32: a batch's statistics summed a column at a
+   time in parts of 256 rows (each part in row order from 0, then the
+   parts in order from 0), a layer's statistics a row at a time as a warp
+   sums it (lane l takes columns l, l + 32, ... in order, then the xor
+   butterfly). The CPU's statistics must have exactly these bits, which
+   the CUDA backend's kernels also give (test_cuda's norms). */
+static float order_column(const norm_in *in, size_t c, float mean, int squares) {
+    float total = 0.0f;
+    size_t r0, r;
+    for (r0 = 0; r0 < in->rows; r0 += 256) {
+        float part = 0.0f;
+        for (r = r0; r < in->rows && r < r0 + 256; r++) {
+            float v = (float)in->xd[r * in->cols + c], d = v - mean, sq = d * d; /* one rounding each */
+            part += squares ? sq : v;
+        }
+        total += part;
+    }
+    return total / (float)in->rows;
+}
+static float order_row(const norm_in *in, size_t r, float mean, int squares) {
+    float lane[32], next[32];
+    size_t j, m;
+    memset(lane, 0, sizeof lane);
+    for (j = 0; j < in->cols; j++) {
+        float v = (float)in->xd[r * in->cols + j], d = v - mean, sq = d * d;
+        lane[j % 32] += squares ? sq : v;
+    }
+    for (m = 16; m > 0; m /= 2) {
+        for (j = 0; j < 32; j++) next[j] = lane[j] + lane[j ^ m];
+        memcpy(lane, next, sizeof lane);
+    }
+    return lane[0] / (float)in->cols;
+}
+static void test_norm_order(void) {
+    static const size_t shapes[][2] = {{600, 70}, {3, 300}, {1000, 1}};
+    void *ctx = NULL;
+    size_t s, i, wrong = 0;
+    int d;
+    if (!CHECK(cpu->create(&ctx, 2, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (d = 0; d < 3; d++) {
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], (mp_dtype)d);
+            norm_out o = norm_run(cpu, ctx, as_is, &in, MP_FLOAT32);
+            float want[2];
+            for (i = 0; i < in.cols; i++) {
+                want[0] = order_column(&in, i, 0.0f, 0);
+                want[1] = order_column(&in, i, want[0], 1);
+                wrong += memcmp(&want[0], &o.bn_stats[i], 4) != 0 || memcmp(&want[1], &o.bn_stats[in.cols + i], 4) != 0;
+            }
+            for (i = 0; i < in.rows; i++) {
+                want[0] = order_row(&in, i, 0.0f, 0);
+                want[1] = 1.0f / sqrtf(order_row(&in, i, want[0], 1) + NORM_EPSILON);
+                wrong += memcmp(want, &o.ln_stats[2 * i], 8) != 0;
+            }
+            norm_out_free(&o);
+            norm_free(&in);
+        }
+    CHECK_EQ(wrong, 0);
+    cpu->destroy(ctx);
+}
+
+/* sum(dy y) in double for BatchNormalization in training (bn) or
+   LayerNormalization, x and y float32. */
+static double norm_loss(void *ctx, const norm_in *in, int bn) {
+    size_t n = in->rows * in->cols, i;
+    float *y = floats(n), *stats = floats(2 * (in->rows + in->cols)), *moving = floats(2 * in->cols);
+    double loss = 0.0;
+    if (bn) cpu->batch_norm(ctx, y, MP_FLOAT32, in->x, MP_FLOAT32, in->rows, in->cols, in->gb, stats, moving,
+                            NORM_MOMENTUM, NORM_EPSILON, 1);
+    else cpu->layer_norm(ctx, y, MP_FLOAT32, in->x, MP_FLOAT32, in->rows, in->cols, in->gb, NORM_EPSILON, stats);
+    for (i = 0; i < n; i++) loss += in->dyd[i] * (double)y[i];
+    free(y), free(stats), free(moving);
+    return loss;
+}
+
+/* The central difference of norm_loss in *v (h either side). */
+static double norm_slope(void *ctx, const norm_in *in, int bn, float *v) {
+    const float h = 1e-2f;
+    float keep = *v;
+    double up, down;
+    *v = keep + h;
+    up = norm_loss(ctx, in, bn);
+    *v = keep - h;
+    down = norm_loss(ctx, in, bn);
+    *v = keep;
+    return (up - down) / (double)(2.0f * h);
+}
+
+/* dx, dgamma and dbeta of both layers against central differences of the
+   scalar loss sum(dy y), in float32, every element of small batches. */
+static void test_norm_finite_differences(void) {
+    static const size_t shapes[][2] = {{6, 3}, {1, 4}, {5, 1}, {4, 37}};
+    void *ctx = NULL;
+    size_t s, i;
+    int bn;
+    if (!CHECK(cpu->create(&ctx, 1, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (bn = 0; bn <= 1; bn++) {
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], MP_FLOAT32);
+            norm_out o = norm_run(cpu, ctx, as_is, &in, MP_FLOAT32);
+            size_t n = in.rows * in.cols, bad = 0;
+            const float *dx = (const float *)(bn ? o.bn_dx : o.ln_dx), *dgb = bn ? o.bn_dgb : o.ln_dgb;
+            for (i = 0; i < n; i++) {
+                double fd = norm_slope(ctx, &in, bn, (float *)in.x + i);
+                if (!near(dx[i], fd, 2e-3, 1e-2) && ++bad <= 3)
+                    fprintf(stderr, "  %s dx[%zu] %.7g, finite difference %.7g\n", bn ? "bn" : "ln", i, (double)dx[i], fd);
+            }
+            for (i = 0; i < 2 * in.cols; i++) {
+                double fd = norm_slope(ctx, &in, bn, in.gb + i);
+                if (!near(dgb[i], fd, 2e-3, 1e-2) && ++bad <= 3)
+                    fprintf(stderr, "  %s dgamma_beta[%zu] %.7g, finite difference %.7g\n", bn ? "bn" : "ln", i,
+                            (double)dgb[i], fd);
+            }
+            CHECK_EQ(bad, 0);
+            norm_out_free(&o);
+            norm_free(&in);
+        }
+    cpu->destroy(ctx);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -1245,6 +1614,9 @@ int main(int argc, char **argv) {
     RUN(test_remote_graph_ops());
     RUN(test_bias_grad_values());
     RUN(test_loss_values());
+    RUN(test_norm_values());
+    RUN(test_norm_finite_differences());
+    RUN(test_norm_order());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());

@@ -3,7 +3,8 @@
    element by element within |gpu - cpu| <= atol + rtol |cpu| (NaN matches
    NaN): zero tolerance where both compute the same float32 operations in
    the same order (casts, optimizers, loss scaling, im2col/col2im, pooling,
-   dropout, column sums of up to 256 rows; the optimizers within 1e-6 when
+   dropout, column sums of up to 256 rows, batch and layer normalisation,
+   whose sums both take in mixprec.h's order; the optimizers within 1e-6 when
    g++ fuses the CPU's a*b + c), a few float32 ulps where CUDA's
    expf/erff/tanhf/logf (2 ulp) replace glibc's, one ulp of the output dtype
    where a 16-bit result is rounded from such a float32, and for products
@@ -702,6 +703,59 @@ static void test_graph_ops(void) {
             }
             free_args();
         }
+/* BatchNormalization and LayerNormalization, forward (training and
+   inference) and backward, dx NULL too: both backends sum in mixprec.h's
+   order (>>rules: a column in parts of 256 rows, a row as a warp's lanes),
+   so every result has the same bits, for every dtype in and out; rows past
+   one part, columns past the CPU's tile of 256 and single rows and columns. */
+static void test_norms(void) {
+    static const size_t shapes[][2] = {{1, 1}, {1, 37}, {600, 70}, {40, 300}};
+    size_t s, i, o;
+    int training;
+    for (s = 0; s < COUNT(shapes); s++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (o = 0; o < COUNT(dtypes); o++) {
+                size_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+                mp_dtype dt = dtypes[i], yt = dtypes[o];
+                arg *x = rand_arg(dt, n, -2.0f, 3.0f), *dy = rand_arg(dt, n, -1.0f, 1.0f);
+                arg *gb = rand_arg(F32, 2 * cols, 0.5f, 1.5f), *moving = rand_arg(F32, 2 * cols, 0.1f, 1.0f);
+                arg *stats = rand_arg(F32, 2 * cols, 0.0f, 1.0f), *ln_stats = rand_arg(F32, 2 * rows, 0.0f, 1.0f);
+                arg *y = rand_arg(yt, n, 0.0f, 1.0f), *dx = rand_arg(yt, n, 0.0f, 1.0f);
+                arg *dgb = rand_arg(F32, 2 * cols, 0.0f, 1.0f);
+                for (training = 0; training <= 1; training++) {
+                    cpu.be->batch_norm(cpu.ctx, y->host, yt, x->host, dt, rows, cols, (const float *)gb->host,
+                                       (float *)stats->host, (float *)moving->host, 0.9f, 1e-3f, training);
+                    gpu.be->batch_norm(gpu.ctx, y->dev, yt, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                       (float *)stats->dev, (float *)moving->dev, 0.9f, 1e-3f, training);
+                    same_bytes(training ? "batch_norm (training)" : "batch_norm (inference)", y);
+                    same_bytes("batch_norm's statistics", stats);
+                    same_bytes("batch_norm's moving statistics", moving);
+                }
+                cpu.be->batch_norm_backward(cpu.ctx, NULL, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)stats->host, 1e-3f, (float *)dgb->host);
+                gpu.be->batch_norm_backward(gpu.ctx, NULL, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)stats->dev, 1e-3f, (float *)dgb->dev);
+                same_bytes("batch_norm_backward's dgamma, dbeta (dx NULL)", dgb);
+                cpu.be->batch_norm_backward(cpu.ctx, dx->host, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)stats->host, 1e-3f, (float *)dgb->host);
+                gpu.be->batch_norm_backward(gpu.ctx, dx->dev, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)stats->dev, 1e-3f, (float *)dgb->dev);
+                same_bytes("batch_norm_backward's dx", dx);
+                same_bytes("batch_norm_backward's dgamma, dbeta", dgb);
+                cpu.be->layer_norm(cpu.ctx, y->host, yt, x->host, dt, rows, cols, (const float *)gb->host, 1e-3f,
+                                   (float *)ln_stats->host);
+                gpu.be->layer_norm(gpu.ctx, y->dev, yt, x->dev, dt, rows, cols, (const float *)gb->dev, 1e-3f,
+                                   (float *)ln_stats->dev);
+                same_bytes("layer_norm", y);
+                same_bytes("layer_norm's statistics", ln_stats);
+                cpu.be->layer_norm_backward(cpu.ctx, dx->host, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)ln_stats->host, (float *)dgb->host);
+                gpu.be->layer_norm_backward(gpu.ctx, dx->dev, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)ln_stats->dev, (float *)dgb->dev);
+                same_bytes("layer_norm_backward's dx", dx);
+                same_bytes("layer_norm_backward's dgamma, dbeta", dgb);
+                free_args();
+            }
 }
 
 /* The context's own accounting: blocks come and go, the peak stays. */
@@ -1406,6 +1460,7 @@ int main(int argc, char **argv) {
     RUN(test_conv_kernels());
     RUN(test_dropout());
     RUN(test_graph_ops());
+    RUN(test_norms());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
     RUN(test_loss_scale_trajectory());
