@@ -725,11 +725,21 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    compile() with amp.enabled (or MIXPREC_AUTO_MIXED_PRECISION=1 in the
    environment, TensorFlow's TF_ENABLE_AUTO_MIXED_PRECISION) rewrites a
    float32 model as TensorFlow's grappler pass rewrites a graph. The model is
-   read as a chain of ops with TensorFlow's names: Dense is MatMul, BiasAdd
-   (unless no_bias) and its activation's op; Conv2D is Conv2D, BiasAdd and
-   the activation's op; the activations are Relu, Sigmoid, Tanh, Softmax and
-   Gelu (linear adds none; an Activation layer of linear is Identity);
-   MaxPooling2D is MaxPool, Flatten Reshape, Dropout Dropout. The loss is
+   read as a graph of ops with TensorFlow's names, each reading the op
+   before it in its layer (a layer's first op: the last op of each layer it
+   reads, or the input batch): Dense is MatMul, BiasAdd (unless no_bias) and
+   its activation's op; Conv2D is Conv2D, BiasAdd and the activation's op;
+   the activations are Relu, Sigmoid, Tanh, Softmax and Gelu (linear adds
+   none; an Activation layer of linear is Identity); MaxPooling2D is
+   MaxPool, Flatten and Reshape Reshape, Dropout Dropout,
+   AveragePooling2D AvgPool, GlobalAveragePooling2D Mean (Keras's mean over
+   the rows and columns), BatchNormalization FusedBatchNormV3 (tf_keras's
+   fused kernel: float32 statistics, scale and offset beside 16-bit data);
+   LayerNormalization is Keras's moments then the normalisation: Mean,
+   SquaredDifference (of the input and the mean), Mean, Rsqrt, Mul (the
+   input by it), AddV2; Add and Multiply are AddV2 and Mul once per input
+   after the first (Keras sums in turn), Subtract Sub, Average AddV2s then
+   RealDiv, Concatenate ConcatV2 (reading all its inputs). The loss is
    SparseSoftmaxCrossEntropyWithLogits or SoftmaxCrossEntropyWithLogits from
    logits, Log then Sum from probabilities; binary crossentropy Exp, Log1p,
    Mean from logits, Log, Mean from probabilities; mean squared error
@@ -738,23 +748,27 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    sigmoid output, see mp_compile_desc) its op is the fused one. Each op is
    on one list (TensorFlow's, auto_mixed_precision_lists.h), per dtype:
        allow   MatMul Conv2D
-       infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p
-               (bfloat16 also: Sum Mean SquaredDifference)
-       clear   Relu MaxPool Reshape Dropout Identity
+       infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p FusedBatchNormV3
+               AddV2 Sub Mul RealDiv AvgPool
+               (bfloat16 also: Sum Mean SquaredDifference Rsqrt)
+       clear   Relu MaxPool Reshape Dropout Identity ConcatV2
        deny    Exp SparseSoftmaxCrossEntropyWithLogits
                SoftmaxCrossEntropyWithLogits (float16 also: Sum Mean)
-       (none)  float16: SquaredDifference, never converted
+       (none)  float16: SquaredDifference Rsqrt, never converted
    float16 uses the float16 lists (a GPU's, and auto_mixed_precision_cpu's),
    bfloat16 the oneDNN bfloat16 lists (auto_mixed_precision_onednn_bfloat16).
-   The ops are painted in TensorFlow's order: 1) allow ops are low
-   precision; 2) deny spreads forward from deny ops through infer and clear
-   ops that lead (via clear ops) to an infer or deny op; 3) infer and clear
-   ops between two allow ops, and not deny, become allow; 4) an infer op
-   (not deny) right after an allow op becomes allow, in order, so that it
-   chains (the last Dense's BiasAdd, then the Softmax after it); 5) allow
-   spreads both ways through clear ops that are not deny. A cast goes in
-   wherever a float32 op (or the input batch) feeds a low-precision op and
-   back. Levels, as TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL:
+   The ops are painted in TensorFlow's order, each pass along the graph's
+   edges (an op's several readers, a merge's several inputs): 1) allow ops
+   are low precision; 2) deny spreads forward from deny ops through infer
+   and clear ops that lead (via clear ops) to an infer or deny op; 3) infer
+   and clear ops on a path from an allow op to an allow op, and not deny,
+   become allow; 4) an infer op (not deny) that reads an allow op and no
+   deny op becomes allow, in order, so that it chains (the last Dense's
+   BiasAdd, then the Softmax after it); 5) allow spreads along edges both
+   ways through clear ops that are not deny. A cast goes in wherever a
+   float32 op (or the input batch) feeds a low-precision op and back; as
+   TensorFlow does, an output read by several low-precision ops is cast
+   once. Levels, as TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL:
    TENSOR_CORES_ONLY empties every float16 list but allow (no propagation;
    the bfloat16 lists ignore it, as TensorFlow's oneDNN lists do);
    UNSAFE_FORCE_ALL converts every op (float16 only: TensorFlow refuses it
@@ -772,8 +786,9 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
        Converted X/Y nodes to float16 precision using Z cast(s) to float16
        (excluding Const and Variable casts)
    (one line; bfloat16 in bfloat16 mode): Y ops, X of them converted, Z casts
-   to low precision (the input batch's counts; the weights, TensorFlow's
-   Variables, do not), and with verbose the colouring per op.
+   to low precision, one per float32 output that converted ops read (the
+   input batch's counts; the weights, TensorFlow's Variables, do not), and
+   with verbose the colouring per op.
    Lists are edited by comma-separated op names, added then removed: first
    the fields here, then the environment's MIXPREC_AMP_ALLOWLIST_ADD,
    MIXPREC_AMP_ALLOWLIST_REMOVE and the same for DENYLIST, INFERLIST and
@@ -7754,8 +7769,11 @@ MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
     return ls ? mp_loss_scale_step(ls, grads_finite) : 0;
 }
 
-/* >>automatic mixed precision (see the declaration). The model is a chain
-   of ops, so TensorFlow's graph traversals become scans along it. */
+/* >>automatic mixed precision (see the declaration). The model is a graph
+   of ops, each knowing the ops it reads; they are listed in the layers'
+   order, a topological order (a layer reads earlier layers), so
+   TensorFlow's traversals along inputs or outputs become one scan forward
+   or backward over the ops' edges. */
 enum { MP__ALLOW = 1, MP__DENY = 2, MP__INFER = 4, MP__CLEAR = 8 }; /* list bits, in mp__amp_lists' order */
 static const char *const mp__amp_lists[4] = {"allow", "deny", "infer", "clear"};
 
@@ -7763,14 +7781,16 @@ typedef enum mp__op {
     MP__OP_MATMUL, MP__OP_CONV2D, MP__OP_BIAS_ADD, MP__OP_SIGMOID, MP__OP_TANH, MP__OP_SOFTMAX, MP__OP_GELU,
     MP__OP_LOG, MP__OP_LOG1P, MP__OP_RELU, MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT, MP__OP_IDENTITY,
     MP__OP_EXP, MP__OP_SUM, MP__OP_MEAN, MP__OP_SPARSE_XENT, MP__OP_XENT, MP__OP_SQUARED_DIFFERENCE,
+    MP__OP_FUSED_BATCH_NORM, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_REAL_DIV, MP__OP_RSQRT,
+    MP__OP_AVG_POOL, MP__OP_CONCAT,
     MP__OP_COUNT /* also "no op" */
 } mp__op;
 
 /* Every op the pass can see, with its list in TensorFlow's
    auto_mixed_precision_lists.h: float16's (AutoMixedPrecisionListsFp16, as
    on a GPU and auto_mixed_precision_cpu), then bfloat16's (the oneDNN
-   lists, AutoMixedPrecisionListsMkl: Sum, Mean and SquaredDifference are
-   infer there). */
+   lists, AutoMixedPrecisionListsMkl: Sum, Mean, SquaredDifference and Rsqrt
+   are infer there). */
 static const struct { const char *name; unsigned char list, bf16_list; } mp__ops[MP__OP_COUNT] = {
     {"MatMul", MP__ALLOW, MP__ALLOW}, {"Conv2D", MP__ALLOW, MP__ALLOW},
     {"BiasAdd", MP__INFER, MP__INFER}, {"Sigmoid", MP__INFER, MP__INFER}, {"Tanh", MP__INFER, MP__INFER},
@@ -7784,18 +7804,25 @@ static const struct { const char *name; unsigned char list, bf16_list; } mp__ops
     {"SparseSoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
     {"SoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
     {"SquaredDifference", 0, MP__INFER}, /* on none of the float16 lists: never converted there */
+    {"FusedBatchNormV3", MP__INFER, MP__INFER}, /* its statistics, scale and offset stay float32 */
+    {"AddV2", MP__INFER, MP__INFER}, {"Sub", MP__INFER, MP__INFER}, {"Mul", MP__INFER, MP__INFER},
+    {"RealDiv", MP__INFER, MP__INFER}, {"Rsqrt", 0, MP__INFER}, {"AvgPool", MP__INFER, MP__INFER},
+    {"ConcatV2", MP__CLEAR, MP__CLEAR},
 };
 
 typedef struct mp__amp_op {
     mp__op op;
     int layer;                      /* index, or -1 for the loss's ops */
+    int in[MP_MAX_LAYER_INPUTS], n_in; /* the ops it reads; MP__FROM_INPUT: the model's input */
     unsigned char list;             /* its list after the edits and the level: one bit or none */
-    unsigned char deny, allow, mark; /* the painting; allow = converted */
+    unsigned char deny, allow;      /* the painting; allow = converted */
+    unsigned char mark, reach;      /* a pass's sets (TensorFlow's upstream/downstream sets) */
 } mp__amp_op;
 
 struct mp__amp {
     mp_dtype dtype; /* float16 or bfloat16 */
     int verbose, any_allow;
+    unsigned char input_cast; /* an allow op reads the input batch: it is cast */
     int n_ops, converted, casts;
     mp__amp_op *ops; /* right after the struct, in the same block */
 };
@@ -7906,19 +7933,72 @@ static mp_status mp__amp_resolve_lists(mp_model *m, const mp_amp_desc *d, unsign
     return MP_OK;
 }
 
-static void mp__amp_push(struct mp__amp *a, mp__op op, int layer) {
+/* Appends op `op` of layer `layer` reading ops in[0..n) (MP__FROM_INPUT:
+   the model's input); -1 for `prev` in in[] means the op pushed last. */
+static void mp__amp_push(struct mp__amp *a, mp__op op, int layer, const int *in, int n) {
+    mp__amp_op *o = &a->ops[a->n_ops];
+    int k;
     if (op == MP__OP_COUNT) return;
-    a->ops[a->n_ops].op = op;
-    a->ops[a->n_ops].layer = layer;
+    memset(o, 0, sizeof *o);
+    o->op = op;
+    o->layer = layer;
+    for (k = 0; k < n; k++) o->in[k] = in[k];
+    o->n_in = n;
     a->n_ops++;
 }
 
-/* The model's forward ops in order (at most 3 a layer, 4 for the loss). */
-static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp__amp *a) {
-    static const mp__op first[MP_LAYER_KIND_COUNT] = {MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D,
-                                                      MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT};
+/* Pushes op `op` reading the op pushed last and, when x is not NULL,
+   also *x (a layer's input). */
+static void mp__amp_then(struct mp__amp *a, mp__op op, int layer, const int *x) {
+    int in[2];
+    in[0] = a->n_ops - 1;
+    if (x) in[1] = *x;
+    mp__amp_push(a, op, layer, in, x ? 2 : 1);
+}
+
+/* Layer li's ops, as Keras writes its call in TensorFlow; x[k] is the op
+   that writes its input k. The merges combine their inputs in turn (one op
+   per input after the first: Keras's `output += inputs[i]`), Average then
+   divides; LayerNormalization is tf.nn.moments and the normalisation (Mean,
+   SquaredDifference against the input, Mean; Rsqrt, the input times it,
+   AddV2 of the offset); the other kinds are one op, then their BiasAdd and
+   activation. */
+static void mp__amp_layer_ops(const mp_model *m, struct mp__amp *a, int li, const int *x) {
+    static const mp__op first[MP_LAYER_KIND_COUNT] = {
+        MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D, MP__OP_MAX_POOL, MP__OP_RESHAPE,
+        MP__OP_DROPOUT, MP__OP_FUSED_BATCH_NORM, MP__OP_MEAN, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_ADD,
+        MP__OP_CONCAT, MP__OP_AVG_POOL, MP__OP_MEAN, MP__OP_RESHAPE};
     static const mp__op acts[MP_ACTIVATION_COUNT] = {MP__OP_COUNT, MP__OP_RELU, MP__OP_SIGMOID,
                                                      MP__OP_SOFTMAX, MP__OP_TANH, MP__OP_GELU};
+    const mp__layer *l = &m->layers[li];
+    mp_layer_kind k = l->desc.kind;
+    mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
+    int i, merge = mp__kinds[k].min_inputs > 1 && k != MP_CONCATENATE;
+    if (k == MP_ACTIVATION && act != MP__OP_COUNT) {
+        mp__amp_push(a, act, li, x, 1);
+        return;
+    }
+    mp__amp_push(a, first[k], li, x, merge ? 2 : l->n_in);
+    for (i = 2; merge && i < l->n_in; i++) mp__amp_then(a, first[k], li, &x[i]);
+    if (k == MP_AVERAGE) mp__amp_then(a, MP__OP_REAL_DIV, li, NULL);
+    if (k == MP_LAYER_NORMALIZATION) {
+        mp__amp_then(a, MP__OP_SQUARED_DIFFERENCE, li, x);
+        mp__amp_then(a, MP__OP_MEAN, li, NULL);
+        mp__amp_then(a, MP__OP_RSQRT, li, NULL);
+        mp__amp_then(a, MP__OP_MUL, li, x);
+        mp__amp_then(a, MP__OP_ADD, li, NULL);
+    }
+    if (l->n_bias && (k == MP_DENSE || k == MP_CONV2D)) mp__amp_then(a, MP__OP_BIAS_ADD, li, NULL);
+    if (act != MP__OP_COUNT) mp__amp_then(a, act, li, NULL);
+}
+
+/* The most ops a layer has (a merge of MP_MAX_LAYER_INPUTS inputs, or
+   LayerNormalization's six), and the loss's. */
+enum { MP__AMP_LAYER_OPS = MP_MAX_LAYER_INPUTS > 6 ? MP_MAX_LAYER_INPUTS : 6, MP__AMP_LOSS_OPS = 4 };
+
+/* The model's forward ops in the layers' order, then the loss's, each
+   reading the one before it (the first reads the model's output). */
+static void mp__amp_graph(const mp_model *m, const mp_compile_desc *c, struct mp__amp *a, int *last) {
     /* [loss][from_logits]: the ops before the Mean over the batch */
     static const mp__op loss_ops[MP_LOSS_COUNT][2][3] = {
         {{MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}, {MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}},
@@ -7927,59 +8007,89 @@ static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp
         {{MP__OP_LOG, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_EXP, MP__OP_LOG1P, MP__OP_MEAN}},
         {{MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}}};
     /* the loss from logits as compiled, or as Keras reads a softmax output */
-    int i, logits = c->from_logits || (m->n_layers && mp__logits_loss(c, mp__last(m)));
+    int i, k, logits = c->from_logits || (m->n_layers && mp__logits_loss(c, mp__last(m)));
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
-        mp_layer_kind k = l->desc.kind;
-        mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
-        if (k == MP_ACTIVATION && act != MP__OP_COUNT) {
-            mp__amp_push(a, act, i);
-            continue;
-        }
-        mp__amp_push(a, first[k], i);
-        if (l->n_bias) mp__amp_push(a, MP__OP_BIAS_ADD, i);
-        mp__amp_push(a, act, i);
+        int x[MP_MAX_LAYER_INPUTS];
+        for (k = 0; k < l->n_in; k++) x[k] = l->in[k] == MP__FROM_INPUT ? MP__FROM_INPUT : last[l->in[k]];
+        mp__amp_layer_ops(m, a, i, x);
+        last[i] = a->n_ops - 1;
     }
-    for (i = 0; i < 3; i++) mp__amp_push(a, loss_ops[c->loss][logits][i], -1);
-    mp__amp_push(a, MP__OP_MEAN, -1);
+    for (i = 0; i < 3; i++) mp__amp_then(a, loss_ops[c->loss][logits][i], -1, NULL);
+    mp__amp_then(a, MP__OP_MEAN, -1, NULL);
 }
 
 static int mp__amp_clear(const mp__amp_op *o) { return o->list == MP__CLEAR && !o->deny; }
 
-/* TensorFlow's passes (auto_mixed_precision.cc, Optimize) on the chain. */
+/* Whether any op op[i] reads has flag `set` (at `field`'s offset). */
+static int mp__amp_any_in(const mp__amp_op *o, int i, size_t field) {
+    int k;
+    for (k = 0; k < o[i].n_in; k++)
+        if (o[i].in[k] >= 0 && ((const unsigned char *)&o[o[i].in[k]])[field]) return 1;
+    return 0;
+}
+
+/* Sets `field` on the ops that op j reads where `to` allows it, for every
+   op j (backward, so that a flag set on j's inputs spreads further up). */
+static void mp__amp_spread_up(mp__amp_op *o, int n, size_t field, int (*to)(const mp__amp_op *)) {
+    int j, k;
+    for (j = n - 1; j >= 0; j--)
+        for (k = 0; ((unsigned char *)&o[j])[field] && k < o[j].n_in; k++) {
+            mp__amp_op *p = o[j].in[k] >= 0 ? &o[o[j].in[k]] : NULL;
+            if (p && to(p)) ((unsigned char *)p)[field] = 1;
+        }
+}
+static int mp__amp_is_clear_list(const mp__amp_op *o) { return o->list == MP__CLEAR; }
+static int mp__amp_marked(const mp__amp_op *o) { return o->mark; }
+
+/* TensorFlow's passes (auto_mixed_precision.cc, Optimize) on the graph:
+   a pass that follows inputs is a backward scan, one that follows outputs
+   a forward scan; each reads every edge of an op (fan-in and fan-out). */
 static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
     mp__amp_op *o = a->ops;
-    int n = a->n_ops, i, up = 0, reach = 0;
+    int n = a->n_ops, i, k, more = 1;
     for (i = 0; i < n; i++) { /* 1) allow ops (every op, when forced) */
         o[i].allow = (unsigned char)(level == MP_AMP_UNSAFE_FORCE_ALL || o[i].list == MP__ALLOW);
         a->any_allow |= o[i].allow;
     }
     if (level == MP_AMP_UNSAFE_FORCE_ALL) return;
-    /* 2) mark infer and deny ops and the clear ops before them; deny
-       spreads forward from deny ops through marked ops */
-    for (i = n - 1; i >= 0; i--)
-        o[i].mark = (unsigned char)(up = (o[i].list & (MP__DENY | MP__INFER)) || (o[i].list == MP__CLEAR && up));
-    for (i = 0; i < n; i++) o[i].deny = (unsigned char)(o[i].list == MP__DENY || (i && o[i - 1].deny && o[i].mark));
-    /* 3) mark allow ops and the infer and clear ops after them (not deny);
-       marked ops that also lead to an allow op become allow */
+    /* 2) mark infer and deny ops and the clear ops upstream of them
+       through clear ops; deny spreads forward from deny ops through
+       marked ops */
+    for (i = 0; i < n; i++) o[i].mark = (unsigned char)((o[i].list & (MP__DENY | MP__INFER)) != 0);
+    mp__amp_spread_up(o, n, offsetof(mp__amp_op, mark), mp__amp_is_clear_list);
+    for (i = 0; i < n; i++)
+        o[i].deny = (unsigned char)(o[i].list == MP__DENY ||
+                                    (o[i].mark && mp__amp_any_in(o, i, offsetof(mp__amp_op, deny))));
+    /* 3) mark allow ops and the infer and clear ops downstream of them (not
+       deny); marked ops upstream of an allow op through marked ops become
+       allow */
     for (i = 0; i < n; i++)
         o[i].mark = (unsigned char)(o[i].list == MP__ALLOW ||
-                                    (i && o[i - 1].mark && !o[i].deny && (o[i].list & (MP__INFER | MP__CLEAR))));
-    for (i = n - 1; i >= 0; i--) {
-        if (o[i].list == MP__ALLOW) reach = 1;
-        else if (reach && o[i].mark) o[i].allow = 1;
-        else reach = 0;
+                                    (!o[i].deny && (o[i].list & (MP__INFER | MP__CLEAR)) &&
+                                     mp__amp_any_in(o, i, offsetof(mp__amp_op, mark))));
+    for (i = 0; i < n; i++) o[i].reach = (unsigned char)(o[i].list == MP__ALLOW);
+    mp__amp_spread_up(o, n, offsetof(mp__amp_op, reach), mp__amp_marked);
+    for (i = 0; i < n; i++) o[i].allow |= o[i].reach;
+    /* 4) an infer op that reads an allow op (and no deny op) becomes allow,
+       in graph order, so it chains: the last Dense's BiasAdd after its
+       MatMul, then a Softmax after that */
+    for (i = 0; i < n; i++) {
+        int deny_in = mp__amp_any_in(o, i, offsetof(mp__amp_op, deny));
+        if (o[i].list == MP__INFER && !o[i].deny && !deny_in && mp__amp_any_in(o, i, offsetof(mp__amp_op, allow)))
+            o[i].allow = 1;
     }
-    /* 4) an infer op whose input comes from an allow op (and none from a
-       deny op) becomes allow, in graph order, so it chains: the last
-       Dense's BiasAdd after its MatMul, then a Softmax after that */
-    for (i = 1; i < n; i++)
-        if (o[i].list == MP__INFER && !o[i].deny && o[i - 1].allow) o[i].allow = 1;
-    /* 5) allow through clear ops, forward, then backward */
-    for (i = 1; i < n; i++)
-        if (o[i - 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
-    for (i = n - 2; i >= 0; i--)
-        if (o[i + 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
+    /* 5) allow spreads along edges, both ways, through clear ops that are
+       not deny (TensorFlow's depth-first search: its connected parts) */
+    for (i = 0; i < n; i++) o[i].mark = (unsigned char)(mp__amp_clear(&o[i]) && !o[i].allow);
+    while (more)
+        for (more = 0, i = 0; i < n; i++)
+            for (k = 0; k < o[i].n_in; k++) {
+                mp__amp_op *p = o[i].in[k] >= 0 ? &o[o[i].in[k]] : NULL;
+                if (!p || p->allow == o[i].allow) continue;
+                if (p->allow && o[i].mark) more = o[i].allow = 1;
+                else if (o[i].allow && p->mark) more = p->allow = 1;
+            }
 }
 
 /* The pass when the code or the environment turns it on (else *out is
@@ -7990,7 +8100,7 @@ static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__
     unsigned char lists[MP__OP_COUNT];
     struct mp__amp *a;
     mp_status st;
-    int i, low = 0;
+    int i, k, *last;
     *out = NULL;
     if (!c->amp.enabled && !(on && strcmp(on, "1") == 0)) return MP_OK; /* off: no pass */
     if ((st = mp__amp_settings(m, &d)) != MP_OK) return st;
@@ -8003,17 +8113,34 @@ static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__
     }
     if ((st = mp__amp_resolve_lists(m, &d, lists)) != MP_OK) return st;
     /* the ops fit: the layers' array, far larger per layer, was allocated */
-    a = (struct mp__amp *)mp__alloc(sizeof *a + (3 * (size_t)m->n_layers + 4) * sizeof(mp__amp_op));
-    if (!a) return mp__fail(m, MP_ERR_ALLOC, "the automatic mixed precision pass");
+    a = (struct mp__amp *)mp__alloc(sizeof *a + (MP__AMP_LAYER_OPS * (size_t)m->n_layers + MP__AMP_LOSS_OPS) *
+                                                    sizeof(mp__amp_op));
+    last = (int *)mp__alloc(((size_t)m->n_layers + 1) * sizeof(int));
+    if (!a || !last) {
+        mp__free(a);
+        mp__free(last);
+        return mp__fail(m, MP_ERR_ALLOC, "the automatic mixed precision pass");
+    }
     a->ops = (mp__amp_op *)(void *)(a + 1);
     a->dtype = d.dtype;
     a->verbose = d.verbose;
-    mp__amp_chain(m, c, a);
+    mp__amp_graph(m, c, a, last);
+    mp__free(last);
     for (i = 0; i < a->n_ops; i++) a->ops[i].list = lists[a->ops[i].op];
     mp__amp_paint(a, d.level);
-    for (i = 0; i < a->n_ops; low = a->ops[i].allow, i++) { /* a cast to low precision at each rise */
-        a->converted += a->ops[i].allow;
-        a->casts += a->ops[i].allow && !low;
+    /* TensorFlow's casts: one at each output of a float32 op (or of the
+       input batch) that an allow op reads, however many allow ops read it;
+       `mark` flags the outputs that have one */
+    for (i = 0; i < a->n_ops; i++) a->ops[i].mark = 0;
+    for (i = 0; i < a->n_ops; i++) {
+        mp__amp_op *o = &a->ops[i];
+        a->converted += o->allow;
+        for (k = 0; o->allow && k < o->n_in; k++) {
+            unsigned char *cast = o->in[k] < 0 ? &a->input_cast : &a->ops[o->in[k]].mark;
+            if (o->in[k] >= 0 && a->ops[o->in[k]].allow) continue;
+            a->casts += !*cast;
+            *cast = 1;
+        }
     }
     *out = a;
     return MP_OK;
