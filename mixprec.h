@@ -1355,7 +1355,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
                                                   int *issues);
 /* >>checkpoints
    A checkpoint holds what training needs to go on where it stopped: the
-   float32 weights, the optimizer's config, iteration count and slots, the
+   float32 weights (BatchNormalization's moving statistics included, as
+   Keras saves them), the optimizer's config, iteration count and slots, the
    whole loss-scale state (config, scale, counters) and each layer's dropout
    generator. Loaded into the same model, compiled the same way, then fit with
    initial_epoch, it reproduces the uninterrupted run bit for bit. The bytes
@@ -1366,7 +1367,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    mp_model_error(): MP_ERR_FORMAT for an empty, truncated or corrupt buffer
    (checksum), another format version, or not a mixprec file; MP_ERR_SHAPE
    for a checkpoint of another model (it names the layer and what differs:
-   kind, policy, weight counts, output shape, loss, optimizer, loss scaling);
+   kind, inputs (the graph's connections), policy, weight counts, output
+   shape, loss, optimizer, loss scaling);
    MP_ERR_STATE for a compiled checkpoint into a model not compiled (compile
    first) or the reverse (load before compile).
    Saving: *len gets the size in bytes; buf NULL asks only for it; a cap
@@ -1374,8 +1376,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
 MIXPREC_API mp_status mp_model_save_to_memory(mp_model *m, void *buf, size_t cap, size_t *len);
 MIXPREC_API mp_status mp_model_load_from_memory(mp_model *m, const void *buf, size_t len);
 /* Inference weights only, in dtype: float16 or bfloat16 (half float32's
-   bytes), each rounded once to nearest even as mp_convert rounds, or float32.
-   The same container. Importing widens them exactly into the float32
+   bytes), each rounded once to nearest even as mp_convert rounds, or float32;
+   the moving statistics stay float32. The same container. Importing widens them exactly into the float32
    weights and touches no optimizer or loss-scale state; the model may be
    uncompiled and its layers' policies may differ from the exporter's. */
 MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dtype, void *buf, size_t cap,
@@ -11923,7 +11925,9 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
 enum {
-    MP__CKPT_VERSION = 2,        /* 2: the learning-rate schedule after epsilon */
+    MP__CKPT_VERSION = 3,        /* 3: each layer's inputs and state count; the state after the weights */
+    MP__CKPT_CHAIN_VERSION = 2,  /* 2: the learning-rate schedule after epsilon; still written for a
+                                    chain of layers without state, whose bytes it keeps as they were */
     MP__CKPT_OLDEST_VERSION = 1, /* still read: a constant learning rate */
     MP__CKPT_HEAD = 20
 };
@@ -12011,7 +12015,7 @@ typedef struct mp__ckpt {
     uint64_t got;         /* the last value mp__differs read */
     mp_opt_step opt;      /* the state read aside */
     mp_loss_scale ls;
-    size_t weights, slots, rngs; /* where the arrays start */
+    size_t weights, state, slots, rngs; /* where the arrays start */
     float *w, *s;         /* the weights and slots where the host reads and writes them */
     float *copy;          /* their host copy, for a device backend */
 } mp__ckpt;
@@ -12020,7 +12024,7 @@ typedef struct mp__ckpt {
    memory on the CPU; a host copy for a device backend (fetched for a save,
    sent back by mp__ckpt_commit after a load). */
 static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
-    size_t n = m->n_params + m->slot_count;
+    size_t nw = m->n_params + m->n_state, n = nw + m->slot_count; /* built: no overflow */
     if (!m->be->device_memory) {
         c->w = m->w;
         c->s = m->s1;
@@ -12029,9 +12033,9 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     if (n > SIZE_MAX / sizeof(float) || !(c->copy = (float *)mp__alloc(n * sizeof(float))))
         return mp__fail(m, MP_ERR_ALLOC, "a host copy of the weights and slots (%z floats)", n);
     c->w = c->copy;
-    c->s = c->copy + m->n_params;
+    c->s = c->copy + nw;
     if (!fetch) return MP_OK;
-    m->be->copy(m->ctx, c->w, m->w, m->n_params * sizeof(float), MP_COPY_TO_HOST);
+    m->be->copy(m->ctx, c->w, m->w, nw * sizeof(float), MP_COPY_TO_HOST);
     if (m->slot_count) m->be->copy(m->ctx, c->s, m->s1, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
     return mp__sync(m);
 }
@@ -12054,9 +12058,44 @@ static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
     return mp_policy_name(p) ? mp_policy_name(p) : "(unknown)";
 }
 
-/* What identifies the model: the input shape; per layer its kind, policy
-   (a checkpoint's must match; weights may go to another policy), kernel and
-   bias sizes and output shape. */
+/* The version a model is written in: the oldest that holds it. */
+static uint32_t mp__ckpt_version(const mp_model *m) {
+    int i;
+    for (i = 0; i < m->n_layers; i++)
+        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1 || m->layers[i].n_state)
+            return MP__CKPT_VERSION;
+    return MP__CKPT_CHAIN_VERSION;
+}
+
+/* Reading or writing a field that version 3 added: before it, the file
+   holds a chain without state, and the field is `chain` there. */
+static int mp__ckpt_graph_differs(mp__ckpt *c, uint64_t v, size_t bytes, uint64_t chain) {
+    if (c->version >= 3) return mp__differs(c, v, bytes);
+    c->got = chain;
+    return chain != v;
+}
+
+/* A layer's connections: how many inputs, and each one's id as
+   mp_model_call numbers them (0: the model's input, else 1 + the index);
+   in a chain layer i reads id i. */
+static mp_status mp__ckpt_inputs(mp_model *m, mp__ckpt *c, int i) {
+    const mp__layer *l = &m->layers[i];
+    int k;
+    if (mp__ckpt_graph_differs(c, (uint64_t)l->n_in, 4, 1))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s) reads %z inputs in the file, %d in the model", i, l->name,
+                        (size_t)c->got, l->n_in);
+    for (k = 0; k < l->n_in; k++)
+        if (mp__ckpt_graph_differs(c, (uint64_t)(l->in[k] + 1), 4, (uint64_t)i))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): its input %d is layer id %z in the file, %d in the model "
+                            "(0: the model's input): the file's model is connected otherwise", i, l->name, k,
+                            (size_t)c->got, l->in[k] + 1);
+    return MP_OK;
+}
+
+/* What identifies the model: the input shape; per layer its kind, its
+   inputs (version 3), policy (a checkpoint's must match; weights may go to
+   another policy), kernel and bias sizes, state size (version 3) and output
+   shape. */
 static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
     int i, r;
     if (mp__differs(c, (uint64_t)m->in_rank, 4))
@@ -12070,9 +12109,11 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         uint64_t ct, vt;
+        mp_status st;
         if (mp__differs(c, (uint64_t)l->desc.kind, 4))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s) is a %s in the model, a %s in the file", i, l->name,
                             mp__kinds[l->desc.kind].type, mp__kind_type(c->got));
+        if ((st = mp__ckpt_inputs(m, c, i)) != MP_OK) return st;
         ct = mp__io_uint(&c->io, (uint64_t)l->policy.compute_dtype, 4);
         vt = mp__io_uint(&c->io, (uint64_t)l->policy.variable_dtype, 4);
         if (c->kind == 'C' && (ct != (uint64_t)l->policy.compute_dtype || vt != (uint64_t)l->policy.variable_dtype))
@@ -12085,6 +12126,9 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
         if (mp__differs(c, (uint64_t)l->n_bias, 8))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z biases in the file, %z in the model", i, l->name,
                             (size_t)c->got, l->n_bias);
+        if (mp__ckpt_graph_differs(c, (uint64_t)l->n_state, 8, 0))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z non-trainable weights (moving statistics) in the file, "
+                            "%z in the model", i, l->name, (size_t)c->got, l->n_state);
         if (mp__differs(c, (uint64_t)l->out_rank, 4))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): output rank %z in the file, %d in the model", i, l->name,
                             (size_t)c->got, l->out_rank);
@@ -12172,6 +12216,7 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: weights of dtype %z", (size_t)dt);
     c->dt = (mp_dtype)dt;
     c->weights = mp__io_floats(io, c->w, m->n_params, c->dt);
+    c->state = mp__io_floats(io, c->w ? c->w + m->n_params : NULL, m->n_state, MP_FLOAT32); /* none before 3 */
     if (!ckpt) return MP_OK;
     c->rngs = io->pos;
     for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
@@ -12182,11 +12227,20 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     return MP_OK;
 }
 
-/* The state read aside must be one training could have reached. */
+/* The state read aside must be one training could have reached: moving
+   variances >= 0 (each BatchNormalization's state: means, then variances),
+   an optimizer config compile accepts, mean squares >= 0, a loss-scale
+   state within its config. */
 static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
     mp_optimizer_desc o;
     mp_loss_scale ls;
-    size_t slots, i;
+    size_t slots, i, at = c->state;
+    int li;
+    for (li = 0; li < m->n_layers; at += 4u * m->layers[li].n_state, li++)
+        for (i = m->layers[li].n_state / 2; i < m->layers[li].n_state; i++)
+            if (!(mp__f32_from_bits((uint32_t)mp__le_get(c->io.in + at + 4u * i, 4)) >= 0.0f))
+                return mp__fail(m, MP_ERR_FORMAT, "corrupt: layer %d (%s): moving variance %z is negative or NaN", li,
+                                m->layers[li].name, i - m->layers[li].n_state / 2);
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
         !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
@@ -12212,9 +12266,10 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
     const unsigned char *in = c->io.in;
     int i, state = c->kind == 'C' && m->compiled;
     mp__io_decode(c->w, in + c->weights, m->n_params, c->dt);
+    mp__io_decode(c->w + m->n_params, in + c->state, m->n_state, MP_FLOAT32);
     if (state) mp__io_decode(c->s, in + c->slots, m->slot_count, MP_FLOAT32);
     if (c->copy) { /* a device backend: send them back */
-        m->be->copy(m->ctx, m->w, c->w, m->n_params * sizeof(float), MP_COPY_TO_BACKEND);
+        m->be->copy(m->ctx, m->w, c->w, (m->n_params + m->n_state) * sizeof(float), MP_COPY_TO_BACKEND);
         if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
@@ -12252,7 +12307,7 @@ static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, s
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    c.version = MP__CKPT_VERSION;
+    c.version = mp__ckpt_version(m);
     c.dt = dt;
     mp__ckpt_pass(m, &c, 0); /* measures */
     if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
