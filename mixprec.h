@@ -885,7 +885,8 @@ typedef struct mp_layer_info {
     mp_policy policy;
     int rank;            /* of the output per sample */
     int output_shape[MP_MAX_RANK - 1];
-    size_t params;
+    size_t params;       /* trainable (the summary's Param # adds BatchNormalization's
+                            moving statistics) */
     mp_dtype compute_dtype; /* what it reads its input and weights in */
     mp_dtype output_dtype;  /* what its output is stored in: compute_dtype but under AMP */
 } mp_layer_info;
@@ -909,10 +910,22 @@ typedef struct mp_model_memory {
                             (a refused 16-bit plan widened to float32...); 0 on the CPU */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
+/* Every weight, as Keras's count_params() and get_weights (n of
+   mp_model_get_weights): the trainable ones and BatchNormalization's moving
+   statistics. */
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
+/* The trainable weights alone: what gradients are taken of (n of
+   mp_get_gradients). */
+MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m);
 MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* values per sample of x (>>data) */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
-/* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
+/* Keras's model.summary() with a Policy column, into buf (NUL-terminated).
+   A functional model (one whose layers do not each read the one before)
+   gets Keras's functional columns: an input_layer (InputLayer) row first,
+   then "Connected to" after the Policy column ("add (Add) ... dense_1[0][0],
+   input_layer[0][0]"). Param # counts every weight of a layer, and the
+   totals split them as Keras does: BatchNormalization's moving statistics
+   are non-trainable. */
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size);
 /* All weights as float32, layer by layer (kernel then bias): n = param count. */
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n);
@@ -1212,7 +1225,8 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
 /* The float32 gradients of the last mp_get_unscaled_gradients (or fit's
    last step in one process: data-parallel fit may hand the ranks' sum
-   straight to the optimizer, see >>communicator), as get_weights
+   straight to the optimizer, see >>communicator), in get_weights' order
+   without the non-trainable weights: n = mp_model_trainable_param_count
    (MP_ERR_STATE before the first, and from mp_compute_scaled_gradients on
    until the next). Count mismatches here and in get/set weights and slots
    are MP_ERR_SHAPE. */
@@ -11071,11 +11085,16 @@ MIXPREC_API int mp_model_threads(const mp_model *m) { return m ? m->be->threads(
 MIXPREC_API size_t mp_model_input_size(const mp_model *m) { return m ? m->in_size : 0; }
 MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_layers ? mp__last(m)->out_size : 0; }
 
-MIXPREC_API size_t mp_model_param_count(const mp_model *m) {
-    size_t n = 0;
+MIXPREC_API size_t mp_model_param_count(const mp_model *m) { return m ? m->n_params + m->n_state : 0; }
+MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m) { return m ? m->n_params : 0; }
+
+/* Whether every layer reads the layer before it (the first: the input), as
+   in a Sequential model. */
+static int mp__is_chain(const mp_model *m) {
     int i;
-    for (i = 0; m && i < m->n_layers; i++) n += mp__params(&m->layers[i]);
-    return n;
+    for (i = 0; i < m->n_layers; i++)
+        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1) return 0;
+    return 1;
 }
 
 MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out) {
@@ -11154,7 +11173,9 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
-/* >>model: summary. Keras's model.summary() with a Policy column */
+/* >>model: summary. Keras's model.summary() with a Policy column; a
+   functional model (not a chain) gets Keras's "Connected to" column and
+   its input_layer row. */
 
 static void mp__rule(mp__text *t, const char *c, size_t width) {
     size_t i;
@@ -11176,9 +11197,52 @@ static size_t mp__summary_width(const mp_model *m) {
     return width;
 }
 
-static void mp__summary(const mp_model *m, mp__text *t) {
-    size_t total = mp_model_param_count(m), line, w = mp__summary_width(m), rule = 80 + w - 29;
+/* Keras 3's "Connected to": each input's "name[0][0]", the model's input
+   being input_layer (a Keras Input's first automatic name). */
+static void mp__put_connected(mp__text *t, const mp_model *m, const mp__layer *l) {
+    int k;
+    for (k = 0; k < l->n_in; k++) {
+        if (k) mp__put(t, ", ");
+        mp__put(t, l->in[k] == MP__FROM_INPUT ? "input_layer" : m->layers[l->in[k]].name);
+        mp__put(t, "[0][0]");
+    }
+}
+
+/* The widest "Connected to" cell, its header's at least. */
+static size_t mp__connected_width(const mp_model *m) {
+    size_t width = strlen("Connected to");
     int i;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__text count = {NULL, 0, 0};
+        mp__put_connected(&count, m, &m->layers[i]);
+        if (count.len > width) width = count.len;
+    }
+    return width;
+}
+
+/* A row's name, shape and Param # columns; returns where the row starts. */
+static size_t mp__summary_row(mp__text *t, size_t w, const char *name, const char *type, int rank, const int *shape,
+                              size_t params) {
+    size_t line = t->len;
+    mp__put(t, " ");
+    mp__put(t, name);
+    mp__put(t, " (");
+    mp__put(t, type);
+    mp__put(t, ")");
+    mp__pad_to(t, line + w);
+    mp__put_shape(t, rank, shape);
+    mp__pad_to(t, line + w + 26);
+    mp__put_uint(t, params, 0);
+    mp__pad_to(t, line + w + 37);
+    return line;
+}
+
+enum { MP__SUMMARY_POLICY = 23 }; /* the Policy column's width before Connected to ("amp_bfloat16->float32") */
+
+static void mp__summary(const mp_model *m, mp__text *t) {
+    int i, graph = !mp__is_chain(m);
+    size_t line, w = mp__summary_width(m), rule = graph ? w + 37 + MP__SUMMARY_POLICY + mp__connected_width(m)
+                                                        : 80 + w - 29;
     mp__put(t, "Model: \"");
     mp__put(t, m->desc.name);
     mp__put(t, "\"\n");
@@ -11186,32 +11250,40 @@ static void mp__summary(const mp_model *m, mp__text *t) {
     line = t->len;
     mp__put(t, " Layer (type)");
     mp__pad_to(t, line + w);
-    mp__put(t, "Output Shape              Param #    Policy\n");
+    mp__put(t, "Output Shape              Param #    Policy");
+    if (graph) {
+        mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+        mp__put(t, "Connected to");
+    }
+    mp__put(t, "\n");
     mp__rule(t, "=", rule);
+    if (graph) { /* Keras's first row: the Input */
+        line = mp__summary_row(t, w, "input_layer", "InputLayer", m->in_rank, m->in_shape, 0);
+        mp__put(t, "-");
+        mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+        mp__put(t, "-\n");
+    }
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         const char *policy = mp_policy_name(l->policy);
-        line = t->len;
-        mp__put(t, " ");
-        mp__put(t, l->name);
-        mp__put(t, " (");
-        mp__put(t, mp__kinds[l->desc.kind].type);
-        mp__put(t, ")");
-        mp__pad_to(t, line + w);
-        mp__put_shape(t, l->out_rank, l->out_shape);
-        mp__pad_to(t, line + w + 26);
-        mp__put_uint(t, mp__params(l), 0);
-        mp__pad_to(t, line + w + 37);
+        line = mp__summary_row(t, w, l->name, mp__kinds[l->desc.kind].type, l->out_rank, l->out_shape,
+                               mp__params(l) + l->n_state);
         if (m->amp) mp__amp_put_dtypes(t, l);
         else mp__put(t, policy ? policy : "?");
+        if (graph) {
+            mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+            mp__put_connected(t, m, l);
+        }
         mp__put(t, "\n");
     }
     mp__rule(t, "=", rule);
     mp__put(t, "Total params: ");
-    mp__put_uint(t, total, 1);
+    mp__put_uint(t, m->n_params + m->n_state, 1);
     mp__put(t, "\nTrainable params: ");
-    mp__put_uint(t, total, 1);
-    mp__put(t, "\nNon-trainable params: 0\n");
+    mp__put_uint(t, m->n_params, 1);
+    mp__put(t, "\nNon-trainable params: ");
+    mp__put_uint(t, m->n_state, 1);
+    mp__put(t, "\n");
     mp__rule(t, "_", rule);
 }
 
@@ -12060,11 +12132,7 @@ static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
 
 /* The version a model is written in: the oldest that holds it. */
 static uint32_t mp__ckpt_version(const mp_model *m) {
-    int i;
-    for (i = 0; i < m->n_layers; i++)
-        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1 || m->layers[i].n_state)
-            return MP__CKPT_VERSION;
-    return MP__CKPT_CHAIN_VERSION;
+    return mp__is_chain(m) && !m->n_state ? MP__CKPT_CHAIN_VERSION : MP__CKPT_VERSION;
 }
 
 /* Reading or writing a field that version 3 added: before it, the file
