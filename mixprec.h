@@ -11197,13 +11197,12 @@ static size_t mp__summary_width(const mp_model *m) {
     return width;
 }
 
-/* Keras 3's "Connected to": each input's "name[0][0]", the model's input
-   being input_layer (a Keras Input's first automatic name). */
+/* Keras 3's "Connected to": each input's "name[0][0]". */
 static void mp__put_connected(mp__text *t, const mp_model *m, const mp__layer *l) {
     int k;
     for (k = 0; k < l->n_in; k++) {
         if (k) mp__put(t, ", ");
-        mp__put(t, l->in[k] == MP__FROM_INPUT ? "input_layer" : m->layers[l->in[k]].name);
+        mp__put(t, mp__input_name(m, l->in[k]));
         mp__put(t, "[0][0]");
     }
 }
@@ -11258,7 +11257,7 @@ static void mp__summary(const mp_model *m, mp__text *t) {
     mp__put(t, "\n");
     mp__rule(t, "=", rule);
     if (graph) { /* Keras's first row: the Input */
-        line = mp__summary_row(t, w, "input_layer", "InputLayer", m->in_rank, m->in_shape, 0);
+        line = mp__summary_row(t, w, mp__input_name(m, MP__FROM_INPUT), "InputLayer", m->in_rank, m->in_shape, 0);
         mp__put(t, "-");
         mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
         mp__put(t, "-\n");
