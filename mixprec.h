@@ -777,8 +777,10 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    it computes (reads its input and weights) in the dtype of its first op and
    writes its output in the dtype of its last op, so a Dense whose BiasAdd
    stays float32 multiplies in float16 and outputs float32, reading its bias
-   from the float32 weight. Backward ops
-   are not counted: each takes its forward op's dtype (activation gradients
+   from the float32 weight; the normalizations read their weights in float32
+   and take their statistics in float32 whatever their ops' dtype (so a
+   LayerNormalization whose Mean stays float32 reads its input in float32
+   and may write float16). Backward ops are not counted: each takes its forward op's dtype (activation gradients
    in the activations' dtype, weight gradients in the compute dtype). The
    loss value stays float32. Under float16 compile wraps the optimizer for
    dynamic loss scaling as under mixed_float16 (loss_scale decides as ever);
