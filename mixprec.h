@@ -862,7 +862,8 @@ typedef struct mp_communicator mp_communicator;
 typedef struct mp_model_desc {
     int input_shape[MP_MAX_RANK - 1]; /* per sample, zero-terminated: {784} or {28, 28, 1} */
     uint64_t seed;                    /* initialisers, dropout, shuffling; 0 = 1337 */
-    const char *name;                 /* NULL = "sequential" */
+    const char *name;                 /* NULL: "sequential", or "functional" once a layer
+                                         reads another than the one before it (Keras 3's) */
     const mp_backend *backend;        /* NULL = the CPU (see >>backends) */
     const void *backend_config;       /* the backend's own options, or NULL */
     int threads;                      /* 0 = mp_available_cores() */
@@ -9111,7 +9112,6 @@ MIXPREC_API mp_status mp_model_create(mp_model **out, const mp_model_desc *desc)
     if (!m) return MP_ERR_ALLOC;
     m->desc = *desc;
     if (!m->desc.seed) m->desc.seed = 1337;
-    if (!m->desc.name) m->desc.name = "sequential";
     m->be = desc->backend ? desc->backend : &mp__cpu_backend;
     m->policy = mp_global_policy();
     if ((st = mp__comm_join(m)) != MP_OK || (st = m->be->create(&m->ctx, desc->threads, desc->backend_config)) != MP_OK) {
@@ -9242,6 +9242,20 @@ MIXPREC_API mp_status mp_model_call(mp_model *m, mp_layer_desc desc, const int *
 }
 
 MIXPREC_API mp_status mp_model_add(mp_model *m, mp_layer_desc desc) { return mp_model_call(m, desc, NULL, 0, NULL); }
+
+/* Whether every layer reads the layer before it (the first: the input), as
+   in a Sequential model. */
+static int mp__is_chain(const mp_model *m) {
+    int i;
+    for (i = 0; i < m->n_layers; i++)
+        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1) return 0;
+    return 1;
+}
+
+/* The model's name: the one given, or Keras 3's default for its kind. */
+static const char *mp__model_name(const mp_model *m) {
+    return m->desc.name ? m->desc.name : mp__is_chain(m) ? "sequential" : "functional";
+}
 
 /* Every layer but the last (the model's output) feeds another: a branch
    that leads nowhere is a mistake Keras would make a second output of. */
@@ -9983,7 +9997,7 @@ static mp_status mp__check_x(mp_model *m, const char *who, const mp_data *d, mp_
     if (!x->data) return mp__fail(m, MP_ERR_NULL, "%s: x[0].data is NULL: the first input is x[0]", who);
     if (given != 1)
         return mp__fail(m, MP_ERR_SHAPE, "%s: %d inputs given (x[0] and %d more); Layer \"%s\" expects 1 input(s), but "
-                        "it received %d input tensors", who, given, given - 1, m->desc.name, given);
+                        "it received %d input tensors", who, given, given - 1, mp__model_name(m), given);
     if ((st = mp__check_array(m, who, "x", x, &per)) != MP_OK) return st;
     if (x->n == 0) return mp__fail(m, MP_ERR_ARG, "%s: x has no samples (n = 0)", who);
     if (per != m->in_size)
@@ -11611,14 +11625,6 @@ MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_la
 MIXPREC_API size_t mp_model_param_count(const mp_model *m) { return m ? m->n_params + m->n_state : 0; }
 MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m) { return m ? m->n_params : 0; }
 
-/* Whether every layer reads the layer before it (the first: the input), as
-   in a Sequential model. */
-static int mp__is_chain(const mp_model *m) {
-    int i;
-    for (i = 0; i < m->n_layers; i++)
-        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1) return 0;
-    return 1;
-}
 
 MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out) {
     const mp__layer *l;
@@ -11767,7 +11773,7 @@ static void mp__summary(const mp_model *m, mp__text *t) {
     size_t line, w = mp__summary_width(m), rule = graph ? w + 37 + MP__SUMMARY_POLICY + mp__connected_width(m)
                                                         : 80 + w - 29;
     mp__put(t, "Model: \"");
-    mp__put(t, m->desc.name);
+    mp__put(t, mp__model_name(m));
     mp__put(t, "\"\n");
     mp__rule(t, "_", rule);
     line = t->len;

@@ -2385,7 +2385,7 @@ static void test_summary(void) {
         " dense (Dense)                (None, 10)                650        float32", "=",
         "Total params: 690", "Trainable params: 690", "Non-trainable params: 0", "_", NULL};
     static const char *const graph[] = {
-        "Model: \"sequential\"", "_",
+        "Model: \"functional\"", "_",
         " Layer (type)                             Output Shape              Param #    Policy                 "
         "Connected to", "=",
         " input_layer (InputLayer)                 (None, 4)                 0          -                      -",
