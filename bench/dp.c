@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
                "bytes_per_step_per_rank=%zu load1=%.2f cpu=%s\n",
                mpi.size, threads, batch, global, units, policy, wire, steps, (double)n / slowest, 1e3 * slowest / steps,
                1e3 * allreduce_s / steps, allreduce_s / seconds,
-               mpi.size > 1 ? mp_model_param_count(m) * (md.allreduce_dtype == MP_FLOAT32 ? 4 : 2) : 0,
+               mpi.size > 1 ? mp_model_trainable_param_count(m) * (md.allreduce_dtype == MP_FLOAT32 ? 4 : 2) : 0,
                (double)l1, cpu);
     mp_model_destroy(m);
     free(x);
