@@ -10338,7 +10338,7 @@ static void mp__unscale_span(mp_model *m, float *to, const void *from, mp_dtype 
         if (!mp__layer_span(m, l, lo, hi, &a, &i0, &i1)) continue;
         at = a + i0 - lo; /* where the layer's part lies in to (and from) */
         m->be->unscale_check(m->ctx, to + at, from ? mp__at(from, ft, at) : mp__at(l->gc, l->wt, i0),
-                             from ? ft : l->dt, i1 - i0, scale, &m->state->found_inf);
+                             from ? ft : l->wt, i1 - i0, scale, &m->state->found_inf);
     }
 }
 

@@ -14,7 +14,9 @@
    rank 0 writes CSV logs and checkpoints; a failing all-reduce is
    MP_ERR_COMM with the communicator's message; a bad table is refused;
    the gradients summed a piece at a time through the communicator's sum
-   buffer give the bits of the whole-model sum. */
+   buffer give the bits of the whole-model sum; a residual graph with
+   BatchNormalization keeps its trainable weights bit-identical on every
+   rank and each rank's own moving statistics. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #define _DEFAULT_SOURCE         /* MAP_ANONYMOUS */
 #include <pthread.h>
@@ -450,6 +452,67 @@ static void test_rank0_writes(const char *dir) {
 
 /* A failing all-reduce: MP_ERR_COMM naming the collective and the
    communicator's own message. */
+/* A residual graph with BatchNormalization on each rank: the gradients
+   (gamma's and beta's too) are summed, so the trainable weights stay
+   bit-identical; each rank's moving statistics are its own batches'
+   (Keras's default, synchronized=False), so they differ between ranks. */
+static void bn_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_fit_desc fd;
+    mp_model *m = NULL;
+    int h = 0, both[2];
+    size_t nt;
+    (void)arg;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = NF;
+    md.seed = rank_seed(rank);
+    md.threads = 1;
+    md.comm = comm;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_ADAM;
+    mp_set_global_policy_name("mixed_bfloat16");
+    out->status = mp_model_create(&m, &md);
+    if (out->status == MP_OK) out->status = mp_model_call(m, mp_dense(NF, MP_RELU), NULL, 0, &h);
+    if (out->status == MP_OK) out->status = mp_model_add(m, mp_batch_normalization());
+    both[0] = h + 1, both[1] = h;
+    if (out->status == MP_OK) out->status = mp_model_call(m, mp_add(), both, 2, NULL);
+    if (out->status == MP_OK) out->status = mp_model_add(m, mp_dense(3, MP_SOFTMAX));
+    if (out->status == MP_OK) out->status = mp_model_compile(m, &cd);
+    memset(&fd, 0, sizeof fd);
+    fd.data = data_xy(xs, NF, ys, NS);
+    fd.batch_size = 32;
+    fd.epochs = 2;
+    fd.verbose = MP_VERBOSE_SILENT;
+    if (out->status == MP_OK) out->status = mp_model_fit(m, &fd);
+    get_state(m, &out->state);
+    nt = mp_model_trainable_param_count(m);
+    out->applied = (int)nt; /* where the moving statistics begin in get_weights' order: after the last Dense */
+    snprintf(out->error, sizeof out->error, "%s", m ? mp_model_error(m) : "no model");
+    mp_model_destroy(m);
+}
+
+static void test_batch_norm_per_replica(int size) {
+    const rank_report *r0 = &W->report[0];
+    int r;
+    run_ranks(size, bn_rank, NULL);
+    for (r = 0; r < size; r++) {
+        const rank_report *r1 = &W->report[r];
+        size_t stats = 2 * (size_t)NF, at = (size_t)NF * NF + NF + 2 * (size_t)NF; /* dense, then gamma and beta */
+        if (!CHECK(r1->status == MP_OK)) {
+            fprintf(stderr, "    rank %d: %s\n", r, r1->error);
+            continue;
+        }
+        CHECK(r1->state.nw == r0->state.nw && r1->state.nw == (size_t)r1->applied + stats);
+        /* every trainable weight the same bits; the moving statistics each rank's own */
+        CHECK(same_bits(r1->state.w, r0->state.w, at));
+        CHECK(same_bits(r1->state.w + at + stats, r0->state.w + at + stats, r0->state.nw - at - stats));
+        if (r && !CHECK(!same_bits(r1->state.w + at, r0->state.w + at, stats)))
+            fprintf(stderr, "    rank %d moving mean[0] %.9g, rank 0 %.9g\n", r, (double)r1->state.w[at], (double)r0->state.w[at]);
+    }
+}
+
 static void test_failing_all_reduce(void) {
     setup st;
     int r;
@@ -526,6 +589,7 @@ int main(int argc, char **argv) {
     RUN(test_allreduce_16bit(3, "mixed_bfloat16", MP_BFLOAT16));
     RUN(test_resume_on_other_sizes(dir));
     RUN(test_rank0_writes(dir));
+    RUN(test_batch_norm_per_replica(2));
     RUN(test_failing_all_reduce());
     RUN(test_sum_buffer(2, "mixed_float16", MP_FLOAT32, NS));
     RUN(test_sum_buffer(3, "float32", MP_FLOAT32, 87));
