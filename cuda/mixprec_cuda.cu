@@ -1596,6 +1596,8 @@ static void mp__cu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const vo
     mp__cu *c = mp__cu_of(ctx);
     if (mp__cu_live(c))
         MP__CU_LAUNCH(c, n * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_avg_pool_backward, dx, dxt, dy, n, *g, dt);
+}
+
 /* The column sums of what (MP__NORM_SUM_*) in two launches, reading the
    statistics in `in`, writing what mp__k_norm_final writes; the parts in
    the scratch (parts * cols <= rows * cols floats, two sets for GRAD). */

@@ -11,7 +11,9 @@
    the summation order's error (see `tol_*`). Then the models: a few training
    steps of an MLP and of a small conv net give the CPU's losses, the loss
    scale follows the CPU's trajectory exactly through injected Infs, a re-run
-   is bit-identical, and device memory is accounted.
+   is bit-identical, a graph (a residual block with BatchNormalization,
+   Concatenate, the poolings, LayerNormalization) gives the CPU's losses and
+   moving statistics, and device memory is accounted.
 
    Without a CUDA device it checks only that the backend refuses cleanly
    (MP_ERR_BACKEND, a reason, nothing leaked) and prints
@@ -703,6 +705,8 @@ static void test_graph_ops(void) {
             }
             free_args();
         }
+}
+
 /* BatchNormalization and LayerNormalization, forward (training and
    inference) and backward, dx NULL too: both backends sum in mixprec.h's
    order (>>rules: a column in parts of 256 rows, a row as a warp's lanes),
@@ -1028,6 +1032,85 @@ static void test_conv_model(void) {
         }
         mp_model_destroy(m[0]);
         mp_model_destroy(m[1]);
+    }
+    free(x);
+    free(y);
+}
+
+/* A graph on the device: a residual block with BatchNormalization, a
+   Concatenate of two branches, AveragePooling2D, LayerNormalization,
+   GlobalAveragePooling2D; three SGD steps' losses and the moving
+   statistics match the CPU's (the normalizations and merges are the CPU's
+   bits; the products are cuBLASLt's). */
+static void test_graph_model(void) {
+    static const char *policies[] = {"float32", "mixed_bfloat16"};
+    static const float rtol[] = {1e-4f, 3e-2f};
+    size_t p, i, features = 8 * 8 * 2, n = 16, outs = 3;
+    float *x = (float *)zalloc(n * features * sizeof(float)), *y = (float *)zalloc(n * outs * sizeof(float));
+    for (i = 0; i < n * features; i++) x[i] = uniform(0.0f, 1.0f);
+    for (i = 0; i < n; i++) y[i * outs + rng_next() % outs] = 1.0f;
+    for (p = 0; p < COUNT(policies); p++) {
+        mp_model *m[2] = {NULL, NULL};
+        float loss[2][3], *w[2] = {NULL, NULL};
+        size_t nw = 0;
+        int b, s;
+        for (b = 0; b < 2; b++) {
+            mp_model_desc md;
+            mp_compile_desc cd;
+            int stem = 0, a = 0, c = 0, pair[2], ok;
+            memset(&md, 0, sizeof md);
+            memset(&cd, 0, sizeof cd);
+            md.input_shape[0] = 8, md.input_shape[1] = 8, md.input_shape[2] = 2;
+            md.backend = b ? mp_cuda_backend() : NULL;
+            CHECK(mp_set_global_policy_name(policies[p]) == MP_OK && mp_model_create(&m[b], &md) == MP_OK);
+            if (!m[b]) return;
+            ok = mp_model_call(m[b], mp_conv2d(4, 3, 3, MP_SAME, MP_RELU), NULL, 0, &stem) == MP_OK &&
+                 mp_model_add(m[b], mp_conv2d(4, 3, 3, MP_SAME, MP_LINEAR)) == MP_OK &&
+                 mp_model_call(m[b], mp_batch_normalization(), NULL, 0, &a) == MP_OK;
+            pair[0] = a, pair[1] = stem;
+            ok = ok && mp_model_call(m[b], mp_add(), pair, 2, &a) == MP_OK &&
+                 mp_model_call(m[b], mp_conv2d(2, 1, 1, MP_VALID, MP_TANH), &stem, 1, &c) == MP_OK;
+            pair[0] = a, pair[1] = c;
+            ok = ok && mp_model_call(m[b], mp_concatenate(0), pair, 2, NULL) == MP_OK &&
+                 mp_model_add(m[b], mp_average_pooling2d(2, 2)) == MP_OK &&
+                 mp_model_add(m[b], mp_layer_normalization()) == MP_OK &&
+                 mp_model_add(m[b], mp_global_average_pooling2d()) == MP_OK &&
+                 mp_model_add(m[b], mp_dense((int)outs, MP_LINEAR)) == MP_OK;
+            cd.loss = MP_CATEGORICAL_CROSSENTROPY;
+            cd.from_logits = 1;
+            cd.optimizer.kind = MP_SGD;
+            cd.optimizer.learning_rate = 0.05f;
+            if (!CHECK(ok && mp_model_compile(m[b], &cd) == MP_OK)) fprintf(stderr, "  graph: %s\n", mp_model_error(m[b]));
+            nw = mp_model_param_count(m[b]); /* the same seed: the same initial weights */
+            w[b] = (float *)zalloc(nw * sizeof(float));
+            for (s = 0; s < 3; s++) {
+                size_t right;
+                int applied;
+                ok = forward_rows(m[b], x, n, 1) == MP_OK && loss_rows(m[b], NULL, y, n, &loss[b][s], &right) == MP_OK &&
+                     mp_compute_scaled_gradients(m[b]) == MP_OK && mp_get_unscaled_gradients(m[b]) == MP_OK &&
+                     mp_apply_gradients(m[b], &applied) == MP_OK;
+                if (!CHECK(ok)) fprintf(stderr, "  graph model: %s\n", mp_model_error(m[b]));
+            }
+            CHECK(mp_model_get_weights(m[b], w[b], nw) == MP_OK);
+        }
+        for (s = 0; s < 3; s++) {
+            tol t = {0.0f, rtol[p]};
+            if (!CHECK(within(loss[1][s], loss[0][s], t)))
+                fprintf(stderr, "  graph %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
+                        (double)loss[0][s]);
+        }
+        { /* BatchNormalization's moving statistics (after the two convolutions' weights and gamma, beta) */
+            size_t at = (3 * 3 * 2 * 4 + 4) + (3 * 3 * 4 * 4 + 4) + 8, k;
+            tol t = {1e-6f, rtol[p]};
+            for (k = at; k < at + 8; k++)
+                if (!CHECK(within(w[1][k], w[0][k], t)))
+                    fprintf(stderr, "  graph %s moving statistic %zu: gpu %.9g cpu %.9g\n", policies[p], k - at,
+                            (double)w[1][k], (double)w[0][k]);
+        }
+        mp_model_destroy(m[0]);
+        mp_model_destroy(m[1]);
+        free(w[0]);
+        free(w[1]);
     }
     free(x);
     free(y);
@@ -1466,6 +1549,7 @@ int main(int argc, char **argv) {
     RUN(test_loss_scale_trajectory());
     RUN(test_rerun_bit_identical());
     RUN(test_conv_model());
+    RUN(test_graph_model());
     RUN(test_model_memory());
     RUN(test_steady_state());
     RUN(test_validation_on_device());
