@@ -7,10 +7,10 @@ model's input), the sizes of its weights in get_weights order, the inputs,
 targets and weights, then what Keras 3 computes with tf.GradientTape: at
 each training step the training-mode output, the loss, the gradients of the
 trainable weights and every weight after SGD's update (the moving
-statistics included), then the inference-mode output. Under the mixed
-policies it also writes the first step's output and gradients of the same
-model in float64, what both sides approximate. peer.c builds the same model
-with mp_model_call and takes the same steps with the custom loop.
+statistics included), then the inference-mode output. Before the steps it
+writes the first step's output and gradients of the same model in float64,
+what both sides approximate. peer.c builds the same model with
+mp_model_call and takes the same steps with the custom loop.
 
 Needs tensorflow-cpu and tf-keras, as loss_from_logits.py; argv[1] is the
 file to write."""
@@ -157,10 +157,10 @@ def run_case(keras, tf, seed, case, out):
     print(line("x", x.ravel()), file=out)
     print(line("y", y.ravel()), file=out)
     print(line("weights", flat(weights)), file=out)
-    if policy != "float32":  # what the mixed policies approximate: the first step in float64
-        output, _, grads = train_step(keras, tf, build(keras, "float64", shape, layers), loss, x, y, weights)
-        print(line("float64_output", flat([output])), file=out)
-        print(line("float64_gradients", flat(grads)), file=out)
+    # What every policy approximates: the first step in float64.
+    output, _, grads = train_step(keras, tf, build(keras, "float64", shape, layers), loss, x, y, weights)
+    print(line("float64_output", flat([output])), file=out)
+    print(line("float64_gradients", flat(grads)), file=out)
     optimizer = keras.optimizers.SGD(learning_rate=LR)
     for step in range(steps):
         output, value, grads = train_step(keras, tf, model, loss, x, y, None)
