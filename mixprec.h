@@ -255,11 +255,11 @@ CONTENTS
                              vdpbf16ps, AMX
     >>matmul: paths          epilogues; in place, sums in C, blocked; the plan
     >>matmul: threads        splits along N, M or K, the transpose, CBLAS, mp_matmul
-    >>cpu backend: elementwise    casts split across threads
+    >>cpu backend: elementwise    casts, elementwise ops, strided copies split across threads
     >>cpu backend: losses    the loss rows over a batch
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
     >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
-    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max pool, masks
+    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max and average pool, masks
     >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
     >>layers                 each layer's forward and backward, side by side
     >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
@@ -1642,7 +1642,10 @@ struct mp_backend {
        [cols] then biased variance [cols] (two passes), moving (mean then
        variance) = moving * momentum + stats * (1 - momentum), y from the
        batch's statistics; else y from moving, stats untouched.
-       y = (x - mean) / sqrt(var + epsilon) * gamma + beta. */
+       y = (x - mean) / sqrt(var + epsilon) * gamma + beta. These four ops
+       do nothing where rows or cols is 0; each step's rounding and the
+       order of every sum are >>rules' (mp__norm_*), which the CPU and
+       CUDA backends share bit for bit. */
     void (*batch_norm)(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
                        const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
                        int training);
@@ -2038,6 +2041,39 @@ static MIXPREC_HD inline int mp__row_correct(mp_loss kind, const float *p, const
     if (kind != MP_BINARY_CROSSENTROPY) return 0;
     MP__ROW_FOR(j, n) wrong += (float)((p[j] > 0.5f) != (t[j] > 0.5f)); /* a count: exact below 2^24 */
     return MP__ROW_SUM(wrong) == 0.0f;
+}
+
+/* Batch and layer normalisation (Keras 3's BatchNormalization and
+   LayerNormalization, keras/src/layers/normalization/): the statistics in
+   float32 whatever the input's dtype, the variance biased. Sums go in an
+   order fixed by the shape alone, so that every thread count and the
+   GPU's kernels give the same bits:
+   - over a column (BatchNormalization's statistics, both layers' dgamma
+     and dbeta): parts of MP__NORM_ROWS rows, each summed in row order
+     from 0, then the parts' sums in order from 0;
+   - over a row (LayerNormalization): as a warp of MP__NORM_LANES lanes
+     sums it, lane l taking columns l, l + 32, ... in order from 0, then
+     the lanes combined by a xor butterfly (lane l adds lane l ^ m for m =
+     16, 8, 4, 2, 1). */
+enum { MP__NORM_ROWS = 256, MP__NORM_LANES = 32 };
+/* What a column sum adds for element (r, c): x; (x - mean)^2; dy xhat and dy. */
+enum { MP__NORM_SUM_X, MP__NORM_SUM_DEV2, MP__NORM_SUM_GRAD };
+
+/* A mean (or a biased variance) from the sum of n values. */
+static MIXPREC_HD inline float mp__norm_mean(float sum, size_t n) { return sum / (float)n; }
+/* 1 / sqrt(var + epsilon), each step rounded (IEEE sqrt and division). */
+static MIXPREC_HD inline float mp__norm_rstd(float var, float epsilon) { return 1.0f / sqrtf(var + epsilon); }
+static MIXPREC_HD inline float mp__norm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+static MIXPREC_HD inline float mp__norm_y(float xhat, float gamma, float beta) { return xhat * gamma + beta; }
+/* Keras's update: moving * momentum + batch * (1 - momentum). */
+static MIXPREC_HD inline float mp__norm_moving(float moving, float batch, float momentum) {
+    return moving * momentum + batch * (1.0f - momentum);
+}
+/* The gradient through a normalisation, k (g - mean(g) - xhat mean(g xhat)):
+   BatchNormalization's k = gamma rstd, g = dy, the means over the column;
+   LayerNormalization's k = rstd, g = dy gamma, the means over the row. */
+static MIXPREC_HD inline float mp__norm_dx(float k, float g, float xhat, float mean_g, float mean_gx) {
+    return k * (g - mean_g - xhat * mean_gx);
 }
 
 MP__ROUND_EACH_END;
@@ -6208,6 +6244,72 @@ static void mp__cpu_cast(void *ctx, void *dst, mp_dtype dt, const void *src, mp_
     mp__parallel_range(mp__pool_of(ctx), n, mp__cast_range, &c);
 }
 
+/* The merges' sums and products and the gradients' sums (mp_backend.elementwise):
+   a tile of a and one of b widened, combined in float32 and rounded once into
+   y. Each tile is read whole before it is written, so y may be a or b. */
+typedef struct mp__ew_args {
+    mp_elementwise op;
+    void *y;
+    const void *a, *b;
+    mp_dtype yt, at, bt;
+    float s;
+} mp__ew_args;
+
+static void mp__ew_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__ew_args *e = (const mp__ew_args *)args;
+    float ta[MP__TILE], tb[MP__TILE];
+    size_t i, j, len;
+    (void)thread;
+    for (i = begin; i < end; i += len) {
+        len = mp__min(MP__TILE, end - i);
+        mp__load(ta, mp__at(e->a, e->at, i), e->at, len);
+        if (e->op != MP_EW_SCALE) mp__load(tb, mp__at(e->b, e->bt, i), e->bt, len);
+        switch (e->op) { /* plain loops over local tiles: vectorised */
+        case MP_EW_ADD: mp__add_run(ta, tb, len); break;
+        case MP_EW_SUBTRACT: for (j = 0; j < len; j++) ta[j] -= tb[j]; break;
+        case MP_EW_MULTIPLY: for (j = 0; j < len; j++) ta[j] *= tb[j]; break;
+        case MP_EW_SCALE: for (j = 0; j < len; j++) ta[j] *= e->s; break;
+        }
+        mp__store(mp__at_mut(e->y, e->yt, i), e->yt, ta, len);
+    }
+}
+
+static void mp__cpu_elementwise(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                                const void *b, mp_dtype bt, float s, size_t n) {
+    mp__ew_args e;
+    e.op = op, e.y = y, e.a = a, e.b = b, e.yt = yt, e.at = at, e.bt = bt, e.s = s;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__ew_range, &e);
+}
+
+/* Concatenate's blocks (mp_backend.copy_cols): rows split among the
+   threads, each row a memcpy, or one bulk cast where the dtypes differ. */
+typedef struct mp__cols_args {
+    void *dst;
+    const void *src;
+    mp_dtype dt, st;
+    size_t dst_stride, src_stride, cols;
+} mp__cols_args;
+
+static void mp__copy_cols_range(void *args, size_t r0, size_t r1, int thread) {
+    const mp__cols_args *c = (const mp__cols_args *)args;
+    size_t r;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        void *d = mp__at_mut(c->dst, c->dt, r * c->dst_stride);
+        const void *s = mp__at(c->src, c->st, r * c->src_stride);
+        if (c->dt == c->st) memcpy(d, s, c->cols * mp__dtypes[c->dt].size);
+        else (void)mp_convert(d, c->dt, s, c->st, c->cols, NULL);
+    }
+}
+
+static void mp__cpu_copy_cols(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                              size_t src_stride, size_t rows, size_t cols) {
+    mp__cols_args c;
+    if (cols == 0) return;
+    c.dst = dst, c.src = src, c.dt = dt, c.st = st, c.dst_stride = dst_stride, c.src_stride = src_stride, c.cols = cols;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__copy_cols_range, &c);
+}
+
 /* >>cpu backend: losses. Keras 3's formulas in float32, a row at a time (the rows
    are in >>rules), split across the pool MP__LOSS_ROWS rows at a time:
    each row's loss goes to the chunk's buffer, and the chunk's are added
@@ -6791,6 +6893,106 @@ static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const v
                 }
 }
 
+/* Average pooling, valid padding (AveragePooling2D, and
+   GlobalAveragePooling2D as one window over the whole image): an output is
+   its window's float32 sum in (ky, kx) order divided once by the window's
+   size, TensorFlow's AvgPool (the mean). Its gradient at an input cell is
+   the float32 sum, in (oy, ox) order, of dy / size over the windows that
+   hold the cell (TensorFlow's AvgPoolGrad spreads dy / size over each
+   window), rounded once; 0 where none does. Rows of the output (of dx for
+   the gradient) are split among the threads, and every element's sum runs
+   in this fixed order whichever thread does it (the CUDA backend's too). */
+typedef struct mp__avg_args {
+    void *out;
+    const void *in;
+    mp_dtype outt, dt;
+    const mp_conv_geom *g;
+} mp__avg_args;
+
+/* A row of y (image r / oh, oy = r % oh) goes out a tile at a time, each
+   tile holding the channels of one or more cells: one rounding call per
+   tile, not per cell (a 2x2 pool of a few channels). */
+static void mp__avg_pool_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__avg_args *a = (const mp__avg_args *)args;
+    const mp_conv_geom *g = a->g;
+    float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->ow * c;
+    int ky, kx;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        size_t img = r / (size_t)g->oh, oy = r % (size_t)g->oh;
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ox's channels [c0, c0 + run) */
+                size_t ox = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                memset(acc + k, 0, run * sizeof(float));
+                for (ky = 0; ky < g->kh; ky++)
+                    for (kx = 0; kx < g->kw; kx++) {
+                        size_t iy = oy * (size_t)g->sh + (size_t)ky, ix = ox * (size_t)g->sw + (size_t)kx;
+                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dt, run);
+                        mp__add_run(acc + k, t, run);
+                    }
+                for (j = 0; j < run; j++) acc[k + j] /= size;
+            }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
+        }
+    }
+}
+
+/* The windows along one axis that hold input position i: [*lo, *hi], empty
+   when *lo > *hi (a border no window reaches). */
+static void mp__windows_holding(int i, int k, int s, int outs, int *lo, int *hi) {
+    *lo = i < k ? 0 : (i - k) / s + 1;
+    *hi = i / s < outs - 1 ? i / s : outs - 1;
+}
+
+/* A row of dx (image r / h, iy = r % h) goes out a tile at a time, each tile
+   holding the channels of one or more cells: one rounding call per tile,
+   not per cell (a global pool's gradient has a few channels per cell). */
+static void mp__avg_pool_backward_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__avg_args *a = (const mp__avg_args *)args;
+    const mp_conv_geom *g = a->g;
+    float acc[MP__TILE], t[MP__TILE], size = (float)(g->kh * g->kw);
+    size_t r, e0, k, j, len, run, c = (size_t)g->c, row = (size_t)g->w * c;
+    int oy, ox, oy_lo, oy_hi, ox_lo, ox_hi;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        size_t img = r / (size_t)g->h, iy = r % (size_t)g->h;
+        mp__windows_holding((int)iy, g->kh, g->sh, g->oh, &oy_lo, &oy_hi);
+        for (e0 = 0; e0 < row; e0 += len) {
+            len = mp__min(MP__TILE, row - e0);
+            for (k = 0; k < len; k += run) { /* the piece of the tile that is cell ix's channels [c0, c0 + run) */
+                size_t ix = (e0 + k) / c, c0 = (e0 + k) % c;
+                run = mp__min(c - c0, len - k);
+                mp__windows_holding((int)ix, g->kw, g->sw, g->ow, &ox_lo, &ox_hi);
+                memset(acc + k, 0, run * sizeof(float));
+                for (oy = oy_lo; oy <= oy_hi; oy++)
+                    for (ox = ox_lo; ox <= ox_hi; ox++) {
+                        mp__load(t, mp__at(a->in, a->dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0),
+                                 a->dt, run);
+                        for (j = 0; j < run; j++) acc[k + j] += t[j] / size;
+                    }
+            }
+            mp__store(mp__at_mut(a->out, a->outt, r * row + e0), a->outt, acc, len);
+        }
+    }
+}
+
+static void mp__cpu_avg_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__avg_args a;
+    a.out = y, a.in = x, a.outt = a.dt = dt, a.g = g;
+    mp__parallel_items(mp__pool_of(ctx), n * (size_t)g->oh, (size_t)g->ow * (size_t)g->kh * (size_t)g->kw * (size_t)g->c,
+                       mp__avg_pool_rows, &a);
+}
+
+static void mp__cpu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                                      mp_dtype dt) {
+    mp__avg_args a;
+    a.out = dx, a.in = dy, a.outt = dxt, a.dt = dt, a.g = g;
+    mp__parallel_items(mp__pool_of(ctx), n * (size_t)g->h, (size_t)g->w * (size_t)g->c, mp__avg_pool_backward_rows, &a);
+}
+
 static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
     size_t i;
     (void)ctx;
@@ -6808,6 +7010,309 @@ static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_d
         for (j = 0; j < len; j++) t[j] = mask[i + j] ? t[j] * scale : 0.0f;
         mp__store(mp__at_mut(y, yt, i), yt, t, len);
     }
+}
+
+/* >>cpu backend: normalization. BatchNormalization and LayerNormalization
+   (Keras 3, keras/src/layers/normalization/batch_normalization.py and
+   layer_normalization.py); the per-element math and the order of every
+   sum are >>rules' (mp__norm_*). Column sums split the columns among the
+   threads, whole cache lines of a row each, and each thread sums its
+   columns in the shape's order; the per-row work splits the rows. Either
+   way no value depends on the thread count. */
+typedef struct mp__norm_args {
+    void *out;                     /* y or dx */
+    mp_dtype outt, dt;             /* out's dtype; x's and dy's */
+    const void *x, *dy;
+    size_t rows, cols;
+    const float *gamma_beta;       /* gamma[cols] then beta[cols] */
+    const float *stats;            /* BatchNormalization: mean[cols] then var[cols];
+                                      LayerNormalization: (mean, rstd) per row */
+    float *stats_out;              /* where they are written, or NULL */
+    float *moving, *sums;          /* BatchNormalization's moving statistics; the column sums out */
+    float momentum, epsilon;
+} mp__norm_args;
+
+static void mp__norm_begin(mp__norm_args *a, void *out, mp_dtype outt, const void *x, const void *dy, mp_dtype dt,
+                           size_t rows, size_t cols, const float *gamma_beta, float epsilon) {
+    memset(a, 0, sizeof *a);
+    a->out = out, a->outt = outt, a->x = x, a->dy = dy, a->dt = dt, a->rows = rows, a->cols = cols;
+    a->gamma_beta = gamma_beta, a->epsilon = epsilon;
+}
+
+/* The column sums of columns [c0, c0 + len) by >>rules' order: s1 (and,
+   for MP__NORM_SUM_GRAD, s2) get what each element adds. mean and rstd:
+   the columns' (BatchNormalization), or NULL for each row's own from
+   a->stats (LayerNormalization). */
+static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
+                              const float *rstd, float *s1, float *s2) {
+    float x[MP__TILE], g[MP__TILE], p1[MP__TILE], p2[MP__TILE];
+    size_t r0, r, j, end, es = mp__dtypes[a->dt].size;
+    int ahead = a->rows * a->cols * es >= MP__FAR; /* fetch rows ahead, as the bias gradient */
+    for (j = 0; j < len; j++) s1[j] = s2[j] = 0.0f;
+    for (r0 = 0; r0 < a->rows; r0 = end) {
+        end = mp__min(a->rows, r0 + MP__NORM_ROWS);
+        for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
+        for (r = r0; r < end; r++) {
+            if (ahead && r + MP__ROWS_AHEAD < a->rows) {
+                mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+                if (what == MP__NORM_SUM_GRAD)
+                    mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+            }
+            mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, len);
+            if (what == MP__NORM_SUM_X) {
+                mp__add_run(p1, x, len);
+            } else if (what == MP__NORM_SUM_DEV2) {
+                for (j = 0; j < len; j++) p1[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
+            } else if (mean) {
+                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
+                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), p2[j] += g[j];
+            } else {
+                float m = a->stats[2 * r], rs = a->stats[2 * r + 1];
+                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
+                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], m, rs), p2[j] += g[j];
+            }
+        }
+        for (j = 0; j < len; j++) s1[j] += p1[j], s2[j] += p2[j];
+    }
+}
+
+/* Columns [c0, c1) of a->sums = sum dy xhat [cols] then sum dy [cols];
+   mean and rstd as mp__norm_col_sums takes them. */
+static void mp__norm_grad_sums(const mp__norm_args *a, size_t c0, size_t len, const float *mean, const float *rstd) {
+    mp__norm_col_sums(a, MP__NORM_SUM_GRAD, c0, len, mean, rstd, a->sums + c0, a->sums + a->cols + c0);
+}
+
+/* A row's sum as a warp sums it (>>rules): acc[MP__NORM_LANES] gets the
+   lanes' sums of v[0, n), which starts at a multiple of MP__NORM_LANES of
+   the row; mp__norm_lanes_total combines them as the butterfly gives lane
+   0 (acc is used up): at distance m, lane l < m adds lane l + m = l ^ m,
+   and the lanes past m, which hold the same sums, are not needed. */
+static void mp__norm_lanes_add(float *acc, const float *v, size_t n) {
+    size_t j, l;
+    for (j = 0; j + MP__NORM_LANES <= n; j += MP__NORM_LANES)
+        for (l = 0; l < MP__NORM_LANES; l++) acc[l] += v[j + l];
+    for (l = 0; j + l < n; l++) acc[l] += v[j + l];
+}
+static float mp__norm_lanes_total(float *acc) {
+    size_t m, l;
+    for (m = MP__NORM_LANES / 2; m > 0; m /= 2)
+        for (l = 0; l < m; l++) acc[l] += acc[l + m];
+    return acc[0];
+}
+
+/* BatchNormalization's batch statistics and moving update, columns [c0, c1). */
+static void mp__bn_stats_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    float mean[MP__TILE], s1[MP__TILE], s2[MP__TILE];
+    float *stats = a->stats_out;
+    size_t c, j, len, cols = a->cols;
+    (void)thread;
+    for (c = c0; c < c1; c += len) {
+        len = mp__min(MP__TILE, c1 - c);
+        mp__norm_col_sums(a, MP__NORM_SUM_X, c, len, NULL, NULL, s1, s2);
+        for (j = 0; j < len; j++) mean[j] = mp__norm_mean(s1[j], a->rows);
+        mp__norm_col_sums(a, MP__NORM_SUM_DEV2, c, len, mean, NULL, s1, s2);
+        for (j = 0; j < len; j++) {
+            float var = mp__norm_mean(s1[j], a->rows);
+            stats[c + j] = mean[j], stats[cols + c + j] = var;
+            a->moving[c + j] = mp__norm_moving(a->moving[c + j], mean[j], a->momentum);
+            a->moving[cols + c + j] = mp__norm_moving(a->moving[cols + c + j], var, a->momentum);
+        }
+    }
+}
+
+/* rstd[0, len) of columns [c, c + len) from the variances in a->stats. */
+static void mp__bn_rstd(const mp__norm_args *a, size_t c, size_t len, float *rstd) {
+    size_t j;
+    for (j = 0; j < len; j++) rstd[j] = mp__norm_rstd(a->stats[a->cols + c + j], a->epsilon);
+}
+
+/* y over rows [r0, r1) from the columns' statistics in a->stats. */
+static void mp__bn_y_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    const float *gamma = a->gamma_beta, *beta = a->gamma_beta + a->cols;
+    float rstd[MP__TILE], t[MP__TILE];
+    size_t c, r, j, len, cols = a->cols;
+    (void)thread;
+    for (c = 0; c < cols; c += len) {
+        len = mp__min(MP__TILE, cols - c);
+        mp__bn_rstd(a, c, len, rstd);
+        for (r = r0; r < r1; r++) {
+            mp__load(t, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
+            for (j = 0; j < len; j++)
+                t[j] = mp__norm_y(mp__norm_xhat(t[j], a->stats[c + j], rstd[j]), gamma[c + j], beta[c + j]);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, len);
+        }
+    }
+}
+
+static void mp__bn_grad_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    float rstd[MP__TILE];
+    size_t c, len;
+    (void)thread;
+    for (c = c0; c < c1; c += len) {
+        len = mp__min(MP__TILE, c1 - c);
+        mp__bn_rstd(a, c, len, rstd);
+        mp__norm_grad_sums(a, c, len, a->stats + c, rstd);
+    }
+}
+
+/* dx over rows [r0, r1), from the column sums in a->sums. */
+static void mp__bn_dx_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    float rstd[MP__TILE], k[MP__TILE], mg[MP__TILE], mgx[MP__TILE], x[MP__TILE], g[MP__TILE];
+    size_t c, r, j, len, cols = a->cols;
+    (void)thread;
+    for (c = 0; c < cols; c += len) {
+        len = mp__min(MP__TILE, cols - c);
+        mp__bn_rstd(a, c, len, rstd);
+        for (j = 0; j < len; j++) {
+            k[j] = a->gamma_beta[c + j] * rstd[j];
+            mgx[j] = mp__norm_mean(a->sums[c + j], a->rows), mg[j] = mp__norm_mean(a->sums[cols + c + j], a->rows);
+        }
+        for (r = r0; r < r1; r++) {
+            mp__load(x, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
+            mp__load(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, len);
+            for (j = 0; j < len; j++) x[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], a->stats[c + j], rstd[j]), mg[j], mgx[j]);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, len);
+        }
+    }
+}
+
+/* Column work on the pool: whole cache lines of a row per thread. */
+static void mp__norm_cols(void *ctx, const mp__norm_args *a, void (*fn)(void *, size_t, size_t, int)) {
+    mp__parallel_grains(mp__pool_of(ctx), a->cols, 64 / mp__dtypes[a->dt].size, a->rows * a->cols, fn, (void *)a);
+}
+
+/* training: the batch's statistics into stats and the moving ones
+   updated first; y then from stats, else from moving. Nothing for an
+   empty batch. */
+static void mp__cpu_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                               const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                               int training) {
+    mp__norm_args a;
+    if (!rows || !cols) return;
+    mp__norm_begin(&a, y, yt, x, NULL, dt, rows, cols, gamma_beta, epsilon);
+    a.stats = training ? stats : moving;
+    if (training) {
+        a.stats_out = stats, a.moving = moving, a.momentum = momentum;
+        mp__norm_cols(ctx, &a, mp__bn_stats_cols);
+    }
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_y_rows, &a);
+}
+
+static void mp__cpu_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                        size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                        float epsilon, float *dgamma_beta) {
+    mp__norm_args a;
+    if (!rows || !cols) return;
+    mp__norm_begin(&a, dx, dxt, x, dy, dt, rows, cols, gamma_beta, epsilon);
+    a.stats = stats, a.sums = dgamma_beta;
+    mp__norm_cols(ctx, &a, mp__bn_grad_cols);
+    if (dx) mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_dx_rows, &a);
+}
+
+/* LayerNormalization, rows [r0, r1): each row's mean and rstd, then y. */
+static void mp__ln_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    const float *gamma = a->gamma_beta, *beta = a->gamma_beta + a->cols;
+    float t[MP__TILE], acc[MP__NORM_LANES];
+    float *stats = a->stats_out;
+    size_t c, r, j, len, cols = a->cols;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        const void *xr = mp__at(a->x, a->dt, r * cols);
+        float mean, rstd;
+        memset(acc, 0, sizeof acc);
+        for (c = 0; c < cols; c += len) {
+            len = mp__min(MP__TILE, cols - c);
+            mp__load(t, mp__at(xr, a->dt, c), a->dt, len);
+            mp__norm_lanes_add(acc, t, len);
+        }
+        mean = mp__norm_mean(mp__norm_lanes_total(acc), cols);
+        memset(acc, 0, sizeof acc);
+        for (c = 0; c < cols; c += len) {
+            len = mp__min(MP__TILE, cols - c);
+            mp__load(t, mp__at(xr, a->dt, c), a->dt, len);
+            for (j = 0; j < len; j++) t[j] = (t[j] - mean) * (t[j] - mean);
+            mp__norm_lanes_add(acc, t, len);
+        }
+        rstd = mp__norm_rstd(mp__norm_mean(mp__norm_lanes_total(acc), cols), a->epsilon);
+        stats[2 * r] = mean, stats[2 * r + 1] = rstd;
+        for (c = 0; c < cols; c += len) {
+            len = mp__min(MP__TILE, cols - c);
+            mp__load(t, mp__at(xr, a->dt, c), a->dt, len);
+            for (j = 0; j < len; j++) t[j] = mp__norm_y(mp__norm_xhat(t[j], mean, rstd), gamma[c + j], beta[c + j]);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, len);
+        }
+    }
+}
+
+static void mp__ln_grad_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    size_t c, len;
+    (void)thread;
+    for (c = c0; c < c1; c += len) {
+        len = mp__min(MP__TILE, c1 - c);
+        mp__norm_grad_sums(a, c, len, NULL, NULL);
+    }
+}
+
+/* The loads of tile [c, c + len) of row r: x, and g = dy gamma. */
+static void mp__ln_load(const mp__norm_args *a, size_t r, size_t c, size_t len, float *x, float *g) {
+    size_t j;
+    mp__load(x, mp__at(a->x, a->dt, r * a->cols + c), a->dt, len);
+    mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c), a->dt, len);
+    for (j = 0; j < len; j++) g[j] *= a->gamma_beta[c + j];
+}
+
+/* dx over rows [r0, r1): each row's means of g and g xhat, then dx. */
+static void mp__ln_dx_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__norm_args *a = (const mp__norm_args *)args;
+    float x[MP__TILE], g[MP__TILE], acc_g[MP__NORM_LANES], acc_gx[MP__NORM_LANES];
+    size_t c, r, j, len, cols = a->cols;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        float mean = a->stats[2 * r], rstd = a->stats[2 * r + 1], mg, mgx;
+        memset(acc_g, 0, sizeof acc_g);
+        memset(acc_gx, 0, sizeof acc_gx);
+        for (c = 0; c < cols; c += len) {
+            len = mp__min(MP__TILE, cols - c);
+            mp__ln_load(a, r, c, len, x, g);
+            mp__norm_lanes_add(acc_g, g, len);
+            for (j = 0; j < len; j++) x[j] = g[j] * mp__norm_xhat(x[j], mean, rstd);
+            mp__norm_lanes_add(acc_gx, x, len);
+        }
+        mg = mp__norm_mean(mp__norm_lanes_total(acc_g), cols);
+        mgx = mp__norm_mean(mp__norm_lanes_total(acc_gx), cols);
+        for (c = 0; c < cols; c += len) {
+            len = mp__min(MP__TILE, cols - c);
+            mp__ln_load(a, r, c, len, x, g);
+            for (j = 0; j < len; j++) x[j] = mp__norm_dx(rstd, g[j], mp__norm_xhat(x[j], mean, rstd), mg, mgx);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, len);
+        }
+    }
+}
+
+static void mp__cpu_layer_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                               const float *gamma_beta, float epsilon, float *stats) {
+    mp__norm_args a;
+    if (!rows || !cols) return;
+    mp__norm_begin(&a, y, yt, x, NULL, dt, rows, cols, gamma_beta, epsilon);
+    a.stats_out = stats;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__ln_rows, &a);
+}
+
+static void mp__cpu_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                        size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                        float *dgamma_beta) {
+    mp__norm_args a;
+    if (!rows || !cols) return;
+    mp__norm_begin(&a, dx, dxt, x, dy, dt, rows, cols, gamma_beta, 0.0f);
+    a.stats = stats, a.sums = dgamma_beta;
+    mp__norm_cols(ctx, &a, mp__ln_grad_cols);
+    if (dx) mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__ln_dx_rows, &a);
 }
 
 /* >>cpu backend: the operations table. The rest of the CPU backend: memory
@@ -6931,6 +7436,14 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
     MP_OP(dropout_mask) mp__cpu_dropout_mask,
     MP_OP(dropout) mp__cpu_dropout,
+    MP_OP(elementwise) mp__cpu_elementwise,
+    MP_OP(copy_cols) mp__cpu_copy_cols,
+    MP_OP(avg_pool) mp__cpu_avg_pool,
+    MP_OP(avg_pool_backward) mp__cpu_avg_pool_backward,
+    MP_OP(batch_norm) mp__cpu_batch_norm,
+    MP_OP(batch_norm_backward) mp__cpu_batch_norm_backward,
+    MP_OP(layer_norm) mp__cpu_layer_norm,
+    MP_OP(layer_norm_backward) mp__cpu_layer_norm_backward,
     MP_OP(host_alloc) NULL, /* no staging: the host's memory is the CPU's */
     MP_OP(host_free) NULL,
     MP_OP(host_wait) NULL,

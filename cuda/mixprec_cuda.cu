@@ -401,6 +401,137 @@ static __global__ void mp__k_colsum_final(void *db, mp_dtype dt, const float *pa
     }
 }
 
+/* >>normalization kernels: BatchNormalization and LayerNormalization in
+   mixprec.h's order of sums (>>rules, mp__norm_*), so that they give the
+   CPU backend's bits. Column sums: mp__k_norm_parts sums each part of
+   MP__NORM_ROWS rows of a column in row order from 0, mp__k_norm_final
+   adds a column's parts in order from 0 (a thread a column: the CPU's
+   order, which a tree would change). A row's sums: a warp a row, each
+   lane's columns in order, then the xor butterfly (mp__cu_warp_sum). */
+static_assert(MP__NORM_LANES == MP__CU_WARP, "a row's sums take a warp's lanes");
+static __device__ __forceinline__ size_t mp__cu_parts(size_t rows) { return (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS; }
+
+/* what: MP__NORM_SUM_X (x), _DEV2 ((x - mean)^2) or _GRAD (dy xhat, then
+   dy into part + parts * cols). stats: the columns' mean then var
+   (BatchNormalization), or per_row: (mean, rstd) per row (LayerNormalization). */
+static __global__ void mp__k_norm_parts(float *part, int what, const void *x, const void *dy, mp_dtype dt, size_t rows,
+                                        size_t cols, const float *stats, int per_row, float epsilon) {
+    size_t parts = mp__cu_parts(rows);
+    MP__CU_LOOP(i, parts * cols) {
+        size_t j = i % cols, r = i / cols * MP__NORM_ROWS, end = r + MP__NORM_ROWS;
+        float s1 = 0.0f, s2 = 0.0f, mean = 0.0f, rstd = 0.0f;
+        if (end > rows) end = rows;
+        if (what != MP__NORM_SUM_X && !per_row) mean = stats[j];
+        if (what == MP__NORM_SUM_GRAD && !per_row) rstd = mp__norm_rstd(stats[cols + j], epsilon);
+        for (; r < end; r++) {
+            float v = mp__ld(x, dt, r * cols + j);
+            if (what == MP__NORM_SUM_X) {
+                s1 += v;
+            } else if (what == MP__NORM_SUM_DEV2) {
+                s1 += (v - mean) * (v - mean);
+            } else {
+                float g = mp__ld(dy, dt, r * cols + j);
+                if (per_row) mean = stats[2 * r], rstd = stats[2 * r + 1];
+                s1 += g * mp__norm_xhat(v, mean, rstd);
+                s2 += g;
+            }
+        }
+        part[i] = s1;
+        if (what == MP__NORM_SUM_GRAD) part[parts * cols + i] = s2;
+    }
+}
+
+/* A column's parts added in order: SUM_X gives stats' mean, DEV2 its
+   variance and the moving update of both; GRAD sums[cols] and
+   sums[cols + j] (dgamma, dbeta). */
+static __global__ void mp__k_norm_final(const float *part, int what, size_t rows, size_t cols, float *stats, float *moving,
+                                        float momentum, float *sums) {
+    size_t parts = mp__cu_parts(rows);
+    MP__CU_LOOP(j, cols) {
+        float s1 = 0.0f, s2 = 0.0f;
+        for (size_t p = 0; p < parts; p++) {
+            s1 += part[p * cols + j];
+            if (what == MP__NORM_SUM_GRAD) s2 += part[(parts + p) * cols + j];
+        }
+        if (what == MP__NORM_SUM_X) {
+            stats[j] = mp__norm_mean(s1, rows);
+        } else if (what == MP__NORM_SUM_DEV2) {
+            float var = mp__norm_mean(s1, rows);
+            stats[cols + j] = var;
+            moving[j] = mp__norm_moving(moving[j], stats[j], momentum);
+            moving[cols + j] = mp__norm_moving(moving[cols + j], var, momentum);
+        } else {
+            sums[j] = s1;
+            sums[cols + j] = s2;
+        }
+    }
+}
+
+/* BatchNormalization's y from the columns' mean then var in mv. */
+static __global__ void mp__k_bn_y(void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t n, size_t cols,
+                                  const float *gamma_beta, const float *mv, float epsilon) {
+    MP__CU_LOOP(i, n) {
+        size_t j = i % cols;
+        float rstd = mp__norm_rstd(mv[cols + j], epsilon);
+        mp__st(y, yt, i, mp__norm_y(mp__norm_xhat(mp__ld(x, dt, i), mv[j], rstd), gamma_beta[j], gamma_beta[cols + j]));
+    }
+}
+
+/* BatchNormalization's dx from the column sums (dgamma then dbeta). */
+static __global__ void mp__k_bn_dx(void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt, size_t rows,
+                                   size_t cols, const float *gamma_beta, const float *stats, float epsilon,
+                                   const float *sums) {
+    MP__CU_LOOP(i, rows * cols) {
+        size_t j = i % cols;
+        float rstd = mp__norm_rstd(stats[cols + j], epsilon), k = gamma_beta[j] * rstd;
+        float xhat = mp__norm_xhat(mp__ld(x, dt, i), stats[j], rstd);
+        mp__st(dx, dxt, i, mp__norm_dx(k, mp__ld(dy, dt, i), xhat, mp__norm_mean(sums[cols + j], rows),
+                                       mp__norm_mean(sums[j], rows)));
+    }
+}
+
+/* LayerNormalization, a warp a row: mean, variance, rstd, then y. */
+static __global__ void mp__k_ln(void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                                const float *gamma_beta, float epsilon, float *stats) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
+        size_t base = r * cols, j;
+        float s = 0.0f, mean, rstd;
+        for (j = lane; j < cols; j += MP__CU_WARP) s += mp__ld(x, dt, base + j);
+        mean = mp__norm_mean(mp__cu_warp_sum(s), cols);
+        s = 0.0f;
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float v = mp__ld(x, dt, base + j);
+            s += (v - mean) * (v - mean);
+        }
+        rstd = mp__norm_rstd(mp__norm_mean(mp__cu_warp_sum(s), cols), epsilon);
+        if (lane == 0) stats[2 * r] = mean, stats[2 * r + 1] = rstd;
+        for (j = lane; j < cols; j += MP__CU_WARP)
+            mp__st(y, yt, base + j,
+                   mp__norm_y(mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd), gamma_beta[j], gamma_beta[cols + j]));
+    }
+}
+
+/* LayerNormalization's dx, a warp a row: the means of g = dy gamma and of
+   g xhat, then dx. */
+static __global__ void mp__k_ln_dx(void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt, size_t rows,
+                                   size_t cols, const float *gamma_beta, const float *stats) {
+    MP__CU_WARP_LOOP(r, lane, rows) {
+        size_t base = r * cols, j;
+        float mean = stats[2 * r], rstd = stats[2 * r + 1], sg = 0.0f, sgx = 0.0f, mg, mgx;
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float g = mp__ld(dy, dt, base + j) * gamma_beta[j];
+            sg += g;
+            sgx += g * mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd);
+        }
+        mg = mp__norm_mean(mp__cu_warp_sum(sg), cols);
+        mgx = mp__norm_mean(mp__cu_warp_sum(sgx), cols);
+        for (j = lane; j < cols; j += MP__CU_WARP) {
+            float g = mp__ld(dy, dt, base + j) * gamma_beta[j];
+            mp__st(dx, dxt, base + j, mp__norm_dx(rstd, g, mp__norm_xhat(mp__ld(x, dt, base + j), mean, rstd), mg, mgx));
+        }
+    }
+}
+
 /* A product's float32 result d (NULL: k was 0) into C: + C, + bias (in
    biast), the pre-activation, the activation, one rounding (mp__epilogue). */
 static __global__ void mp__k_epilogue(void *c, mp_dtype ct, const float *d, int accumulate, const void *bias,
@@ -473,6 +604,28 @@ static __global__ void mp__k_dropout_mask(unsigned char *mask, size_t n, float r
 static __global__ void mp__k_dropout(void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask, size_t n,
                               float scale) {
     MP__CU_LOOP(i, n) mp__st(y, yt, i, mask[i] ? mp__ld(x, xt, i) * scale : 0.0f);
+}
+
+/* y = a op b in float32, rounded once (mp_backend.elementwise); each thread
+   reads its element before writing it, so y may be a or b. */
+static __global__ void mp__k_elementwise(mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at, const void *b,
+                                         mp_dtype bt, float s, size_t n) {
+    MP__CU_LOOP(i, n) {
+        float v = mp__ld(a, at, i), w = op == MP_EW_SCALE ? s : mp__ld(b, bt, i);
+        mp__st(y, yt, i, op == MP_EW_ADD ? v + w : op == MP_EW_SUBTRACT ? v - w : v * w);
+    }
+}
+
+/* Concatenate's blocks: one thread per element, a raw copy where the
+   dtypes agree (NaN payloads untouched, as the CPU's memcpy), else a cast. */
+template <typename T>
+static __global__ void mp__k_copy_cols(T *dst, size_t dst_stride, const T *src, size_t src_stride, size_t rows, size_t cols) {
+    MP__CU_LOOP(e, rows * cols) dst[e / cols * dst_stride + e % cols] = src[e / cols * src_stride + e % cols];
+}
+
+static __global__ void mp__k_cast_cols(void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                                       size_t src_stride, size_t rows, size_t cols) {
+    MP__CU_LOOP(e, rows * cols) mp__st(dst, dt, e / cols * dst_stride + e % cols, mp__ld(src, st, e / cols * src_stride + e % cols));
 }
 
 /* >>cast stats: mp__scan on the device. Integer atomics only; the order in
@@ -653,30 +806,81 @@ static __global__ void mp__k_max_pool(void *y, const void *x, size_t n, mp_conv_
     }
 }
 
+/* Input cell e of n NHWC images (padding valid): its image, channel,
+   position, and the windows that hold it, rows [oy_lo, oy_hi] by columns
+   [ox_lo, ox_hi] (empty at a border no window reaches). */
+typedef struct mp__cu_cell {
+    size_t img, ch;
+    int iy, ix, oy_lo, oy_hi, ox_lo, ox_hi;
+} mp__cu_cell;
+
+static __device__ mp__cu_cell mp__cu_cell_of(size_t e, const mp_conv_geom &g) {
+    mp__cu_cell p;
+    size_t q = e / (size_t)g.c;
+    p.ch = e % (size_t)g.c;
+    p.ix = (int)(q % (size_t)g.w);
+    q /= (size_t)g.w;
+    p.iy = (int)(q % (size_t)g.h);
+    p.img = q / (size_t)g.h;
+    p.oy_lo = p.iy < g.kh ? 0 : (p.iy - g.kh) / g.sh + 1;
+    p.ox_lo = p.ix < g.kw ? 0 : (p.ix - g.kw) / g.sw + 1;
+    p.oy_hi = p.iy / g.sh < g.oh - 1 ? p.iy / g.sh : g.oh - 1;
+    p.ox_hi = p.ix / g.sw < g.ow - 1 ? p.ix / g.sw : g.ow - 1;
+    return p;
+}
+
 /* One thread per input cell: the gradient of the window whose maximum it
    is, 0 if none. Where windows overlap, the last in (oy, ox) order decides,
    as the CPU's writes do. */
 static __global__ void mp__k_max_pool_backward(void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n, mp_conv_geom g,
                                         mp_dtype dt) {
     MP__CU_LOOP(e, n * g.h * g.w * g.c) {
-        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c, img;
-        int ix = (int)(q % (size_t)g.w), iy, oy, ox, oy_hi, ox_hi;
+        mp__cu_cell p = mp__cu_cell_of(e, g);
         float out = 0.0f;
-        q /= (size_t)g.w;
-        iy = (int)(q % (size_t)g.h);
-        img = q / (size_t)g.h;
-        oy_hi = iy / g.sh < g.oh - 1 ? iy / g.sh : g.oh - 1;
-        ox_hi = ix / g.sw < g.ow - 1 ? ix / g.sw : g.ow - 1;
-        for (oy = iy - g.kh + 1 <= 0 ? 0 : (iy - g.kh + g.sh) / g.sh; oy <= oy_hi; oy++)
-            for (ox = ix - g.kw + 1 <= 0 ? 0 : (ix - g.kw + g.sw) / g.sw; ox <= ox_hi; ox++) {
+        int oy, ox;
+        for (oy = p.oy_lo; oy <= p.oy_hi; oy++)
+            for (ox = p.ox_lo; ox <= p.ox_hi; ox++) {
                 float best = 0.0f;
                 int arg = 0;
-                mp__cu_window(x, dt, img, g, oy, ox, ch, &best, &arg);
-                out = arg == (iy - oy * g.sh) * g.kw + (ix - ox * g.sw)
-                          ? mp__ld(dy, dt, mp__cu_nhwc(img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + ch)
+                mp__cu_window(x, dt, p.img, g, oy, ox, p.ch, &best, &arg);
+                out = arg == (p.iy - oy * g.sh) * g.kw + (p.ix - ox * g.sw)
+                          ? mp__ld(dy, dt, mp__cu_nhwc(p.img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + p.ch)
                           : 0.0f;
             }
         mp__st(dx, dxt, e, out);
+    }
+}
+
+/* Average pooling (valid padding), one thread per element, in the CPU's
+   order: the window's float32 sum in (ky, kx) order from 0, divided once
+   by its size; the gradient at a cell the sum of dy / size over the windows
+   holding it, (oy, ox) ascending, from 0. */
+static __global__ void mp__k_avg_pool(void *y, const void *x, size_t n, mp_conv_geom g, mp_dtype dt) {
+    float size = (float)(g.kh * g.kw);
+    MP__CU_LOOP(e, n * g.oh * g.ow * g.c) {
+        size_t ch = e % (size_t)g.c, q = e / (size_t)g.c, img;
+        int ox = (int)(q % (size_t)g.ow), oy, ky, kx;
+        float sum = 0.0f;
+        q /= (size_t)g.ow;
+        oy = (int)(q % (size_t)g.oh);
+        img = q / (size_t)g.oh;
+        for (ky = 0; ky < g.kh; ky++)
+            for (kx = 0; kx < g.kw; kx++)
+                sum += mp__ld(x, dt, mp__cu_nhwc(img, (size_t)(oy * g.sh + ky), (size_t)(ox * g.sw + kx), g.h, g.w, g.c) + ch);
+        mp__st(y, dt, e, sum / size);
+    }
+}
+
+static __global__ void mp__k_avg_pool_backward(void *dx, mp_dtype dxt, const void *dy, size_t n, mp_conv_geom g, mp_dtype dt) {
+    float size = (float)(g.kh * g.kw);
+    MP__CU_LOOP(e, n * g.h * g.w * g.c) {
+        mp__cu_cell p = mp__cu_cell_of(e, g);
+        float sum = 0.0f;
+        int oy, ox;
+        for (oy = p.oy_lo; oy <= p.oy_hi; oy++)
+            for (ox = p.ox_lo; ox <= p.ox_hi; ox++)
+                sum += mp__ld(dy, dt, mp__cu_nhwc(p.img, (size_t)oy, (size_t)ox, g.oh, g.ow, g.c) + p.ch) / size;
+        mp__st(dx, dxt, e, sum);
     }
 }
 
@@ -1365,6 +1569,86 @@ static void mp__cu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dt
     if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_dropout, y, yt, x, xt, mask, n, scale);
 }
 
+static void mp__cu_elementwise(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                               const void *b, mp_dtype bt, float s, size_t n) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n, mp__k_elementwise, op, y, yt, a, at, b, bt, s, n);
+}
+
+static void mp__cu_copy_cols(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                             size_t src_stride, size_t rows, size_t cols) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t n = rows * cols;
+    if (!mp__cu_live(c)) return;
+    if (dt != st) MP__CU_LAUNCH(c, n, mp__k_cast_cols, dst, dt, dst_stride, src, st, src_stride, rows, cols);
+    else if (dt == MP_FLOAT32)
+        MP__CU_LAUNCH(c, n, mp__k_copy_cols<uint32_t>, (uint32_t *)dst, dst_stride, (const uint32_t *)src, src_stride, rows, cols);
+    else MP__CU_LAUNCH(c, n, mp__k_copy_cols<uint16_t>, (uint16_t *)dst, dst_stride, (const uint16_t *)src, src_stride, rows, cols);
+}
+
+static void mp__cu_avg_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, n * (size_t)g->oh * (size_t)g->ow * (size_t)g->c, mp__k_avg_pool, y, x, n, *g, dt);
+}
+
+static void mp__cu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                                     mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, n * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_avg_pool_backward, dx, dxt, dy, n, *g, dt);
+/* The column sums of what (MP__NORM_SUM_*) in two launches, reading the
+   statistics in `in`, writing what mp__k_norm_final writes; the parts in
+   the scratch (parts * cols <= rows * cols floats, two sets for GRAD). */
+static void mp__cu_norm_sums(mp__cu *c, int what, const void *x, const void *dy, mp_dtype dt, size_t rows, size_t cols,
+                             const float *in, int per_row, float epsilon, float *stats, float *moving, float momentum,
+                             float *sums) {
+    size_t parts = (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS, sets = what == MP__NORM_SUM_GRAD ? 2 : 1;
+    float *part = (float *)mp__cu_grow(c, &c->rows, sets * parts * cols * sizeof(float));
+    if (!part) return;
+    MP__CU_LAUNCH(c, parts * cols, mp__k_norm_parts, part, what, x, dy, dt, rows, cols, in, per_row, epsilon);
+    MP__CU_LAUNCH(c, cols, mp__k_norm_final, (const float *)part, what, rows, cols, stats, moving, momentum, sums);
+}
+
+static void mp__cu_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                              const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                              int training) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    if (training) {
+        mp__cu_norm_sums(c, MP__NORM_SUM_X, x, NULL, dt, rows, cols, stats, 0, epsilon, stats, moving, momentum, NULL);
+        mp__cu_norm_sums(c, MP__NORM_SUM_DEV2, x, NULL, dt, rows, cols, stats, 0, epsilon, stats, moving, momentum, NULL);
+    }
+    MP__CU_LAUNCH(c, rows * cols, mp__k_bn_y, y, yt, x, dt, rows * cols, cols, gamma_beta,
+                  (const float *)(training ? stats : moving), epsilon);
+}
+
+static void mp__cu_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                       size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                       float epsilon, float *dgamma_beta) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    mp__cu_norm_sums(c, MP__NORM_SUM_GRAD, x, dy, dt, rows, cols, stats, 0, epsilon, NULL, NULL, 0.0f, dgamma_beta);
+    if (dx)
+        MP__CU_LAUNCH(c, rows * cols, mp__k_bn_dx, dx, dxt, dy, x, dt, rows, cols, gamma_beta, stats, epsilon,
+                      (const float *)dgamma_beta);
+}
+
+static void mp__cu_layer_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                              const float *gamma_beta, float epsilon, float *stats) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (rows && cols && mp__cu_live(c))
+        MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_ln, y, yt, x, dt, rows, cols, gamma_beta, epsilon, stats);
+}
+
+static void mp__cu_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                       size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                       float *dgamma_beta) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (!rows || !cols || !mp__cu_live(c)) return;
+    mp__cu_norm_sums(c, MP__NORM_SUM_GRAD, x, dy, dt, rows, cols, stats, 1, 0.0f, NULL, NULL, 0.0f, dgamma_beta);
+    if (dx) MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_ln_dx, dx, dxt, dy, x, dt, rows, cols, gamma_beta, stats);
+}
+
 /* Free device memory (0 if it cannot be queried: fit then sends batches). */
 static size_t mp__cu_free_memory(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
@@ -1413,6 +1697,14 @@ static const mp_backend mp__cu_backend = {
     MP_OP(max_pool_backward) mp__cu_max_pool_backward,
     MP_OP(dropout_mask) mp__cu_dropout_mask,
     MP_OP(dropout) mp__cu_dropout,
+    MP_OP(elementwise) mp__cu_elementwise,
+    MP_OP(copy_cols) mp__cu_copy_cols,
+    MP_OP(avg_pool) mp__cu_avg_pool,
+    MP_OP(avg_pool_backward) mp__cu_avg_pool_backward,
+    MP_OP(batch_norm) mp__cu_batch_norm,
+    MP_OP(batch_norm_backward) mp__cu_batch_norm_backward,
+    MP_OP(layer_norm) mp__cu_layer_norm,
+    MP_OP(layer_norm_backward) mp__cu_layer_norm_backward,
     MP_OP(host_alloc) mp__cu_host_alloc,
     MP_OP(host_free) mp__cu_host_free,
     MP_OP(host_wait) mp__cu_host_wait,

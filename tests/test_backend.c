@@ -116,6 +116,45 @@ static void r_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype x
     cpu->dropout(ctx, real(y), yt, real(x), xt, (const unsigned char *)real(mask), n, scale);
 }
 
+static void r_elementwise(void *ctx, mp_elementwise op, void *y, mp_dtype yt, const void *a, mp_dtype at,
+                          const void *b, mp_dtype bt, float s, size_t n) {
+    cpu->elementwise(ctx, op, real(y), yt, real(a), at, real(b), bt, s, n);
+}
+static void r_copy_cols(void *ctx, void *dst, mp_dtype dt, size_t dst_stride, const void *src, mp_dtype st,
+                        size_t src_stride, size_t rows, size_t cols) {
+    cpu->copy_cols(ctx, real(dst), dt, dst_stride, real(src), st, src_stride, rows, cols);
+}
+static void r_avg_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    cpu->avg_pool(ctx, real(y), real(x), n, g, dt);
+}
+static void r_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, size_t n, const mp_conv_geom *g,
+                                mp_dtype dt) {
+    cpu->avg_pool_backward(ctx, real(dx), dxt, real(dy), n, g, dt);
+}
+static void r_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                         const float *gamma_beta, float *stats, float *moving, float momentum, float epsilon,
+                         int training) {
+    cpu->batch_norm(ctx, real(y), yt, real(x), dt, rows, cols, (const float *)real(gamma_beta), (float *)real(stats),
+                    (float *)real(moving), momentum, epsilon, training);
+}
+static void r_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                  size_t rows, size_t cols, const float *gamma_beta, const float *stats, float epsilon,
+                                  float *dgamma_beta) {
+    cpu->batch_norm_backward(ctx, real(dx), dxt, real(dy), real(x), dt, rows, cols, (const float *)real(gamma_beta),
+                             (const float *)real(stats), epsilon, (float *)real(dgamma_beta));
+}
+static void r_layer_norm(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype dt, size_t rows, size_t cols,
+                         const float *gamma_beta, float epsilon, float *stats) {
+    cpu->layer_norm(ctx, real(y), yt, real(x), dt, rows, cols, (const float *)real(gamma_beta), epsilon,
+                    (float *)real(stats));
+}
+static void r_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
+                                  size_t rows, size_t cols, const float *gamma_beta, const float *stats,
+                                  float *dgamma_beta) {
+    cpu->layer_norm_backward(ctx, real(dx), dxt, real(dy), real(x), dt, rows, cols, (const float *)real(gamma_beta),
+                             (const float *)real(stats), (float *)real(dgamma_beta));
+}
+
 /* Staging memory: plain host memory here (copies run at once), counted. */
 static void *r_host_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -179,6 +218,14 @@ static const mp_backend remote = {
     MP_OP(max_pool_backward) r_max_pool_backward,
     MP_OP(dropout_mask) r_dropout_mask,
     MP_OP(dropout) r_dropout,
+    MP_OP(elementwise) r_elementwise,
+    MP_OP(copy_cols) r_copy_cols,
+    MP_OP(avg_pool) r_avg_pool,
+    MP_OP(avg_pool_backward) r_avg_pool_backward,
+    MP_OP(batch_norm) r_batch_norm,
+    MP_OP(batch_norm_backward) r_batch_norm_backward,
+    MP_OP(layer_norm) r_layer_norm,
+    MP_OP(layer_norm_backward) r_layer_norm_backward,
     MP_OP(host_alloc) r_host_alloc,
     MP_OP(host_free) r_host_free,
     MP_OP(host_wait) r_host_wait,
@@ -635,6 +682,354 @@ static void test_scale_cast(void) {
     CHECK_EQ(wrong, 0);
 }
 
+/* >>the graph layers' ops: elementwise, copy_cols, avg_pool and its gradient,
+   on the CPU backend against double-precision references, and the same
+   bytes on 1, 2 and 3 threads (the sizes are above the one-thread limit). */
+static const mp_dtype float_types[3] = {MP_FLOAT32, MP_FLOAT16, MP_BFLOAT16};
+
+/* v rounded once into t. */
+static void put_rounded(void *p, mp_dtype t, size_t i, double v) {
+    uint16_t h;
+    float f = (float)v;
+    if (t == MP_FLOAT32) { memcpy((char *)p + 4 * i, &f, 4); return; }
+    h = t == MP_FLOAT16 ? mp_f16_from_f64(v).bits : mp_bf16_from_f64(v).bits;
+    memcpy((char *)p + 2 * i, &h, 2);
+}
+
+/* n values of t: magnitudes from 2^-14 to 2^9 (float16's subnormals to
+   its sums' overflow), either sign, some zeros; every 7th value of b is a
+   (exact differences, -0 sums). */
+static float operand(size_t i) { return i % 11 == 0 ? 0.0f : ldexpf(uniform(-1.0f, 1.0f), (int)(rng_next() % 24) - 14); }
+
+static void fill_operands(void *a, mp_dtype at, void *b, mp_dtype bt, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        put(a, at, i, operand(i));
+        put(b, bt, i, i % 7 == 0 ? get(a, at, i) : operand(i + 1));
+    }
+}
+
+/* The CPU backend on `threads` threads (NULL: counted as failed). */
+static void *cpu_ctx(int threads) {
+    void *ctx = NULL;
+    return CHECK(cpu->create(&ctx, threads, NULL) == MP_OK) ? ctx : NULL;
+}
+
+/* Each op and dtype triple: y = the float32 result (from the exact one in
+   double: a sum of these operands is exact in double, a product too)
+   rounded once into yt; where a, b and y share a 16-bit dtype that is also
+   the correctly rounded exact result (float32 keeps 2p + 2 bits). */
+static void test_elementwise_values(void) {
+    enum { n = 100003 };
+    static const mp_elementwise ops[4] = {MP_EW_ADD, MP_EW_SUBTRACT, MP_EW_MULTIPLY, MP_EW_SCALE};
+    float *a = floats(n), *b = floats(n), *y = floats(n), *want = floats(n), *direct = floats(n);
+    void *ctx = cpu_ctx(3);
+    int o, i, j, k, wrong = 0, wrong_direct = 0;
+    size_t e;
+    for (o = 0; ctx && o < 4; o++)
+        for (i = 0; i < 3; i++)
+            for (j = 0; j < 3; j++)
+                for (k = 0; k < 3; k++) {
+                    mp_dtype at = float_types[i], bt = float_types[j], yt = float_types[k];
+                    float s = 0.375f;
+                    fill_operands(a, at, b, bt, n);
+                    cpu->elementwise(ctx, ops[o], y, yt, a, at, b, bt, s, n);
+                    for (e = 0; e < n; e++) {
+                        double x = get(a, at, e), z = ops[o] == MP_EW_SCALE ? s : get(b, bt, e);
+                        double exact = ops[o] == MP_EW_ADD ? x + z : ops[o] == MP_EW_SUBTRACT ? x - z : x * z;
+                        put_rounded(want, yt, e, (double)(float)exact);
+                        put_rounded(direct, yt, e, exact);
+                    }
+                    wrong += memcmp(y, want, n * dsize(yt)) != 0;
+                    if (at == yt && (bt == yt || ops[o] == MP_EW_SCALE))
+                        wrong_direct += memcmp(y, direct, n * dsize(yt)) != 0;
+                }
+    CHECK_EQ(wrong, 0);
+    CHECK_EQ(wrong_direct, 0);
+    if (ctx) cpu->destroy(ctx);
+    free(a), free(b), free(y), free(want), free(direct);
+}
+
+/* y == a and y == b (the gradients' sums accumulate in place), the same
+   bytes as into another buffer; 1, 2 and 3 threads give the same bytes; n
+   = 0 writes nothing, n = 1 one value. */
+static void test_elementwise_in_place(void) {
+    enum { n = 70001 };
+    uint16_t *a = (uint16_t *)zalloc(2 * n), *b = (uint16_t *)zalloc(2 * n), *y = (uint16_t *)zalloc(2 * n);
+    uint16_t *first = (uint16_t *)zalloc(2 * n), *c = (uint16_t *)zalloc(2 * n);
+    int t, d;
+    for (d = 1; d < 3; d++) {
+        mp_dtype dt = float_types[d];
+        fill_operands(a, dt, b, dt, n);
+        for (t = 1; t <= 3; t++) {
+            void *ctx = cpu_ctx(t);
+            if (!ctx) continue;
+            cpu->elementwise(ctx, MP_EW_ADD, y, dt, a, dt, b, dt, 0.0f, n);
+            if (t == 1) memcpy(first, y, 2 * n);
+            CHECK(memcmp(y, first, 2 * n) == 0);
+            memcpy(c, a, 2 * n);
+            cpu->elementwise(ctx, MP_EW_ADD, c, dt, c, dt, b, dt, 0.0f, n); /* y == a */
+            CHECK(memcmp(c, first, 2 * n) == 0);
+            memcpy(c, b, 2 * n);
+            cpu->elementwise(ctx, MP_EW_ADD, c, dt, a, dt, c, dt, 0.0f, n); /* y == b */
+            CHECK(memcmp(c, first, 2 * n) == 0);
+            memcpy(c, a, 2 * n);
+            cpu->elementwise(ctx, MP_EW_SCALE, c, dt, c, dt, NULL, dt, 0.5f, n); /* b unused */
+            cpu->elementwise(ctx, MP_EW_SCALE, y, dt, a, dt, NULL, dt, 0.5f, n);
+            CHECK(memcmp(c, y, 2 * n) == 0);
+            memcpy(c, first, 2 * n);
+            cpu->elementwise(ctx, MP_EW_MULTIPLY, c, dt, a, dt, b, dt, 0.0f, 0); /* nothing */
+            CHECK(memcmp(c, first, 2 * n) == 0);
+            cpu->elementwise(ctx, MP_EW_SUBTRACT, c, dt, a, dt, b, dt, 0.0f, 1);
+            CHECK(get(c, dt, 0) == (dt == MP_FLOAT16 ? mp_f16_to_f32(mp_f16_from_f64((double)get(a, dt, 0) - get(b, dt, 0)))
+                                                   : mp_bf16_to_f32(mp_bf16_from_f64((double)get(a, dt, 0) - get(b, dt, 0)))));
+            CHECK(memcmp(c + 1, first + 1, 2 * (n - 1)) == 0);
+            cpu->destroy(ctx);
+        }
+    }
+    free(a), free(b), free(y), free(first), free(c);
+}
+
+/* Concatenate on the last axis: A [rows, ca] and B [rows, cb] into Y
+   [rows, ca + cb] (forward), and Y's gradient split back (backward), every
+   dtype pair: each value cast once (widened exactly, rounded once), a plain
+   copy where the dtypes agree; the same bytes on 1, 2 and 3 threads. */
+static void test_copy_cols(void) {
+    enum { rows = 3001, ca = 37, cb = 19, cy = ca + cb };
+    float *a = floats(rows * ca), *b = floats(rows * cb), *y = floats(rows * cy), *back = floats(rows * cy);
+    float *want = floats(rows * cy), *first = floats(rows * cy);
+    int s, d, t, wrong = 0, differs = 0;
+    size_t r, j;
+    for (s = 0; s < 3; s++)
+        for (d = 0; d < 3; d++) {
+            mp_dtype st = float_types[s], dt = float_types[d];
+            size_t es = dsize(st), ed = dsize(dt);
+            for (j = 0; j < rows * ca; j++) put(a, st, j, operand(j));
+            for (j = 0; j < rows * cb; j++) put(b, st, j, operand(j + 1));
+            for (r = 0; r < rows; r++)
+                for (j = 0; j < cy; j++)
+                    put_rounded(want, dt, r * cy + j, j < ca ? get(a, st, r * ca + j) : get(b, st, r * cb + j - ca));
+            for (t = 1; t <= 3; t++) {
+                void *ctx = cpu_ctx(t);
+                if (!ctx) continue;
+                memset(y, 0xA5, rows * cy * sizeof(float));
+                cpu->copy_cols(ctx, y, dt, cy, a, st, ca, rows, ca);
+                cpu->copy_cols(ctx, (char *)y + ca * ed, dt, cy, b, st, cb, rows, cb);
+                wrong += memcmp(y, want, rows * cy * ed) != 0;
+                if (t == 1) memcpy(first, y, rows * cy * ed);
+                differs += memcmp(y, first, rows * cy * ed) != 0;
+                /* backward: Y's columns [0, ca) and [ca, cy) back into A's and B's shapes, in st */
+                memset(back, 0xA5, rows * cy * sizeof(float));
+                cpu->copy_cols(ctx, back, st, ca, y, dt, cy, rows, ca);
+                cpu->copy_cols(ctx, (char *)back + rows * ca * es, st, cb, (char *)y + ca * ed, dt, cy, rows, cb);
+                for (r = 0; r < rows; r++)
+                    for (j = 0; j < cy; j++) {
+                        float got = j < ca ? get(back, st, r * ca + j) : get(back, st, rows * ca + r * cb + j - ca);
+                        float w = get(y, dt, r * cy + j);
+                        uint32_t gb, wb;
+                        put_rounded(&w, st, 0, w); /* y's value rounded into st */
+                        w = get(&w, st, 0);
+                        memcpy(&gb, &got, 4), memcpy(&wb, &w, 4);
+                        wrong += gb != wb;
+                    }
+                cpu->copy_cols(ctx, y, dt, cy, a, st, ca, 0, ca); /* no rows, no columns: nothing */
+                cpu->copy_cols(ctx, y, dt, cy, a, st, ca, rows, 0);
+                differs += memcmp(y, first, rows * cy * ed) != 0;
+                cpu->destroy(ctx);
+            }
+        }
+    CHECK_EQ(wrong, 0);
+    CHECK_EQ(differs, 0);
+    free(a), free(b), free(y), free(back), free(want), free(first);
+}
+
+/* Pooling geometries (h w c kh kw sh sw pt pl oh ow): windows tiling with a
+   border no window reaches, overlapping ones, stride 1, and a global
+   average over more channels than a tile. */
+static const mp_conv_geom avg_geoms[] = {{7, 9, 5, 2, 2, 2, 2, 0, 0, 3, 4},
+                                         {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3},
+                                         {6, 5, 4, 3, 3, 1, 1, 0, 0, 4, 3},
+                                         {7, 7, 300, 7, 7, 7, 7, 0, 0, 1, 1}};
+
+static size_t geom_in(const mp_conv_geom *g, size_t n) { return n * (size_t)g->h * (size_t)g->w * (size_t)g->c; }
+static size_t geom_out(const mp_conv_geom *g, size_t n) { return n * (size_t)g->oh * (size_t)g->ow * (size_t)g->c; }
+
+/* The reference: y = the window's mean, and dx = sum over the windows
+   holding a cell of dy / size, in double. */
+static void avg_pool_ref(double *y, const void *x, double *dx, const void *dy, mp_dtype dt, size_t n, const mp_conv_geom *g) {
+    size_t img, ch, size = (size_t)(g->kh * g->kw);
+    int oy, ox, ky, kx;
+    memset(dx, 0, geom_in(g, n) * sizeof(double));
+    for (img = 0; img < n; img++)
+        for (oy = 0; oy < g->oh; oy++)
+            for (ox = 0; ox < g->ow; ox++)
+                for (ch = 0; ch < (size_t)g->c; ch++) {
+                    size_t o = (((img * (size_t)g->oh + (size_t)oy) * (size_t)g->ow + (size_t)ox) * (size_t)g->c) + ch;
+                    double sum = 0.0;
+                    for (ky = 0; ky < g->kh; ky++)
+                        for (kx = 0; kx < g->kw; kx++) {
+                            size_t i = ((img * (size_t)g->h + (size_t)(oy * g->sh + ky)) * (size_t)g->w +
+                                        (size_t)(ox * g->sw + kx)) * (size_t)g->c + ch;
+                            sum += get(x, dt, i);
+                            dx[i] += get(dy, dt, o) / (double)size;
+                        }
+                    y[o] = sum / (double)size;
+                }
+}
+
+/* One ulp of t at v's magnitude (one rounding into t) plus err (the
+   float32 sum's: each add rounds by at most 2^-24 of a partial sum). */
+static double tol_of(mp_dtype t, double v, double err) {
+    int e;
+    (void)frexp(v, &e);
+    if (t == MP_FLOAT32) return ldexp(1.0, e - 24) + err;
+    return (t == MP_FLOAT16 ? ldexp(1.0, (e < -13 ? -13 : e) - 11) : ldexp(1.0, e - 8)) + err;
+}
+
+/* Every geometry, input and gradient dtype, 1 and 3 images: within a
+   rounding of the output (and a float32 sum's few ulps) of the double
+   reference; where windows do not overlap dx is dy / size rounded once,
+   exactly; cells no window reaches get 0. */
+static void test_avg_pool_values(void) {
+    static const size_t images[2] = {1, 3};
+    void *ctx = cpu_ctx(2);
+    size_t gi, d, o, ni, i;
+    int wrong = 0;
+    for (gi = 0; ctx && gi < sizeof avg_geoms / sizeof *avg_geoms; gi++)
+        for (ni = 0; ni < 2; ni++)
+            for (d = 0; d < 3; d++) {
+                const mp_conv_geom *g = &avg_geoms[gi];
+                size_t n = images[ni], in = geom_in(g, n), out = geom_out(g, n);
+                int tiles = g->kh <= g->sh && g->kw <= g->sw;
+                mp_dtype dt = float_types[d];
+                float *x = floats(in), *y = floats(out), *dy = floats(out), *dx = floats(in);
+                double *ry = (double *)zalloc(out * sizeof(double)), *rdx = (double *)zalloc(in * sizeof(double));
+                for (i = 0; i < in; i++) put(x, dt, i, uniform(-1.0f, 1.0f));
+                for (i = 0; i < out; i++) put(dy, dt, i, uniform(-1.0f, 1.0f));
+                avg_pool_ref(ry, x, rdx, dy, dt, n, g);
+                cpu->avg_pool(ctx, y, x, n, g, dt);
+                /* |x| <= 1: partial sums up to size, each add off by 2^-24 of one, then / size */
+                for (i = 0; i < out; i++) wrong += fabs(get(y, dt, i) - ry[i]) > tol_of(dt, ry[i], ldexp(g->kh * g->kw, -24));
+                for (o = 0; o < 3; o++) {
+                    mp_dtype dxt = float_types[o];
+                    for (i = 0; i < in; i++) put(dx, dxt, i, 7.0f); /* overwritten, uncovered cells too */
+                    cpu->avg_pool_backward(ctx, dx, dxt, dy, n, g, dt);
+                    for (i = 0; i < in; i++) {
+                        float got = get(dx, dxt, i);
+                        size_t ch = i % (size_t)g->c, q = i / (size_t)g->c, ix = q % (size_t)g->w;
+                        size_t iy = q / (size_t)g->w % (size_t)g->h, img = q / (size_t)g->w / (size_t)g->h;
+                        size_t oy = iy / (size_t)g->sh, ox = ix / (size_t)g->sw;
+                        wrong += fabs(got - rdx[i]) > tol_of(dxt, rdx[i], ldexp(1.0, -20)) || (rdx[i] == 0.0 && got != 0.0f);
+                        if (tiles && oy < (size_t)g->oh && ox < (size_t)g->ow) { /* one window: dy / size in float32, rounded once */
+                            float w, dyv = get(dy, dt, ((img * (size_t)g->oh + oy) * (size_t)g->ow + ox) * (size_t)g->c + ch);
+                            put_rounded(&w, dxt, 0, (double)(dyv / (float)(g->kh * g->kw)));
+                            wrong += got != get(&w, dxt, 0);
+                        }
+                    }
+                }
+                free(x), free(y), free(dy), free(dx), free(ry), free(rdx);
+            }
+    CHECK_EQ(wrong, 0);
+    if (ctx) cpu->destroy(ctx);
+}
+
+/* The gradient by finite differences (float32; avg_pool is linear, so the
+   central difference of L = sum w y is exact but for float32 roundings):
+   overlapping windows add, cells no window reaches get 0. */
+static void test_avg_pool_gradient(void) {
+    void *ctx = cpu_ctx(1);
+    size_t gi, i, j;
+    int wrong = 0;
+    for (gi = 0; ctx && gi < 3; gi++) {
+        const mp_conv_geom *g = &avg_geoms[gi];
+        size_t n = 2, in = geom_in(g, n), out = geom_out(g, n);
+        float *x = floats(in), *y = floats(out), *w = floats(out), *dx = floats(in), h = 1.0f / 64.0f;
+        for (i = 0; i < in; i++) x[i] = uniform(-1.0f, 1.0f);
+        for (i = 0; i < out; i++) w[i] = uniform(-1.0f, 1.0f);
+        cpu->avg_pool_backward(ctx, dx, MP_FLOAT32, w, n, g, MP_FLOAT32);
+        for (i = 0; i < in; i++) {
+            double up = 0.0, down = 0.0, fd;
+            float keep = x[i];
+            x[i] = keep + h;
+            cpu->avg_pool(ctx, y, x, n, g, MP_FLOAT32);
+            for (j = 0; j < out; j++) up += (double)w[j] * y[j];
+            x[i] = keep - h;
+            cpu->avg_pool(ctx, y, x, n, g, MP_FLOAT32);
+            for (j = 0; j < out; j++) down += (double)w[j] * y[j];
+            x[i] = keep;
+            fd = (up - down) / (2.0 * h);
+            wrong += fabs(fd - dx[i]) > 1e-4 + 1e-3 * fabs(fd);
+        }
+        free(x), free(y), free(w), free(dx);
+    }
+    CHECK_EQ(wrong, 0);
+    if (ctx) cpu->destroy(ctx);
+}
+
+/* 1, 2 and 3 threads give the same bytes (a batch large enough to split);
+   n = 0 writes nothing. */
+static void test_avg_pool_threads(void) {
+    static const mp_conv_geom g = {16, 16, 64, 3, 3, 2, 2, 0, 0, 7, 7};
+    size_t n = 8, in = geom_in(&g, n), out = geom_out(&g, n), i;
+    uint16_t *x = (uint16_t *)zalloc(2 * in), *dy = (uint16_t *)zalloc(2 * out);
+    uint16_t *y = (uint16_t *)zalloc(2 * out), *dx = (uint16_t *)zalloc(2 * in);
+    uint16_t *y1 = (uint16_t *)zalloc(2 * out), *dx1 = (uint16_t *)zalloc(2 * in);
+    int t, d;
+    for (d = 1; d < 3; d++) {
+        mp_dtype dt = float_types[d], dxt = float_types[3 - d]; /* the gradient in the other 16-bit dtype */
+        for (i = 0; i < in; i++) put(x, dt, i, uniform(-1.0f, 1.0f));
+        for (i = 0; i < out; i++) put(dy, dt, i, uniform(-1.0f, 1.0f));
+        for (t = 1; t <= 3; t++) {
+            void *ctx = cpu_ctx(t);
+            if (!ctx) continue;
+            cpu->avg_pool(ctx, y, x, n, &g, dt);
+            cpu->avg_pool_backward(ctx, dx, dxt, dy, n, &g, dt);
+            if (t == 1) memcpy(y1, y, 2 * out), memcpy(dx1, dx, 2 * in);
+            CHECK(memcmp(y, y1, 2 * out) == 0 && memcmp(dx, dx1, 2 * in) == 0);
+            cpu->avg_pool(ctx, y, x, 0, &g, dt);
+            cpu->avg_pool_backward(ctx, dx, dxt, dy, 0, &g, dt);
+            CHECK(memcmp(y, y1, 2 * out) == 0 && memcmp(dx, dx1, 2 * in) == 0);
+            cpu->destroy(ctx);
+        }
+    }
+    free(x), free(dy), free(y), free(dx), free(y1), free(dx1);
+}
+
+/* The four through the remote backend (its pointers unreadable by the
+   host): the CPU's bytes, so its table hands each op its real operands. */
+static void test_remote_graph_ops(void) {
+    static const mp_conv_geom g = {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3};
+    enum { n = 2 * 7 * 7 * 3 }; /* 2 images; also the elementwise length and Concatenate's rows x 2 columns */
+    float x[n], z[n], y[n], got[n];
+    void *ctx = NULL, *cctx = cpu_ctx(2), *rx, *rz, *ry;
+    size_t i;
+    if (!cctx) return;
+    if (!CHECK(remote.create(&ctx, 2, NULL) == MP_OK)) { cpu->destroy(cctx); return; }
+    rx = remote.alloc(ctx, sizeof x), rz = remote.alloc(ctx, sizeof z), ry = remote.alloc(ctx, sizeof y);
+    for (i = 0; i < n; i++) x[i] = uniform(-1.0f, 1.0f), z[i] = uniform(-1.0f, 1.0f);
+    remote.copy(ctx, rx, x, sizeof x, MP_COPY_TO_BACKEND);
+    remote.copy(ctx, rz, z, sizeof z, MP_COPY_TO_BACKEND);
+    cpu->elementwise(cctx, MP_EW_MULTIPLY, y, MP_FLOAT32, x, MP_FLOAT32, z, MP_FLOAT32, 0.0f, n);
+    remote.elementwise(ctx, MP_EW_MULTIPLY, ry, MP_FLOAT32, rx, MP_FLOAT32, rz, MP_FLOAT32, 0.0f, n);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    cpu->copy_cols(cctx, y, MP_FLOAT16, 2, x, MP_FLOAT32, 1, n / 2, 1); /* every other value of the first half */
+    remote.copy_cols(ctx, ry, MP_FLOAT16, 2, rx, MP_FLOAT32, 1, n / 2, 1);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    cpu->avg_pool(cctx, y, x, 2, &g, MP_FLOAT32);
+    remote.avg_pool(ctx, ry, rx, 2, &g, MP_FLOAT32);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, 2 * 3 * 3 * 3 * sizeof(float)) == 0);
+    cpu->avg_pool_backward(cctx, y, MP_FLOAT32, z, 2, &g, MP_FLOAT32);
+    remote.avg_pool_backward(ctx, ry, MP_FLOAT32, rz, 2, &g, MP_FLOAT32);
+    remote.copy(ctx, got, ry, sizeof got, MP_COPY_TO_HOST);
+    CHECK(memcmp(got, y, sizeof y) == 0);
+    remote.free(ctx, rx), remote.free(ctx, rz), remote.free(ctx, ry);
+    remote.destroy(ctx);
+    cpu->destroy(cctx);
+}
+
 /* Numerics diagnostics see a device's tensors through copies: the same
    statistics as on the CPU, for every layer and kind. */
 static void test_diagnostics(void) {
@@ -849,6 +1244,351 @@ static void test_validation_data_on_device(void) {
     mp_model_destroy(b);
 }
 
+/* >>normalization ops: batch_norm, layer_norm and their backward passes
+   against plain double-precision references (Keras 3's formulas), by
+   finite differences, across thread counts and through the remote table. */
+typedef struct norm_in {
+    size_t rows, cols;
+    mp_dtype dt;
+    void *x, *dy;     /* in dt */
+    double *xd, *dyd; /* as the ops read them */
+    float *gb;        /* gamma[cols] then beta[cols] */
+    float *moving0;   /* moving mean[cols] then variance[cols] */
+} norm_in;
+
+static norm_in norm_make(size_t rows, size_t cols, mp_dtype dt) {
+    norm_in in;
+    size_t i, n = rows * cols;
+    in.rows = rows, in.cols = cols, in.dt = dt;
+    in.x = zalloc(n * 4), in.dy = zalloc(n * 4), in.xd = (double *)zalloc(n * sizeof(double));
+    in.dyd = (double *)zalloc(n * sizeof(double)), in.gb = floats(2 * cols), in.moving0 = floats(2 * cols);
+    for (i = 0; i < n; i++) { /* each column its own offset and spread: means far from 0 */
+        size_t c = i % cols;
+        put(in.x, dt, i, uniform(-2.0f, 3.0f) * (float)(1 + c % 3) + (float)(c % 5));
+        put(in.dy, dt, i, uniform(-1.0f, 1.0f));
+        in.xd[i] = get(in.x, dt, i), in.dyd[i] = get(in.dy, dt, i);
+    }
+    for (i = 0; i < cols; i++) {
+        in.gb[i] = uniform(0.5f, 1.5f), in.gb[cols + i] = uniform(-0.5f, 0.5f);
+        in.moving0[i] = uniform(-1.0f, 1.0f), in.moving0[cols + i] = uniform(0.5f, 2.0f);
+    }
+    return in;
+}
+
+static void norm_free(norm_in *in) {
+    free(in->x), free(in->dy), free(in->xd), free(in->dyd), free(in->gb), free(in->moving0);
+}
+
+/* What the ops left: BatchNormalization trained (y, stats, moving), its
+   backward (dx, dgamma_beta; again with dx NULL), in inference (y; stats
+   and moving there must stay as they were), LayerNormalization likewise. */
+typedef struct norm_out {
+    void *bn_y, *bn_dx, *inf_y, *ln_y, *ln_dx; /* in yt */
+    float *bn_stats, *moving, *bn_dgb, *bn_dgb_alone, *inf_stats, *inf_moving, *ln_stats, *ln_dgb, *ln_dgb_alone;
+} norm_out;
+
+static const float NORM_MOMENTUM = 0.9f, NORM_EPSILON = 1e-3f;
+
+static void *as_is(void *p) { return p; }
+
+/* Every op once on backend be (ctx); map turns host pointers into be's. */
+static norm_out norm_run(const mp_backend *be, void *ctx, void *(*map)(void *), const norm_in *in, mp_dtype yt) {
+    norm_out o;
+    size_t rows = in->rows, cols = in->cols, n = rows * cols, i;
+    mp_dtype dt = in->dt;
+    void *x = map(in->x), *dy = map(in->dy);
+    const float *gb = (const float *)map(in->gb);
+    o.bn_y = zalloc(n * 4), o.bn_dx = zalloc(n * 4), o.inf_y = zalloc(n * 4), o.ln_y = zalloc(n * 4);
+    o.ln_dx = zalloc(n * 4), o.bn_stats = floats(2 * cols), o.moving = floats(2 * cols), o.bn_dgb = floats(2 * cols);
+    o.bn_dgb_alone = floats(2 * cols), o.inf_stats = floats(2 * cols), o.inf_moving = floats(2 * cols);
+    o.ln_stats = floats(2 * rows), o.ln_dgb = floats(2 * cols), o.ln_dgb_alone = floats(2 * cols);
+    memcpy(o.moving, in->moving0, 2 * cols * sizeof(float));
+    memcpy(o.inf_moving, in->moving0, 2 * cols * sizeof(float));
+    for (i = 0; i < 2 * cols; i++) o.inf_stats[i] = 12345.0f;
+    be->batch_norm(ctx, map(o.bn_y), yt, x, dt, rows, cols, gb, (float *)map(o.bn_stats), (float *)map(o.moving),
+                   NORM_MOMENTUM, NORM_EPSILON, 1);
+    be->batch_norm_backward(ctx, map(o.bn_dx), yt, dy, x, dt, rows, cols, gb, (const float *)map(o.bn_stats),
+                            NORM_EPSILON, (float *)map(o.bn_dgb));
+    be->batch_norm_backward(ctx, NULL, yt, dy, x, dt, rows, cols, gb, (const float *)map(o.bn_stats), NORM_EPSILON,
+                            (float *)map(o.bn_dgb_alone));
+    be->batch_norm(ctx, map(o.inf_y), yt, x, dt, rows, cols, gb, (float *)map(o.inf_stats), (float *)map(o.inf_moving),
+                   NORM_MOMENTUM, NORM_EPSILON, 0);
+    be->layer_norm(ctx, map(o.ln_y), yt, x, dt, rows, cols, gb, NORM_EPSILON, (float *)map(o.ln_stats));
+    be->layer_norm_backward(ctx, map(o.ln_dx), yt, dy, x, dt, rows, cols, gb, (const float *)map(o.ln_stats),
+                            (float *)map(o.ln_dgb));
+    be->layer_norm_backward(ctx, NULL, yt, dy, x, dt, rows, cols, gb, (const float *)map(o.ln_stats),
+                            (float *)map(o.ln_dgb_alone));
+    return o;
+}
+
+static void norm_out_free(norm_out *o) {
+    free(o->bn_y), free(o->bn_dx), free(o->inf_y), free(o->ln_y), free(o->ln_dx), free(o->bn_stats), free(o->moving);
+    free(o->bn_dgb), free(o->bn_dgb_alone), free(o->inf_stats), free(o->inf_moving), free(o->ln_stats);
+    free(o->ln_dgb), free(o->ln_dgb_alone);
+}
+
+/* Whether two runs left the same bytes everywhere (one check). */
+static int norm_same(const norm_in *in, mp_dtype yt, const norm_out *a, const norm_out *b) {
+    size_t n = in->rows * in->cols * dsize(yt), c = 2 * in->cols * sizeof(float);
+    return CHECK(memcmp(a->bn_y, b->bn_y, n) == 0 && memcmp(a->bn_dx, b->bn_dx, n) == 0 &&
+                 memcmp(a->inf_y, b->inf_y, n) == 0 && memcmp(a->ln_y, b->ln_y, n) == 0 &&
+                 memcmp(a->ln_dx, b->ln_dx, n) == 0 && memcmp(a->bn_stats, b->bn_stats, c) == 0 &&
+                 memcmp(a->moving, b->moving, c) == 0 && memcmp(a->bn_dgb, b->bn_dgb, c) == 0 &&
+                 memcmp(a->ln_dgb, b->ln_dgb, c) == 0 &&
+                 memcmp(a->ln_stats, b->ln_stats, in->rows * 2 * sizeof(float)) == 0);
+}
+
+/* The element of group g (a column for BatchNormalization, a row for
+   LayerNormalization), member m. */
+static size_t norm_at(const norm_in *in, int per_row, size_t g, size_t m) {
+    return per_row ? g * in->cols + m : m * in->cols + g;
+}
+
+/* Each group's mean and biased variance in double. */
+static void ref_moments(const norm_in *in, int per_row, double *mean, double *var) {
+    size_t groups = per_row ? in->rows : in->cols, count = per_row ? in->cols : in->rows, g, m;
+    for (g = 0; g < groups; g++) {
+        double s = 0.0, v = 0.0;
+        for (m = 0; m < count; m++) s += in->xd[norm_at(in, per_row, g, m)];
+        mean[g] = s / (double)count;
+        for (m = 0; m < count; m++) v += (in->xd[norm_at(in, per_row, g, m)] - mean[g]) * (in->xd[norm_at(in, per_row, g, m)] - mean[g]);
+        var[g] = v / (double)count;
+    }
+}
+
+/* y = (x - mean) / sqrt(var + eps) gamma + beta, and the closed-form
+   gradient of sum(dy y): dgamma = sum dy xhat, dbeta = sum dy over the
+   rows; dx = k (g - mean(g) - xhat mean(g xhat)) over the group, with
+   k = gamma rstd and g = dy (BatchNormalization), k = rstd and g = dy
+   gamma (LayerNormalization). */
+static void ref_norm(const norm_in *in, int per_row, const double *mean, const double *var, double *y, double *dx,
+                     double *dgb) {
+    size_t groups = per_row ? in->rows : in->cols, count = per_row ? in->cols : in->rows, g, m, cols = in->cols;
+    memset(dgb, 0, 2 * cols * sizeof(double));
+    for (g = 0; g < groups; g++) {
+        double rstd = 1.0 / sqrt(var[g] + (double)NORM_EPSILON), mg = 0.0, mgx = 0.0;
+        for (m = 0; m < count; m++) {
+            size_t i = norm_at(in, per_row, g, m), c = i % cols;
+            double xhat = (in->xd[i] - mean[g]) * rstd, gi = per_row ? in->dyd[i] * in->gb[c] : in->dyd[i];
+            y[i] = xhat * in->gb[c] + in->gb[cols + c];
+            dgb[c] += in->dyd[i] * xhat, dgb[cols + c] += in->dyd[i];
+            mg += gi / (double)count, mgx += gi * xhat / (double)count;
+        }
+        for (m = 0; m < count; m++) {
+            size_t i = norm_at(in, per_row, g, m), c = i % cols;
+            double xhat = (in->xd[i] - mean[g]) * rstd, gi = per_row ? in->dyd[i] * in->gb[c] : in->dyd[i];
+            dx[i] = (per_row ? rstd : in->gb[c] * rstd) * (gi - mg - xhat * mgx);
+        }
+    }
+}
+
+static int near(double got, double want, double atol, double rtol) { return fabs(got - want) <= atol + rtol * fabs(want); }
+/* a result rounded once into t: half an ulp of t relative, with float32's own error */
+static double norm_rtol(mp_dtype t) { return t == MP_FLOAT32 ? 1e-5 : t == MP_FLOAT16 ? 1.0 / 1024 : 1.0 / 128; }
+
+/* How many of n values in t (or float32: t == MP_DTYPE_COUNT) miss the reference. */
+static size_t norm_misses(const char *what, const void *got, mp_dtype t, const double *want, size_t n, double atol,
+                          double rtol) {
+    size_t i, bad = 0;
+    for (i = 0; i < n; i++) {
+        double g = t == MP_DTYPE_COUNT ? (double)((const float *)got)[i] : (double)get(got, t, i);
+        if (near(g, want[i], atol, rtol)) continue;
+        if (++bad <= 3) fprintf(stderr, "  %s[%zu]: %.9g, want %.9g\n", what, i, g, want[i]);
+    }
+    return bad;
+}
+
+/* The outputs against the references (mixed dtypes: x in in->dt, y in yt). */
+static void norm_check(const norm_in *in, mp_dtype yt, const norm_out *o) {
+    size_t rows = in->rows, cols = in->cols, n = rows * cols, c, r, bad = 0;
+    double *mean = (double *)zalloc((rows + cols) * sizeof(double)), *var = (double *)zalloc((rows + cols) * sizeof(double));
+    double *y = (double *)zalloc(n * sizeof(double)), *dx = (double *)zalloc(n * sizeof(double));
+    double *dgb = (double *)zalloc(2 * cols * sizeof(double)), *want = (double *)zalloc(2 * (rows + cols) * sizeof(double));
+    double out_tol = norm_rtol(yt), sum_atol = 1e-5 * (double)rows;
+    /* BatchNormalization, training: the batch's moments, Keras's moving update */
+    ref_moments(in, 0, mean, var);
+    for (c = 0; c < cols; c++) want[c] = mean[c], want[cols + c] = var[c];
+    bad += norm_misses("bn stats", o->bn_stats, MP_DTYPE_COUNT, want, 2 * cols, 1e-6, 1e-5);
+    for (c = 0; c < 2 * cols; c++)
+        want[c] = (double)in->moving0[c] * NORM_MOMENTUM + want[c] * (1.0 - (double)NORM_MOMENTUM);
+    bad += norm_misses("moving", o->moving, MP_DTYPE_COUNT, want, 2 * cols, 1e-6, 1e-5);
+    ref_norm(in, 0, mean, var, y, dx, dgb);
+    bad += norm_misses("bn y", o->bn_y, yt, y, n, 1e-4, out_tol);
+    bad += norm_misses("bn dx", o->bn_dx, yt, dx, n, 2e-4, out_tol);
+    bad += norm_misses("bn dgamma, dbeta", o->bn_dgb, MP_DTYPE_COUNT, dgb, 2 * cols, sum_atol, 1e-5);
+    CHECK(memcmp(o->bn_dgb, o->bn_dgb_alone, 2 * cols * sizeof(float)) == 0); /* dx NULL: the same sums */
+    /* inference: y from the moving statistics, which stay, as stats */
+    for (c = 0; c < cols; c++) mean[c] = in->moving0[c], var[c] = in->moving0[cols + c];
+    ref_norm(in, 0, mean, var, y, dx, dgb);
+    bad += norm_misses("inference y", o->inf_y, yt, y, n, 1e-4, out_tol);
+    CHECK(memcmp(o->inf_moving, in->moving0, 2 * cols * sizeof(float)) == 0);
+    for (c = 0; c < 2 * cols; c++) bad += o->inf_stats[c] != 12345.0f;
+    /* LayerNormalization: each row's mean and rstd */
+    ref_moments(in, 1, mean, var);
+    for (r = 0; r < rows; r++) want[2 * r] = mean[r], want[2 * r + 1] = 1.0 / sqrt(var[r] + (double)NORM_EPSILON);
+    bad += norm_misses("ln stats", o->ln_stats, MP_DTYPE_COUNT, want, 2 * rows, 1e-6, 1e-5);
+    ref_norm(in, 1, mean, var, y, dx, dgb);
+    bad += norm_misses("ln y", o->ln_y, yt, y, n, 1e-4, out_tol);
+    bad += norm_misses("ln dx", o->ln_dx, yt, dx, n, 2e-4, out_tol);
+    bad += norm_misses("ln dgamma, dbeta", o->ln_dgb, MP_DTYPE_COUNT, dgb, 2 * cols, sum_atol, 1e-5);
+    CHECK(memcmp(o->ln_dgb, o->ln_dgb_alone, 2 * cols * sizeof(float)) == 0);
+    if (bad) fprintf(stderr, "  %zux%zu, %s in, %s out: %zu misses\n", rows, cols, dn(in->dt), dn(yt), bad);
+    CHECK_EQ(bad, 0);
+    free(mean), free(var), free(y), free(dx), free(dgb), free(want);
+}
+
+/* Every op on every dtype in (the output in each dtype in turn) against
+   the references; on 1, 2 and 3 threads and through the remote table the
+   same bytes. Shapes: one row (BatchNormalization's variance 0: y = beta,
+   dx = 0), one column (LayerNormalization's likewise), columns past the
+   CPU's tile of 256, rows past a part of 256, batches the pool splits by
+   columns and by rows. */
+static void test_norm_values(void) {
+    static const size_t shapes[][2] = {{1, 5}, {7, 1}, {300, 33}, {600, 300}, {7000, 10}};
+    void *ctx[3] = {NULL, NULL, NULL};
+    size_t s, t;
+    int d;
+    for (t = 0; t < 3; t++)
+        if (!CHECK(cpu->create(&ctx[t], (int)t + 1, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (d = 0; d < 3; d++) {
+            mp_dtype dt = (mp_dtype)d, yt = (mp_dtype)((d + s) % 3);
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], dt);
+            norm_out o[3], via_remote;
+            for (t = 0; t < 3; t++) o[t] = norm_run(cpu, ctx[t], as_is, &in, yt);
+            norm_check(&in, yt, &o[0]);
+            norm_same(&in, yt, &o[0], &o[1]);
+            norm_same(&in, yt, &o[0], &o[2]);
+            via_remote = norm_run(&remote, ctx[0], fake, &in, yt);
+            norm_same(&in, yt, &o[0], &via_remote);
+            for (t = 0; t < 3; t++) norm_out_free(&o[t]);
+            norm_out_free(&via_remote);
+            norm_free(&in);
+        }
+    for (t = 0; t < 3; t++) cpu->destroy(ctx[t]);
+}
+
+/* The order of the sums that mixprec.h fixes for every backend (>>rules),
+   written out here in float32: a batch's statistics summed a column at a
+   time in parts of 256 rows (each part in row order from 0, then the
+   parts in order from 0), a layer's statistics a row at a time as a warp
+   sums it (lane l takes columns l, l + 32, ... in order, then the xor
+   butterfly). The CPU's statistics must have exactly these bits, which
+   the CUDA backend's kernels also give (test_cuda's norms). */
+static float order_column(const norm_in *in, size_t c, float mean, int squares) {
+    float total = 0.0f;
+    size_t r0, r;
+    for (r0 = 0; r0 < in->rows; r0 += 256) {
+        float part = 0.0f;
+        for (r = r0; r < in->rows && r < r0 + 256; r++) {
+            float v = (float)in->xd[r * in->cols + c], d = v - mean, sq = d * d; /* one rounding each */
+            part += squares ? sq : v;
+        }
+        total += part;
+    }
+    return total / (float)in->rows;
+}
+static float order_row(const norm_in *in, size_t r, float mean, int squares) {
+    float lane[32], next[32];
+    size_t j, m;
+    memset(lane, 0, sizeof lane);
+    for (j = 0; j < in->cols; j++) {
+        float v = (float)in->xd[r * in->cols + j], d = v - mean, sq = d * d;
+        lane[j % 32] += squares ? sq : v;
+    }
+    for (m = 16; m > 0; m /= 2) {
+        for (j = 0; j < 32; j++) next[j] = lane[j] + lane[j ^ m];
+        memcpy(lane, next, sizeof lane);
+    }
+    return lane[0] / (float)in->cols;
+}
+static void test_norm_order(void) {
+    static const size_t shapes[][2] = {{600, 70}, {3, 300}, {1000, 1}};
+    void *ctx = NULL;
+    size_t s, i, wrong = 0;
+    int d;
+    if (!CHECK(cpu->create(&ctx, 2, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (d = 0; d < 3; d++) {
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], (mp_dtype)d);
+            norm_out o = norm_run(cpu, ctx, as_is, &in, MP_FLOAT32);
+            float want[2];
+            for (i = 0; i < in.cols; i++) {
+                want[0] = order_column(&in, i, 0.0f, 0);
+                want[1] = order_column(&in, i, want[0], 1);
+                wrong += memcmp(&want[0], &o.bn_stats[i], 4) != 0 || memcmp(&want[1], &o.bn_stats[in.cols + i], 4) != 0;
+            }
+            for (i = 0; i < in.rows; i++) {
+                want[0] = order_row(&in, i, 0.0f, 0);
+                want[1] = 1.0f / sqrtf(order_row(&in, i, want[0], 1) + NORM_EPSILON);
+                wrong += memcmp(want, &o.ln_stats[2 * i], 8) != 0;
+            }
+            norm_out_free(&o);
+            norm_free(&in);
+        }
+    CHECK_EQ(wrong, 0);
+    cpu->destroy(ctx);
+}
+
+/* sum(dy y) in double for BatchNormalization in training (bn) or
+   LayerNormalization, x and y float32. */
+static double norm_loss(void *ctx, const norm_in *in, int bn) {
+    size_t n = in->rows * in->cols, i;
+    float *y = floats(n), *stats = floats(2 * (in->rows + in->cols)), *moving = floats(2 * in->cols);
+    double loss = 0.0;
+    if (bn) cpu->batch_norm(ctx, y, MP_FLOAT32, in->x, MP_FLOAT32, in->rows, in->cols, in->gb, stats, moving,
+                            NORM_MOMENTUM, NORM_EPSILON, 1);
+    else cpu->layer_norm(ctx, y, MP_FLOAT32, in->x, MP_FLOAT32, in->rows, in->cols, in->gb, NORM_EPSILON, stats);
+    for (i = 0; i < n; i++) loss += in->dyd[i] * (double)y[i];
+    free(y), free(stats), free(moving);
+    return loss;
+}
+
+/* The central difference of norm_loss in *v (h either side). */
+static double norm_slope(void *ctx, const norm_in *in, int bn, float *v) {
+    const float h = 1e-2f;
+    float keep = *v;
+    double up, down;
+    *v = keep + h;
+    up = norm_loss(ctx, in, bn);
+    *v = keep - h;
+    down = norm_loss(ctx, in, bn);
+    *v = keep;
+    return (up - down) / (double)(2.0f * h);
+}
+
+/* dx, dgamma and dbeta of both layers against central differences of the
+   scalar loss sum(dy y), in float32, every element of small batches. */
+static void test_norm_finite_differences(void) {
+    static const size_t shapes[][2] = {{6, 3}, {1, 4}, {5, 1}, {4, 37}};
+    void *ctx = NULL;
+    size_t s, i;
+    int bn;
+    if (!CHECK(cpu->create(&ctx, 1, NULL) == MP_OK)) return;
+    for (s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (bn = 0; bn <= 1; bn++) {
+            norm_in in = norm_make(shapes[s][0], shapes[s][1], MP_FLOAT32);
+            norm_out o = norm_run(cpu, ctx, as_is, &in, MP_FLOAT32);
+            size_t n = in.rows * in.cols, bad = 0;
+            const float *dx = (const float *)(bn ? o.bn_dx : o.ln_dx), *dgb = bn ? o.bn_dgb : o.ln_dgb;
+            for (i = 0; i < n; i++) {
+                double fd = norm_slope(ctx, &in, bn, (float *)in.x + i);
+                if (!near(dx[i], fd, 2e-3, 1e-2) && ++bad <= 3)
+                    fprintf(stderr, "  %s dx[%zu] %.7g, finite difference %.7g\n", bn ? "bn" : "ln", i, (double)dx[i], fd);
+            }
+            for (i = 0; i < 2 * in.cols; i++) {
+                double fd = norm_slope(ctx, &in, bn, in.gb + i);
+                if (!near(dgb[i], fd, 2e-3, 1e-2) && ++bad <= 3)
+                    fprintf(stderr, "  %s dgamma_beta[%zu] %.7g, finite difference %.7g\n", bn ? "bn" : "ln", i,
+                            (double)dgb[i], fd);
+            }
+            CHECK_EQ(bad, 0);
+            norm_out_free(&o);
+            norm_free(&in);
+        }
+    cpu->destroy(ctx);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -865,8 +1605,18 @@ int main(int argc, char **argv) {
     RUN(test_check_alone());
     RUN(test_unscale_values());
     RUN(test_scale_cast());
+    RUN(test_elementwise_values());
+    RUN(test_elementwise_in_place());
+    RUN(test_copy_cols());
+    RUN(test_avg_pool_values());
+    RUN(test_avg_pool_gradient());
+    RUN(test_avg_pool_threads());
+    RUN(test_remote_graph_ops());
     RUN(test_bias_grad_values());
     RUN(test_loss_values());
+    RUN(test_norm_values());
+    RUN(test_norm_finite_differences());
+    RUN(test_norm_order());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());

@@ -3,7 +3,8 @@
    element by element within |gpu - cpu| <= atol + rtol |cpu| (NaN matches
    NaN): zero tolerance where both compute the same float32 operations in
    the same order (casts, optimizers, loss scaling, im2col/col2im, pooling,
-   dropout, column sums of up to 256 rows; the optimizers within 1e-6 when
+   dropout, column sums of up to 256 rows, batch and layer normalisation,
+   whose sums both take in mixprec.h's order; the optimizers within 1e-6 when
    g++ fuses the CPU's a*b + c), a few float32 ulps where CUDA's
    expf/erff/tanhf/logf (2 ulp) replace glibc's, one ulp of the output dtype
    where a 16-bit result is rounded from such a float32, and for products
@@ -641,6 +642,120 @@ static void test_dropout(void) {
             agree("dropout", y, dtypes[o], n, EXACT);
             free_args();
         }
+}
+
+/* The graph layers' ops: the CPU's bytes, as both compute the same float32
+   operations in the same order (elementwise in place too; Concatenate's
+   blocks both ways; average pooling's window sums and its gradient's sums
+   over overlapping windows). */
+static void test_graph_ops(void) {
+    static const mp_elementwise ops[4] = {MP_EW_ADD, MP_EW_SUBTRACT, MP_EW_MULTIPLY, MP_EW_SCALE};
+    /* h w c kh kw sh sw pt pl oh ow: tiling with a border, overlapping, global over 300 channels */
+    static const mp_conv_geom pools[] = {{7, 9, 5, 2, 2, 2, 2, 0, 0, 3, 4}, {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3},
+                                         {7, 7, 300, 7, 7, 7, 7, 0, 0, 1, 1}};
+    size_t n = 3001, rows = 211, ca = 13, cb = 6, imgs = 3, i, j, k, o;
+    for (o = 0; o < COUNT(ops); o++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (j = 0; j < COUNT(dtypes); j++)
+                for (k = 0; k < COUNT(dtypes); k++) {
+                    arg *a = rand_arg(dtypes[i], n, -300.0f, 300.0f), *b = rand_arg(dtypes[j], n, -300.0f, 300.0f);
+                    arg *y = new_arg(n * dsize(dtypes[k]));
+                    cpu.be->elementwise(cpu.ctx, ops[o], y->host, dtypes[k], a->host, dtypes[i], b->host, dtypes[j], 0.375f, n);
+                    gpu.be->elementwise(gpu.ctx, ops[o], y->dev, dtypes[k], a->dev, dtypes[i], b->dev, dtypes[j], 0.375f, n);
+                    same_bytes("elementwise", y);
+                    cpu.be->elementwise(cpu.ctx, ops[o], a->host, dtypes[i], a->host, dtypes[i], b->host, dtypes[j], 0.375f, n);
+                    gpu.be->elementwise(gpu.ctx, ops[o], a->dev, dtypes[i], a->dev, dtypes[i], b->dev, dtypes[j], 0.375f, n);
+                    same_bytes("elementwise, y == a", a);
+                    free_args();
+                }
+    for (i = 0; i < COUNT(dtypes); i++)
+        for (j = 0; j < COUNT(dtypes); j++) {
+            size_t si = dsize(dtypes[i]), sj = dsize(dtypes[j]);
+            arg *a = rand_arg(dtypes[i], rows * ca, -1.0f, 1.0f), *b = rand_arg(dtypes[i], rows * cb, -1.0f, 1.0f);
+            arg *y = new_arg(rows * (ca + cb) * sj), *back = new_arg(rows * (ca + cb) * si);
+            const side *sides[2] = {&cpu, &gpu};
+            for (k = 0; k < 2; k++) { /* Concatenate([a, b]) in dtypes[j], then its gradient split back */
+                const side *at = sides[k];
+                char *ya = (char *)(k ? y->dev : y->host), *ba = (char *)(k ? back->dev : back->host);
+                at->be->copy_cols(at->ctx, ya, dtypes[j], ca + cb, k ? a->dev : a->host, dtypes[i], ca, rows, ca);
+                at->be->copy_cols(at->ctx, ya + ca * sj, dtypes[j], ca + cb, k ? b->dev : b->host, dtypes[i], cb, rows, cb);
+                at->be->copy_cols(at->ctx, ba, dtypes[i], ca, ya, dtypes[j], ca + cb, rows, ca);
+                at->be->copy_cols(at->ctx, ba + rows * ca * si, dtypes[i], cb, ya + ca * sj, dtypes[j], ca + cb, rows, cb);
+            }
+            same_bytes("copy_cols: concatenate", y);
+            same_bytes("copy_cols: its gradient split", back);
+            free_args();
+        }
+    for (i = 0; i < COUNT(pools); i++)
+        for (j = 0; j < COUNT(dtypes); j++) {
+            const mp_conv_geom *g = &pools[i];
+            size_t in = imgs * (size_t)g->h * (size_t)g->w * (size_t)g->c, out = imgs * (size_t)g->oh * (size_t)g->ow * (size_t)g->c;
+            arg *x = rand_arg(dtypes[j], in, -1.0f, 1.0f), *y = new_arg(out * dsize(dtypes[j]));
+            arg *dy = rand_arg(dtypes[j], out, -1.0f, 1.0f);
+            cpu.be->avg_pool(cpu.ctx, y->host, x->host, imgs, g, dtypes[j]);
+            gpu.be->avg_pool(gpu.ctx, y->dev, x->dev, imgs, g, dtypes[j]);
+            same_bytes("avg_pool", y);
+            for (o = 0; o < COUNT(dtypes); o++) {
+                arg *dx = rand_arg(dtypes[o], in, 7.0f, 8.0f); /* overwritten, uncovered cells too */
+                cpu.be->avg_pool_backward(cpu.ctx, dx->host, dtypes[o], dy->host, imgs, g, dtypes[j]);
+                gpu.be->avg_pool_backward(gpu.ctx, dx->dev, dtypes[o], dy->dev, imgs, g, dtypes[j]);
+                same_bytes("avg_pool_backward", dx);
+            }
+            free_args();
+        }
+/* BatchNormalization and LayerNormalization, forward (training and
+   inference) and backward, dx NULL too: both backends sum in mixprec.h's
+   order (>>rules: a column in parts of 256 rows, a row as a warp's lanes),
+   so every result has the same bits, for every dtype in and out; rows past
+   one part, columns past the CPU's tile of 256 and single rows and columns. */
+static void test_norms(void) {
+    static const size_t shapes[][2] = {{1, 1}, {1, 37}, {600, 70}, {40, 300}};
+    size_t s, i, o;
+    int training;
+    for (s = 0; s < COUNT(shapes); s++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (o = 0; o < COUNT(dtypes); o++) {
+                size_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+                mp_dtype dt = dtypes[i], yt = dtypes[o];
+                arg *x = rand_arg(dt, n, -2.0f, 3.0f), *dy = rand_arg(dt, n, -1.0f, 1.0f);
+                arg *gb = rand_arg(F32, 2 * cols, 0.5f, 1.5f), *moving = rand_arg(F32, 2 * cols, 0.1f, 1.0f);
+                arg *stats = rand_arg(F32, 2 * cols, 0.0f, 1.0f), *ln_stats = rand_arg(F32, 2 * rows, 0.0f, 1.0f);
+                arg *y = rand_arg(yt, n, 0.0f, 1.0f), *dx = rand_arg(yt, n, 0.0f, 1.0f);
+                arg *dgb = rand_arg(F32, 2 * cols, 0.0f, 1.0f);
+                for (training = 0; training <= 1; training++) {
+                    cpu.be->batch_norm(cpu.ctx, y->host, yt, x->host, dt, rows, cols, (const float *)gb->host,
+                                       (float *)stats->host, (float *)moving->host, 0.9f, 1e-3f, training);
+                    gpu.be->batch_norm(gpu.ctx, y->dev, yt, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                       (float *)stats->dev, (float *)moving->dev, 0.9f, 1e-3f, training);
+                    same_bytes(training ? "batch_norm (training)" : "batch_norm (inference)", y);
+                    same_bytes("batch_norm's statistics", stats);
+                    same_bytes("batch_norm's moving statistics", moving);
+                }
+                cpu.be->batch_norm_backward(cpu.ctx, NULL, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)stats->host, 1e-3f, (float *)dgb->host);
+                gpu.be->batch_norm_backward(gpu.ctx, NULL, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)stats->dev, 1e-3f, (float *)dgb->dev);
+                same_bytes("batch_norm_backward's dgamma, dbeta (dx NULL)", dgb);
+                cpu.be->batch_norm_backward(cpu.ctx, dx->host, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)stats->host, 1e-3f, (float *)dgb->host);
+                gpu.be->batch_norm_backward(gpu.ctx, dx->dev, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)stats->dev, 1e-3f, (float *)dgb->dev);
+                same_bytes("batch_norm_backward's dx", dx);
+                same_bytes("batch_norm_backward's dgamma, dbeta", dgb);
+                cpu.be->layer_norm(cpu.ctx, y->host, yt, x->host, dt, rows, cols, (const float *)gb->host, 1e-3f,
+                                   (float *)ln_stats->host);
+                gpu.be->layer_norm(gpu.ctx, y->dev, yt, x->dev, dt, rows, cols, (const float *)gb->dev, 1e-3f,
+                                   (float *)ln_stats->dev);
+                same_bytes("layer_norm", y);
+                same_bytes("layer_norm's statistics", ln_stats);
+                cpu.be->layer_norm_backward(cpu.ctx, dx->host, yt, dy->host, x->host, dt, rows, cols, (const float *)gb->host,
+                                            (const float *)ln_stats->host, (float *)dgb->host);
+                gpu.be->layer_norm_backward(gpu.ctx, dx->dev, yt, dy->dev, x->dev, dt, rows, cols, (const float *)gb->dev,
+                                            (const float *)ln_stats->dev, (float *)dgb->dev);
+                same_bytes("layer_norm_backward's dx", dx);
+                same_bytes("layer_norm_backward's dgamma, dbeta", dgb);
+                free_args();
+            }
 }
 
 /* The context's own accounting: blocks come and go, the peak stays. */
@@ -1344,6 +1459,8 @@ int main(int argc, char **argv) {
     RUN(test_optimizers());
     RUN(test_conv_kernels());
     RUN(test_dropout());
+    RUN(test_graph_ops());
+    RUN(test_norms());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
     RUN(test_loss_scale_trajectory());

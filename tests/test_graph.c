@@ -675,6 +675,15 @@ static void test_liveness(void) {
 /* ======================================================================== */
 /* 6. A small residual net trains, the same bits at 1 and 2 threads */
 
+/* BatchNormalization's momentum 0.9: the moving statistics settle within
+   the few dozen steps the test trains (Keras's 0.99 needs hundreds, and
+   evaluation reads them). */
+static mp_layer_desc quick_batch_norm(void) {
+    mp_layer_desc d = mp_batch_normalization();
+    d.momentum = 0.9f;
+    return d;
+}
+
 static mp_model *residual_net(int threads) {
     mp_model_desc md;
     mp_model *m = NULL;
@@ -685,9 +694,9 @@ static mp_model *residual_net(int threads) {
     md.seed = 5;
     ok = OK(mp_model_create(&m, &md), m);
     ok = ok && OK(mp_model_call(m, mp_conv2d(8, 3, 3, MP_SAME, MP_LINEAR), NULL, 0, &stem), m);
-    ok = ok && OK(mp_model_add(m, mp_batch_normalization()), m) && OK(mp_model_add(m, mp_activation_layer(MP_RELU)), m);
+    ok = ok && OK(mp_model_add(m, quick_batch_norm()), m) && OK(mp_model_add(m, mp_activation_layer(MP_RELU)), m);
     ok = ok && OK(mp_model_call(m, mp_conv2d(8, 3, 3, MP_SAME, MP_LINEAR), NULL, 0, &a), m);
-    ok = ok && OK(mp_model_add(m, mp_batch_normalization()), m);
+    ok = ok && OK(mp_model_add(m, quick_batch_norm()), m);
     ok = ok && OK(mp_model_call(m, mp_activation_layer(MP_RELU), NULL, 0, &b), m);
     {
         int both[2];
@@ -705,6 +714,7 @@ static mp_model *residual_net(int threads) {
 
 static void test_residual_training(void) {
     enum { N = 96 };
+    static const int image[3] = {8, 8, 1};
     float *x = floats((size_t)N * 64), *w[2] = {NULL, NULL};
     int32_t labels[N];
     float acc[2] = {0, 0};
@@ -725,14 +735,14 @@ static void test_residual_training(void) {
         cd.metrics = MP_METRIC_ACCURACY;
         cd.optimizer.kind = MP_ADAM;
         cd.optimizer.learning_rate = 0.01f;
-        fd.data.x[0] = mp_array_f32(x, N, 3, (int[]){8, 8, 1});
+        fd.data.x[0] = mp_array_f32(x, N, 3, image);
         if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_fit(m, &fd), m)) {
             if (OK(mp_model_evaluate(m, &fd.data, 0, &ev), m)) acc[t] = ev.accuracy;
             w[t] = weights_of(m);
         }
         mp_model_destroy(m);
     }
-    CHECK(acc[0] >= 0.9f);
+    if (!CHECK(acc[0] >= 0.9f)) fprintf(stderr, "    accuracy %.3f\n", (double)acc[0]);
     if (w[0] && w[1]) {
         mp_model *m = residual_net(1);
         CHECK(m && memcmp(w[0], w[1], mp_model_param_count(m) * sizeof(float)) == 0);
