@@ -356,7 +356,7 @@ static void compare_steps(FILE *f, const graph_case *c, mp_model *m, const mp_da
     float *exact_out = NULL, *exact_g = NULL, *out_1 = malloc(nout * sizeof *out_1), *want_out = NULL,
           *want_g = NULL, *want_w = NULL;
     float loss = NAN, want_loss = NAN;
-    const float *out;
+    const float *out = NULL;
     int step, got_step = 0, ok = g && w_after && w_before && out_1;
     char what[320];
     ok = ok && (exact_out = read_tagged(f, "float64_output", nout)) &&
