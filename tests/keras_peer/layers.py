@@ -3,7 +3,8 @@ and after a Conv2D (channels last), LayerNormalization after a Dense, and a
 residual block (Dense, Dense, Add of the input, softmax), on weights and
 inputs drawn here. For each case it writes the model (one line per layer:
 its kind, its arguments and the ids of the layers it reads, 0 being the
-model's input), the sizes of its weights in get_weights order, the inputs,
+model's input), each layer's compute dtype, the sizes of its weights in
+get_weights order, the inputs,
 targets and weights, then what Keras 3 computes with tf.GradientTape: at
 each training step the training-mode output, the loss, the gradients of the
 trainable weights and every weight after SGD's update (the moving
@@ -152,6 +153,7 @@ def run_case(keras, tf, seed, case, out):
           len(layers), file=out)
     for kind, args, inputs in with_inputs(layers):
         print(kind, " ".join(map(str, args)), len(inputs), " ".join(map(str, inputs)), file=out)
+    print("dtypes", len(layers), " ".join(layer.compute_dtype for layer in model.layers[1:]), file=out)
     print("arrays", len(model.weights), " ".join("%d %s" % (int(v.numpy().size), role)
                                                  for v, role in zip(model.weights, roles(model, layers))), file=out)
     print(line("x", x.ravel()), file=out)

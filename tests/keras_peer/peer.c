@@ -252,6 +252,23 @@ static double off_by(const float *got, const float *want, size_t n, double scale
     return worst == 0.0 ? 0.0 : worst / scale;
 }
 
+/* Each layer's compute dtype against Keras's (the "dtypes" line), so that a
+   policy mixprec did not apply cannot pass for a rounding difference. */
+static int same_dtypes(FILE *f, const mp_model *m, int layers) {
+    char want[16];
+    mp_layer_info info;
+    int n = 0, i, ok;
+    ok = fscanf(f, " dtypes %d", &n) == 1 && n == layers && n == mp_model_layer_count(m);
+    for (i = 0; ok && i < n; i++) {
+        ok = fscanf(f, "%15s", want) == 1 && mp_model_layer_info(m, i, &info) == MP_OK;
+        if (ok && strcmp(mp_dtype_name(info.compute_dtype), want) != 0) {
+            fprintf(stderr, "    %s: %s, Keras's %s\n", info.name, mp_dtype_name(info.compute_dtype), want);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
 /* What layers.py says of each weight array: a moving statistic (no
    gradient), a trainable weight, or one whose gradient is zero in exact
    arithmetic (a bias that only a BatchNormalization reads), whose rounding
@@ -432,6 +449,7 @@ static int compare_graph(FILE *f) {
         mp_model_create(&m, &md) != MP_OK)
         return 0;
     for (ok = 1, k = 0; ok && k < c.layers; k++) ok = add_graph_layer(f, m);
+    ok = ok && CHECK(same_dtypes(f, m, c.layers));
     ok = ok && fscanf(f, " arrays %d", &c.arrays) == 1 && c.arrays >= 0 && c.arrays <= 16;
     for (k = 0; ok && k < c.arrays; k++) {
         char role[16];
@@ -533,8 +551,8 @@ int main(int argc, char **argv) {
     check_args(argc, argv);
     if (argc < 2 || argc > 4 || !(f = fopen(argv[1], "r")) || (argc >= 3 && !(amp = fopen(argv[2], "r"))) ||
         (argc == 4 && !(layers = fopen(argv[3], "r")))) {
-        fprintf(stderr, "usage: peer FILE [AMP_FILE [LAYERS_FILE]] (paths with a /, from tests/keras_peer/loss_from_logits.py, "
-                        "amp_paint.py, layers.py)\n");
+        fprintf(stderr, "usage: peer FILE [AMP_FILE [LAYERS_FILE]] (paths with a /, from "
+                        "tests/keras_peer/loss_from_logits.py, amp_paint.py, layers.py)\n");
         return 2;
     }
     RUN(test_losses(f));
