@@ -732,11 +732,21 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    compile() with amp.enabled (or MIXPREC_AUTO_MIXED_PRECISION=1 in the
    environment, TensorFlow's TF_ENABLE_AUTO_MIXED_PRECISION) rewrites a
    float32 model as TensorFlow's grappler pass rewrites a graph. The model is
-   read as a chain of ops with TensorFlow's names: Dense is MatMul, BiasAdd
-   (unless no_bias) and its activation's op; Conv2D is Conv2D, BiasAdd and
-   the activation's op; the activations are Relu, Sigmoid, Tanh, Softmax and
-   Gelu (linear adds none; an Activation layer of linear is Identity);
-   MaxPooling2D is MaxPool, Flatten Reshape, Dropout Dropout. The loss is
+   read as a graph of ops with TensorFlow's names, each reading the op
+   before it in its layer (a layer's first op: the last op of each layer it
+   reads, or the input batch): Dense is MatMul, BiasAdd (unless no_bias) and
+   its activation's op; Conv2D is Conv2D, BiasAdd and the activation's op;
+   the activations are Relu, Sigmoid, Tanh, Softmax and Gelu (linear adds
+   none; an Activation layer of linear is Identity); MaxPooling2D is
+   MaxPool, Flatten and Reshape Reshape, Dropout Dropout,
+   AveragePooling2D AvgPool, GlobalAveragePooling2D Mean (Keras's mean over
+   the rows and columns), BatchNormalization FusedBatchNormV3 (tf_keras's
+   fused kernel: float32 statistics, scale and offset beside 16-bit data);
+   LayerNormalization is Keras's moments then the normalisation: Mean,
+   SquaredDifference (of the input and the mean), Mean, Rsqrt, Mul (the
+   input by it), AddV2; Add and Multiply are AddV2 and Mul once per input
+   after the first (Keras sums in turn), Subtract Sub, Average AddV2s then
+   RealDiv, Concatenate ConcatV2 (reading all its inputs). The loss is
    SparseSoftmaxCrossEntropyWithLogits or SoftmaxCrossEntropyWithLogits from
    logits, Log then Sum from probabilities; binary crossentropy Exp, Log1p,
    Mean from logits, Log, Mean from probabilities; mean squared error
@@ -745,23 +755,27 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    sigmoid output, see mp_compile_desc) its op is the fused one. Each op is
    on one list (TensorFlow's, auto_mixed_precision_lists.h), per dtype:
        allow   MatMul Conv2D
-       infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p
-               (bfloat16 also: Sum Mean SquaredDifference)
-       clear   Relu MaxPool Reshape Dropout Identity
+       infer   BiasAdd Sigmoid Tanh Softmax Gelu Log Log1p FusedBatchNormV3
+               AddV2 Sub Mul RealDiv AvgPool
+               (bfloat16 also: Sum Mean SquaredDifference Rsqrt)
+       clear   Relu MaxPool Reshape Dropout Identity ConcatV2
        deny    Exp SparseSoftmaxCrossEntropyWithLogits
                SoftmaxCrossEntropyWithLogits (float16 also: Sum Mean)
-       (none)  float16: SquaredDifference, never converted
+       (none)  float16: SquaredDifference Rsqrt, never converted
    float16 uses the float16 lists (a GPU's, and auto_mixed_precision_cpu's),
    bfloat16 the oneDNN bfloat16 lists (auto_mixed_precision_onednn_bfloat16).
-   The ops are painted in TensorFlow's order: 1) allow ops are low
-   precision; 2) deny spreads forward from deny ops through infer and clear
-   ops that lead (via clear ops) to an infer or deny op; 3) infer and clear
-   ops between two allow ops, and not deny, become allow; 4) an infer op
-   (not deny) right after an allow op becomes allow, in order, so that it
-   chains (the last Dense's BiasAdd, then the Softmax after it); 5) allow
-   spreads both ways through clear ops that are not deny. A cast goes in
-   wherever a float32 op (or the input batch) feeds a low-precision op and
-   back. Levels, as TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL:
+   The ops are painted in TensorFlow's order, each pass along the graph's
+   edges (an op's several readers, a merge's several inputs): 1) allow ops
+   are low precision; 2) deny spreads forward from deny ops through infer
+   and clear ops that lead (via clear ops) to an infer or deny op; 3) infer
+   and clear ops on a path from an allow op to an allow op, and not deny,
+   become allow; 4) an infer op (not deny) that reads an allow op and no
+   deny op becomes allow, in order, so that it chains (the last Dense's
+   BiasAdd, then the Softmax after it); 5) allow spreads along edges both
+   ways through clear ops that are not deny. A cast goes in wherever a
+   float32 op (or the input batch) feeds a low-precision op and back; as
+   TensorFlow does, an output read by several low-precision ops is cast
+   once. Levels, as TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL:
    TENSOR_CORES_ONLY empties every float16 list but allow (no propagation;
    the bfloat16 lists ignore it, as TensorFlow's oneDNN lists do);
    UNSAFE_FORCE_ALL converts every op (float16 only: TensorFlow refuses it
@@ -770,8 +784,10 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
    it computes (reads its input and weights) in the dtype of its first op and
    writes its output in the dtype of its last op, so a Dense whose BiasAdd
    stays float32 multiplies in float16 and outputs float32, reading its bias
-   from the float32 weight. Backward ops
-   are not counted: each takes its forward op's dtype (activation gradients
+   from the float32 weight; the normalizations read their weights in float32
+   and take their statistics in float32 whatever their ops' dtype (so a
+   LayerNormalization whose Mean stays float32 reads its input in float32
+   and may write float16). Backward ops are not counted: each takes its forward op's dtype (activation gradients
    in the activations' dtype, weight gradients in the compute dtype). The
    loss value stays float32. Under float16 compile wraps the optimizer for
    dynamic loss scaling as under mixed_float16 (loss_scale decides as ever);
@@ -779,8 +795,9 @@ typedef enum mp_metric { MP_METRIC_NONE = 0, MP_METRIC_ACCURACY } mp_metric;
        Converted X/Y nodes to float16 precision using Z cast(s) to float16
        (excluding Const and Variable casts)
    (one line; bfloat16 in bfloat16 mode): Y ops, X of them converted, Z casts
-   to low precision (the input batch's counts; the weights, TensorFlow's
-   Variables, do not), and with verbose the colouring per op.
+   to low precision, one per float32 output that converted ops read (the
+   input batch's counts; the weights, TensorFlow's Variables, do not), and
+   with verbose the colouring per op.
    Lists are edited by comma-separated op names, added then removed: first
    the fields here, then the environment's MIXPREC_AMP_ALLOWLIST_ADD,
    MIXPREC_AMP_ALLOWLIST_REMOVE and the same for DENYLIST, INFERLIST and
@@ -902,14 +919,22 @@ typedef struct mp_model_memory {
                             (a refused 16-bit plan widened to float32...); 0 on the CPU */
 } mp_model_memory;
 MIXPREC_API mp_status mp_model_memory_info(const mp_model *m, mp_model_memory *out);
-/* All the weights (Keras's count_params(): get_weights' count), and the
-   trainable ones (the gradients' count): they differ by the
-   BatchNormalization layers' moving statistics. */
+/* Every weight, as Keras's count_params() and get_weights (n of
+   mp_model_get_weights): the trainable ones and BatchNormalization's moving
+   statistics. */
 MIXPREC_API size_t mp_model_param_count(const mp_model *m);
+/* The trainable weights alone: what gradients are taken of (n of
+   mp_get_gradients). */
 MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m);
 MIXPREC_API size_t mp_model_input_size(const mp_model *m);  /* values per sample of x (>>data) */
 MIXPREC_API size_t mp_model_output_size(const mp_model *m); /* floats per sample */
-/* Keras's model.summary() with a Policy column, into buf (NUL-terminated). */
+/* Keras's model.summary() with a Policy column, into buf (NUL-terminated).
+   A functional model (one whose layers do not each read the one before)
+   gets Keras's functional columns: an input_layer (InputLayer) row first,
+   then "Connected to" after the Policy column ("add (Add) ... dense_1[0][0],
+   input_layer[0][0]"). Param # counts every weight of a layer, and the
+   totals split them as Keras does: BatchNormalization's moving statistics
+   are non-trainable. */
 MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size);
 /* All weights as float32, layer by layer (kernel then bias): n = param count. */
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n);
@@ -1209,7 +1234,8 @@ MIXPREC_API mp_status mp_get_unscaled_gradients(mp_model *m);
 MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
 /* The float32 gradients of the last mp_get_unscaled_gradients (or fit's
    last step in one process: data-parallel fit may hand the ranks' sum
-   straight to the optimizer, see >>communicator), as get_weights
+   straight to the optimizer, see >>communicator), in get_weights' order
+   without the non-trainable weights: n = mp_model_trainable_param_count
    (MP_ERR_STATE before the first, and from mp_compute_scaled_gradients on
    until the next): the trainable weights' in model order, n =
    mp_model_trainable_param_count. Count mismatches here and in get/set
@@ -1353,7 +1379,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
                                                   int *issues);
 /* >>checkpoints
    A checkpoint holds what training needs to go on where it stopped: the
-   float32 weights, the optimizer's config, iteration count and slots, the
+   float32 weights (BatchNormalization's moving statistics included, as
+   Keras saves them), the optimizer's config, iteration count and slots, the
    whole loss-scale state (config, scale, counters) and each layer's dropout
    generator. Loaded into the same model, compiled the same way, then fit with
    initial_epoch, it reproduces the uninterrupted run bit for bit. The bytes
@@ -1364,7 +1391,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    mp_model_error(): MP_ERR_FORMAT for an empty, truncated or corrupt buffer
    (checksum), another format version, or not a mixprec file; MP_ERR_SHAPE
    for a checkpoint of another model (it names the layer and what differs:
-   kind, policy, weight counts, output shape, loss, optimizer, loss scaling);
+   kind, inputs (the graph's connections), policy, weight counts, output
+   shape, loss, optimizer, loss scaling);
    MP_ERR_STATE for a compiled checkpoint into a model not compiled (compile
    first) or the reverse (load before compile).
    Saving: *len gets the size in bytes; buf NULL asks only for it; a cap
@@ -1372,8 +1400,8 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
 MIXPREC_API mp_status mp_model_save_to_memory(mp_model *m, void *buf, size_t cap, size_t *len);
 MIXPREC_API mp_status mp_model_load_from_memory(mp_model *m, const void *buf, size_t len);
 /* Inference weights only, in dtype: float16 or bfloat16 (half float32's
-   bytes), each rounded once to nearest even as mp_convert rounds, or float32.
-   The same container. Importing widens them exactly into the float32
+   bytes), each rounded once to nearest even as mp_convert rounds, or float32;
+   the moving statistics stay float32. The same container. Importing widens them exactly into the float32
    weights and touches no optimizer or loss-scale state; the model may be
    uncompiled and its layers' policies may differ from the exporter's. */
 MIXPREC_API mp_status mp_model_export_weights_to_memory(mp_model *m, mp_dtype dtype, void *buf, size_t cap,
@@ -8280,8 +8308,11 @@ MIXPREC_API int mp_loss_scale_update(mp_loss_scale *ls, int grads_finite) {
     return ls ? mp_loss_scale_step(ls, grads_finite) : 0;
 }
 
-/* >>automatic mixed precision (see the declaration). The model is a chain
-   of ops, so TensorFlow's graph traversals become scans along it. */
+/* >>automatic mixed precision (see the declaration). The model is a graph
+   of ops, each knowing the ops it reads; they are listed in the layers'
+   order, a topological order (a layer reads earlier layers), so
+   TensorFlow's traversals along inputs or outputs become one scan forward
+   or backward over the ops' edges. */
 enum { MP__ALLOW = 1, MP__DENY = 2, MP__INFER = 4, MP__CLEAR = 8 }; /* list bits, in mp__amp_lists' order */
 static const char *const mp__amp_lists[4] = {"allow", "deny", "infer", "clear"};
 
@@ -8289,14 +8320,16 @@ typedef enum mp__op {
     MP__OP_MATMUL, MP__OP_CONV2D, MP__OP_BIAS_ADD, MP__OP_SIGMOID, MP__OP_TANH, MP__OP_SOFTMAX, MP__OP_GELU,
     MP__OP_LOG, MP__OP_LOG1P, MP__OP_RELU, MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT, MP__OP_IDENTITY,
     MP__OP_EXP, MP__OP_SUM, MP__OP_MEAN, MP__OP_SPARSE_XENT, MP__OP_XENT, MP__OP_SQUARED_DIFFERENCE,
+    MP__OP_FUSED_BATCH_NORM, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_REAL_DIV, MP__OP_RSQRT,
+    MP__OP_AVG_POOL, MP__OP_CONCAT,
     MP__OP_COUNT /* also "no op" */
 } mp__op;
 
 /* Every op the pass can see, with its list in TensorFlow's
    auto_mixed_precision_lists.h: float16's (AutoMixedPrecisionListsFp16, as
    on a GPU and auto_mixed_precision_cpu), then bfloat16's (the oneDNN
-   lists, AutoMixedPrecisionListsMkl: Sum, Mean and SquaredDifference are
-   infer there). */
+   lists, AutoMixedPrecisionListsMkl: Sum, Mean, SquaredDifference and Rsqrt
+   are infer there). */
 static const struct { const char *name; unsigned char list, bf16_list; } mp__ops[MP__OP_COUNT] = {
     {"MatMul", MP__ALLOW, MP__ALLOW}, {"Conv2D", MP__ALLOW, MP__ALLOW},
     {"BiasAdd", MP__INFER, MP__INFER}, {"Sigmoid", MP__INFER, MP__INFER}, {"Tanh", MP__INFER, MP__INFER},
@@ -8310,18 +8343,25 @@ static const struct { const char *name; unsigned char list, bf16_list; } mp__ops
     {"SparseSoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
     {"SoftmaxCrossEntropyWithLogits", MP__DENY, MP__DENY},
     {"SquaredDifference", 0, MP__INFER}, /* on none of the float16 lists: never converted there */
+    {"FusedBatchNormV3", MP__INFER, MP__INFER}, /* its statistics, scale and offset stay float32 */
+    {"AddV2", MP__INFER, MP__INFER}, {"Sub", MP__INFER, MP__INFER}, {"Mul", MP__INFER, MP__INFER},
+    {"RealDiv", MP__INFER, MP__INFER}, {"Rsqrt", 0, MP__INFER}, {"AvgPool", MP__INFER, MP__INFER},
+    {"ConcatV2", MP__CLEAR, MP__CLEAR},
 };
 
 typedef struct mp__amp_op {
     mp__op op;
     int layer;                      /* index, or -1 for the loss's ops */
+    int in[MP_MAX_LAYER_INPUTS], n_in; /* the ops it reads; MP__FROM_INPUT: the model's input */
     unsigned char list;             /* its list after the edits and the level: one bit or none */
-    unsigned char deny, allow, mark; /* the painting; allow = converted */
+    unsigned char deny, allow;      /* the painting; allow = converted */
+    unsigned char mark, reach;      /* a pass's sets (TensorFlow's upstream/downstream sets) */
 } mp__amp_op;
 
 struct mp__amp {
     mp_dtype dtype; /* float16 or bfloat16 */
     int verbose, any_allow;
+    unsigned char input_cast; /* an allow op reads the input batch: it is cast */
     int n_ops, converted, casts;
     mp__amp_op *ops; /* right after the struct, in the same block */
 };
@@ -8432,19 +8472,72 @@ static mp_status mp__amp_resolve_lists(mp_model *m, const mp_amp_desc *d, unsign
     return MP_OK;
 }
 
-static void mp__amp_push(struct mp__amp *a, mp__op op, int layer) {
+/* Appends op `op` of layer `layer` reading ops in[0..n) (MP__FROM_INPUT:
+   the model's input); -1 for `prev` in in[] means the op pushed last. */
+static void mp__amp_push(struct mp__amp *a, mp__op op, int layer, const int *in, int n) {
+    mp__amp_op *o = &a->ops[a->n_ops];
+    int k;
     if (op == MP__OP_COUNT) return;
-    a->ops[a->n_ops].op = op;
-    a->ops[a->n_ops].layer = layer;
+    memset(o, 0, sizeof *o);
+    o->op = op;
+    o->layer = layer;
+    for (k = 0; k < n; k++) o->in[k] = in[k];
+    o->n_in = n;
     a->n_ops++;
 }
 
-/* The model's forward ops in order (at most 3 a layer, 4 for the loss). */
-static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp__amp *a) {
-    static const mp__op first[MP_LAYER_KIND_COUNT] = {MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D,
-                                                      MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT};
+/* Pushes op `op` reading the op pushed last and, when x is not NULL,
+   also *x (a layer's input). */
+static void mp__amp_then(struct mp__amp *a, mp__op op, int layer, const int *x) {
+    int in[2];
+    in[0] = a->n_ops - 1;
+    if (x) in[1] = *x;
+    mp__amp_push(a, op, layer, in, x ? 2 : 1);
+}
+
+/* Layer li's ops, as Keras writes its call in TensorFlow; x[k] is the op
+   that writes its input k. The merges combine their inputs in turn (one op
+   per input after the first: Keras's `output += inputs[i]`), Average then
+   divides; LayerNormalization is tf.nn.moments and the normalisation (Mean,
+   SquaredDifference against the input, Mean; Rsqrt, the input times it,
+   AddV2 of the offset); the other kinds are one op, then their BiasAdd and
+   activation. */
+static void mp__amp_layer_ops(const mp_model *m, struct mp__amp *a, int li, const int *x) {
+    static const mp__op first[MP_LAYER_KIND_COUNT] = {
+        MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D, MP__OP_MAX_POOL, MP__OP_RESHAPE,
+        MP__OP_DROPOUT, MP__OP_FUSED_BATCH_NORM, MP__OP_MEAN, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_ADD,
+        MP__OP_CONCAT, MP__OP_AVG_POOL, MP__OP_MEAN, MP__OP_RESHAPE};
     static const mp__op acts[MP_ACTIVATION_COUNT] = {MP__OP_COUNT, MP__OP_RELU, MP__OP_SIGMOID,
                                                      MP__OP_SOFTMAX, MP__OP_TANH, MP__OP_GELU};
+    const mp__layer *l = &m->layers[li];
+    mp_layer_kind k = l->desc.kind;
+    mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
+    int i, merge = mp__kinds[k].min_inputs > 1 && k != MP_CONCATENATE;
+    if (k == MP_ACTIVATION && act != MP__OP_COUNT) {
+        mp__amp_push(a, act, li, x, 1);
+        return;
+    }
+    mp__amp_push(a, first[k], li, x, merge ? 2 : l->n_in);
+    for (i = 2; merge && i < l->n_in; i++) mp__amp_then(a, first[k], li, &x[i]);
+    if (k == MP_AVERAGE) mp__amp_then(a, MP__OP_REAL_DIV, li, NULL);
+    if (k == MP_LAYER_NORMALIZATION) {
+        mp__amp_then(a, MP__OP_SQUARED_DIFFERENCE, li, x);
+        mp__amp_then(a, MP__OP_MEAN, li, NULL);
+        mp__amp_then(a, MP__OP_RSQRT, li, NULL);
+        mp__amp_then(a, MP__OP_MUL, li, x);
+        mp__amp_then(a, MP__OP_ADD, li, NULL);
+    }
+    if (l->n_bias && (k == MP_DENSE || k == MP_CONV2D)) mp__amp_then(a, MP__OP_BIAS_ADD, li, NULL);
+    if (act != MP__OP_COUNT) mp__amp_then(a, act, li, NULL);
+}
+
+/* The most ops a layer has (a merge of MP_MAX_LAYER_INPUTS inputs, or
+   LayerNormalization's six), and the loss's. */
+enum { MP__AMP_LAYER_OPS = MP_MAX_LAYER_INPUTS > 6 ? MP_MAX_LAYER_INPUTS : 6, MP__AMP_LOSS_OPS = 4 };
+
+/* The model's forward ops in the layers' order, then the loss's, each
+   reading the one before it (the first reads the model's output). */
+static void mp__amp_graph(const mp_model *m, const mp_compile_desc *c, struct mp__amp *a, int *last) {
     /* [loss][from_logits]: the ops before the Mean over the batch */
     static const mp__op loss_ops[MP_LOSS_COUNT][2][3] = {
         {{MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}, {MP__OP_COUNT, MP__OP_COUNT, MP__OP_COUNT}},
@@ -8453,59 +8546,89 @@ static void mp__amp_chain(const mp_model *m, const mp_compile_desc *c, struct mp
         {{MP__OP_LOG, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_EXP, MP__OP_LOG1P, MP__OP_MEAN}},
         {{MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}, {MP__OP_SQUARED_DIFFERENCE, MP__OP_MEAN, MP__OP_COUNT}}};
     /* the loss from logits as compiled, or as Keras reads a softmax output */
-    int i, logits = c->from_logits || (m->n_layers && mp__logits_loss(c, mp__last(m)));
+    int i, k, logits = c->from_logits || (m->n_layers && mp__logits_loss(c, mp__last(m)));
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
-        mp_layer_kind k = l->desc.kind;
-        mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
-        if (k == MP_ACTIVATION && act != MP__OP_COUNT) {
-            mp__amp_push(a, act, i);
-            continue;
-        }
-        mp__amp_push(a, first[k], i);
-        if (l->n_bias) mp__amp_push(a, MP__OP_BIAS_ADD, i);
-        mp__amp_push(a, act, i);
+        int x[MP_MAX_LAYER_INPUTS];
+        for (k = 0; k < l->n_in; k++) x[k] = l->in[k] == MP__FROM_INPUT ? MP__FROM_INPUT : last[l->in[k]];
+        mp__amp_layer_ops(m, a, i, x);
+        last[i] = a->n_ops - 1;
     }
-    for (i = 0; i < 3; i++) mp__amp_push(a, loss_ops[c->loss][logits][i], -1);
-    mp__amp_push(a, MP__OP_MEAN, -1);
+    for (i = 0; i < 3; i++) mp__amp_then(a, loss_ops[c->loss][logits][i], -1, NULL);
+    mp__amp_then(a, MP__OP_MEAN, -1, NULL);
 }
 
 static int mp__amp_clear(const mp__amp_op *o) { return o->list == MP__CLEAR && !o->deny; }
 
-/* TensorFlow's passes (auto_mixed_precision.cc, Optimize) on the chain. */
+/* Whether any op op[i] reads has flag `set` (at `field`'s offset). */
+static int mp__amp_any_in(const mp__amp_op *o, int i, size_t field) {
+    int k;
+    for (k = 0; k < o[i].n_in; k++)
+        if (o[i].in[k] >= 0 && ((const unsigned char *)&o[o[i].in[k]])[field]) return 1;
+    return 0;
+}
+
+/* Sets `field` on the ops that op j reads where `to` allows it, for every
+   op j (backward, so that a flag set on j's inputs spreads further up). */
+static void mp__amp_spread_up(mp__amp_op *o, int n, size_t field, int (*to)(const mp__amp_op *)) {
+    int j, k;
+    for (j = n - 1; j >= 0; j--)
+        for (k = 0; ((unsigned char *)&o[j])[field] && k < o[j].n_in; k++) {
+            mp__amp_op *p = o[j].in[k] >= 0 ? &o[o[j].in[k]] : NULL;
+            if (p && to(p)) ((unsigned char *)p)[field] = 1;
+        }
+}
+static int mp__amp_is_clear_list(const mp__amp_op *o) { return o->list == MP__CLEAR; }
+static int mp__amp_marked(const mp__amp_op *o) { return o->mark; }
+
+/* TensorFlow's passes (auto_mixed_precision.cc, Optimize) on the graph:
+   a pass that follows inputs is a backward scan, one that follows outputs
+   a forward scan; each reads every edge of an op (fan-in and fan-out). */
 static void mp__amp_paint(struct mp__amp *a, mp_amp_level level) {
     mp__amp_op *o = a->ops;
-    int n = a->n_ops, i, up = 0, reach = 0;
+    int n = a->n_ops, i, k, more = 1;
     for (i = 0; i < n; i++) { /* 1) allow ops (every op, when forced) */
         o[i].allow = (unsigned char)(level == MP_AMP_UNSAFE_FORCE_ALL || o[i].list == MP__ALLOW);
         a->any_allow |= o[i].allow;
     }
     if (level == MP_AMP_UNSAFE_FORCE_ALL) return;
-    /* 2) mark infer and deny ops and the clear ops before them; deny
-       spreads forward from deny ops through marked ops */
-    for (i = n - 1; i >= 0; i--)
-        o[i].mark = (unsigned char)(up = (o[i].list & (MP__DENY | MP__INFER)) || (o[i].list == MP__CLEAR && up));
-    for (i = 0; i < n; i++) o[i].deny = (unsigned char)(o[i].list == MP__DENY || (i && o[i - 1].deny && o[i].mark));
-    /* 3) mark allow ops and the infer and clear ops after them (not deny);
-       marked ops that also lead to an allow op become allow */
+    /* 2) mark infer and deny ops and the clear ops upstream of them
+       through clear ops; deny spreads forward from deny ops through
+       marked ops */
+    for (i = 0; i < n; i++) o[i].mark = (unsigned char)((o[i].list & (MP__DENY | MP__INFER)) != 0);
+    mp__amp_spread_up(o, n, offsetof(mp__amp_op, mark), mp__amp_is_clear_list);
+    for (i = 0; i < n; i++)
+        o[i].deny = (unsigned char)(o[i].list == MP__DENY ||
+                                    (o[i].mark && mp__amp_any_in(o, i, offsetof(mp__amp_op, deny))));
+    /* 3) mark allow ops and the infer and clear ops downstream of them (not
+       deny); marked ops upstream of an allow op through marked ops become
+       allow */
     for (i = 0; i < n; i++)
         o[i].mark = (unsigned char)(o[i].list == MP__ALLOW ||
-                                    (i && o[i - 1].mark && !o[i].deny && (o[i].list & (MP__INFER | MP__CLEAR))));
-    for (i = n - 1; i >= 0; i--) {
-        if (o[i].list == MP__ALLOW) reach = 1;
-        else if (reach && o[i].mark) o[i].allow = 1;
-        else reach = 0;
+                                    (!o[i].deny && (o[i].list & (MP__INFER | MP__CLEAR)) &&
+                                     mp__amp_any_in(o, i, offsetof(mp__amp_op, mark))));
+    for (i = 0; i < n; i++) o[i].reach = (unsigned char)(o[i].list == MP__ALLOW);
+    mp__amp_spread_up(o, n, offsetof(mp__amp_op, reach), mp__amp_marked);
+    for (i = 0; i < n; i++) o[i].allow |= o[i].reach;
+    /* 4) an infer op that reads an allow op (and no deny op) becomes allow,
+       in graph order, so it chains: the last Dense's BiasAdd after its
+       MatMul, then a Softmax after that */
+    for (i = 0; i < n; i++) {
+        int deny_in = mp__amp_any_in(o, i, offsetof(mp__amp_op, deny));
+        if (o[i].list == MP__INFER && !o[i].deny && !deny_in && mp__amp_any_in(o, i, offsetof(mp__amp_op, allow)))
+            o[i].allow = 1;
     }
-    /* 4) an infer op whose input comes from an allow op (and none from a
-       deny op) becomes allow, in graph order, so it chains: the last
-       Dense's BiasAdd after its MatMul, then a Softmax after that */
-    for (i = 1; i < n; i++)
-        if (o[i].list == MP__INFER && !o[i].deny && o[i - 1].allow) o[i].allow = 1;
-    /* 5) allow through clear ops, forward, then backward */
-    for (i = 1; i < n; i++)
-        if (o[i - 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
-    for (i = n - 2; i >= 0; i--)
-        if (o[i + 1].allow && mp__amp_clear(&o[i])) o[i].allow = 1;
+    /* 5) allow spreads along edges, both ways, through clear ops that are
+       not deny (TensorFlow's depth-first search: its connected parts) */
+    for (i = 0; i < n; i++) o[i].mark = (unsigned char)(mp__amp_clear(&o[i]) && !o[i].allow);
+    while (more)
+        for (more = 0, i = 0; i < n; i++)
+            for (k = 0; k < o[i].n_in; k++) {
+                mp__amp_op *p = o[i].in[k] >= 0 ? &o[o[i].in[k]] : NULL;
+                if (!p || p->allow == o[i].allow) continue;
+                if (p->allow && o[i].mark) more = o[i].allow = 1;
+                else if (o[i].allow && p->mark) more = p->allow = 1;
+            }
 }
 
 /* The pass when the code or the environment turns it on (else *out is
@@ -8516,7 +8639,7 @@ static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__
     unsigned char lists[MP__OP_COUNT];
     struct mp__amp *a;
     mp_status st;
-    int i, low = 0;
+    int i, k, *last;
     *out = NULL;
     if (!c->amp.enabled && !(on && strcmp(on, "1") == 0)) return MP_OK; /* off: no pass */
     if ((st = mp__amp_settings(m, &d)) != MP_OK) return st;
@@ -8529,17 +8652,34 @@ static mp_status mp__amp_pass(mp_model *m, const mp_compile_desc *c, struct mp__
     }
     if ((st = mp__amp_resolve_lists(m, &d, lists)) != MP_OK) return st;
     /* the ops fit: the layers' array, far larger per layer, was allocated */
-    a = (struct mp__amp *)mp__alloc(sizeof *a + (3 * (size_t)m->n_layers + 4) * sizeof(mp__amp_op));
-    if (!a) return mp__fail(m, MP_ERR_ALLOC, "the automatic mixed precision pass");
+    a = (struct mp__amp *)mp__alloc(sizeof *a + (MP__AMP_LAYER_OPS * (size_t)m->n_layers + MP__AMP_LOSS_OPS) *
+                                                    sizeof(mp__amp_op));
+    last = (int *)mp__alloc(((size_t)m->n_layers + 1) * sizeof(int));
+    if (!a || !last) {
+        mp__free(a);
+        mp__free(last);
+        return mp__fail(m, MP_ERR_ALLOC, "the automatic mixed precision pass");
+    }
     a->ops = (mp__amp_op *)(void *)(a + 1);
     a->dtype = d.dtype;
     a->verbose = d.verbose;
-    mp__amp_chain(m, c, a);
+    mp__amp_graph(m, c, a, last);
+    mp__free(last);
     for (i = 0; i < a->n_ops; i++) a->ops[i].list = lists[a->ops[i].op];
     mp__amp_paint(a, d.level);
-    for (i = 0; i < a->n_ops; low = a->ops[i].allow, i++) { /* a cast to low precision at each rise */
-        a->converted += a->ops[i].allow;
-        a->casts += a->ops[i].allow && !low;
+    /* TensorFlow's casts: one at each output of a float32 op (or of the
+       input batch) that an allow op reads, however many allow ops read it;
+       `mark` flags the outputs that have one */
+    for (i = 0; i < a->n_ops; i++) a->ops[i].mark = 0;
+    for (i = 0; i < a->n_ops; i++) {
+        mp__amp_op *o = &a->ops[i];
+        a->converted += o->allow;
+        for (k = 0; o->allow && k < o->n_in; k++) {
+            unsigned char *cast = o->in[k] < 0 ? &a->input_cast : &a->ops[o->in[k]].mark;
+            if (o->in[k] >= 0 && a->ops[o->in[k]].allow) continue;
+            a->casts += !*cast;
+            *cast = 1;
+        }
     }
     *out = a;
     return MP_OK;
@@ -11471,6 +11611,15 @@ MIXPREC_API size_t mp_model_output_size(const mp_model *m) { return m && m->n_la
 MIXPREC_API size_t mp_model_param_count(const mp_model *m) { return m ? m->n_params + m->n_state : 0; }
 MIXPREC_API size_t mp_model_trainable_param_count(const mp_model *m) { return m ? m->n_params : 0; }
 
+/* Whether every layer reads the layer before it (the first: the input), as
+   in a Sequential model. */
+static int mp__is_chain(const mp_model *m) {
+    int i;
+    for (i = 0; i < m->n_layers; i++)
+        if (m->layers[i].n_in != 1 || m->layers[i].in[0] != i - 1) return 0;
+    return 1;
+}
+
 MIXPREC_API mp_status mp_model_layer_info(const mp_model *m, int index, mp_layer_info *out) {
     const mp__layer *l;
     if (!m || !out) return MP_ERR_NULL;
@@ -11548,7 +11697,9 @@ MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
-/* >>model: summary. Keras's model.summary() with a Policy column */
+/* >>model: summary. Keras's model.summary() with a Policy column; a
+   functional model (not a chain) gets Keras's "Connected to" column and
+   its input_layer row. */
 
 static void mp__rule(mp__text *t, const char *c, size_t width) {
     size_t i;
@@ -11570,9 +11721,51 @@ static size_t mp__summary_width(const mp_model *m) {
     return width;
 }
 
-static void mp__summary(const mp_model *m, mp__text *t) {
-    size_t total = mp_model_param_count(m), line, w = mp__summary_width(m), rule = 80 + w - 29;
+/* Keras 3's "Connected to": each input's "name[0][0]". */
+static void mp__put_connected(mp__text *t, const mp_model *m, const mp__layer *l) {
+    int k;
+    for (k = 0; k < l->n_in; k++) {
+        if (k) mp__put(t, ", ");
+        mp__put(t, mp__input_name(m, l->in[k]));
+        mp__put(t, "[0][0]");
+    }
+}
+
+/* The widest "Connected to" cell, its header's at least. */
+static size_t mp__connected_width(const mp_model *m) {
+    size_t width = strlen("Connected to");
     int i;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__text count = {NULL, 0, 0};
+        mp__put_connected(&count, m, &m->layers[i]);
+        if (count.len > width) width = count.len;
+    }
+    return width;
+}
+
+/* A row's name, shape and Param # columns; returns where the row starts. */
+static size_t mp__summary_row(mp__text *t, size_t w, const char *name, const char *type, int rank, const int *shape,
+                              size_t params) {
+    size_t line = t->len;
+    mp__put(t, " ");
+    mp__put(t, name);
+    mp__put(t, " (");
+    mp__put(t, type);
+    mp__put(t, ")");
+    mp__pad_to(t, line + w);
+    mp__put_shape(t, rank, shape);
+    mp__pad_to(t, line + w + 26);
+    mp__put_uint(t, params, 0);
+    mp__pad_to(t, line + w + 37);
+    return line;
+}
+
+enum { MP__SUMMARY_POLICY = 23 }; /* the Policy column's width before Connected to ("amp_bfloat16->float32") */
+
+static void mp__summary(const mp_model *m, mp__text *t) {
+    int i, graph = !mp__is_chain(m);
+    size_t line, w = mp__summary_width(m), rule = graph ? w + 37 + MP__SUMMARY_POLICY + mp__connected_width(m)
+                                                        : 80 + w - 29;
     mp__put(t, "Model: \"");
     mp__put(t, m->desc.name);
     mp__put(t, "\"\n");
@@ -11580,32 +11773,40 @@ static void mp__summary(const mp_model *m, mp__text *t) {
     line = t->len;
     mp__put(t, " Layer (type)");
     mp__pad_to(t, line + w);
-    mp__put(t, "Output Shape              Param #    Policy\n");
+    mp__put(t, "Output Shape              Param #    Policy");
+    if (graph) {
+        mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+        mp__put(t, "Connected to");
+    }
+    mp__put(t, "\n");
     mp__rule(t, "=", rule);
+    if (graph) { /* Keras's first row: the Input */
+        line = mp__summary_row(t, w, mp__input_name(m, MP__FROM_INPUT), "InputLayer", m->in_rank, m->in_shape, 0);
+        mp__put(t, "-");
+        mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+        mp__put(t, "-\n");
+    }
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         const char *policy = mp_policy_name(l->policy);
-        line = t->len;
-        mp__put(t, " ");
-        mp__put(t, l->name);
-        mp__put(t, " (");
-        mp__put(t, mp__kinds[l->desc.kind].type);
-        mp__put(t, ")");
-        mp__pad_to(t, line + w);
-        mp__put_shape(t, l->out_rank, l->out_shape);
-        mp__pad_to(t, line + w + 26);
-        mp__put_uint(t, mp__params(l), 0);
-        mp__pad_to(t, line + w + 37);
+        line = mp__summary_row(t, w, l->name, mp__kinds[l->desc.kind].type, l->out_rank, l->out_shape,
+                               mp__params(l) + l->n_state);
         if (m->amp) mp__amp_put_dtypes(t, l);
         else mp__put(t, policy ? policy : "?");
+        if (graph) {
+            mp__pad_to(t, line + w + 37 + MP__SUMMARY_POLICY);
+            mp__put_connected(t, m, l);
+        }
         mp__put(t, "\n");
     }
     mp__rule(t, "=", rule);
     mp__put(t, "Total params: ");
-    mp__put_uint(t, total, 1);
+    mp__put_uint(t, m->n_params + m->n_state, 1);
     mp__put(t, "\nTrainable params: ");
-    mp__put_uint(t, total, 1);
-    mp__put(t, "\nNon-trainable params: 0\n");
+    mp__put_uint(t, m->n_params, 1);
+    mp__put(t, "\nNon-trainable params: ");
+    mp__put_uint(t, m->n_state, 1);
+    mp__put(t, "\n");
     mp__rule(t, "_", rule);
 }
 
@@ -12319,7 +12520,9 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
 enum {
-    MP__CKPT_VERSION = 2,        /* 2: the learning-rate schedule after epsilon */
+    MP__CKPT_VERSION = 3,        /* 3: each layer's inputs and state count; the state after the weights */
+    MP__CKPT_CHAIN_VERSION = 2,  /* 2: the learning-rate schedule after epsilon; still written for a
+                                    chain of layers without state, whose bytes it keeps as they were */
     MP__CKPT_OLDEST_VERSION = 1, /* still read: a constant learning rate */
     MP__CKPT_HEAD = 20
 };
@@ -12407,7 +12610,7 @@ typedef struct mp__ckpt {
     uint64_t got;         /* the last value mp__differs read */
     mp_opt_step opt;      /* the state read aside */
     mp_loss_scale ls;
-    size_t weights, slots, rngs; /* where the arrays start */
+    size_t weights, state, slots, rngs; /* where the arrays start */
     float *w, *s;         /* the weights and slots where the host reads and writes them */
     float *copy;          /* their host copy, for a device backend */
 } mp__ckpt;
@@ -12416,7 +12619,7 @@ typedef struct mp__ckpt {
    memory on the CPU; a host copy for a device backend (fetched for a save,
    sent back by mp__ckpt_commit after a load). */
 static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
-    size_t n = m->n_params + m->slot_count;
+    size_t nw = m->n_params + m->n_state, n = nw + m->slot_count; /* built: no overflow */
     if (!m->be->device_memory) {
         c->w = m->w;
         c->s = m->s1;
@@ -12425,9 +12628,9 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     if (n > SIZE_MAX / sizeof(float) || !(c->copy = (float *)mp__alloc(n * sizeof(float))))
         return mp__fail(m, MP_ERR_ALLOC, "a host copy of the weights and slots (%z floats)", n);
     c->w = c->copy;
-    c->s = c->copy + m->n_params;
+    c->s = c->copy + nw;
     if (!fetch) return MP_OK;
-    m->be->copy(m->ctx, c->w, m->w, m->n_params * sizeof(float), MP_COPY_TO_HOST);
+    m->be->copy(m->ctx, c->w, m->w, nw * sizeof(float), MP_COPY_TO_HOST);
     if (m->slot_count) m->be->copy(m->ctx, c->s, m->s1, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
     return mp__sync(m);
 }
@@ -12450,9 +12653,40 @@ static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
     return mp_policy_name(p) ? mp_policy_name(p) : "(unknown)";
 }
 
-/* What identifies the model: the input shape; per layer its kind, policy
-   (a checkpoint's must match; weights may go to another policy), kernel and
-   bias sizes and output shape. */
+/* The version a model is written in: the oldest that holds it. */
+static uint32_t mp__ckpt_version(const mp_model *m) {
+    return mp__is_chain(m) && !m->n_state ? MP__CKPT_CHAIN_VERSION : MP__CKPT_VERSION;
+}
+
+/* Reading or writing a field that version 3 added: before it, the file
+   holds a chain without state, and the field is `chain` there. */
+static int mp__ckpt_graph_differs(mp__ckpt *c, uint64_t v, size_t bytes, uint64_t chain) {
+    if (c->version >= 3) return mp__differs(c, v, bytes);
+    c->got = chain;
+    return chain != v;
+}
+
+/* A layer's connections: how many inputs, and each one's id as
+   mp_model_call numbers them (0: the model's input, else 1 + the index);
+   in a chain layer i reads id i. */
+static mp_status mp__ckpt_inputs(mp_model *m, mp__ckpt *c, int i) {
+    const mp__layer *l = &m->layers[i];
+    int k;
+    if (mp__ckpt_graph_differs(c, (uint64_t)l->n_in, 4, 1))
+        return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s) reads %z inputs in the file, %d in the model", i, l->name,
+                        (size_t)c->got, l->n_in);
+    for (k = 0; k < l->n_in; k++)
+        if (mp__ckpt_graph_differs(c, (uint64_t)(l->in[k] + 1), 4, (uint64_t)i))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): its input %d is layer id %z in the file, %d in the model "
+                            "(0: the model's input): the file's model is connected otherwise", i, l->name, k,
+                            (size_t)c->got, l->in[k] + 1);
+    return MP_OK;
+}
+
+/* What identifies the model: the input shape; per layer its kind, its
+   inputs (version 3), policy (a checkpoint's must match; weights may go to
+   another policy), kernel and bias sizes, state size (version 3) and output
+   shape. */
 static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
     int i, r;
     if (mp__differs(c, (uint64_t)m->in_rank, 4))
@@ -12466,9 +12700,11 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         uint64_t ct, vt;
+        mp_status st;
         if (mp__differs(c, (uint64_t)l->desc.kind, 4))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s) is a %s in the model, a %s in the file", i, l->name,
                             mp__kinds[l->desc.kind].type, mp__kind_type(c->got));
+        if ((st = mp__ckpt_inputs(m, c, i)) != MP_OK) return st;
         ct = mp__io_uint(&c->io, (uint64_t)l->policy.compute_dtype, 4);
         vt = mp__io_uint(&c->io, (uint64_t)l->policy.variable_dtype, 4);
         if (c->kind == 'C' && (ct != (uint64_t)l->policy.compute_dtype || vt != (uint64_t)l->policy.variable_dtype))
@@ -12481,6 +12717,9 @@ static mp_status mp__ckpt_model(mp_model *m, mp__ckpt *c) {
         if (mp__differs(c, (uint64_t)l->n_bias, 8))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z biases in the file, %z in the model", i, l->name,
                             (size_t)c->got, l->n_bias);
+        if (mp__ckpt_graph_differs(c, (uint64_t)l->n_state, 8, 0))
+            return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): %z non-trainable weights (moving statistics) in the file, "
+                            "%z in the model", i, l->name, (size_t)c->got, l->n_state);
         if (mp__differs(c, (uint64_t)l->out_rank, 4))
             return mp__fail(m, MP_ERR_SHAPE, "layer %d (%s): output rank %z in the file, %d in the model", i, l->name,
                             (size_t)c->got, l->out_rank);
@@ -12568,6 +12807,7 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: weights of dtype %z", (size_t)dt);
     c->dt = (mp_dtype)dt;
     c->weights = mp__io_floats(io, c->w, m->n_params, c->dt);
+    c->state = mp__io_floats(io, c->w ? c->w + m->n_params : NULL, m->n_state, MP_FLOAT32); /* none before 3 */
     if (!ckpt) return MP_OK;
     c->rngs = io->pos;
     for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
@@ -12578,11 +12818,20 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     return MP_OK;
 }
 
-/* The state read aside must be one training could have reached. */
+/* The state read aside must be one training could have reached: moving
+   variances >= 0 (each BatchNormalization's state: means, then variances),
+   an optimizer config compile accepts, mean squares >= 0, a loss-scale
+   state within its config. */
 static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
     mp_optimizer_desc o;
     mp_loss_scale ls;
-    size_t slots, i;
+    size_t slots, i, at = c->state;
+    int li;
+    for (li = 0; li < m->n_layers; at += 4u * m->layers[li].n_state, li++)
+        for (i = m->layers[li].n_state / 2; i < m->layers[li].n_state; i++)
+            if (!(mp__f32_from_bits((uint32_t)mp__le_get(c->io.in + at + 4u * i, 4)) >= 0.0f))
+                return mp__fail(m, MP_ERR_FORMAT, "corrupt: layer %d (%s): moving variance %z is negative or NaN", li,
+                                m->layers[li].name, i - m->layers[li].n_state / 2);
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
         !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
@@ -12608,9 +12857,10 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
     const unsigned char *in = c->io.in;
     int i, state = c->kind == 'C' && m->compiled;
     mp__io_decode(c->w, in + c->weights, m->n_params, c->dt);
+    mp__io_decode(c->w + m->n_params, in + c->state, m->n_state, MP_FLOAT32);
     if (state) mp__io_decode(c->s, in + c->slots, m->slot_count, MP_FLOAT32);
     if (c->copy) { /* a device backend: send them back */
-        m->be->copy(m->ctx, m->w, c->w, m->n_params * sizeof(float), MP_COPY_TO_BACKEND);
+        m->be->copy(m->ctx, m->w, c->w, (m->n_params + m->n_state) * sizeof(float), MP_COPY_TO_BACKEND);
         if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
@@ -12648,7 +12898,7 @@ static mp_status mp__ckpt_write(mp_model *m, int kind, mp_dtype dt, void *buf, s
     if ((st = mp_model_build(m)) != MP_OK) return st;
     memset(&c, 0, sizeof c);
     c.kind = kind;
-    c.version = MP__CKPT_VERSION;
+    c.version = mp__ckpt_version(m);
     c.dt = dt;
     mp__ckpt_pass(m, &c, 0); /* measures */
     if (c.io.past_end) return mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");

@@ -2,8 +2,10 @@
    inference-weights readers (mp_model_load_from_memory,
    mp_model_import_weights_from_memory). Each input goes into a compiled
    mixed_float16 model (Adam, loss scaling, Dropout) that has trained a few
-   steps and into one that is only built, each as a checkpoint and as a
-   weights file, twice: as it is, and with its length field and CRC made
+   steps, into one that is only built, and into a built functional model
+   (BatchNormalization with its moving statistics, a residual Add, a
+   Concatenate with the input: format version 3), each as a checkpoint and
+   as a weights file, twice: as it is, and with its length field and CRC made
    right, so that the fuzzer also reaches the body behind the checksum. A
    load that fails must say MP_ERR_FORMAT, MP_ERR_SHAPE or MP_ERR_STATE and
    leave the model's bytes as they were; one that succeeds is undone.
@@ -25,7 +27,7 @@ typedef struct target {
     unsigned char *bytes; /* its checkpoint: the state to keep */
     size_t len;
 } target;
-static target compiled, built;
+static target compiled, built, graph;
 
 static unsigned char *saved(mp_model *m, int export_dtype, size_t *len) {
     unsigned char *b;
@@ -71,6 +73,33 @@ static mp_model *model(int compile) {
     return m;
 }
 
+/* input(5) -> dense(4, relu) -> batch_normalization; add([it, dense]);
+   concatenate([add, input]) -> dense(3); built, its moving statistics
+   set off their defaults. */
+static mp_model *graph_model(void) {
+    static const int wiring[5][3] = {{1, 0}, {1, 1}, {2, 2, 1}, {2, 3, 0}, {1, 4}};
+    mp_layer_desc layers[5];
+    mp_model_desc md;
+    mp_model *m = NULL;
+    float w[24 + 16 + 30];
+    int i;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 5;
+    md.threads = 1;
+    layers[0] = mp_dense(4, MP_RELU);
+    layers[1] = mp_batch_normalization();
+    layers[2] = mp_add();
+    layers[3] = mp_concatenate(0);
+    layers[4] = mp_dense(3, MP_LINEAR);
+    if (mp_model_create(&m, &md)) abort();
+    for (i = 0; i < 5; i++)
+        if (mp_model_call(m, layers[i], wiring[i] + 1, wiring[i][0], NULL)) abort();
+    for (i = 0; i < (int)(sizeof w / sizeof w[0]); i++) w[i] = (float)(i % 5) / 4.0f; /* variances (36..39) >= 0 */
+    if (mp_model_param_count(m) != sizeof w / sizeof w[0] || mp_model_set_weights(m, w, sizeof w / sizeof w[0]))
+        abort();
+    return m;
+}
+
 static void write_seed(const char *dir, const char *name, const unsigned char *b, size_t len) {
     char path[4096];
     FILE *f;
@@ -89,11 +118,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     compiled.bytes = saved(compiled.m, -1, &compiled.len);
     built.m = model(0);
     built.bytes = saved(built.m, -1, &built.len);
+    graph.m = graph_model();
+    graph.bytes = saved(graph.m, -1, &graph.len);
     if (dir) {
         size_t len;
         unsigned char *b;
         write_seed(dir, "seed_checkpoint", compiled.bytes, compiled.len);
         write_seed(dir, "seed_checkpoint_uncompiled", built.bytes, built.len);
+        write_seed(dir, "seed_checkpoint_graph", graph.bytes, graph.len);
+        b = saved(graph.m, MP_FLOAT16, &len);
+        write_seed(dir, "seed_weights_graph_float16", b, len);
+        free(b);
         b = saved(compiled.m, MP_FLOAT16, &len);
         write_seed(dir, "seed_weights_float16", b, len);
         free(b);
@@ -137,8 +172,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (weights = 0; weights < 2; weights++) {
         load_into(&compiled, data, size, weights);
         load_into(&built, data, size, weights);
+        load_into(&graph, data, size, weights);
         load_into(&compiled, fixed, size, weights);
         load_into(&built, fixed, size, weights);
+        load_into(&graph, fixed, size, weights);
     }
     free(fixed);
     return 0;

@@ -3,7 +3,7 @@
    another stream), zeroed allocation that ends the test when memory runs
    out, typed element access, OK(call, model): one check that prints the
    status and the model's own message when the call fails, weights_of /
-   weights_equal, new_model,
+   weights_equal, new_model, new_graph_model,
    data_xy / data_xt (an mp_data of rows), forward_rows / loss_rows (the
    custom loop's first two calls on rows) and silent_fit. */
 #ifndef MIXPREC_TEST_HELPERS_H
@@ -85,6 +85,22 @@ static inline mp_model *new_model(const char *policy, const int *shape, const mp
     md.seed = 7;
     ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), NULL);
     for (i = 0; ok && i < count; i++) ok = OK(mp_model_add(m, layers[i]), m);
+    mp_set_global_policy_name("float32");
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+/* A functional model: layer i reads wiring[i][1..wiring[i][0]], ids of
+   earlier layers (from 1, as mp_model_call numbers them) or 0, the model's
+   input. */
+static inline mp_model *new_graph_model(const char *policy, const int *shape, const mp_layer_desc *layers,
+                                        const int (*wiring)[MP_MAX_LAYER_INPUTS + 1], int count) {
+    mp_model *m = new_model(policy, shape, layers, 0);
+    int i, ok = m != NULL;
+    if (ok) mp_set_global_policy_name(policy);
+    for (i = 0; ok && i < count; i++) ok = OK(mp_model_call(m, layers[i], wiring[i] + 1, wiring[i][0], NULL), m);
     mp_set_global_policy_name("float32");
     if (!ok) {
         mp_model_destroy(m);

@@ -125,6 +125,21 @@ static void check_dtypes(const mp_model *m, const mp_dtype *dts, int line) {
         fprintf(stderr, "    layer %d\n", bad);
 }
 
+/* Compiles m under cd and checks the summary line (its counts: "9/12
+   nodes to float16 precision using 1"), the table's n rows (none: NULL) and
+   the layers' dtypes. */
+static void check_painting(mp_model *m, const mp_compile_desc *cd, const char *counts, const row *rows, int n,
+                           const mp_dtype *dts, int line) {
+    const char *type = mp_dtype_name(cd->amp.dtype == MP_BFLOAT16 ? MP_BFLOAT16 : MP_FLOAT16);
+    char want[256];
+    if (!OK(compile_amp(m, cd), m)) return;
+    snprintf(want, sizeof want, "Converted %s cast(s) to %s (excluding Const and Variable casts)", counts, type);
+    if (!check_report(strcmp(report(m), want) == 0, __FILE__, line, "TensorFlow's summary line"))
+        fprintf(stderr, "    got  '%s'\n    want '%s'\n", report(m), want);
+    if (rows) check_table(m, rows, n, line);
+    check_dtypes(m, dts, line);
+}
+
 #define F32 MP_FLOAT32
 #define F16 MP_FLOAT16
 #define BF16 MP_BFLOAT16
@@ -315,6 +330,141 @@ static void test_deny_spreads(void) {
                              "(excluding Const and Variable casts)");
         check_table(m, bf16, 9, __LINE__);
     }
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
+/* Graphs: TensorFlow's passes follow every edge (fan-out and fan-in), and
+   a cast goes in once per float32 output that allow ops read (TensorFlow's
+   InsertCastNodeAtFanout shares one Cast among an output's readers). */
+
+/* A residual block, input -> Dense -> BatchNormalization -> relu -> Dense,
+   added to the input, then a Dense; mean squared error. Its ops:
+     0 MatMul  dense (reads the input)    6 AddV2   add (reads 5 and the input)
+     1 BiasAdd dense                      7 MatMul  dense_2
+     2 FusedBatchNormV3 batch_normalization   8 BiasAdd dense_2
+     3 Relu    activation                 9 SquaredDifference, 10 Mean, 11 Mean (loss)
+     4 MatMul  dense_1, 5 BiasAdd dense_1
+   Pass 2: no deny op but the loss's Means. Pass 3: 1-6 are infer or clear
+   and downstream of MatMul 0 (AddV2 through its input 5), and upstream of
+   MatMul 4 or 7, so 0-7 are allow; pass 4: BiasAdd 8 follows MatMul 7.
+   9/12 converted; one cast: the input batch, read by MatMul 0 and AddV2 6
+   (one output, one Cast). Then FusedBatchNormV3 moved to the deny list:
+   it stays float32 and Relu 3 after it is not downstream of an allow op
+   through infer/clear ops, so pass 3 paints only 4-7; pass 4 paints BiasAdd
+   1 (it reads MatMul 0 and no deny op) and 8; pass 5 paints Relu 3, a clear
+   op read by the allow MatMul 4 (the search walks the edge backward).
+   8/12, two casts: the input batch and FusedBatchNormV3's output. */
+static void test_residual_graph(void) {
+    static const int shape[] = {16, 0};
+    static const int wiring[6][MP_MAX_LAYER_INPUTS + 1] = {{1, 0}, {1, 1}, {1, 2}, {1, 3}, {2, 4, 0}, {1, 5}};
+    static const row rows[] = {
+        {"MatMul", "dense", "allow", "float16"},       {"BiasAdd", "dense", "infer", "float16"},
+        {"FusedBatchNormV3", "batch_normalization", "infer", "float16"},
+        {"Relu", "activation", "clear", "float16"},    {"MatMul", "dense_1", "allow", "float16"},
+        {"BiasAdd", "dense_1", "infer", "float16"},    {"AddV2", "add", "infer", "float16"},
+        {"MatMul", "dense_2", "allow", "float16"},     {"BiasAdd", "dense_2", "infer", "float16"},
+        {"SquaredDifference", "(loss)", "-", "float32"}, {"Mean", "(loss)", "deny", "float32"},
+        {"Mean", "(loss)", "deny", "float32"}};
+    static const mp_dtype dts[] = {F16, F16, F16, F16, F16, F16, F16, F16, F16, F16, F16, F16};
+    static const mp_dtype dts_denied[] = {F16, F16, F32, F32, F16, F16, F16, F16, F16, F16, F16, F16};
+    row denied[12];
+    mp_layer_desc layers[6];
+    mp_compile_desc cd = amp_desc(MP_MEAN_SQUARED_ERROR, 0);
+    mp_model *m;
+    layers[0] = mp_dense(16, MP_LINEAR);
+    layers[1] = mp_batch_normalization();
+    layers[2] = mp_activation_layer(MP_RELU);
+    layers[3] = mp_dense(16, MP_LINEAR);
+    layers[4] = mp_add();
+    layers[5] = mp_dense(4, MP_LINEAR);
+    cd.metrics = MP_METRIC_NONE;
+    if (!(m = new_graph_model("float32", shape, layers, wiring, 6))) return;
+    check_painting(m, &cd, "9/12 nodes to float16 precision using 1", rows, 12, dts, __LINE__);
+    memcpy(denied, rows, sizeof rows);
+    denied[2].list = "deny";
+    denied[2].dtype = "float32";
+    cd.amp.deny_add = "FusedBatchNormV3";
+    cd.amp.infer_remove = "FusedBatchNormV3";
+    check_painting(m, &cd, "8/12 nodes to float16 precision using 2", denied, 12, dts_denied, __LINE__);
+    mp_model_destroy(m);
+}
+
+/* Three branches from the input, concatenated, then a Dense:
+     0 MatMul dense, 1 BiasAdd, 2 Relu      (reads the input)
+     3 Tanh    activation                   (reads the input)
+     4 Reshape reshape                      (reads the input)
+     5 ConcatV2 concatenate (reads 2, 3, 4), 6 MatMul dense_1, 7 BiasAdd
+     8 SquaredDifference, 9 Mean, 10 Mean (loss)
+   Pass 3: ConcatV2 is downstream of MatMul 0 (through its input 2) and
+   upstream of MatMul 6, so 0-2, 5 and 6 are allow; Tanh and Reshape read
+   only the input: not downstream of an allow op. Pass 4: BiasAdd 7; Tanh
+   reads no allow op and stays float32. Pass 5: Reshape is a clear op read
+   by the allow ConcatV2: allow. 7/11; two casts: the input batch (read by
+   MatMul 0 and Reshape 4: one Cast) and Tanh's output. */
+static void test_concat_graph(void) {
+    static const int shape[] = {8, 0}, flat[] = {8, 0};
+    static const int wiring[5][MP_MAX_LAYER_INPUTS + 1] = {{1, 0}, {1, 0}, {1, 0}, {3, 1, 2, 3}, {1, 4}};
+    static const row rows[] = {
+        {"MatMul", "dense", "allow", "float16"},      {"BiasAdd", "dense", "infer", "float16"},
+        {"Relu", "dense", "clear", "float16"},        {"Tanh", "activation", "infer", "float32"},
+        {"Reshape", "reshape", "clear", "float16"},   {"ConcatV2", "concatenate", "clear", "float16"},
+        {"MatMul", "dense_1", "allow", "float16"},    {"BiasAdd", "dense_1", "infer", "float16"},
+        {"SquaredDifference", "(loss)", "-", "float32"}, {"Mean", "(loss)", "deny", "float32"},
+        {"Mean", "(loss)", "deny", "float32"}};
+    static const mp_dtype dts[] = {F16, F16, F32, F32, F16, F16, F16, F16, F16, F16};
+    mp_layer_desc layers[5];
+    mp_compile_desc cd = amp_desc(MP_MEAN_SQUARED_ERROR, 0);
+    mp_model *m;
+    layers[0] = mp_dense(8, MP_RELU);
+    layers[1] = mp_activation_layer(MP_TANH);
+    layers[2] = mp_reshape(flat);
+    layers[3] = mp_concatenate(0);
+    layers[4] = mp_dense(3, MP_LINEAR);
+    cd.metrics = MP_METRIC_NONE;
+    if (!(m = new_graph_model("float32", shape, layers, wiring, 5))) return;
+    check_painting(m, &cd, "7/11 nodes to float16 precision using 2", rows, 11, dts, __LINE__);
+    mp_model_destroy(m);
+}
+
+/* LayerNormalization is its moments and the normalisation:
+     0 MatMul, 1 BiasAdd (dense)
+     2 Mean, 3 SquaredDifference (reads 2 and 1), 4 Mean, 5 Rsqrt,
+     6 Mul (reads 5 and 1), 7 AddV2 (layer_normalization)
+     8 MatMul, 9 BiasAdd (dense_1); 10 SquaredDifference, 11 Mean, 12 Mean
+   float16: the Means are deny, SquaredDifference and Rsqrt on no list, so
+   deny stops at them; Mul reads BiasAdd 1 (downstream of MatMul 0) and
+   leads to MatMul 8: 0, 1, 6, 7, 8 allow, then BiasAdd 9 (pass 4). 6/13;
+   two casts: the input batch and Rsqrt's output (read by Mul). The layer
+   reads its input in float32 (its first op, Mean) and writes float16 (its
+   last, AddV2). bfloat16: every op is allow or infer, none deny: 13/13,
+   one cast. */
+static void test_layer_norm_ops(void) {
+    static const int shape[] = {8, 0};
+    static const row rows[] = {
+        {"MatMul", "dense", "allow", "float16"},    {"BiasAdd", "dense", "infer", "float16"},
+        {"Mean", "layer_normalization", "deny", "float32"},
+        {"SquaredDifference", "layer_normalization", "-", "float32"},
+        {"Mean", "layer_normalization", "deny", "float32"},
+        {"Rsqrt", "layer_normalization", "-", "float32"},
+        {"Mul", "layer_normalization", "infer", "float16"},
+        {"AddV2", "layer_normalization", "infer", "float16"},
+        {"MatMul", "dense_1", "allow", "float16"},  {"BiasAdd", "dense_1", "infer", "float16"},
+        {"SquaredDifference", "(loss)", "-", "float32"}, {"Mean", "(loss)", "deny", "float32"},
+        {"Mean", "(loss)", "deny", "float32"}};
+    static const mp_dtype dts[] = {F16, F16, F32, F16, F16, F16};
+    static const mp_dtype dts_bf16[] = {BF16, BF16, BF16, BF16, BF16, BF16};
+    mp_layer_desc layers[3];
+    mp_compile_desc cd = amp_desc(MP_MEAN_SQUARED_ERROR, 0);
+    mp_model *m;
+    layers[0] = mp_dense(8, MP_LINEAR);
+    layers[1] = mp_layer_normalization();
+    layers[2] = mp_dense(3, MP_LINEAR);
+    cd.metrics = MP_METRIC_NONE;
+    if (!(m = new_model("float32", shape, layers, 3))) return;
+    check_painting(m, &cd, "6/13 nodes to float16 precision using 2", rows, 13, dts, __LINE__);
+    cd.amp.dtype = MP_BFLOAT16;
+    check_painting(m, &cd, "13/13 nodes to bfloat16 precision using 1", NULL, 0, dts_bf16, __LINE__);
     mp_model_destroy(m);
 }
 
@@ -673,6 +823,9 @@ int main(int argc, char **argv) {
     RUN(test_conv_net());
     RUN(test_binary_loss_ops());
     RUN(test_deny_spreads());
+    RUN(test_residual_graph());
+    RUN(test_concat_graph());
+    RUN(test_layer_norm_ops());
     RUN(test_levels());
     RUN(test_code_edits());
     RUN(test_list_errors());

@@ -389,10 +389,10 @@ static void test_forged(void) {
     if (!b) return;
     /* another version, and a version field corrupted (the CRC says which) */
     memcpy(c, b, len);
-    put_le(c + 8, 3, 4);
+    put_le(c + 8, 4, 4);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "checksum mismatch");
     fix_crc(c, len);
-    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 3 not supported");
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 4 not supported");
     put_le(c + 8, 0, 4);
     fix_crc(c, len);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 0 not supported");
@@ -883,6 +883,106 @@ static void test_optimizer_config_restored(void) {
     mp_model_destroy(dst);
 }
 
+/* ======================================================================== */
+/* 8. A functional model: a residual Add, a Concatenate with the input and
+   BatchNormalization's moving statistics (non-trainable weights, after the
+   trainable ones in the file, float32 in any export) */
+
+/* input(6) -> dense(8, relu) -> batch_normalization -> dense_1(8);
+   add([dense_1, dense]); concatenate([add, input]) -> dense_2(3). The
+   weights in get_weights order: dense 56, batch_normalization gamma 8,
+   beta 8, moving mean 8 (72..79), moving variance 8 (80..87), dense_1 72,
+   dense_2 45: 205, 16 of them not trainable. `other` wires add to
+   batch_normalization instead of dense: the same layers and shapes,
+   connected otherwise. */
+enum { GRAPH_WEIGHTS = 205, GRAPH_VARIANCE = 80 };
+static mp_model *graph_model(int other, int compiled) {
+    static const int shape[] = {6, 0};
+    const int wiring[6][MP_MAX_LAYER_INPUTS + 1] = {{1, 0}, {1, 1}, {1, 2}, {2, 3, other ? 2 : 1}, {2, 4, 0}, {1, 5}};
+    mp_layer_desc layers[6];
+    mp_compile_desc cd;
+    mp_model *m;
+    layers[0] = mp_dense(8, MP_RELU);
+    layers[1] = mp_batch_normalization();
+    layers[2] = mp_dense(8, MP_LINEAR);
+    layers[3] = mp_add();
+    layers[4] = mp_concatenate(0);
+    layers[5] = mp_dense(3, MP_LINEAR);
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = MP_ADAM;
+    m = new_graph_model("float32", shape, layers, wiring, 6);
+    if (m && !OK(compiled ? mp_model_compile(m, &cd) : mp_model_build(m), m)) {
+        mp_model_destroy(m);
+        m = NULL;
+    }
+    return m;
+}
+
+/* Weights none of the initialisers gives: moving means in [-1, 1),
+   variances in [0.5, 2). */
+static void graph_weights(float *w) {
+    int i;
+    for (i = 0; i < GRAPH_WEIGHTS; i++)
+        w[i] = i >= GRAPH_VARIANCE && i < GRAPH_VARIANCE + 8 ? uniform(0.5f, 2.0f) : uniform(-1.0f, 1.0f);
+}
+
+static void test_graph(void) {
+    float w[GRAPH_WEIGHTS], back[GRAPH_WEIGHTS], before[GRAPH_WEIGHTS];
+    mp_model *a = graph_model(0, 1), *b = graph_model(0, 1), *c = graph_model(1, 1), *u = graph_model(0, 0);
+    unsigned char *bytes = NULL, *again = NULL, *forged = NULL, *f16 = NULL;
+    size_t len = 0, len2 = 0, flen = 0, i, bad = 0;
+    if (!a || !b || !c || !u) goto done;
+    graph_weights(w);
+    OK(mp_model_set_weights(a, w, GRAPH_WEIGHTS), a);
+    bytes = save(a, &len);
+    if (!bytes) goto done;
+    CHECK_EQ(get_le(bytes + 8, 4), 3); /* a graph with state: version 3 */
+    /* round trip, bit for bit: the weights and the moving statistics, and
+       the bytes saved again */
+    OK(mp_model_load_from_memory(b, bytes, len), b);
+    OK(mp_model_get_weights(b, back, GRAPH_WEIGHTS), b);
+    CHECK(memcmp(back, w, sizeof w) == 0);
+    again = save(b, &len2);
+    CHECK(again && len2 == len && memcmp(again, bytes, len) == 0);
+    /* connected otherwise: refused, naming the layer and the input; the
+       model untouched */
+    OK(mp_model_get_weights(c, before, GRAPH_WEIGHTS), c);
+    CHECK_ERR(mp_model_load_from_memory(c, bytes, len), MP_ERR_SHAPE, c,
+              "layer 3 (add): its input 1 is layer id 1 in the file, 2 in the model");
+    OK(mp_model_get_weights(c, back, GRAPH_WEIGHTS), c);
+    CHECK(memcmp(back, before, sizeof back) == 0);
+    /* a moving variance below zero (set_weights takes it; a file cannot
+       hold it): corrupt, and nothing changes */
+    w[GRAPH_VARIANCE + 3] = -1.0f;
+    OK(mp_model_set_weights(a, w, GRAPH_WEIGHTS), a);
+    forged = save(a, &len2);
+    OK(mp_model_get_weights(b, before, GRAPH_WEIGHTS), b);
+    if (forged) CHECK_ERR(mp_model_load_from_memory(b, forged, len2), MP_ERR_FORMAT, b,
+              "layer 1 (batch_normalization): moving variance 3 is negative or NaN");
+    OK(mp_model_get_weights(b, back, GRAPH_WEIGHTS), b);
+    CHECK(memcmp(back, before, sizeof back) == 0);
+    /* an uncompiled model into the compiled one's file: compile first */
+    CHECK_ERR(mp_model_load_from_memory(u, bytes, len), MP_ERR_STATE, u, "compile() the model first");
+    /* inference weights in float16: the trainable ones rounded, the moving
+       statistics exact */
+    OK(mp_model_export_weights_to_memory(b, MP_FLOAT16, NULL, 0, &flen), b);
+    f16 = (unsigned char *)xmalloc(flen);
+    OK(mp_model_export_weights_to_memory(b, MP_FLOAT16, f16, flen, &flen), b);
+    OK(mp_model_import_weights_from_memory(u, f16, flen), u);
+    OK(mp_model_get_weights(u, back, GRAPH_WEIGHTS), u);
+    for (i = 0; i < GRAPH_WEIGHTS; i++) {
+        int state = i >= GRAPH_VARIANCE - 8 && i < GRAPH_VARIANCE + 8;
+        float want = state ? before[i] : mp_f16_to_f32(mp_f16_from_f32(before[i]));
+        bad += memcmp(&back[i], &want, sizeof want) != 0;
+    }
+    CHECK_EQ(bad, 0);
+    CHECK_ERR(mp_model_import_weights_from_memory(c, f16, flen), MP_ERR_SHAPE, c, "layer 3 (add)");
+done:
+    free(bytes); free(again); free(forged); free(f16);
+    mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); mp_model_destroy(u);
+}
+
 int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_ckpt_XXXXXX";
     check_args(argc, argv);
@@ -904,6 +1004,7 @@ int main(int argc, char **argv) {
     RUN(test_portable_bytes());
     RUN(test_learning_rate_state());
     RUN(test_optimizer_config_restored());
+    RUN(test_graph());
     rmdir(dir);
     return check_done("test_checkpoint");
 }

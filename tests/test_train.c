@@ -2337,6 +2337,127 @@ static void test_fashion_mnist(const char *dir) {
     CHECK(mp_get_memory_info().current == start);
 }
 
+/* ======================================================================== */
+/* The summary: a Sequential chain as Keras prints one (with the Policy
+   column), a functional model with Keras 3's functional columns (an
+   input_layer row, "Connected to" after the Policy), and the counts:
+   BatchNormalization's moving statistics are non-trainable weights. */
+
+/* width characters of c, then a newline, into the text at *p. */
+static void rule_into(char **p, char c, int width) {
+    memset(*p, c, (size_t)width);
+    (*p)[width] = '\n';
+    *p += width + 1;
+}
+
+/* The text a summary should be: the lines (NULL-terminated), "_" and "="
+   standing for rules of width characters. */
+static void summary_text(char *out, const char *const *lines, int width) {
+    char *p = out;
+    int i;
+    for (i = 0; lines[i]; i++) {
+        if (!strcmp(lines[i], "_") || !strcmp(lines[i], "=")) {
+            rule_into(&p, lines[i][0], width);
+            continue;
+        }
+        strcpy(p, lines[i]);
+        p += strlen(lines[i]);
+        *p++ = '\n';
+    }
+    *p = '\0';
+}
+
+static void check_summary(mp_model *m, const char *const *lines, int width, int line) {
+    static char got[8192], want[8192];
+    summary_text(want, lines, width);
+    if (!OK(mp_model_summary(m, got, sizeof got), m)) return;
+    if (!check_report(strcmp(got, want) == 0, __FILE__, line, "the summary, character for character"))
+        fprintf(stderr, "got:\n%swant:\n%s", got, want);
+}
+
+static void test_summary(void) {
+    static const char *const chain[] = {
+        "Model: \"sequential\"", "_",
+        " Layer (type)                 Output Shape              Param #    Policy", "=",
+        " conv2d (Conv2D)              (None, 8, 8, 4)           40         float32",
+        " max_pooling2d (MaxPooling2D) (None, 4, 4, 4)           0          float32",
+        " flatten (Flatten)            (None, 64)                0          float32",
+        " dense (Dense)                (None, 10)                650        float32", "=",
+        "Total params: 690", "Trainable params: 690", "Non-trainable params: 0", "_", NULL};
+    static const char *const graph[] = {
+        "Model: \"sequential\"", "_",
+        " Layer (type)                             Output Shape              Param #    Policy                 "
+        "Connected to", "=",
+        " input_layer (InputLayer)                 (None, 4)                 0          -                      -",
+        " dense (Dense)                            (None, 4)                 20         float32                "
+        "input_layer[0][0]",
+        " batch_normalization (BatchNormalization) (None, 4)                 16         float32                "
+        "dense[0][0]",
+        " add (Add)                                (None, 4)                 0          float32                "
+        "batch_normalization[0][0], input_layer[0][0]",
+        " dense_1 (Dense)                          (None, 2)                 10         float32                "
+        "add[0][0]", "=",
+        "Total params: 46", "Trainable params: 38", "Non-trainable params: 8", "_", NULL};
+    static const int image[] = {8, 8, 1, 0}, flat[] = {4, 0};
+    static const int wiring[4][MP_MAX_LAYER_INPUTS + 1] = {{1, 0}, {1, 1}, {2, 2, 0}, {1, 3}};
+    mp_layer_desc layers[4];
+    mp_model *m;
+    layers[0] = mp_conv2d(4, 3, 3, MP_SAME, MP_RELU);
+    layers[1] = mp_max_pooling2d(2, 2);
+    layers[2] = mp_flatten();
+    layers[3] = mp_dense(10, MP_SOFTMAX);
+    if ((m = new_model("float32", image, layers, 4))) {
+        check_summary(m, chain, 81, __LINE__);
+        CHECK(mp_model_param_count(m) == 690 && mp_model_trainable_param_count(m) == 690);
+    }
+    mp_model_destroy(m);
+    /* a residual block: dense(4, relu) -> batch_normalization, added to
+       the input; width 42 + 26 + 11 + 23 + the widest Connected to (44) */
+    layers[0] = mp_dense(4, MP_RELU);
+    layers[1] = mp_batch_normalization();
+    layers[2] = mp_add();
+    layers[3] = mp_dense(2, MP_LINEAR);
+    if ((m = new_graph_model("float32", flat, layers, wiring, 4))) {
+        check_summary(m, graph, 146, __LINE__);
+        CHECK(mp_model_param_count(m) == 46 && mp_model_trainable_param_count(m) == 38);
+    }
+    mp_model_destroy(m);
+}
+
+/* Each new kind's Keras class name and automatic name, as the summary,
+   the numerics report and check-numerics write them (the kinds table). */
+static void test_kind_names(void) {
+    static const char *const types[] = {"BatchNormalization", "LayerNormalization", "Add", "Subtract", "Multiply",
+                                        "Average", "Concatenate", "AveragePooling2D", "GlobalAveragePooling2D",
+                                        "Reshape"};
+    static const char *const names[] = {"batch_normalization", "layer_normalization", "add", "subtract", "multiply",
+                                        "average", "concatenate", "average_pooling2d", "global_average_pooling2d",
+                                        "reshape"};
+    static const int shape[] = {4, 4, 2, 0}, square[] = {2, 2, 0};
+    static const int wiring[10][MP_MAX_LAYER_INPUTS + 1] = {{1, 0}, {1, 1}, {2, 2, 0}, {2, 3, 0}, {2, 4, 0},
+                                                            {2, 5, 0}, {2, 6, 0}, {1, 7}, {1, 8}, {1, 9}};
+    mp_layer_desc layers[10];
+    mp_layer_info info;
+    mp_model *m;
+    int i, bad = -1;
+    layers[0] = mp_batch_normalization();
+    layers[1] = mp_layer_normalization();
+    layers[2] = mp_add();
+    layers[3] = mp_subtract();
+    layers[4] = mp_multiply();
+    layers[5] = mp_average();
+    layers[6] = mp_concatenate(0);
+    layers[7] = mp_average_pooling2d(2, 2);
+    layers[8] = mp_global_average_pooling2d();
+    layers[9] = mp_reshape(square);
+    if (!(m = new_graph_model("float32", shape, layers, wiring, 10))) return;
+    for (i = 0; i < 10 && bad < 0; i++)
+        if (!OK(mp_model_layer_info(m, i, &info), m) || strcmp(info.type, types[i]) || strcmp(info.name, names[i]))
+            bad = i;
+    if (!check_report(bad < 0, __FILE__, __LINE__, "each kind's type and name")) fprintf(stderr, "    layer %d\n", bad);
+    mp_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -2378,6 +2499,8 @@ int main(int argc, char **argv) {
     RUN(test_activation_memory());
     RUN(test_narrow_layer_workspace());
     RUN(test_model_memory());
+    RUN(test_summary());
+    RUN(test_kind_names());
     if (check_path()) RUN(test_fashion_mnist(check_path()));
     else printf("skip: Fashion-MNIST (give a directory of its uncompressed IDX files, a path with a '/')\n");
     CHECK(policy_is(mp_global_policy(), "float32"));
