@@ -25,20 +25,22 @@ F32_LINEAR = ("activation", ["linear", "float32"])
 F32_SOFTMAX = ("activation", ["softmax", "float32"])
 
 
+def f32_output(policy):
+    return [F32_LINEAR] if policy != "float32" else []
+
+
 def bn_dense(policy):
-    out = [F32_LINEAR] if policy != "float32" else []
-    return [("dense", [8, "linear"]), ("batch_normalization", [0.99, 1e-3])] + out
+    return [("dense", [8, "linear"]), ("batch_normalization", [0.99, 1e-3])] + f32_output(policy)
 
 
 def bn_conv(policy):
-    out = [F32_LINEAR] if policy != "float32" else []
-    return [("conv2d", [4, 3, 3, "same", "linear"]), ("batch_normalization", [0.99, 1e-3])] + out
+    return [("conv2d", [4, 3, 3, "same", "linear"]), ("batch_normalization", [0.99, 1e-3])] + f32_output(policy)
 
 
-def ln_dense(epsilon):
+def ln_dense(epsilon, policy):
     """The Dense's weights are drawn small (WEIGHT_SCALE) so that each row's
     variance is near epsilon and the two epsilons give other results."""
-    return [("dense", [8, "linear"]), ("layer_normalization", [epsilon])]
+    return [("dense", [8, "linear"]), ("layer_normalization", [epsilon])] + f32_output(policy)
 
 
 def residual(policy):
@@ -55,7 +57,8 @@ def residual(policy):
 TAGS = {"float32": "f32", "mixed_float16": "f16", "mixed_bfloat16": "bf16"}
 CASES = [("%s_%s" % (kind, TAGS[policy]), policy, "mean_squared_error", 2, shape, layers(policy))
          for policy in TAGS for kind, shape, layers in (("bn_dense", (6,), bn_dense), ("bn_conv", (5, 5, 3), bn_conv))]
-CASES += [("ln_dense_eps%g_f32" % eps, "float32", "mean_squared_error", 1, (6,), ln_dense(eps)) for eps in (1e-3, 1e-5)]
+CASES += [("ln_dense_eps%g_%s" % (eps, TAGS[policy]), policy, "mean_squared_error", 1, (6,), ln_dense(eps, policy))
+          for policy in TAGS for eps in (1e-3, 1e-5)]
 CASES += [("residual_" + TAGS[policy], policy, "sparse_categorical_crossentropy", 1, (6,), residual(policy))
           for policy in TAGS]
 LOSS_IDS = {"sparse_categorical_crossentropy": 1, "mean_squared_error": 4}
