@@ -8209,11 +8209,15 @@ MIXPREC_API mp_layer_desc mp_conv2d(int filters, int kernel_h, int kernel_w, mp_
     return d;
 }
 
-MIXPREC_API mp_layer_desc mp_max_pooling2d(int pool_h, int pool_w) {
-    mp_layer_desc d = mp__desc(MP_MAX_POOLING2D);
+static mp_layer_desc mp__pooling(mp_layer_kind kind, int pool_h, int pool_w) {
+    mp_layer_desc d = mp__desc(kind);
     d.pool_size[0] = pool_h;
     d.pool_size[1] = pool_w;
     return d;
+}
+
+MIXPREC_API mp_layer_desc mp_max_pooling2d(int pool_h, int pool_w) {
+    return mp__pooling(MP_MAX_POOLING2D, pool_h, pool_w);
 }
 
 MIXPREC_API mp_layer_desc mp_flatten(void) { return mp__desc(MP_FLATTEN); }
@@ -8238,10 +8242,7 @@ MIXPREC_API mp_layer_desc mp_concatenate(int axis) {
 }
 
 MIXPREC_API mp_layer_desc mp_average_pooling2d(int pool_h, int pool_w) {
-    mp_layer_desc d = mp__desc(MP_AVERAGE_POOLING2D);
-    d.pool_size[0] = pool_h;
-    d.pool_size[1] = pool_w;
-    return d;
+    return mp__pooling(MP_AVERAGE_POOLING2D, pool_h, pool_w);
 }
 
 MIXPREC_API mp_layer_desc mp_global_average_pooling2d(void) { return mp__desc(MP_GLOBAL_AVERAGE_POOLING2D); }
