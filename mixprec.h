@@ -9042,7 +9042,8 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
         st = mp__conv_shape(m, l, d->kernel_size[0], d->kernel_size[1], d->strides[0] ? d->strides[0] : 1,
                             d->strides[1] ? d->strides[1] : 1, d->padding);
         break;
-    case MP_MAX_POOLING2D: {
+    case MP_MAX_POOLING2D:
+    case MP_AVERAGE_POOLING2D: {
         int ph = d->pool_size[0] ? d->pool_size[0] : 2, pw = d->pool_size[1] ? d->pool_size[1] : 2;
         st = mp__conv_shape(m, l, ph, pw, ph, pw, MP_VALID);
         break;
@@ -9063,11 +9064,6 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     case MP_MULTIPLY:
     case MP_AVERAGE:
     case MP_CONCATENATE: st = mp__merge_shape(m, l); break;
-    case MP_AVERAGE_POOLING2D: {
-        int ph = d->pool_size[0] ? d->pool_size[0] : 2, pw = d->pool_size[1] ? d->pool_size[1] : 2;
-        st = mp__conv_shape(m, l, ph, pw, ph, pw, MP_VALID);
-        break;
-    }
     case MP_GLOBAL_AVERAGE_POOLING2D:
         if (l->in_rank != 3) return mp__conv_shape(m, l, 1, 1, 1, 1, MP_VALID); /* (says what it needs) */
         st = mp__conv_shape(m, l, l->in_shape[0], l->in_shape[1], l->in_shape[0], l->in_shape[1], MP_VALID);
