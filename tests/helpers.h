@@ -161,4 +161,71 @@ static inline mp_fit_desc silent_fit(const float *x, int width, const int32_t *l
     return fd;
 }
 
+/* Where each trainable weight lies in get_weights' vector (which puts each
+   layer's state after its trainable weights); the caller frees it. */
+static inline size_t *trainable_index(const mp_model *m) {
+    size_t *at = (size_t *)zalloc(mp_model_trainable_param_count(m) * sizeof(size_t) + 1), w = 0, t = 0, j;
+    int i;
+    for (i = 0; i < mp_model_layer_count(m); i++) {
+        mp_layer_info info;
+        if (mp_model_layer_info(m, i, &info) != MP_OK) break;
+        for (j = 0; j < info.trainable_params; j++) at[t++] = w + j;
+        w += info.params;
+    }
+    return at;
+}
+
+/* A batch's training loss (NaN on failure) and its float32 gradients (0 on
+   failure, counted), as the test at hand computes them. */
+typedef float (*loss_fn)(mp_model *m, const void *batch);
+typedef int (*gradients_fn)(mp_model *m, const void *batch, float *g);
+
+/* The gradients against central differences of the loss, weight by
+   weight: |g - fd| <= 2e-2 max(|g|, |fd|) + 3e-4 for every trainable
+   weight; the whole vectors within 2e-2 in relative L2; and a gradient
+   that is not zero (the check is not vacuous). The loss is float32, so the
+   differences carry about 1e-7 |loss| / eps of rounding noise: 3e-4
+   covers it. */
+static inline void grad_check(const char *what, mp_model *m, loss_fn loss, gradients_fn gradients, const void *b,
+                              float eps) {
+    size_t n = mp_model_param_count(m), nt = mp_model_trainable_param_count(m), i;
+    size_t *at = trainable_index(m);
+    float *w = floats(n), *g = floats(nt);
+    double diff2 = 0.0, fd2 = 0.0;
+    int bad = 0;
+    char msg[200], detail[160] = "";
+    if (!OK(mp_model_get_weights(m, w, n), m) || !gradients(m, b, g)) goto done;
+    for (i = 0; i < nt; i++) {
+        float keep = w[at[i]], hi = keep + eps, lo = keep - eps, lp, lm;
+        double fd, err, tol;
+        w[at[i]] = hi;
+        mp_model_set_weights(m, w, n);
+        lp = loss(m, b);
+        w[at[i]] = lo;
+        mp_model_set_weights(m, w, n);
+        lm = loss(m, b);
+        w[at[i]] = keep;
+        fd = ((double)lp - (double)lm) / ((double)hi - (double)lo);
+        err = fabs((double)g[i] - fd);
+        tol = 2e-2 * fmax(fabs((double)g[i]), fabs(fd)) + 3e-4;
+        diff2 += ((double)g[i] - fd) * ((double)g[i] - fd);
+        fd2 += fd * fd;
+        if (!(err <= tol) && bad++ == 0)
+            snprintf(detail, sizeof detail, "weight %zu of %zu: gradient %.7g, central difference %.7g", i, nt,
+                     (double)g[i], fd);
+    }
+    mp_model_set_weights(m, w, n);
+    snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
+    if (!check_report(bad == 0, __FILE__, __LINE__, msg)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
+    snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
+    if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
+        fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));
+    snprintf(msg, sizeof msg, "%s: the loss depends on the weights", what);
+    if (!check_report(sqrt(fd2) > 1e-3, __FILE__, __LINE__, msg)) fprintf(stderr, "    |fd| = %.4g\n", sqrt(fd2));
+done:
+    free(at);
+    free(w);
+    free(g);
+}
+
 #endif

@@ -117,77 +117,20 @@ static batch make_batch(const mp_model *m, int n, int positive) {
     return b;
 }
 
-static float loss_of(mp_model *m, const batch *b) {
+static float loss_of(mp_model *m, const void *batch_) {
+    const batch *b = (const batch *)batch_;
     float loss = NAN;
     if (forward_rows(m, b->x, (size_t)b->n, 1) != MP_OK) return NAN;
     if (loss_rows(m, NULL, b->y, (size_t)b->n, &loss, NULL) != MP_OK) return NAN;
     return loss;
 }
 
-static int gradients(mp_model *m, const batch *b, float *g) {
+static int gradients(mp_model *m, const void *batch_, float *g) {
+    const batch *b = (const batch *)batch_;
     float loss;
     return OK(forward_rows(m, b->x, (size_t)b->n, 1), m) && OK(loss_rows(m, NULL, b->y, (size_t)b->n, &loss, NULL), m) &&
            OK(mp_compute_scaled_gradients(m), m) && OK(mp_get_unscaled_gradients(m), m) &&
            OK(mp_get_gradients(m, g, mp_model_trainable_param_count(m)), m);
-}
-
-/* Where each trainable weight lies in get_weights' vector (which puts each
-   layer's state after its trainable weights). */
-static size_t *trainable_index(const mp_model *m) {
-    size_t *at = (size_t *)zalloc(mp_model_trainable_param_count(m) * sizeof(size_t) + 1), w = 0, t = 0, j;
-    int i;
-    for (i = 0; i < mp_model_layer_count(m); i++) {
-        mp_layer_info info;
-        if (mp_model_layer_info(m, i, &info) != MP_OK) break;
-        for (j = 0; j < info.trainable_params; j++) at[t++] = w + j;
-        w += info.params;
-    }
-    return at;
-}
-
-/* mp_get_gradients against central differences of the training loss,
-   weight by weight: |g - fd| <= 2e-2 max(|g|, |fd|) + 3e-4 (the float32
-   loss's rounding over eps), the vectors within 2e-2 relative L2, and a
-   gradient that is not zero. */
-static void grad_check(const char *what, mp_model *m, const batch *b, float eps) {
-    size_t n = mp_model_param_count(m), nt = mp_model_trainable_param_count(m), i;
-    size_t *at = trainable_index(m);
-    float *w = floats(n), *g = floats(nt);
-    double diff2 = 0.0, fd2 = 0.0;
-    int bad = 0;
-    char msg[200], detail[160] = "";
-    if (!OK(mp_model_get_weights(m, w, n), m) || !gradients(m, b, g)) goto done;
-    for (i = 0; i < nt; i++) {
-        float keep = w[at[i]], hi = keep + eps, lo = keep - eps, lp, lm;
-        double fd, err, tol;
-        w[at[i]] = hi;
-        mp_model_set_weights(m, w, n);
-        lp = loss_of(m, b);
-        w[at[i]] = lo;
-        mp_model_set_weights(m, w, n);
-        lm = loss_of(m, b);
-        w[at[i]] = keep;
-        fd = ((double)lp - (double)lm) / ((double)hi - (double)lo);
-        err = fabs((double)g[i] - fd);
-        tol = 2e-2 * fmax(fabs((double)g[i]), fabs(fd)) + 3e-4;
-        diff2 += ((double)g[i] - fd) * ((double)g[i] - fd);
-        fd2 += fd * fd;
-        if (!(err <= tol) && bad++ == 0)
-            snprintf(detail, sizeof detail, "weight %zu of %zu: gradient %.7g, central difference %.7g", i, nt,
-                     (double)g[i], fd);
-    }
-    mp_model_set_weights(m, w, n);
-    snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
-    check_all(bad, msg, detail, __LINE__);
-    snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
-    if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
-        fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));
-    snprintf(msg, sizeof msg, "%s: the loss depends on the weights", what);
-    if (!check_report(sqrt(fd2) > 1e-3, __FILE__, __LINE__, msg)) fprintf(stderr, "    |fd| = %.4g\n", sqrt(fd2));
-done:
-    free(at);
-    free(w);
-    free(g);
 }
 
 /* The same weights and batch under a 16-bit policy: its float32 gradients
@@ -231,7 +174,7 @@ static void run_graph(const graph *gr) {
     g = floats(nt);
     b = make_batch(m, gr->batch ? gr->batch : 4, gr->positive);
     if (OK(mp_model_get_weights(m, w, n), m)) {
-        grad_check(gr->what, m, &b, 1e-2f);
+        grad_check(gr->what, m, loss_of, gradients, &b, 1e-2f);
         if (gradients(m, &b, g)) {
             policy_check(gr, "mixed_float16", w, &b, g, 1e-2);
             policy_check(gr, "mixed_bfloat16", w, &b, g, 6e-2);

@@ -175,48 +175,10 @@ static int gradients(mp_model *m, const batch *b, float *g, size_t n, float *los
 /* ======================================================================== */
 /* 1. Finite-difference gradient checks (float32, no loss scaling) */
 
-/* mp_get_gradients against central differences of the loss, weight by
-   weight: |g - fd| <= 2e-2 max(|g|, |fd|) + 3e-4 for every weight; the
-   whole vectors within 2e-2 in relative L2; and a gradient that is not
-   zero (the check is not vacuous). The loss is float32, so the differences
-   carry about 1e-7 |loss| / eps of rounding noise: 3e-4 covers it. */
-static void grad_check(const char *what, mp_model *m, const batch *b, float eps) {
-    size_t n = mp_model_param_count(m), i;
-    float *w = floats(n), *g = floats(n);
-    double diff2 = 0.0, fd2 = 0.0;
-    int bad = 0;
-    char msg[160], detail[160] = "";
-    if (!OK(mp_model_get_weights(m, w, n), m) || !gradients(m, b, g, n, NULL)) goto done;
-    for (i = 0; i < n; i++) {
-        float keep = w[i], hi = keep + eps, lo = keep - eps, lp, lm;
-        double fd, err, tol;
-        w[i] = hi;
-        mp_model_set_weights(m, w, n);
-        lp = loss_of(m, b);
-        w[i] = lo;
-        mp_model_set_weights(m, w, n);
-        lm = loss_of(m, b);
-        w[i] = keep;
-        fd = ((double)lp - (double)lm) / ((double)hi - (double)lo);
-        err = fabs((double)g[i] - fd);
-        tol = 2e-2 * fmax(fabs((double)g[i]), fabs(fd)) + 3e-4;
-        diff2 += ((double)g[i] - fd) * ((double)g[i] - fd);
-        fd2 += fd * fd;
-        if (!(err <= tol) && bad++ == 0)
-            snprintf(detail, sizeof detail, "weight %zu of %zu: gradient %.7g, central difference %.7g", i,
-                     n, (double)g[i], fd);
-    }
-    mp_model_set_weights(m, w, n);
-    snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
-    check_all(bad, msg, detail, __LINE__);
-    snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
-    if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
-        fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));
-    snprintf(msg, sizeof msg, "%s: the loss depends on the weights", what);
-    if (!check_report(sqrt(fd2) > 1e-3, __FILE__, __LINE__, msg)) fprintf(stderr, "    |fd| = %.4g\n", sqrt(fd2));
-done:
-    free(w);
-    free(g);
+/* The shared check (helpers.h grad_check) reads a batch through these. */
+static float fd_loss(mp_model *m, const void *b) { return loss_of(m, (const batch *)b); }
+static int fd_gradients(mp_model *m, const void *b, float *g) {
+    return gradients(m, (const batch *)b, g, mp_model_trainable_param_count(m), NULL);
 }
 
 typedef struct fd_case {
@@ -339,7 +301,7 @@ static void run_fd(const fd_case *c) {
     if (!check_report(keep_off_kinks(c, w, &b, mp_model_input_size(m)), __FILE__, __LINE__, c->what))
         fprintf(stderr, "    no input kept off the relu kinks / max-pool ties\n");
     else if (OK(mp_model_set_weights(m, w, n), m))
-        grad_check(c->what, m, &b, c->eps);
+        grad_check(c->what, m, fd_loss, fd_gradients, &b, c->eps);
     free_batch(&b);
     free(w);
 out:
