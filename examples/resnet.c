@@ -1,16 +1,8 @@
 /* resnet.c - a small ResNet (He et al., "Deep Residual Learning for Image
    Recognition", 2015: the CIFAR-10 network's shape) built with the
    functional API and trained on Fashion-MNIST under float32,
-   mixed_float16 and mixed_bfloat16 from the same initial weights.
-
-       input (28, 28, 1)
-       Conv2D 3x3 (width) - BatchNormalization - relu
-       3 stages of 2 residual blocks, width, 2 width, 4 width filters; the
-         first block of stages 2 and 3 halves the image (strides 2) and its
-         skip is a 1x1 Conv2D with strides 2 and BatchNormalization:
-           x -> Conv2D 3x3 - BN - relu - Conv2D 3x3 - BN -> Add(skip) -> relu
-       GlobalAveragePooling2D - Dense(10) - softmax (float32, as the mixed
-       precision guide keeps the output)
+   mixed_float16 and mixed_bfloat16 from the same initial weights. The
+   network is in resnet_model.h.
 
        make && ./build/resnet --epochs 1 --batch-size 128
 
@@ -22,6 +14,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "fashion_mnist.h"
+#include "resnet_model.h"
 
 #define MAX_POLICIES 3
 
@@ -74,56 +67,16 @@ static config parse_args(int argc, char **argv) {
     return c;
 }
 
-/* Layer calls with the ids of the functional API: each returns the new
-   layer's id (Keras: y = layer(x)). */
-static int call(mp_model *m, mp_layer_desc layer, int x) {
-    int id;
-    CHECK(mp_model_call(m, layer, &x, 1, &id), m);
-    return id;
-}
-
-/* Conv2D without its bias (BatchNormalization's beta takes its place, as
-   in Keras's ResNet), then BatchNormalization, then relu unless last. The
-   normalization's momentum is 0.9 (PyTorch's BatchNorm2d default, 0.1 in
-   its convention, which He et al.'s networks train with): the moving
-   statistics that evaluation reads settle within the demo's few dozen
-   steps, where Keras's 0.99 needs hundreds. */
-static int conv_bn(mp_model *m, int x, int filters, int kernel, int stride, int relu) {
-    mp_layer_desc conv = mp_conv2d(filters, kernel, kernel, MP_SAME, MP_LINEAR), batch_norm = mp_batch_normalization();
-    batch_norm.momentum = 0.9f;
-    conv.strides[0] = conv.strides[1] = stride;
-    conv.no_bias = 1;
-    x = call(m, batch_norm, call(m, conv, x));
-    return relu ? call(m, mp_activation_layer(MP_RELU), x) : x;
-}
-
-/* The basic block: two 3x3 convolutions, the input added back, relu. */
-static int residual_block(mp_model *m, int x, int filters, int stride) {
-    int y = conv_bn(m, conv_bn(m, x, filters, 3, stride, 1), filters, 3, 1, 0);
-    int skip = stride == 1 ? x : conv_bn(m, x, filters, 1, stride, 0), sum, both[2];
-    both[0] = y, both[1] = skip;
-    CHECK(mp_model_call(m, mp_add(), both, 2, &sum), m);
-    return call(m, mp_activation_layer(MP_RELU), sum);
-}
-
 static mp_model *build_resnet(const config *c) {
-    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
     mp_model_desc md;
     mp_model *m = NULL;
-    int x, stage, block;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = 28, md.input_shape[1] = 28, md.input_shape[2] = 1;
     md.backend = ex_backend;
     md.seed = c->seed;
     md.name = "resnet";
     CHECK(mp_model_create(&m, &md), NULL);
-    x = conv_bn(m, MP_MODEL_INPUT, c->width, 3, 1, 1);
-    for (stage = 0; stage < 3; stage++)
-        for (block = 0; block < 2; block++)
-            x = residual_block(m, x, c->width << stage, stage > 0 && block == 0 ? 2 : 1);
-    x = call(m, mp_dense(FM_CLASSES, MP_LINEAR), call(m, mp_global_average_pooling2d(), x));
-    softmax.dtype = "float32";
-    call(m, softmax, x);
+    CHECK(resnet_layers(m, c->width), m);
     CHECK(mp_model_build(m), m);
     return m;
 }
