@@ -6845,23 +6845,51 @@ static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const v
     mp__parallel_items(mp__pool_of(ctx), n, mp__img_elems(g), mp__max_pool_backward_range, &a);
 }
 
-static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+/* Dropout's mask and its product split the values among the threads: each
+   value's draw depends on its index alone (mp_dropout_draw). */
+typedef struct mp__dropout_args {
+    unsigned char *mask;
+    const unsigned char *keep;
+    void *y;
+    const void *x;
+    mp_dtype yt, xt;
+    float rate, scale;
+    uint64_t seed;
+} mp__dropout_args;
+
+static void mp__dropout_mask_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__dropout_args *a = (const mp__dropout_args *)args;
     size_t i;
-    (void)ctx;
-    for (i = 0; i < n; i++) mask[i] = (unsigned char)(mp_dropout_draw(seed, i) >= rate);
+    (void)thread;
+    for (i = begin; i < end; i++) a->mask[i] = (unsigned char)(mp_dropout_draw(a->seed, i) >= a->rate);
+}
+
+static void mp__dropout_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__dropout_args *a = (const mp__dropout_args *)args;
+    float t[MP__TILE];
+    size_t i, j, len;
+    (void)thread;
+    for (i = begin; i < end; i += len) {
+        len = mp__min(MP__TILE, end - i);
+        mp__load(t, mp__at(a->x, a->xt, i), a->xt, len);
+        for (j = 0; j < len; j++) t[j] = a->keep[i + j] ? t[j] * a->scale : 0.0f;
+        mp__store(mp__at_mut(a->y, a->yt, i), a->yt, t, len);
+    }
+}
+
+static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    mp__dropout_args a;
+    memset(&a, 0, sizeof a);
+    a.mask = mask, a.rate = rate, a.seed = seed;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__dropout_mask_range, &a);
 }
 
 static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                             size_t n, float scale) {
-    float t[MP__TILE];
-    size_t i, j, len;
-    (void)ctx;
-    for (i = 0; i < n; i += len) {
-        len = mp__min(MP__TILE, n - i);
-        mp__load(t, mp__at(x, xt, i), xt, len);
-        for (j = 0; j < len; j++) t[j] = mask[i + j] ? t[j] * scale : 0.0f;
-        mp__store(mp__at_mut(y, yt, i), yt, t, len);
-    }
+    mp__dropout_args a;
+    memset(&a, 0, sizeof a);
+    a.keep = mask, a.y = y, a.yt = yt, a.x = x, a.xt = xt, a.scale = scale;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__dropout_range, &a);
 }
 
 /* >>cpu backend: the operations table. The rest of the CPU backend: memory

@@ -27,7 +27,8 @@
 
    Build and run: `make bench` (`make bench-quick`: 1 round, shorter timings), or
        gcc -std=c99 -O2 -march=native -pthread bench/convnet.c -o bench_convnet -lm
-       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_convnet [--rounds R] [--min-seconds S] [--no-torch] */
+       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_convnet [--rounds R] [--min-seconds S] [--no-torch]
+   --threads T keeps only that thread count. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,7 @@
 static const char *const policies[2] = {"float32", "mixed_bfloat16"};
 static const char *const impls[2] = {"mixprec", "torch"};
 static double min_s = 1.0;
+static int only_threads; /* 0: both */
 
 static mp_model *build_model(const char *policy, int threads) {
     mp_model_desc md;
@@ -144,13 +146,14 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[a], "--quick") == 0) rounds = 1, min_s = 0.3;
         else if (a + 1 < argc && strcmp(argv[a], "--rounds") == 0) rounds = atoi(argv[++a]);
         else if (a + 1 < argc && strcmp(argv[a], "--min-seconds") == 0) min_s = atof(argv[++a]);
+        else if (a + 1 < argc && strcmp(argv[a], "--threads") == 0) only_threads = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--no-torch]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--threads T] [--no-torch]\n", argv[0]);
             return 2;
         }
     }
-    if (rounds < 1 || rounds > MAX_ROUNDS || !(min_s > 0)) {
-        fprintf(stderr, "%s: --rounds 1 to %d, --min-seconds above 0\n", argv[0], MAX_ROUNDS);
+    if (rounds < 1 || rounds > MAX_ROUNDS || !(min_s > 0) || only_threads < 0 || only_threads > N_THREADS) {
+        fprintf(stderr, "%s: --rounds 1 to %d, --min-seconds above 0, --threads 1 or 2\n", argv[0], MAX_ROUNDS);
         return 2;
     }
     printf("bench=convnet cores=%d batch=%d rounds=%d min_timing_s=%.2f\n", mp_available_cores(), BATCH, rounds, min_s);
@@ -159,7 +162,8 @@ int main(int argc, char **argv) {
     bench_synthetic(x, INPUTS, labels, CLASSES, BATCH);
     memset(r, 0, sizeof r);
     for (round = 0; round < rounds; round++) {
-        for (t = 1; t <= N_THREADS; t++) round_at(round, t, x, labels, r[round]);
+        for (t = 1; t <= N_THREADS; t++)
+            if (!only_threads || t == only_threads) round_at(round, t, x, labels, r[round]);
         for (i = 0; i < (peer_enabled ? 2 : 1); i++)
             for (p = 0; p < 2; p++)
                 if (r[round][i][1][p] > 0 && r[round][i][2][p] > 0)
