@@ -6657,10 +6657,10 @@ static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
                 for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px) {
-                    at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1);
-                    memset(out, 0, (size_t)kx0 * px);
+                    at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1); /* padding only where there is some */
+                    if (kx0 > 0) memset(out, 0, (size_t)kx0 * px);
                     if (kx1 > kx0) memcpy(out + (size_t)kx0 * px, img + at * px, (size_t)(kx1 - kx0) * px);
-                    memset(out + (size_t)kx1 * px, 0, (size_t)(g->kw - kx1) * px);
+                    if (kx1 < g->kw) memset(out + (size_t)kx1 * px, 0, (size_t)(g->kw - kx1) * px);
                 }
     }
 }
