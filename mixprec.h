@@ -6690,7 +6690,12 @@ static void mp__col2im_range(void *args, size_t begin, size_t end, int thread) {
 
 /* The images split among the threads (mp__parallel_items: whole images,
    once there are enough values): each image's bytes are the same
-   whichever thread makes them. */
+   whichever thread makes them. A group's im2col splits even where it is
+   short (7 images of 13 x 13 x 32, long runs): the product that follows
+   splits its rows, the same images, the same way, and each thread then
+   reads its columns from its own cache; im2col on one thread made the
+   convnet's second layer slower on 2 threads (bench/convnet.c's model,
+   timed layer by layer). */
 static void mp__cpu_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     mp__conv_args a;
     memset(&a, 0, sizeof a);
