@@ -6803,31 +6803,51 @@ static size_t mp__col_elems(const mp_conv_geom *g) {
 }
 static size_t mp__img_elems(const mp_conv_geom *g) { return (size_t)g->h * (size_t)g->w * (size_t)g->c; }
 
+/* The kernel's columns [*kx0, *kx1) of row ky at output pixel (oy, ox)
+   that fall inside the image (the others read padding), and the input
+   pixel (y * w + x) the first one reads where there is one (kx0 < kx1);
+   none where the row itself is padding. Consecutive kernel columns read
+   consecutive pixels, C values each: one run. */
+static size_t mp__kernel_run(const mp_conv_geom *g, int oy, int ox, int ky, int *kx0, int *kx1) {
+    int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl;
+    *kx0 = ix < 0 ? -ix : 0;
+    *kx1 = ix + g->kw > g->w ? g->w - ix : g->kw;
+    if (iy < 0 || iy >= g->h || *kx1 <= *kx0) {
+        *kx0 = *kx1 = 0;
+        return 0;
+    }
+    return (size_t)iy * (size_t)g->w + (size_t)(ix + *kx0);
+}
+
 static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
     const mp__conv_args *a = (const mp__conv_args *)args;
     const mp_conv_geom *g = a->g;
-    size_t es = mp__dtypes[a->dt].size, run = (size_t)g->c * es, i;
-    int oy, ox, ky, kx;
+    size_t es = mp__dtypes[a->dt].size, px = (size_t)g->c * es, i, at;
+    int oy, ox, ky, kx0, kx1;
     (void)thread;
     for (i = begin; i < end; i++) {
         unsigned char *out = (unsigned char *)a->col + i * mp__col_elems(g) * es;
-        const void *img = mp__at(a->img, a->dt, i * mp__img_elems(g));
+        const unsigned char *img = (const unsigned char *)mp__at(a->img, a->dt, i * mp__img_elems(g));
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
-                for (ky = 0; ky < g->kh; ky++)
-                    for (kx = 0; kx < g->kw; kx++, out += run) {
-                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) memset(out, 0, run);
-                        else memcpy(out, mp__at(img, a->dt, ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c), run);
-                    }
+                for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px) {
+                    at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1); /* padding only where there is some */
+                    if (kx0 > 0) memset(out, 0, (size_t)kx0 * px);
+                    if (kx1 > kx0) memcpy(out + (size_t)kx0 * px, img + at * px, (size_t)(kx1 - kx0) * px);
+                    if (kx1 < g->kw) memset(out + (size_t)kx1 * px, 0, (size_t)(g->kw - kx1) * px);
+                }
     }
 }
 
+/* Each image pixel sums what the columns give it in the columns' order
+   (output pixel, then kernel row, then column): one contribution per
+   output pixel and kernel row, so a run over the kernel's columns adds in
+   the same order as one column at a time. */
 static void mp__col2im_range(void *args, size_t begin, size_t end, int thread) {
     const mp__conv_args *a = (const mp__conv_args *)args;
     const mp_conv_geom *g = a->g;
-    size_t i;
-    int oy, ox, ky, kx, ch;
+    size_t i, j, at, c = (size_t)g->c;
+    int oy, ox, ky, kx0, kx1;
     (void)thread;
     for (i = begin; i < end; i++) {
         float *img = a->fimg + i * mp__img_elems(g);
@@ -6835,89 +6855,156 @@ static void mp__col2im_range(void *args, size_t begin, size_t end, int thread) {
         memset(img, 0, mp__img_elems(g) * sizeof(float));
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
-                for (ky = 0; ky < g->kh; ky++)
-                    for (kx = 0; kx < g->kw; kx++, col += g->c) {
-                        int iy = oy * g->sh - g->pt + ky, ix = ox * g->sw - g->pl + kx;
-                        float *px;
-                        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w) continue;
-                        px = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * (size_t)g->c;
-                        for (ch = 0; ch < g->c; ch++) px[ch] += col[ch];
-                    }
+                for (ky = 0; ky < g->kh; ky++, col += (size_t)g->kw * c) {
+                    at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1);
+                    for (j = 0; j < (size_t)(kx1 - kx0) * c; j++) img[at * c + j] += col[(size_t)kx0 * c + j];
+                }
     }
 }
 
-/* The images split among the threads: each image's bytes are the same
-   whichever thread makes them. */
+/* The images split among the threads (mp__parallel_items: whole images,
+   once there are enough values): each image's bytes are the same
+   whichever thread makes them. A group's im2col splits even where it is
+   short (7 images of 13 x 13 x 32, long runs): the product that follows
+   splits its rows, the same images, the same way, and each thread then
+   reads its columns from its own cache; im2col on one thread made the
+   convnet's second layer slower on 2 threads (bench/convnet.c's model,
+   timed layer by layer). */
 static void mp__cpu_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     mp__conv_args a;
     memset(&a, 0, sizeof a);
     a.col = col, a.img = img, a.g = g, a.dt = dt;
-    mp__parallel_range(mp__pool_of(ctx), n, mp__im2col_range, &a);
+    mp__parallel_items(mp__pool_of(ctx), n, mp__col_elems(g), mp__im2col_range, &a);
 }
 
 static void mp__cpu_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
     mp__conv_args a;
     memset(&a, 0, sizeof a);
     a.fimg = img, a.fcol = col, a.g = g;
-    mp__parallel_range(mp__pool_of(ctx), n, mp__col2im_range, &a);
+    mp__parallel_items(mp__pool_of(ctx), n, mp__col_elems(g), mp__col2im_range, &a);
 }
 
 /* Max pooling with strides equal to the pool (Keras's default), valid
-   padding; the first maximum of a window wins, NaN propagates. */
+   padding; the first maximum of a window wins, NaN propagates (the first
+   NaN). Each image is a task of its own (mp__parallel_items), whichever
+   thread runs it: the same bits on any thread count. A window's channels
+   go MP__VW at a time, the position that won each kept beside it as a
+   float (mp__vmax_first), without a branch on the data: a branch per
+   value, taken as often as not on real activations, cost more than all
+   the rest of the pass (bench/train.c's convnet). */
+#if MP__VW == 16
+/* t where it beats best (greater, or NaN over a number), best elsewhere;
+   *arg = pos where t won. */
+static __m512 mp__vmax_first(__m512 best, __m512 t, __m512 *arg, __m512 pos) {
+    __mmask16 take = _mm512_cmp_ps_mask(t, best, _CMP_GT_OQ) |
+                     (_mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(best, best, _CMP_ORD_Q));
+    *arg = _mm512_mask_blend_ps(take, *arg, pos);
+    return _mm512_mask_blend_ps(take, best, t);
+}
+/* v where arg == pos, +0 elsewhere */
+static __m512 mp__vkeep_at(__m512 v, __m512 arg, __m512 pos) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(arg, pos, _CMP_EQ_OQ), v);
+}
+#elif MP__VW == 8
+static __m256 mp__vmax_first(__m256 best, __m256 t, __m256 *arg, __m256 pos) {
+    __m256 take = _mm256_or_ps(_mm256_cmp_ps(t, best, _CMP_GT_OQ),
+                               _mm256_and_ps(_mm256_cmp_ps(t, t, _CMP_UNORD_Q), _mm256_cmp_ps(best, best, _CMP_ORD_Q)));
+    *arg = _mm256_blendv_ps(*arg, pos, take);
+    return _mm256_blendv_ps(best, t, take);
+}
+static __m256 mp__vkeep_at(__m256 v, __m256 arg, __m256 pos) { return _mm256_and_ps(_mm256_cmp_ps(arg, pos, _CMP_EQ_OQ), v); }
+#else
+static float mp__vmax_first(float best, float t, float *arg, float pos) {
+    int take = t > best || (t != t && best == best);
+    *arg = take ? pos : *arg;
+    return take ? t : best;
+}
+static float mp__vkeep_at(float v, float arg, float pos) { return arg == pos ? v : 0.0f; }
+#endif
+
+typedef struct mp__pool_args {
+    void *y, *dx;
+    const void *x, *dy;
+    const mp_conv_geom *g;
+    mp_dtype dt, dxt;
+} mp__pool_args;
+
 /* Element index of (img, y, x, channel 0) in an NHWC batch of h x w x c images. */
 static size_t mp__nhwc(size_t img, size_t y, size_t x, int h, int w, int c) {
     return ((img * (size_t)h + y) * (size_t)w + x) * (size_t)c;
 }
 
-static void mp__pool_window(float *best, size_t *arg, const void *x, size_t img, const mp_conv_geom *g,
-                            int oy, int ox, size_t c0, size_t len, mp_dtype dt) {
+/* The window at (oy, ox) over channels [c0, c0 + len): its maxima in
+   best and their positions in arg (ky * kw + kx), both padded with zeros
+   to whole vectors (len <= MP__TILE, a multiple of MP__VW). */
+static void mp__pool_window(float *best, float *arg, const mp__pool_args *a, size_t img, int oy, int ox, size_t c0,
+                            size_t len) {
+    const mp_conv_geom *g = a->g;
     float t[MP__TILE];
-    size_t j, pos = 0;
-    int ky, kx;
+    size_t j, pad = mp__round_up(len, MP__VW);
+    int ky, kx, pos = 0;
     for (ky = 0; ky < g->kh; ky++)
         for (kx = 0; kx < g->kw; kx++, pos++) {
             size_t iy = (size_t)(oy * g->sh + ky), ix = (size_t)(ox * g->sw + kx);
-            mp__load(t, mp__at(x, dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), dt, len);
-            for (j = 0; j < len; j++)
-                if (pos == 0 || t[j] > best[j] || (t[j] != t[j] && best[j] == best[j])) { best[j] = t[j]; arg[j] = pos; }
+            float *into = pos ? t : best;
+            mp__load(into, mp__at(a->x, a->dt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dt, len);
+            memset(into + len, 0, (pad - len) * sizeof(float));
+            if (!pos) {
+                memset(arg, 0, pad * sizeof(float));
+                continue;
+            }
+            for (j = 0; j < pad; j += MP__VW) {
+                mp__vf v = mp__vld(arg + j);
+                mp__vst(best + j, mp__vmax_first(mp__vld(best + j), mp__vld(t + j), &v, mp__vset((float)pos)));
+                mp__vst(arg + j, v);
+            }
         }
 }
 
-static void mp__cpu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
-    float best[MP__TILE];
-    size_t arg[MP__TILE], img, c0, len, c = (size_t)g->c;
+static void mp__max_pool_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__pool_args *a = (const mp__pool_args *)args;
+    const mp_conv_geom *g = a->g;
+    float best[MP__TILE], arg[MP__TILE];
+    size_t img, c0, len, c = (size_t)g->c;
     int oy, ox;
-    (void)ctx;
-    for (img = 0; img < n; img++)
+    (void)thread;
+    for (img = begin; img < end; img++)
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
                 for (c0 = 0; c0 < c; c0 += len) {
                     len = mp__min(MP__TILE, c - c0);
-                    mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
-                    mp__store(mp__at_mut(y, dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0), dt, best,
-                              len);
+                    mp__pool_window(best, arg, a, img, oy, ox, c0, len);
+                    mp__store(mp__at_mut(a->y, a->dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0),
+                              a->dt, best, len);
                 }
 }
 
-static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
-                                      const mp_conv_geom *g, mp_dtype dt) {
-    float best[MP__TILE], grad[MP__TILE], out[MP__TILE];
-    size_t arg[MP__TILE], img, c0, len, j, pos, c = (size_t)g->c;
+/* Each window's gradient to the position that won, +0 to the others; +0
+   where no window reaches. */
+static void mp__max_pool_backward_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__pool_args *a = (const mp__pool_args *)args;
+    const mp_conv_geom *g = a->g;
+    float best[MP__TILE], arg[MP__TILE], grad[MP__TILE], out[MP__TILE];
+    size_t img, c0, len, j, pos, c = (size_t)g->c, size = mp__img_elems(g) * mp__dtypes[a->dxt].size;
     int oy, ox;
-    (void)ctx;
-    memset(dx, 0, n * (size_t)g->h * (size_t)g->w * c * mp__dtypes[dxt].size); /* cells no window covers */
-    for (img = 0; img < n; img++)
+    (void)thread;
+    memset(mp__at_mut(a->dx, a->dxt, begin * mp__img_elems(g)), 0, (end - begin) * size);
+    for (img = begin; img < end; img++)
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++)
                 for (c0 = 0; c0 < c; c0 += len) {
                     len = mp__min(MP__TILE, c - c0);
-                    mp__pool_window(best, arg, x, img, g, oy, ox, c0, len, dt);
-                    mp__load(grad, mp__at(dy, dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0), dt, len);
+                    mp__pool_window(best, arg, a, img, oy, ox, c0, len);
+                    mp__load(grad, mp__at(a->dy, a->dt, mp__nhwc(img, (size_t)oy, (size_t)ox, g->oh, g->ow, g->c) + c0),
+                             a->dt, len);
+                    memset(grad + len, 0, (mp__round_up(len, MP__VW) - len) * sizeof(float));
                     for (pos = 0; pos < (size_t)(g->kh * g->kw); pos++) {
                         size_t iy = (size_t)oy * (size_t)g->sh + pos / (size_t)g->kw;
                         size_t ix = (size_t)ox * (size_t)g->sw + pos % (size_t)g->kw;
-                        for (j = 0; j < len; j++) out[j] = arg[j] == pos ? grad[j] : 0.0f;
-                        mp__store(mp__at_mut(dx, dxt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), dxt, out, len);
+                        for (j = 0; j < len; j += MP__VW)
+                            mp__vst(out + j, mp__vkeep_at(mp__vld(grad + j), mp__vld(arg + j), mp__vset((float)pos)));
+                        mp__store(mp__at_mut(a->dx, a->dxt, mp__nhwc(img, iy, ix, g->h, g->w, g->c) + c0), a->dxt, out,
+                                  len);
                     }
                 }
 }
@@ -7022,23 +7109,66 @@ static void mp__cpu_avg_pool_backward(void *ctx, void *dx, mp_dtype dxt, const v
     mp__parallel_items(mp__pool_of(ctx), n * (size_t)g->h, (size_t)g->w * (size_t)g->c, mp__avg_pool_backward_rows, &a);
 }
 
-static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+static void mp__cpu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
+    mp__pool_args a;
+    memset(&a, 0, sizeof a);
+    a.y = y, a.x = x, a.g = g, a.dt = dt;
+    mp__parallel_items(mp__pool_of(ctx), n, mp__img_elems(g), mp__max_pool_range, &a);
+}
+
+static void mp__cpu_max_pool_backward(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
+                                      const mp_conv_geom *g, mp_dtype dt) {
+    mp__pool_args a;
+    memset(&a, 0, sizeof a);
+    a.dx = dx, a.dxt = dxt, a.dy = dy, a.x = x, a.g = g, a.dt = dt;
+    mp__parallel_items(mp__pool_of(ctx), n, mp__img_elems(g), mp__max_pool_backward_range, &a);
+}
+
+/* Dropout's mask and its product split the values among the threads: each
+   value's draw depends on its index alone (mp_dropout_draw). */
+typedef struct mp__dropout_args {
+    unsigned char *mask;
+    const unsigned char *keep;
+    void *y;
+    const void *x;
+    mp_dtype yt, xt;
+    float rate, scale;
+    uint64_t seed;
+} mp__dropout_args;
+
+static void mp__dropout_mask_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__dropout_args *a = (const mp__dropout_args *)args;
     size_t i;
-    (void)ctx;
-    for (i = 0; i < n; i++) mask[i] = (unsigned char)(mp_dropout_draw(seed, i) >= rate);
+    (void)thread;
+    for (i = begin; i < end; i++) a->mask[i] = (unsigned char)(mp_dropout_draw(a->seed, i) >= a->rate);
+}
+
+static void mp__dropout_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__dropout_args *a = (const mp__dropout_args *)args;
+    float t[MP__TILE];
+    size_t i, j, len;
+    (void)thread;
+    for (i = begin; i < end; i += len) {
+        len = mp__min(MP__TILE, end - i);
+        mp__load(t, mp__at(a->x, a->xt, i), a->xt, len);
+        for (j = 0; j < len; j++) t[j] = a->keep[i + j] ? t[j] * a->scale : 0.0f;
+        mp__store(mp__at_mut(a->y, a->yt, i), a->yt, t, len);
+    }
+}
+
+static void mp__cpu_dropout_mask(void *ctx, unsigned char *mask, size_t n, float rate, uint64_t seed) {
+    mp__dropout_args a;
+    memset(&a, 0, sizeof a);
+    a.mask = mask, a.rate = rate, a.seed = seed;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__dropout_mask_range, &a);
 }
 
 static void mp__cpu_dropout(void *ctx, void *y, mp_dtype yt, const void *x, mp_dtype xt, const unsigned char *mask,
                             size_t n, float scale) {
-    float t[MP__TILE];
-    size_t i, j, len;
-    (void)ctx;
-    for (i = 0; i < n; i += len) {
-        len = mp__min(MP__TILE, n - i);
-        mp__load(t, mp__at(x, xt, i), xt, len);
-        for (j = 0; j < len; j++) t[j] = mask[i + j] ? t[j] * scale : 0.0f;
-        mp__store(mp__at_mut(y, yt, i), yt, t, len);
-    }
+    mp__dropout_args a;
+    memset(&a, 0, sizeof a);
+    a.keep = mask, a.y = y, a.yt = yt, a.x = x, a.xt = xt, a.scale = scale;
+    mp__parallel_range(mp__pool_of(ctx), n, mp__dropout_range, &a);
 }
 
 /* >>cpu backend: normalization. BatchNormalization and LayerNormalization

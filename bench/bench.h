@@ -37,6 +37,38 @@ static inline void check(mp_status s, const mp_model *m, const char *what) {
     exit(1);
 }
 
+/* The guide's train_step, one call per line: batch rows of `inputs`
+   values (x) and their int32 labels. */
+static inline void bench_step(mp_model *m, const float *x, size_t inputs, const int32_t *labels, int batch) {
+    float loss;
+    int applied;
+    mp_data b;
+    memset(&b, 0, sizeof b);
+    b.x[0] = mp_rows(x, (size_t)batch, inputs);
+    b.y = mp_labels(labels, (size_t)batch);
+    check(mp_forward(m, &b, 1), m, "mp_forward");
+    check(mp_compute_loss(m, &b.y, &loss, NULL), m, "mp_compute_loss");
+    (void)mp_get_scaled_loss(m, loss); /* the scaled loss itself is not needed */
+    check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
+    check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");
+    check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
+}
+
+/* Synthetic data: batch rows of `inputs` pixels in [0, 1) and labels
+   below `classes` (xorshift64, the same every run: only the speed matters). */
+static inline void bench_synthetic(float *x, size_t inputs, int32_t *labels, int classes, int batch) {
+    unsigned long long s = 0x9E3779B97F4A7C15ull;
+    size_t i;
+    for (i = 0; i < (size_t)batch * inputs; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x[i] = (float)(s >> 40) * 0x1p-24f;
+    }
+    for (i = 0; i < (size_t)batch; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        labels[i] = (int32_t)(s % (unsigned long long)classes);
+    }
+}
+
 /* The machine, on one line: the CPU model and its AVX-512 and bfloat16
    flags (from /proc/cpuinfo, where there is one) and the 1-minute load
    average (timings taken beside other work mean little). */

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""bench/torch_cpu.py - the PyTorch peer of bench/train.c and bench/gemm.c on
-the CPU, run by them between their own runs (one job per process, so that
-OMP_WAIT_POLICY, which OpenMP reads once, can differ between jobs):
+"""bench/torch_cpu.py - the PyTorch peer of bench/train.c, bench/convnet.c
+and bench/gemm.c on the CPU, run by them between their own runs (one job
+per process, so that OMP_WAIT_POLICY, which OpenMP reads once, can differ
+between jobs):
 
     probe                       bench=torch available=1 torch=... or available=0 reason=...
     train --units U --batch B --threads T [--min-seconds S]
@@ -11,6 +12,11 @@ OMP_WAIT_POLICY, which OpenMP reads once, can differ between jobs):
         torch.autocast("cpu", bfloat16) (mixprec's mixed_bfloat16: the
         weights stay float32). Each step reads the loss back, as mixprec's
         steps do. One line per policy.
+    convnet --batch B --threads T [--min-seconds S] [--round R]
+        Keras's MNIST convnet (bench/convnet.c: Conv2D 32 and 64 3x3 ReLU,
+        each with MaxPool 2, Flatten, Dropout 0.5, Linear 10) on random
+        28x28x1 images, Adam with Keras's defaults (eps 1e-7), float32 and
+        bfloat16 autocast as train's. One line per policy, tagged with R.
     gemm --m M --n N --k K --trans-a A --trans-b B --threads T [--min-seconds S]
         torch.mm on op(A) and op(B) (transposed views where A or B is),
         float32 and bfloat16 in and out. One line per dtype.
@@ -44,16 +50,14 @@ def timed(fn, min_seconds, warmup=2):
     return best
 
 
-def train(torch, args, head):
-    gen = torch.Generator().manual_seed(0)
-    x = torch.rand(args.batch, 784, generator=gen)
-    y = torch.randint(0, 10, (args.batch,), generator=gen)
-    u = args.units
+def policies_timed(torch, make_model, make_opt, x, y, min_seconds):
+    """(policy, seconds a step) for float32 and mixed_bfloat16: a fresh model
+    and optimizer each, trained on x and y (the logits' crossentropy in
+    float32, the loss read back each step, as mixprec's steps do)."""
     for policy in ("float32", "mixed_bfloat16"):
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(784, u), torch.nn.ReLU(), torch.nn.Linear(u, u),
-                                    torch.nn.ReLU(), torch.nn.Linear(u, 10))
-        opt = torch.optim.RMSprop(model.parameters(), lr=1e-3, alpha=0.9, eps=1e-7)
+        model = make_model()
+        opt = make_opt(model.parameters())
         mixed = policy == "mixed_bfloat16"
 
         def step():
@@ -65,8 +69,31 @@ def train(torch, args, head):
             opt.step()
             return loss.item()
 
-        s = timed(step, args.min_seconds)
+        yield policy, timed(step, min_seconds)
+
+
+def train(torch, args, head):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, 784, generator=gen)
+    y = torch.randint(0, 10, (args.batch,), generator=gen)
+    u, nn = args.units, torch.nn
+    make_model = lambda: nn.Sequential(nn.Linear(784, u), nn.ReLU(), nn.Linear(u, u), nn.ReLU(), nn.Linear(u, 10))
+    make_opt = lambda params: torch.optim.RMSprop(params, lr=1e-3, alpha=0.9, eps=1e-7)
+    for policy, s in policies_timed(torch, make_model, make_opt, x, y, args.min_seconds):
         print(f"bench=train impl=torch model=mlp units={u} batch={args.batch} policy={policy} {head} "
+              f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
+
+
+def convnet(torch, args, head):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(args.batch, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (args.batch,), generator=gen)
+    nn = torch.nn
+    make_model = lambda: nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
+                                       nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.5), nn.Linear(1600, 10))
+    make_opt = lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-7)
+    for policy, s in policies_timed(torch, make_model, make_opt, x, y, args.min_seconds):
+        print(f"bench=convnet impl=torch round={args.round} policy={policy} {head} "
               f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
 
 
@@ -85,7 +112,7 @@ def gemm(torch, args, head):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("job", choices=("probe", "train", "gemm"))
+    ap.add_argument("job", choices=("probe", "train", "convnet", "gemm"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--min-seconds", type=float, default=1.0)
     ap.add_argument("--units", type=int, default=1024)
@@ -94,6 +121,7 @@ def main():
         ap.add_argument(f"--{dim}", type=int, default=256)
     ap.add_argument("--trans-a", type=int, default=0)
     ap.add_argument("--trans-b", type=int, default=0)
+    ap.add_argument("--round", type=int, default=0)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")  # torch without numpy warns on import
     try:
@@ -109,7 +137,7 @@ def main():
     torch.set_num_threads(args.threads)
     wait = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     head = f"threads={args.threads} omp_wait_policy={wait}"
-    (train if args.job == "train" else gemm)(torch, args, head)
+    {"train": train, "convnet": convnet, "gemm": gemm}[args.job](torch, args, head)
 
 
 if __name__ == "__main__":

@@ -104,22 +104,6 @@ static mp_model *build_model(const run *r) {
     return m;
 }
 
-/* The guide's train_step, one call per line. */
-static void train_step(mp_model *m, const float *x, const int32_t *labels, int batch) {
-    float loss;
-    int applied;
-    mp_data b;
-    memset(&b, 0, sizeof b);
-    b.x[0] = mp_rows(x, (size_t)batch, INPUTS);
-    b.y = mp_labels(labels, (size_t)batch);
-    check(mp_forward(m, &b, 1), m, "mp_forward");
-    check(mp_compute_loss(m, &b.y, &loss, NULL), m, "mp_compute_loss");
-    (void)mp_get_scaled_loss(m, loss); /* the scaled loss itself is not needed */
-    check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
-    check(mp_get_unscaled_gradients(m), m, "mp_get_unscaled_gradients");
-    check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
-}
-
 /* Floating-point operations of one step: every Dense layer's forward
    product and weight gradient, and the input gradient of all but the first
    (the data need none): 2 flops per multiply-add. */
@@ -139,19 +123,6 @@ static double bytes_needed(int units, int batch) {
 }
 
 /* ---- one run ----------------------------------------------------------- */
-static void synthetic_batch(float *x, int32_t *labels, int batch) {
-    unsigned long long s = 0x9E3779B97F4A7C15ull;
-    size_t i;
-    for (i = 0; i < (size_t)batch * INPUTS; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x[i] = (float)(s >> 40) * 0x1p-24f; /* pixels in [0, 1) */
-    }
-    for (i = 0; i < (size_t)batch; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        labels[i] = (int32_t)(s % CLASSES);
-    }
-}
-
 static void time_run(run *r, const float *x, const int32_t *labels) {
     mp_model *m = build_model(r);
     size_t baseline = mp_get_memory_info().current;
@@ -159,13 +130,13 @@ static void time_run(run *r, const float *x, const int32_t *labels) {
     const mp_loss_scale *ls;
     mp_model_memory mem;
     mp_reset_peak_memory();
-    train_step(m, x, labels, r->batch); /* allocates the activations */
+    bench_step(m, x, INPUTS, labels, r->batch); /* allocates the activations */
     first = now_s() - t0;
-    if (first < 1.0) train_step(m, x, labels, r->batch);
+    if (first < 1.0) bench_step(m, x, INPUTS, labels, r->batch);
     r->steps = 0;
     t0 = now_s();
     do {
-        train_step(m, x, labels, r->batch);
+        bench_step(m, x, INPUTS, labels, r->batch);
         r->steps++;
     } while (r->steps < 2 || now_s() - t0 < S.min_s);
     r->step_s = (now_s() - t0) / (double)r->steps;
@@ -269,7 +240,7 @@ typedef struct stepper {
 static void run_slice(stepper *s) {
     double t0 = now_s();
     do {
-        train_step(s->m, s->x, s->labels, s->batch);
+        bench_step(s->m, s->x, INPUTS, s->labels, s->batch);
         s->steps++;
     } while (now_s() - t0 < s->slice_s);
     s->seconds += now_s() - t0;
@@ -308,7 +279,7 @@ static void time_in_turn(int units, int batch, const char *policy, const float *
         memset(&st[i], 0, sizeof st[i]);
         st[i].m = build_model(&r), st[i].x = x, st[i].labels = labels, st[i].batch = batch;
         st[i].slice_s = S.min_s / 4;
-        train_step(st[i].m, x, labels, batch); /* allocates the activations */
+        bench_step(st[i].m, x, INPUTS, labels, batch); /* allocates the activations */
     }
     while (!timed_enough(&st[0]) || !timed_enough(&st[1]) || !timed_enough(&st[2])) {
         run_slice(&st[0]);
@@ -348,7 +319,7 @@ static void bench_shape(int units, int batch) {
     }
     x = (float *)xmalloc((size_t)batch * INPUTS * sizeof *x);
     labels = (int32_t *)xmalloc((size_t)batch * sizeof *labels);
-    synthetic_batch(x, labels, batch);
+    bench_synthetic(x, INPUTS, labels, CLASSES, batch);
     memset(peer, 0, sizeof peer);
     for (round = 0; round < rounds; round++) /* 1 thread, then 2; mixprec, then PyTorch, at each */
         for (t = 1; t <= N_THREADS; t++) {

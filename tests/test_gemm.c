@@ -1189,9 +1189,14 @@ static float *xs;
 static int32_t *labels;
 /* The dense model's inputs are 1030 wide, so its first product sums more
    than four 256-deep slices: a thread count that changed the order of the
-   sum would show. */
-enum { NS = 96, IN_FLAT = 1030, IMG = 9, IMG_C = 2, CLASSES = 5, X_FLOATS = NS * IN_FLAT };
+   sum would show. The larger conv model (kind 2: 18 x 18 x 3 images, 972
+   values, within a dense row) has enough values a batch of 33 that its
+   im2col, col2im (padded and not), max pooling (windows that leave cells
+   uncovered too) and dropout split their images or values between the
+   threads (MP__RANGE_PARALLEL). */
+enum { NS = 96, IN_FLAT = 1030, IMG = 9, IMG_C = 2, BIG = 18, BIG_C = 3, CLASSES = 5, X_FLOATS = NS * IN_FLAT };
 
+/* kind 0: dense, 1: a small conv model, 2: the larger one */
 static mp_model *model_for(const char *policy, int threads, int conv) {
     mp_model_desc md;
     mp_compile_desc cd;
@@ -1199,13 +1204,20 @@ static mp_model *model_for(const char *policy, int threads, int conv) {
     mp_layer_desc sm = mp_activation_layer(MP_SOFTMAX);
     int ok;
     memset(&md, 0, sizeof md);
-    if (conv) md.input_shape[0] = IMG, md.input_shape[1] = IMG, md.input_shape[2] = IMG_C;
+    if (conv == 1) md.input_shape[0] = IMG, md.input_shape[1] = IMG, md.input_shape[2] = IMG_C;
+    else if (conv == 2) md.input_shape[0] = BIG, md.input_shape[1] = BIG, md.input_shape[2] = BIG_C;
     else md.input_shape[0] = IN_FLAT;
     md.seed = 11;
     md.threads = threads;
     sm.dtype = "float32";
     ok = CHECK(mp_set_global_policy_name(policy) == MP_OK) && CHECK(mp_model_create(&m, &md) == MP_OK);
-    if (ok && conv) {
+    if (ok && conv == 2) {
+        ok = CHECK(mp_model_add(m, mp_conv2d(16, 3, 3, MP_VALID, MP_RELU)) == MP_OK) &&
+             CHECK(mp_model_add(m, mp_dropout(0.25f)) == MP_OK) &&
+             CHECK(mp_model_add(m, mp_max_pooling2d(2, 2)) == MP_OK) &&
+             CHECK(mp_model_add(m, mp_conv2d(32, 3, 3, MP_SAME, MP_RELU)) == MP_OK) &&
+             CHECK(mp_model_add(m, mp_max_pooling2d(3, 3)) == MP_OK) && CHECK(mp_model_add(m, mp_flatten()) == MP_OK);
+    } else if (ok && conv) {
         ok = CHECK(mp_model_add(m, mp_conv2d(6, 3, 3, MP_SAME, MP_RELU)) == MP_OK) &&
              CHECK(mp_model_add(m, mp_max_pooling2d(2, 2)) == MP_OK) &&
              CHECK(mp_model_add(m, mp_flatten()) == MP_OK) &&
@@ -1389,7 +1401,7 @@ static void test_model_threads(void) {
     for (i = 0; i < X_FLOATS; i++) xs[i] = uniform(-1.0f, 1.0f);
     for (i = 0; i < NS; i++) labels[i] = (int32_t)(rng_next() % CLASSES);
     for (pi = 0; pi < 3; pi++)
-        for (conv = 0; conv < 2; conv++) {
+        for (conv = 0; conv < 3; conv++) {
             mp_model *m1 = model_for(policies[pi], 1, conv), *m2 = model_for(policies[pi], 2, conv);
             float *w1 = NULL, *w2 = NULL;
             size_t n1 = 0, n2 = 0;
@@ -1402,7 +1414,7 @@ static void test_model_threads(void) {
 #endif
             if (m1 && m2 && (w1 = train(m1, &n1)) && (w2 = train(m2, &n2))) {
                 snprintf(what, sizeof what, "%s, %s model: threads 1 and 2 train to the same weights", policies[pi],
-                         conv ? "conv" : "dense");
+                         conv == 2 ? "larger conv" : conv ? "conv" : "dense");
                 check_report(n1 == n2 && memcmp(w1, w2, n1 * sizeof(float)) == 0, __FILE__, __LINE__, what);
                 CHECK(mp_current_loss_scale(m1) == mp_current_loss_scale(m2));
             }

@@ -1,0 +1,191 @@
+/* bench/convnet.c - training speed of Keras's MNIST convnet beside PyTorch's.
+
+   Keras's example model (keras.io/examples/vision/mnist_convnet): 28x28x1
+   images, Conv2D(32, 3x3, relu), MaxPooling2D(2), Conv2D(64, 3x3, relu),
+   MaxPooling2D(2), Flatten, Dropout(0.5), Dense(10) and its softmax as a
+   float32 Activation (where the mixed precision guide puts it), sparse
+   categorical crossentropy and Adam, batch 128, trained by the custom
+   loop's calls on synthetic data (random pixels and labels: only the speed
+   matters), under float32 and mixed_bfloat16, on 1 and 2 threads
+   (mp_model_desc.threads). PyTorch's side (bench/torch_cpu.py convnet,
+   found as bench.h says: MIXPREC_TORCH_PYTHON) is the same model (NCHW,
+   its default layout), Adam with Keras's defaults and the same data, in
+   float32 and under torch.autocast("cpu", bfloat16), on as many threads
+   (torch.set_num_threads), OpenMP's default wait policy.
+   Each round runs 1 thread and then 2; at each, mixprec's two policies and
+   then PyTorch's (one process), so that the two sides compared in a line
+   ran seconds apart. Each side times a run as the best of 3 timings of at
+   least a third of a second each (--min-seconds), after 2 warm-up steps.
+   One key=value line per run and ratio:
+       bench=convnet impl=mixprec|torch round=R policy=P threads=T ms_per_step= images_per_s=
+       bench=convnet round=R policy=P threads=T ratio=mixprec_over_torch value=
+       bench=convnet impl=I round=R policy=P ratio=threads_2_over_1 value=
+   and after the rounds each side's best over them:
+       bench=convnet impl=I policy=P threads=T best_of_rounds=N images_per_s=
+       bench=convnet policy=P threads=T ratio=mixprec_over_torch_best value=
+   Without torch: a bench=torch available=0 line, and mixprec's lines alone.
+
+   Build and run: `make bench` (`make bench-quick`: 1 round, shorter timings), or
+       gcc -std=c99 -O2 -march=native -pthread bench/convnet.c -o bench_convnet -lm
+       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_convnet [--rounds R] [--min-seconds S] [--no-torch]
+   --threads T keeps only that thread count. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#define BENCH_NAME "convnet"
+#include "bench.h"
+
+#define SIDE 28
+#define INPUTS (SIDE * SIDE)
+#define CLASSES 10
+#define BATCH 128
+#define N_THREADS 2
+#define MAX_ROUNDS 20
+
+static const char *const policies[2] = {"float32", "mixed_bfloat16"};
+static const char *const impls[2] = {"mixprec", "torch"};
+static double min_s = 1.0;
+static int only_threads; /* 0: both */
+
+static mp_model *build_model(const char *policy, int threads) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = SIDE, md.input_shape[1] = SIDE, md.input_shape[2] = 1;
+    md.threads = threads;
+    check(mp_set_global_policy_name(policy), NULL, policy);
+    check(mp_model_create(&m, &md), NULL, "mp_model_create");
+    check(mp_model_add(m, mp_conv2d(32, 3, 3, MP_VALID, MP_RELU)), m, "add");
+    check(mp_model_add(m, mp_max_pooling2d(2, 2)), m, "add");
+    check(mp_model_add(m, mp_conv2d(64, 3, 3, MP_VALID, MP_RELU)), m, "add");
+    check(mp_model_add(m, mp_max_pooling2d(2, 2)), m, "add");
+    check(mp_model_add(m, mp_flatten()), m, "add");
+    check(mp_model_add(m, mp_dropout(0.5f)), m, "add");
+    check(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)), m, "add");
+    softmax.dtype = "float32";
+    check(mp_model_add(m, softmax), m, "add");
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_ADAM; /* Keras's defaults */
+    check(mp_model_compile(m, &cd), m, "compile");
+    return m;
+}
+
+/* Seconds a step: the best of 3 timings of >= min_s / 3 each, after 2
+   warm-up steps (the first allocates the activations), as torch_cpu.py's
+   timed(). */
+static double time_steps(mp_model *m, const float *x, const int32_t *labels) {
+    double best = 1e30;
+    int rep;
+    bench_step(m, x, INPUTS, labels, BATCH);
+    bench_step(m, x, INPUTS, labels, BATCH);
+    for (rep = 0; rep < 3; rep++) {
+        double t0 = now_s(), s;
+        long steps = 0;
+        do {
+            bench_step(m, x, INPUTS, labels, BATCH);
+            steps++;
+        } while (steps < 2 || now_s() - t0 < min_s / 3);
+        s = (now_s() - t0) / (double)steps;
+        if (s < best) best = s;
+    }
+    return best;
+}
+
+/* images/s: [impl][threads][policy] in one round */
+typedef double rates[2][N_THREADS + 1][2];
+
+static void peer_line(const char *line, void *ctx) {
+    double *rate = (double *)ctx, v = peer_value(line, "images_per_s");
+    int p;
+    if (!strstr(line, "bench=convnet impl=torch") || v <= 0) return;
+    for (p = 0; p < 2; p++) {
+        char key[64];
+        snprintf(key, sizeof key, " policy=%s ", policies[p]);
+        if (strstr(line, key)) rate[p] = v;
+    }
+}
+
+static void round_at(int round, int threads, const float *x, const int32_t *labels, rates r) {
+    char args[128];
+    int p;
+    for (p = 0; p < 2; p++) {
+        mp_model *m = build_model(policies[p], threads);
+        double s = time_steps(m, x, labels);
+        mp_model_destroy(m);
+        r[0][threads][p] = BATCH / s;
+        printf("bench=convnet impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f images_per_s=%.0f\n", round,
+               policies[p], threads, s * 1e3, BATCH / s);
+        fflush(stdout);
+    }
+    if (!peer_enabled) return;
+    snprintf(args, sizeof args, "convnet --batch %d --threads %d --min-seconds %.2f --round %d", BATCH, threads, min_s,
+             round);
+    peer_run(args, NULL, peer_line, r[1][threads]);
+    for (p = 0; p < 2; p++)
+        if (r[1][threads][p] > 0)
+            printf("bench=convnet round=%d policy=%s threads=%d ratio=mixprec_over_torch value=%.3f\n", round,
+                   policies[p], threads, r[0][threads][p] / r[1][threads][p]);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    static rates r[MAX_ROUNDS];
+    float *x = (float *)xmalloc((size_t)BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)xmalloc(BATCH * sizeof(int32_t));
+    int a, rounds = 3, round, t, p, i;
+    for (a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--no-torch") == 0) peer_enabled = 0;
+        else if (strcmp(argv[a], "--quick") == 0) rounds = 1, min_s = 0.3;
+        else if (a + 1 < argc && strcmp(argv[a], "--rounds") == 0) rounds = atoi(argv[++a]);
+        else if (a + 1 < argc && strcmp(argv[a], "--min-seconds") == 0) min_s = atof(argv[++a]);
+        else if (a + 1 < argc && strcmp(argv[a], "--threads") == 0) only_threads = atoi(argv[++a]);
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--threads T] [--no-torch]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (rounds < 1 || rounds > MAX_ROUNDS || !(min_s > 0) || only_threads < 0 || only_threads > N_THREADS) {
+        fprintf(stderr, "%s: --rounds 1 to %d, --min-seconds above 0, --threads 1 or 2\n", argv[0], MAX_ROUNDS);
+        return 2;
+    }
+    printf("bench=convnet cores=%d batch=%d rounds=%d min_timing_s=%.2f\n", mp_available_cores(), BATCH, rounds, min_s);
+    print_machine("convnet");
+    peer_probe();
+    bench_synthetic(x, INPUTS, labels, CLASSES, BATCH);
+    memset(r, 0, sizeof r);
+    for (round = 0; round < rounds; round++) {
+        for (t = 1; t <= N_THREADS; t++)
+            if (!only_threads || t == only_threads) round_at(round, t, x, labels, r[round]);
+        for (i = 0; i < (peer_enabled ? 2 : 1); i++)
+            for (p = 0; p < 2; p++)
+                if (r[round][i][1][p] > 0 && r[round][i][2][p] > 0)
+                    printf("bench=convnet impl=%s round=%d policy=%s ratio=threads_2_over_1 value=%.3f\n", impls[i],
+                           round, policies[p], r[round][i][2][p] / r[round][i][1][p]);
+    }
+    for (t = 1; t <= N_THREADS; t++)
+        for (p = 0; p < 2; p++) {
+            double best[2] = {0, 0};
+            for (i = 0; i < 2; i++) {
+                for (round = 0; round < rounds; round++)
+                    if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
+                if (best[i] > 0)
+                    printf("bench=convnet impl=%s policy=%s threads=%d best_of_rounds=%d images_per_s=%.0f\n", impls[i],
+                           policies[p], t, rounds, best[i]);
+            }
+            if (best[1] > 0)
+                printf("bench=convnet policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", policies[p], t,
+                       best[0] / best[1]);
+        }
+    print_machine("convnet"); /* the load at the end too */
+    free(x);
+    free(labels);
+    return 0;
+}
