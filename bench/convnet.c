@@ -1,4 +1,12 @@
-/* bench/convnet.c - training speed of Keras's MNIST convnet beside PyTorch's.
+/* bench/convnet.c - training speed of convolutional networks beside
+   PyTorch's: Keras's MNIST convnet (--model convnet, the default) or the
+   small ResNet of examples/resnet_model.h (--model resnet, base width 16:
+   Conv2D-BatchNormalization-relu, residual Adds, GlobalAveragePooling2D).
+   With resnet, also each policy's activation memory (mp_model_memory_info
+   after a step) and mixed_bfloat16's over float32's:
+       bench=resnet impl=mixprec policy=P activation_bytes=
+       bench=resnet ratio=activations_bf16_over_f32 value=
+   The lines below name the model where they say convnet.
 
    Keras's example model (keras.io/examples/vision/mnist_convnet): 28x28x1
    images, Conv2D(32, 3x3, relu), MaxPooling2D(2), Conv2D(64, 3x3, relu),
@@ -27,8 +35,11 @@
 
    Build and run: `make bench` (`make bench-quick`: 1 round, shorter timings), or
        gcc -std=c99 -O2 -march=native -pthread bench/convnet.c -o bench_convnet -lm
-       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_convnet [--rounds R] [--min-seconds S] [--no-torch]
-   --threads T keeps only that thread count. */
+       MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_convnet [--model resnet] [--rounds R]
+           [--min-seconds S] [--no-torch]
+   --threads T keeps only that thread count. PyTorch's resnet is the same
+   network (bench/torch_cpu.py convnet --model resnet: BatchNorm2d with
+   Keras's epsilon 1e-3 and momentum 0.9, 0.1 in PyTorch's convention). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +50,7 @@
 #include "../mixprec.h"
 #define BENCH_NAME "convnet"
 #include "bench.h"
+#include "../examples/resnet_model.h"
 
 #define SIDE 28
 #define INPUTS (SIDE * SIDE)
@@ -50,19 +62,12 @@
 static const char *const policies[2] = {"float32", "mixed_bfloat16"};
 static const char *const impls[2] = {"mixprec", "torch"};
 static double min_s = 1.0;
+static const char *model_name = "convnet"; /* or "resnet" */
 static int only_threads; /* 0: both */
 
-static mp_model *build_model(const char *policy, int threads) {
-    mp_model_desc md;
-    mp_compile_desc cd;
+/* Keras's MNIST convnet's layers */
+static void convnet_layers(mp_model *m) {
     mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
-    mp_model *m = NULL;
-    memset(&md, 0, sizeof md);
-    memset(&cd, 0, sizeof cd);
-    md.input_shape[0] = SIDE, md.input_shape[1] = SIDE, md.input_shape[2] = 1;
-    md.threads = threads;
-    check(mp_set_global_policy_name(policy), NULL, policy);
-    check(mp_model_create(&m, &md), NULL, "mp_model_create");
     check(mp_model_add(m, mp_conv2d(32, 3, 3, MP_VALID, MP_RELU)), m, "add");
     check(mp_model_add(m, mp_max_pooling2d(2, 2)), m, "add");
     check(mp_model_add(m, mp_conv2d(64, 3, 3, MP_VALID, MP_RELU)), m, "add");
@@ -72,6 +77,20 @@ static mp_model *build_model(const char *policy, int threads) {
     check(mp_model_add(m, mp_dense(CLASSES, MP_LINEAR)), m, "add");
     softmax.dtype = "float32";
     check(mp_model_add(m, softmax), m, "add");
+}
+
+static mp_model *build_model(const char *policy, int threads) {
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = SIDE, md.input_shape[1] = SIDE, md.input_shape[2] = 1;
+    md.threads = threads;
+    check(mp_set_global_policy_name(policy), NULL, policy);
+    check(mp_model_create(&m, &md), NULL, "mp_model_create");
+    if (strcmp(model_name, "resnet") == 0) check(resnet_layers(m, 16), m, "resnet_layers");
+    else convnet_layers(m);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.optimizer.kind = MP_ADAM; /* Keras's defaults */
     check(mp_model_compile(m, &cd), m, "compile");
@@ -105,12 +124,26 @@ typedef double rates[2][N_THREADS + 1][2];
 static void peer_line(const char *line, void *ctx) {
     double *rate = (double *)ctx, v = peer_value(line, "images_per_s");
     int p;
-    if (!strstr(line, "bench=convnet impl=torch") || v <= 0) return;
+    char key[64];
+    snprintf(key, sizeof key, "bench=%s impl=torch", model_name);
+    if (!strstr(line, key) || v <= 0) return;
     for (p = 0; p < 2; p++) {
         char key[64];
         snprintf(key, sizeof key, " policy=%s ", policies[p]);
         if (strstr(line, key)) rate[p] = v;
     }
+}
+
+/* The activation block's bytes of each policy after a step, and their
+   ratio (the first round's first thread count: the same at every count). */
+static void activation_lines(const mp_model *m, int p) {
+    static size_t bytes[2];
+    mp_model_memory mm;
+    check(mp_model_memory_info(m, &mm), m, "mp_model_memory_info");
+    bytes[p] = mm.activations;
+    printf("bench=%s impl=mixprec policy=%s activation_bytes=%zu\n", model_name, policies[p], bytes[p]);
+    if (p == 1 && bytes[0])
+        printf("bench=%s ratio=activations_bf16_over_f32 value=%.3f\n", model_name, (double)bytes[1] / (double)bytes[0]);
 }
 
 static void round_at(int round, int threads, const float *x, const int32_t *labels, rates r) {
@@ -119,19 +152,21 @@ static void round_at(int round, int threads, const float *x, const int32_t *labe
     for (p = 0; p < 2; p++) {
         mp_model *m = build_model(policies[p], threads);
         double s = time_steps(m, x, labels);
+        if (round == 0 && threads == (only_threads ? only_threads : 1) && strcmp(model_name, "resnet") == 0)
+            activation_lines(m, p);
         mp_model_destroy(m);
         r[0][threads][p] = BATCH / s;
-        printf("bench=convnet impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f images_per_s=%.0f\n", round,
+        printf("bench=%s impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f images_per_s=%.0f\n", model_name, round,
                policies[p], threads, s * 1e3, BATCH / s);
         fflush(stdout);
     }
     if (!peer_enabled) return;
-    snprintf(args, sizeof args, "convnet --batch %d --threads %d --min-seconds %.2f --round %d", BATCH, threads, min_s,
-             round);
+    snprintf(args, sizeof args, "convnet --model %s --batch %d --threads %d --min-seconds %.2f --round %d", model_name,
+             BATCH, threads, min_s, round);
     peer_run(args, NULL, peer_line, r[1][threads]);
     for (p = 0; p < 2; p++)
         if (r[1][threads][p] > 0)
-            printf("bench=convnet round=%d policy=%s threads=%d ratio=mixprec_over_torch value=%.3f\n", round,
+            printf("bench=%s round=%d policy=%s threads=%d ratio=mixprec_over_torch value=%.3f\n", model_name, round,
                    policies[p], threads, r[0][threads][p] / r[1][threads][p]);
     fflush(stdout);
 }
@@ -147,17 +182,21 @@ int main(int argc, char **argv) {
         else if (a + 1 < argc && strcmp(argv[a], "--rounds") == 0) rounds = atoi(argv[++a]);
         else if (a + 1 < argc && strcmp(argv[a], "--min-seconds") == 0) min_s = atof(argv[++a]);
         else if (a + 1 < argc && strcmp(argv[a], "--threads") == 0) only_threads = atoi(argv[++a]);
+        else if (a + 1 < argc && strcmp(argv[a], "--model") == 0) model_name = argv[++a];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--threads T] [--no-torch]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--model convnet|resnet] [--quick] [--rounds R] [--min-seconds S] [--threads T] "
+                            "[--no-torch]\n", argv[0]);
             return 2;
         }
     }
-    if (rounds < 1 || rounds > MAX_ROUNDS || !(min_s > 0) || only_threads < 0 || only_threads > N_THREADS) {
-        fprintf(stderr, "%s: --rounds 1 to %d, --min-seconds above 0, --threads 1 or 2\n", argv[0], MAX_ROUNDS);
+    if (rounds < 1 || rounds > MAX_ROUNDS || !(min_s > 0) || only_threads < 0 || only_threads > N_THREADS ||
+        (strcmp(model_name, "convnet") != 0 && strcmp(model_name, "resnet") != 0)) {
+        fprintf(stderr, "%s: --rounds 1 to %d, --min-seconds above 0, --threads 1 or 2, --model convnet or resnet\n",
+                argv[0], MAX_ROUNDS);
         return 2;
     }
-    printf("bench=convnet cores=%d batch=%d rounds=%d min_timing_s=%.2f\n", mp_available_cores(), BATCH, rounds, min_s);
-    print_machine("convnet");
+    printf("bench=%s cores=%d batch=%d rounds=%d min_timing_s=%.2f\n", model_name, mp_available_cores(), BATCH, rounds, min_s);
+    print_machine(model_name);
     peer_probe();
     bench_synthetic(x, INPUTS, labels, CLASSES, BATCH);
     memset(r, 0, sizeof r);
@@ -167,7 +206,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < (peer_enabled ? 2 : 1); i++)
             for (p = 0; p < 2; p++)
                 if (r[round][i][1][p] > 0 && r[round][i][2][p] > 0)
-                    printf("bench=convnet impl=%s round=%d policy=%s ratio=threads_2_over_1 value=%.3f\n", impls[i],
+                    printf("bench=%s impl=%s round=%d policy=%s ratio=threads_2_over_1 value=%.3f\n", model_name, impls[i],
                            round, policies[p], r[round][i][2][p] / r[round][i][1][p]);
     }
     for (t = 1; t <= N_THREADS; t++)
@@ -177,14 +216,14 @@ int main(int argc, char **argv) {
                 for (round = 0; round < rounds; round++)
                     if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
                 if (best[i] > 0)
-                    printf("bench=convnet impl=%s policy=%s threads=%d best_of_rounds=%d images_per_s=%.0f\n", impls[i],
+                    printf("bench=%s impl=%s policy=%s threads=%d best_of_rounds=%d images_per_s=%.0f\n", model_name, impls[i],
                            policies[p], t, rounds, best[i]);
             }
             if (best[1] > 0)
-                printf("bench=convnet policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", policies[p], t,
+                printf("bench=%s policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", model_name, policies[p], t,
                        best[0] / best[1]);
         }
-    print_machine("convnet"); /* the load at the end too */
+    print_machine(model_name); /* the load at the end too */
     free(x);
     free(labels);
     return 0;

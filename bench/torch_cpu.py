@@ -12,11 +12,13 @@ between jobs):
         torch.autocast("cpu", bfloat16) (mixprec's mixed_bfloat16: the
         weights stay float32). Each step reads the loss back, as mixprec's
         steps do. One line per policy.
-    convnet --batch B --threads T [--min-seconds S] [--round R]
+    convnet [--model convnet|resnet] --batch B --threads T [--min-seconds S] [--round R]
         Keras's MNIST convnet (bench/convnet.c: Conv2D 32 and 64 3x3 ReLU,
-        each with MaxPool 2, Flatten, Dropout 0.5, Linear 10) on random
-        28x28x1 images, Adam with Keras's defaults (eps 1e-7), float32 and
-        bfloat16 autocast as train's. One line per policy, tagged with R.
+        each with MaxPool 2, Flatten, Dropout 0.5, Linear 10), or the
+        small ResNet of examples/resnet_model.h (resnet_model below), on
+        random 28x28x1 images, Adam with Keras's defaults (eps 1e-7),
+        float32 and bfloat16 autocast as train's. One line per policy,
+        tagged with R.
     gemm --m M --n N --k K --trans-a A --trans-b B --threads T [--min-seconds S]
         torch.mm on op(A) and op(B) (transposed views where A or B is),
         float32 and bfloat16 in and out. One line per dtype.
@@ -84,16 +86,49 @@ def train(torch, args, head):
               f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
 
 
+def resnet_model(torch, width):
+    """examples/resnet_model.h's network: a conv-BN-ReLU stem, 3 stages of
+    2 basic blocks (width, 2 width, 4 width filters; the first block of
+    stages 2 and 3 with strides 2 and a 1x1 conv-BN skip), global average
+    pooling, Linear 10. Convolutions without bias; BatchNorm2d with Keras's
+    epsilon 1e-3 and momentum 0.9 (0.1 in PyTorch's convention)."""
+    nn = torch.nn
+
+    def conv_bn(cin, cout, k, stride, relu):
+        layers = [nn.Conv2d(cin, cout, k, stride, padding=k // 2, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.1)]
+        return nn.Sequential(*layers, nn.ReLU()) if relu else nn.Sequential(*layers)
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(conv_bn(cin, cout, 3, stride, True), conv_bn(cout, cout, 3, 1, False))
+            self.skip = conv_bn(cin, cout, 1, stride, False) if stride != 1 else nn.Identity()
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [conv_bn(1, width, 3, 1, True)], width
+    for stage in range(3):
+        for block in range(2):
+            layers.append(Block(cin, width << stage, 2 if stage > 0 and block == 0 else 1))
+            cin = width << stage
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10))
+
+
 def convnet(torch, args, head):
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(args.batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (args.batch,), generator=gen)
     nn = torch.nn
-    make_model = lambda: nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
-                                       nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.5), nn.Linear(1600, 10))
+    if args.model == "resnet":
+        make_model = lambda: resnet_model(torch, 16)
+    else:
+        make_model = lambda: nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
+                                           nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.5),
+                                           nn.Linear(1600, 10))
     make_opt = lambda params: torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-7)
     for policy, s in policies_timed(torch, make_model, make_opt, x, y, args.min_seconds):
-        print(f"bench=convnet impl=torch round={args.round} policy={policy} {head} "
+        print(f"bench={args.model} impl=torch round={args.round} policy={policy} {head} "
               f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
 
 
@@ -114,6 +149,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("job", choices=("probe", "train", "convnet", "gemm"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", choices=("convnet", "resnet"), default="convnet")
     ap.add_argument("--min-seconds", type=float, default=1.0)
     ap.add_argument("--units", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=128)
