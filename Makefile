@@ -176,11 +176,13 @@ bench-build: $(BENCHES)
 # compilers, date and load, to $(B)/bench/results.md (bench/table.sh).
 BENCH_TABLE = BENCH_COMPILERS="$(BENCH_CC) clang" bash bench/table.sh $(B)/bench/results.md
 bench: bench-build
-	@bash -c 'set -o pipefail; for b in $(BENCHES); do $$b || exit 1; done | $(BENCH_TABLE) "make bench"'
+	@bash -c 'set -o pipefail; { for b in $(BENCHES); do $$b || exit 1; done && $(B)/bench_convnet --model resnet; } | \
+	    $(BENCH_TABLE) "make bench"'
 
 bench-quick: bench-build
 	@bash -c 'set -o pipefail; { $(B)/bench_convert_gcc --n 1048576 --reps 2 && $(B)/bench_gemm --quick && \
-	    $(B)/bench_train --quick && $(B)/bench_convnet --quick; } | $(BENCH_TABLE) "make bench-quick"'
+	    $(B)/bench_train --quick && $(B)/bench_convnet --quick && $(B)/bench_convnet --quick --model resnet; } | \
+	    $(BENCH_TABLE) "make bench-quick"'
 
 # The CUDA backend (cuda/): nvcc from PATH or /usr/local/cuda, CUDA 12 or
 # 13. Real code for each of sm_70 ... sm_90 this nvcc still builds (CUDA 13
