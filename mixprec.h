@@ -1641,6 +1641,12 @@ struct mp_backend {
        convolution is one product. col2im overwrites img (n images). */
     void (*im2col)(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt);
     void (*col2im)(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g);
+    /* A stride-1 convolution's kernel for its input gradient: dst
+       [KH*KW*F, C] from src [KH*KW*C, F] (Keras's layout, F filters, C the
+       input's channels), flipped in both spatial axes and transposed per
+       tap: dst[((ky KW + kx) F + f) C + c] = src[(((KH-1-ky) KW + KW-1-kx)
+       C + c) F + f]; a copy of dt values. */
+    void (*conv_flip)(void *ctx, void *dst, const void *src, const mp_conv_geom *g, size_t filters, mp_dtype dt);
     void (*max_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
     void (*max_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
                               const mp_conv_geom *g, mp_dtype dt);
@@ -6877,6 +6883,17 @@ static void mp__cpu_im2col(void *ctx, void *col, const void *img, size_t n, cons
     mp__parallel_items(mp__pool_of(ctx), n, mp__col_elems(g), mp__im2col_range, &a);
 }
 
+static void mp__cpu_conv_flip(void *ctx, void *dst, const void *src, const mp_conv_geom *g, size_t filters,
+                              mp_dtype dt) {
+    size_t es = mp__dtypes[dt].size, c = (size_t)g->c, taps = (size_t)g->kh * (size_t)g->kw, t, ci, f;
+    (void)ctx;
+    for (t = 0; t < taps; t++)
+        for (f = 0; f < filters; f++)
+            for (ci = 0; ci < c; ci++)
+                memcpy((unsigned char *)dst + ((t * filters + f) * c + ci) * es,
+                       (const unsigned char *)src + (((taps - 1 - t) * c + ci) * filters + f) * es, es);
+}
+
 static void mp__cpu_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
     mp__conv_args a;
     memset(&a, 0, sizeof a);
@@ -7591,6 +7608,7 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(optimizer_update) mp__cpu_optimizer_update,
     MP_OP(im2col) mp__cpu_im2col,
     MP_OP(col2im) mp__cpu_col2im,
+    MP_OP(conv_flip) mp__cpu_conv_flip,
     MP_OP(max_pool) mp__cpu_max_pool,
     MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
     MP_OP(dropout_mask) mp__cpu_dropout_mask,
@@ -7740,8 +7758,9 @@ struct mp_model {
     float *dpred, *batch_y;
     int32_t *batch_labels;
     void *grad16; /* the gradients' 16-bit sum (>>communicator), or NULL */
-    void *col;
+    void *col;        /* im2col's columns (of x, or of dy for a flipped convolution) */
     float *dcol, *img;
+    void *wflip;      /* a stride-1 convolution's flipped kernel (mp__conv_by_flip) */
     /* a batch on its way to a device backend */
     void *stage_block[2]; /* host memory for it, two sets in turn */
     int stage_pinned;     /* stage_block came from the backend's host_alloc */
@@ -8004,6 +8023,23 @@ static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch
     return MP__CONV_CACHE / per > 1 ? mp__min(batch, MP__CONV_CACHE / per) : 1;
 }
 
+/* A stride-1 convolution's input gradient is a convolution of dy with the
+   kernel flipped (conv_flip): dx = im2col(dy) W', one product rounded once
+   into dx's dtype. The other way, dy W^T folded back onto the image
+   (col2im), writes and reads a float32 column matrix KH*KW times the
+   image, then casts it (bench/convnet --model resnet). Strided ones fold. */
+static int mp__conv_by_flip(const mp__layer *l) { return l->geom.sh == 1 && l->geom.sw == 1 && !mp__pointwise(l); }
+
+/* dy's geometry as the flipped convolution reads it: dy's image, the same
+   kernel, the padding that gives back the input's size. */
+static mp_conv_geom mp__flipped_geom(const mp__layer *l) {
+    mp_conv_geom t = l->geom;
+    t.h = l->geom.oh, t.w = l->geom.ow, t.c = l->desc.filters;
+    t.pt = l->geom.kh - 1 - l->geom.pt, t.pl = l->geom.kw - 1 - l->geom.pl;
+    t.oh = l->geom.h, t.ow = l->geom.w;
+    return t;
+}
+
 static const void *mp__columns(mp_model *m, const mp__layer *l, const void *x, size_t images) {
     if (mp__pointwise(l)) return x;
     m->be->im2col(m->ctx, m->col, x, images, &l->geom, l->dt);
@@ -8039,6 +8075,20 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
         m->be->gemm(m->ctx, &dw);
     }
     m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
+    if (dx[0] && mp__conv_by_flip(l)) {
+        mp_conv_geom t = mp__flipped_geom(l);
+        m->be->conv_flip(m->ctx, m->wflip, l->wc, &l->geom, f, l->dt);
+        for (i = 0; i < batch; i += group) { /* dx [G*H*W, C] = im2col(dy) [G*H*W, KH*KW*F] W' [KH*KW*F, C] */
+            size_t n = mp__min(group, batch - i);
+            m->be->im2col(m->ctx, m->col, mp__at(dy, l->dt, i * l->out_size), n, &t, l->dt);
+            {
+                mp_gemm_args g = mp__product(0, 0, n * l->in_size / (size_t)l->geom.c, (size_t)l->geom.c, patch / l->geom.c * f,
+                                             m->col, m->wflip, l->dt, mp__at_mut(dx[0], l->xt[0], i * l->in_size), l->xt[0]);
+                m->be->gemm(m->ctx, &g);
+            }
+        }
+        return;
+    }
     for (i = 0; dx[0] && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
         size_t n = mp__min(group, batch - i);
         void *dxi = mp__at_mut(dx[0], l->xt[0], i * l->in_size);
@@ -9851,7 +9901,7 @@ static size_t mp__place(mp__buffer *b, int n, mp__buffer **order, mp__buffer **n
    MP__LAYER_BUFFERS a layer, order and near as many pointers. */
 static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__buffer *b, mp__buffer **order,
                                  mp__buffer **near) {
-    size_t col = 0, dcol = 0, img = 0, outs = mp__last(m)->out_size, region;
+    size_t col = 0, dcol = 0, img = 0, wflip = 0, outs = mp__last(m)->out_size, region;
     unsigned char *shared;
     int i, count = 0;
     m->input = mp__carve(a, batch, m->in_size * mp__dtypes[m->layers[0].dt].size);
@@ -9869,6 +9919,14 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__bu
                 !mp__mul_ok(patches, sizeof(float), &fbytes) || !mp__mul_ok(group, fbytes, &dcol_bytes) ||
                 !mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
                 a->overflow = 1;
+            if (mp__conv_by_flip(l)) { /* dy's columns: H*W rows of KH*KW*F a sample, and the flipped kernel */
+                size_t rows = l->in_size / (size_t)l->geom.c, per = 0;
+                if (!mp__mul_ok(rows, l->n_kernel / (size_t)l->geom.c * es, &per) || !mp__mul_ok(group, per, &col_bytes))
+                    a->overflow = 1;
+                if (col_bytes > col) col = col_bytes;
+                if (l->n_kernel * es > wflip) wflip = l->n_kernel * es;
+                continue;
+            }
             if (col_bytes > col) col = col_bytes;
             if (dcol_bytes > dcol) dcol = dcol_bytes;
             if (img_bytes > img) img = img_bytes;
@@ -9880,6 +9938,7 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__bu
     mp__link_pointers(m);
     m->grad16 = m->ranks > 1 && m->desc.allreduce_dtype != MP_FLOAT32 ? mp__carve(a, m->n_params, 2) : NULL;
     m->col = mp__carve(a, col, 1);
+    m->wflip = mp__carve(a, wflip, 1);
     m->dcol = (float *)mp__carve(a, dcol, 1);
     m->img = (float *)mp__carve(a, img, 1);
 }
@@ -9902,6 +9961,11 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
         if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
             (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
             st = m->be->gemm_reserve(m->ctx, rows, patch, f);                   /* dx = dy W^T */
+        if (st == MP_OK && l->desc.kind == MP_CONV2D && mp__conv_by_flip(l)) { /* dx = im2col(dy) W' */
+            size_t c = (size_t)l->geom.c, in_rows = 0;
+            if (!mp__mul_ok(mp__conv_group(m, l, batch), l->in_size / c, &in_rows)) return MP_ERR_SIZE;
+            st = m->be->gemm_reserve(m->ctx, in_rows, c, patch / c * f);
+        }
     }
     return st;
 }

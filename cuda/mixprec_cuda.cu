@@ -1546,6 +1546,25 @@ static void mp__cu_col2im(void *ctx, float *img, const float *col, size_t images
         MP__CU_LAUNCH(c, images * (size_t)g->h * (size_t)g->w * (size_t)g->c, mp__k_col2im, img, col, images, *g);
 }
 
+/* dst[((t F + f) C + c] = src[((taps - 1 - t) C + c) F + f], a thread a value */
+static __global__ void mp__k_conv_flip(void *dst, const void *src, size_t taps, size_t filters, size_t channels,
+                                       size_t es) {
+    MP__CU_LOOP(i, taps * filters * channels) {
+        size_t c = i % channels, f = i / channels % filters, t = i / channels / filters;
+        size_t from = ((taps - 1 - t) * channels + c) * filters + f;
+        if (es == 4) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[from];
+        else ((uint16_t *)dst)[i] = ((const uint16_t *)src)[from];
+    }
+}
+
+static void mp__cu_conv_flip(void *ctx, void *dst, const void *src, const mp_conv_geom *g, size_t filters, mp_dtype dt) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t taps = (size_t)g->kh * (size_t)g->kw;
+    if (mp__cu_live(c))
+        MP__CU_LAUNCH(c, taps * filters * (size_t)g->c, mp__k_conv_flip, dst, src, taps, filters, (size_t)g->c,
+                      (size_t)(dt == MP_FLOAT32 ? 4 : 2));
+}
+
 static void mp__cu_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     mp__cu *c = mp__cu_of(ctx);
     if (mp__cu_live(c)) MP__CU_LAUNCH(c, n * (size_t)g->oh * (size_t)g->ow * (size_t)g->c, mp__k_max_pool, y, x, n, *g, dt);
@@ -1695,6 +1714,7 @@ static const mp_backend mp__cu_backend = {
     MP_OP(optimizer_update) mp__cu_optimizer_update,
     MP_OP(im2col) mp__cu_im2col,
     MP_OP(col2im) mp__cu_col2im,
+    MP_OP(conv_flip) mp__cu_conv_flip,
     MP_OP(max_pool) mp__cu_max_pool,
     MP_OP(max_pool_backward) mp__cu_max_pool_backward,
     MP_OP(dropout_mask) mp__cu_dropout_mask,

@@ -101,6 +101,9 @@ static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_c
 static void r_col2im(void *ctx, float *img, const float *col, size_t n, const mp_conv_geom *g) {
     cpu->col2im(ctx, (float *)real(img), (const float *)real(col), n, g);
 }
+static void r_conv_flip(void *ctx, void *dst, const void *src, const mp_conv_geom *g, size_t filters, mp_dtype dt) {
+    cpu->conv_flip(ctx, real(dst), real(src), g, filters, dt);
+}
 static void r_max_pool(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->max_pool(ctx, real(y), real(x), n, g, dt);
 }
@@ -214,6 +217,7 @@ static const mp_backend remote = {
     MP_OP(optimizer_update) r_optimizer_update,
     MP_OP(im2col) r_im2col,
     MP_OP(col2im) r_col2im,
+    MP_OP(conv_flip) r_conv_flip,
     MP_OP(max_pool) r_max_pool,
     MP_OP(max_pool_backward) r_max_pool_backward,
     MP_OP(dropout_mask) r_dropout_mask,
@@ -997,6 +1001,39 @@ static void test_avg_pool_threads(void) {
 
 /* The four through the remote backend (its pointers unreadable by the
    host): the CPU's bytes, so its table hands each op its real operands. */
+/* conv_flip puts each value where its rule says, in every dtype, the
+   remote table too: a 3x2 kernel of 3 channels and 4 filters. */
+static void test_conv_flip(void) {
+    static const mp_conv_geom g = {5, 5, 3, 3, 2, 1, 1, 1, 0, 5, 4};
+    enum { taps = 6, c = 3, f = 4, n = taps * c * f };
+    float src[n], dst[n], got[n];
+    void *ctx = cpu_ctx(1), *rctx = NULL, *rs, *rd;
+    size_t t, ci, fi, i;
+    int k, wrong = 0;
+    if (!ctx) return;
+    for (k = 0; k < 3; k++) {
+        mp_dtype dt = float_types[k];
+        for (i = 0; i < n; i++) put(src, dt, i, (float)i); /* exact in every dtype */
+        cpu->conv_flip(ctx, dst, src, &g, f, dt);
+        for (t = 0; t < taps; t++)
+            for (fi = 0; fi < f; fi++)
+                for (ci = 0; ci < c; ci++)
+                    wrong += get(dst, dt, (t * f + fi) * c + ci) != get(src, dt, ((taps - 1 - t) * c + ci) * f + fi);
+    }
+    CHECK(wrong == 0);
+    if (CHECK(remote.create(&rctx, 1, NULL) == MP_OK)) {
+        rs = remote.alloc(rctx, sizeof src), rd = remote.alloc(rctx, sizeof dst);
+        remote.copy(rctx, rs, src, sizeof src, MP_COPY_TO_BACKEND);
+        remote.conv_flip(rctx, rd, rs, &g, f, MP_BFLOAT16);
+        remote.copy(rctx, got, rd, n * 2, MP_COPY_TO_HOST);
+        cpu->conv_flip(ctx, dst, src, &g, f, MP_BFLOAT16);
+        CHECK(memcmp(got, dst, n * 2) == 0);
+        remote.free(rctx, rs), remote.free(rctx, rd);
+        remote.destroy(rctx);
+    }
+    cpu->destroy(ctx);
+}
+
 static void test_remote_graph_ops(void) {
     static const mp_conv_geom g = {7, 7, 3, 3, 3, 2, 2, 0, 0, 3, 3};
     enum { n = 2 * 7 * 7 * 3 }; /* 2 images; also the elementwise length and Concatenate's rows x 2 columns */
@@ -1611,6 +1648,7 @@ int main(int argc, char **argv) {
     RUN(test_avg_pool_values());
     RUN(test_avg_pool_gradient());
     RUN(test_avg_pool_threads());
+    RUN(test_conv_flip());
     RUN(test_remote_graph_ops());
     RUN(test_bias_grad_values());
     RUN(test_loss_values());

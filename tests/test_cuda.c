@@ -602,6 +602,13 @@ static void test_conv_kernels(void) {
             cpu.be->col2im(cpu.ctx, (float *)back->host, (const float *)dcol->host, imgs, g);
             gpu.be->col2im(gpu.ctx, (float *)back->dev, (const float *)dcol->dev, imgs, g);
             agree("col2im (the CPU's order of sums)", back, F32, pixels, EXACT);
+            {
+                size_t filters = 5, kernel = (size_t)g->kh * (size_t)g->kw * (size_t)g->c * filters;
+                arg *w = rand_arg(dtypes[d], kernel, -1.0f, 1.0f), *flip = new_arg(kernel * dsize(dtypes[d]));
+                cpu.be->conv_flip(cpu.ctx, flip->host, w->host, g, filters, dtypes[d]);
+                gpu.be->conv_flip(gpu.ctx, flip->dev, w->dev, g, filters, dtypes[d]);
+                agree("conv_flip", flip, dtypes[d], kernel, EXACT);
+            }
             free_args();
         }
     for (i = 0; i < COUNT(pools); i++)
