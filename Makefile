@@ -86,7 +86,7 @@ demo: $(EXAMPLES)
 	./$(B)/conv_memory --image-size 32 --images 200
 	./$(B)/numerics
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
-	./$(B)/resnet --width 8 --train-limit 3000
+	./$(B)/resnet --width 8 --train-limit 3000 --bn-momentum 0.9
 	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 # The matrix runs its builds and tests as parallel jobs, one per CPU;

@@ -89,7 +89,7 @@ static mp_model *build_model(const char *policy, int threads) {
     md.threads = threads;
     check(mp_set_global_policy_name(policy), NULL, policy);
     check(mp_model_create(&m, &md), NULL, "mp_model_create");
-    if (strcmp(model_name, "resnet") == 0) check(resnet_layers(m, 16), m, "resnet_layers");
+    if (strcmp(model_name, "resnet") == 0) check(resnet_layers(m, 16, 0.9f), m, "resnet_layers");
     else convnet_layers(m);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.optimizer.kind = MP_ADAM; /* Keras's defaults */

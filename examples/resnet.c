@@ -4,10 +4,13 @@
    mixed_float16 and mixed_bfloat16 from the same initial weights. The
    network is in resnet_model.h.
 
-       make && ./build/resnet --epochs 1 --batch-size 128
+       make && ./build/resnet
 
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
-          --width N (16)  --epochs N (1)  --batch-size N (128)
+          --width N (16)  --epochs N (1)  --batch-size N (32)
+          --learning-rate R (Adam's; 0.002, twice Keras's default, for a
+          one-epoch run)  --bn-momentum M (BatchNormalization's; 0.99,
+          Keras's; `make demo`'s short run takes 0.9, PyTorch's default)
           --data DIR (/usr/share/datasets/fashion-mnist)  --seed N (1337)
           --train-limit N (0 = every training image)  --backend cpu|cuda */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
@@ -22,6 +25,7 @@ typedef struct config {
     const char *policies[MAX_POLICIES];
     int n_policies;
     int width, epochs, batch_size;
+    float learning_rate, momentum;
     const char *data_dir;
     uint64_t seed;
     size_t train_limit;
@@ -30,7 +34,8 @@ typedef struct config {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--width N] [--epochs N]\n"
-            "       [--batch-size N] [--data DIR] [--seed N] [--train-limit N] [--backend cpu|cuda]\n",
+            "       [--batch-size N] [--learning-rate R] [--bn-momentum M] [--data DIR] [--seed N]\n"
+            "       [--train-limit N] [--backend cpu|cuda]\n",
             prog);
     exit(2);
 }
@@ -45,7 +50,9 @@ static config parse_args(int argc, char **argv) {
     c.n_policies = MAX_POLICIES;
     c.width = 16;
     c.epochs = 1;
-    c.batch_size = 128;
+    c.batch_size = 32; /* Keras's default */
+    c.learning_rate = 2e-3f;
+    c.momentum = 0.99f; /* Keras's */
     c.data_dir = FM_PACKAGE_DIR;
     c.seed = 1337;
     for (i = 1; i < argc; i += 2) {
@@ -59,6 +66,8 @@ static config parse_args(int argc, char **argv) {
         } else if (strcmp(argv[i], "--width") == 0) c.width = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--bn-momentum") == 0) c.momentum = (float)atof(argv[i + 1]);
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
         else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
@@ -76,19 +85,20 @@ static mp_model *build_resnet(const config *c) {
     md.seed = c->seed;
     md.name = "resnet";
     CHECK(mp_model_create(&m, &md), NULL);
-    CHECK(resnet_layers(m, c->width), m);
+    CHECK(resnet_layers(m, c->width, c->momentum), m);
     CHECK(mp_model_build(m), m);
     return m;
 }
 
-/* Adam with Keras's defaults, sparse categorical crossentropy, accuracy;
-   compile wraps the optimizer in a LossScaleOptimizer under mixed_float16,
-   as Keras does. */
-static void compile_model(mp_model *m) {
+/* Adam (Keras's defaults but the learning rate), sparse categorical
+   crossentropy, accuracy; compile wraps the optimizer in a
+   LossScaleOptimizer under mixed_float16, as Keras does. */
+static void compile_model(mp_model *m, float learning_rate) {
     mp_compile_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.optimizer.kind = MP_ADAM;
+    cd.optimizer.learning_rate = learning_rate; /* 0: Keras's 1e-3 */
     cd.metrics = MP_METRIC_ACCURACY;
     CHECK(mp_model_compile(m, &cd), m);
 }
@@ -111,7 +121,7 @@ static fm_result run_policy(const config *c, const fm_data *d, const char *polic
     m = build_resnet(c);
     if (!*initial) mp_model_print_summary(m); /* once */
     fm_share_initial_weights(m, initial, n);
-    compile_model(m);
+    compile_model(m, c->learning_rate);
     memset(&fd, 0, sizeof fd);
     fd.data = d->train;
     fd.batch_size = c->batch_size;

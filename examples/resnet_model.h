@@ -22,16 +22,14 @@ static inline void resnet_call(mp_model *m, mp_layer_desc layer, int *x, mp_stat
 }
 
 /* Conv2D without its bias (BatchNormalization's beta takes its place, as
-   in Keras's ResNet), then BatchNormalization, then relu unless last. The
-   normalization's momentum is 0.9 (PyTorch's BatchNorm2d default, 0.1 in
-   its convention, which He et al.'s networks train with): the moving
-   statistics that evaluation reads settle within a short run's few dozen
-   steps, where Keras's 0.99 needs hundreds. */
-static inline int resnet_conv_bn(mp_model *m, int x, int filters, int kernel, int stride, int relu, mp_status *st) {
+   in Keras's ResNet), then BatchNormalization with momentum `momentum`,
+   then relu unless last. */
+static inline int resnet_conv_bn(mp_model *m, int x, int filters, int kernel, int stride, int relu, float momentum,
+                                 mp_status *st) {
     mp_layer_desc conv = mp_conv2d(filters, kernel, kernel, MP_SAME, MP_LINEAR), batch_norm = mp_batch_normalization();
     conv.strides[0] = conv.strides[1] = stride;
     conv.no_bias = 1;
-    batch_norm.momentum = 0.9f;
+    batch_norm.momentum = momentum;
     resnet_call(m, conv, &x, st);
     resnet_call(m, batch_norm, &x, st);
     if (relu) resnet_call(m, mp_activation_layer(MP_RELU), &x, st);
@@ -39,9 +37,9 @@ static inline int resnet_conv_bn(mp_model *m, int x, int filters, int kernel, in
 }
 
 /* The basic block: two 3x3 convolutions, the input added back, relu. */
-static inline int resnet_block(mp_model *m, int x, int filters, int stride, mp_status *st) {
-    int y = resnet_conv_bn(m, resnet_conv_bn(m, x, filters, 3, stride, 1, st), filters, 3, 1, 0, st);
-    int skip = stride == 1 ? x : resnet_conv_bn(m, x, filters, 1, stride, 0, st), both[2];
+static inline int resnet_block(mp_model *m, int x, int filters, int stride, float momentum, mp_status *st) {
+    int y = resnet_conv_bn(m, resnet_conv_bn(m, x, filters, 3, stride, 1, momentum, st), filters, 3, 1, 0, momentum, st);
+    int skip = stride == 1 ? x : resnet_conv_bn(m, x, filters, 1, stride, 0, momentum, st), both[2];
     both[0] = y, both[1] = skip;
     if (*st == MP_OK) *st = mp_model_call(m, mp_add(), both, 2, &y);
     resnet_call(m, mp_activation_layer(MP_RELU), &y, st);
@@ -49,15 +47,18 @@ static inline int resnet_block(mp_model *m, int x, int filters, int stride, mp_s
 }
 
 /* The layers of the ResNet of base width `width` into m, created with
-   input shape (28, 28, 1). */
-static inline mp_status resnet_layers(mp_model *m, int width) {
+   input shape (28, 28, 1); `momentum`: BatchNormalization's (Keras's
+   0.99; 0.9, PyTorch's BatchNorm2d default, for runs of a few dozen
+   steps, whose moving statistics, which evaluation reads, must settle
+   sooner). */
+static inline mp_status resnet_layers(mp_model *m, int width, float momentum) {
     mp_layer_desc softmax = mp_activation_layer(MP_SOFTMAX);
     mp_status st = MP_OK;
     int x, stage, block;
-    x = resnet_conv_bn(m, MP_MODEL_INPUT, width, 3, 1, 1, &st);
+    x = resnet_conv_bn(m, MP_MODEL_INPUT, width, 3, 1, 1, momentum, &st);
     for (stage = 0; stage < 3; stage++)
         for (block = 0; block < 2; block++)
-            x = resnet_block(m, x, width << stage, stage > 0 && block == 0 ? 2 : 1, &st);
+            x = resnet_block(m, x, width << stage, stage > 0 && block == 0 ? 2 : 1, momentum, &st);
     resnet_call(m, mp_global_average_pooling2d(), &x, &st);
     resnet_call(m, mp_dense(10, MP_LINEAR), &x, &st);
     softmax.dtype = "float32";
