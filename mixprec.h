@@ -8082,8 +8082,9 @@ static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy,
             size_t n = mp__min(group, batch - i);
             m->be->im2col(m->ctx, m->col, mp__at(dy, l->dt, i * l->out_size), n, &t, l->dt);
             {
-                mp_gemm_args g = mp__product(0, 0, n * l->in_size / (size_t)l->geom.c, (size_t)l->geom.c, patch / l->geom.c * f,
-                                             m->col, m->wflip, l->dt, mp__at_mut(dx[0], l->xt[0], i * l->in_size), l->xt[0]);
+                size_t c = (size_t)l->geom.c;
+                mp_gemm_args g = mp__product(0, 0, n * l->in_size / c, c, patch / c * f, m->col, m->wflip, l->dt,
+                                             mp__at_mut(dx[0], l->xt[0], i * l->in_size), l->xt[0]);
                 m->be->gemm(m->ctx, &g);
             }
         }
