@@ -10039,9 +10039,9 @@ static void mp__warn_tensor_cores(mp_model *m, size_t batch) {
 static mp_status mp__alloc_activations(mp_model *m, size_t batch) {
     mp__arena a = {NULL, 0, 0};
     size_t n = (size_t)m->n_layers * MP__LAYER_BUFFERS;
-    mp__buffer *b = (mp__buffer *)mp__alloc(n * (sizeof(mp__buffer) + 2 * sizeof(mp__buffer *)));
-    mp__buffer **order = (mp__buffer **)(void *)(b + n);
+    mp__buffer *b = (mp__buffer *)mp__alloc(n * (sizeof(mp__buffer) + 2 * sizeof(mp__buffer *))), **order;
     if (!b) return mp__fail(m, MP_ERR_ALLOC, "planning the activations of batch %z", batch);
+    order = (mp__buffer **)(void *)(b + n);
     mp__plan_activations(m, &a, batch, b, order, order + n);
     if (!a.overflow && (a.base = (unsigned char *)m->be->alloc(m->ctx, a.used)) != NULL) {
         m->act_bytes = a.used;
