@@ -9151,8 +9151,8 @@ static mp_status mp__norm_shape(mp_model *m, mp__layer *l) {
     if (d->momentum == 0.0f) d->momentum = 0.99f;
     if (d->epsilon == 0.0f) d->epsilon = 1e-3f;
     if (!(d->momentum >= 0.0f && d->momentum <= 1.0f) || !(d->epsilon > 0.0f && d->epsilon <= FLT_MAX))
-        return mp__fail(m, MP_ERR_ARG, "layer %s: momentum must be in [0, 1] and epsilon finite and positive, got %g "
-                        "and %g", l->name, (double)d->momentum, (double)d->epsilon);
+        return mp__fail(m, MP_ERR_ARG, "layer %s (%s): momentum must be in [0, 1] and epsilon finite and positive", l->name,
+                        mp__kinds[d->kind].type);
     l->n_kernel = l->n_bias = c;
     l->n_state = d->kind == MP_BATCH_NORMALIZATION ? 2 * c : 0;
     return MP_OK;
