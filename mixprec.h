@@ -167,7 +167,7 @@ ADDING A LAYER KIND (every place that names the kinds; search each tag)
                       then every table: >>cpu backend: the operations table,
                       cuda/mixprec_cuda.cu, tests/test_backend.c's remote one
     >>automatic mixed precision   its TensorFlow op in mp__ops (on which
-                      list) and its row in mp__amp_chain's `first`
+                      list) and its row in mp__amp_layer_ops' `first`
     >>numerics diagnostics        mp_model_tensor_core_advice, if it multiplies
     >>checkpoints     nothing (the fingerprint, mp__ckpt_model, has each
                       layer's kind, inputs, dtypes and counts, and every
