@@ -8361,6 +8361,12 @@ static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
      MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 1, MP_OP(float32_weights) 0},
 };
 
+/* The dtype a layer computing in dt reads its weights in: dt, or float32
+   for a kind that reads them uncast (the normalizations' gamma and beta). */
+static mp_dtype mp__weight_dtype(mp_layer_kind kind, mp_dtype dt) {
+    return mp__kinds[kind].float32_weights ? MP_FLOAT32 : dt;
+}
+
 /* >>layers: descriptions */
 static const char *const mp__activation_names[MP_ACTIVATION_COUNT] = {"linear", "relu", "sigmoid",
                                                                       "softmax", "tanh", "gelu"};
@@ -8904,7 +8910,7 @@ static void mp__amp_retype(mp_model *m, const struct mp__amp *a) {
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         mp__amp_layer_dtypes(m, a, i, &l->dt, &l->yt);
-        l->wt = mp__kinds[l->desc.kind].float32_weights ? MP_FLOAT32 : l->dt;
+        l->wt = mp__weight_dtype(l->desc.kind, l->dt);
     }
 }
 
@@ -9392,7 +9398,7 @@ static mp_status mp__make_layer(mp_model *m, const mp_layer_desc *desc, const in
     l->consumer = -1;
     if ((st = mp__resolve_policy(m, desc, &l->policy)) == MP_OK) {
         l->dt = l->yt = l->policy.compute_dtype;
-        l->wt = mp__kinds[desc->kind].float32_weights ? MP_FLOAT32 : l->dt;
+        l->wt = mp__weight_dtype(desc->kind, l->dt);
         if ((st = mp__connect(m, l, inputs, n_inputs)) == MP_OK) st = mp__infer_shape(m, l);
     }
     if (st == MP_OK && (m->n_params > SIZE_MAX - mp__params(l) || m->n_state > SIZE_MAX - l->n_state))
@@ -9483,7 +9489,7 @@ static void mp__plan_params(mp_model *m, mp__arena *a, const struct mp__amp *amp
         size_t bias_at;
         int own;
         mp__amp_layer_dtypes(m, amp, i, &dt, &yt);
-        if (mp__kinds[l->desc.kind].float32_weights) dt = MP_FLOAT32; /* the weights' dtype, wt */
+        dt = mp__weight_dtype(l->desc.kind, dt); /* the copy's dtype: the weights', wt */
         own = dt != MP_FLOAT32 && mp__params(l);
         /* an own copy's bias on a 256-byte boundary too, where the BIAS
            epilogue reads it: cuBLASLt's kernels may assume a 16-byte aligned

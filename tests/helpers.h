@@ -161,6 +161,11 @@ static inline mp_fit_desc silent_fit(const float *x, int width, const int32_t *l
     return fd;
 }
 
+/* A check over many values, reported once with the first bad one. */
+static inline void check_all(int bad, const char *what, const char *detail, const char *file, int line) {
+    if (!check_report(bad == 0, file, line, what)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
+}
+
 /* Where each trainable weight lies in get_weights' vector (which puts each
    layer's state after its trainable weights); the caller frees it. */
 static inline size_t *trainable_index(const mp_model *m) {
@@ -216,7 +221,7 @@ static inline void grad_check(const char *what, mp_model *m, loss_fn loss, gradi
     }
     mp_model_set_weights(m, w, n);
     snprintf(msg, sizeof msg, "%s: each gradient matches its central difference", what);
-    if (!check_report(bad == 0, __FILE__, __LINE__, msg)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
+    check_all(bad, msg, detail, __FILE__, __LINE__);
     snprintf(msg, sizeof msg, "%s: gradient vector within 2e-2 (relative L2)", what);
     if (!check_report(sqrt(diff2) <= 2e-2 * sqrt(fd2), __FILE__, __LINE__, msg))
         fprintf(stderr, "    |g - fd| = %.4g, |fd| = %.4g\n", sqrt(diff2), sqrt(fd2));

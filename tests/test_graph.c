@@ -23,10 +23,6 @@ static void fill(float *p, size_t n, float lo, float hi) {
     for (i = 0; i < n; i++) p[i] = uniform(lo, hi);
 }
 
-/* A check over many values, reported once with the first bad one. */
-static void check_all(int bad, const char *what, const char *detail, int line) {
-    if (!check_report(bad == 0, __FILE__, line, what)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
-}
 
 /* ======================================================================== */
 /* Graphs, described as data: node i (id i + 1) is layer `layer` reading the
@@ -387,7 +383,7 @@ static void test_residual_by_hand(void) {
                 if (!(fabs(got - y[i][j]) <= 1e-5 * (1.0 + fabs(y[i][j]))) && bad++ == 0)
                     snprintf(detail, sizeof detail, "y[%d][%d] = %.7g, by hand %.7g", i, j, got, y[i][j]);
             }
-        check_all(bad, "residual block: forward equals x + Dense(Dense(x)) by hand", detail, __LINE__);
+        check_all(bad, "residual block: forward equals x + Dense(Dense(x)) by hand", detail, __FILE__, __LINE__);
         if (OK(loss_rows(m, NULL, t, B, &loss, NULL), m) && OK(mp_compute_scaled_gradients(m), m) &&
             OK(mp_get_unscaled_gradients(m), m) && OK(mp_get_gradients(m, grad, sizeof grad / sizeof grad[0]), m)) {
             CHECK(fabs(loss - want_loss) <= 1e-5 * (1.0 + want_loss));
@@ -395,7 +391,7 @@ static void test_residual_by_hand(void) {
                 if (!(fabs(grad[i] - want[i]) <= 1e-5 * (1.0 + fabs(want[i]))) && bad++ == 0)
                     snprintf(detail, sizeof detail, "weight %d: %.7g, by hand %.7g", i, (double)grad[i], want[i]);
             check_all(bad, "residual block: every gradient equals the one by hand (the skip's share summed)", detail,
-                      __LINE__);
+                      __FILE__, __LINE__);
         }
     }
     mp_model_destroy(m);
@@ -452,14 +448,14 @@ static void test_batch_norm_formulas(void) {
         }
     }
     check_all(bad, "BatchNormalization training: (x - mean) / sqrt(var + 1e-3) gamma + beta, the batch's statistics",
-              detail, __LINE__);
+              detail, __FILE__, __LINE__);
     if (OK(mp_model_get_weights(m, after, 4 * C), m)) {
         for (bad = 0, c = 0; c < C; c++)
             if (!(fabs(after[2 * C + c] - mm[c]) <= 1e-6 && fabs(after[3 * C + c] - mv[c]) <= 1e-6) && bad++ == 0)
                 snprintf(detail, sizeof detail, "channel %d: moving %.7g, %.7g; want %.7g, %.7g", c,
                          (double)after[2 * C + c], (double)after[3 * C + c], mm[c], mv[c]);
         check_all(bad, "BatchNormalization: moving = moving * 0.99 + batch * 0.01, each training pass", detail,
-                  __LINE__);
+                  __FILE__, __LINE__);
     }
     /* inference: the moving statistics, and they stay */
     if (OK(forward_rows(m, x, B, 0), m) && OK(mp_output(m, &out), m)) {
@@ -470,7 +466,7 @@ static void test_batch_norm_formulas(void) {
                 if (!(fabs(got - want) <= 2e-6 * (1.0 + fabs(want))) && bad++ == 0)
                     snprintf(detail, sizeof detail, "y[%d][%d] = %.7g, want %.7g", i, c, got, want);
             }
-        check_all(bad, "BatchNormalization inference: the moving statistics", detail, __LINE__);
+        check_all(bad, "BatchNormalization inference: the moving statistics", detail, __FILE__, __LINE__);
         CHECK(weights_equal(m, after));
     }
 out:
@@ -515,7 +511,7 @@ static void test_layer_norm_formulas(void) {
                 }
             }
             snprintf(what, sizeof what, "LayerNormalization under %s: each row by its own statistics", policies[p]);
-            check_all(bad, what, detail, __LINE__);
+            check_all(bad, what, detail, __FILE__, __LINE__);
             CHECK(out.dtype == (p ? MP_BFLOAT16 : MP_FLOAT32));
         }
         mp_model_destroy(m);

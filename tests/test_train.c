@@ -52,10 +52,6 @@ static int near_report(double got, double want, double rel, double abs_tol, cons
 #define CHECK_NEAR(got, want, rel, abs_tol) \
     near_report((got), (want), (rel), (abs_tol), __FILE__, __LINE__, #got " ~ " #want)
 
-/* A check over many values, reported once with the first bad one. */
-static void check_all(int bad, const char *what, const char *detail, int line) {
-    if (!check_report(bad == 0, __FILE__, line, what)) fprintf(stderr, "    %d bad; first: %s\n", bad, detail);
-}
 
 static int policy_is(mp_policy p, const char *name) {
     const char *n = mp_policy_name(p);
@@ -556,7 +552,7 @@ static void test_dropout_mask(float rate) {
             gb[b % U] += d;
         }
     }
-    check_all(bad, "Dropout: kept outputs are 1 / (1 - rate) times their input", detail, __LINE__);
+    check_all(bad, "Dropout: kept outputs are 1 / (1 - rate) times their input", detail, __FILE__, __LINE__);
     if (!CHECK(fabs(kept - expect_kept) <= 6.0 * sigma))
         fprintf(stderr, "    rate %g: %d of %d kept\n", (double)rate, kept, B * U);
     if (OK(loss_rows(m, NULL, y, B, &loss, NULL), m)) CHECK_NEAR(loss, want_loss, 1e-5, 1e-7);
@@ -569,7 +565,7 @@ static void test_dropout_mask(float rate) {
             if (!(fabs(g[U + j] - gb[j]) <= 1e-5 * fabs(gb[j]) + 1e-7) && bad++ == 0)
                 snprintf(detail, sizeof detail, "bias %d: %.7g, want %.7g", j, (double)g[U + j], gb[j]);
         }
-        check_all(bad, "Dropout: backward applies the forward's mask and scale", detail, __LINE__);
+        check_all(bad, "Dropout: backward applies the forward's mask and scale", detail, __FILE__, __LINE__);
     }
     if (OK(forward_rows(m, x, B, 1), m) && (out2 = output_f32(m, &count2, NULL)) && CHECK(count2 == B * U)) {
         for (b = 0; b < B * U; b++) differ += (out[b] == 0.0f) != (out2[b] == 0.0f);
@@ -578,7 +574,7 @@ static void test_dropout_mask(float rate) {
     if (OK(forward_rows(m, x, B, 0), m) && (out0 = output_f32(m, &count0, NULL)) && CHECK(count0 == B * U)) {
         for (b = 0; b < B * U; b++) bad0 += !(fabsf(out0[b] - pre[b]) <= 1e-6f * pre[b]);
         check_all(bad0, "Dropout at inference is the identity", "an output differs from its input",
-                  __LINE__);
+                  __FILE__, __LINE__);
     }
 out:
     free(out);
@@ -763,13 +759,13 @@ static void test_loss_from_logits(void) {
             for (i = 0; i < (IN + 1) * K; i++)
                 if (!(fabs(g[i] - gw[i]) <= 1e-4 * gmax) && bad++ == 0)
                     snprintf(detail, sizeof detail, "weight %d: %.7g, want %.7g", i, (double)g[i], gw[i]);
-            check_all(bad || !(gmax > 0.01), what, detail, __LINE__);
+            check_all(bad || !(gmax > 0.01), what, detail, __FILE__, __LINE__);
             for (b = 0, bad = 0; b < B; b++) { /* the output: probabilities */
                 double sum = 0.0;
                 for (k = 0; k < K; k++) sum += out[b * K + k];
                 bad += !(out[b * K] >= 0.0f && out[b * K] <= 1.0f) || (!binary && fabs(sum - 1.0) > 1e-5);
             }
-            check_all(bad, "the output stays the probabilities", "a row", __LINE__);
+            check_all(bad, "the output stays the probabilities", "a row", __FILE__, __LINE__);
         }
         free(out);
         free_batch(&bt);
@@ -849,7 +845,7 @@ static void test_loss_wide_logits(void) {
             for (i = 0; i < K * K + K; i++)
                 if (!(fabs(g[i] - gw[i]) <= 1e-5 * gmax) && bad++ == 0)
                     snprintf(detail, sizeof detail, "weight %d: %.7g, want %.7g", i, (double)g[i], gw[i]);
-            check_all(bad, what, detail, __LINE__);
+            check_all(bad, what, detail, __FILE__, __LINE__);
         }
         mp_model_destroy(m);
     }
@@ -914,7 +910,7 @@ static void test_activation_values(void) {
                     snprintf(detail, sizeof detail, "%s(%g) = %.9g, want %.9g", mp_activation_name(act), x,
                              (double)out[j], want);
             }
-            check_all(bad, "activation values", detail, __LINE__);
+            check_all(bad, "activation values", detail, __FILE__, __LINE__);
         }
         free(out);
         mp_model_destroy(m);
@@ -959,7 +955,7 @@ static void check_output(mp_model *m, const float *want, size_t count, const cha
         for (i = 0; i < count; i++)
             if (!(fabsf(got[i] - want[i]) <= 1e-5f * fabsf(want[i]) + 1e-6f) && bad++ == 0)
                 snprintf(detail, sizeof detail, "element %zu: %.7g, want %.7g", i, (double)got[i], (double)want[i]);
-        check_all(bad, what, detail, __LINE__);
+        check_all(bad, what, detail, __FILE__, __LINE__);
     }
     free(got);
 }
@@ -1051,7 +1047,7 @@ static void compare_forward(const char *policy, const char *what, const int *sha
         if (!(fabs((double)a[i] - o[i]) <= tol * (1.0 + fabs(o[i]))) && bad++ == 0)
             snprintf(detail, sizeof detail, "element %zu: %.7g, float32 %.7g", i, (double)a[i], (double)o[i]);
     snprintf(msg, sizeof msg, "%s %s forward within %g (1 + |float32|) of float32", policy, what, tol);
-    check_all(bad, msg, detail, __LINE__);
+    check_all(bad, msg, detail, __FILE__, __LINE__);
 out:
     free(w), free(x), free(a), free(o);
     mp_model_destroy(m32);
@@ -1686,7 +1682,7 @@ static void train_blobs(const char *policy) {
                  isfinite(hist[e].seconds) && hist[e].ms_per_step >= 0 && isfinite(hist[e].ms_per_step) &&
                  is_power_of_two(hist[e].loss_scale));
     snprintf(msg, sizeof msg, "%s: fit fills every history entry (50 steps of 1600 samples)", policy);
-    check_all(bad, msg, "see the history", __LINE__);
+    check_all(bad, msg, "see the history", __FILE__, __LINE__);
     snprintf(msg, sizeof msg, "%s: fit reaches 0.95 (train %.3f, val %.3f; loss %.3f -> %.3f)", policy,
              (double)hist[EPOCHS - 1].accuracy, (double)hist[EPOCHS - 1].val_accuracy, (double)hist[0].loss,
              (double)hist[EPOCHS - 1].loss);
@@ -1950,7 +1946,7 @@ static void test_optimizer_keras_steps(void) {
                              step, j, gj, w, (double)after[j], want);
             }
         }
-        check_all(bad, cases[c].what, detail, __LINE__);
+        check_all(bad, cases[c].what, detail, __FILE__, __LINE__);
     next:
         mp_model_destroy(m);
     }
