@@ -941,6 +941,25 @@ MIXPREC_API mp_status mp_model_summary(const mp_model *m, char *buf, size_t size
 MIXPREC_API mp_status mp_model_get_weights(mp_model *m, float *dst, size_t n);
 MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t n);
 
+/* One weight of get_weights, Keras 3's model.weights entry: its variable
+   path is "LAYER/NAME" ("dense_1/kernel"), its shape Keras's layout (Dense
+   (in, units), Conv2D (kh, kw, in, filters)). Index 0 ... weight_count - 1
+   in get_weights' order; offset is where its values start there, and for a
+   trainable weight gradient_offset where they start in mp_get_gradients. */
+typedef struct mp_weight_info {
+    const char *layer;     /* "dense_1": the layer's name */
+    const char *name;      /* "kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance" */
+    int layer_index;
+    int trainable;         /* 0: BatchNormalization's moving statistics */
+    int rank;
+    int shape[MP_MAX_RANK];
+    size_t size;            /* values: the product of the shape */
+    size_t offset;          /* in mp_model_get_weights' array */
+    size_t gradient_offset; /* in mp_get_gradients' array (trainable weights only, else 0) */
+} mp_weight_info;
+MIXPREC_API int mp_model_weight_count(const mp_model *m);
+MIXPREC_API mp_status mp_model_weight_info(const mp_model *m, int index, mp_weight_info *out);
+
 /* >>data: arrays, what fit, evaluate, predict and the custom loop read
    (docs/data.md). An mp_array is a view of the caller's array: n samples,
    samples first, each sample's values contiguous and row-major (C order,
@@ -11899,6 +11918,67 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
     if ((st = mp_model_build(m)) != MP_OK) return st;
     m->casts_fresh = 0;
     return mp__copy_weights(m, NULL, src, n);
+}
+
+/* A layer's weights in get_weights' order, their names and Keras shapes
+   (sizes and offsets not yet filled); returns how many (at most 4). */
+static int mp__layer_weights(const mp__layer *l, mp_weight_info out[4]) {
+    static const char *const norm[4] = {"gamma", "beta", "moving_mean", "moving_variance"};
+    const mp_layer_desc *d = &l->desc;
+    int n, k, c = l->in_rank ? l->in_shape[l->in_rank - 1] : 0;
+    switch (d->kind) {
+    case MP_DENSE:
+    case MP_CONV2D:
+        out[0].name = "kernel";
+        if (d->kind == MP_DENSE) {
+            out[0].rank = 2, out[0].shape[0] = (int)l->in_size, out[0].shape[1] = d->units;
+        } else {
+            out[0].rank = 4, out[0].shape[0] = l->geom.kh, out[0].shape[1] = l->geom.kw;
+            out[0].shape[2] = l->geom.c, out[0].shape[3] = d->filters;
+        }
+        out[0].trainable = out[1].trainable = 1;
+        out[1].name = "bias", out[1].rank = 1, out[1].shape[0] = (int)l->n_bias;
+        return l->n_bias ? 2 : 1;
+    case MP_BATCH_NORMALIZATION:
+    case MP_LAYER_NORMALIZATION:
+        n = d->kind == MP_BATCH_NORMALIZATION ? 4 : 2;
+        for (k = 0; k < n; k++) out[k].name = norm[k], out[k].rank = 1, out[k].shape[0] = c, out[k].trainable = k < 2;
+        return n;
+    default: return 0;
+    }
+}
+
+MIXPREC_API int mp_model_weight_count(const mp_model *m) {
+    mp_weight_info w[4];
+    int i, n = 0;
+    for (i = 0; m && i < m->n_layers; i++) n += mp__layer_weights(&m->layers[i], w);
+    return n;
+}
+
+MIXPREC_API mp_status mp_model_weight_info(const mp_model *m, int index, mp_weight_info *out) {
+    mp_weight_info w[4];
+    size_t at = 0, grad_at = 0;
+    int i, k, n, r;
+    if (!m || !out) return MP_ERR_NULL;
+    for (i = 0; i < m->n_layers && index >= 0; i++) {
+        memset(w, 0, sizeof w);
+        n = mp__layer_weights(&m->layers[i], w);
+        for (k = 0; k < n; k++) {
+            w[k].layer = m->layers[i].name;
+            w[k].layer_index = i;
+            w[k].size = (size_t)w[k].shape[0];
+            for (r = 1; r < w[k].rank; r++) w[k].size *= (size_t)w[k].shape[r];
+            w[k].offset = at;
+            w[k].gradient_offset = w[k].trainable ? grad_at : 0;
+            at += w[k].size;
+            if (w[k].trainable) grad_at += w[k].size;
+            if (index-- == 0) {
+                *out = w[k];
+                return MP_OK;
+            }
+        }
+    }
+    return MP_ERR_ARG;
 }
 
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n) {

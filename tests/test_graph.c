@@ -692,6 +692,54 @@ static void test_residual_training(void) {
     free(x);
 }
 
+/* mp_model_weight_info: Keras 3's model.weights, one entry per variable
+   in get_weights' order, with its path parts, Keras shape and offsets
+   (trainable offsets skip the moving statistics). */
+static void test_weight_info(void) {
+    static const int shape[] = {5, 5, 2, 0};
+    mp_layer_desc layers[5];
+    mp_model *m;
+    mp_weight_info w;
+    static const struct { const char *layer, *name; int trainable, rank, shape[4]; size_t offset, grad; } want[] = {
+        {"conv2d", "kernel", 1, 4, {3, 3, 2, 4}, 0, 0},
+        {"conv2d", "bias", 1, 1, {4}, 72, 72},
+        {"batch_normalization", "gamma", 1, 1, {4}, 76, 76},
+        {"batch_normalization", "beta", 1, 1, {4}, 80, 80},
+        {"batch_normalization", "moving_mean", 0, 1, {4}, 84, 0},
+        {"batch_normalization", "moving_variance", 0, 1, {4}, 88, 0},
+        {"dense", "kernel", 1, 2, {36, 3}, 92, 84},
+    };
+    int i, r, n, same, bad = 0;
+    char detail[200] = "";
+    layers[0] = mp_conv2d(4, 3, 3, MP_VALID, MP_LINEAR);
+    layers[1] = mp_batch_normalization();
+    layers[2] = mp_flatten();
+    layers[3] = mp_dense(3, MP_LINEAR);
+    layers[3].no_bias = 1;
+    layers[4] = mp_activation_layer(MP_RELU);
+    if (!(m = new_model("float32", shape, layers, 5))) return;
+    n = mp_model_weight_count(m);
+    CHECK_EQ(n, 7);
+    for (i = 0; i < n && i < 7; i++) {
+        if (!OK(mp_model_weight_info(m, i, &w), m)) break;
+        same = !strcmp(w.layer, want[i].layer) && !strcmp(w.name, want[i].name) &&
+                   w.trainable == want[i].trainable && w.rank == want[i].rank && w.offset == want[i].offset &&
+                   w.gradient_offset == want[i].grad && w.layer_index == (i == 6 ? 3 : i / 2 ? 1 : 0);
+        for (r = 0; r < w.rank; r++) same &= w.shape[r] == want[i].shape[r];
+        if (!same && bad++ == 0)
+            snprintf(detail, sizeof detail, "weight %d: %s/%s rank %d offset %d", i, w.layer, w.name, w.rank,
+                     (int)w.offset);
+    }
+    check_all(bad, "weight_info: paths, Keras shapes and offsets of conv2d, batch_normalization and dense", detail,
+              __FILE__, __LINE__);
+    CHECK_EQ(w.offset + w.size, mp_model_param_count(m));
+    CHECK_EQ(mp_model_weight_info(m, 7, &w), MP_ERR_ARG);
+    CHECK_EQ(mp_model_weight_info(m, -1, &w), MP_ERR_ARG);
+    CHECK_EQ(mp_model_weight_info(NULL, 0, &w), MP_ERR_NULL);
+    CHECK_EQ(mp_model_weight_count(NULL), 0);
+    mp_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
     check_args(argc, argv);
     RUN(test_graph_errors());
@@ -703,6 +751,7 @@ int main(int argc, char **argv) {
     RUN(test_batch_norm_formulas());
     RUN(test_layer_norm_formulas());
     RUN(test_liveness());
+    RUN(test_weight_info());
     RUN(test_residual_training());
     return check_done("test_graph");
 }
