@@ -107,9 +107,17 @@ print-tests:
 	@echo $(TESTS)
 
 # One build of each (CC, CFLAGS, ARCH as above), one job per CPU unless
-# make already has a job server (make -jN check).
-$(B)/test_%: tests/test_%.c tests/*.h mixprec.h | $(B)
-	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $< -o $@ -lm
+# make already has a job server (make -jN check). A program with
+# `#ifndef TEST_LINKS_MIXPREC` links $(B)/mixprec.o (tests/header_only.c,
+# the implementation compiled once), as a user's program links the one .c
+# file that defines it; the others compile the implementation themselves
+# (they reach its internals or bring their own allocator).
+$(B)/mixprec.o: tests/header_only.c mixprec.h | $(B)
+	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread -c $< -o $@
+
+$(B)/test_%: tests/test_%.c tests/*.h mixprec.h $(B)/mixprec.o | $(B)
+	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $(if $(shell grep -l '^\#ifndef TEST_LINKS_MIXPREC' $<),\
+	    -DTEST_LINKS_MIXPREC $< $(B)/mixprec.o,$<) -o $@ -lm
 
 CHECK_JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
 
@@ -142,8 +150,8 @@ test-cuda: $(B)/test_cuda_emu
 $(B)/cuda_emu.o: cuda/mixprec_cuda.cu cuda/mixprec_cuda.h tests/cuda_emu.h tests/cuda_emu/*.h mixprec.h | $(B)
 	g++ -std=c++14 -Wall -Wextra -Werror -O1 -x c++ -include tests/cuda_emu.h -Itests/cuda_emu -c $< -o $@
 
-$(B)/test_cuda_emu: tests/test_cuda.c tests/*.h $(B)/cuda_emu.o
-	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -x none $(B)/cuda_emu.o -lstdc++ -lm
+$(B)/test_cuda_emu: tests/test_cuda.c tests/*.h $(B)/cuda_emu.o $(B)/mixprec.o
+	$(CC) $(WARN) $(CFLAGS) $(ARCH) -DTEST_LINKS_MIXPREC $< -o $@ -x none $(B)/cuda_emu.o $(B)/mixprec.o -lstdc++ -lm
 
 # The conversion benchmark, built by gcc and by clang side by side (gcc 12
 # at -O2 does not vectorise the portable path; clang does).

@@ -255,12 +255,33 @@ TRAIN_BUILDS=(
     "asan_clang|clang $WARN $SAN -march=native"
     "nothreads|gcc $WARN -O2 -march=native -DMIXPREC_NO_THREADS"
 )
+# A program that leaves the implementation to another object (it has
+# `#ifndef TEST_LINKS_MIXPREC`) links its build's one, tests/header_only.c
+# compiled once, as a user's program links the one .c file that defines
+# it; the others (they reach the internals or bring their own allocator)
+# compile it themselves. The implementations first, then the programs that
+# compile their own, then the linked ones: no job waits for an object.
+links() { grep -q '^#ifndef TEST_LINKS_MIXPREC' "$1"; }
+declare -A IMPL_JOB=()
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|}
-    for name in $TESTS; do
-        t=test_$name
-        par build_run "build $t, $tag" $cc -pthread tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag --quick
-        if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
+    par step "build the implementation (tests/header_only.c), $tag" $cc -pthread -c tests/header_only.c -o $B/mixprec_$tag.o
+    IMPL_JOB[$tag]=$last_job
+done
+for linked in 0 1; do
+    for build in "${TRAIN_BUILDS[@]}"; do
+        tag=${build%%|*} cc=${build#*|}
+        for name in $TESTS; do
+            t=test_$name
+            if links tests/$t.c; then [ $linked = 1 ] || continue; else [ $linked = 0 ] || continue; fi
+            if [ $linked = 1 ]; then
+                par after "${IMPL_JOB[$tag]}" build_run "build $t, $tag" $cc -pthread -DTEST_LINKS_MIXPREC tests/$t.c \
+                    -x none $B/mixprec_$tag.o -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag --quick
+            else
+                par build_run "build $t, $tag" $cc -pthread tests/$t.c -o $B/${t}_$tag -lm -- "$t, $tag" $B/${t}_$tag --quick
+            fi
+            if [ "$t,$tag" = test_train,gcc ]; then train_gcc=$last_job; fi
+        done
     done
 done
 # Two threads at once under ThreadSanitizer: a race on anything the
@@ -360,13 +381,14 @@ par step "the emulated backend as C++20 (its table's names and order)" g++ -O1 $
 # emu_test TAG CC EMU_OBJECT: test_cuda of one of TRAIN_BUILDS on the emulation
 emu_test() {
     if [ ! -e "$3" ]; then skip "test_cuda under the emulation, $1" "its emulated backend was not built (see above)"; return; fi
-    step "build test_cuda under the emulation, $1" $2 tests/test_cuda.c -o $B/cuda/test_cuda_$1 -x none $3 -lstdc++ -lm
+    step "build test_cuda under the emulation, $1" $2 -DTEST_LINKS_MIXPREC tests/test_cuda.c -o $B/cuda/test_cuda_$1 \
+        -x none $3 $B/mixprec_$1.o -lstdc++ -lm
     run "test_cuda under the emulation, $1" $B/cuda/test_cuda_$1
 }
 for build in "${TRAIN_BUILDS[@]}"; do
     tag=${build%%|*} cc=${build#*|} emu=emu
     case $tag in asan_*) emu=emu_$tag ;; esac
-    par after "${EMU_JOB[$emu]}" emu_test "$tag" "$cc" $B/cuda/$emu.o
+    par after "${EMU_JOB[$emu]}" after "${IMPL_JOB[$tag]}" emu_test "$tag" "$cc" $B/cuda/$emu.o
     if [ "$tag" = gcc ]; then emu_gcc=$last_job; fi
 done
 # the emulation's own rules, on the CUDA and cuBLASLt calls themselves

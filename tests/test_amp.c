@@ -9,7 +9,9 @@
    and a short training run against the hand-written mixed_float16 policy.
    Runs in a second or two, also under ASan/UBSan. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"

@@ -7,7 +7,9 @@
    ExponentialDecay and CosineDecay schedules against Keras's formulas and
    in the optimizer's steps. A few seconds; also under ASan/UBSan. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, mkdtemp */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"

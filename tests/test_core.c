@@ -6,7 +6,9 @@
    rounding mode and FTZ/DAZ, dtypes, policies and errors. Runs in well under a
    second, so it also runs under ASan/UBSan, as C++, without SIMD and on a
    big-endian target under qemu. The exhaustive sweeps are in test_numerics.c. */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "oracle.h"

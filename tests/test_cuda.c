@@ -23,7 +23,9 @@
        gcc -std=c99 -O2 tests/test_cuda.c -o test_cuda -Lbuild -lmixprec_cuda \
            -L/usr/local/cuda/lib64 -lcublasLt -lcudart -lstdc++ -lm */
 #define _POSIX_C_SOURCE 200112L /* clock_gettime, for fit's epoch timer; setenv */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "../cuda/mixprec_cuda.h"
 #include "check.h"

@@ -11,7 +11,9 @@
    read past them is AddressSanitizer's heap-buffer-overflow: build with
    gcc -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all
    -march=native -pthread tests/test_data.c -o build/td -lm (the matrix does). */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"

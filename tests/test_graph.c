@@ -9,7 +9,9 @@
    inference passes and moving statistics, and LayerNormalization, against
    Keras's formulas; the liveness plan's memory; training a small residual
    net, bit-identical at 1 and 2 threads. */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"

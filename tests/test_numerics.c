@@ -15,7 +15,9 @@
    those that hold the format's boundary cases and every QUICK_STRIDE-th
    one; the matrix runs every input. */
 #define _POSIX_C_SOURCE 200112L
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "oracle.h"

@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"

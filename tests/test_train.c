@@ -16,7 +16,9 @@
    under float32 and mixed_float16 (4 epochs each, about 15-30 s); without
    one, that part prints a `skip:` line. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
+#endif
 #include "../mixprec.h"
 #include "check.h"
 #include "helpers.h"
