@@ -13789,7 +13789,8 @@ static int mp__st_metadata(mp__st_file *f) {
     if (!mp__st_eat(f, '{')) return mp__st_fail(f, "__metadata__ must be an object of strings");
     for (; !mp__st_eat(f, '}'); first = 0) {
         if (!first && !mp__st_eat(f, ',')) return mp__st_fail(f, "invalid JSON: ',' or '}' was expected");
-        if (!mp__st_string(f, &s, &len) || !mp__st_eat(f, ':')) return f->p < f->end && *f->p != ':' ? 0 : mp__st_fail(f, "invalid JSON: ':' was expected");
+        if (!mp__st_string(f, &s, &len)) return 0;
+        if (!mp__st_eat(f, ':')) return mp__st_fail(f, "invalid JSON: ':' was expected");
         mp__st_space(f);
         if (f->p >= f->end || *f->p != '"') return mp__st_fail(f, "a value in __metadata__ that is not a string");
         if (!mp__st_string(f, &s, &len)) return 0;
@@ -13873,7 +13874,7 @@ static mp_status mp__st_layout(mp__st_file *f) {
     uint64_t at = 0;
     size_t i;
     int r;
-    qsort(f->t, f->n, sizeof *f->t, mp__st_by_offsets);
+    if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, mp__st_by_offsets); /* (C leaves qsort(NULL, 0) undefined) */
     for (i = 0; i < f->n; i++) {
         const mp__st_tensor *t = &f->t[i];
         uint64_t count = 1, size = mp__st_dtypes[t->dtype].size;
@@ -13901,7 +13902,7 @@ static mp_status mp__st_layout(mp__st_file *f) {
         mp__put(f->why, at < (uint64_t)f->data_len ? ": bytes no tensor owns" : ": the file is truncated");
         return MP_ERR_FORMAT;
     }
-    qsort(f->t, f->n, sizeof *f->t, mp__st_by_name);
+    if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, mp__st_by_name);
     for (i = 1; i < f->n; i++)
         if (mp__st_by_name(&f->t[i - 1], &f->t[i]) == 0) return mp__st_refuse(f, &f->t[i], "the name is given twice");
     return MP_OK;
@@ -14055,7 +14056,7 @@ static mp__st_tensor *mp__st_match(mp__st_file *f, const mp__st_weight *s, int t
     int r, same;
     key.name = s->name;
     key.name_len = strlen(s->name);
-    t = (mp__st_tensor *)bsearch(&key, f->t, f->n, sizeof *f->t, mp__st_by_name);
+    t = f->n ? (mp__st_tensor *)bsearch(&key, f->t, f->n, sizeof *f->t, mp__st_by_name) : NULL;
     for (r = 0; r < s->w.rank; r++) want[r] = (uint64_t)s->shape[r];
     *st = MP_ERR_SHAPE;
     mp__put(f->why, "tensor ");
@@ -14300,7 +14301,7 @@ MIXPREC_API mp_status mp_model_save_safetensors_to_memory(mp_model *m, const mp_
         mp__st_describe(m, i, d.layout == MP_LAYOUT_PYTORCH, &s[i]);
         s[i].dtype = s[i].w.trainable ? st_dtype[d.dtype] : MP__ST_F32; /* moving statistics stay F32 */
     }
-    qsort(s, (size_t)n, sizeof *s, mp__st_write_order);
+    if (n > 1) qsort(s, (size_t)n, sizeof *s, mp__st_write_order);
     data = mp__st_emit_header(m, &o, &d, s, n);
     head = (o.len + 7u) / 8u * 8u; /* padded with spaces to a multiple of 8 */
     total = 8u + (uint64_t)head + data;

@@ -326,7 +326,7 @@ if ! have clang; then
     par skip "fuzzing" "clang not installed" clang
 elif printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
         clang -fsanitize=fuzzer -x c - -o $B/fuzz_probe >/dev/null 2>&1; then
-    for f in fuzz_checkpoint fuzz_idx fuzz_gzip; do par fuzz $f; done
+    for f in fuzz_checkpoint fuzz_idx fuzz_gzip fuzz_safetensors; do par fuzz $f; done
 else
     par skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
 fi
