@@ -17,6 +17,7 @@
    model's export in each layout and dtype. */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
+#include "forge.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,16 +70,6 @@ static unsigned char *saved(mp_model *m, const mp_safetensors_desc *d, size_t *l
         mp_model_save_safetensors_to_memory(m, d, b, *len, len))
         abort();
     return b;
-}
-
-static void write_seed(const char *dir, const char *name, const unsigned char *b, size_t len) {
-    char path[4096];
-    FILE *f;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (!(f = fopen(path, "wb")) || fwrite(b, 1, len, f) != len || fclose(f) != 0) {
-        fprintf(stderr, "fuzz_safetensors: cannot write %s\n", path);
-        exit(1);
-    }
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
