@@ -14048,9 +14048,10 @@ static void mp__st_put_shape(mp__text *t, int rank, const uint64_t *shape) {
     mp__put(t, rank > MP__ST_RANK ? ", ...]" : "]");
 }
 
-/* The file's tensor for weight s, checked against it; NULL with the reason
-   in why. */
-static mp__st_tensor *mp__st_match(mp__st_file *f, const mp__st_weight *s, int torch, mp_status *st) {
+/* The file's tensor for weight s (the model's index-th), checked against
+   it; NULL with the reason in why. */
+static mp__st_tensor *mp__st_match(const mp_model *m, int index, mp__st_file *f, const mp__st_weight *s, int torch,
+                                    mp_status *st) {
     mp__st_tensor key, *t;
     uint64_t want[MP_MAX_RANK];
     int r, same;
@@ -14062,10 +14063,17 @@ static mp__st_tensor *mp__st_match(mp__st_file *f, const mp__st_weight *s, int t
     mp__put(f->why, "tensor ");
     mp__st_put_name(f->why, s->name, key.name_len);
     if (!t) {
+        mp__st_weight other;
         mp__put(f->why, " of shape ");
         mp__st_put_shape(f->why, s->w.rank, want);
         mp__put(f->why, torch ? ", a weight of the model in the PyTorch layout, is not in the file"
                               : ", a weight of the model in the Keras layout, is not in the file");
+        mp__st_describe(m, index, !torch, &other); /* the file in the other layout? say so */
+        key.name = other.name;
+        key.name_len = strlen(other.name);
+        if (f->n && bsearch(&key, f->t, f->n, sizeof *f->t, mp__st_by_name))
+            mp__put(f->why, torch ? "; it has the Keras layout's names: load it with MP_LAYOUT_KERAS"
+                                  : "; it has the PyTorch layout's names: load it with MP_LAYOUT_PYTORCH");
         return NULL;
     }
     for (same = t->rank == s->w.rank, r = 0; same && r < t->rank; r++) same = t->shape[r] == want[r];
@@ -14103,7 +14111,7 @@ static mp_status mp__st_gather(mp_model *m, mp__st_file *f, int torch, float *w)
     for (j = 0; j < n; j++) {
         mp__st_tensor *t;
         mp__st_describe(m, j, torch, &s);
-        if (!(t = mp__st_match(f, &s, torch, &st))) return st;
+        if (!(t = mp__st_match(m, j, f, &s, torch, &st))) return st;
         t->used = 1;
         dt = t->dtype == MP__ST_F16 ? MP_FLOAT16 : t->dtype == MP__ST_BF16 ? MP_BFLOAT16 : MP_FLOAT32;
         for (r = 0; r < s.w.rank; r++) idx[r] = 0;
@@ -14193,9 +14201,9 @@ static void mp__st_emits(mp__st_out *o, const char *s) { mp__st_emit(o, s, strle
 
 static void mp__st_emit_uint(mp__st_out *o, uint64_t v) {
     char d[24];
-    int n = 0;
+    size_t n = 0;
     do d[sizeof d - 1 - n++] = (char)('0' + (int)(v % 10u)); while (v /= 10u);
-    mp__st_emit(o, d + sizeof d - n, (size_t)n);
+    mp__st_emit(o, d + sizeof d - n, n);
 }
 
 /* A JSON string's contents as serde_json writes them: '"', '\\' and

@@ -1255,7 +1255,9 @@ static void test_safetensors_model(void) {
                       files[i][2]);
             CHECK(weights_equal(m, before));
         } else { /* the right names and shapes: it loads; in the PyTorch layout it does not */
-            CHECK_ERR(st_load(m, MP_LAYOUT_PYTORCH, b, len), MP_ERR_SHAPE, m, "\"dense.weight\"");
+            CHECK_ERR(st_load(m, MP_LAYOUT_PYTORCH, b, len), MP_ERR_SHAPE, m,
+                      "\"dense.weight\" of shape [2, 3], a weight of the model in the PyTorch layout, is not in the "
+                      "file; it has the Keras layout's names: load it with MP_LAYOUT_KERAS");
             CHECK(weights_equal(m, before));
             OK(st_load(m, MP_LAYOUT_KERAS, b, len), m);
             CHECK(!weights_equal(m, before));
