@@ -172,6 +172,8 @@ ADDING A LAYER KIND (every place that names the kinds; search each tag)
     >>checkpoints     nothing (the fingerprint, mp__ckpt_model, has each
                       layer's kind, inputs, dtypes and counts, and every
                       layer's generator is written); other state: mp__ckpt_body
+    >>safetensors     its torch.nn names and shape order, if it has weights
+                      (mp__st_torch_name, mp__st_torch_perm)
     tests             test_graph (finite-difference gradients under each
                       policy, forward values against Keras's formula),
                       test_backend, test_cuda, test_amp; docs/layers.md
@@ -221,6 +223,7 @@ CONTENTS
     >>custom training loop   the guide's train_step, one call per line
     >>numerics diagnostics   per-layer statistics, check-numerics, advice
     >>checkpoints            save/load (atomic), weight export/import
+    >>safetensors            weights in PyTorch's and Hugging Face's format, Keras or torch names
     >>data: gzip             mp_gunzip: gzip (RFC 1952) and deflate (RFC 1951), bounded
     >>data                   IDX files (MNIST, Fashion-MNIST), plain or gzip; mp_dataset_data
     >>backends               the table of operations a backend fills (MP_OP),
@@ -280,6 +283,7 @@ CONTENTS
     >>model: summary         Keras's model.summary() with a Policy column
     >>numerics diagnostics   statistics, histograms, check-numerics, advice
     >>checkpoints            the container: write, read, check, commit; files
+    >>safetensors            JSON header: parse, check; import by name, export
     >>data: gzip             inflate: bits, Huffman codes, blocks, members
     >>data                   IDX parsing and loading (a gzip file in two steps), mp_dataset_data
 */
@@ -1446,6 +1450,80 @@ MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_load(mp_model *m, const char *path);
 MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const char *path);
 MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path);
+#endif
+
+/* >>safetensors
+   Weights in the safetensors format (huggingface/safetensors, README
+   "Format"), which PyTorch, Hugging Face, JAX and candle read and write: an
+   8-byte little-endian header length N, N bytes of UTF-8 JSON (each tensor's
+   "dtype", "shape" and "data_offsets" [begin, end) into the buffer that
+   follows; an optional "__metadata__" of string to string), then the raw
+   little-endian row-major bytes. The names and shapes are
+   mp_model_weight_info's:
+       MP_LAYOUT_KERAS    "dense_1/kernel", Keras 3's variable paths and
+                          shapes: Dense (in, units), Conv2D (kh, kw, in,
+                          filters); BatchNormalization's gamma, beta,
+                          moving_mean, moving_variance
+       MP_LAYOUT_PYTORCH  "dense_1.weight", "dense_1.bias": torch.nn's names
+                          and shapes, so that a state dict of the same network
+                          loads by name: Linear (out, in), Conv2d (out, in,
+                          kh, kw), BatchNorm's weight, bias, running_mean,
+                          running_var (its num_batches_tracked, an integer
+                          count, is accepted and not used); LayerNorm's
+                          weight, bias
+   Saving writes as the reference writer (safetensors/src/tensor.rs) does:
+   tensors by dtype, wider first, then by name, packed back to back after the
+   JSON, which is padded with spaces to a multiple of 8, so the Python
+   library writes the same bytes for the same tensors and metadata. dtype
+   MP_FLOAT32 (0): the float32 master weights as they are; MP_FLOAT16 or
+   MP_BFLOAT16: each rounded once to nearest even as mp_convert rounds
+   (BatchNormalization's moving statistics stay F32, as
+   mp_model_export_weights keeps them). "__metadata__" holds one entry,
+   "mixprec": "layout=keras dtype=float32 policy=mixed_float16
+   layers=dense:Dense:mixed_float16,...".
+   Loading checks the whole file first, as the reference parser does and
+   more (each refusal names the tensor and the rule): MP_ERR_FORMAT for a
+   header under 8 bytes or over 100,000,000, a header past the end, invalid
+   UTF-8 or JSON, a header that is not one object, a duplicate name or
+   field, a missing or unknown field, an unknown dtype, a shape whose element
+   count times the element size overflows or differs from end - begin,
+   offsets that do not start at 0 or leave a hole or overlap, a buffer that
+   does not end where the last tensor does, "__metadata__" values that are
+   not strings, a negative or NaN moving variance; MP_ERR_SHAPE for a
+   weight of the model missing from the file, a tensor that is no weight of
+   the model, a shape other than the model's (both shapes named);
+   MP_ERR_DTYPE for a weight stored as anything but F32, F16 or BF16 (F64
+   would round: narrowing is left to the user). F16 and BF16 widen exactly
+   into the float32 weights. Only then are the weights set: a refused file
+   changes nothing in the model. The model is built if it was not; its
+   optimizer and loss-scale state are not touched.
+   desc may be NULL: every field zero. */
+typedef enum mp_weights_layout {
+    MP_LAYOUT_KERAS = 0,
+    MP_LAYOUT_PYTORCH
+} mp_weights_layout;
+
+typedef struct mp_safetensors_desc {
+    mp_dtype dtype;           /* saving: MP_FLOAT32 (0), MP_FLOAT16 or MP_BFLOAT16; loading: not used */
+    mp_weights_layout layout; /* names and kernel shapes: MP_LAYOUT_KERAS (0) or MP_LAYOUT_PYTORCH */
+} mp_safetensors_desc;
+
+/* *len gets the size in bytes; buf NULL asks only for it; a cap below it
+   is MP_ERR_SIZE and writes nothing. */
+MIXPREC_API mp_status mp_model_save_safetensors_to_memory(mp_model *m, const mp_safetensors_desc *desc, void *buf,
+                                                          size_t cap, size_t *len);
+MIXPREC_API mp_status mp_model_load_safetensors_from_memory(mp_model *m, const mp_safetensors_desc *desc,
+                                                            const void *buf, size_t len);
+/* Any safetensors buffer, checked as a load checks it before it looks at
+   a model: MP_OK, or MP_ERR_FORMAT with the tensor and the rule in why
+   (NUL-terminated, cut to why_size; why may be NULL). */
+MIXPREC_API mp_status mp_safetensors_check(const void *buf, size_t len, char *why, size_t why_size);
+#ifndef MIXPREC_NO_STDIO
+/* As mp_model_save and mp_model_load (>>checkpoints): a temporary file
+   renamed over path, synced; a regular file read, never more than its size
+   plus a byte; rank 0's file under a communicator. */
+MIXPREC_API mp_status mp_model_save_safetensors(mp_model *m, const char *path, const mp_safetensors_desc *desc);
+MIXPREC_API mp_status mp_model_load_safetensors(mp_model *m, const char *path, const mp_safetensors_desc *desc);
 #endif
 
 /* >>data: gzip (RFC 1952 around deflate, RFC 1951), as data sets ship:
@@ -13365,24 +13443,14 @@ static const char *mp__write_new(const char *name, const unsigned char *buf, siz
 /* A temporary of its own in path's directory, written, synced and closed,
    then renamed over path (atomic on POSIX), then the directory synced; on
    any failure the temporary goes and path stays as it was. */
-static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *path) {
-    unsigned char *buf;
+static mp_status mp__save_bytes(mp_model *m, const unsigned char *buf, size_t len, const char *path) {
     char *tmp;
     const char *why = "exists:";
-    size_t len = 0, n, cap;
+    size_t n = strlen(path), cap = n + 48; /* ".tmp.", two numbers of at most 20 digits, ".", NUL */
     int created = 0, tries, err = 0;
     mp_status st;
-    if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
-    n = strlen(path);
-    cap = n + 48; /* ".tmp.", two numbers of at most 20 digits, ".", NUL */
-    buf = (unsigned char *)mp__alloc(len);
-    tmp = n < SIZE_MAX - 48 ? (char *)mp__alloc(cap) : NULL;
-    if (!buf || !tmp) {
-        mp__free(buf);
-        mp__free(tmp);
-        return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
-    }
-    (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
+    if (!(tmp = n < SIZE_MAX - 48 ? (char *)mp__alloc(cap) : NULL))
+        return mp__fail(m, MP_ERR_ALLOC, "saving %s (its temporary's name)", path);
     for (tries = 0; why && strcmp(why, "exists:") == 0 && tries < 100; tries++) {
         mp__temp_name(tmp, cap, path);
         errno = 0;
@@ -13398,8 +13466,19 @@ static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *p
     if (!why && (why = mp__sync_dir(path, tmp)) != NULL) err = errno;
 #endif
     st = why ? mp__fail(m, MP_ERR_IO, "saving %s: %s %s: %s", path, why, tmp, mp__io_reason(err)) : MP_OK;
-    mp__free(buf);
     mp__free(tmp);
+    return st;
+}
+
+static mp_status mp__save_file(mp_model *m, int kind, mp_dtype dt, const char *path) {
+    unsigned char *buf;
+    size_t len = 0;
+    mp_status st;
+    if ((st = mp__ckpt_write(m, kind, dt, NULL, 0, &len)) != MP_OK) return st;
+    if (!(buf = (unsigned char *)mp__alloc(len))) return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
+    (void)mp__ckpt_write(m, kind, dt, buf, len, &len);
+    st = mp__save_bytes(m, buf, len, path);
+    mp__free(buf);
     return st;
 }
 
@@ -13454,21 +13533,33 @@ static mp_status mp__ranks_agree(mp_model *m, mp_status st, const char *path) {
     return st;
 }
 
-static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
+/* Rank 0's file, read as claimed says, given to parse (with arg) on every
+   rank. */
+typedef mp_status (*mp__parse_fn)(mp_model *m, const void *arg, const void *buf, size_t len);
+static mp_status mp__load_file(mp_model *m, const char *path, mp__claimed_len claimed, mp__parse_fn parse,
+                               const void *arg) {
     unsigned char *buf = NULL;
     size_t len = 0;
     mp_status st = MP_OK;
     if (!m) return MP_ERR_NULL;
     if (!path) return mp__fail(m, MP_ERR_NULL, "no path to load from");
     errno = 0;
-    if (!m->rank && (st = mp__read_file(path, mp__ckpt_claimed, &buf, &len)) != MP_OK)
+    if (!m->rank && (st = mp__read_file(path, claimed, &buf, &len)) != MP_OK)
         st = mp__fail(m, st, "cannot read %s: %s (it must be a readable regular file)", path,
                       st == MP_ERR_IO && errno ? strerror(errno) : st == MP_ERR_IO ? "not a regular file" : "no memory for it");
     st = mp__rank0_outcome(m, st, "read", path);
     if (st == MP_OK && m->ranks > 1) st = mp__ckpt_share(m, &buf, &len, path);
-    if (st == MP_OK) st = mp__ranks_agree(m, mp__ckpt_read(m, kind, buf, len), path);
+    if (st == MP_OK) st = mp__ranks_agree(m, parse(m, arg, buf, len), path);
     mp__free(buf);
     return st;
+}
+
+static mp_status mp__ckpt_parse(mp_model *m, const void *kind, const void *buf, size_t len) {
+    return mp__ckpt_read(m, *(const int *)kind, buf, len);
+}
+
+static mp_status mp__ckpt_load(mp_model *m, int kind, const char *path) {
+    return mp__load_file(m, path, mp__ckpt_claimed, mp__ckpt_parse, &kind);
 }
 
 MIXPREC_API mp_status mp_model_save(mp_model *m, const char *path) { return mp__ckpt_save(m, 'C', MP_FLOAT32, path); }
@@ -13477,6 +13568,801 @@ MIXPREC_API mp_status mp_model_export_weights(mp_model *m, mp_dtype dtype, const
     return mp__ckpt_save(m, 'W', dtype, path);
 }
 MIXPREC_API mp_status mp_model_import_weights(mp_model *m, const char *path) { return mp__ckpt_load(m, 'W', path); }
+#endif
+
+/* >>safetensors: the reference parser's rules (safetensors/src/tensor.rs,
+   Metadata::validate and SafeTensors::read_metadata), then the model's.
+   The JSON is read by a small recursive descent over the only shapes the
+   format has: an object of objects, arrays of integers and strings. */
+enum { MP__ST_MAX_HEADER = 100000000, MP__ST_RANK = 8 };
+
+/* The format's dtypes in its enum's order (the writer sorts by it) and
+   their sizes in bytes. */
+static const struct { const char *name; unsigned char size; } mp__st_dtypes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+    {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+enum { MP__ST_F16 = 7, MP__ST_BF16 = 8, MP__ST_I32 = 9, MP__ST_F32 = 11, MP__ST_I64 = 13, MP__ST_DTYPES = 15 };
+
+typedef struct mp__st_tensor {
+    const char *name; /* decoded (JSON escapes undone), not NUL-terminated */
+    size_t name_len;
+    int dtype;        /* index in mp__st_dtypes */
+    int rank;         /* may pass MP__ST_RANK: shape holds the first ones */
+    uint64_t shape[MP__ST_RANK];
+    uint64_t begin, end;
+    int used;         /* loading: the weight it became */
+} mp__st_tensor;
+
+typedef struct mp__st_file {
+    mp__st_tensor *t; /* by name once checked */
+    size_t n, cap;
+    char *names;      /* the decoded strings; the header's length bounds them */
+    size_t names_len;
+    const unsigned char *data; /* the buffer after the header */
+    size_t data_len;
+    const unsigned char *p, *end, *json; /* the parser's place in the header */
+    mp__text *why;
+} mp__st_file;
+
+/* Up to 64 bytes of a name, anything but printable ASCII as '?', quoted. */
+static void mp__st_put_name(mp__text *t, const char *name, size_t len) {
+    char c[2] = {0, 0};
+    size_t i;
+    mp__put(t, "\"");
+    for (i = 0; i < len && i < 64; i++) {
+        c[0] = name[i] >= 0x20 && name[i] < 0x7F ? name[i] : '?';
+        mp__put(t, c);
+    }
+    mp__put(t, i < len ? "...\"" : "\"");
+}
+
+static int mp__st_fail(mp__st_file *f, const char *what) {
+    mp__put(f->why, what);
+    mp__put(f->why, " at byte ");
+    mp__put_uint(f->why, (uint64_t)(f->p - f->json) + 8u, 0);
+    mp__put(f->why, " of the header");
+    return 0;
+}
+
+/* The first byte that is not well-formed UTF-8 (RFC 3629: no overlong
+   forms, no surrogates, nothing past U+10FFFF), or n. */
+static size_t mp__utf8_bad(const unsigned char *s, size_t n) {
+    size_t i = 0, k, len;
+    while (i < n) {
+        unsigned c = s[i];
+        uint32_t cp;
+        if (c < 0x80) { i++; continue; }
+        len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || n - i < len) return i;
+        cp = c & (0x7Fu >> len);
+        for (k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = cp << 6 | (s[i + k] & 0x3Fu);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+static void mp__st_space(mp__st_file *f) {
+    while (f->p < f->end && (*f->p == ' ' || *f->p == '\t' || *f->p == '\n' || *f->p == '\r')) f->p++;
+}
+
+/* Skips white space, then the byte c if it is next. */
+static int mp__st_eat(mp__st_file *f, char c) {
+    mp__st_space(f);
+    if (f->p < f->end && *f->p == (unsigned char)c) return f->p++, 1;
+    return 0;
+}
+
+static int mp__st_hex4(mp__st_file *f, uint32_t *v) {
+    int i;
+    *v = 0;
+    for (i = 0; i < 4; i++, f->p++) {
+        int c = f->p < f->end ? *f->p : 0;
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return mp__st_fail(f, "invalid JSON: \\u needs 4 hex digits");
+        *v = *v << 4 | (uint32_t)d;
+    }
+    return 1;
+}
+
+static void mp__st_keep(mp__st_file *f, uint32_t c) {
+    f->names[f->names_len++] = (char)c;
+}
+
+/* A JSON string (RFC 8259 section 7), decoded into f->names: *s and *len. */
+static int mp__st_string(mp__st_file *f, const char **s, size_t *len) {
+    static const char esc[] = "\"\"\\\\//b\bf\fn\nr\rt\t";
+    size_t at = f->names_len;
+    if (!mp__st_eat(f, '"')) return mp__st_fail(f, "invalid JSON: a string was expected");
+    for (;;) {
+        uint32_t c, lo;
+        const char *e;
+        if (f->p >= f->end) return mp__st_fail(f, "invalid JSON: a string runs past the header");
+        c = *f->p++;
+        if (c == '"') break;
+        if (c < 0x20) return f->p--, mp__st_fail(f, "invalid JSON: a control character in a string");
+        if (c != '\\') { mp__st_keep(f, c); continue; }
+        if (f->p >= f->end) return mp__st_fail(f, "invalid JSON: a string runs past the header");
+        for (e = esc; *e && *e != (char)*f->p; e += 2) {}
+        if (*e) { mp__st_keep(f, (unsigned char)e[1]); f->p++; continue; }
+        if (*f->p++ != 'u') return f->p--, mp__st_fail(f, "invalid JSON: an unknown escape");
+        if (!mp__st_hex4(f, &c)) return 0;
+        if (c >= 0xDC00 && c <= 0xDFFF) return mp__st_fail(f, "invalid JSON: a lone low surrogate escape");
+        if (c >= 0xD800 && c <= 0xDBFF) { /* a pair makes one code point past U+FFFF */
+            if (f->end - f->p < 2 || f->p[0] != '\\' || f->p[1] != 'u')
+                return mp__st_fail(f, "invalid JSON: a high surrogate escape without its low one");
+            f->p += 2;
+            if (!mp__st_hex4(f, &lo)) return 0;
+            if (lo < 0xDC00 || lo > 0xDFFF) return mp__st_fail(f, "invalid JSON: a high surrogate escape without its low one");
+            c = 0x10000 + ((c - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        if (c < 0x80) mp__st_keep(f, c); /* UTF-8, RFC 3629 */
+        else if (c < 0x800) mp__st_keep(f, 0xC0 | c >> 6), mp__st_keep(f, 0x80 | (c & 0x3F));
+        else if (c < 0x10000) mp__st_keep(f, 0xE0 | c >> 12), mp__st_keep(f, 0x80 | (c >> 6 & 0x3F)), mp__st_keep(f, 0x80 | (c & 0x3F));
+        else mp__st_keep(f, 0xF0 | c >> 18), mp__st_keep(f, 0x80 | (c >> 12 & 0x3F)), mp__st_keep(f, 0x80 | (c >> 6 & 0x3F)),
+             mp__st_keep(f, 0x80 | (c & 0x3F));
+    }
+    *s = f->names + at;
+    *len = f->names_len - at;
+    return 1;
+}
+
+static int mp__st_is(const char *s, size_t len, const char *word) { return strlen(word) == len && memcmp(s, word, len) == 0; }
+
+/* A non-negative integer as the reference reads one into a usize: digits,
+   no sign, fraction or exponent, at most 2^64 - 1. */
+static int mp__st_uint(mp__st_file *f, uint64_t *v) {
+    const unsigned char *start;
+    mp__st_space(f);
+    start = f->p;
+    for (*v = 0; f->p < f->end && *f->p >= '0' && *f->p <= '9'; f->p++) {
+        if (*v > (UINT64_MAX - (uint64_t)(*f->p - '0')) / 10u) return mp__st_fail(f, "an integer past 2^64 - 1");
+        *v = *v * 10u + (uint64_t)(*f->p - '0');
+    }
+    if (f->p == start) return mp__st_fail(f, "a non-negative integer was expected");
+    if (*start == '0' && f->p - start > 1) return f->p = start, mp__st_fail(f, "invalid JSON: a number with a leading zero");
+    if (f->p < f->end && (*f->p == '.' || *f->p == 'e' || *f->p == 'E'))
+        return mp__st_fail(f, "an integer was expected, not a fraction or exponent");
+    return 1;
+}
+
+/* [n, n, ...] into shape (its first MP__ST_RANK), *count of them. */
+static int mp__st_uints(mp__st_file *f, uint64_t *shape, int max, int *count) {
+    uint64_t v;
+    if (!mp__st_eat(f, '[')) return mp__st_fail(f, "an array was expected");
+    for (*count = 0; !mp__st_eat(f, ']'); ++*count) {
+        if (*count && !mp__st_eat(f, ',')) return mp__st_fail(f, "invalid JSON: ',' or ']' was expected");
+        if (*count == INT_MAX || !mp__st_uint(f, &v)) return *count == INT_MAX ? mp__st_fail(f, "too many dimensions") : 0;
+        if (*count < max) shape[*count] = v;
+    }
+    return 1;
+}
+
+/* One tensor's object: "dtype", "shape", "data_offsets", each once, no
+   other field. */
+static int mp__st_entry(mp__st_file *f, mp__st_tensor *t) {
+    int seen = 0, n, k;
+    uint64_t offsets[2];
+    if (!mp__st_eat(f, '{')) return mp__st_fail(f, "a tensor's entry must be an object");
+    while (!mp__st_eat(f, '}')) {
+        const char *key;
+        size_t len, mark = f->names_len;
+        int field;
+        if (seen && !mp__st_eat(f, ',')) return mp__st_fail(f, "invalid JSON: ',' or '}' was expected");
+        if (!mp__st_string(f, &key, &len)) return 0;
+        field = mp__st_is(key, len, "dtype") ? 1 : mp__st_is(key, len, "shape") ? 2 : mp__st_is(key, len, "data_offsets") ? 4 : 0;
+        f->names_len = mark; /* a field's name is not kept */
+        if (!field) return mp__st_fail(f, "an unknown field in a tensor's entry (its fields: dtype, shape, data_offsets)");
+        if (seen & field) return mp__st_fail(f, "a field given twice in a tensor's entry");
+        seen |= field;
+        if (!mp__st_eat(f, ':')) return mp__st_fail(f, "invalid JSON: ':' was expected");
+        if (field == 1) {
+            const char *name;
+            if (!mp__st_string(f, &name, &len)) return 0;
+            f->names_len = mark;
+            for (k = 0; k < MP__ST_DTYPES && !mp__st_is(name, len, mp__st_dtypes[k].name); k++) {}
+            if (k == MP__ST_DTYPES) return mp__st_fail(f, "an unknown dtype (the format's: BOOL, U8, I8, F8_E5M2, "
+                                                          "F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64)");
+            t->dtype = k;
+        } else if (field == 2) {
+            if (!mp__st_uints(f, t->shape, MP__ST_RANK, &t->rank)) return 0;
+        } else {
+            if (!mp__st_uints(f, offsets, 2, &n)) return 0;
+            if (n != 2) return mp__st_fail(f, "data_offsets must be two integers, [begin, end]");
+            t->begin = offsets[0];
+            t->end = offsets[1];
+        }
+    }
+    if (seen != 7) return mp__st_fail(f, "a tensor's entry lacks dtype, shape or data_offsets");
+    return 1;
+}
+
+/* "__metadata__": an object of strings. */
+static int mp__st_metadata(mp__st_file *f) {
+    int first = 1;
+    const char *s;
+    size_t len, mark = f->names_len;
+    if (!mp__st_eat(f, '{')) return mp__st_fail(f, "__metadata__ must be an object of strings");
+    for (; !mp__st_eat(f, '}'); first = 0) {
+        if (!first && !mp__st_eat(f, ',')) return mp__st_fail(f, "invalid JSON: ',' or '}' was expected");
+        if (!mp__st_string(f, &s, &len)) return 0;
+        if (!mp__st_eat(f, ':')) return mp__st_fail(f, "invalid JSON: ':' was expected");
+        mp__st_space(f);
+        if (f->p >= f->end || *f->p != '"') return mp__st_fail(f, "a value in __metadata__ that is not a string");
+        if (!mp__st_string(f, &s, &len)) return 0;
+        f->names_len = mark;
+    }
+    return 1;
+}
+
+static int mp__st_grow(mp__st_file *f) {
+    size_t cap = f->cap ? 2 * f->cap : 16;
+    mp__st_tensor *t = cap <= SIZE_MAX / sizeof *t ? (mp__st_tensor *)mp__alloc(cap * sizeof *t) : NULL;
+    if (!t) return 0;
+    if (f->n) memcpy(t, f->t, f->n * sizeof *t);
+    mp__free(f->t);
+    f->t = t;
+    f->cap = cap;
+    return 1;
+}
+
+/* The header's object: each key a tensor's name, or "__metadata__" once. */
+static mp_status mp__st_header(mp__st_file *f) {
+    int metadata = 0;
+    if (!mp__st_eat(f, '{')) return mp__st_fail(f, "the header must be one JSON object"), MP_ERR_FORMAT;
+    while (!mp__st_eat(f, '}')) {
+        mp__st_tensor *t;
+        const char *name;
+        size_t len;
+        if ((f->n || metadata) && !mp__st_eat(f, ',')) return mp__st_fail(f, "invalid JSON: ',' or '}' was expected"), MP_ERR_FORMAT;
+        if (!mp__st_string(f, &name, &len)) return MP_ERR_FORMAT;
+        if (!mp__st_eat(f, ':')) return mp__st_fail(f, "invalid JSON: ':' was expected"), MP_ERR_FORMAT;
+        if (mp__st_is(name, len, "__metadata__")) {
+            f->names_len -= len;
+            if (metadata++) return mp__st_fail(f, "__metadata__ given twice"), MP_ERR_FORMAT;
+            if (!mp__st_metadata(f)) return MP_ERR_FORMAT;
+            continue;
+        }
+        if (f->n == f->cap && !mp__st_grow(f)) return MP_ERR_ALLOC;
+        t = &f->t[f->n++];
+        memset(t, 0, sizeof *t);
+        t->name = name;
+        t->name_len = len;
+        if (!mp__st_entry(f, t)) {
+            mp__put(f->why, " (tensor ");
+            mp__st_put_name(f->why, name, len);
+            mp__put(f->why, ")");
+            return MP_ERR_FORMAT;
+        }
+    }
+    mp__st_space(f);
+    if (f->p != f->end) return mp__st_fail(f, "invalid JSON: more after the header's object"), MP_ERR_FORMAT;
+    return MP_OK;
+}
+
+static int mp__st_by_offsets(const void *a, const void *b) {
+    const mp__st_tensor *x = (const mp__st_tensor *)a, *y = (const mp__st_tensor *)b;
+    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1) : x->end != y->end ? (x->end < y->end ? -1 : 1) : 0;
+}
+
+static int mp__st_name_cmp(const char *a, size_t na, const char *b, size_t nb) {
+    int c = memcmp(a, b, na < nb ? na : nb);
+    return c ? c : na < nb ? -1 : na > nb;
+}
+
+static int mp__st_by_name(const void *a, const void *b) {
+    const mp__st_tensor *x = (const mp__st_tensor *)a, *y = (const mp__st_tensor *)b;
+    return mp__st_name_cmp(x->name, x->name_len, y->name, y->name_len);
+}
+
+static mp_status mp__st_refuse(mp__st_file *f, const mp__st_tensor *t, const char *rule) {
+    mp__put(f->why, "tensor ");
+    mp__st_put_name(f->why, t->name, t->name_len);
+    mp__put(f->why, ": ");
+    mp__put(f->why, rule);
+    return MP_ERR_FORMAT;
+}
+
+/* Metadata::validate: in the order of their offsets the tensors run back to
+   back from 0, each exactly its element count times its dtype's size; the
+   buffer ends where the last one does. Then no name twice. */
+static mp_status mp__st_layout(mp__st_file *f) {
+    uint64_t at = 0;
+    size_t i;
+    int r;
+    if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, mp__st_by_offsets); /* (C leaves qsort(NULL, 0) undefined) */
+    for (i = 0; i < f->n; i++) {
+        const mp__st_tensor *t = &f->t[i];
+        uint64_t count = 1, size = mp__st_dtypes[t->dtype].size;
+        if (t->end < t->begin) return mp__st_refuse(f, t, "data_offsets end before they begin");
+        if (t->begin != at)
+            return mp__st_refuse(f, t, !i ? "the first tensor's data_offsets do not begin at 0"
+                                       : t->begin > at ? "a hole in the buffer before its data_offsets"
+                                                       : "its data_offsets overlap another tensor's");
+        for (r = 0; r < t->rank && r < MP__ST_RANK; r++) {
+            if (t->shape[r] && count > UINT64_MAX / t->shape[r])
+                return mp__st_refuse(f, t, "its element count overflows");
+            count *= t->shape[r];
+        }
+        if (t->rank > MP__ST_RANK && count) return mp__st_refuse(f, t, "more than 8 dimensions");
+        if (count > UINT64_MAX / size) return mp__st_refuse(f, t, "its element count times its dtype's size overflows");
+        if (t->end - t->begin != count * size)
+            return mp__st_refuse(f, t, "its data_offsets' byte range differs from its shape times its dtype's size");
+        at = t->end;
+    }
+    if (at != (uint64_t)f->data_len) {
+        mp__put(f->why, "the tensors end at byte ");
+        mp__put_uint(f->why, at, 0);
+        mp__put(f->why, " of the buffer after the header, which has ");
+        mp__put_uint(f->why, (uint64_t)f->data_len, 0);
+        mp__put(f->why, at < (uint64_t)f->data_len ? ": bytes no tensor owns" : ": the file is truncated");
+        return MP_ERR_FORMAT;
+    }
+    if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, mp__st_by_name);
+    for (i = 1; i < f->n; i++)
+        if (mp__st_by_name(&f->t[i - 1], &f->t[i]) == 0) return mp__st_refuse(f, &f->t[i], "the name is given twice");
+    return MP_OK;
+}
+
+/* SafeTensors::read_metadata's checks in its order, then mp__st_layout's;
+   f->t (by name) and f->names to be freed by the caller. */
+static mp_status mp__st_read(mp__st_file *f, const unsigned char *b, size_t len) {
+    uint64_t n;
+    size_t bad;
+    if (len < 8) return mp__put(f->why, "a header under 8 bytes: not a safetensors file"), MP_ERR_FORMAT;
+    n = mp__le_get(b, 8);
+    if (n > MP__ST_MAX_HEADER) {
+        mp__put(f->why, "a header of ");
+        mp__put_uint(f->why, n, 0);
+        mp__put(f->why, " bytes, over the format's 100,000,000");
+        return MP_ERR_FORMAT;
+    }
+    if (n > (uint64_t)(len - 8)) {
+        mp__put(f->why, "the header's length (");
+        mp__put_uint(f->why, n, 0);
+        mp__put(f->why, " bytes) runs past the end of the file");
+        return MP_ERR_FORMAT;
+    }
+    f->json = f->p = b + 8;
+    f->end = f->p + n;
+    f->data = f->end;
+    f->data_len = len - 8 - (size_t)n;
+    if ((bad = mp__utf8_bad(f->json, (size_t)n)) != (size_t)n) {
+        f->p = f->json + bad;
+        return mp__st_fail(f, "invalid UTF-8"), MP_ERR_FORMAT;
+    }
+    if (!(f->names = (char *)mp__alloc((size_t)n + 1))) return MP_ERR_ALLOC;
+    {
+        mp_status st = mp__st_header(f);
+        return st != MP_OK ? st : mp__st_layout(f);
+    }
+}
+
+static void mp__st_free(mp__st_file *f) {
+    mp__free(f->t);
+    mp__free(f->names);
+}
+
+MIXPREC_API mp_status mp_safetensors_check(const void *buf, size_t len, char *why, size_t why_size) {
+    mp__st_file f;
+    mp__text t;
+    char none[1];
+    mp_status st;
+    t.buf = why ? why : none;
+    t.cap = why ? why_size : sizeof none;
+    t.len = 0;
+    mp__put(&t, "");
+    if (!buf) return mp__put(&t, "no buffer"), MP_ERR_NULL;
+    memset(&f, 0, sizeof f);
+    f.why = &t;
+    st = mp__st_read(&f, (const unsigned char *)buf, len);
+    if (st == MP_ERR_ALLOC) mp__put(&t, "no memory for the header's names");
+    mp__st_free(&f);
+    return st;
+}
+
+/* >>safetensors: the model's weights by name. In the PyTorch layout a
+   weight is torch.nn's: Linear's and Conv2d's weight and bias,
+   BatchNorm's weight, bias, running_mean, running_var, LayerNorm's weight
+   and bias; mp__st_torch_perm gives the axis order: the file's axis j is
+   Keras's axis perm[j] (Linear (out, in); Conv2d (out, in, kh, kw)). */
+static const char *mp__st_torch_name(const char *keras) {
+    static const char *const map[][2] = {{"kernel", "weight"},          {"gamma", "weight"},
+                                         {"beta", "bias"},              {"moving_mean", "running_mean"},
+                                         {"moving_variance", "running_var"}};
+    size_t i;
+    for (i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(keras, map[i][0]) == 0) return map[i][1];
+    return keras;
+}
+
+static void mp__st_torch_perm(const mp_weight_info *w, int *perm) {
+    static const int dense[2] = {1, 0}, conv[4] = {3, 2, 0, 1};
+    int r;
+    for (r = 0; r < w->rank; r++)
+        perm[r] = w->rank == 2 && strcmp(w->name, "kernel") == 0   ? dense[r]
+                  : w->rank == 4 && strcmp(w->name, "kernel") == 0 ? conv[r]
+                                                                   : r;
+}
+
+/* One weight as the file names and shapes it: name (NUL-terminated), the
+   file's shape, and for each of Keras's axes its stride in the file. */
+typedef struct mp__st_weight {
+    mp_weight_info w;
+    char name[64]; /* a layer's name (31) and a weight's (15) */
+    int shape[MP_MAX_RANK];
+    size_t stride[MP_MAX_RANK];
+    int dtype;     /* saving: its mp__st_dtypes index */
+} mp__st_weight;
+
+static void mp__st_describe(const mp_model *m, int index, int torch, mp__st_weight *s) {
+    mp__text t;
+    int perm[MP_MAX_RANK], r;
+    size_t stride = 1;
+    (void)mp_model_weight_info(m, index, &s->w);
+    t.buf = s->name;
+    t.cap = sizeof s->name;
+    t.len = 0;
+    mp__put(&t, s->w.layer);
+    mp__put(&t, torch ? "." : "/");
+    mp__put(&t, torch ? mp__st_torch_name(s->w.name) : s->w.name);
+    for (r = 0; r < s->w.rank; r++) perm[r] = r;
+    if (torch) mp__st_torch_perm(&s->w, perm);
+    for (r = 0; r < s->w.rank; r++) s->shape[r] = s->w.shape[perm[r]];
+    for (r = s->w.rank - 1; r >= 0; r--) {
+        s->stride[perm[r]] = stride;
+        stride *= (size_t)s->shape[r];
+    }
+}
+
+/* For each value of the weight in Keras's row-major order, where it is in
+   the file's: the next position after the one at idx. */
+static size_t mp__st_next(const mp__st_weight *s, int *idx) {
+    size_t pos = 0;
+    int r;
+    for (r = s->w.rank - 1; r >= 0 && ++idx[r] == s->w.shape[r]; r--) idx[r] = 0;
+    for (r = 0; r < s->w.rank; r++) pos += (size_t)idx[r] * s->stride[r];
+    return pos;
+}
+
+static mp_status mp__st_desc(mp_model *m, const mp_safetensors_desc *desc, mp_safetensors_desc *out) {
+    memset(out, 0, sizeof *out);
+    if (desc) *out = *desc;
+    if (!mp__dtype_valid(out->dtype)) return mp__fail(m, MP_ERR_DTYPE, "safetensors dtype %d", (int)out->dtype);
+    if (out->layout != MP_LAYOUT_KERAS && out->layout != MP_LAYOUT_PYTORCH)
+        return mp__fail(m, MP_ERR_ARG, "safetensors layout %d: MP_LAYOUT_KERAS or MP_LAYOUT_PYTORCH", (int)out->layout);
+    return MP_OK;
+}
+
+static void mp__st_put_shape(mp__text *t, int rank, const uint64_t *shape) {
+    int r;
+    mp__put(t, "[");
+    for (r = 0; r < rank && r < MP__ST_RANK; r++) {
+        if (r) mp__put(t, ", ");
+        mp__put_uint(t, shape[r], 0);
+    }
+    mp__put(t, rank > MP__ST_RANK ? ", ...]" : "]");
+}
+
+/* The file's tensor for weight s (the model's index-th), checked against
+   it; NULL with the reason in why. */
+static mp__st_tensor *mp__st_match(const mp_model *m, int index, mp__st_file *f, const mp__st_weight *s, int torch,
+                                    mp_status *st) {
+    mp__st_tensor key, *t;
+    uint64_t want[MP_MAX_RANK];
+    int r, same;
+    key.name = s->name;
+    key.name_len = strlen(s->name);
+    t = f->n ? (mp__st_tensor *)bsearch(&key, f->t, f->n, sizeof *f->t, mp__st_by_name) : NULL;
+    for (r = 0; r < s->w.rank; r++) want[r] = (uint64_t)s->shape[r];
+    *st = MP_ERR_SHAPE;
+    mp__put(f->why, "tensor ");
+    mp__st_put_name(f->why, s->name, key.name_len);
+    if (!t) {
+        mp__st_weight other;
+        mp__put(f->why, " of shape ");
+        mp__st_put_shape(f->why, s->w.rank, want);
+        mp__put(f->why, torch ? ", a weight of the model in the PyTorch layout, is not in the file"
+                              : ", a weight of the model in the Keras layout, is not in the file");
+        mp__st_describe(m, index, !torch, &other); /* the file in the other layout? say so */
+        key.name = other.name;
+        key.name_len = strlen(other.name);
+        if (f->n && bsearch(&key, f->t, f->n, sizeof *f->t, mp__st_by_name))
+            mp__put(f->why, torch ? "; it has the Keras layout's names: load it with MP_LAYOUT_KERAS"
+                                  : "; it has the PyTorch layout's names: load it with MP_LAYOUT_PYTORCH");
+        return NULL;
+    }
+    for (same = t->rank == s->w.rank, r = 0; same && r < t->rank; r++) same = t->shape[r] == want[r];
+    if (!same) {
+        mp__put(f->why, ": shape ");
+        mp__st_put_shape(f->why, t->rank, t->shape);
+        mp__put(f->why, " in the file, ");
+        mp__st_put_shape(f->why, s->w.rank, want);
+        mp__put(f->why, torch ? " in the model (PyTorch layout)" : " in the model (Keras layout)");
+        return NULL;
+    }
+    if (t->dtype != MP__ST_F32 && t->dtype != MP__ST_F16 && t->dtype != MP__ST_BF16) {
+        *st = MP_ERR_DTYPE;
+        mp__put(f->why, ": dtype ");
+        mp__put(f->why, mp__st_dtypes[t->dtype].name);
+        mp__put(f->why, "; weights load from F32, F16 or BF16 (widened exactly to float32): convert it to one of "
+                        "them first");
+        return NULL;
+    }
+    f->why->len = 0;
+    mp__put(f->why, "");
+    *st = MP_OK;
+    return t;
+}
+
+/* The file's tensors into w (get_weights' order), each weight's from its
+   tensor; a tensor left over must be a BatchNorm's num_batches_tracked
+   (PyTorch layout). */
+static mp_status mp__st_gather(mp_model *m, mp__st_file *f, int torch, float *w) {
+    mp__st_weight s;
+    size_t i, k, pos;
+    int idx[MP_MAX_RANK], n = mp_model_weight_count(m), j, r;
+    mp_dtype dt;
+    mp_status st;
+    for (j = 0; j < n; j++) {
+        mp__st_tensor *t;
+        mp__st_describe(m, j, torch, &s);
+        if (!(t = mp__st_match(m, j, f, &s, torch, &st))) return st;
+        t->used = 1;
+        dt = t->dtype == MP__ST_F16 ? MP_FLOAT16 : t->dtype == MP__ST_BF16 ? MP_BFLOAT16 : MP_FLOAT32;
+        for (r = 0; r < s.w.rank; r++) idx[r] = 0;
+        idx[s.w.rank - 1] = -1;
+        for (k = 0; k < s.w.size; k++) {
+            pos = mp__st_next(&s, idx);
+            mp__io_decode(w + s.w.offset + k, f->data + t->begin + pos * mp__st_dtypes[t->dtype].size, 1, dt);
+        }
+        if (strcmp(s.w.name, "moving_variance") == 0)
+            for (k = 0; k < s.w.size; k++)
+                if (!(w[s.w.offset + k] >= 0.0f)) {
+                    mp__put(f->why, "tensor ");
+                    mp__st_put_name(f->why, s.name, strlen(s.name));
+                    mp__put(f->why, ": a moving variance is negative or NaN");
+                    return MP_ERR_FORMAT;
+                }
+    }
+    for (i = 0; i < f->n; i++) {
+        const mp__st_tensor *t = &f->t[i];
+        const char *dot = torch ? (const char *)memchr(t->name, '.', t->name_len) : NULL;
+        int l;
+        if (t->used) continue;
+        for (l = 0; dot && l < m->n_layers; l++)
+            if (m->layers[l].desc.kind == MP_BATCH_NORMALIZATION && mp__st_is(t->name, (size_t)(dot - t->name), m->layers[l].name) &&
+                mp__st_is(dot + 1, t->name_len - (size_t)(dot + 1 - t->name), "num_batches_tracked") && t->rank == 0 &&
+                (t->dtype == MP__ST_I32 || t->dtype == MP__ST_I64))
+                break;
+        if (dot && l < m->n_layers) continue;
+        mp__put(f->why, "tensor ");
+        mp__st_put_name(f->why, t->name, t->name_len);
+        mp__put(f->why, torch ? " in the file is not a weight of the model (PyTorch layout: \"LAYER.weight\")"
+                              : " in the file is not a weight of the model (Keras layout: \"LAYER/kernel\")");
+        return MP_ERR_SHAPE;
+    }
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_model_load_safetensors_from_memory(mp_model *m, const mp_safetensors_desc *desc,
+                                                            const void *buf, size_t len) {
+    mp_safetensors_desc d;
+    mp__st_file f;
+    mp__text why;
+    char reason[sizeof m->error];
+    float *w = NULL;
+    size_t n;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!buf) return mp__fail(m, MP_ERR_NULL, "no buffer to load from");
+    if ((st = mp__st_desc(m, desc, &d)) != MP_OK) return st;
+    memset(&f, 0, sizeof f);
+    why.buf = reason;
+    why.cap = sizeof reason;
+    why.len = 0;
+    mp__put(&why, "");
+    f.why = &why;
+    n = m->n_params + m->n_state; /* before build too: the layers know their sizes once added */
+    st = mp__st_read(&f, (const unsigned char *)buf, len);
+    if (st == MP_OK && !(w = (float *)mp__alloc((n ? n : 1) * sizeof(float)))) st = MP_ERR_ALLOC;
+    if (st == MP_OK) st = mp__st_gather(m, &f, d.layout == MP_LAYOUT_PYTORCH, w);
+    if (st == MP_ERR_ALLOC) st = mp__fail(m, st, "loading safetensors (%z weights)", n);
+    else if (st != MP_OK) st = mp__fail(m, st, "safetensors: %s", reason);
+    else st = mp_model_set_weights(m, w, n);
+    mp__free(w);
+    mp__st_free(&f);
+    if (st == MP_OK) mp__loop_move(m, MP__CALL_RESET);
+    return st;
+}
+
+/* The writer's order (safetensors/src/tensor.rs, prepare): dtype
+   descending in the format's enum, then name, bytewise. */
+static int mp__st_write_order(const void *a, const void *b) {
+    const mp__st_weight *x = (const mp__st_weight *)a, *y = (const mp__st_weight *)b;
+    return x->dtype != y->dtype ? (x->dtype > y->dtype ? -1 : 1) : strcmp(x->name, y->name);
+}
+
+/* A byte sink: out NULL measures. */
+typedef struct mp__st_out {
+    unsigned char *out;
+    size_t len;
+} mp__st_out;
+
+static void mp__st_emit(mp__st_out *o, const char *s, size_t n) {
+    if (o->out) memcpy(o->out + o->len, s, n);
+    o->len += n;
+}
+static void mp__st_emits(mp__st_out *o, const char *s) { mp__st_emit(o, s, strlen(s)); }
+
+static void mp__st_emit_uint(mp__st_out *o, uint64_t v) {
+    char d[24];
+    size_t n = 0;
+    do d[sizeof d - 1 - n++] = (char)('0' + (int)(v % 10u)); while (v /= 10u);
+    mp__st_emit(o, d + sizeof d - n, n);
+}
+
+/* A JSON string's contents as serde_json writes them: '"', '\\' and
+   control characters escaped (\b \f \n \r \t, else \u00XX in lower case),
+   the rest as it is. */
+static void mp__st_emit_escaped(mp__st_out *o, const char *s) {
+    static const char hex[] = "0123456789abcdef";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                        : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+        if (e) mp__st_emits(o, e);
+        else if (c < 0x20) mp__st_emit(o, u, 6);
+        else mp__st_emit(o, s, 1);
+    }
+}
+
+/* The header's JSON, unpadded: "__metadata__" ("mixprec": "layout=keras
+   dtype=float32 policy=mixed_float16 layers=dense:Dense:mixed_float16,...")
+   and the weights in s's order, packed from offset 0; returns the buffer's
+   length. */
+static uint64_t mp__st_emit_header(mp_model *m, mp__st_out *o, const mp_safetensors_desc *d, const mp__st_weight *s,
+                                   int n) {
+    uint64_t at = 0, bytes;
+    int i, r;
+    mp__st_emits(o, d->layout == MP_LAYOUT_PYTORCH ? "{\"__metadata__\":{\"mixprec\":\"layout=pytorch dtype="
+                                                   : "{\"__metadata__\":{\"mixprec\":\"layout=keras dtype=");
+    mp__st_emits(o, mp_dtype_name(d->dtype));
+    mp__st_emits(o, " policy=");
+    mp__st_emit_escaped(o, mp_policy_name(m->policy) ? mp_policy_name(m->policy) : "(unknown)");
+    mp__st_emits(o, " layers=");
+    for (i = 0; i < m->n_layers; i++) {
+        const char *p = mp_policy_name(m->layers[i].policy);
+        if (i) mp__st_emits(o, ",");
+        mp__st_emit_escaped(o, m->layers[i].name);
+        mp__st_emits(o, ":");
+        mp__st_emits(o, mp__kinds[m->layers[i].desc.kind].type);
+        mp__st_emits(o, ":");
+        mp__st_emits(o, p ? p : "(unknown)");
+    }
+    mp__st_emits(o, "\"}");
+    for (i = 0; i < n; i++) {
+        mp__st_emits(o, ",\"");
+        mp__st_emit_escaped(o, s[i].name);
+        mp__st_emits(o, "\":{\"dtype\":\"");
+        mp__st_emits(o, mp__st_dtypes[s[i].dtype].name);
+        mp__st_emits(o, "\",\"shape\":[");
+        for (r = 0; r < s[i].w.rank; r++) {
+            if (r) mp__st_emits(o, ",");
+            mp__st_emit_uint(o, (uint64_t)s[i].shape[r]);
+        }
+        bytes = (uint64_t)s[i].w.size * mp__st_dtypes[s[i].dtype].size;
+        mp__st_emits(o, "],\"data_offsets\":[");
+        mp__st_emit_uint(o, at);
+        mp__st_emits(o, ",");
+        mp__st_emit_uint(o, at + bytes);
+        mp__st_emits(o, "]}");
+        at += bytes;
+    }
+    mp__st_emits(o, "}");
+    return at;
+}
+
+/* Each weight's values after the header, in the file's dtype and axis
+   order, from w (get_weights' order). */
+static void mp__st_emit_data(unsigned char *out, const mp__st_weight *s, int n, const float *w) {
+    static const mp_dtype as[3] = {MP_FLOAT16, MP_BFLOAT16, MP_FLOAT32};
+    int i, r, idx[MP_MAX_RANK];
+    size_t k, pos;
+    for (i = 0; i < n; i++) {
+        mp_dtype dt = as[s[i].dtype == MP__ST_F16 ? 0 : s[i].dtype == MP__ST_BF16 ? 1 : 2];
+        size_t es = mp__st_dtypes[s[i].dtype].size;
+        for (r = 0; r < s[i].w.rank; r++) idx[r] = 0;
+        idx[s[i].w.rank - 1] = -1;
+        for (k = 0; k < s[i].w.size; k++) {
+            pos = mp__st_next(&s[i], idx);
+            mp__le_put(out + pos * es, mp__narrow_bits(mp__f32_bits(w[s[i].w.offset + k]), dt), es);
+        }
+        out += s[i].w.size * es;
+    }
+}
+
+MIXPREC_API mp_status mp_model_save_safetensors_to_memory(mp_model *m, const mp_safetensors_desc *desc, void *buf,
+                                                          size_t cap, size_t *len) {
+    static const int st_dtype[MP_DTYPE_COUNT] = {MP__ST_F32, MP__ST_F16, MP__ST_BF16};
+    mp_safetensors_desc d;
+    mp__st_weight *s;
+    mp__st_out o = {NULL, 0};
+    float *w = NULL;
+    uint64_t data, total;
+    size_t head, nw;
+    int n, i;
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!len) return mp__fail(m, MP_ERR_NULL, "len is NULL");
+    if ((st = mp__st_desc(m, desc, &d)) != MP_OK || (st = mp_model_build(m)) != MP_OK) return st;
+    n = mp_model_weight_count(m);
+    nw = m->n_params + m->n_state;
+    if (!(s = (mp__st_weight *)mp__alloc((size_t)(n ? n : 1) * sizeof *s)))
+        return mp__fail(m, MP_ERR_ALLOC, "saving safetensors (%d weights)", n);
+    for (i = 0; i < n; i++) {
+        mp__st_describe(m, i, d.layout == MP_LAYOUT_PYTORCH, &s[i]);
+        s[i].dtype = s[i].w.trainable ? st_dtype[d.dtype] : MP__ST_F32; /* moving statistics stay F32 */
+    }
+    if (n > 1) qsort(s, (size_t)n, sizeof *s, mp__st_write_order);
+    data = mp__st_emit_header(m, &o, &d, s, n);
+    head = (o.len + 7u) / 8u * 8u; /* padded with spaces to a multiple of 8 */
+    total = 8u + (uint64_t)head + data;
+    if (total > SIZE_MAX) st = mp__fail(m, MP_ERR_SIZE, "the file's size overflows size_t");
+    else if ((*len = (size_t)total, buf && cap < total))
+        st = mp__fail(m, MP_ERR_SIZE, "it takes %z bytes, the buffer has %z", (size_t)total, cap);
+    else if (buf && !(w = (float *)mp__alloc((nw ? nw : 1) * sizeof(float))))
+        st = mp__fail(m, MP_ERR_ALLOC, "saving safetensors (%z weights)", nw);
+    else if (buf && (st = mp_model_get_weights(m, w, nw)) == MP_OK) {
+        o.out = (unsigned char *)buf;
+        mp__le_put(o.out, (uint64_t)head, 8);
+        o.len = 8;
+        (void)mp__st_emit_header(m, &o, &d, s, n);
+        memset(o.out + o.len, ' ', 8 + head - o.len);
+        mp__st_emit_data(o.out + 8 + head, s, n, w);
+    }
+    mp__free(w);
+    mp__free(s);
+    return st;
+}
+
+#ifndef MIXPREC_NO_STDIO
+/* A safetensors file claims nothing about its length but the header's: one
+   over the format's bound is read no further (and refused). */
+static size_t mp__st_claimed(const unsigned char *head, size_t got) {
+    return got >= 8 && mp__le_get(head, 8) > MP__ST_MAX_HEADER ? got : SIZE_MAX - 1;
+}
+
+static mp_status mp__st_save_file(mp_model *m, const char *path, const mp_safetensors_desc *desc) {
+    unsigned char *buf;
+    size_t len = 0;
+    mp_status st;
+    if ((st = mp_model_save_safetensors_to_memory(m, desc, NULL, 0, &len)) != MP_OK) return st;
+    if (!(buf = (unsigned char *)mp__alloc(len))) return mp__fail(m, MP_ERR_ALLOC, "saving %s (%z bytes)", path, len);
+    st = mp_model_save_safetensors_to_memory(m, desc, buf, len, &len);
+    if (st == MP_OK) st = mp__save_bytes(m, buf, len, path);
+    mp__free(buf);
+    return st;
+}
+
+MIXPREC_API mp_status mp_model_save_safetensors(mp_model *m, const char *path, const mp_safetensors_desc *desc) {
+    if (!m) return MP_ERR_NULL;
+    if (!path) return mp__fail(m, MP_ERR_NULL, "no path to save to");
+    return mp__rank0_outcome(m, m->rank ? MP_OK : mp__st_save_file(m, path, desc), "save", path);
+}
+
+static mp_status mp__st_parse(mp_model *m, const void *desc, const void *buf, size_t len) {
+    return mp_model_load_safetensors_from_memory(m, (const mp_safetensors_desc *)desc, buf, len);
+}
+
+MIXPREC_API mp_status mp_model_load_safetensors(mp_model *m, const char *path, const mp_safetensors_desc *desc) {
+    return mp__load_file(m, path, mp__st_claimed, mp__st_parse, desc);
+}
 #endif
 
 /* >>data: gzip (see the declaration for the rules). Deflate packs its bits

@@ -72,6 +72,64 @@ static inline int flag_backend(int argc, char **argv, int i) {
     return 1;
 }
 
+/* Weights in and out as safetensors files (mixprec.h's >>safetensors), so
+   that what one example trains PyTorch can serve, or the reverse:
+   --save-weights PATH   the trained weights, after the test
+   --load-weights PATH   weights to start from (--epochs 0: only evaluate them)
+   --weights-layout keras|pytorch   names and kernel shapes (keras)
+   --weights-dtype float32|float16|bfloat16   what --save-weights stores (float32) */
+typedef struct ex_weights {
+    const char *save, *load;
+    mp_safetensors_desc desc;
+} ex_weights;
+static ex_weights ex_weights_flags;
+
+/* 1 when argv[i] is one of the weights flags (its value taken), else 0. */
+static inline int flag_weights(int argc, char **argv, int i) {
+    const char *v = i + 1 < argc ? argv[i + 1] : "";
+    if (strcmp(argv[i], "--save-weights") == 0) ex_weights_flags.save = v;
+    else if (strcmp(argv[i], "--load-weights") == 0) ex_weights_flags.load = v;
+    else if (strcmp(argv[i], "--weights-layout") == 0) {
+        if (strcmp(v, "keras") != 0 && strcmp(v, "pytorch") != 0) {
+            fprintf(stderr, "--weights-layout: keras or pytorch, not '%s'\n", v);
+            exit(2);
+        }
+        ex_weights_flags.desc.layout = strcmp(v, "pytorch") == 0 ? MP_LAYOUT_PYTORCH : MP_LAYOUT_KERAS;
+    } else if (strcmp(argv[i], "--weights-dtype") == 0) {
+        if (mp_dtype_from_name(v, &ex_weights_flags.desc.dtype) != MP_OK || ex_weights_flags.desc.dtype == MP_INT32) {
+            fprintf(stderr, "--weights-dtype: float32, float16 or bfloat16, not '%s'\n", v);
+            exit(2);
+        }
+    } else return 0;
+    return 1;
+}
+
+/* --load-weights into m (built): a file refused stops the example with
+   the library's message. */
+static inline void ex_load_weights(mp_model *m) {
+    if (!ex_weights_flags.load) return;
+    CHECK(mp_model_load_safetensors(m, ex_weights_flags.load, &ex_weights_flags.desc), m);
+    printf("loaded the weights of %s\n", ex_weights_flags.load);
+}
+
+static inline void ex_save_weights(mp_model *m) {
+    if (!ex_weights_flags.save) return;
+    CHECK(mp_model_save_safetensors(m, ex_weights_flags.save, &ex_weights_flags.desc), m);
+    printf("saved the weights to %s\n", ex_weights_flags.save);
+}
+
+/* --epochs 0 evaluates loaded weights; --save-weights writes one model's. */
+static inline void ex_check_weights_flags(int epochs, int models) {
+    if (epochs == 0 && !ex_weights_flags.load) {
+        fprintf(stderr, "--epochs 0 evaluates the weights of --load-weights: give it\n");
+        exit(2);
+    }
+    if (ex_weights_flags.save && models != 1) {
+        fprintf(stderr, "--save-weights writes one model's weights: give one --policy\n");
+        exit(2);
+    }
+}
+
 /* The model's peak memory: host_peak on the CPU, the device's own on a GPU
    (where the host holds only staging). */
 static inline size_t ex_peak_bytes(const mp_model *m, size_t host_peak) {

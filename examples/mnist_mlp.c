@@ -15,7 +15,10 @@
           --csv PREFIX: a per-step CSV log per policy, PREFIX_POLICY.csv,
           for examples/plot_log.gp (loss and loss scale over steps)
           --amp float16|bfloat16: one more run, float32 with automatic mixed
-          precision to that dtype (--policy none: that run alone) */
+          precision to that dtype (--policy none: that run alone)
+          --save-weights PATH, --load-weights PATH (.safetensors; --epochs 0
+          evaluates the loaded weights), --weights-layout keras|pytorch,
+          --weights-dtype float32|float16|bfloat16 (examples/example.h) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
@@ -38,7 +41,9 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all|none] [--units N]\n"
             "       [--epochs N] [--batch-size N] [--data DIR] [--seed N] [--train-limit N]\n"
-            "       [--csv PREFIX] [--amp float16|bfloat16] [--backend cpu|cuda]\n",
+            "       [--csv PREFIX] [--amp float16|bfloat16] [--backend cpu|cuda]\n"
+            "       [--save-weights PATH] [--load-weights PATH] [--weights-layout keras|pytorch]\n"
+            "       [--weights-dtype float32|float16|bfloat16]\n",
             prog);
     exit(2);
 }
@@ -78,8 +83,8 @@ static config parse_args(int argc, char **argv) {
         if (i + 1 >= argc) usage(argv[0]);
         if (strcmp(argv[i], "--policy") == 0) set_policies(&c, argv[i + 1]);
         else if (strcmp(argv[i], "--units") == 0) c.units = (int)flag_long(argc, argv, i, 1);
-        else if (flag_backend(argc, argv, i)) {}
-        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
+        else if (flag_backend(argc, argv, i) || flag_weights(argc, argv, i)) {}
+        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--data") == 0) c.data_dir = argv[i + 1];
         else if (strcmp(argv[i], "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
@@ -93,6 +98,7 @@ static config parse_args(int argc, char **argv) {
         c.policies[c.n_policies++] = strcmp(c.amp, "float16") == 0 ? "amp_float16" : "amp_bfloat16";
     }
     if (c.n_policies == 0) usage(argv[0]);
+    ex_check_weights_flags(c.epochs, c.n_policies);
     return c;
 }
 
@@ -130,7 +136,7 @@ static void compile_model(mp_model *m, const char *amp) {
 
 static fm_result run_policy(const config *c, const fm_data *d, const char *policy,
                          float **initial, size_t *n_initial) {
-    mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
+    mp_logs *history = calloc(c->epochs ? (size_t)c->epochs : 1, sizeof *history); /* zeros without training */
     mp_logs test;
     mp_fit_desc fd;
     char csv_path[1024];
@@ -152,6 +158,7 @@ static fm_result run_policy(const config *c, const fm_data *d, const char *polic
     baseline = mp_get_memory_info().current;
     m = build_model(c);
     fm_share_initial_weights(m, initial, n_initial);
+    ex_load_weights(m);
     compile_model(m, strncmp(policy, "amp_", 4) == 0 ? policy + 4 : NULL);
     mp_model_print_summary(m);
 
@@ -166,10 +173,11 @@ static fm_result run_policy(const config *c, const fm_data *d, const char *polic
         fd.csv_path = csv_path;
         fd.csv_per_step = 1;
     }
-    CHECK(mp_model_fit(m, &fd), m);
+    if (c->epochs) CHECK(mp_model_fit(m, &fd), m);
     CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
+    ex_save_weights(m);
 
-    r = fm_result_of(m, policy, &test, &history[c->epochs - 1], baseline); /* the first epoch warms up */
+    r = fm_result_of(m, policy, &test, &history[c->epochs ? c->epochs - 1 : 0], baseline); /* the first epoch warms up */
     mp_model_destroy(m);
     free(history);
     return r;

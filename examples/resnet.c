@@ -12,7 +12,10 @@
           one-epoch run)  --bn-momentum M (BatchNormalization's; 0.99,
           Keras's; `make demo`'s short run takes 0.9, PyTorch's default)
           --data DIR (/usr/share/datasets/fashion-mnist)  --seed N (1337)
-          --train-limit N (0 = every training image)  --backend cpu|cuda */
+          --train-limit N (0 = every training image)  --backend cpu|cuda
+          --save-weights PATH, --load-weights PATH (.safetensors; --epochs 0
+          evaluates the loaded weights), --weights-layout keras|pytorch,
+          --weights-dtype float32|float16|bfloat16 (examples/example.h) */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime, for the library's timings */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
@@ -35,7 +38,8 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--width N] [--epochs N]\n"
             "       [--batch-size N] [--learning-rate R] [--bn-momentum M] [--data DIR] [--seed N]\n"
-            "       [--train-limit N] [--backend cpu|cuda]\n",
+            "       [--train-limit N] [--backend cpu|cuda] [--save-weights PATH] [--load-weights PATH]\n"
+            "       [--weights-layout keras|pytorch] [--weights-dtype float32|float16|bfloat16]\n",
             prog);
     exit(2);
 }
@@ -62,9 +66,9 @@ static config parse_args(int argc, char **argv) {
             c.policies[0] = argv[i + 1];
             c.n_policies = 1;
         } else if (strcmp(argv[i], "--policy") == 0) {
-        } else if (flag_backend(argc, argv, i)) {
+        } else if (flag_backend(argc, argv, i) || flag_weights(argc, argv, i)) {
         } else if (strcmp(argv[i], "--width") == 0) c.width = (int)flag_long(argc, argv, i, 1);
-        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
         else if (strcmp(argv[i], "--bn-momentum") == 0) c.momentum = (float)atof(argv[i + 1]);
@@ -73,6 +77,7 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
         else usage(argv[0]);
     }
+    ex_check_weights_flags(c.epochs, c.n_policies);
     return c;
 }
 
@@ -104,7 +109,7 @@ static void compile_model(mp_model *m, float learning_rate) {
 }
 
 static fm_result run_policy(const config *c, const fm_data *d, const char *policy, float **initial, size_t *n) {
-    mp_logs *history = calloc((size_t)c->epochs, sizeof *history);
+    mp_logs *history = calloc(c->epochs ? (size_t)c->epochs : 1, sizeof *history); /* zeros without training */
     mp_logs test;
     mp_fit_desc fd;
     mp_model *m;
@@ -121,15 +126,17 @@ static fm_result run_policy(const config *c, const fm_data *d, const char *polic
     m = build_resnet(c);
     if (!*initial) mp_model_print_summary(m); /* once */
     fm_share_initial_weights(m, initial, n);
+    ex_load_weights(m);
     compile_model(m, c->learning_rate);
     memset(&fd, 0, sizeof fd);
     fd.data = d->train;
     fd.batch_size = c->batch_size;
     fd.epochs = c->epochs;
     fd.history = history;
-    CHECK(mp_model_fit(m, &fd), m);
+    if (c->epochs) CHECK(mp_model_fit(m, &fd), m);
     CHECK(mp_model_evaluate(m, &d->test, c->batch_size, &test), m);
-    r = fm_result_of(m, policy, &test, &history[c->epochs - 1], baseline);
+    ex_save_weights(m);
+    r = fm_result_of(m, policy, &test, &history[c->epochs ? c->epochs - 1 : 0], baseline);
     mp_model_destroy(m);
     free(history);
     return r;

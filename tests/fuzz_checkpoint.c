@@ -100,16 +100,6 @@ static mp_model *graph_model(void) {
     return m;
 }
 
-static void write_seed(const char *dir, const char *name, const unsigned char *b, size_t len) {
-    char path[4096];
-    FILE *f;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (!(f = fopen(path, "wb")) || fwrite(b, 1, len, f) != len || fclose(f) != 0) {
-        fprintf(stderr, "fuzz_checkpoint: cannot write %s\n", path);
-        exit(1);
-    }
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *dir = getenv("MP_FUZZ_SEEDS");
     (void)argc;

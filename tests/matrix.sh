@@ -347,7 +347,7 @@ if ! have clang; then
     par skip "fuzzing" "clang not installed" clang
 elif printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' |
         clang -fsanitize=fuzzer -x c - -o $B/fuzz_probe >/dev/null 2>&1; then
-    for f in fuzz_checkpoint fuzz_idx fuzz_gzip; do par fuzz $f; done
+    for f in fuzz_checkpoint fuzz_idx fuzz_gzip fuzz_safetensors; do par fuzz $f; done
 else
     par skip "fuzzing" "clang's libFuzzer not installed" "$(sanitizer_package clang)"
 fi
@@ -514,6 +514,19 @@ keras_peer() {
 }
 if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then par keras_peer
 else par skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"; fi
+
+section "== against PyTorch: safetensors both ways (optional: never in CI's default path)"
+# MIXPREC_TORCH_PYTHON: a python with torch and safetensors, outside the
+# repository, as the benchmarks' PyTorch peer (python3 -m venv DIR;
+# DIR/bin/pip install torch safetensors)
+torch_peer() {
+    step "build torch_peer" gcc $WARN -O2 -pthread tests/torch_peer/peer.c -o $B/torch_peer -lm
+    run "torch_interop: mixprec's safetensors in PyTorch and PyTorch's in mixprec, the same predictions and bytes" \
+        "$MIXPREC_TORCH_PYTHON" tests/torch_peer/interop.py $B/torch_peer $B/torch_interop
+}
+if [ -n "${MIXPREC_TORCH_PYTHON:-}" ] && [ -x "$MIXPREC_TORCH_PYTHON" ] &&
+    "$MIXPREC_TORCH_PYTHON" -c 'import torch, safetensors' >/dev/null 2>&1; then par torch_peer
+else par skip "torch_peer" "MIXPREC_TORCH_PYTHON does not name a python with torch and safetensors"; fi
 
 section "== exhaustive numerics (all 2^32 float32 inputs, all float16 pairs; a few minutes)"
 # Where -march=native took the AVX-512 casts, the AVX2 ones get every input

@@ -983,6 +983,355 @@ done:
     mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c); mp_model_destroy(u);
 }
 
+/* ======================================================================== */
+/* 8. safetensors: the reference writer's bytes, round trips in each dtype
+   and layout, every rule of the reference parser (and the stricter ones),
+   names and shapes of another model, and a refusal changes nothing */
+
+static uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+/* A safetensors buffer: the header json (padded with spaces to a multiple
+   of 8, as the writer does, unless raw), then `data` bytes 0, 1, 2, ... */
+static unsigned char *st_forge(const char *json, size_t data, int raw, size_t *len) {
+    size_t n = strlen(json), head = raw ? n : (n + 7) / 8 * 8, i;
+    unsigned char *b = (unsigned char *)xmalloc(8 + head + data);
+    put_le(b, head, 8);
+    memcpy(b + 8, json, n);
+    memset(b + 8 + n, ' ', head - n);
+    for (i = 0; i < data; i++) b[8 + head + i] = (unsigned char)i;
+    *len = 8 + head + data;
+    return b;
+}
+
+static unsigned char *st_save(mp_model *m, mp_dtype dt, mp_weights_layout layout, size_t *len) {
+    mp_safetensors_desc d;
+    unsigned char *b = NULL;
+    mp_status st;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.layout = layout;
+    st = mp_model_save_safetensors_to_memory(m, &d, NULL, 0, len);
+    if (st == MP_OK) st = mp_model_save_safetensors_to_memory(m, &d, b = (unsigned char *)xmalloc(*len), *len, len);
+    if (OK(st, m)) return b;
+    free(b);
+    return NULL;
+}
+
+static mp_status st_load(mp_model *m, mp_weights_layout layout, const unsigned char *b, size_t len) {
+    mp_safetensors_desc d;
+    memset(&d, 0, sizeof d);
+    d.layout = layout;
+    return mp_model_load_safetensors_from_memory(m, &d, b, len);
+}
+
+/* dense: 3 -> 2, kernel ((0.5, 1), (1.5, 2), (2.5, 3)), bias (0.25, -0.5):
+   the file as the reference writer lays it out (bias before kernel by name,
+   the JSON padded to a multiple of 8), the kernel transposed in the
+   PyTorch layout; in bfloat16, half the data bytes. */
+static void test_safetensors_bytes(void) {
+    static const int shape[] = {3, 0};
+    static const float w[8] = {0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f, 0.25f, -0.5f};
+    static const char *const json[2] = {
+        "{\"__metadata__\":{\"mixprec\":\"layout=keras dtype=float32 policy=float32 layers=dense:Dense:float32\"},"
+        "\"dense/bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+        "\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[8,32]}}",
+        "{\"__metadata__\":{\"mixprec\":\"layout=pytorch dtype=bfloat16 policy=float32 layers=dense:Dense:float32\"},"
+        "\"dense.bias\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+        "\"dense.weight\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[4,16]}}"};
+    static const float torch_order[6] = {0.5f, 1.5f, 2.5f, 1.0f, 2.0f, 3.0f};
+    mp_layer_desc dense = mp_dense(2, MP_LINEAR);
+    mp_model *m = new_model("float32", shape, &dense, 1);
+    unsigned char *b[2] = {NULL, NULL};
+    size_t len[2], head, i;
+    int k;
+    if (!m || !OK(mp_model_set_weights(m, w, 8), m)) goto done;
+    b[0] = st_save(m, MP_FLOAT32, MP_LAYOUT_KERAS, &len[0]);
+    b[1] = st_save(m, MP_BFLOAT16, MP_LAYOUT_PYTORCH, &len[1]);
+    for (k = 0; k < 2; k++) {
+        if (!b[k]) continue;
+        head = (strlen(json[k]) + 7) / 8 * 8;
+        CHECK_EQ(get_le(b[k], 8), head);
+        CHECK_EQ(len[k], 8 + head + (k ? 16 : 32));
+        CHECK(memcmp(b[k] + 8, json[k], strlen(json[k])) == 0);
+        for (i = strlen(json[k]); i < head; i++) CHECK_EQ(b[k][8 + i], ' ');
+    }
+    if (b[0]) { /* bias, then the kernel row-major (in, units), float32's bits */
+        for (i = 0; i < 2; i++) CHECK_EQ(get_le(b[0] + 8 + get_le(b[0], 8) + 4 * i, 4), f32_bits(w[6 + i]));
+        for (i = 0; i < 6; i++) CHECK_EQ(get_le(b[0] + 16 + get_le(b[0], 8) + 4 * i, 4), f32_bits(w[i]));
+    }
+    if (b[1]) /* the kernel as (units, in), bfloat16 */
+        for (i = 0; i < 6; i++)
+            CHECK_EQ(get_le(b[1] + 12 + get_le(b[1], 8) + 2 * i, 2), mp_bf16_from_f32(torch_order[i]).bits);
+    /* the buffer cap: one byte short writes nothing */
+    {
+        unsigned char small[64];
+        size_t n;
+        memset(small, 0xAB, sizeof small);
+        CHECK(mp_model_save_safetensors_to_memory(m, NULL, small, sizeof small, &n) == MP_ERR_SIZE && n == len[0] &&
+              small[0] == 0xAB);
+    }
+done:
+    free(b[0]); free(b[1]);
+    mp_model_destroy(m);
+}
+
+/* The graph model (BatchNormalization's four weights) and a convnet
+   (Conv2D's rank-4 kernel) in each dtype and layout: loaded into another
+   model they give the exported weights (float16/bfloat16: mp_convert's
+   rounding; the moving statistics exact), and saved again the same bytes. */
+static void test_safetensors_round_trip(void) {
+    static const int image[] = {5, 4, 2, 0};
+    mp_layer_desc conv[3];
+    mp_model *src[2], *dst[2];
+    float *w = NULL, *back = NULL;
+    int k, dt, layout;
+    conv[0] = mp_conv2d(3, 2, 3, MP_SAME, MP_RELU);
+    conv[1] = mp_flatten();
+    conv[2] = mp_dense(2, MP_LINEAR);
+    src[0] = graph_model(0, 0);
+    dst[0] = graph_model(0, 1); /* compiled: its optimizer state is not touched */
+    src[1] = new_model("mixed_float16", image, conv, 3);
+    dst[1] = new_model("mixed_float16", image, conv, 3);
+    for (k = 0; k < 2; k++) {
+        size_t n, i, bad = 0;
+        if (!src[k] || !dst[k]) continue;
+        n = mp_model_param_count(src[k]);
+        w = floats(n);
+        back = floats(n);
+        if (k == 0) graph_weights(w);
+        else for (i = 0; i < n; i++) w[i] = uniform(-1.0f, 1.0f);
+        OK(mp_model_set_weights(src[k], w, n), src[k]);
+        for (dt = 0; dt < MP_DTYPE_COUNT; dt++)
+            for (layout = 0; layout < 2; layout++) {
+                size_t len, len2;
+                unsigned char *b = st_save(src[k], (mp_dtype)dt, (mp_weights_layout)layout, &len), *again;
+                if (!b) continue;
+                OK(mp_safetensors_check(b, len, NULL, 0), NULL);
+                OK(st_load(dst[k], (mp_weights_layout)layout, b, len), dst[k]);
+                OK(mp_model_get_weights(dst[k], back, n), dst[k]);
+                for (bad = 0, i = 0; i < n; i++) {
+                    int state = k == 0 && i >= GRAPH_VARIANCE - 8 && i < GRAPH_VARIANCE + 8;
+                    float want = w[i];
+                    if (!state && dt == MP_FLOAT16) want = mp_f16_to_f32(mp_f16_from_f32(w[i]));
+                    if (!state && dt == MP_BFLOAT16) want = mp_bf16_to_f32(mp_bf16_from_f32(w[i]));
+                    bad += memcmp(&back[i], &want, sizeof want) != 0;
+                }
+                CHECK_EQ(bad, 0);
+                again = st_save(dst[k], (mp_dtype)dt, (mp_weights_layout)layout, &len2);
+                CHECK(again && len2 == len && memcmp(again, b, len) == 0);
+                free(b); free(again);
+            }
+        free(w); free(back);
+        w = back = NULL;
+    }
+    for (k = 0; k < 2; k++) { mp_model_destroy(src[k]); mp_model_destroy(dst[k]); }
+}
+
+/* Each rule, refused by the checker and by a load (MP_ERR_FORMAT, the model
+   untouched), with the words of its message. What the format allows loads
+   or checks. */
+static void test_safetensors_rules(void) {
+    static const struct { const char *json; size_t data; const char *word; } bad[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "differs from its shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "do not begin at 0"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12, "a hole"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4, "end before they begin"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,2],\"data_offsets\":[0,4]}}", 4, "overflows"},
+        {"{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,8]}}", 8, "size overflows"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 5, "bytes no tensor owns"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "truncated"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "given twice"},
+        {"{\"a\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "field given twice"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unknown field"},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "lacks"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, "two integers"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "non-negative integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, "not a fraction"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, "leading zero"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[18446744073709551616],\"data_offsets\":[0,4]}}", 4, "past 2^64"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, "more than 8"},
+        {"{\"__metadata__\":{\"k\":1}}", 0, "not a string"},
+        {"{\"__metadata__\":[]}", 0, "object of strings"},
+        {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__ given twice"},
+        {"[]", 0, "one JSON object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}", 4, "invalid JSON"},
+        {"{\"a\" {\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "':' was expected"},
+        {"{} x", 0, "more after the header's object"},
+        {"{\"\\ud800\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, "surrogate"},
+        {"{\"\\q\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, "unknown escape"},
+        {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, "control character"},
+        {"{\"\xC0\x80\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, "invalid UTF-8"},
+        {"{\"\xED\xA0\x80\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", 1, "invalid UTF-8"},
+    };
+    static const struct { const char *json; size_t data; } good[] = {
+        {"{}", 0},
+        {"{\"__metadata__\":{}}", 0},
+        {" { \"s\" : { \"shape\" : [ ] , \"data_offsets\" : [ 0 , 2 ] , \"dtype\" : \"BF16\" } }\n", 2},
+        {"{\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[0,0]},"
+         "\"\\u00e9\\ud83d\\ude00\\\"\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8},
+    };
+    static const int shape[] = {3, 0};
+    mp_layer_desc dense = mp_dense(2, MP_LINEAR);
+    mp_model *m = new_model("float32", shape, &dense, 1);
+    float *before = m ? weights_of(m) : NULL;
+    unsigned char *b;
+    size_t len, i;
+    char why[256];
+    if (!m) return;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        b = st_forge(bad[i].json, bad[i].data, 0, &len);
+        if (!check_report(mp_safetensors_check(b, len, why, sizeof why) == MP_ERR_FORMAT && strstr(why, bad[i].word),
+                          __FILE__, __LINE__, bad[i].word))
+            fprintf(stderr, "    %s: %s\n", bad[i].json, why);
+        CHECK_ERR(st_load(m, MP_LAYOUT_KERAS, b, len), MP_ERR_FORMAT, m, bad[i].word);
+        CHECK(weights_equal(m, before));
+        free(b);
+    }
+    for (i = 0; i < sizeof good / sizeof good[0]; i++) {
+        b = st_forge(good[i].json, good[i].data, 1, &len);
+        if (!check_report(mp_safetensors_check(b, len, why, sizeof why) == MP_OK && !why[0], __FILE__, __LINE__,
+                          good[i].json))
+            fprintf(stderr, "    %s\n", why);
+        free(b);
+    }
+    /* the frame: under 8 bytes, a header over 100,000,000 bytes or past the file */
+    b = st_forge("{}", 0, 0, &len);
+    CHECK(mp_safetensors_check(b, 7, why, sizeof why) == MP_ERR_FORMAT && strstr(why, "under 8 bytes"));
+    put_le(b, 100000001, 8);
+    CHECK(mp_safetensors_check(b, len, why, sizeof why) == MP_ERR_FORMAT && strstr(why, "over the format's 100,000,000"));
+    put_le(b, 9, 8);
+    CHECK(mp_safetensors_check(b, len, why, sizeof why) == MP_ERR_FORMAT && strstr(why, "runs past the end"));
+    put_le(b, UINT64_MAX, 8);
+    CHECK_ERR(st_load(m, MP_LAYOUT_KERAS, b, len), MP_ERR_FORMAT, m, "over the format's");
+    CHECK(mp_safetensors_check(NULL, 0, why, sizeof why) == MP_ERR_NULL);
+    CHECK(weights_equal(m, before));
+    free(b);
+    free(before);
+    mp_model_destroy(m);
+}
+
+/* A valid file of another model: names, shapes and dtypes named in the
+   error; the model untouched even when every tensor but the last fits;
+   a torch state dict's num_batches_tracked taken in the PyTorch layout. */
+static void test_safetensors_model(void) {
+    static const int shape[] = {3, 0};
+    static const char *const files[][3] = {
+        {"{\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[0,24]}}", "24",
+         "tensor \"dense/bias\" of shape [2], a weight of the model in the Keras layout, is not in the file"},
+        {"{\"dense/bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[8,32]}}", "32",
+         "tensor \"dense/kernel\": shape [2, 3] in the file, [3, 2] in the model (Keras layout)"},
+        {"{\"dense/bias\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+         "\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[16,40]}}", "40",
+         "tensor \"dense/bias\": dtype F64; weights load from F32, F16 or BF16"},
+        {"{\"dense/bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[8,32]},"
+         "\"extra\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[32,36]}}", "36",
+         "tensor \"extra\" in the file is not a weight of the model"},
+        {"{\"dense/bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"dense/kernel\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[8,32]}}", "32", ""},
+    };
+    mp_layer_desc dense = mp_dense(2, MP_LINEAR);
+    mp_layer_desc bn_layers[2];
+    mp_model *m = new_model("float32", shape, &dense, 1), *bn;
+    float *before = m ? weights_of(m) : NULL;
+    unsigned char *b;
+    size_t len, i;
+    if (!m) return;
+    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
+        b = st_forge(files[i][0], (size_t)atoi(files[i][1]), 0, &len);
+        if (files[i][2][0]) {
+            CHECK(mp_safetensors_check(b, len, NULL, 0) == MP_OK);
+            CHECK_ERR(st_load(m, MP_LAYOUT_KERAS, b, len), strstr(files[i][2], "F64") ? MP_ERR_DTYPE : MP_ERR_SHAPE, m,
+                      files[i][2]);
+            CHECK(weights_equal(m, before));
+        } else { /* the right names and shapes: it loads; in the PyTorch layout it does not */
+            CHECK_ERR(st_load(m, MP_LAYOUT_PYTORCH, b, len), MP_ERR_SHAPE, m,
+                      "\"dense.weight\" of shape [2, 3], a weight of the model in the PyTorch layout, is not in the "
+                      "file; it has the Keras layout's names: load it with MP_LAYOUT_KERAS");
+            CHECK(weights_equal(m, before));
+            OK(st_load(m, MP_LAYOUT_KERAS, b, len), m);
+            CHECK(!weights_equal(m, before));
+        }
+        free(b);
+    }
+    /* BatchNorm1d's state dict: num_batches_tracked (I64, rank 0) is taken
+       and not used in the PyTorch layout, refused in the Keras one */
+    bn_layers[0] = mp_dense(2, MP_LINEAR);
+    bn_layers[1] = mp_batch_normalization();
+    bn = new_model("float32", shape, bn_layers, 2);
+    if (bn) {
+        static const char *const names[] = {"batch_normalization.bias", "batch_normalization.num_batches_tracked",
+                                            "batch_normalization.running_mean", "batch_normalization.running_var",
+                                            "batch_normalization.weight", "dense.bias", "dense.weight"};
+        char json[1024];
+        size_t at = 0, n = 0;
+        int k;
+        for (k = 0, json[0] = '{'; k < 7; k++) {
+            size_t bytes = k == 1 ? 8 : k == 6 ? 24 : 8;
+            n += (size_t)sprintf(json + 1 + n, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+                                 k ? "," : "", names[k], k == 1 ? "I64" : "F32", k == 1 ? "[]" : k == 6 ? "[2,3]" : "[2]",
+                                 at, at + bytes);
+            at += bytes;
+        }
+        strcpy(json + 1 + n, "}");
+        b = st_forge(json, at, 0, &len);
+        /* the forged bytes 0, 1, 2 ... as a variance are positive floats */
+        OK(st_load(bn, MP_LAYOUT_PYTORCH, b, len), bn);
+        CHECK_ERR(st_load(bn, MP_LAYOUT_KERAS, b, len), MP_ERR_SHAPE, bn, "\"dense/kernel\"");
+        free(b);
+        mp_model_destroy(bn);
+    }
+    free(before);
+    mp_model_destroy(m);
+}
+
+/* Files: replaced by temp + rename, read back; a directory, a missing file
+   and a bad file refused, the model untouched. */
+static void test_safetensors_files(void) {
+    mp_model *a = graph_model(0, 0), *b = graph_model(0, 0);
+    char *path = path_in("w.safetensors"), *nodir = path_in("no/such/w.safetensors");
+    float w[GRAPH_WEIGHTS];
+    mp_safetensors_desc d;
+    unsigned char *bytes;
+    size_t len;
+    FILE *f;
+    if (!a || !b) goto done;
+    memset(&d, 0, sizeof d);
+    d.layout = MP_LAYOUT_PYTORCH;
+    graph_weights(w);
+    OK(mp_model_set_weights(a, w, GRAPH_WEIGHTS), a);
+    OK(mp_model_save_safetensors(a, path, &d), a);
+    CHECK(temps_of("w.safetensors") == 0);
+    OK(mp_model_load_safetensors(b, path, &d), b);
+    CHECK(weights_equal(b, w));
+    CHECK_ERR(mp_model_load_safetensors(b, path, NULL), MP_ERR_SHAPE, b, "Keras layout");
+    CHECK_ERR(mp_model_save_safetensors(a, nodir, NULL), MP_ERR_IO, a, "cannot create");
+    CHECK_ERR(mp_model_load_safetensors(b, nodir, NULL), MP_ERR_IO, b, "cannot read");
+    CHECK_ERR(mp_model_load_safetensors(b, tmp_dir, NULL), MP_ERR_IO, b, "regular file");
+    bytes = read_all(path, &len);
+    if (bytes && (f = fopen(path, "wb")) != NULL) { /* one byte more than the tensors */
+        CHECK(fwrite(bytes, 1, len, f) == len && fputc(0, f) == 0 && fclose(f) == 0);
+        CHECK_ERR(mp_model_load_safetensors(b, path, &d), MP_ERR_FORMAT, b, "bytes no tensor owns");
+    }
+    CHECK(weights_equal(b, w));
+    CHECK(mp_model_save_safetensors(NULL, path, NULL) == MP_ERR_NULL && mp_model_load_safetensors(NULL, path, NULL) == MP_ERR_NULL);
+    remove(path);
+    free(bytes);
+done:
+    free(path); free(nodir);
+    mp_model_destroy(a); mp_model_destroy(b);
+}
+
 int main(int argc, char **argv) {
     char dir[] = "/tmp/mp_ckpt_XXXXXX";
     check_args(argc, argv);
@@ -1005,6 +1354,11 @@ int main(int argc, char **argv) {
     RUN(test_learning_rate_state());
     RUN(test_optimizer_config_restored());
     RUN(test_graph());
+    RUN(test_safetensors_bytes());
+    RUN(test_safetensors_round_trip());
+    RUN(test_safetensors_rules());
+    RUN(test_safetensors_model());
+    RUN(test_safetensors_files());
     rmdir(dir);
     return check_done("test_checkpoint");
 }
