@@ -1063,6 +1063,42 @@ static void test_weight_info(void) {
     mp_model_destroy(m);
 }
 
+/* The sequence layers' weights as Keras 3 names and shapes them: the
+   embeddings, then MultiHeadAttention's eight (C 8, 2 heads, key_dim 4). */
+static void test_weight_info_sequences(void) {
+    static const struct { const char *layer, *name; int rank, shape[3]; } want[] = {
+        {"embedding", "embeddings", 2, {GPT_V, GPT_C}},
+        {"position_embedding", "embeddings", 2, {GPT_T + 2, GPT_C}},
+        {"layer_normalization", "gamma", 1, {GPT_C}},
+        {"layer_normalization", "beta", 1, {GPT_C}},
+        {"multi_head_attention", "query/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "query/bias", 2, {2, 4}},
+        {"multi_head_attention", "key/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "key/bias", 2, {2, 4}},
+        {"multi_head_attention", "value/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "value/bias", 2, {2, 4}},
+        {"multi_head_attention", "attention_output/kernel", 3, {2, 4, GPT_C}},
+        {"multi_head_attention", "attention_output/bias", 1, {GPT_C}},
+    };
+    mp_model *m = tiny_gpt("float32", 1);
+    mp_weight_info w;
+    size_t at = 0;
+    int i, r, same, bad = 0, n = (int)(sizeof want / sizeof want[0]);
+    char detail[200] = "";
+    if (!m) return;
+    for (i = 0; i < n; i++) {
+        if (!OK(mp_model_weight_info(m, i, &w), m)) break;
+        same = !strcmp(w.layer, want[i].layer) && !strcmp(w.name, want[i].name) && w.rank == want[i].rank &&
+               w.offset == at && w.trainable;
+        for (r = 0; r < w.rank; r++) same &= w.shape[r] == want[i].shape[r];
+        at += w.size;
+        if (!same && bad++ == 0) snprintf(detail, sizeof detail, "weight %d: %s/%s rank %d", i, w.layer, w.name, w.rank);
+    }
+    check_all(bad, "weight_info: Embedding, PositionEmbedding and MultiHeadAttention as Keras 3 names them", detail,
+              __FILE__, __LINE__);
+    mp_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
     check_args(argc, argv);
     RUN(test_graph_errors());
@@ -1080,6 +1116,7 @@ int main(int argc, char **argv) {
     RUN(test_sequence_errors());
     RUN(test_liveness());
     RUN(test_weight_info());
+    RUN(test_weight_info_sequences());
     RUN(test_residual_training());
     return check_done("test_graph");
 }
