@@ -11,7 +11,8 @@ CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks $(B)/resnet
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks $(B)/resnet \
+           $(B)/tiny_gpt
 # Data-parallel training over MPI (mpi/mixprec_mpi.h): built where mpicc is.
 MPICC   ?= $(shell command -v mpicc 2>/dev/null)
 EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)

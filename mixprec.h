@@ -121,7 +121,8 @@ TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
     - A layer computes in its policy's compute dtype and keeps float32
       variables, read as the compute dtype each step. Floating inputs are cast
       on entry; int32 inputs become float32 first (exact to 2^24, see
-      >>data); integer labels are never cast. The loss is float32; after a
+      >>data), and stay float32 where an Embedding reads them as token
+      ids; integer labels are never cast. The loss is float32; after a
       softmax (sigmoid) output a crossentropy reads the logits, as Keras's.
     - Matrix products (Dense, Conv2D, forward and backward) accumulate in
       float32 and round once to the output dtype, as Tensor Cores do.
