@@ -2296,12 +2296,12 @@ static MIXPREC_HD inline size_t mp__attention_keys(const mp__attention_geom *g, 
    dt (0 where masked), att_i = sum_j p_ij v_j rounded once. */
 static MIXPREC_HD inline void mp__attention_row(const mp__attention_geom *g, void *att, void *p, float *s, const void *q,
                                                 const void *k, const void *v, size_t n, size_t i) {
-    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t;
+    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t, qi = mp__attention_at(g, n, i, 0);
+    size_t k0 = mp__attention_at(g, n, 0, 0);
     float mx = -INFINITY, sum = 0.0f;
     for (j = 0; j < keys; j++) {
         float dot = 0.0f;
-        for (c = 0; c < g->d; c++)
-            dot += mp__elem(q, g->dt, mp__attention_at(g, n, i, c)) * mp__elem(k, g->dt, mp__attention_at(g, n, j, c));
+        for (c = 0; c < g->d; c++) dot += mp__elem(q, g->dt, qi + c) * mp__elem(k, g->dt, k0 + j * g->stride + c);
         s[pr + j] = dot * g->scale;
         mx = s[pr + j] > mx ? s[pr + j] : mx;
     }
@@ -2309,8 +2309,8 @@ static MIXPREC_HD inline void mp__attention_row(const mp__attention_geom *g, voi
     for (j = 0; j < g->t; j++) mp__elem_set(p, g->dt, pr + j, j < keys ? expf(s[pr + j] - mx) / sum : 0.0f);
     for (c = 0; c < g->d; c++) {
         float acc = 0.0f;
-        for (j = 0; j < keys; j++) acc += mp__elem(p, g->dt, pr + j) * mp__elem(v, g->dt, mp__attention_at(g, n, j, c));
-        mp__elem_set(att, g->dt, mp__attention_at(g, n, i, c), acc);
+        for (j = 0; j < keys; j++) acc += mp__elem(p, g->dt, pr + j) * mp__elem(v, g->dt, k0 + j * g->stride + c);
+        mp__elem_set(att, g->dt, qi + c, acc);
     }
 }
 
@@ -2319,12 +2319,12 @@ static MIXPREC_HD inline void mp__attention_row(const mp__attention_geom *g, voi
    dq_i = sum_j ds_ij k_j. */
 static MIXPREC_HD inline void mp__attention_dq_row(const mp__attention_geom *g, void *dq, float *s, const void *datt,
                                                    const void *k, const void *v, const void *p, size_t n, size_t i) {
-    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t;
+    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t, qi = mp__attention_at(g, n, i, 0);
+    size_t k0 = mp__attention_at(g, n, 0, 0);
     float dot = 0.0f;
     for (j = 0; j < keys; j++) {
         float dp = 0.0f;
-        for (c = 0; c < g->d; c++)
-            dp += mp__elem(datt, g->dt, mp__attention_at(g, n, i, c)) * mp__elem(v, g->dt, mp__attention_at(g, n, j, c));
+        for (c = 0; c < g->d; c++) dp += mp__elem(datt, g->dt, qi + c) * mp__elem(v, g->dt, k0 + j * g->stride + c);
         s[pr + j] = dp;
         dot += mp__elem(p, g->dt, pr + j) * dp;
     }
@@ -2332,8 +2332,8 @@ static MIXPREC_HD inline void mp__attention_dq_row(const mp__attention_geom *g, 
     for (j = keys; j < g->t; j++) s[pr + j] = 0.0f;
     for (c = 0; c < g->d; c++) {
         float acc = 0.0f;
-        for (j = 0; j < keys; j++) acc += s[pr + j] * mp__elem(k, g->dt, mp__attention_at(g, n, j, c));
-        mp__elem_set(dq, g->dt, mp__attention_at(g, n, i, c), acc);
+        for (j = 0; j < keys; j++) acc += s[pr + j] * mp__elem(k, g->dt, k0 + j * g->stride + c);
+        mp__elem_set(dq, g->dt, qi + c, acc);
     }
 }
 
@@ -2341,15 +2341,15 @@ static MIXPREC_HD inline void mp__attention_dq_row(const mp__attention_geom *g, 
    ds_ij q_i and dv_j = sum_i p_ij datt_i, over the rows i that see j. */
 static MIXPREC_HD inline void mp__attention_dkv_row(const mp__attention_geom *g, void *dk, void *dv, const float *s,
                                                     const void *datt, const void *q, const void *p, size_t n, size_t j) {
-    size_t i, c, first = g->causal ? j : 0, ps = n * g->t * g->t;
+    size_t i, c, first = g->causal ? j : 0, ps = n * g->t * g->t, q0 = mp__attention_at(g, n, 0, 0);
     for (c = 0; c < g->d; c++) {
         float ak = 0.0f, av = 0.0f;
         for (i = first; i < g->t; i++) {
-            ak += s[ps + i * g->t + j] * mp__elem(q, g->dt, mp__attention_at(g, n, i, c));
-            av += mp__elem(p, g->dt, ps + i * g->t + j) * mp__elem(datt, g->dt, mp__attention_at(g, n, i, c));
+            ak += s[ps + i * g->t + j] * mp__elem(q, g->dt, q0 + i * g->stride + c);
+            av += mp__elem(p, g->dt, ps + i * g->t + j) * mp__elem(datt, g->dt, q0 + i * g->stride + c);
         }
-        mp__elem_set(dk, g->dt, mp__attention_at(g, n, j, c), ak);
-        mp__elem_set(dv, g->dt, mp__attention_at(g, n, j, c), av);
+        mp__elem_set(dk, g->dt, q0 + j * g->stride + c, ak);
+        mp__elem_set(dv, g->dt, q0 + j * g->stride + c, av);
     }
 }
 
@@ -10851,10 +10851,11 @@ static mp_status mp__check_ids(mp_model *m, const char *who, const mp__feed *f) 
     for (li = 0; li < m->n_layers; li++) {
         const mp__layer *l = &m->layers[li];
         if (l->desc.kind != MP_EMBEDDING) continue;
-        for (i = 0; i < n; i++) {
-            double id = f->xt == MP_INT32 ? (double)((const int32_t *)f->x)[i] : (double)((const float *)f->x)[i];
-            int whole = id >= -2147483648.0 && id <= 2147483647.0 && id == (double)(int32_t)id; /* NaN: no */
-            if (whole && id >= 0.0 && id < (double)l->desc.input_dim) continue;
+        for (i = 0; i < n; i++) { /* in float32 and int32 alone (no double: single-precision FPUs) */
+            float v = f->xt == MP_INT32 ? 0.0f : ((const float *)f->x)[i];
+            int whole = f->xt == MP_INT32 || (v >= -2147483648.0f && v < 2147483648.0f && v == (float)(int32_t)v);
+            int32_t id = f->xt == MP_INT32 ? ((const int32_t *)f->x)[i] : whole ? (int32_t)v : -1; /* NaN: not whole */
+            if (whole && id >= 0 && id < l->desc.input_dim) continue;
             if (whole)
                 return mp__fail(m, MP_ERR_ARG, "%s: x: sample %z, position %z has token id %d; layer %s (Embedding) "
                                 "takes ids in [0, %d)", who, i / m->in_size, i % m->in_size, (int)id, l->name,
