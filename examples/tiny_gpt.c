@@ -14,7 +14,8 @@
           --learning-rate R (Adam's; 3e-3)  --data FILE (build/fortunes.txt)
           --seed N (1337)  --sample N (characters generated, 200)
 
-   Each policy ends with one line:
+   Each policy ends with one line (peak_bytes: what mixprec allocated for
+   the model at most, its weights, optimizer slots and activations):
    result policy=NAME val_loss=L tokens_per_s=R peak_bytes=B loss_scale=S skipped_steps=K */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #define MIXPREC_IMPLEMENTATION
@@ -222,11 +223,12 @@ static result run_policy(const config *c, const mp_tokens *t, size_t split, cons
     double start, trained = 0.0;
     float loss = 0.0f, running = 0.0f;
     int step, shape = c->context;
-    size_t n;
+    size_t n, baseline;
     if (!x || !y) exit(1);
     printf("\n=== policy %s ===\n", policy);
     CHECK(mp_set_global_policy_name(policy), NULL);
     mp_reset_peak_memory();
+    baseline = mp_get_memory_info().current; /* the text's tokens: not the model's */
     m = build_gpt(c, t->vocab_size);
     CHECK(mp_set_global_policy_name("float32"), NULL);
     n = mp_model_param_count(m);
@@ -264,7 +266,7 @@ static result run_policy(const config *c, const mp_tokens *t, size_t split, cons
     r.policy = policy;
     r.val_loss = validation_loss(c, m, t, split, x, y, 8);
     r.tokens_per_s = (float)((double)c->steps * c->batch * c->context / trained);
-    r.peak_bytes = mp_get_memory_info().peak;
+    r.peak_bytes = mp_get_memory_info().peak - baseline;
     r.loss_scale = mp_current_loss_scale(m);
     r.skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
     print_sample(c, m, t, split, &rng);
