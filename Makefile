@@ -11,7 +11,8 @@ CFLAGS ?= -O2
 WARN    = -std=c99 -Wall -Wextra -Wpedantic -Werror
 B       = build
 
-EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks $(B)/resnet
+EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/numerics $(B)/callbacks $(B)/resnet \
+           $(B)/tiny_gpt
 # Data-parallel training over MPI (mpi/mixprec_mpi.h): built where mpicc is.
 MPICC   ?= $(shell command -v mpicc 2>/dev/null)
 EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)
@@ -30,6 +31,11 @@ GEMM_LIBS = $(if $(OPENBLAS),-lopenblas)
 # of plain IDX files (bench/gpu_train.py's PyTorch peer, tests/matrix.sh).
 FMNIST_PKG = /usr/share/datasets/fashion-mnist
 FMNIST     = $(B)/fashion-mnist
+# Debian's fortunes package, plain text (entries between `%` lines): `make
+# data` joins its files into one text for the language-model examples,
+# which make a synthetic text of their own where it is missing.
+FORTUNES_PKG = /usr/share/games/fortunes
+FORTUNES     = $(B)/fortunes.txt
 
 .PHONY: all deps examples data demo check print-tests test $(TESTS:%=test-%) test-mpi bench bench-dp nccl bench-build bench-quick cuda examples-cuda bench-gpu clean
 
@@ -42,7 +48,7 @@ examples: $(EXAMPLES)
 DEPS = make gcc g++ clang libclang-rt-14-dev libc6-dev \
        gcc-arm-none-eabi libnewlib-arm-none-eabi \
        gcc-s390x-linux-gnu libc6-dev-s390x-cross qemu-user \
-       gzip dataset-fashion-mnist libopenblas-dev gnuplot-nox openmpi-bin libopenmpi-dev
+       gzip dataset-fashion-mnist fortunes libopenblas-dev gnuplot-nox openmpi-bin libopenmpi-dev
 
 deps:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "deps: apt-get needs root: sudo make deps"; exit 1; fi
@@ -68,6 +74,13 @@ data:
 	        f=$(FMNIST)/$$(basename $$gz .gz); \
 	        [ -f $$f ] || { gzip -dc $$gz > $$f.tmp && mv $$f.tmp $$f; } || exit 1; \
 	    done; echo "data: Fashion-MNIST in $(FMNIST)"; \
+	fi
+	@if ! [ -f $(FORTUNES_PKG)/fortunes ]; then \
+	    echo "data: $(FORTUNES_PKG) is missing: apt-get install fortunes"; \
+	else \
+	    mkdir -p $(B) && LC_ALL=C find $(FORTUNES_PKG) -maxdepth 1 -type f ! -name '*.*' | LC_ALL=C sort | \
+	        xargs cat > $(FORTUNES).tmp && mv $(FORTUNES).tmp $(FORTUNES) && \
+	        echo "data: the fortunes text in $(FORTUNES) ($$(wc -c < $(FORTUNES)) bytes)"; \
 	fi
 
 # Every example, sized to finish in about a minute on 2 cores, on the

@@ -121,7 +121,8 @@ TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
     - A layer computes in its policy's compute dtype and keeps float32
       variables, read as the compute dtype each step. Floating inputs are cast
       on entry; int32 inputs become float32 first (exact to 2^24, see
-      >>data); integer labels are never cast. The loss is float32; after a
+      >>data), and stay float32 where an Embedding reads them as token
+      ids; integer labels are never cast. The loss is float32; after a
       softmax (sigmoid) output a crossentropy reads the logits, as Keras's.
     - Matrix products (Dense, Conv2D, forward and backward) accumulate in
       float32 and round once to the output dtype, as Tensor Cores do.
@@ -226,6 +227,7 @@ CONTENTS
     >>safetensors            weights in PyTorch's and Hugging Face's format, Keras or torch names
     >>data: gzip             mp_gunzip: gzip (RFC 1952) and deflate (RFC 1951), bounded
     >>data                   IDX files (MNIST, Fashion-MNIST), plain or gzip; mp_dataset_data
+    >>data: tokens           text and llm.c token files, cut into windows of next-token targets
     >>backends               the table of operations a backend fills (MP_OP),
                              and the inline rules every backend shares
     >>communicator           data-parallel training: the table of collectives
@@ -286,6 +288,7 @@ CONTENTS
     >>safetensors            JSON header: parse, check; import by name, export
     >>data: gzip             inflate: bits, Huffman codes, blocks, members
     >>data                   IDX parsing and loading (a gzip file in two steps), mp_dataset_data
+    >>data: tokens           byte-level text, llm.c's token files, windows
 */
 #ifndef MIXPREC_H
 #define MIXPREC_H
@@ -557,6 +560,8 @@ typedef enum mp_activation {
     MP_SOFTMAX, /* over the last axis */
     MP_TANH,
     MP_GELU, /* exact: 0.5 x (1 + erf(x / sqrt 2)), Keras's approximate=False */
+    MP_GELU_APPROXIMATE, /* Keras's gelu(x, approximate=True), GPT-2's tanh form:
+                            0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
     MP_ACTIVATION_COUNT
 } mp_activation;
 
@@ -577,6 +582,9 @@ typedef enum mp_layer_kind {
     MP_AVERAGE_POOLING2D,
     MP_GLOBAL_AVERAGE_POOLING2D,
     MP_RESHAPE,
+    MP_EMBEDDING,            /* token ids (the model's input) -> rows of a float32 table */
+    MP_POSITION_EMBEDDING,   /* a learned row per position (keras_hub's PositionEmbedding) */
+    MP_MULTI_HEAD_ATTENTION, /* self-attention over (time, features) */
     MP_LAYER_KIND_COUNT
 } mp_layer_kind;
 
@@ -605,6 +613,11 @@ typedef struct mp_layer_desc {
     int no_bias;              /* Dense, Conv2D: nonzero = use_bias=False */
     float rate;               /* Dropout: fraction dropped, [0, 1) */
     uint64_t seed;            /* Dropout: 0 = derived from the model's seed */
+    int input_dim;            /* Embedding: the vocabulary, ids in [0, input_dim) */
+    int output_dim;           /* Embedding: the width of a row */
+    int sequence_length;      /* PositionEmbedding: the positions it has rows for */
+    int num_heads, key_dim;   /* MultiHeadAttention (value_dim = key_dim, as Keras's default) */
+    int use_causal_mask;      /* MultiHeadAttention: nonzero = position i attends to 0..i only */
     const char *dtype;        /* policy name override ("float32"), or NULL */
     const mp_policy *policy;  /* policy override, or NULL */
     const char *name;         /* NULL = Keras-style automatic name ("dense_1") */
@@ -627,7 +640,30 @@ MIXPREC_API mp_layer_desc mp_concatenate(int axis);
 MIXPREC_API mp_layer_desc mp_average_pooling2d(int pool_h, int pool_w);
 MIXPREC_API mp_layer_desc mp_global_average_pooling2d(void);
 MIXPREC_API mp_layer_desc mp_reshape(const int *target_shape); /* zero-terminated */
-/* "relu", "sigmoid", "softmax", "tanh", "gelu", "linear" */
+/* Sequences (docs/layers.md). Embedding reads the model's input, token
+   ids as numbers (int32 or float32 data, exact integers in [0, input_dim):
+   any other is refused, naming the sample and position), a sample of shape
+   (time,) giving (time, output_dim): each id's row of the float32 table,
+   cast to the compute dtype (Keras 3's Embedding; weight "embeddings",
+   (input_dim, output_dim), initialised U(-0.05, 0.05)). */
+MIXPREC_API mp_layer_desc mp_embedding(int input_dim, int output_dim);
+/* keras_hub's PositionEmbedding: for an input (time, features), time <=
+   sequence_length, the output is the table's first `time` rows, the same
+   for every sample (weight "embeddings", (sequence_length, features),
+   glorot_uniform); its input gives only the shape (no gradient flows to
+   it). GPT-2's input is Add()(token embedding, PositionEmbedding of it). */
+MIXPREC_API mp_layer_desc mp_position_embedding(int sequence_length);
+/* Keras's MultiHeadAttention(num_heads, key_dim) called on one input,
+   query = value = key, of shape (time, features): projections to
+   num_heads heads of key_dim, softmax(q k^T / sqrt(key_dim)) v per head,
+   the heads projected back to features. The logits and softmax in
+   float32, the probabilities rounded to the compute dtype (Keras's fused
+   path). use_causal_mask: position i attends to positions 0..i. Weights,
+   as Keras 3 names them: query/kernel (features, heads, key_dim),
+   query/bias (heads, key_dim), key/..., value/..., attention_output/kernel
+   (heads, key_dim, features), attention_output/bias (features). */
+MIXPREC_API mp_layer_desc mp_multi_head_attention(int num_heads, int key_dim, int use_causal_mask);
+/* "relu", "sigmoid", "softmax", "tanh", "gelu", "gelu_approximate", "linear" */
 MIXPREC_API mp_status mp_activation_from_name(const char *name, mp_activation *out);
 MIXPREC_API const char *mp_activation_name(mp_activation a); /* NULL if invalid */
 
@@ -1595,6 +1631,44 @@ MIXPREC_API mp_status mp_load_idx_why(const char *images_path, const char *label
 MIXPREC_API void mp_model_print_summary(const mp_model *m);
 #endif
 
+/* >>data: tokens, for language models (docs/data.md): a text as byte-level
+   tokens, or an llm.c token file, cut into (time + 1)-token windows: the
+   inputs, and the same shifted by one as the targets. */
+typedef struct mp_tokens {
+    int32_t *ids;             /* count token ids, each in [0, vocab_size) */
+    size_t count;
+    int vocab_size;           /* text: the distinct bytes; llm.c: 1 + the largest id */
+    int byte_level;           /* 1: from text; id i stands for the byte bytes[i] */
+    unsigned char bytes[256]; /* byte-level: the vocabulary, ascending */
+    int16_t id_of[256];       /* byte-level: a byte's id, -1 where the text has none */
+} mp_tokens;
+
+/* Byte-level tokens of len bytes of text: the vocabulary is the distinct
+   bytes, in ascending order. MP_ERR_FORMAT for no bytes. */
+MIXPREC_API mp_status mp_tokens_from_text(const void *text, size_t len, mp_tokens *out);
+/* An llm.c token file in memory (its dev/data scripts' format): 256
+   little-endian int32 (magic 20240520, version 1, the token count, the
+   rest unused), then that many uint16 tokens; exactly 1024 + 2 x count
+   bytes. Anything else is MP_ERR_FORMAT. */
+MIXPREC_API mp_status mp_tokens_from_llmc(const void *buf, size_t len, mp_tokens *out);
+MIXPREC_API void mp_tokens_free(mp_tokens *t); /* NULL-safe */
+/* Windows of time + 1 tokens that follow each other, sharing their edge
+   tokens, as llm.c's DataLoader reads: (count - 1) / time of them. */
+MIXPREC_API size_t mp_tokens_window_count(const mp_tokens *t, int time);
+/* n windows, window i from token starts[i] (starts NULL: from i x time):
+   x[i][j] = ids[start + j] and y[i][j] = ids[start + j + 1], j < time,
+   each n x time int32 (mp_array_i32(x, n, 1, &time) is a model's input,
+   y its (batch, time) labels). MP_ERR_ARG, nothing written, when a
+   window runs past the tokens. */
+MIXPREC_API mp_status mp_tokens_windows(const mp_tokens *t, const size_t *starts, size_t n, int time, int32_t *x,
+                                        int32_t *y);
+#ifndef MIXPREC_NO_STDIO
+/* The same from files; on failure a sentence in why[why_cap] (may be
+   NULL) names the file and what is wrong, as mp_load_idx_why's. */
+MIXPREC_API mp_status mp_load_text_tokens(const char *path, mp_tokens *out, char *why, size_t why_cap);
+MIXPREC_API mp_status mp_load_llmc_tokens(const char *path, mp_tokens *out, char *why, size_t why_cap);
+#endif
+
 /* >>backends
    A model runs every kernel through one table of operations, the backend,
    chosen when the model is created (mp_model_desc.backend; NULL = the CPU).
@@ -1799,6 +1873,30 @@ struct mp_backend {
     void (*layer_norm_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, mp_dtype dt,
                                 size_t rows, size_t cols, const float *gamma_beta, const float *stats,
                                 float *dgamma_beta);
+    /* Embedding: row r of y (rows x cols, in yt) = row ids[r] of the float32
+       table (vocab rows), rounded into yt; ids are float32 token ids (ids
+       NULL: row r takes row r % period, PositionEmbedding's). An id that is
+       not in [0, vocab) gives a row of zeros, never a read outside the
+       table (the host refuses such ids first). */
+    void (*embedding)(void *ctx, void *y, mp_dtype yt, const float *table, size_t vocab, const float *ids,
+                      size_t period, size_t rows, size_t cols);
+    /* Its gradient, a scatter-add in a fixed order: dtable (vocab x cols,
+       float32) = 0, then dtable[id of r] += dy[r] for r = 0, 1, ... (dy in
+       dt): every column's sums run in row order, whatever the threads. */
+    void (*embedding_backward)(void *ctx, float *dtable, size_t vocab, const void *dy, mp_dtype dt, const float *ids,
+                               size_t period, size_t rows, size_t cols);
+    /* Scaled dot-product attention of n sequences (batch x heads) of t
+       positions (>>rules' mp__attention_*): q, k, v and att are rows of
+       `stride` values, head h's d columns from h d; p (dt) and s (float32)
+       are t x t per sequence, in the sequence order (b heads + h). att =
+       softmax(scale q k^T (causal: masked above the diagonal)) v, the
+       probabilities in p (rounded to dt), s scratch. */
+    void (*attention)(void *ctx, void *att, void *p, float *s, const void *q, const void *k, const void *v,
+                      mp_dtype dt, size_t batch, size_t t, size_t heads, size_t d, float scale, int causal);
+    /* Its gradient from datt: dq, dk, dv (dt); s is scratch. */
+    void (*attention_backward)(void *ctx, void *dq, void *dk, void *dv, float *s, const void *datt, const void *q,
+                               const void *k, const void *v, const void *p, mp_dtype dt, size_t batch, size_t t,
+                               size_t heads, size_t d, float scale, int causal);
     /* A device backend's staging memory (NULL where the host's memory is the
        backend's): host memory whose copies to the backend run without the
        host waiting (pinned). host_wait(p) returns once no queued copy still
@@ -2040,17 +2138,28 @@ static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
     case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
     case MP_TANH: return tanhf(v);
     case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
+    case MP_GELU_APPROXIMATE: return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
     default: return v;
     }
 }
 
-/* d act / d x, from the output y (or the input x for gelu). */
+/* The gelus' derivatives are functions of their input, the others' of
+   their output: the input is kept for these (a Dense layer's z). */
+static MIXPREC_HD inline int mp__act_reads_input(mp_activation a) { return a == MP_GELU || a == MP_GELU_APPROXIMATE; }
+
+/* d act / d x, from the output y (or the input x for the gelus). The tanh
+   form's, as llm.c's gelu_backward: 0.5 (1 + t) + 0.5 x (1 - t^2) u',
+   t = tanh(u), u = sqrt(2 / pi) (x + 0.044715 x^3). */
 static MIXPREC_HD inline float mp__act_grad(mp_activation a, float y, float x) {
+    float t;
     switch (a) {
     case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
     case MP_SIGMOID: return y * (1.0f - y);
     case MP_TANH: return 1.0f - y * y;
     case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+    case MP_GELU_APPROXIMATE:
+        t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 0.134145f * x * x);
     default: return 1.0f;
     }
 }
@@ -2206,6 +2315,120 @@ static MIXPREC_HD inline float mp__norm_moving(float moving, float batch, float 
    LayerNormalization's k = rstd, g = dy gamma, the means over the row. */
 static MIXPREC_HD inline float mp__norm_dx(float k, float g, float xhat, float mean_g, float mean_gx) {
     return k * (g - mean_g - xhat * mean_gx);
+}
+
+/* Element i of a buffer of dtype t, as float32 (exact), and v stored
+   rounded once: the casts' own integer rounding, on any backend. */
+typedef union mp__f32_word { uint32_t u; float f; } mp__f32_word;
+static MIXPREC_HD inline float mp__elem(const void *p, mp_dtype t, size_t i) {
+    mp__f32_word w;
+    if (t == MP_FLOAT32) return ((const float *)p)[i];
+    w.u = t == MP_FLOAT16 ? mp__f32_bits_from_f16(((const uint16_t *)p)[i])
+                          : mp__f32_bits_from_bf16(((const uint16_t *)p)[i]);
+    return w.f;
+}
+static MIXPREC_HD inline void mp__elem_set(void *p, mp_dtype t, size_t i, float v) {
+    mp__f32_word w;
+    w.f = v;
+    if (t == MP_FLOAT32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = t == MP_FLOAT16 ? mp__f16_from_f32_bits(w.u) : mp__bf16_from_f32_bits(w.u);
+}
+
+/* Embedding: the table row of output row r, or vocab where the id is not
+   one of the table's (a NaN, a fraction is truncated only after the host's
+   check refused it). ids NULL: position r % period. */
+static MIXPREC_HD inline size_t mp__embedding_index(const float *ids, size_t period, size_t r, size_t vocab) {
+    float id;
+    if (!ids) return r % period < vocab ? r % period : vocab;
+    id = ids[r];
+    return id >= 0.0f && id < (float)vocab ? (size_t)id : vocab;
+}
+
+/* Scaled dot-product attention (Keras's MultiHeadAttention), one sequence
+   (of n = batch x heads) and one row at a time: row i of sequence n reads
+   rows (n / heads) t + j of q, k and v, head (n % heads)'s d columns;
+   p and s hold t x t values a sequence. Every sum is in float32, in index
+   order; causal keeps j <= i (the masked probabilities are 0, as Keras's
+   -1e9 or -3e4 bias gives after the float32 softmax). */
+typedef struct mp__attention_geom {
+    size_t t, heads, d, stride; /* positions; heads; a head's width; a row's values (heads d) */
+    float scale;                /* 1 / sqrt(key_dim) */
+    int causal;
+    mp_dtype dt;
+} mp__attention_geom;
+
+static MIXPREC_HD inline mp__attention_geom mp__attention_geom_of(mp_dtype dt, size_t t, size_t heads, size_t d,
+                                                                   float scale, int causal) {
+    mp__attention_geom g;
+    g.t = t, g.heads = heads, g.d = d, g.stride = heads * d, g.scale = scale, g.causal = causal, g.dt = dt;
+    return g;
+}
+static MIXPREC_HD inline size_t mp__attention_at(const mp__attention_geom *g, size_t n, size_t row, size_t c) {
+    return ((n / g->heads) * g->t + row) * g->stride + (n % g->heads) * g->d + c;
+}
+static MIXPREC_HD inline size_t mp__attention_keys(const mp__attention_geom *g, size_t i) {
+    return g->causal ? i + 1 : g->t;
+}
+
+/* Forward, row i: s = scale q_i k_j^T (float32), p = softmax(s) rounded to
+   dt (0 where masked), att_i = sum_j p_ij v_j rounded once. */
+static MIXPREC_HD inline void mp__attention_row(const mp__attention_geom *g, void *att, void *p, float *s, const void *q,
+                                                const void *k, const void *v, size_t n, size_t i) {
+    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t, qi = mp__attention_at(g, n, i, 0);
+    size_t k0 = mp__attention_at(g, n, 0, 0);
+    float mx = -INFINITY, sum = 0.0f;
+    for (j = 0; j < keys; j++) {
+        float dot = 0.0f;
+        for (c = 0; c < g->d; c++) dot += mp__elem(q, g->dt, qi + c) * mp__elem(k, g->dt, k0 + j * g->stride + c);
+        s[pr + j] = dot * g->scale;
+        mx = s[pr + j] > mx ? s[pr + j] : mx;
+    }
+    for (j = 0; j < keys; j++) sum += expf(s[pr + j] - mx);
+    for (j = 0; j < g->t; j++) mp__elem_set(p, g->dt, pr + j, j < keys ? expf(s[pr + j] - mx) / sum : 0.0f);
+    for (c = 0; c < g->d; c++) {
+        float acc = 0.0f;
+        for (j = 0; j < keys; j++) acc += mp__elem(p, g->dt, pr + j) * mp__elem(v, g->dt, k0 + j * g->stride + c);
+        mp__elem_set(att, g->dt, qi + c, acc);
+    }
+}
+
+/* Backward, first pass, row i: dp_ij = datt_i v_j, the softmax's gradient
+   ds_ij = p_ij (dp_ij - sum_j p_ij dp_ij) scale into s (float32), and
+   dq_i = sum_j ds_ij k_j. */
+static MIXPREC_HD inline void mp__attention_dq_row(const mp__attention_geom *g, void *dq, float *s, const void *datt,
+                                                   const void *k, const void *v, const void *p, size_t n, size_t i) {
+    size_t keys = mp__attention_keys(g, i), j, c, pr = (n * g->t + i) * g->t, qi = mp__attention_at(g, n, i, 0);
+    size_t k0 = mp__attention_at(g, n, 0, 0);
+    float dot = 0.0f;
+    for (j = 0; j < keys; j++) {
+        float dp = 0.0f;
+        for (c = 0; c < g->d; c++) dp += mp__elem(datt, g->dt, qi + c) * mp__elem(v, g->dt, k0 + j * g->stride + c);
+        s[pr + j] = dp;
+        dot += mp__elem(p, g->dt, pr + j) * dp;
+    }
+    for (j = 0; j < keys; j++) s[pr + j] = mp__elem(p, g->dt, pr + j) * (s[pr + j] - dot) * g->scale;
+    for (j = keys; j < g->t; j++) s[pr + j] = 0.0f;
+    for (c = 0; c < g->d; c++) {
+        float acc = 0.0f;
+        for (j = 0; j < keys; j++) acc += s[pr + j] * mp__elem(k, g->dt, k0 + j * g->stride + c);
+        mp__elem_set(dq, g->dt, qi + c, acc);
+    }
+}
+
+/* Backward, second pass (after every row's first), key row j: dk_j = sum_i
+   ds_ij q_i and dv_j = sum_i p_ij datt_i, over the rows i that see j. */
+static MIXPREC_HD inline void mp__attention_dkv_row(const mp__attention_geom *g, void *dk, void *dv, const float *s,
+                                                    const void *datt, const void *q, const void *p, size_t n, size_t j) {
+    size_t i, c, first = g->causal ? j : 0, ps = n * g->t * g->t, q0 = mp__attention_at(g, n, 0, 0);
+    for (c = 0; c < g->d; c++) {
+        float ak = 0.0f, av = 0.0f;
+        for (i = first; i < g->t; i++) {
+            ak += s[ps + i * g->t + j] * mp__elem(q, g->dt, q0 + i * g->stride + c);
+            av += mp__elem(p, g->dt, ps + i * g->t + j) * mp__elem(datt, g->dt, q0 + i * g->stride + c);
+        }
+        mp__elem_set(dk, g->dt, q0 + j * g->stride + c, ak);
+        mp__elem_set(dv, g->dt, q0 + j * g->stride + c, av);
+    }
 }
 
 MP__ROUND_EACH_END;
@@ -4308,11 +4531,11 @@ static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) 
             len = mp__min(MP__TILE, cols - i);
             mp__load(g, mp__at(dy, dt, base + i), dt, len);
             if (act != MP_LINEAR) mp__load(o, mp__at(y, dt, base + i), dt, len);
-            if (act == MP_GELU) mp__load(in, mp__at(x, dt, base + i), dt, len);
+            if (mp__act_reads_input(act)) mp__load(in, mp__at(x, dt, base + i), dt, len);
             if (act == MP_SOFTMAX)
                 for (j = 0; j < len; j++) g[j] = o[j] * (g[j] - dot);
             else
-                mp__act_grad_run(act, g, o, act == MP_GELU ? in : NULL, len);
+                mp__act_grad_run(act, g, o, mp__act_reads_input(act) ? in : NULL, len);
             mp__store(mp__at_mut(dx, dxt, base + i), dxt, g, len);
         }
     }
@@ -7588,6 +7811,102 @@ static void mp__cpu_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const
     if (dx) mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__ln_dx_rows, &a);
 }
 
+/* >>cpu backend: embeddings and attention. The embedding's rows gather
+   in parallel; its gradient splits the columns among the threads, each
+   adding every row in order: the same sums at any thread count. */
+typedef struct mp__embedding_args {
+    void *y;
+    float *dtable;
+    const void *dy;
+    const float *table, *ids;
+    mp_dtype dt;
+    size_t vocab, period, rows, cols;
+} mp__embedding_args;
+
+static void mp__embedding_rows(void *args, size_t r0, size_t r1, int thread) {
+    const mp__embedding_args *a = (const mp__embedding_args *)args;
+    size_t r, c;
+    (void)thread;
+    for (r = r0; r < r1; r++) {
+        size_t id = mp__embedding_index(a->ids, a->period, r, a->vocab);
+        for (c = 0; c < a->cols; c++) mp__elem_set(a->y, a->dt, r * a->cols + c, id < a->vocab ? a->table[id * a->cols + c] : 0.0f);
+    }
+}
+
+static void mp__embedding_grad_cols(void *args, size_t c0, size_t c1, int thread) {
+    const mp__embedding_args *a = (const mp__embedding_args *)args;
+    size_t r, c;
+    (void)thread;
+    for (r = 0; r < a->vocab; r++) memset(a->dtable + r * a->cols + c0, 0, (c1 - c0) * sizeof(float));
+    for (r = 0; r < a->rows; r++) {
+        size_t id = mp__embedding_index(a->ids, a->period, r, a->vocab);
+        if (id < a->vocab)
+            for (c = c0; c < c1; c++) a->dtable[id * a->cols + c] += mp__elem(a->dy, a->dt, r * a->cols + c);
+    }
+}
+
+static void mp__cpu_embedding(void *ctx, void *y, mp_dtype yt, const float *table, size_t vocab, const float *ids,
+                              size_t period, size_t rows, size_t cols) {
+    mp__embedding_args a;
+    memset(&a, 0, sizeof a);
+    a.y = y, a.dt = yt, a.table = table, a.vocab = vocab, a.ids = ids, a.period = period, a.rows = rows, a.cols = cols;
+    mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__embedding_rows, &a);
+}
+
+static void mp__cpu_embedding_backward(void *ctx, float *dtable, size_t vocab, const void *dy, mp_dtype dt,
+                                       const float *ids, size_t period, size_t rows, size_t cols) {
+    mp__embedding_args a;
+    memset(&a, 0, sizeof a);
+    a.dtable = dtable, a.vocab = vocab, a.dy = dy, a.dt = dt, a.ids = ids, a.period = period, a.rows = rows, a.cols = cols;
+    mp__parallel_grains(mp__pool_of(ctx), cols, 16, rows * cols, mp__embedding_grad_cols, &a);
+}
+
+/* Attention by sequences (batch x heads): each thread takes whole
+   sequences, every row of one by >>rules' rows in order. */
+typedef struct mp__attention_args {
+    mp__attention_geom g;
+    void *att, *p, *dq, *dk, *dv;
+    float *s;
+    const void *q, *k, *v, *datt, *pin;
+} mp__attention_args;
+
+static void mp__attention_seqs(void *args, size_t n0, size_t n1, int thread) {
+    const mp__attention_args *a = (const mp__attention_args *)args;
+    size_t n, i;
+    (void)thread;
+    for (n = n0; n < n1; n++)
+        for (i = 0; i < a->g.t; i++) mp__attention_row(&a->g, a->att, a->p, a->s, a->q, a->k, a->v, n, i);
+}
+
+static void mp__attention_grad_seqs(void *args, size_t n0, size_t n1, int thread) {
+    const mp__attention_args *a = (const mp__attention_args *)args;
+    size_t n, i;
+    (void)thread;
+    for (n = n0; n < n1; n++) {
+        for (i = 0; i < a->g.t; i++) mp__attention_dq_row(&a->g, a->dq, a->s, a->datt, a->k, a->v, a->pin, n, i);
+        for (i = 0; i < a->g.t; i++) mp__attention_dkv_row(&a->g, a->dk, a->dv, a->s, a->datt, a->q, a->pin, n, i);
+    }
+}
+
+static void mp__cpu_attention(void *ctx, void *att, void *p, float *s, const void *q, const void *k, const void *v,
+                              mp_dtype dt, size_t batch, size_t t, size_t heads, size_t d, float scale, int causal) {
+    mp__attention_args a;
+    memset(&a, 0, sizeof a);
+    a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.att = att, a.p = p, a.s = s, a.q = q, a.k = k, a.v = v;
+    mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_seqs, &a);
+}
+
+static void mp__cpu_attention_backward(void *ctx, void *dq, void *dk, void *dv, float *s, const void *datt, const void *q,
+                                       const void *k, const void *v, const void *p, mp_dtype dt, size_t batch, size_t t,
+                                       size_t heads, size_t d, float scale, int causal) {
+    mp__attention_args a;
+    memset(&a, 0, sizeof a);
+    a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.dq = dq, a.dk = dk, a.dv = dv, a.s = s, a.datt = datt, a.q = q, a.k = k, a.v = v, a.pin = p;
+    mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_grad_seqs, &a);
+}
+
 /* >>cpu backend: the operations table. The rest of the CPU backend: memory
    is the host's (64-byte aligned, zeroed, counted), copies are memcpy, the
    context is the thread pool. */
@@ -7718,6 +8037,10 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(batch_norm_backward) mp__cpu_batch_norm_backward,
     MP_OP(layer_norm) mp__cpu_layer_norm,
     MP_OP(layer_norm_backward) mp__cpu_layer_norm_backward,
+    MP_OP(embedding) mp__cpu_embedding,
+    MP_OP(embedding_backward) mp__cpu_embedding_backward,
+    MP_OP(attention) mp__cpu_attention,
+    MP_OP(attention_backward) mp__cpu_attention_backward,
     MP_OP(host_alloc) NULL, /* no staging: the host's memory is the CPU's */
     MP_OP(host_free) NULL,
     MP_OP(host_wait) NULL,
@@ -7772,6 +8095,9 @@ typedef struct mp__layer {
     float *stats;             /* the normalizations' batch statistics, float32 */
     unsigned char *mask;      /* Dropout */
     uint64_t rng;             /* Dropout */
+    void *work;               /* MultiHeadAttention, dt: q, k, v, the heads' output, the probabilities
+                                 (forward to backward); stats holds its float32 logits */
+    void *scratch;            /* MultiHeadAttention, dt: their gradients (backward only) */
 } mp__layer;
 enum { MP__FROM_INPUT = -1 };
 
@@ -7956,6 +8282,15 @@ static float mp__uniform(uint64_t *s) { return (float)(mp__splitmix(s) >> 40) * 
 static size_t mp__params(const mp__layer *l) { return l->n_kernel + l->n_bias; }
 static const mp__layer *mp__last(const mp_model *m) { return &m->layers[m->n_layers - 1]; }
 
+/* The rows of a sample's output a loss reduces one by one: Keras's losses
+   reduce the last axis and average the rest (sum_over_batch_size), so a
+   (time, vocabulary) output is time rows, each with its own class index
+   under sparse crossentropy; a flat output is one row. */
+static size_t mp__loss_rows(const mp_model *m) {
+    const mp__layer *l = mp__last(m);
+    return l->out_size / (size_t)l->out_shape[l->out_rank - 1];
+}
+
 /* Activation: y = act(x) over the last axis */
 static size_t mp__last_axis(const mp__layer *l) { return (size_t)l->in_shape[l->in_rank - 1]; }
 
@@ -7978,7 +8313,7 @@ static int mp__logits_loss(const mp_compile_desc *c, const mp__layer *last) {
     if (c->from_logits || (kind != MP_DENSE && kind != MP_CONV2D && kind != MP_ACTIVATION)) return 0;
     if (c->loss == MP_BINARY_CROSSENTROPY) return last->desc.activation == MP_SIGMOID;
     return (c->loss == MP_SPARSE_CATEGORICAL_CROSSENTROPY || c->loss == MP_CATEGORICAL_CROSSENTROPY) &&
-           last->desc.activation == MP_SOFTMAX && mp__act_row(last) == last->out_size;
+           last->desc.activation == MP_SOFTMAX && mp__act_row(last) == (size_t)last->out_shape[last->out_rank - 1];
 }
 
 /* Whether layer l's output gradient is its logits' (l is the last layer). */
@@ -8031,13 +8366,18 @@ static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size
     if (l->desc.activation == MP_SOFTMAX) m->be->bias_act(m->ctx, l->y, l->y, NULL, rows, cols, MP_SOFTMAX, l->yt);
 }
 
-/* Dense: y = act(x W + b); x [B, in], W [in, units] (Keras's kernel layout) */
+/* Dense: y = act(x W + b) over the last axis, as Keras's Dense on an input
+   of rank > 2: a (time, features) sample is time rows of one product.
+   x [B*T, in], W [in, units] (Keras's kernel layout), y [B*T, units] */
+static size_t mp__dense_rows(const mp__layer *l, size_t batch) { return batch * (l->in_size / mp__last_axis(l)); }
+
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, 0, batch);
-    mp_gemm_args g = mp__product(0, 0, batch, l->out_size, l->in_size, x, l->wc, l->dt, l->y, l->yt);
+    size_t rows = mp__dense_rows(l, batch), units = (size_t)l->desc.units;
+    mp_gemm_args g = mp__product(0, 0, rows, units, mp__last_axis(l), x, l->wc, l->dt, l->y, l->yt);
     g.z = l->z;
     mp__linear_forward(m, l, g);
-    mp__softmax_after(m, l, batch, l->out_size);
+    mp__softmax_after(m, l, rows, units);
 }
 
 /* The layer whose ReLU's gradient the Dense layer `above` makes in its
@@ -8070,15 +8410,15 @@ static void *mp__dz(mp_model *m, const mp__layer *l, void *dy, size_t rows, size
 }
 
 static void mp__dense_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
-    size_t in = l->in_size, units = l->out_size;
-    dy = mp__dz(m, l, dy, batch, units);
-    if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch, units, l->dt);
-    /* dW [in, units] = x^T dz;  dx [B, in] = dz W^T */
-    mp_gemm_args dw = mp__product(1, 0, in, units, batch, mp__saved_input(l, 0), dy, l->dt, l->gc, l->dt);
+    size_t in = mp__last_axis(l), units = (size_t)l->desc.units, rows = mp__dense_rows(l, batch);
+    dy = mp__dz(m, l, dy, rows, units);
+    if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, rows, units, l->dt);
+    /* dW [in, units] = x^T dz;  dx [B*T, in] = dz W^T */
+    mp_gemm_args dw = mp__product(1, 0, in, units, rows, mp__saved_input(l, 0), dy, l->dt, l->gc, l->dt);
     m->be->gemm(m->ctx, &dw);
     if (dx[0]) {
         const mp__layer *below = mp__relu_below(m, l);
-        mp_gemm_args dxg = mp__product(0, 1, batch, in, units, dy, l->wc, l->dt, dx[0], l->xt[0]);
+        mp_gemm_args dxg = mp__product(0, 1, rows, in, units, dy, l->wc, l->dt, dx[0], l->xt[0]);
         dxg.relu_y = below ? below->y : NULL;
         m->be->gemm(m->ctx, &dxg);
     }
@@ -8356,6 +8696,141 @@ static void mp__avg_pool_backward(mp_model *m, mp__layer *l, size_t batch, void 
     if (dx[0]) m->be->avg_pool_backward(m->ctx, dx[0], l->xt[0], dy, batch, &l->geom, l->dt);
 }
 
+/* Embedding (Keras 3): each id's row of the float32 table, cast to the
+   compute dtype; its gradient a scatter-add into float32 rows in a fixed
+   order (the backend's embedding_backward). The ids are the model's input,
+   float32 (mp__input_dtype), checked by the host (mp__check_ids).
+   PositionEmbedding (keras_hub): row t of the table for position t of
+   every sample; its input gives only the shape. y [B*T, C] */
+static size_t mp__embedding_width(const mp__layer *l) { return (size_t)l->out_shape[l->out_rank - 1]; }
+
+static void mp__embedding_forward(mp_model *m, mp__layer *l, size_t batch) {
+    size_t cols = mp__embedding_width(l), rows = batch * l->out_size / cols;
+    if (l->desc.kind == MP_EMBEDDING)
+        m->be->embedding(m->ctx, l->y, l->yt, l->w, (size_t)l->desc.input_dim, (const float *)l->x[0], 0, rows, cols);
+    else
+        m->be->embedding(m->ctx, l->y, l->yt, l->w, (size_t)l->desc.sequence_length, NULL, (size_t)l->in_shape[0], rows,
+                         cols);
+}
+
+static void mp__embedding_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    size_t cols = mp__embedding_width(l), rows = batch * l->out_size / cols;
+    const void *dz = mp__dz(m, l, dy, rows, cols);
+    if (l->desc.kind == MP_EMBEDDING)
+        m->be->embedding_backward(m->ctx, l->g, (size_t)l->desc.input_dim, dz, l->dt, (const float *)l->x[0], 0, rows,
+                                  cols);
+    else
+        m->be->embedding_backward(m->ctx, l->g, (size_t)l->desc.sequence_length, dz, l->dt, NULL,
+                                  (size_t)l->in_shape[0], rows, cols);
+    if (dx[0]) m->be->zero(m->ctx, dx[0], batch * l->in_size * mp__dtypes[l->xt[0]].size); /* y does not depend on x */
+}
+
+/* MultiHeadAttention (Keras 3), self-attention on x [B*T, C]: q, k, v =
+   x W + b [B*T, H*D] (Keras's query/key/value EinsumDense layers), the
+   heads' attention (the backend's attention op, >>rules), y = att W_o +
+   b_o [B*T, C]. Its weights, Keras's order: query kernel and bias, key's,
+   value's, attention_output's (all in the kernel slot: n_bias is 0). */
+typedef struct mp__mha {
+    size_t rows, t, c, heads, d, hd; /* B*T; T; features; heads; key_dim; heads * key_dim */
+    size_t kernel[4], bias[4];       /* offsets in the weights: query, key, value, attention_output */
+    void *qkv[3], *att, *p;          /* in work */
+    void *dqkv[3], *datt;            /* in scratch */
+    float scale;
+} mp__mha;
+
+static void mp__mha_offsets(const mp__layer *l, size_t *kernel, size_t *bias) {
+    size_t c = mp__last_axis(l), hd = (size_t)l->desc.num_heads * (size_t)l->desc.key_dim, at = 0;
+    int j;
+    for (j = 0; j < 4; j++) {
+        kernel[j] = at;
+        at += c * hd;
+        bias[j] = at;
+        if (!l->desc.no_bias) at += j < 3 ? hd : c;
+    }
+}
+
+static mp__mha mp__mha_of(const mp__layer *l, size_t batch) {
+    mp__mha h;
+    size_t n, es = mp__dtypes[l->dt].size;
+    int j;
+    h.t = (size_t)l->in_shape[0], h.c = mp__last_axis(l), h.rows = batch * h.t;
+    h.heads = (size_t)l->desc.num_heads, h.d = (size_t)l->desc.key_dim, h.hd = h.heads * h.d;
+    h.scale = 1.0f / sqrtf((float)l->desc.key_dim);
+    mp__mha_offsets(l, h.kernel, h.bias);
+    n = h.rows * h.hd;
+    for (j = 0; j < 3; j++) {
+        h.qkv[j] = l->work ? (unsigned char *)l->work + (size_t)j * n * es : NULL;
+        h.dqkv[j] = l->scratch ? (unsigned char *)l->scratch + (size_t)j * n * es : NULL;
+    }
+    h.att = l->work ? (unsigned char *)l->work + 3 * n * es : NULL;
+    h.p = l->work ? (unsigned char *)l->work + 4 * n * es : NULL;
+    h.datt = l->scratch ? (unsigned char *)l->scratch + 3 * n * es : NULL;
+    return h;
+}
+
+/* The bytes of work and scratch, and the float32 logits (stats), for batch. */
+static void mp__mha_sizes(const mp__layer *l, size_t batch, size_t *work, size_t *scratch, size_t *logits, int *overflow) {
+    size_t t = (size_t)l->in_shape[0], hd = (size_t)l->desc.num_heads * (size_t)l->desc.key_dim, es = mp__dtypes[l->dt].size;
+    size_t act = 0, probs = 0;
+    *logits = 0;
+    if (!mp__mul_ok(batch * t, hd * es, &act) || !mp__mul_ok(batch * (size_t)l->desc.num_heads, t * t, &probs) ||
+        !mp__mul_ok(probs, sizeof(float), logits) || act > SIZE_MAX / 5 - probs * es)
+        *overflow = 1;
+    *work = 4 * act + probs * es;
+    *scratch = 4 * act;
+}
+
+/* The bias of part j as the product's epilogue reads it (see mp__bias). */
+static const void *mp__mha_bias(const mp__layer *l, size_t at, mp_dtype ct, mp_dtype *type) {
+    *type = ct == l->dt ? l->dt : MP_FLOAT32;
+    if (l->desc.no_bias) return NULL;
+    return *type == l->dt ? mp__at(l->wc, l->dt, at) : l->w + at;
+}
+
+static void mp__mha_forward(mp_model *m, mp__layer *l, size_t batch) {
+    mp__mha h = mp__mha_of(l, batch);
+    const void *x = mp__layer_input(m, l, 0, batch);
+    mp_gemm_args g;
+    int j;
+    for (j = 0; j < 3; j++) { /* q, k, v [B*T, H*D] = x W + b */
+        g = mp__product(0, 0, h.rows, h.hd, h.c, x, mp__at(l->wc, l->dt, h.kernel[j]), l->dt, h.qkv[j], l->dt);
+        g.bias = mp__mha_bias(l, h.bias[j], l->dt, &g.biast);
+        m->be->gemm(m->ctx, &g);
+    }
+    m->be->attention(m->ctx, h.att, h.p, l->stats, h.qkv[0], h.qkv[1], h.qkv[2], l->dt, batch, h.t, h.heads, h.d,
+                     h.scale, l->desc.use_causal_mask != 0);
+    g = mp__product(0, 0, h.rows, h.c, h.hd, h.att, mp__at(l->wc, l->dt, h.kernel[3]), l->dt, l->y, l->yt);
+    g.bias = mp__mha_bias(l, h.bias[3], l->yt, &g.biast);
+    m->be->gemm(m->ctx, &g);
+}
+
+/* A projection's weight gradients: dW = in^T dz [k, n], db = sum dz. */
+static void mp__mha_grads(mp_model *m, mp__layer *l, const mp__mha *h, int j, const void *in, const void *dz, size_t k,
+                          size_t n) {
+    mp_gemm_args dw = mp__product(1, 0, k, n, h->rows, in, dz, l->dt, mp__at_mut(l->gc, l->dt, h->kernel[j]), l->dt);
+    m->be->gemm(m->ctx, &dw);
+    if (!l->desc.no_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, h->bias[j]), dz, h->rows, n, l->dt);
+}
+
+static void mp__mha_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
+    mp__mha h = mp__mha_of(l, batch);
+    const void *dz = mp__dz(m, l, dy, h.rows, h.c), *x = mp__saved_input(l, 0);
+    mp_gemm_args g;
+    int j;
+    mp__mha_grads(m, l, &h, 3, h.att, dz, h.hd, h.c);
+    g = mp__product(0, 1, h.rows, h.hd, h.c, dz, mp__at(l->wc, l->dt, h.kernel[3]), l->dt, h.datt, l->dt);
+    m->be->gemm(m->ctx, &g); /* datt = dz W_o^T */
+    m->be->attention_backward(m->ctx, h.dqkv[0], h.dqkv[1], h.dqkv[2], l->stats, h.datt, h.qkv[0], h.qkv[1], h.qkv[2],
+                              h.p, l->dt, batch, h.t, h.heads, h.d, h.scale, l->desc.use_causal_mask != 0);
+    for (j = 0; j < 3; j++) {
+        mp__mha_grads(m, l, &h, j, x, h.dqkv[j], h.c, h.hd);
+        if (!dx[0]) continue; /* dx = dq W_q^T + dk W_k^T + dv W_v^T */
+        g = mp__product(0, 1, h.rows, h.c, h.hd, h.dqkv[j], mp__at(l->wc, l->dt, h.kernel[j]), l->dt, dx[0], l->xt[0]);
+        g.accumulate = j > 0;
+        m->be->gemm(m->ctx, &g);
+    }
+}
+
 /* A kind's passes and what the planner needs to know of them: how many
    inputs it takes; whether its backward pass reads its inputs (kept until
    then) or its own output; whether its output is its input (a view);
@@ -8456,6 +8931,21 @@ static const mp__layer_kind mp__kinds[MP_LAYER_KIND_COUNT] = {
      MP_OP(forward) mp__view_forward, MP_OP(backward) mp__view_backward,
      MP_OP(min_inputs) 1, MP_OP(max_inputs) 1,
      MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 1, MP_OP(float32_weights) 0},
+    /* MP_EMBEDDING: its backward pass reads the ids (the model's input, kept by the batch) */
+    {MP_OP(type) "Embedding", MP_OP(base_name) "embedding",
+     MP_OP(forward) mp__embedding_forward, MP_OP(backward) mp__embedding_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1,
+     MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0, MP_OP(float32_weights) 1},
+    /* MP_POSITION_EMBEDDING */
+    {MP_OP(type) "PositionEmbedding", MP_OP(base_name) "position_embedding",
+     MP_OP(forward) mp__embedding_forward, MP_OP(backward) mp__embedding_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1,
+     MP_OP(reads_input) 0, MP_OP(reads_output) 0, MP_OP(view) 0, MP_OP(float32_weights) 1},
+    /* MP_MULTI_HEAD_ATTENTION */
+    {MP_OP(type) "MultiHeadAttention", MP_OP(base_name) "multi_head_attention",
+     MP_OP(forward) mp__mha_forward, MP_OP(backward) mp__mha_backward,
+     MP_OP(min_inputs) 1, MP_OP(max_inputs) 1,
+     MP_OP(reads_input) 1, MP_OP(reads_output) 0, MP_OP(view) 0, MP_OP(float32_weights) 0},
 };
 
 /* The dtype a layer computing in dt reads its weights in: dt, or float32
@@ -8466,7 +8956,8 @@ static mp_dtype mp__weight_dtype(mp_layer_kind kind, mp_dtype dt) {
 
 /* >>layers: descriptions */
 static const char *const mp__activation_names[MP_ACTIVATION_COUNT] = {"linear", "relu", "sigmoid",
-                                                                      "softmax", "tanh", "gelu"};
+                                                                      "softmax", "tanh", "gelu",
+                                                                      "gelu_approximate"};
 
 MIXPREC_API const char *mp_activation_name(mp_activation a) {
     return (unsigned)a < (unsigned)MP_ACTIVATION_COUNT ? mp__activation_names[a] : NULL;
@@ -8527,6 +9018,27 @@ MIXPREC_API mp_layer_desc mp_flatten(void) { return mp__desc(MP_FLATTEN); }
 MIXPREC_API mp_layer_desc mp_dropout(float rate) {
     mp_layer_desc d = mp__desc(MP_DROPOUT);
     d.rate = rate;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_embedding(int input_dim, int output_dim) {
+    mp_layer_desc d = mp__desc(MP_EMBEDDING);
+    d.input_dim = input_dim;
+    d.output_dim = output_dim;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_position_embedding(int sequence_length) {
+    mp_layer_desc d = mp__desc(MP_POSITION_EMBEDDING);
+    d.sequence_length = sequence_length;
+    return d;
+}
+
+MIXPREC_API mp_layer_desc mp_multi_head_attention(int num_heads, int key_dim, int use_causal_mask) {
+    mp_layer_desc d = mp__desc(MP_MULTI_HEAD_ATTENTION);
+    d.num_heads = num_heads;
+    d.key_dim = key_dim;
+    d.use_causal_mask = use_causal_mask;
     return d;
 }
 
@@ -8625,7 +9137,7 @@ typedef enum mp__op {
     MP__OP_LOG, MP__OP_LOG1P, MP__OP_RELU, MP__OP_MAX_POOL, MP__OP_RESHAPE, MP__OP_DROPOUT, MP__OP_IDENTITY,
     MP__OP_EXP, MP__OP_SUM, MP__OP_MEAN, MP__OP_SPARSE_XENT, MP__OP_XENT, MP__OP_SQUARED_DIFFERENCE,
     MP__OP_FUSED_BATCH_NORM, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_REAL_DIV, MP__OP_RSQRT,
-    MP__OP_AVG_POOL, MP__OP_CONCAT,
+    MP__OP_AVG_POOL, MP__OP_CONCAT, MP__OP_GATHER, MP__OP_BATCH_MATMUL,
     MP__OP_COUNT /* also "no op" */
 } mp__op;
 
@@ -8638,7 +9150,7 @@ static const struct { const char *name; unsigned char list, bf16_list; } mp__ops
     {"MatMul", MP__ALLOW, MP__ALLOW}, {"Conv2D", MP__ALLOW, MP__ALLOW},
     {"BiasAdd", MP__INFER, MP__INFER}, {"Sigmoid", MP__INFER, MP__INFER}, {"Tanh", MP__INFER, MP__INFER},
     {"Softmax", MP__INFER, MP__INFER},
-    {"Gelu", MP__INFER, MP__INFER}, /* Keras's exact gelu is Erf, Mul and Add: all on the infer list */
+    {"Gelu", MP__INFER, MP__INFER}, /* Keras's gelus are Erf (or Tanh, Pow), Mul and Add: all on the infer list */
     {"Log", MP__INFER, MP__INFER}, {"Log1p", MP__INFER, MP__INFER},
     {"Relu", MP__CLEAR, MP__CLEAR}, {"MaxPool", MP__CLEAR, MP__CLEAR}, {"Reshape", MP__CLEAR, MP__CLEAR},
     {"Dropout", MP__CLEAR, MP__CLEAR}, /* TensorFlow's dropout is a Mul (infer) by a mask; clear here */
@@ -8651,6 +9163,8 @@ static const struct { const char *name; unsigned char list, bf16_list; } mp__ops
     {"AddV2", MP__INFER, MP__INFER}, {"Sub", MP__INFER, MP__INFER}, {"Mul", MP__INFER, MP__INFER},
     {"RealDiv", MP__INFER, MP__INFER}, {"Rsqrt", 0, MP__INFER}, {"AvgPool", MP__INFER, MP__INFER},
     {"ConcatV2", MP__CLEAR, MP__CLEAR},
+    {"GatherV2", MP__CLEAR, MP__CLEAR}, /* Embedding's lookup (PositionEmbedding's slice: Identity here) */
+    {"BatchMatMulV2", MP__ALLOW, MP__ALLOW}, /* MultiHeadAttention's products */
 };
 
 typedef struct mp__amp_op {
@@ -8810,9 +9324,10 @@ static void mp__amp_layer_ops(const mp_model *m, struct mp__amp *a, int li, cons
     static const mp__op first[MP_LAYER_KIND_COUNT] = {
         MP__OP_COUNT, MP__OP_MATMUL, MP__OP_IDENTITY, MP__OP_CONV2D, MP__OP_MAX_POOL, MP__OP_RESHAPE,
         MP__OP_DROPOUT, MP__OP_FUSED_BATCH_NORM, MP__OP_MEAN, MP__OP_ADD, MP__OP_SUB, MP__OP_MUL, MP__OP_ADD,
-        MP__OP_CONCAT, MP__OP_AVG_POOL, MP__OP_MEAN, MP__OP_RESHAPE};
+        MP__OP_CONCAT, MP__OP_AVG_POOL, MP__OP_MEAN, MP__OP_RESHAPE, MP__OP_GATHER, MP__OP_IDENTITY,
+        MP__OP_BATCH_MATMUL};
     static const mp__op acts[MP_ACTIVATION_COUNT] = {MP__OP_COUNT, MP__OP_RELU, MP__OP_SIGMOID,
-                                                     MP__OP_SOFTMAX, MP__OP_TANH, MP__OP_GELU};
+                                                     MP__OP_SOFTMAX, MP__OP_TANH, MP__OP_GELU, MP__OP_GELU};
     const mp__layer *l = &m->layers[li];
     mp_layer_kind k = l->desc.kind;
     mp__op act = k == MP_DENSE || k == MP_CONV2D || k == MP_ACTIVATION ? acts[l->desc.activation] : MP__OP_COUNT;
@@ -8824,6 +9339,10 @@ static void mp__amp_layer_ops(const mp_model *m, struct mp__amp *a, int li, cons
     mp__amp_push(a, first[k], li, x, merge ? 2 : l->n_in);
     for (i = 2; merge && i < l->n_in; i++) mp__amp_then(a, first[k], li, &x[i]);
     if (k == MP_AVERAGE) mp__amp_then(a, MP__OP_REAL_DIV, li, NULL);
+    if (k == MP_MULTI_HEAD_ATTENTION) { /* the projections, softmax, p v, the output projection */
+        mp__amp_then(a, MP__OP_SOFTMAX, li, NULL);
+        mp__amp_then(a, MP__OP_BATCH_MATMUL, li, NULL);
+    }
     if (k == MP_LAYER_NORMALIZATION) {
         mp__amp_then(a, MP__OP_SQUARED_DIFFERENCE, li, x);
         mp__amp_then(a, MP__OP_MEAN, li, NULL);
@@ -9323,6 +9842,52 @@ static mp_status mp__reshape_shape(mp_model *m, mp__layer *l) {
     return MP_OK;
 }
 
+/* The sequence layers. Embedding: ids (time,) from the model's input to
+   (time, output_dim); PositionEmbedding and MultiHeadAttention: (time,
+   features) to the same shape. Their weights' count in n_kernel. */
+static mp_status mp__sequence_shape(mp_model *m, mp__layer *l) {
+    const mp_layer_desc *d = &l->desc;
+    const char *type = mp__kinds[d->kind].type;
+    char got[64];
+    size_t rows = 0, c = mp__last_axis(l), hd = 0, n = 0;
+    mp__shape_text(got, sizeof got, l->in_rank, l->in_shape, 0);
+    if (d->kind == MP_EMBEDDING) {
+        if (l->in[0] != MP__FROM_INPUT)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (Embedding) reads token ids: its input must be the model's input "
+                            "(MP_MODEL_INPUT), not layer %s", l->name, m->layers[l->in[0]].name);
+        if (d->input_dim <= 0 || d->output_dim <= 0)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (Embedding): input_dim and output_dim must be positive, got %d and "
+                            "%d", l->name, d->input_dim, d->output_dim);
+        if (l->in_rank > MP_MAX_RANK - 2)
+            return mp__fail(m, MP_ERR_SHAPE, "layer %s (Embedding): ids of shape %s give a sample of rank %d; at most "
+                            "%d", l->name, got, l->in_rank + 1, MP_MAX_RANK - 1);
+        l->out_rank = l->in_rank + 1;
+        l->out_shape[l->in_rank] = d->output_dim;
+        rows = (size_t)d->input_dim, c = (size_t)d->output_dim;
+    } else if (l->in_rank != 2) {
+        return mp__fail(m, MP_ERR_SHAPE, "layer %s (%s) needs a sequence input (time, features), got shape %s", l->name,
+                        type, got);
+    } else if (d->kind == MP_POSITION_EMBEDDING) {
+        if (d->sequence_length < l->in_shape[0])
+            return mp__fail(m, MP_ERR_SHAPE, "layer %s (PositionEmbedding): sequence_length %d is less than the "
+                            "input's %d positions (shape %s)", l->name, d->sequence_length, l->in_shape[0], got);
+        rows = (size_t)d->sequence_length;
+    } else {
+        if (d->num_heads <= 0 || d->key_dim <= 0)
+            return mp__fail(m, MP_ERR_ARG, "layer %s (MultiHeadAttention): num_heads and key_dim must be positive, got "
+                            "%d and %d", l->name, d->num_heads, d->key_dim);
+        if (!mp__mul_ok((size_t)d->num_heads, (size_t)d->key_dim, &hd) || !mp__mul_ok(hd, c, &rows) ||
+            rows > SIZE_MAX / 8)
+            return mp__fail(m, MP_ERR_SIZE, "layer %s: too many weights", l->name);
+        rows *= 4, c = 1; /* four kernels, then the biases */
+        if (!d->no_bias) rows += 3 * hd + mp__last_axis(l);
+    }
+    if (!mp__mul_ok(rows, c, &n) || n > SIZE_MAX / sizeof(float))
+        return mp__fail(m, MP_ERR_SIZE, "layer %s: too many weights", l->name);
+    l->n_kernel = n;
+    return MP_OK;
+}
+
 static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     const mp_layer_desc *d = &l->desc;
     mp_status st = MP_OK;
@@ -9332,12 +9897,9 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
     if ((unsigned)d->activation >= (unsigned)MP_ACTIVATION_COUNT || (unsigned)d->padding > (unsigned)MP_SAME)
         return mp__fail(m, MP_ERR_ARG, "layer %s: invalid activation or padding value", l->name);
     switch (d->kind) {
-    case MP_DENSE:
-        if (l->in_rank != 1)
-            return mp__fail(m, MP_ERR_SHAPE, "layer %s (Dense) needs a flat input, got rank %d: add a Flatten layer first",
-                            l->name, l->in_rank);
+    case MP_DENSE: /* over the last axis, any rank (Keras) */
         if (d->units <= 0) return mp__fail(m, MP_ERR_ARG, "layer %s: units must be positive, got %d", l->name, d->units);
-        l->out_shape[0] = d->units;
+        l->out_shape[l->in_rank - 1] = d->units;
         break;
     case MP_CONV2D:
         if (d->filters <= 0) return mp__fail(m, MP_ERR_ARG, "layer %s: filters must be positive", l->name);
@@ -9374,6 +9936,9 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
         l->out_shape[1] = l->out_shape[2] = 0;
         break;
     case MP_RESHAPE: st = mp__reshape_shape(m, l); break;
+    case MP_EMBEDDING:
+    case MP_POSITION_EMBEDDING:
+    case MP_MULTI_HEAD_ATTENTION: st = mp__sequence_shape(m, l); break;
     default: return mp__fail(m, MP_ERR_ARG, "unknown layer kind %d", (int)d->kind);
     }
     if (st) return st;
@@ -9384,7 +9949,7 @@ static mp_status mp__infer_shape(mp_model *m, mp__layer *l) {
         l->out_size = l->in_size;
     }
     if (d->kind == MP_DENSE || d->kind == MP_CONV2D) {
-        fan = d->kind == MP_DENSE ? l->in_size : (size_t)l->geom.kh * (size_t)l->geom.kw * (size_t)l->geom.c;
+        fan = d->kind == MP_DENSE ? mp__last_axis(l) : (size_t)l->geom.kh * (size_t)l->geom.kw * (size_t)l->geom.c;
         l->n_bias = d->no_bias ? 0 : (size_t)(d->kind == MP_DENSE ? d->units : d->filters);
         if (!mp__mul_ok(fan, (size_t)(d->kind == MP_DENSE ? d->units : d->filters), &l->n_kernel) ||
             l->n_kernel > SIZE_MAX / sizeof(float) - l->n_bias)
@@ -9634,27 +10199,49 @@ static void mp__init_norm(mp_model *m, const mp__layer *l) {
     }
 }
 
+/* w[0, n) = U(-limit, limit), made on the host a tile at a time. */
+static void mp__init_uniform(mp_model *m, float *w, size_t n, float limit, uint64_t *rng) {
+    float chunk[MP__TILE];
+    size_t i, j, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__TILE, n - i);
+        for (j = 0; j < len; j++) chunk[j] = (2.0f * mp__uniform(rng) - 1.0f) * limit;
+        m->be->copy(m->ctx, w + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
+    }
+}
+
 /* glorot_uniform: U(-limit, limit), limit = sqrt(6 / (fan_in + fan_out)),
-   with a conv kernel's fans counted over its receptive field. */
+   with a conv kernel's fans counted over its receptive field; Keras's
+   compute_fans for MultiHeadAttention's rank-3 kernels too (fan_in =
+   shape[-2] x the product of the axes before it, fan_out = shape[-1] x
+   that), their biases zero. Embedding: Keras's "uniform", U(-0.05, 0.05). */
+static float mp__glorot(float fan_in, float fan_out) { return sqrtf(6.0f / (fan_in + fan_out)); }
+
 static void mp__init_weights(mp_model *m) {
     uint64_t rng = m->desc.seed;
-    size_t i, j, len;
-    float chunk[MP__TILE];
-    int li;
+    int li, j;
     mp__point_weights(m);
     for (li = 0; li < m->n_layers; li++) {
         const mp__layer *l = &m->layers[li];
-        if (mp__kinds[l->desc.kind].float32_weights) mp__init_norm(m, l);
-        else if (l->n_kernel) {
+        if (l->desc.kind == MP_EMBEDDING) {
+            mp__init_uniform(m, l->w, l->n_kernel, 0.05f, &rng);
+        } else if (l->desc.kind == MP_POSITION_EMBEDDING) {
+            float c = (float)mp__last_axis(l);
+            mp__init_uniform(m, l->w, l->n_kernel, mp__glorot((float)l->desc.sequence_length, c), &rng);
+        } else if (l->desc.kind == MP_MULTI_HEAD_ATTENTION) {
+            size_t kernel[4], bias[4];
+            float c = (float)mp__last_axis(l), h = (float)l->desc.num_heads, d = (float)l->desc.key_dim;
+            mp__mha_offsets(l, kernel, bias);
+            for (j = 0; j < 4; j++) /* (C, H, D) for query, key, value; (H, D, C) for the output */
+                mp__init_uniform(m, l->w + kernel[j], bias[j] - kernel[j],
+                                 j < 3 ? mp__glorot(h * c, d * c) : mp__glorot(d * h, c * h), &rng);
+        } else if (mp__kinds[l->desc.kind].float32_weights) {
+            mp__init_norm(m, l);
+        } else if (l->n_kernel) {
             size_t units = (size_t)(l->desc.kind == MP_DENSE ? l->desc.units : l->desc.filters);
             float receptive = l->desc.kind == MP_CONV2D ? (float)l->geom.kh * (float)l->geom.kw : 1.0f;
-            float fan_in = (float)(l->n_kernel / units), fan_out = receptive * (float)units;
-            float limit = sqrtf(6.0f / (fan_in + fan_out));
-            for (i = 0; i < l->n_kernel; i += len) { /* made on the host, a tile at a time */
-                len = mp__min(MP__TILE, l->n_kernel - i);
-                for (j = 0; j < len; j++) chunk[j] = (2.0f * mp__uniform(&rng) - 1.0f) * limit;
-                m->be->copy(m->ctx, l->w + i, chunk, len * sizeof(float), MP_COPY_TO_BACKEND);
-            }
+            mp__init_uniform(m, l->w, l->n_kernel, mp__glorot((float)(l->n_kernel / units), receptive * (float)units),
+                             &rng);
         }
     }
 }
@@ -9904,6 +10491,16 @@ static int mp__adds_share(const mp_model *m, int i, int k) {
     return 0;
 }
 
+/* The dtype of the batch as the layers find it: the first layer's compute
+   dtype, or float32 where an Embedding reads it (token ids stay exact, up
+   to 2^24, whatever the policy). */
+static mp_dtype mp__input_dtype(const mp_model *m) {
+    int i;
+    for (i = 0; i < m->n_layers; i++)
+        if (m->layers[i].desc.kind == MP_EMBEDDING) return MP_FLOAT32; /* it reads the model's input (mp__sequence_shape) */
+    return m->layers[0].dt;
+}
+
 /* The dtypes of each layer's inputs, and which gradient shares are added. */
 static void mp__link_types(mp_model *m) {
     int i, k;
@@ -9912,7 +10509,7 @@ static void mp__link_types(mp_model *m) {
         for (k = 0; k < l->n_in; k++) {
             int from = l->in[k];
             /* the batch comes in as the first layer reads it */
-            l->xt[k] = from == MP__FROM_INPUT ? m->layers[0].dt : m->layers[from].yt;
+            l->xt[k] = from == MP__FROM_INPUT ? mp__input_dtype(m) : m->layers[from].yt;
             l->add_dx[k] = from != MP__FROM_INPUT && mp__adds_share(m, i, k);
         }
     }
@@ -9942,7 +10539,7 @@ static void mp__want_layer(mp_model *m, mp__buffer *b, int *count, size_t batch,
     size_t es = mp__dtypes[l->dt].size, ys = mp__dtypes[l->yt].size;
     int linear = l->desc.kind == MP_DENSE || l->desc.kind == MP_CONV2D, out_last = mp__last_read(m, i);
     /* z: gelu's input, and the logits a loss may read from the last layer */
-    int keep_z = linear && (l->desc.activation == MP_GELU ||
+    int keep_z = linear && (mp__act_reads_input(l->desc.activation) ||
                             (i == n - 1 && (l->desc.activation == MP_SOFTMAX || l->desc.activation == MP_SIGMOID)));
     for (c = i + 1; c < n; c++)
         for (k = 0; k < m->layers[c].n_in; k++)
@@ -9958,6 +10555,14 @@ static void mp__want_layer(mp_model *m, mp__buffer *b, int *count, size_t batch,
     mp__want(b, count, &l->dy, batch, l->out_size * ys, 2 * n - 1 - last_reader, bwd, overflow);
     mp__want(b, count, &l->dyc, l->yt != l->dt ? batch : 0, l->out_size * es, bwd, bwd, overflow);
     mp__want(b, count, (void **)&l->mask, l->desc.kind == MP_DROPOUT ? batch : 0, l->in_size, fwd, 2 * n, overflow);
+    if (l->desc.kind == MP_MULTI_HEAD_ATTENTION) {
+        size_t work, scratch, logits;
+        mp__mha_sizes(l, batch, &work, &scratch, &logits, overflow);
+        mp__want(b, count, &l->work, 1, work, fwd, 2 * n, overflow);
+        mp__want(b, count, &l->scratch, 1, scratch, bwd, bwd, overflow);
+        mp__want(b, count, (void **)&l->stats, 1, logits, fwd, 2 * n, overflow);
+        return;
+    }
     mp__want(b, count, (void **)&l->stats,
              l->desc.kind == MP_BATCH_NORMALIZATION ? 2 : l->desc.kind == MP_LAYER_NORMALIZATION ? 2 * batch : 0,
              (l->desc.kind == MP_LAYER_NORMALIZATION ? l->in_size / mp__last_axis(l) : mp__last_axis(l)) * sizeof(float),
@@ -10008,8 +10613,8 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__bu
     size_t col = 0, dcol = 0, img = 0, wflip = 0, outs = mp__last(m)->out_size, region;
     unsigned char *shared;
     int i, count = 0;
-    m->input = mp__carve(a, batch, m->in_size * mp__dtypes[m->layers[0].dt].size);
-    m->batch_labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
+    m->input = mp__carve(a, batch, m->in_size * mp__dtypes[mp__input_dtype(m)].size);
+    m->batch_labels = (int32_t *)mp__carve(a, batch, mp__loss_rows(m) * sizeof(int32_t));
     m->batch_y = (float *)mp__carve(a, batch, outs * sizeof(float));
     m->dpred = (float *)mp__carve(a, batch, outs * sizeof(float));
     mp__link_types(m);
@@ -10056,11 +10661,22 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
     for (li = 0; li < m->n_layers && st == MP_OK; li++) {
         const mp__layer *l = &m->layers[li];
         size_t f, patch, rows;
+        size_t per; /* a sample's rows: output pixels, or a Dense input's rows of its last axis */
+        if (l->desc.kind == MP_MULTI_HEAD_ATTENTION) { /* the projections: x W [B*T, C] x [C, H*D], att W_o */
+            size_t c = mp__last_axis(l), hd = (size_t)l->desc.num_heads * (size_t)l->desc.key_dim;
+            if (!mp__mul_ok(batch, (size_t)l->in_shape[0], &rows)) return MP_ERR_SIZE;
+            if ((st = m->be->gemm_reserve(m->ctx, rows, hd, c)) == MP_OK &&
+                (st = m->be->gemm_reserve(m->ctx, c, hd, rows)) == MP_OK &&
+                (st = m->be->gemm_reserve(m->ctx, rows, c, hd)) == MP_OK &&
+                (st = m->be->gemm_reserve(m->ctx, hd, c, rows)) == MP_OK)
+                st = m->be->gemm_reserve(m->ctx, rows, hd, c);
+            continue;
+        }
         if (l->desc.kind != MP_DENSE && l->desc.kind != MP_CONV2D) continue;
-        f = l->out_size / (l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1);
+        per = l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : l->in_size / mp__last_axis(l);
+        f = l->out_size / per;
         patch = l->n_kernel / f;
-        if (!mp__mul_ok(l->desc.kind == MP_CONV2D ? mp__conv_group(m, l, batch) : batch,
-                        l->desc.kind == MP_CONV2D ? (size_t)l->geom.oh * (size_t)l->geom.ow : 1, &rows))
+        if (!mp__mul_ok(l->desc.kind == MP_CONV2D ? mp__conv_group(m, l, batch) : batch, per, &rows))
             return MP_ERR_SIZE;
         if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
             (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
@@ -10079,7 +10695,7 @@ static void mp__plan_stage(const mp_model *m, mp__arena *a, size_t batch, mp__st
     st->x = (float *)mp__carve(a, batch, m->in_size * sizeof(float));
     st->y = (float *)mp__carve(a, batch, outs * sizeof(float));
     st->out = (float *)mp__carve(a, batch, outs * sizeof(float));
-    st->labels = (int32_t *)mp__carve(a, batch, sizeof(int32_t));
+    st->labels = (int32_t *)mp__carve(a, batch, mp__loss_rows(m) * sizeof(int32_t));
 }
 
 static void mp__free_stage(mp_model *m) {
@@ -10203,13 +10819,19 @@ static mp_status mp__check_finite(mp_model *m, const char *who, const void *xv, 
 /* The values of the targets, once their shapes are checked: labels in
    range for sparse crossentropy, finite float targets for the rest. */
 static mp_status mp__check_targets(mp_model *m, const char *who, const int32_t *labels, const float *y, size_t count) {
-    size_t i, classes = mp__last(m)->out_size;
-    if (labels) {
+    size_t i, rows = mp__loss_rows(m), classes = mp__last(m)->out_size / rows;
+    if (labels && rows > 1) {
+        for (i = 0; i < count * rows; i++)
+            if (labels[i] < 0 || (size_t)labels[i] >= classes)
+                return mp__fail(m, MP_ERR_LABEL, "%s: y: sample %z, position %z has label %d; the model has %z classes",
+                                who, i / rows, i % rows, (int)labels[i], classes);
+    } else if (labels) {
         for (i = 0; i < count; i++)
             if (labels[i] < 0 || (size_t)labels[i] >= classes)
                 return mp__fail(m, MP_ERR_LABEL, "%s: y: sample %z has label %d; the model has %z classes", who, i,
                                 (int)labels[i], classes);
     } else {
+        classes = mp__last(m)->out_size;
         for (i = 0; i < count * classes; i++) /* a NaN target would turn every weight NaN */
             if ((mp__f32_bits(y[i]) & MP__F32_INF) == MP__F32_INF)
                 return mp__fail(m, MP_ERR_NONFINITE, "%s: y: sample %z, output %z is %s", who, i / classes,
@@ -10298,6 +10920,32 @@ static mp_status mp__check_array(mp_model *m, const char *who, const char *what,
     return MP_OK;
 }
 
+/* Token ids for each Embedding: integers in [0, input_dim), else the
+   error names the sample, the position and the layer (no kernel ever
+   reads outside a table: it gives zeros for such an id). */
+static mp_status mp__check_ids(mp_model *m, const char *who, const mp__feed *f) {
+    size_t i, n = f->n * m->in_size;
+    int li;
+    for (li = 0; li < m->n_layers; li++) {
+        const mp__layer *l = &m->layers[li];
+        if (l->desc.kind != MP_EMBEDDING) continue;
+        for (i = 0; i < n; i++) { /* in float32 and int32 alone (no double: single-precision FPUs) */
+            float v = f->xt == MP_INT32 ? 0.0f : ((const float *)f->x)[i];
+            int whole = f->xt == MP_INT32 || (v >= -2147483648.0f && v < 2147483648.0f && v == (float)(int32_t)v);
+            int32_t id = f->xt == MP_INT32 ? ((const int32_t *)f->x)[i] : whole ? (int32_t)v : -1; /* NaN: not whole */
+            if (whole && id >= 0 && id < l->desc.input_dim) continue;
+            if (whole)
+                return mp__fail(m, MP_ERR_ARG, "%s: x: sample %z, position %z has token id %d; layer %s (Embedding) "
+                                "takes ids in [0, %d)", who, i / m->in_size, i % m->in_size, (int)id, l->name,
+                                l->desc.input_dim);
+            return mp__fail(m, MP_ERR_ARG, "%s: x: sample %z, position %z is not an integer (NaN, Inf or a fraction); "
+                            "layer %s (Embedding) takes integer token ids in [0, %d)", who, i / m->in_size,
+                            i % m->in_size, l->name, l->desc.input_dim);
+        }
+    }
+    return MP_OK;
+}
+
 /* The inputs: as many as the model takes (one), x[0]'s dtype and
    per-sample count the model's; into f. */
 static mp_status mp__check_x(mp_model *m, const char *who, const mp_data *d, mp__feed *f) {
@@ -10322,7 +10970,7 @@ static mp_status mp__check_x(mp_model *m, const char *who, const mp_data *d, mp_
     f->x = x->data;
     f->xt = x->dtype;
     f->n = x->n;
-    return MP_OK;
+    return mp__check_ids(m, who, f);
 }
 
 /* The targets of n samples, as the compiled loss takes them; into f. */
@@ -10343,7 +10991,12 @@ static mp_status mp__check_y(mp_model *m, const char *who, const mp_array *y, si
     mp__shape_text(got, sizeof got, y->rank, y->shape, 0);
     if (sparse && y->dtype != MP_INT32)
         return mp__fail(m, MP_ERR_DTYPE, "%s: y is float32; %s takes int32 class indices (mp_labels)", who, loss);
-    if (sparse && per != 1)
+    if (sparse && per != mp__loss_rows(m) && mp__loss_rows(m) > 1)
+        return mp__fail(m, MP_ERR_SHAPE, "%s: y has %z values per sample; %s takes a class index per row of the "
+                        "model's output %s (layer %s): %z a sample, found shape=%s", who, per, loss,
+                        mp__shape_text(want, sizeof want, last->out_rank, last->out_shape, 0), last->name,
+                        mp__loss_rows(m), got);
+    if (sparse && per != 1 && mp__loss_rows(m) == 1)
         return mp__fail(m, MP_ERR_SHAPE, "%s: y has %z values per sample; %s takes one class index per sample: expected "
                         "shape=(None,) or (None, 1), found shape=%s", who, per, loss, got);
     if (!sparse && y->dtype != MP_FLOAT32)
@@ -10413,8 +11066,8 @@ static void mp__i32_to_f32(float *dst, const int32_t *src, size_t n) {
    (mp__gather), so only the CPU's take the blocks. */
 static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const int32_t *labels, const float *y,
                      size_t count) {
-    size_t outs = mp__last(m)->out_size, n = count * m->in_size, i, k;
-    mp_dtype dt = m->layers[0].dt;
+    size_t outs = mp__last(m)->out_size, n = count * m->in_size, rows = mp__loss_rows(m), i, k;
+    mp_dtype dt = mp__input_dtype(m);
     int *bad = m->be->device_memory ? &m->state->bad_input : NULL;
     if (bad && at == 0) m->be->zero(m->ctx, bad, sizeof(int)); /* a new batch */
     if (xt == MP_FLOAT32) m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size), dt, (const float *)x, n, bad);
@@ -10424,7 +11077,8 @@ static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const i
         mp__i32_to_f32(block, (const int32_t *)x + i, k);
         m->be->cast_in(m->ctx, mp__at_mut(m->input, dt, at * m->in_size + i), dt, block, k, bad);
     }
-    if (labels) m->be->copy(m->ctx, m->batch_labels + at, labels, count * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    if (labels)
+        m->be->copy(m->ctx, m->batch_labels + at * rows, labels, count * rows * sizeof(int32_t), MP_COPY_TO_BACKEND);
     if (y) m->be->copy(m->ctx, m->batch_y + at * outs, y, count * outs * sizeof(float), MP_COPY_TO_BACKEND);
 }
 
@@ -10432,10 +11086,11 @@ static void mp__send(mp_model *m, size_t at, const void *x, mp_dtype xt, const i
    the device path below takes a shuffled batch, without the gather: the
    range is contiguous (fit's validation, the data's last part). */
 static void mp__take_uploaded(mp_model *m, size_t first, size_t count) {
-    size_t outs = mp__last(m)->out_size, in = m->in_size;
-    m->be->cast(m->ctx, m->input, m->layers[0].dt, m->data_x + first * in, MP_FLOAT32, count * in, NULL);
+    size_t outs = mp__last(m)->out_size, in = m->in_size, rows = mp__loss_rows(m);
+    m->be->cast(m->ctx, m->input, mp__input_dtype(m), m->data_x + first * in, MP_FLOAT32, count * in, NULL);
     if (m->data_labels)
-        m->be->copy(m->ctx, m->batch_labels, m->data_labels + first, count * sizeof(int32_t), MP_COPY_WITHIN);
+        m->be->copy(m->ctx, m->batch_labels, m->data_labels + first * rows, count * rows * sizeof(int32_t),
+                    MP_COPY_WITHIN);
     if (m->data_y) m->be->copy(m->ctx, m->batch_y, m->data_y + first * outs, count * outs * sizeof(float), MP_COPY_WITHIN);
 }
 
@@ -10447,24 +11102,23 @@ static const void *mp__feed_x(const mp_model *m, const mp__feed *f, size_t s) { 
    and targets. A device backend gets them gathered on the host (int32
    inputs converted on the way) and sent in one copy each. */
 static void mp__gather(mp_model *m, const mp__feed *f, const size_t *idx, size_t first, size_t count) {
-    size_t i, outs = mp__last(m)->out_size, in = m->in_size;
+    size_t i, outs = mp__last(m)->out_size, in = m->in_size, rows = mp__loss_rows(m);
     if (!f) {
         mp__take_uploaded(m, first, count);
     } else if (idx && m->data_block) { /* the data on the device: nothing crosses */
-        const mp__layer *l0 = &m->layers[0];
         m->be->gather(m->ctx, m->data_batch, m->data_x, m->data_idx + first, count, in * sizeof(float));
-        m->be->cast(m->ctx, m->input, l0->dt, m->data_batch, MP_FLOAT32, count * in, NULL);
+        m->be->cast(m->ctx, m->input, mp__input_dtype(m), m->data_batch, MP_FLOAT32, count * in, NULL);
         if (m->data_labels)
-            m->be->gather(m->ctx, m->batch_labels, m->data_labels, m->data_idx + first, count, sizeof(int32_t));
+            m->be->gather(m->ctx, m->batch_labels, m->data_labels, m->data_idx + first, count, rows * sizeof(int32_t));
         if (m->data_y) m->be->gather(m->ctx, m->batch_y, m->data_y, m->data_idx + first, count, outs * sizeof(float));
     } else if (!idx && (!m->be->device_memory || f->xt == MP_FLOAT32)) {
-        mp__send(m, 0, mp__feed_x(m, f, first), f->xt, f->labels ? f->labels + first : NULL,
+        mp__send(m, 0, mp__feed_x(m, f, first), f->xt, f->labels ? f->labels + first * rows : NULL,
                  f->y ? f->y + first * outs : NULL, count);
     } else if (!m->be->device_memory) {
         for (i = 0; i < count; i++) {
             size_t s = idx[first + i];
-            mp__send(m, i, mp__feed_x(m, f, s), f->xt, f->labels ? f->labels + s : NULL, f->y ? f->y + s * outs : NULL,
-                     1);
+            mp__send(m, i, mp__feed_x(m, f, s), f->xt, f->labels ? f->labels + s * rows : NULL,
+                     f->y ? f->y + s * outs : NULL, 1);
         }
     } else {
         const mp__stage *st = &m->stages[m->stage_turn ^= 1];
@@ -10473,7 +11127,7 @@ static void mp__gather(mp_model *m, const mp__feed *f, const size_t *idx, size_t
             size_t s = idx ? idx[first + i] : first + i;
             if (f->xt == MP_FLOAT32) memcpy(st->x + i * in, mp__feed_x(m, f, s), in * sizeof(float));
             if (f->xt == MP_INT32) mp__i32_to_f32(st->x + i * in, (const int32_t *)f->x + s * in, in);
-            if (f->labels) st->labels[i] = f->labels[s];
+            if (f->labels) memcpy(st->labels + i * rows, f->labels + s * rows, rows * sizeof(int32_t));
             if (f->y) memcpy(st->y + i * outs, f->y + s * outs, outs * sizeof(float));
         }
         mp__send(m, 0, st->x, MP_FLOAT32, f->labels ? st->labels : NULL, f->y ? st->y : NULL, count);
@@ -10554,7 +11208,8 @@ static void mp__loss_into(mp_model *m, float *metrics) {
         pt = l->desc.kind == MP_ACTIVATION ? l->dt : l->yt;
     }
     m->be->loss(m->ctx, m->compile.loss, m->compile.from_logits || logits, pred, pt, l->y, l->yt,
-                sparse ? m->batch_labels : NULL, sparse ? NULL : m->batch_y, m->batch, l->out_size, m->dpred, metrics);
+                sparse ? m->batch_labels : NULL, sparse ? NULL : m->batch_y, m->batch * mp__loss_rows(m),
+                l->out_size / mp__loss_rows(m), m->dpred, metrics);
 }
 
 static mp_status mp__loss(mp_model *m, float *sum, size_t *right) {
@@ -10578,10 +11233,11 @@ MIXPREC_API mp_status mp_compute_loss(mp_model *m, const mp_array *y, float *los
     if (!m->batch) return mp__fail(m, MP_ERR_STATE, "mp_compute_loss: run mp_forward first");
     memset(&f, 0, sizeof f);
     if ((st = mp__check_y(m, "mp_compute_loss", y, m->batch, &f)) != MP_OK) return st;
-    if (f.labels) m->be->copy(m->ctx, m->batch_labels, f.labels, m->batch * sizeof(int32_t), MP_COPY_TO_BACKEND);
+    if (f.labels)
+        m->be->copy(m->ctx, m->batch_labels, f.labels, m->batch * mp__loss_rows(m) * sizeof(int32_t), MP_COPY_TO_BACKEND);
     else m->be->copy(m->ctx, m->batch_y, f.y, m->batch * mp__last(m)->out_size * sizeof(float), MP_COPY_TO_BACKEND);
     if ((st = mp__loss(m, &sum, &right)) != MP_OK) return st;
-    *loss = sum / (float)m->batch;
+    *loss = sum / (float)(m->batch * mp__loss_rows(m));
     if (correct) *correct = right;
     return MP_OK;
 }
@@ -11013,8 +11669,8 @@ static mp_status mp__evaluate_range(mp_model *m, const mp__feed *f, size_t first
         mp__run_forward(m, b, 0);
         st = mp__loss(m, &sum, &right);
     }
-    *loss = sum / (float)(end - first);
-    *accuracy = m->compile.metrics ? (float)right / (float)(end - first) : 0.0f;
+    *loss = sum / (float)((end - first) * mp__loss_rows(m));
+    *accuracy = m->compile.metrics ? (float)right / (float)((end - first) * mp__loss_rows(m)) : 0.0f;
     return st;
 }
 
@@ -11184,7 +11840,7 @@ static void mp__upload_data(mp_model *m, const mp_fit_desc *d, const mp__fit_dat
         return;
     for (i = 0; i < 2; i++) {
         m->data_x = (const float *)mp__carve(&a, n, in * sizeof(float));
-        m->data_labels = f->labels ? (const int32_t *)mp__carve(&a, n, sizeof(int32_t)) : NULL;
+        m->data_labels = f->labels ? (const int32_t *)mp__carve(&a, n, mp__loss_rows(m) * sizeof(int32_t)) : NULL;
         m->data_y = f->y ? (const float *)mp__carve(&a, n, outs * sizeof(float)) : NULL;
         m->data_idx = (uint32_t *)mp__carve(&a, fd->n_train, sizeof(uint32_t));
         m->data_batch = (float *)mp__carve(&a, fd->batch, in * sizeof(float));
@@ -11200,7 +11856,8 @@ static void mp__upload_data(mp_model *m, const mp_fit_desc *d, const mp__fit_dat
        earlier mp_forward sent must not fail them (mp__read_state) */
     m->be->zero(m->ctx, &m->state->bad_input, sizeof(int));
     if (m->data_labels)
-        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, f->labels, n * sizeof(int32_t), MP_COPY_TO_BACKEND);
+        m->be->copy(m->ctx, (void *)(uintptr_t)m->data_labels, f->labels, n * mp__loss_rows(m) * sizeof(int32_t),
+                    MP_COPY_TO_BACKEND);
     if (m->data_y)
         m->be->copy(m->ctx, (void *)(uintptr_t)m->data_y, f->y, n * outs * sizeof(float), MP_COPY_TO_BACKEND);
 #ifndef MIXPREC_NO_STDIO
@@ -11231,7 +11888,7 @@ static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
     mp_status st;
     if (batch) {
         if ((st = mp__run_forward(m, batch, 1)) != MP_OK) return st;
-        m->metric_batch[m->metric_count] = batch;
+        m->metric_batch[m->metric_count] = batch * mp__loss_rows(m); /* the rows the loss averaged */
         mp__loss_into(m, m->metric_log + 2 * m->metric_count++);
         mp__loop_move(m, MP__CALL_LOSS);
         if ((st = mp_compute_scaled_gradients(m)) != MP_OK) return st;
@@ -11267,7 +11924,7 @@ static mp_status mp__read_log(mp_model *m, float *sum, size_t *right, size_t *se
    data on the device, as there). */
 static mp_status mp__evaluate_shared(mp_model *m, const mp__feed *d, size_t first, size_t end, size_t batch,
                                      float *loss, float *accuracy) {
-    size_t n = end - first, lo = first + mp__slice_start(n, m->rank, m->ranks);
+    size_t n = end - first, lo = first + mp__slice_start(n, m->rank, m->ranks), rows = mp__loss_rows(m);
     size_t hi = first + mp__slice_start(n, m->rank + 1, m->ranks);
     float got[2] = {0.0f, 0.0f};
     mp_status st;
@@ -11275,12 +11932,12 @@ static mp_status mp__evaluate_shared(mp_model *m, const mp__feed *d, size_t firs
     if (hi > lo) {
         size_t each = (batch + (size_t)m->ranks - 1) / (size_t)m->ranks;
         if ((st = mp__evaluate_range(m, d, lo, hi, each, loss, accuracy)) != MP_OK) return st;
-        got[0] = *loss * (float)(hi - lo);
-        got[1] = roundf(*accuracy * (float)(hi - lo)); /* the samples counted right, exactly */
+        got[0] = *loss * (float)((hi - lo) * rows);
+        got[1] = roundf(*accuracy * (float)((hi - lo) * rows)); /* the rows counted right, exactly */
     }
     if ((st = mp__comm_host(m, got, sizeof got, 1, "the metrics' all-reduce")) != MP_OK) return st;
-    *loss = got[0] / (float)n;
-    *accuracy = m->compile.metrics ? got[1] / (float)n : 0.0f;
+    *loss = got[0] / (float)(n * rows);
+    *accuracy = m->compile.metrics ? got[1] / (float)(n * rows) : 0.0f;
     return MP_OK;
 }
 
@@ -11999,17 +12656,39 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
 }
 
 /* A layer's weights in get_weights' order, their names and Keras shapes
-   (sizes and offsets not yet filled); returns how many (at most 4). */
-static int mp__layer_weights(const mp__layer *l, mp_weight_info out[4]) {
+   (sizes and offsets not yet filled); returns how many (at most
+   MP__LAYER_WEIGHTS). */
+enum { MP__LAYER_WEIGHTS = 8 };
+static int mp__layer_weights(const mp__layer *l, mp_weight_info out[MP__LAYER_WEIGHTS]) {
     static const char *const norm[4] = {"gamma", "beta", "moving_mean", "moving_variance"};
+    static const char *const mha[MP__LAYER_WEIGHTS] = {"query/kernel", "query/bias", "key/kernel", "key/bias",
+                                                       "value/kernel", "value/bias", "attention_output/kernel",
+                                                       "attention_output/bias"};
     const mp_layer_desc *d = &l->desc;
     int n, k, c = l->in_rank ? l->in_shape[l->in_rank - 1] : 0;
     switch (d->kind) {
+    case MP_EMBEDDING:
+    case MP_POSITION_EMBEDDING:
+        out[0].name = "embeddings", out[0].rank = 2, out[0].trainable = 1;
+        out[0].shape[0] = d->kind == MP_EMBEDDING ? d->input_dim : d->sequence_length;
+        out[0].shape[1] = (int)mp__embedding_width(l);
+        return 1;
+    case MP_MULTI_HEAD_ATTENTION:
+        for (k = n = 0; k < MP__LAYER_WEIGHTS; k++) {
+            int in_out[3] = {c, d->num_heads, d->key_dim}, bias = k % 2;
+            if (bias && d->no_bias) continue;
+            out[n].name = mha[k], out[n].trainable = 1;
+            if (k == 6) in_out[0] = d->num_heads, in_out[1] = d->key_dim, in_out[2] = c;
+            out[n].rank = bias ? (k == 7 ? 1 : 2) : 3;
+            memcpy(out[n].shape, bias ? (k == 7 ? &c : in_out + 1) : in_out, (size_t)out[n].rank * sizeof(int));
+            n++;
+        }
+        return n;
     case MP_DENSE:
     case MP_CONV2D:
         out[0].name = "kernel";
         if (d->kind == MP_DENSE) {
-            out[0].rank = 2, out[0].shape[0] = (int)l->in_size, out[0].shape[1] = d->units;
+            out[0].rank = 2, out[0].shape[0] = c, out[0].shape[1] = d->units;
         } else {
             out[0].rank = 4, out[0].shape[0] = l->geom.kh, out[0].shape[1] = l->geom.kw;
             out[0].shape[2] = l->geom.c, out[0].shape[3] = d->filters;
@@ -12027,14 +12706,14 @@ static int mp__layer_weights(const mp__layer *l, mp_weight_info out[4]) {
 }
 
 MIXPREC_API int mp_model_weight_count(const mp_model *m) {
-    mp_weight_info w[4];
+    mp_weight_info w[MP__LAYER_WEIGHTS];
     int i, n = 0;
     for (i = 0; m && i < m->n_layers; i++) n += mp__layer_weights(&m->layers[i], w);
     return n;
 }
 
 MIXPREC_API mp_status mp_model_weight_info(const mp_model *m, int index, mp_weight_info *out) {
-    mp_weight_info w[4];
+    mp_weight_info w[MP__LAYER_WEIGHTS];
     size_t at = 0, grad_at = 0;
     int i, k, n, r;
     if (!m || !out) return MP_ERR_NULL;
@@ -12870,11 +13549,14 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
         if (l->desc.kind == MP_DENSE) {
-            mp__pad8(&t, &found, l, "input features", l->in_size);
+            mp__pad8(&t, &found, l, "input features", mp__last_axis(l));
             mp__pad8(&t, &found, l, "units", (size_t)l->desc.units);
         } else if (l->desc.kind == MP_CONV2D) {
             mp__pad8(&t, &found, l, "input channels", (size_t)l->geom.c);
             mp__pad8(&t, &found, l, "filters", (size_t)l->desc.filters);
+        } else if (l->desc.kind == MP_MULTI_HEAD_ATTENTION) {
+            mp__pad8(&t, &found, l, "features", mp__last_axis(l));
+            mp__pad8(&t, &found, l, "num_heads x key_dim", (size_t)l->desc.num_heads * (size_t)l->desc.key_dim);
         }
     }
     if (batch_size) mp__pad8(&t, &found, NULL, "batch size", (size_t)batch_size);
@@ -14930,6 +15612,138 @@ MIXPREC_API mp_status mp_load_idx_why(const char *images_path, const char *label
 
 MIXPREC_API mp_status mp_load_idx(const char *images_path, const char *labels_path, mp_dataset *out) {
     return mp_load_idx_why(images_path, labels_path, out, NULL, 0);
+}
+#endif
+
+/* >>data: tokens (see the declaration) */
+enum { MP__LLMC_MAGIC = 20240520, MP__LLMC_HEAD = 1024 };
+
+static mp_status mp__tokens_alloc(mp_tokens *out, size_t count) {
+    memset(out, 0, sizeof *out);
+    if (count > SIZE_MAX / sizeof(int32_t) || !(out->ids = (int32_t *)mp__alloc(count * sizeof(int32_t))))
+        return MP_ERR_ALLOC;
+    out->count = count;
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_tokens_from_text(const void *text, size_t len, mp_tokens *out) {
+    const unsigned char *b = (const unsigned char *)text;
+    unsigned char seen[256];
+    size_t i;
+    int c, n = 0;
+    mp_status st;
+    if (!out || (!text && len)) return MP_ERR_NULL;
+    if (!len) return MP_ERR_FORMAT;
+    memset(seen, 0, sizeof seen);
+    for (i = 0; i < len; i++) seen[b[i]] = 1;
+    if ((st = mp__tokens_alloc(out, len)) != MP_OK) return st;
+    out->byte_level = 1;
+    for (c = 0; c < 256; c++) {
+        out->id_of[c] = (int16_t)(seen[c] ? n : -1);
+        if (seen[c]) out->bytes[n++] = (unsigned char)c;
+    }
+    out->vocab_size = n;
+    for (i = 0; i < len; i++) out->ids[i] = out->id_of[b[i]];
+    return MP_OK;
+}
+
+/* What is wrong with an llm.c token buffer, or NULL when nothing is. */
+static const char *mp__llmc_why(const unsigned char *b, size_t len) {
+    uint32_t count;
+    if (len < 12 || (uint32_t)mp__le_get(b, 4) != MP__LLMC_MAGIC)
+        return "not an llm.c token file: those start with the int32 magic number 20240520";
+    if ((uint32_t)mp__le_get(b + 4, 4) != 1) return "llm.c tokens: version is not 1 (the uint16 token files)";
+    count = (uint32_t)mp__le_get(b + 8, 4);
+    if (count == 0 || count > INT32_MAX) return "llm.c tokens: the header's token count is not positive";
+    if (len < MP__LLMC_HEAD || (len - MP__LLMC_HEAD) / 2 < count)
+        return "llm.c tokens: truncated: fewer bytes than the 1024-byte header and 2 per token it counts";
+    if (len - MP__LLMC_HEAD != 2 * (size_t)count)
+        return "llm.c tokens: more bytes than the 1024-byte header and 2 per token it counts";
+    return NULL;
+}
+
+MIXPREC_API mp_status mp_tokens_from_llmc(const void *buf, size_t len, mp_tokens *out) {
+    const unsigned char *b = (const unsigned char *)buf;
+    size_t i;
+    int top = 0;
+    mp_status st;
+    if (!out || !buf) return MP_ERR_NULL;
+    if (mp__llmc_why(b, len)) return MP_ERR_FORMAT;
+    if ((st = mp__tokens_alloc(out, (uint32_t)mp__le_get(b + 8, 4))) != MP_OK) return st;
+    for (i = 0; i < out->count; i++) {
+        int id = b[MP__LLMC_HEAD + 2 * i] | b[MP__LLMC_HEAD + 2 * i + 1] << 8;
+        out->ids[i] = id;
+        if (id > top) top = id;
+    }
+    out->vocab_size = top + 1;
+    return MP_OK;
+}
+
+MIXPREC_API void mp_tokens_free(mp_tokens *t) {
+    if (!t) return;
+    mp__free(t->ids);
+    t->ids = NULL;
+    t->count = 0;
+}
+
+MIXPREC_API size_t mp_tokens_window_count(const mp_tokens *t, int time) {
+    return t && time > 0 && t->count > 0 ? (t->count - 1) / (size_t)time : 0;
+}
+
+MIXPREC_API mp_status mp_tokens_windows(const mp_tokens *t, const size_t *starts, size_t n, int time, int32_t *x,
+                                        int32_t *y) {
+    size_t i, s, w = (size_t)time;
+    if (!t || ((!x || !y) && n)) return MP_ERR_NULL;
+    if (time <= 0) return MP_ERR_ARG;
+    for (i = 0; i < n; i++) { /* every window first: a failure writes nothing */
+        if (!starts && i > (SIZE_MAX - 1) / w) return MP_ERR_ARG;
+        s = starts ? starts[i] : i * w;
+        if (s >= t->count || t->count - s <= w) return MP_ERR_ARG;
+    }
+    for (i = 0; i < n; i++) {
+        s = starts ? starts[i] : i * w;
+        memcpy(x + i * w, t->ids + s, w * sizeof(int32_t));
+        memcpy(y + i * w, t->ids + s + 1, w * sizeof(int32_t));
+    }
+    return MP_OK;
+}
+
+#ifndef MIXPREC_NO_STDIO
+static size_t mp__text_claimed(const unsigned char *head, size_t got) {
+    (void)head, (void)got;
+    return SIZE_MAX - 1; /* the whole file: its size bounds the read */
+}
+
+static size_t mp__llmc_claimed(const unsigned char *head, size_t got) {
+    if (got < 12 || (uint32_t)mp__le_get(head, 4) != MP__LLMC_MAGIC) return got;
+    return MP__LLMC_HEAD + 2 * (size_t)(uint32_t)mp__le_get(head + 8, 4);
+}
+
+/* A token file (llmc: llm.c's format, else text); "path: reason" into why. */
+static mp_status mp__load_tokens(const char *path, int llmc, mp_tokens *out, char *why, size_t why_cap) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    const char *reason = NULL;
+    mp__text t;
+    mp_status st;
+    t.buf = why, t.cap = why ? why_cap : 0, t.len = 0;
+    if (t.cap) why[0] = '\0';
+    if (!path || !out) return mp__put(&t, mp_status_message(MP_ERR_NULL)), MP_ERR_NULL;
+    st = mp__read_file(path, llmc ? mp__llmc_claimed : mp__text_claimed, &buf, &len);
+    if (st == MP_ERR_IO) reason = mp__io_why(path);
+    if (st == MP_OK && llmc && (reason = mp__llmc_why(buf, len)) != NULL) st = MP_ERR_FORMAT;
+    if (st == MP_OK) st = llmc ? mp_tokens_from_llmc(buf, len, out) : mp_tokens_from_text(buf, len, out);
+    if (st == MP_ERR_FORMAT && !reason) reason = "the file is empty";
+    if (st != MP_OK) mp__put(&t, path), mp__put(&t, ": "), mp__put(&t, reason ? reason : mp_status_message(st));
+    mp__free(buf);
+    return st;
+}
+
+MIXPREC_API mp_status mp_load_text_tokens(const char *path, mp_tokens *out, char *why, size_t why_cap) {
+    return mp__load_tokens(path, 0, out, why, why_cap);
+}
+MIXPREC_API mp_status mp_load_llmc_tokens(const char *path, mp_tokens *out, char *why, size_t why_cap) {
+    return mp__load_tokens(path, 1, out, why, why_cap);
 }
 #endif
 

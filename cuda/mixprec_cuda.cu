@@ -345,7 +345,7 @@ static __global__ void mp__k_act_backward(void *dx, mp_dtype dxt, const void *dy
     MP__CU_LOOP(i, n) {
         float g = mp__ld(dy, dt, i);
         if (act == MP_RELU) g = mp__ld(y, dt, i) > 0.0f ? g : 0.0f;
-        else if (act != MP_LINEAR) g *= mp__act_grad(act, mp__ld(y, dt, i), act == MP_GELU ? mp__ld(x, dt, i) : 0.0f);
+        else if (act != MP_LINEAR) g *= mp__act_grad(act, mp__ld(y, dt, i), mp__act_reads_input(act) ? mp__ld(x, dt, i) : 0.0f);
         mp__st(dx, dxt, i, g);
     }
 }
@@ -1670,6 +1670,72 @@ static void mp__cu_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const 
     if (dx) MP__CU_LAUNCH(c, rows * MP__CU_WARP, mp__k_ln_dx, dx, dxt, dy, x, dt, rows, cols, gamma_beta, stats);
 }
 
+/* Embedding: a thread an element; its gradient a thread a column, adding
+   the rows in order (the CPU's sums, bit for bit). */
+static __global__ void mp__k_embedding(void *y, mp_dtype yt, const float *table, size_t vocab, const float *ids,
+                                       size_t period, size_t rows, size_t cols) {
+    MP__CU_LOOP(e, rows * cols) {
+        size_t id = mp__embedding_index(ids, period, e / cols, vocab);
+        mp__st(y, yt, e, id < vocab ? table[id * cols + e % cols] : 0.0f);
+    }
+}
+
+static __global__ void mp__k_embedding_grad(float *dtable, size_t vocab, const void *dy, mp_dtype dt, const float *ids,
+                                            size_t period, size_t rows, size_t cols) {
+    MP__CU_LOOP(c, cols) {
+        for (size_t r = 0; r < vocab; r++) dtable[r * cols + c] = 0.0f;
+        for (size_t r = 0; r < rows; r++) {
+            size_t id = mp__embedding_index(ids, period, r, vocab);
+            if (id < vocab) dtable[id * cols + c] += mp__ld(dy, dt, r * cols + c);
+        }
+    }
+}
+
+static void mp__cu_embedding(void *ctx, void *y, mp_dtype yt, const float *table, size_t vocab, const float *ids,
+                             size_t period, size_t rows, size_t cols) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, rows * cols, mp__k_embedding, y, yt, table, vocab, ids, period, rows, cols);
+}
+
+static void mp__cu_embedding_backward(void *ctx, float *dtable, size_t vocab, const void *dy, mp_dtype dt, const float *ids,
+                                      size_t period, size_t rows, size_t cols) {
+    mp__cu *c = mp__cu_of(ctx);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, cols, mp__k_embedding_grad, dtable, vocab, dy, dt, ids, period, rows, cols);
+}
+
+/* Attention: a thread a row of a sequence, >>rules' rows (the CPU's). */
+static __global__ void mp__k_attention(mp__attention_geom g, void *att, void *p, float *s, const void *q, const void *k,
+                                       const void *v, size_t n) {
+    MP__CU_LOOP(r, n * g.t) mp__attention_row(&g, att, p, s, q, k, v, r / g.t, r % g.t);
+}
+
+static __global__ void mp__k_attention_dq(mp__attention_geom g, void *dq, float *s, const void *datt, const void *k,
+                                          const void *v, const void *p, size_t n) {
+    MP__CU_LOOP(r, n * g.t) mp__attention_dq_row(&g, dq, s, datt, k, v, p, r / g.t, r % g.t);
+}
+
+static __global__ void mp__k_attention_dkv(mp__attention_geom g, void *dk, void *dv, const float *s, const void *datt,
+                                           const void *q, const void *p, size_t n) {
+    MP__CU_LOOP(r, n * g.t) mp__attention_dkv_row(&g, dk, dv, s, datt, q, p, r / g.t, r % g.t);
+}
+
+static void mp__cu_attention(void *ctx, void *att, void *p, float *s, const void *q, const void *k, const void *v,
+                             mp_dtype dt, size_t batch, size_t t, size_t heads, size_t d, float scale, int causal) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__attention_geom g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    if (mp__cu_live(c)) MP__CU_LAUNCH(c, batch * heads * t, mp__k_attention, g, att, p, s, q, k, v, batch * heads);
+}
+
+static void mp__cu_attention_backward(void *ctx, void *dq, void *dk, void *dv, float *s, const void *datt, const void *q,
+                                      const void *k, const void *v, const void *p, mp_dtype dt, size_t batch, size_t t,
+                                      size_t heads, size_t d, float scale, int causal) {
+    mp__cu *c = mp__cu_of(ctx);
+    mp__attention_geom g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    if (!mp__cu_live(c)) return;
+    MP__CU_LAUNCH(c, batch * heads * t, mp__k_attention_dq, g, dq, s, datt, k, v, p, batch * heads);
+    MP__CU_LAUNCH(c, batch * heads * t, mp__k_attention_dkv, g, dk, dv, s, datt, q, p, batch * heads);
+}
+
 /* Free device memory (0 if it cannot be queried: fit then sends batches). */
 static size_t mp__cu_free_memory(void *ctx) {
     mp__cu *c = mp__cu_of(ctx);
@@ -1727,6 +1793,10 @@ static const mp_backend mp__cu_backend = {
     MP_OP(batch_norm_backward) mp__cu_batch_norm_backward,
     MP_OP(layer_norm) mp__cu_layer_norm,
     MP_OP(layer_norm_backward) mp__cu_layer_norm_backward,
+    MP_OP(embedding) mp__cu_embedding,
+    MP_OP(embedding_backward) mp__cu_embedding_backward,
+    MP_OP(attention) mp__cu_attention,
+    MP_OP(attention_backward) mp__cu_attention_backward,
     MP_OP(host_alloc) mp__cu_host_alloc,
     MP_OP(host_free) mp__cu_host_free,
     MP_OP(host_wait) mp__cu_host_wait,

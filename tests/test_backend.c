@@ -158,6 +158,26 @@ static void r_layer_norm_backward(void *ctx, void *dx, mp_dtype dxt, const void 
                              (const float *)real(stats), (float *)real(dgamma_beta));
 }
 
+static void r_embedding(void *ctx, void *y, mp_dtype yt, const float *table, size_t vocab, const float *ids, size_t period,
+                        size_t rows, size_t cols) {
+    cpu->embedding(ctx, real(y), yt, (const float *)real(table), vocab, (const float *)real(ids), period, rows, cols);
+}
+static void r_embedding_backward(void *ctx, float *dtable, size_t vocab, const void *dy, mp_dtype dt, const float *ids,
+                                 size_t period, size_t rows, size_t cols) {
+    cpu->embedding_backward(ctx, (float *)real(dtable), vocab, real(dy), dt, (const float *)real(ids), period, rows, cols);
+}
+static void r_attention(void *ctx, void *att, void *p, float *s, const void *q, const void *k, const void *v, mp_dtype dt,
+                        size_t batch, size_t t, size_t heads, size_t d, float scale, int causal) {
+    cpu->attention(ctx, real(att), real(p), (float *)real(s), real(q), real(k), real(v), dt, batch, t, heads, d, scale,
+                   causal);
+}
+static void r_attention_backward(void *ctx, void *dq, void *dk, void *dv, float *s, const void *datt, const void *q,
+                                 const void *k, const void *v, const void *p, mp_dtype dt, size_t batch, size_t t,
+                                 size_t heads, size_t d, float scale, int causal) {
+    cpu->attention_backward(ctx, real(dq), real(dk), real(dv), (float *)real(s), real(datt), real(q), real(k), real(v),
+                            real(p), dt, batch, t, heads, d, scale, causal);
+}
+
 /* Staging memory: plain host memory here (copies run at once), counted. */
 static void *r_host_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -230,6 +250,10 @@ static const mp_backend remote = {
     MP_OP(batch_norm_backward) r_batch_norm_backward,
     MP_OP(layer_norm) r_layer_norm,
     MP_OP(layer_norm_backward) r_layer_norm_backward,
+    MP_OP(embedding) r_embedding,
+    MP_OP(embedding_backward) r_embedding_backward,
+    MP_OP(attention) r_attention,
+    MP_OP(attention_backward) r_attention_backward,
     MP_OP(host_alloc) r_host_alloc,
     MP_OP(host_free) r_host_free,
     MP_OP(host_wait) r_host_wait,
@@ -1259,6 +1283,70 @@ static void test_int32_inputs(void) {
     mp_model_destroy(b);
 }
 
+/* A small causal transformer on token ids with (batch, time) labels,
+   trained by fit on the remote backend (float32 ids uploaded once, the
+   labels gathered by rows of time; int32 ids sent from the host) and on
+   the CPU: the same weights, bit for bit. */
+enum { SEQ_T = 5, SEQ_V = 7, SEQ_C = 4, SEQ_N = 40 };
+static mp_model *sequence_net(const mp_backend *be, const char *policy) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    mp_compile_desc cd;
+    int tok = 0, pos = 0, x = 0, a = 0, in[2], ok;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = SEQ_T;
+    md.backend = be;
+    md.seed = 9;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.optimizer.kind = MP_ADAM;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), m);
+    ok = ok && OK(mp_model_call(m, mp_embedding(SEQ_V, SEQ_C), NULL, 0, &tok), m);
+    ok = ok && OK(mp_model_call(m, mp_position_embedding(SEQ_T), &tok, 1, &pos), m);
+    in[0] = tok, in[1] = pos;
+    ok = ok && OK(mp_model_call(m, mp_add(), in, 2, &x), m) && OK(mp_model_add(m, mp_layer_normalization()), m);
+    ok = ok && OK(mp_model_call(m, mp_multi_head_attention(2, 2, 1), NULL, 0, &a), m);
+    in[0] = x, in[1] = a;
+    ok = ok && OK(mp_model_call(m, mp_add(), in, 2, NULL), m) && OK(mp_model_add(m, mp_dense(SEQ_V, MP_SOFTMAX)), m);
+    mp_set_global_policy_name("float32");
+    if (!(ok && OK(mp_model_compile(m, &cd), m))) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void test_sequences(void) {
+    static int32_t ids[SEQ_N * SEQ_T], next[SEQ_N * SEQ_T];
+    static float fids[SEQ_N * SEQ_T];
+    int shape = SEQ_T, i, pass;
+    for (i = 0; i < SEQ_N * SEQ_T; i++) {
+        ids[i] = (int32_t)((i * 5 + i / SEQ_T) % SEQ_V), fids[i] = (float)ids[i];
+        next[i] = (ids[i] + 2) % SEQ_V;
+    }
+    for (pass = 0; pass < 2; pass++) {
+        mp_model *a = sequence_net(&remote, "mixed_float16"), *b = sequence_net(mp_cpu_backend(), "mixed_float16");
+        mp_fit_desc fd;
+        float *wa, *wb;
+        if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
+        memset(&fd, 0, sizeof fd);
+        fd.data.x[0] = pass ? mp_array_i32(ids, SEQ_N, 1, &shape) : mp_array_f32(fids, SEQ_N, 1, &shape);
+        fd.data.y = mp_array_i32(next, SEQ_N, 1, &shape);
+        fd.batch_size = 8;
+        fd.epochs = 2;
+        fd.validation_split = 0.25f;
+        fd.verbose = MP_VERBOSE_SILENT;
+        OK(mp_model_fit(a, &fd), a);
+        OK(mp_model_fit(b, &fd), b);
+        wa = weights_of(a), wb = weights_of(b);
+        CHECK(memcmp(wa, wb, mp_model_param_count(a) * sizeof(float)) == 0);
+        free(wa), free(wb);
+        mp_model_destroy(a);
+        mp_model_destroy(b);
+    }
+}
+
 /* validation_data on a device backend that holds fit's data: read from the
    host, even where its x is fit's own array (here with other labels), and
    the same numbers as on the CPU. */
@@ -1641,6 +1729,7 @@ int main(int argc, char **argv) {
     RUN(test_device_nonfinite());
     RUN(test_check_alone());
     RUN(test_unscale_values());
+    RUN(test_sequences());
     RUN(test_scale_cast());
     RUN(test_elementwise_values());
     RUN(test_elementwise_in_place());

@@ -1125,6 +1125,86 @@ static void test_graph_model(void) {
     free(y);
 }
 
+/* A small causal transformer on token ids, (batch, time) labels: Embedding,
+   PositionEmbedding, LayerNormalization, MultiHeadAttention, Dense over
+   the last axis with the tanh gelu; three steps on the GPU and the CPU
+   from the same weights: the same losses and weights within rounding. */
+static void test_sequence_model(void) {
+    enum { T = 6, V = 9, C = 8, N = 4 };
+    static const char *policies[] = {"float32", "mixed_float16"};
+    static const float rtol[] = {1e-4f, 3e-2f};
+    int32_t ids[N * T], next[N * T];
+    size_t p, i;
+    int shape = T;
+    for (i = 0; i < N * T; i++) ids[i] = (int32_t)(rng_next() % V), next[i] = (int32_t)(rng_next() % V);
+    for (p = 0; p < COUNT(policies); p++) {
+        mp_model *m[2] = {NULL, NULL};
+        float loss[2][3], *w[2] = {NULL, NULL};
+        size_t nw = 0;
+        int b, s;
+        for (b = 0; b < 2; b++) {
+            mp_model_desc md;
+            mp_compile_desc cd;
+            mp_data d;
+            mp_array y = mp_array_i32(next, N, 1, &shape);
+            int tok = 0, pos = 0, x = 0, a = 0, pair[2], ok;
+            memset(&md, 0, sizeof md);
+            memset(&cd, 0, sizeof cd);
+            memset(&d, 0, sizeof d);
+            d.x[0] = mp_array_i32(ids, N, 1, &shape);
+            md.input_shape[0] = T;
+            md.backend = b ? mp_cuda_backend() : NULL;
+            CHECK(mp_set_global_policy_name(policies[p]) == MP_OK && mp_model_create(&m[b], &md) == MP_OK);
+            if (!m[b]) return;
+            ok = mp_model_call(m[b], mp_embedding(V, C), NULL, 0, &tok) == MP_OK &&
+                 mp_model_call(m[b], mp_position_embedding(T), &tok, 1, &pos) == MP_OK;
+            pair[0] = tok, pair[1] = pos;
+            ok = ok && mp_model_call(m[b], mp_add(), pair, 2, &x) == MP_OK &&
+                 mp_model_add(m[b], mp_layer_normalization()) == MP_OK &&
+                 mp_model_call(m[b], mp_multi_head_attention(2, 4, 1), NULL, 0, &a) == MP_OK;
+            pair[0] = x, pair[1] = a;
+            ok = ok && mp_model_call(m[b], mp_add(), pair, 2, NULL) == MP_OK &&
+                 mp_model_add(m[b], mp_dense(2 * C, MP_GELU_APPROXIMATE)) == MP_OK &&
+                 mp_model_add(m[b], mp_dense(V, MP_LINEAR)) == MP_OK;
+            mp_set_global_policy_name("float32");
+            cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+            cd.from_logits = 1;
+            cd.optimizer.kind = MP_SGD;
+            cd.optimizer.learning_rate = 0.1f;
+            if (!CHECK(ok && mp_model_compile(m[b], &cd) == MP_OK)) fprintf(stderr, "  sequence: %s\n", mp_model_error(m[b]));
+            nw = mp_model_param_count(m[b]);
+            w[b] = (float *)zalloc(nw * sizeof(float));
+            for (s = 0; s < 3; s++) {
+                int applied;
+                ok = mp_forward(m[b], &d, 1) == MP_OK && mp_compute_loss(m[b], &y, &loss[b][s], NULL) == MP_OK &&
+                     mp_compute_scaled_gradients(m[b]) == MP_OK && mp_get_unscaled_gradients(m[b]) == MP_OK &&
+                     mp_apply_gradients(m[b], &applied) == MP_OK;
+                if (!CHECK(ok)) fprintf(stderr, "  sequence model: %s\n", mp_model_error(m[b]));
+            }
+            CHECK(mp_model_get_weights(m[b], w[b], nw) == MP_OK);
+        }
+        for (s = 0; s < 3; s++) {
+            tol t = {0.0f, rtol[p]};
+            if (!CHECK(within(loss[1][s], loss[0][s], t)))
+                fprintf(stderr, "  sequence %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
+                        (double)loss[0][s]);
+        }
+        for (i = 0; i < nw; i++) {
+            tol t = {1e-3f, rtol[p]};
+            if (!within(w[1][i], w[0][i], t)) {
+                CHECK(0);
+                fprintf(stderr, "  sequence %s weight %zu: gpu %.9g cpu %.9g\n", policies[p], i, (double)w[1][i],
+                        (double)w[0][i]);
+                break;
+            }
+        }
+        mp_model_destroy(m[0]);
+        mp_model_destroy(m[1]);
+        free(w[0]);
+        free(w[1]);
+    }
+}
+
 /* mp_model_memory_info reports device bytes, which add up. */
 static void test_model_memory(void) {
     size_t host = mp_get_memory_info().current;
@@ -1559,6 +1639,7 @@ int main(int argc, char **argv) {
     RUN(test_rerun_bit_identical());
     RUN(test_conv_model());
     RUN(test_graph_model());
+    RUN(test_sequence_model());
     RUN(test_model_memory());
     RUN(test_steady_state());
     RUN(test_validation_on_device());

@@ -11,6 +11,8 @@
    read past them is AddressSanitizer's heap-buffer-overflow: build with
    gcc -std=c99 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all
    -march=native -pthread tests/test_data.c -o build/td -lm (the matrix does). */
+#define _POSIX_C_SOURCE 200112L /* getpid: a token file of its own per process */
+#include <unistd.h>
 #ifndef TEST_LINKS_MIXPREC /* defined: the implementation is another object's (tests/header_only.c) */
 #define MIXPREC_IMPLEMENTATION
 #endif
@@ -572,6 +574,102 @@ static void test_io_and_policy_messages(void) {
     mp_model_destroy(b);
 }
 
+/* Token data (>>data: tokens): byte-level text and llm.c's token files,
+   cut into windows of inputs and next-token targets; llm.c files with a
+   wrong magic, version or count, truncated or too long, are refused with
+   the file and the reason. */
+static unsigned char *llmc_file(const uint16_t *tokens, uint32_t count, uint32_t magic, uint32_t version, size_t *len) {
+    unsigned char *b;
+    size_t i;
+    *len = 1024 + 2 * (size_t)count;
+    b = (unsigned char *)zalloc(*len);
+    for (i = 0; i < 4; i++) {
+        b[i] = (unsigned char)(magic >> (8 * i));
+        b[4 + i] = (unsigned char)(version >> (8 * i));
+        b[8 + i] = (unsigned char)(count >> (8 * i));
+    }
+    for (i = 0; i < count; i++) b[1024 + 2 * i] = (unsigned char)tokens[i], b[1025 + 2 * i] = (unsigned char)(tokens[i] >> 8);
+    return b;
+}
+
+static int write_file(const char *path, const void *b, size_t len) {
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(b, 1, len, f) == len;
+    if (f) ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
+static void test_tokens(void) {
+    static const char text[] = "abcab\ncab";
+    static const uint16_t toks[6] = {50256, 11, 7, 0, 65535, 11};
+    mp_tokens t;
+    int32_t x[2 * 3], y[2 * 3];
+    size_t starts[2] = {0, 5}, len;
+    unsigned char *b;
+    char why[256], path[256];
+    int i;
+    /* a temporary file of this process's own (the matrix runs builds side by side) */
+    snprintf(path, sizeof path, "%s/mixprec_tokens_%ld.bin", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (long)getpid());
+    /* text: the vocabulary is the distinct bytes, ascending: \n a b c */
+    if (OK(mp_tokens_from_text(text, sizeof text - 1, &t), NULL)) {
+        CHECK(t.count == 9 && t.vocab_size == 4 && t.byte_level == 1);
+        CHECK(t.bytes[0] == '\n' && t.bytes[1] == 'a' && t.bytes[3] == 'c' && t.id_of['b'] == 2 && t.id_of['z'] == -1);
+        CHECK(t.ids[0] == 1 && t.ids[5] == 0 && t.ids[8] == 2);
+        CHECK(mp_tokens_window_count(&t, 3) == 2 && mp_tokens_window_count(&t, 8) == 1 && mp_tokens_window_count(&t, 9) == 0);
+        CHECK(OK(mp_tokens_windows(&t, NULL, 2, 3, x, y), NULL)); /* windows 0..3 and 3..6 */
+        CHECK(x[0] == 1 && x[1] == 2 && x[2] == 3 && y[0] == 2 && y[2] == 1 && x[3] == 1 && y[5] == 3);
+        CHECK(OK(mp_tokens_windows(&t, starts, 2, 3, x, y), NULL));
+        CHECK(x[3] == 0 && y[5] == 2); /* from token 5: \n c a b */
+        starts[1] = 6; /* 6 + 3 + 1 > 9: refused, nothing written */
+        x[3] = -7;
+        CHECK(mp_tokens_windows(&t, starts, 2, 3, x, y) == MP_ERR_ARG && x[3] == -7);
+        CHECK(mp_tokens_windows(&t, NULL, 3, 3, x, y) == MP_ERR_ARG && mp_tokens_windows(&t, NULL, 1, 0, x, y) == MP_ERR_ARG);
+        mp_tokens_free(&t);
+    }
+    CHECK(mp_tokens_from_text(text, 0, &t) == MP_ERR_FORMAT);
+    /* llm.c: uint16 ids, vocab_size 1 + the largest */
+    b = llmc_file(toks, 6, 20240520u, 1, &len);
+    if (OK(mp_tokens_from_llmc(b, len, &t), NULL)) {
+        CHECK(t.count == 6 && t.ids[0] == 50256 && t.ids[4] == 65535 && t.vocab_size == 65536 && !t.byte_level);
+        mp_tokens_free(&t);
+    }
+    CHECK(mp_tokens_from_llmc(b, len - 1, &t) == MP_ERR_FORMAT); /* truncated */
+    if (CHECK(write_file(path, b, len - 2))) {
+        CHECK(mp_load_llmc_tokens(path, &t, why, sizeof why) == MP_ERR_FORMAT);
+        CHECK(strstr(why, path) == why && strstr(why, "truncated") != NULL);
+    }
+    if (CHECK(write_file(path, b, len))) {
+        if (OK(mp_load_llmc_tokens(path, &t, why, sizeof why), NULL)) {
+            CHECK(t.count == 6 && t.ids[5] == 11);
+            mp_tokens_free(&t);
+        }
+    }
+    free(b);
+    b = llmc_file(toks, 6, 20240520u, 1, &len);
+    b = (unsigned char *)realloc(b, len + 2);
+    if (b && CHECK(write_file(path, b, len + 2))) { /* two more bytes than the header says */
+        CHECK(mp_load_llmc_tokens(path, &t, why, sizeof why) == MP_ERR_FORMAT && strstr(why, "more bytes") != NULL);
+    }
+    free(b);
+    for (i = 0; i < 3; i++) { /* magic, version, count */
+        b = llmc_file(toks, i == 2 ? 0 : 6, i == 0 ? 20240326u : 20240520u, i == 1 ? 2 : 1, &len);
+        if (CHECK(write_file(path, b, len))) {
+            CHECK(mp_load_llmc_tokens(path, &t, why, sizeof why) == MP_ERR_FORMAT);
+            CHECK(strstr(why, i == 0 ? "20240520" : i == 1 ? "version" : "count") != NULL);
+        }
+        free(b);
+    }
+    /* a text file, and a file that is not there */
+    if (CHECK(write_file(path, text, sizeof text - 1)) && OK(mp_load_text_tokens(path, &t, why, sizeof why), NULL)) {
+        CHECK(t.count == 9 && t.vocab_size == 4);
+        mp_tokens_free(&t);
+    }
+    CHECK(mp_load_text_tokens("/nonexistent-dir/text.txt", &t, why, sizeof why) == MP_ERR_IO);
+    CHECK(strstr(why, "/nonexistent-dir/text.txt: ") == why && strstr(why, strerror(ENOENT)) != NULL);
+    remove(path);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -596,6 +694,7 @@ int main(int argc, char **argv) {
     RUN(test_messages());
     RUN(test_summary_columns());
     RUN(test_io_and_policy_messages());
+    RUN(test_tokens());
     free(good_x), free(good_y), free(good_t);
     CHECK(mp_get_memory_info().current == start); /* every model gave back what it took */
     return check_done("test_data");

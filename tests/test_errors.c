@@ -373,16 +373,19 @@ static mp_layer_desc named(mp_layer_desc d, const char *name) {
     return d;
 }
 
+/* Dense on a rank-3 input acts on the last axis, as Keras's; a Dense of no
+   units is refused, naming it, and changes nothing. */
 static void test_shape_dense_after_rank3(void) {
     mp_model *m = model_new(4, 4, 1);
     if (!m) return;
-    CHECK_MST(m, mp_model_add(m, named(mp_dense(5, MP_RELU), "my_dense")), MP_ERR_SHAPE, "my_dense");
+    CHECK_MST(m, mp_model_add(m, named(mp_dense(0, MP_RELU), "my_dense")), MP_ERR_ARG, "my_dense");
     CHECK(mp_model_layer_count(m) == 0);
-    /* nothing changed: with the Flatten it goes in */
+    CHECK_ST(mp_model_add(m, named(mp_dense(5, MP_RELU), "my_dense")), MP_OK); /* (4, 4, 5) */
     CHECK_ST(mp_model_add(m, mp_flatten()), MP_OK);
-    CHECK_ST(mp_model_add(m, named(mp_dense(5, MP_RELU), "my_dense")), MP_OK);
+    CHECK_ST(mp_model_add(m, mp_dense(3, MP_RELU)), MP_OK);
     CHECK_ST(mp_model_build(m), MP_OK);
-    CHECK(mp_model_layer_count(m) == 2 && mp_model_output_size(m) == 5);
+    CHECK(mp_model_layer_count(m) == 3 && mp_model_output_size(m) == 3);
+    CHECK(mp_model_param_count(m) == (1 * 5 + 5) + (80 * 3 + 3));
     mp_model_destroy(m);
 }
 

@@ -521,6 +521,329 @@ static void test_layer_norm_formulas(void) {
 }
 
 /* ======================================================================== */
+/* 3b. Sequences: Dense over the last axis, the tanh gelu, Dropout,
+   LayerNormalization and Add on (time, features); MultiHeadAttention
+   (causal and not); a small GPT from token ids with sparse crossentropy
+   over (batch, time) labels, under every policy. */
+
+static void test_grad_sequences(void) {
+    graph g;
+    memset(&g, 0, sizeof g);
+    g.what = "(3, 4) -> Dense(5, gelu_approximate) -> Dropout(0) -> LayerNormalization -> Dense(4), Add(input)";
+    g.shape[0] = 3, g.shape[1] = 4;
+    g.nodes[0] = seq(mp_dense(5, MP_GELU_APPROXIMATE));
+    g.nodes[1] = seq(mp_dropout(0.0f));
+    g.nodes[2] = seq(mp_layer_normalization());
+    g.nodes[3] = seq(mp_dense(4, MP_LINEAR));
+    g.nodes[4] = on2(mp_add(), MP_MODEL_INPUT, 4);
+    g.count = 5;
+    g.batch = 3;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g);
+    g.what = "(5, 6) -> MultiHeadAttention(2 heads, key_dim 3, causal) -> Dense(2)";
+    g.shape[0] = 5, g.shape[1] = 6;
+    g.nodes[0] = seq(mp_multi_head_attention(2, 3, 1));
+    g.nodes[1] = seq(mp_dense(2, MP_LINEAR));
+    g.count = 2;
+    g.batch = 2;
+    run_graph(&g);
+
+    memset(&g, 0, sizeof g);
+    g.what = "(4, 4) -> Dense(4) -> MultiHeadAttention(3 heads, key_dim 2, no mask, no bias) + skip";
+    g.shape[0] = 4, g.shape[1] = 4;
+    g.nodes[0] = seq(mp_dense(4, MP_TANH));
+    g.nodes[1] = seq(mp_multi_head_attention(3, 2, 0));
+    g.nodes[1].layer.no_bias = 1;
+    g.nodes[2] = on2(mp_add(), 1, 2);
+    g.count = 3;
+    g.batch = 2;
+    run_graph(&g);
+}
+
+/* MultiHeadAttention's output against a float64 evaluation of Keras's
+   formula from the same weights: projections, softmax(q k^T / sqrt(D))
+   with the causal mask, p v, the output projection. */
+static void test_attention_reference(void) {
+    enum { B = 2, T = 5, C = 6, H = 2, D = 4, HD = H * D };
+    const char *policies[] = {"float32", "mixed_bfloat16"};
+    int p;
+    for (p = 0; p < 2; p++) {
+        graph g;
+        mp_model *m;
+        float x[B * T * C], *w;
+        mp_tensor out;
+        int b, i, j, c, h, bad = 0;
+        char detail[160] = "", what[160];
+        memset(&g, 0, sizeof g);
+        g.what = "mha";
+        g.shape[0] = T, g.shape[1] = C;
+        g.nodes[0] = seq(mp_multi_head_attention(H, D, 1));
+        g.count = 1;
+        if (!(m = build(&g, policies[p]))) continue;
+        CHECK(mp_model_param_count(m) == 4 * C * HD + 3 * HD + C);
+        w = weights_of(m);
+        for (i = 0; i < 3 * (C * HD + HD); i += C * HD + HD) /* nonzero biases too */
+            for (j = 0; j < HD; j++) w[i + C * HD + j] = uniform(-0.5f, 0.5f);
+        fill(x, B * T * C, -1.0f, 1.0f);
+        for (i = 0; p && i < B * T * C; i++) x[i] = mp_bf16_to_f32(mp_bf16_from_f32(x[i]));
+        if (OK(mp_model_set_weights(m, w, mp_model_param_count(m)), m) && OK(forward_rows(m, x, B, 0), m) &&
+            OK(mp_output(m, &out), m)) {
+            for (b = 0; b < B; b++) {
+                double q[T][HD], k[T][HD], v[T][HD], att[T][HD];
+                const float *wq = w, *wk = w + C * HD + HD, *wv = w + 2 * (C * HD + HD), *wo = w + 3 * (C * HD + HD);
+                for (i = 0; i < T; i++)
+                    for (j = 0; j < HD; j++) {
+                        q[i][j] = wq[C * HD + j], k[i][j] = wk[C * HD + j], v[i][j] = wv[C * HD + j];
+                        for (c = 0; c < C; c++) {
+                            double xv = x[(b * T + i) * C + c];
+                            q[i][j] += xv * wq[c * HD + j], k[i][j] += xv * wk[c * HD + j], v[i][j] += xv * wv[c * HD + j];
+                        }
+                    }
+                for (h = 0; h < H; h++)
+                    for (i = 0; i < T; i++) {
+                        double s[T], mx = -1e300, sum = 0.0;
+                        for (j = 0; j <= i; j++) {
+                            s[j] = 0.0;
+                            for (c = 0; c < D; c++) s[j] += q[i][h * D + c] * k[j][h * D + c] / sqrt((double)D);
+                            mx = fmax(mx, s[j]);
+                        }
+                        for (j = 0; j <= i; j++) sum += exp(s[j] - mx);
+                        for (c = 0; c < D; c++) {
+                            att[i][h * D + c] = 0.0;
+                            for (j = 0; j <= i; j++) att[i][h * D + c] += exp(s[j] - mx) / sum * v[j][h * D + c];
+                        }
+                    }
+                for (i = 0; i < T; i++)
+                    for (c = 0; c < C; c++) {
+                        double want = wo[HD * C + c], got;
+                        for (j = 0; j < HD; j++) want += att[i][j] * wo[j * C + c];
+                        got = get(out.data, out.dtype, (size_t)((b * T + i) * C + c));
+                        if (!(fabs(got - want) <= (p ? 3e-2 : 1e-5) * (1.0 + fabs(want))) && bad++ == 0)
+                            snprintf(detail, sizeof detail, "sample %d row %d col %d: %.7g, want %.7g", b, i, c, got,
+                                     want);
+                    }
+            }
+            snprintf(what, sizeof what, "MultiHeadAttention (causal) under %s: Keras's formula in float64", policies[p]);
+            check_all(bad, what, detail, __FILE__, __LINE__);
+        }
+        free(w);
+        mp_model_destroy(m);
+    }
+}
+
+/* A small GPT (llm.c's block): ids (T,) -> Embedding + PositionEmbedding
+   -> [LayerNormalization -> MultiHeadAttention(causal) -> Add ->
+   LayerNormalization -> Dense(4C, gelu_approximate) -> Dense(C) -> Add]
+   -> LayerNormalization -> Dense(V), sparse crossentropy from the logits
+   over (batch, T) labels. */
+enum { GPT_V = 11, GPT_T = 6, GPT_C = 8 };
+static mp_model *tiny_gpt(const char *policy, int threads) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    int tok = 0, pos = 0, x = 0, a = 0, r1 = 0, f = 0, ok, in[2];
+    mp_layer_desc ln = mp_layer_normalization();
+    mp_compile_desc cd;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = GPT_T;
+    md.threads = threads;
+    md.seed = 3;
+    ln.epsilon = 1e-5f;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), m);
+    ok = ok && OK(mp_model_call(m, mp_embedding(GPT_V, GPT_C), NULL, 0, &tok), m);
+    ok = ok && OK(mp_model_call(m, mp_position_embedding(GPT_T + 2), &tok, 1, &pos), m);
+    in[0] = tok, in[1] = pos;
+    ok = ok && OK(mp_model_call(m, mp_add(), in, 2, &x), m);
+    ok = ok && OK(mp_model_call(m, ln, &x, 1, NULL), m);
+    ok = ok && OK(mp_model_call(m, mp_multi_head_attention(2, GPT_C / 2, 1), NULL, 0, &a), m);
+    in[0] = x, in[1] = a;
+    ok = ok && OK(mp_model_call(m, mp_add(), in, 2, &r1), m);
+    ok = ok && OK(mp_model_call(m, ln, &r1, 1, NULL), m);
+    ok = ok && OK(mp_model_add(m, mp_dense(4 * GPT_C, MP_GELU_APPROXIMATE)), m);
+    ok = ok && OK(mp_model_call(m, mp_dense(GPT_C, MP_LINEAR), NULL, 0, &f), m);
+    in[0] = r1, in[1] = f;
+    ok = ok && OK(mp_model_call(m, mp_add(), in, 2, NULL), m);
+    ok = ok && OK(mp_model_add(m, ln), m) && OK(mp_model_add(m, mp_dense(GPT_V, MP_LINEAR)), m);
+    mp_set_global_policy_name("float32");
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.optimizer.kind = MP_ADAM;
+    cd.optimizer.learning_rate = 0.01f;
+    cd.loss_scale = MP_LOSS_SCALE_NONE;
+    ok = ok && OK(mp_model_compile(m, &cd), m);
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+typedef struct token_batch {
+    int32_t ids[4 * GPT_T], labels[4 * GPT_T];
+    int n;
+} token_batch;
+
+static mp_status token_forward(mp_model *m, const token_batch *b) {
+    mp_data d;
+    int t = GPT_T;
+    memset(&d, 0, sizeof d);
+    d.x[0] = mp_array_i32(b->ids, (size_t)b->n, 1, &t);
+    return mp_forward(m, &d, 1);
+}
+static float token_loss(mp_model *m, const void *batch_) {
+    const token_batch *b = (const token_batch *)batch_;
+    int t = GPT_T;
+    mp_array y = mp_array_i32(b->labels, (size_t)b->n, 1, &t);
+    float loss = NAN;
+    if (token_forward(m, b) != MP_OK || mp_compute_loss(m, &y, &loss, NULL) != MP_OK) return NAN;
+    return loss;
+}
+static int token_gradients(mp_model *m, const void *batch_, float *g) {
+    return !isnan(token_loss(m, batch_)) && OK(mp_compute_scaled_gradients(m), m) &&
+           OK(mp_get_unscaled_gradients(m), m) && OK(mp_get_gradients(m, g, mp_model_trainable_param_count(m)), m);
+}
+
+static void test_tiny_gpt(void) {
+    token_batch b;
+    mp_model *m = tiny_gpt("float32", 1);
+    size_t n, i;
+    float *w, *g32, loss;
+    const char *policies[] = {"mixed_float16", "mixed_bfloat16"};
+    double tols[] = {2e-2, 8e-2};
+    int p;
+    if (!m) return;
+    b.n = 3;
+    for (i = 0; i < (size_t)(b.n * GPT_T); i++) {
+        b.ids[i] = (int32_t)(rng_next() % GPT_V);
+        b.labels[i] = (int32_t)(rng_next() % GPT_V);
+    }
+    grad_check("tiny GPT (Embedding, PositionEmbedding, causal MultiHeadAttention, tanh gelu), float32", m, token_loss,
+               token_gradients, &b, 1e-2f);
+    n = mp_model_param_count(m);
+    w = weights_of(m);
+    g32 = floats(n);
+    loss = token_loss(m, &b); /* about ln(V) from the start: every token's loss averaged */
+    if (!CHECK(loss > 0.5f * logf((float)GPT_V) && loss < 2.0f * logf((float)GPT_V)))
+        fprintf(stderr, "    loss %.4f, ln V %.4f\n", (double)loss, log((double)GPT_V));
+    token_gradients(m, &b, g32);
+    mp_model_destroy(m);
+    for (p = 0; p < 2; p++) { /* the same weights under the mixed policies: gradients near float32's */
+        mp_model *q = tiny_gpt(policies[p], 1);
+        float *g = floats(n);
+        double d2 = 0.0, r2 = 0.0;
+        char what[120];
+        if (q && OK(mp_model_set_weights(q, w, n), q) && token_gradients(q, &b, g)) {
+            for (i = 0; i < mp_model_trainable_param_count(q); i++) {
+                d2 += ((double)g[i] - g32[i]) * ((double)g[i] - g32[i]);
+                r2 += (double)g32[i] * g32[i];
+            }
+            snprintf(what, sizeof what, "tiny GPT under %s: gradients within %g of float32's", policies[p], tols[p]);
+            if (!check_report(sqrt(d2) <= tols[p] * sqrt(r2), __FILE__, __LINE__, what))
+                fprintf(stderr, "    |g - g32| %.4g, |g32| %.4g\n", sqrt(d2), sqrt(r2));
+        }
+        free(g);
+        mp_model_destroy(q);
+    }
+    free(w);
+    free(g32);
+}
+
+/* Training the tiny GPT with fit on (batch, time) labels: the loss falls,
+   and 1 and 2 threads give the same weights bit for bit (the embedding's
+   scatter-add and attention in a fixed order). */
+static void test_tiny_gpt_training(void) {
+    enum { N = 64 };
+    int32_t ids[N * GPT_T], labels[N * GPT_T];
+    float *w[2] = {NULL, NULL}, first = 0.0f, last = 0.0f;
+    int i, t, shape = GPT_T;
+    for (i = 0; i < N * GPT_T; i++) { /* a counting sequence: the next id is id + 1 mod V */
+        ids[i] = (int32_t)((i / GPT_T * 3 + i % GPT_T) % GPT_V);
+        labels[i] = (ids[i] + 1) % GPT_V;
+    }
+    for (t = 0; t < 2; t++) {
+        mp_model *m = tiny_gpt("mixed_bfloat16", t + 1);
+        mp_fit_desc fd;
+        mp_logs ev;
+        if (!m) break;
+        memset(&fd, 0, sizeof fd);
+        fd.data.x[0] = mp_array_i32(ids, N, 1, &shape);
+        fd.data.y = mp_array_i32(labels, N, 1, &shape);
+        fd.batch_size = 16;
+        fd.epochs = 1;
+        fd.verbose = MP_VERBOSE_SILENT;
+        if (OK(mp_model_evaluate(m, &fd.data, 16, &ev), m)) first = ev.loss;
+        fd.epochs = 12;
+        if (OK(mp_model_fit(m, &fd), m) && OK(mp_model_evaluate(m, &fd.data, 16, &ev), m)) {
+            last = ev.loss;
+            w[t] = weights_of(m);
+        }
+        mp_model_destroy(m);
+    }
+    if (!CHECK(last < 0.5f * first)) fprintf(stderr, "    loss %.4f -> %.4f\n", (double)first, (double)last);
+    if (w[0] && w[1]) {
+        mp_model *m = tiny_gpt("float32", 1);
+        CHECK(m && memcmp(w[0], w[1], mp_model_param_count(m) * sizeof(float)) == 0);
+        mp_model_destroy(m);
+    }
+    free(w[0]);
+    free(w[1]);
+}
+
+static int message_has(const mp_model *m, const char *a, const char *b);
+
+/* Token ids out of range or not integers: the error names the sample,
+   the position and the layer; an Embedding not on the model's input, a
+   MultiHeadAttention on a flat input: refused with the layer's name. */
+static void test_sequence_errors(void) {
+    mp_model *m = tiny_gpt("float32", 1);
+    mp_model_desc md;
+    token_batch b;
+    float fx[GPT_T];
+    mp_data d;
+    int i, t = GPT_T;
+    if (!m) return;
+    memset(&b, 0, sizeof b);
+    b.n = 2;
+    b.ids[GPT_T + 4] = GPT_V; /* sample 1, position 4 */
+    CHECK(token_forward(m, &b) == MP_ERR_ARG);
+    CHECK(message_has(m, "sample 1, position 4", "embedding"));
+    b.ids[GPT_T + 4] = -1;
+    CHECK(token_forward(m, &b) == MP_ERR_ARG);
+    for (i = 0; i < GPT_T; i++) fx[i] = (float)i;
+    fx[2] = 1.5f;
+    memset(&d, 0, sizeof d);
+    d.x[0] = mp_array_f32(fx, 1, 1, &t);
+    CHECK(mp_forward(m, &d, 0) == MP_ERR_ARG);
+    CHECK(message_has(m, "sample 0, position 2", "not an integer"));
+    fx[2] = 2.0f;
+    CHECK(OK(mp_forward(m, &d, 0), m));
+    {   /* labels: one per position */
+        int32_t y[GPT_T] = {0, 1, 2, 3, 4, GPT_V};
+        mp_array a = mp_array_i32(y, 1, 1, &t);
+        float loss;
+        CHECK(mp_compute_loss(m, &a, &loss, NULL) == MP_ERR_LABEL);
+        CHECK(message_has(m, "sample 0, position 5", NULL));
+        a = mp_labels(y, 1);
+        CHECK(mp_compute_loss(m, &a, &loss, NULL) == MP_ERR_SHAPE);
+    }
+    mp_model_destroy(m);
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    m = NULL;
+    if (OK(mp_model_create(&m, &md), m)) {
+        int dense = 0;
+        CHECK(OK(mp_model_call(m, mp_dense(3, MP_LINEAR), NULL, 0, &dense), m));
+        CHECK(mp_model_add(m, mp_embedding(5, 2)) == MP_ERR_ARG && message_has(m, "embedding", "model's input"));
+        CHECK(mp_model_add(m, mp_multi_head_attention(2, 2, 1)) == MP_ERR_SHAPE &&
+              message_has(m, "multi_head_attention", "(time, features)"));
+        CHECK(mp_model_add(m, mp_position_embedding(8)) == MP_ERR_SHAPE);
+    }
+    mp_model_destroy(m);
+}
+
+/* ======================================================================== */
 /* 4. Wrong graphs: a clear status naming the layers, nothing changed */
 
 static int message_has(const mp_model *m, const char *a, const char *b) {
@@ -742,6 +1065,42 @@ static void test_weight_info(void) {
     mp_model_destroy(m);
 }
 
+/* The sequence layers' weights as Keras 3 names and shapes them: the
+   embeddings, then MultiHeadAttention's eight (C 8, 2 heads, key_dim 4). */
+static void test_weight_info_sequences(void) {
+    static const struct { const char *layer, *name; int rank, shape[3]; } want[] = {
+        {"embedding", "embeddings", 2, {GPT_V, GPT_C}},
+        {"position_embedding", "embeddings", 2, {GPT_T + 2, GPT_C}},
+        {"layer_normalization", "gamma", 1, {GPT_C}},
+        {"layer_normalization", "beta", 1, {GPT_C}},
+        {"multi_head_attention", "query/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "query/bias", 2, {2, 4}},
+        {"multi_head_attention", "key/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "key/bias", 2, {2, 4}},
+        {"multi_head_attention", "value/kernel", 3, {GPT_C, 2, 4}},
+        {"multi_head_attention", "value/bias", 2, {2, 4}},
+        {"multi_head_attention", "attention_output/kernel", 3, {2, 4, GPT_C}},
+        {"multi_head_attention", "attention_output/bias", 1, {GPT_C}},
+    };
+    mp_model *m = tiny_gpt("float32", 1);
+    mp_weight_info w;
+    size_t at = 0;
+    int i, r, same, bad = 0, n = (int)(sizeof want / sizeof want[0]);
+    char detail[200] = "";
+    if (!m) return;
+    for (i = 0; i < n; i++) {
+        if (!OK(mp_model_weight_info(m, i, &w), m)) break;
+        same = !strcmp(w.layer, want[i].layer) && !strcmp(w.name, want[i].name) && w.rank == want[i].rank &&
+               w.offset == at && w.trainable;
+        for (r = 0; r < w.rank; r++) same &= w.shape[r] == want[i].shape[r];
+        at += w.size;
+        if (!same && bad++ == 0) snprintf(detail, sizeof detail, "weight %d: %s/%s rank %d", i, w.layer, w.name, w.rank);
+    }
+    check_all(bad, "weight_info: Embedding, PositionEmbedding and MultiHeadAttention as Keras 3 names them", detail,
+              __FILE__, __LINE__);
+    mp_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
     check_args(argc, argv);
     RUN(test_graph_errors());
@@ -752,8 +1111,14 @@ int main(int argc, char **argv) {
     RUN(test_grad_pooling_reshape());
     RUN(test_batch_norm_formulas());
     RUN(test_layer_norm_formulas());
+    RUN(test_grad_sequences());
+    RUN(test_attention_reference());
+    RUN(test_tiny_gpt());
+    RUN(test_tiny_gpt_training());
+    RUN(test_sequence_errors());
     RUN(test_liveness());
     RUN(test_weight_info());
+    RUN(test_weight_info_sequences());
     RUN(test_residual_training());
     return check_done("test_graph");
 }

@@ -53,6 +53,14 @@ def residual(policy):
     return [("dense", [6, "relu"]), ("dense", [6, "linear"]), ("add", [], [2, 0])] + head
 
 
+def attention(policy):
+    """Token ids (5,) -> Embedding(7, 8) -> LayerNormalization(1e-5) ->
+    MultiHeadAttention(2 heads, key_dim 4, causal) -> Add -> Dense(6, the
+    tanh gelu) -> Dense(3): the sequence layers of a GPT block."""
+    return [("embedding", [7, 8]), ("layer_normalization", [1e-5]), ("multi_head_attention", [2, 4, 1]),
+            ("add", [], [3, 1]), ("dense", [6, "gelu_approximate"]), ("dense", [3, "linear"])] + f32_output(policy)
+
+
 # (name, policy, loss, training steps, input shape, layers: (kind, args[, inputs]))
 TAGS = {"float32": "f32", "mixed_float16": "f16", "mixed_bfloat16": "bf16"}
 CASES = [("%s_%s" % (kind, TAGS[policy]), policy, "mean_squared_error", 2, shape, layers(policy))
@@ -61,15 +69,19 @@ CASES += [("ln_dense_eps%g_%s" % (eps, TAGS[policy]), policy, "mean_squared_erro
           for policy in TAGS for eps in (1e-3, 1e-5)]
 CASES += [("residual_" + TAGS[policy], policy, "sparse_categorical_crossentropy", 1, (6,), residual(policy))
           for policy in TAGS]
+CASES += [("attention_" + TAGS[policy], policy, "mean_squared_error", 1, (5,), attention(policy)) for policy in TAGS]
 LOSS_IDS = {"sparse_categorical_crossentropy": 1, "mean_squared_error": 4}
 
 # Where each weight is drawn: the BatchNormalization's moving statistics
 # start away from Keras's zeros and ones, so that set_weights' order shows.
 RANGES = {"kernel": (-1.0, 1.0), "bias": (-1.0, 1.0), "gamma": (0.5, 1.5), "beta": (-0.5, 0.5),
-          "moving_mean": (-1.0, 1.0), "moving_variance": (0.5, 2.0)}
+          "moving_mean": (-1.0, 1.0), "moving_variance": (0.5, 2.0), "embeddings": (-1.0, 1.0)}
 # The ranges' multipliers in some cases: with kernel and bias within 0.05
 # of 0, the variance of a row of ln_dense's Dense output is 1e-3 to 4e-3.
-WEIGHT_SCALE = {"ln_dense": {"kernel": 0.05, "bias": 0.05}}
+# attention's within 0.25 of 0: logits of a few units, where the softmax is
+# not saturated (Keras rounds the logits to the compute dtype, mixprec keeps
+# them float32: with logits of tens the two part by more than rounding).
+WEIGHT_SCALE = {"ln_dense": {"kernel": 0.05, "bias": 0.05}, "attention": {"kernel": 0.25, "bias": 0.25}}
 
 
 def with_inputs(layers):
@@ -81,8 +93,14 @@ def build(keras, policy, shape, layers):
     keras.mixed_precision.set_global_policy(policy)
     made = [keras.Input(shape=shape)]
     for kind, args, inputs in with_inputs(layers):
-        if kind == "dense":
+        if kind == "dense" and args[1] == "gelu_approximate":
+            layer = keras.layers.Dense(args[0], activation=lambda v: keras.activations.gelu(v, approximate=True))
+        elif kind == "dense":
             layer = keras.layers.Dense(args[0], activation=args[1])
+        elif kind == "embedding":
+            layer = keras.layers.Embedding(args[0], args[1])
+        elif kind == "multi_head_attention":
+            layer = keras.layers.MultiHeadAttention(args[0], args[1])
         elif kind == "conv2d":
             layer = keras.layers.Conv2D(args[0], (args[1], args[2]), padding=args[3], activation=args[4])
         elif kind == "batch_normalization":
@@ -94,7 +112,10 @@ def build(keras, policy, shape, layers):
         else:
             layer = keras.layers.Activation(args[0], dtype=args[1])
         read = [made[i] for i in inputs]
-        made.append(layer(read if len(read) > 1 else read[0]))
+        if kind == "multi_head_attention":  # self-attention: query = value = key
+            made.append(layer(read[0], read[0], use_causal_mask=bool(args[2])))
+        else:
+            made.append(layer(read if len(read) > 1 else read[0]))
     model = keras.Model(made[0], made[-1])
     keras.mixed_precision.set_global_policy("float32")
     return model
@@ -104,13 +125,17 @@ def data(seed, name, loss, shape, model):
     """Inputs, targets and weights (get_weights' order) of one case."""
     import numpy as np
     rng = np.random.default_rng(100 + seed)
-    x = rng.uniform(-1, 1, (N,) + shape).astype("float32")
+    if name.startswith("attention"):  # token ids, as float32 numbers
+        x = rng.integers(0, 7, (N,) + shape).astype("float32")
+    else:
+        x = rng.uniform(-1, 1, (N,) + shape).astype("float32")
     out_shape = tuple(model.output.shape[1:])
     if loss == "sparse_categorical_crossentropy":
         y = rng.integers(0, out_shape[-1], N).astype("int32")
     else:
         y = rng.uniform(-1, 1, (N,) + out_shape).astype("float32")
-    scale = WEIGHT_SCALE.get(name.split("_eps")[0], {})
+    scale = WEIGHT_SCALE.get(name.split("_eps")[0].split("_")[0] if name.startswith("attention") else
+                             name.split("_eps")[0], {})
     weights = [(scale.get(v.name, 1.0) * rng.uniform(*RANGES[v.name], tuple(v.shape))).astype("float32")
                for v in model.weights]
     return x, y, weights
@@ -132,6 +157,8 @@ def roles(model, layers):
             if not v.trainable:
                 out.append("moving")
             elif v.name == "bias" and readers.get(i + 1) == {"batch_normalization"}:
+                out.append("zero_gradient")
+            elif v.path.endswith("key/bias"):  # q (k + b): the same shift of a row's logits, which softmax removes
                 out.append("zero_gradient")
             else:
                 out.append("trainable")
@@ -190,7 +217,8 @@ def train_step(keras, tf, model, loss, x, y, weights):
         with tf.GradientTape() as tape:
             output = model(xt, training=True)
             value = tf.reduce_mean(loss_fn(yt, output))
-        return output, value, tape.gradient(value, model.trainable_variables)
+        grads = tape.gradient(value, model.trainable_variables)
+        return output, value, [tf.convert_to_tensor(g) for g in grads]  # an Embedding's: IndexedSlices
 
     return forward_backward()
 

@@ -194,15 +194,21 @@ static float *read_tagged(FILE *f, const char *tag, size_t want) {
 /* One layer line ("dense 8 linear 1 0": the kind, its arguments, how many
    layers it reads and their ids), added with mp_model_call. */
 static int add_graph_layer(FILE *f, mp_model *m) {
-    char kind[32], act[16] = "linear", pad[16], dtype[16];
-    int units = 0, kh = 0, kw = 0, n_in = 0, in[MP_MAX_LAYER_INPUTS], i, args;
+    char kind[32], act[24] = "linear", pad[16], dtype[16];
+    int units = 0, kh = 0, kw = 0, n_in = 0, in[MP_MAX_LAYER_INPUTS], i, args, causal = 0;
     float momentum = 0.0f, epsilon = 0.0f;
     mp_activation a = MP_LINEAR;
     mp_layer_desc d;
     if (fscanf(f, "%31s", kind) != 1) return 0;
     if (!strcmp(kind, "dense")) {
-        args = fscanf(f, "%d %15s", &units, act) == 2;
+        args = fscanf(f, "%d %23s", &units, act) == 2;
         d = mp_dense(units, a);
+    } else if (!strcmp(kind, "embedding")) { /* input_dim, output_dim */
+        args = fscanf(f, "%d %d", &units, &kh) == 2;
+        d = mp_embedding(units, kh);
+    } else if (!strcmp(kind, "multi_head_attention")) { /* num_heads, key_dim, use_causal_mask */
+        args = fscanf(f, "%d %d %d", &units, &kh, &causal) == 3;
+        d = mp_multi_head_attention(units, kh, causal);
     } else if (!strcmp(kind, "conv2d")) {
         args = fscanf(f, "%d %d %d %15s %15s", &units, &kh, &kw, pad, act) == 5;
         d = mp_conv2d(units, kh, kw, strcmp(pad, "same") == 0 ? MP_SAME : MP_VALID, a);

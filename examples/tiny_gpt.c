@@ -1,0 +1,311 @@
+/* tiny_gpt.c - a character-level GPT (the block of llm.c's train_gpt2.c:
+   LayerNormalization, causal MultiHeadAttention, a residual Add,
+   LayerNormalization, Dense(4C, tanh gelu), Dense(C), a residual Add; a
+   final LayerNormalization and the logits) built with the functional API
+   and trained with the custom loop under float32, mixed_float16 and
+   mixed_bfloat16 from the same initial weights, on the text of Debian's
+   fortunes package (`make data`) or, where it is missing, a synthetic text.
+
+       make data && make build/tiny_gpt && ./build/tiny_gpt
+
+   Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
+          --steps N (200)  --batch-size N (16)  --context N (64)
+          --layers N (2)  --heads N (4)  --channels N (64)
+          --learning-rate R (Adam's; 3e-3)  --data FILE (build/fortunes.txt)
+          --seed N (1337)  --sample N (characters generated, 200)
+
+   Each policy ends with one line (peak_bytes: what mixprec allocated for
+   the model at most, its weights, optimizer slots and activations):
+   result policy=NAME val_loss=L tokens_per_s=R peak_bytes=B loss_scale=S skipped_steps=K */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#define MIXPREC_IMPLEMENTATION
+#include "../mixprec.h"
+#include "example.h"
+
+#include <math.h>
+#include <time.h>
+
+#define MAX_POLICIES 3
+
+typedef struct config {
+    const char *policies[MAX_POLICIES];
+    int n_policies;
+    int steps, batch, context, layers, heads, channels, sample;
+    float learning_rate;
+    const char *data;
+    uint64_t seed;
+} config;
+
+static void usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--steps N] [--batch-size N]\n"
+            "       [--context N] [--layers N] [--heads N] [--channels N] [--learning-rate R] [--data FILE]\n"
+            "       [--seed N] [--sample N]\n",
+            prog);
+    exit(2);
+}
+
+static config parse_args(int argc, char **argv) {
+    static const char *const all[MAX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    config c;
+    mp_policy p;
+    int i;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < MAX_POLICIES; i++) c.policies[i] = all[i];
+    c.n_policies = MAX_POLICIES;
+    c.steps = 200, c.batch = 16, c.context = 64, c.layers = 2, c.heads = 4, c.channels = 64, c.sample = 200;
+    c.learning_rate = 3e-3f;
+    c.data = "build/fortunes.txt";
+    c.seed = 1337;
+    for (i = 1; i < argc; i += 2) {
+        const char *f = argv[i];
+        if (i + 1 >= argc) usage(argv[0]);
+        if (strcmp(f, "--policy") == 0 && strcmp(argv[i + 1], "all") != 0) {
+            if (mp_policy_from_name(argv[i + 1], &p) != MP_OK) usage(argv[0]);
+            c.policies[0] = argv[i + 1];
+            c.n_policies = 1;
+        } else if (strcmp(f, "--policy") == 0) {
+            c.n_policies = MAX_POLICIES;
+        } else if (strcmp(f, "--steps") == 0) c.steps = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--batch-size") == 0) c.batch = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--context") == 0) c.context = (int)flag_long(argc, argv, i, 2);
+        else if (strcmp(f, "--layers") == 0) c.layers = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--heads") == 0) c.heads = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--channels") == 0) c.channels = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--sample") == 0) c.sample = (int)flag_long(argc, argv, i, 0);
+        else if (strcmp(f, "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
+        else if (strcmp(f, "--data") == 0) c.data = argv[i + 1];
+        else if (strcmp(f, "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
+        else usage(argv[0]);
+    }
+    if (c.channels % c.heads != 0) {
+        fprintf(stderr, "--channels %d is not a multiple of --heads %d\n", c.channels, c.heads);
+        exit(2);
+    }
+    return c;
+}
+
+/* The text: the file, or (missing) a synthetic one of counting phrases,
+   which a model can learn within a few hundred steps. */
+static void load_text(const config *c, mp_tokens *t, int *synthetic) {
+    char why[512];
+    *synthetic = mp_load_text_tokens(c->data, t, why, sizeof why) != MP_OK;
+    if (*synthetic) {
+        static const char *const words[] = {"one", "two", "three", "four", "five", "six", "seven", "eight"};
+        size_t cap = 1 << 18, len = 0;
+        char *text = malloc(cap);
+        uint64_t rng = c->seed;
+        if (!text) exit(1);
+        printf("%s; training on a synthetic text instead (make data writes the fortunes text)\n", why);
+        while (len + 64 < cap) {
+            int k = (int)(ex_next(&rng) % 8), n = 2 + (int)(ex_next(&rng) % 5), j;
+            for (j = 0; j < n; j++) len += (size_t)sprintf(text + len, "%s%s", words[(k + j) % 8], j + 1 < n ? " " : ".\n");
+        }
+        CHECK(mp_tokens_from_text(text, len, t), NULL);
+        free(text);
+    }
+}
+
+/* The GPT, llm.c's block (pre-LayerNormalization, epsilon 1e-5) through
+   mp_model_call; the logits leave through a float32 linear Activation, as
+   the mixed precision guide's outputs do. */
+static mp_model *build_gpt(const config *c, int vocab) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    mp_layer_desc ln = mp_layer_normalization(), out = mp_activation_layer(MP_LINEAR);
+    int tok, pos, x, a, r, f, in[2], l;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = c->context;
+    md.seed = c->seed;
+    ln.epsilon = 1e-5f;
+    out.dtype = "float32";
+    CHECK(mp_model_create(&m, &md), NULL);
+    CHECK(mp_model_call(m, mp_embedding(vocab, c->channels), NULL, 0, &tok), m);
+    CHECK(mp_model_call(m, mp_position_embedding(c->context), &tok, 1, &pos), m);
+    in[0] = tok, in[1] = pos;
+    CHECK(mp_model_call(m, mp_add(), in, 2, &x), m);
+    for (l = 0; l < c->layers; l++) {
+        CHECK(mp_model_call(m, ln, &x, 1, NULL), m);
+        CHECK(mp_model_call(m, mp_multi_head_attention(c->heads, c->channels / c->heads, 1), NULL, 0, &a), m);
+        in[0] = x, in[1] = a;
+        CHECK(mp_model_call(m, mp_add(), in, 2, &r), m);
+        CHECK(mp_model_call(m, ln, &r, 1, NULL), m);
+        CHECK(mp_model_add(m, mp_dense(4 * c->channels, MP_GELU_APPROXIMATE)), m);
+        CHECK(mp_model_call(m, mp_dense(c->channels, MP_LINEAR), NULL, 0, &f), m);
+        in[0] = r, in[1] = f;
+        CHECK(mp_model_call(m, mp_add(), in, 2, &x), m);
+    }
+    CHECK(mp_model_add(m, ln), m);
+    CHECK(mp_model_add(m, mp_dense(vocab, MP_LINEAR)), m);
+    CHECK(mp_model_add(m, out), m);
+    return m;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A batch of windows from tokens [lo, hi): random starts (train) or the
+   validation part's first windows in order. */
+static void take_batch(const config *c, const mp_tokens *t, size_t lo, size_t hi, uint64_t *rng, int32_t *x,
+                       int32_t *y, size_t first) {
+    size_t starts[1024], i, span = hi - lo - (size_t)c->context - 1;
+    for (i = 0; i < (size_t)c->batch; i++)
+        starts[i] = rng ? lo + ex_next(rng) % span : lo + ((first + i) * (size_t)c->context) % span;
+    CHECK(mp_tokens_windows(t, starts, (size_t)c->batch, c->context, x, y), NULL);
+}
+
+typedef struct result {
+    const char *policy;
+    float val_loss, tokens_per_s, loss_scale;
+    size_t peak_bytes;
+    uint64_t skipped;
+} result;
+
+/* The mean loss over `batches` validation batches. */
+static float validation_loss(const config *c, mp_model *m, const mp_tokens *t, size_t split, int32_t *x, int32_t *y,
+                             int batches) {
+    float sum = 0.0f, loss;
+    int b, shape = c->context;
+    for (b = 0; b < batches; b++) {
+        mp_data d;
+        mp_array labels = mp_array_i32(y, (size_t)c->batch, 1, &shape);
+        memset(&d, 0, sizeof d);
+        take_batch(c, t, split, t->count, NULL, x, y, (size_t)b * (size_t)c->batch);
+        d.x[0] = mp_array_i32(x, (size_t)c->batch, 1, &shape);
+        CHECK(mp_forward(m, &d, 0), m);
+        CHECK(mp_compute_loss(m, &labels, &loss, NULL), m);
+        sum += loss;
+    }
+    return sum / (float)batches;
+}
+
+/* n characters after the validation text's first window, each drawn from
+   the softmax of the last position's logits (temperature 1). */
+static void print_sample(const config *c, mp_model *m, const mp_tokens *t, size_t split, uint64_t *rng) {
+    int32_t *window = malloc((size_t)c->context * sizeof(int32_t));
+    float *p = malloc((size_t)t->vocab_size * sizeof(float));
+    int shape = c->context, i, j, v = t->vocab_size;
+    if (!window || !p) exit(1);
+    memcpy(window, t->ids + split, (size_t)c->context * sizeof(int32_t));
+    printf("--- sample ---\n");
+    for (i = 0; i < c->context; i++) putchar(t->bytes[window[i]]);
+    printf("[...]");
+    for (i = 0; i < c->sample; i++) {
+        mp_data d;
+        mp_tensor out;
+        float mx = -INFINITY, sum = 0.0f, u;
+        memset(&d, 0, sizeof d);
+        d.x[0] = mp_array_i32(window, 1, 1, &shape);
+        CHECK(mp_forward(m, &d, 0), m);
+        CHECK(mp_output(m, &out), m); /* float32 logits (1, T, V) */
+        for (j = 0; j < v; j++) mx = fmaxf(mx, ((const float *)out.data)[(size_t)(c->context - 1) * (size_t)v + (size_t)j]);
+        for (j = 0; j < v; j++) sum += p[j] = expf(((const float *)out.data)[(size_t)(c->context - 1) * (size_t)v + (size_t)j] - mx);
+        for (u = ex_uniform(rng) * sum, j = 0; j + 1 < v && (u -= p[j]) > 0.0f; j++) {}
+        putchar(t->bytes[j]);
+        memmove(window, window + 1, (size_t)(c->context - 1) * sizeof(int32_t));
+        window[c->context - 1] = j;
+    }
+    printf("\n--------------\n");
+    free(window);
+    free(p);
+}
+
+static result run_policy(const config *c, const mp_tokens *t, size_t split, const char *policy, float **initial) {
+    int32_t *x = malloc((size_t)c->batch * (size_t)c->context * sizeof(int32_t));
+    int32_t *y = malloc((size_t)c->batch * (size_t)c->context * sizeof(int32_t));
+    mp_compile_desc cd;
+    mp_model *m;
+    result r;
+    uint64_t rng = c->seed;
+    double start, trained = 0.0;
+    float loss = 0.0f, running = 0.0f;
+    int step, shape = c->context;
+    size_t n, baseline;
+    if (!x || !y) exit(1);
+    printf("\n=== policy %s ===\n", policy);
+    CHECK(mp_set_global_policy_name(policy), NULL);
+    mp_reset_peak_memory();
+    baseline = mp_get_memory_info().current; /* the text's tokens: not the model's */
+    m = build_gpt(c, t->vocab_size);
+    CHECK(mp_set_global_policy_name("float32"), NULL);
+    n = mp_model_param_count(m);
+    if (!*initial) { /* the first policy's weights start every one */
+        mp_model_print_summary(m);
+        if (!(*initial = malloc(n * sizeof(float)))) exit(1);
+        CHECK(mp_model_get_weights(m, *initial, n), m);
+    }
+    CHECK(mp_model_set_weights(m, *initial, n), m);
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.optimizer.kind = MP_ADAM;
+    cd.optimizer.learning_rate = c->learning_rate;
+    CHECK(mp_model_compile(m, &cd), m);
+    for (step = 1; step <= c->steps; step++) {
+        mp_data d;
+        mp_array labels = mp_array_i32(y, (size_t)c->batch, 1, &shape);
+        int applied;
+        memset(&d, 0, sizeof d);
+        take_batch(c, t, 0, split, &rng, x, y, 0);
+        d.x[0] = mp_array_i32(x, (size_t)c->batch, 1, &shape);
+        start = now();
+        CHECK(mp_forward(m, &d, 1), m);
+        CHECK(mp_compute_loss(m, &labels, &loss, NULL), m);
+        CHECK(mp_compute_scaled_gradients(m), m);
+        CHECK(mp_get_unscaled_gradients(m), m);
+        CHECK(mp_apply_gradients(m, &applied), m);
+        trained += now() - start;
+        running = step == 1 ? loss : 0.9f * running + 0.1f * loss;
+        if (step % 50 == 0 || step == c->steps)
+            printf("step %d/%d - loss: %.4f - %.1fms/step - loss scale: %g\n", step, c->steps, (double)running,
+                   1e3 * trained / step, (double)mp_current_loss_scale(m));
+    }
+    r.policy = policy;
+    r.val_loss = validation_loss(c, m, t, split, x, y, 8);
+    r.tokens_per_s = (float)((double)c->steps * c->batch * c->context / trained);
+    r.peak_bytes = mp_get_memory_info().peak - baseline;
+    r.loss_scale = mp_current_loss_scale(m);
+    r.skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
+    print_sample(c, m, t, split, &rng);
+    printf("result policy=%s val_loss=%.4f tokens_per_s=%.0f peak_bytes=%zu loss_scale=%g skipped_steps=%llu\n", policy,
+           (double)r.val_loss, (double)r.tokens_per_s, r.peak_bytes, (double)r.loss_scale,
+           (unsigned long long)r.skipped);
+    mp_model_destroy(m);
+    free(x);
+    free(y);
+    return r;
+}
+
+int main(int argc, char **argv) {
+    config c = parse_args(argc, argv);
+    result results[MAX_POLICIES];
+    float *initial = NULL;
+    mp_tokens t;
+    char line[256];
+    size_t split, len = 0;
+    int synthetic, i;
+    load_text(&c, &t, &synthetic);
+    split = t.count / 10 * 9; /* the last tenth validates */
+    if (c.batch > 1024 || split - 0 < (size_t)c.context + 2 || t.count - split < (size_t)c.context + 2) {
+        fprintf(stderr, "the text (%zu tokens) is too short for context %d, or the batch is over 1024\n", t.count,
+                c.context);
+        return 2;
+    }
+    printf("%zu characters (%s), vocabulary %d, ln(vocabulary) %.3f; context %d, batch %d, %d layers, %d heads, "
+           "%d channels\n",
+           t.count, synthetic ? "synthetic" : c.data, t.vocab_size, log((double)t.vocab_size), c.context, c.batch,
+           c.layers, c.heads, c.channels);
+    for (i = 0; i < c.n_policies; i++) results[i] = run_policy(&c, &t, split, c.policies[i], &initial);
+    line[0] = '\0';
+    for (i = 0; i < c.n_policies && len < sizeof line; i++)
+        len += (size_t)snprintf(line + len, sizeof line - len, "%s%s %.3f", i ? ", " : "", results[i].policy,
+                                (double)results[i].val_loss);
+    ex_summary("tiny_gpt", "a character-level GPT on %s, validation loss (ln V = %.3f): %s",
+               synthetic ? "a synthetic text" : "the fortunes text", log((double)t.vocab_size), line);
+    free(initial);
+    mp_tokens_free(&t);
+    return 0;
+}
