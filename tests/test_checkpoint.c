@@ -389,10 +389,10 @@ static void test_forged(void) {
     if (!b) return;
     /* another version, and a version field corrupted (the CRC says which) */
     memcpy(c, b, len);
-    put_le(c + 8, 4, 4);
+    put_le(c + 8, 5, 4);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "checksum mismatch");
     fix_crc(c, len);
-    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 4 not supported");
+    CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 5 not supported");
     put_le(c + 8, 0, 4);
     fix_crc(c, len);
     CHECK_ERR(mp_model_load_from_memory(m, c, len), MP_ERR_FORMAT, m, "version 0 not supported");
