@@ -870,6 +870,18 @@ static float train_step(mp_model *m, const float *x, const int32_t *labels, int 
     return loss;
 }
 
+/* How many of two models' weights differ by more than atol. */
+static size_t weights_apart(mp_model *a, mp_model *b, float atol) {
+    size_t n = mp_model_param_count(a), i, bad = 0;
+    float *wa = (float *)zalloc(n * sizeof(float)), *wb = (float *)zalloc(n * sizeof(float));
+    tol t = {atol, 0.0f};
+    CHECK(mp_model_get_weights(a, wa, n) == MP_OK && mp_model_get_weights(b, wb, n) == MP_OK);
+    for (i = 0; i < n; i++) bad += !within(wb[i], wa[i], t);
+    free(wa);
+    free(wb);
+    return bad;
+}
+
 /* The optimizer's options in a model on both backends: SGD with momentum,
    weight decay with the biases excluded and clipping by the global norm
    (0.5, below the first steps' norms), then clipnorm: the same weights
@@ -883,11 +895,9 @@ static void test_options_match_cpu(void) {
     for (mode = 0; mode < 2; mode++) {
         mp_model *mc = mlp(NULL, "mixed_float16", NULL), *mg = mlp(mp_cuda_backend(), "mixed_float16", NULL);
         mp_compile_desc cd;
-        size_t n, i, bad = 0;
-        float *wc, *wg;
+        size_t bad;
         int step, applied;
         if (!CHECK(mc && mg)) return;
-        n = mp_model_param_count(mc);
         memset(&cd, 0, sizeof cd);
         cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
         cd.optimizer.kind = MP_SGD;
@@ -898,19 +908,12 @@ static void test_options_match_cpu(void) {
         if (mode) cd.optimizer.clipnorm = 0.25f;
         else cd.optimizer.global_clipnorm = 0.5f;
         CHECK(mp_model_compile(mc, &cd) == MP_OK && mp_model_compile(mg, &cd) == MP_OK);
-        wc = (float *)zalloc(n * sizeof(float)), wg = (float *)zalloc(n * sizeof(float));
         for (step = 0; step < 6; step++) {
             (void)train_step(mc, x, labels, BATCH, &applied);
             (void)train_step(mg, x, labels, BATCH, &applied);
         }
-        CHECK(mp_model_get_weights(mc, wc, n) == MP_OK && mp_model_get_weights(mg, wg, n) == MP_OK);
-        for (i = 0; i < n; i++) {
-            tol t = {1e-3f, 0.0f};
-            bad += !within(wg[i], wc[i], t);
-        }
-        if (!CHECK(bad == 0)) fprintf(stderr, "  %s: %zu of %zu weights differ\n", mode ? "clipnorm" : "global_clipnorm", bad, n);
-        free(wc);
-        free(wg);
+        if (!CHECK((bad = weights_apart(mc, mg, 1e-3f)) == 0))
+            fprintf(stderr, "  %s: %zu weights differ\n", mode ? "clipnorm" : "global_clipnorm", bad);
         mp_model_destroy(mc);
         mp_model_destroy(mg);
     }
@@ -931,7 +934,6 @@ static void test_mlp_matches_cpu(void) {
     for (p = 0; p < COUNT(policies); p++) {
         mp_model *mc = mlp(NULL, policies[p], NULL), *mg = mlp(mp_cuda_backend(), policies[p], NULL);
         size_t n = mp_model_param_count(mc), bad = 0;
-        float *wc = (float *)zalloc(n * sizeof(float)), *wg = (float *)zalloc(n * sizeof(float));
         mp_tensor oc, og;
         int step, applied;
         if (!CHECK(mc && mg)) return;
@@ -943,12 +945,8 @@ static void test_mlp_matches_cpu(void) {
             if (!CHECK(within(lg, lc, t)))
                 fprintf(stderr, "  %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], step, (double)lg, (double)lc);
         }
-        CHECK(mp_model_get_weights(mc, wc, n) == MP_OK && mp_model_get_weights(mg, wg, n) == MP_OK);
-        for (i = 0; i < n; i++) {
-            tol t = {weight_atol[p], 0.0f};
-            bad += !within(wg[i], wc[i], t);
-        }
-        if (!CHECK(bad == 0)) fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
+        if (!CHECK((bad = weights_apart(mc, mg, weight_atol[p])) == 0))
+            fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
         /* the output, read back from the device (inference) */
         CHECK(forward_rows(mc, x, BATCH, 0) == MP_OK && forward_rows(mg, x, BATCH, 0) == MP_OK);
         CHECK(mp_output(mc, &oc) == MP_OK && mp_output(mg, &og) == MP_OK);
@@ -958,8 +956,6 @@ static void test_mlp_matches_cpu(void) {
             bad += !within(((float *)og.data)[i], ((float *)oc.data)[i], t);
         }
         CHECK(bad == 0);
-        free(wc);
-        free(wg);
         mp_model_destroy(mc);
         mp_model_destroy(mg);
     }
