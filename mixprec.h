@@ -707,7 +707,21 @@ MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
    and taken as float32; a norm that is Inf or NaN makes the gradients it
    scales NaN, as Keras's clip_by_global_norm does (under loss scaling such
    a step was already skipped for its Inf/NaN gradient). With a
-   communicator the norm is of the gradients summed over the ranks. */
+   communicator the norm is of the gradients summed over the ranks.
+   Gradient accumulation (Keras 3's gradient_accumulation_steps N >= 2):
+   one float32 accumulator per trainable weight (after the optimizer's
+   slots in mp_get_optimizer_slots); each step's unscaled gradients are
+   added to them, and the N-th step averages, (g + accumulated) * (1 / N)
+   (Keras divides by N: the same bits where N is a power of two), then
+   clips, decays and updates as above and zeroes them. Under loss scaling
+   each step is checked and unscaled on its own: a step with Inf or NaN is
+   dropped from the window (its gradients not added; the loss scale halves
+   as ever), so a window holds N finite steps. The iteration count (Adam's
+   t) counts updates; a schedule reads Keras's count of steps, iteration *
+   N + N - 1 at an update. Each step then reads the found-Inf flag back
+   (one small copy, a wait on a device) to know whether it ends a window.
+   A checkpoint holds the accumulators and the window's count: a resume
+   mid-window continues it. */
 typedef struct mp_optimizer_desc {
     mp_optimizer_kind kind;
     float learning_rate;
@@ -721,6 +735,7 @@ typedef struct mp_optimizer_desc {
     int no_weight_decay;     /* nonzero: no decay, whatever the kind's default */
     const char *const *exclude_from_weight_decay; /* substrings of variable paths, NULL-terminated */
     float clipnorm, clipvalue, global_clipnorm;   /* > 0 to clip; at most one */
+    int gradient_accumulation_steps;              /* 0 = none, else >= 2 (Keras 3's) */
 } mp_optimizer_desc;
 
 /* >>loss scaling (Keras LossScaleOptimizer)
@@ -1620,6 +1635,7 @@ typedef struct mp_opt_step {
     float weight_decay;    /* this variable's: cfg.weight_decay, or 0 where it is excluded */
     const double *sum_squares; /* with cfg.clipnorm or cfg.global_clipnorm: the backend's sum of the
                                   squares its scaling reads (mp__clip_factor), else NULL */
+    uint64_t accumulated;  /* cfg.gradient_accumulation_steps: the steps in the accumulators */
 } mp_opt_step;
 
 typedef enum mp_copy_kind { MP_COPY_TO_BACKEND, MP_COPY_TO_HOST, MP_COPY_WITHIN } mp_copy_kind;
@@ -7923,8 +7939,8 @@ struct mp_model {
     int compiled;
     mp_compile_desc compile;
     mp_opt_step opt;
-    void *slots_block;
-    float *s1, *s2;
+    void *slots_block;        /* the slots, then the accumulators */
+    float *s1, *s2, *acc;     /* each NULL where the optimizer has none */
     size_t slot_count;
     int has_loss_scale;
     struct mp__amp *amp; /* the automatic mixed precision pass's result, or NULL */
@@ -7957,6 +7973,7 @@ struct mp_model {
     int grads_ready;      /* mp_get_gradients has something to give */
     int grads_deferred;   /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
     int as_summed;        /* fit's steps update as the ranks' sum lands (mp__agree_as_summed) */
+    int applied;          /* the last apply updated (not only accumulated) */
     /* diagnostics and errors */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
@@ -9828,6 +9845,8 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
           : !(o->clipvalue >= 0.0f && o->clipvalue <= FLT_MAX)        ? "clipvalue (finite, >= 0)"
           : !(o->global_clipnorm >= 0.0f && o->global_clipnorm <= FLT_MAX) ? "global_clipnorm (finite, >= 0)"
                                                                       : NULL;
+    if (!bad && (o->gradient_accumulation_steps < 0 || o->gradient_accumulation_steps == 1))
+        bad = "gradient_accumulation_steps (0, or >= 2)";
     if (bad) return mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad);
     if ((o->clipnorm > 0.0f) + (o->clipvalue > 0.0f) + (o->global_clipnorm > 0.0f) > 1)
         return mp__fail(m, MP_ERR_ARG, "only one of optimizer.clipnorm, clipvalue and global_clipnorm can be set, "
@@ -9871,7 +9890,8 @@ static mp_status mp__compile_prepare(mp_model *m, const mp_compile_desc *desc, m
         c->retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
     }
     if (recarve && (st = mp__alloc_params(m, c->amp, &c->params, &c->params_bytes)) != MP_OK) return st;
-    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt), &c->slot_count) ||
+    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt) + (c->opt.gradient_accumulation_steps > 0),
+                    &c->slot_count) ||
         c->slot_count > SIZE_MAX / sizeof(float))
         return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
     if (c->slot_count && !(c->slots = m->be->alloc(m->ctx, c->slot_count * sizeof(float))))
@@ -9914,6 +9934,7 @@ static void mp__mark_no_decay(mp_model *m, const char *const *exclude) {
 /* The prepared state becomes the model's; nothing here can fail. */
 static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const mp__compiled *c) {
     const char *policy_name = mp_policy_name(m->policy);
+    int per;
     mp__amp_retype(m, c->amp);
     mp__free(m->amp);
     m->amp = c->amp;
@@ -9927,11 +9948,14 @@ static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const m
     m->slots_block = c->slots;
     m->slots_bytes = c->slot_count * sizeof(float);
     m->slot_count = c->slot_count;
-    m->s1 = (float *)c->slots;
-    m->s2 = c->slot_count > m->n_params ? m->s1 + m->n_params : NULL;
+    per = mp__slots_per_weight(&c->opt);
+    m->s1 = per >= 1 ? (float *)c->slots : NULL;
+    m->s2 = per == 2 ? (float *)c->slots + m->n_params : NULL;
+    m->acc = c->opt.gradient_accumulation_steps ? (float *)c->slots + (size_t)per * m->n_params : NULL;
     m->compile = *desc;
     m->opt.cfg = c->opt;
     m->opt.iteration = 0;
+    m->opt.accumulated = 0;
     mp__mark_no_decay(m, c->opt.exclude_from_weight_decay);
     m->opt.cfg.exclude_from_weight_decay = NULL; /* read; the caller's strings need not outlive compile */
     /* Keras wraps the optimizer by itself only under mixed_float16, and
@@ -10801,7 +10825,7 @@ static int mp__deferred(const mp_model *m, const mp__layer *l) { return m->grads
 /* The one-process unscale-and-check: in place, or the check alone where deferred. */
 static void mp__unscale_local(mp_model *m) {
     int i;
-    m->grads_deferred = !m->num;
+    m->grads_deferred = !m->num && !m->acc; /* accumulation adds the float32 gradients */
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     if (m->grads_deferred && m->has_loss_scale)
         m->be->copy(m->ctx, &m->state->step_scale, mp__scale(m), sizeof(float), MP_COPY_WITHIN);
@@ -10921,18 +10945,54 @@ static void mp__end_update(mp_model *m) {
     mp__loop_move(m, MP__CALL_APPLY);
 }
 
-/* Queues the step's update: with global_clipnorm, first the sum of the
-   squares of every gradient. */
-static void mp__apply(mp_model *m) {
-    int i;
-    mp__begin_update(m);
-    if (m->opt.cfg.global_clipnorm > 0.0f) {
-        m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
-        for (i = 0; i < m->n_layers; i++)
-            if (mp__params(&m->layers[i])) mp__sum_squares(m, &m->layers[i], 0, mp__params(&m->layers[i]));
+/* Gradient accumulation (mp_optimizer_desc.gradient_accumulation_steps
+   N): whether this step updates. A step with Inf or NaN under loss
+   scaling is dropped (the flag read back); a finite one adds its float32
+   gradients g to the accumulators, or, as the N-th, leaves g = (g + acc)
+   * (1 / N) for the update and zeroes them. */
+static mp_status mp__accumulate(mp_model *m, int *update) {
+    float inv_n = 1.0f / (float)m->opt.cfg.gradient_accumulation_steps;
+    int flag = 0, last = m->opt.accumulated + 1 >= (uint64_t)m->opt.cfg.gradient_accumulation_steps, i;
+    mp_status st;
+    *update = 0;
+    if (m->has_loss_scale) {
+        m->be->copy(m->ctx, &flag, &m->state->found_inf, sizeof flag, MP_COPY_TO_HOST);
+        if ((st = mp__sync(m)) != MP_OK) return st;
+        if (flag) return MP_OK;
     }
-    mp__update_span(m, NULL, MP_FLOAT32, 0, m->n_params);
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        float *acc = m->acc + (l->w - m->w), *to = last ? l->g : acc;
+        if (!mp__params(l)) continue;
+        m->be->elementwise(m->ctx, MP_EW_ADD, to, MP_FLOAT32, l->g, MP_FLOAT32, acc, MP_FLOAT32, 0.0f, mp__params(l));
+        if (last) m->be->elementwise(m->ctx, MP_EW_SCALE, l->g, MP_FLOAT32, l->g, MP_FLOAT32, NULL, MP_FLOAT32, inv_n,
+                                     mp__params(l));
+    }
+    if (last) m->be->zero(m->ctx, m->acc, m->n_params * sizeof(float));
+    m->opt.accumulated = last ? 0 : m->opt.accumulated + 1;
+    *update = last;
+    return MP_OK;
+}
+
+/* Queues the step's update: with global_clipnorm, first the sum of the
+   squares of every gradient. With accumulation, a step that only
+   accumulates moves the loss scale alone. */
+static mp_status mp__apply(mp_model *m) {
+    int i, update = 1;
+    mp_status st;
+    if (m->acc && (st = mp__accumulate(m, &update)) != MP_OK) return st;
+    if (update) {
+        mp__begin_update(m);
+        if (m->opt.cfg.global_clipnorm > 0.0f) {
+            m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
+            for (i = 0; i < m->n_layers; i++)
+                if (mp__params(&m->layers[i])) mp__sum_squares(m, &m->layers[i], 0, mp__params(&m->layers[i]));
+        }
+        mp__update_span(m, NULL, MP_FLOAT32, 0, m->n_params);
+    }
+    m->applied = update;
     mp__end_update(m);
+    return MP_OK;
 }
 
 /* Whether any rank's gradients hold Inf or NaN, as the check of their
@@ -10979,7 +11039,7 @@ static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
    (mp__update_as_summed). */
 static int mp__can_update_as_summed(const mp_model *m) {
     int i;
-    if (m->desc.comm->device_memory || m->num) return 0;
+    if (m->desc.comm->device_memory || m->num || m->acc) return 0; /* accumulation adds the sum */
     if (m->opt.cfg.clipnorm > 0.0f || m->opt.cfg.global_clipnorm > 0.0f) return 0; /* a norm needs the whole sum */
     if (!m->has_loss_scale) return 1;
     if (m->ranks >= 1 << 14 || m->seen.ls.config.min_scale < 1.0f) return 0;
@@ -11075,15 +11135,19 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
-    mp__apply(m);
+    if ((st = mp__apply(m)) != MP_OK) return st;
     if ((st = mp__read_state(m)) != MP_OK) return st;
-    if (applied) *applied = !m->has_loss_scale || !m->seen.found_inf;
+    if (applied) *applied = m->applied && (!m->has_loss_scale || !m->seen.found_inf);
     return MP_OK;
 }
 
 MIXPREC_API float mp_model_learning_rate(const mp_model *m) {
     if (!m || !m->compiled) return 0.0f;
     if (m->opt.cfg.schedule.kind == MP_LR_CONSTANT) return m->opt.cfg.learning_rate;
+    if (m->acc) { /* Keras's count of steps at the next update: N per update, this one the N-th */
+        uint64_t n = (uint64_t)m->opt.cfg.gradient_accumulation_steps;
+        return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration * n + n - 1);
+    }
     return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration);
 }
 
@@ -11422,8 +11486,7 @@ static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
     }
     if (mp__update_as_summed(m)) return mp__sum_into_update(m, batch, global);
     if ((st = mp__unscale_gradients(m, batch, global)) != MP_OK) return st;
-    mp__apply(m);
-    return MP_OK;
+    return mp__apply(m);
 }
 
 /* The logged steps' metrics and the step state, read; added in step order
@@ -12255,7 +12318,7 @@ MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m) { return m ? m->sl
 MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n) {
     if (!m || (!dst && n)) return MP_ERR_NULL;
     if (n != m->slot_count) return MP_ERR_SHAPE;
-    m->be->copy(m->ctx, dst, m->s1, n * sizeof(float), MP_COPY_TO_HOST);
+    m->be->copy(m->ctx, dst, m->slots_block, n * sizeof(float), MP_COPY_TO_HOST);
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
@@ -13187,7 +13250,7 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     size_t nw = m->n_params + m->n_state, n = nw + m->slot_count; /* built: no overflow */
     if (!m->be->device_memory) {
         c->w = m->w;
-        c->s = m->s1;
+        c->s = (float *)m->slots_block;
         return MP_OK;
     }
     if (n > SIZE_MAX / sizeof(float) || !(c->copy = (float *)mp__alloc(n * sizeof(float))))
@@ -13196,7 +13259,7 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     c->s = c->copy + nw;
     if (!fetch) return MP_OK;
     m->be->copy(m->ctx, c->w, m->w, nw * sizeof(float), MP_COPY_TO_HOST);
-    if (m->slot_count) m->be->copy(m->ctx, c->s, m->s1, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
+    if (m->slot_count) m->be->copy(m->ctx, c->s, m->slots_block, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
     return mp__sync(m);
 }
 
@@ -13222,7 +13285,8 @@ static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
 static uint32_t mp__ckpt_version(const mp_model *m) {
     const mp_optimizer_desc *o = &m->opt.cfg;
     if (m->compiled && (o->weight_decay != 0.0f || o->clipnorm != 0.0f || o->clipvalue != 0.0f ||
-                        o->global_clipnorm != 0.0f || o->schedule.warmup_target != 0.0f))
+                        o->global_clipnorm != 0.0f || o->schedule.warmup_target != 0.0f ||
+                        o->gradient_accumulation_steps != 0))
         return MP__CKPT_VERSION;
     return mp__is_chain(m) && !m->n_state ? MP__CKPT_CHAIN_VERSION : MP__CKPT_GRAPH_VERSION;
 }
@@ -13342,6 +13406,8 @@ static void mp__io_optimizer(mp__io *io, uint32_t version, mp_opt_step *to, cons
         to->cfg.clipnorm = mp__io_f32(io, from->cfg.clipnorm);
         to->cfg.clipvalue = mp__io_f32(io, from->cfg.clipvalue);
         to->cfg.global_clipnorm = mp__io_f32(io, from->cfg.global_clipnorm);
+        to->cfg.gradient_accumulation_steps = mp__io_int(io, from->cfg.gradient_accumulation_steps);
+        to->accumulated = mp__io_uint(io, from->accumulated, 8);
     }
     to->cfg.no_weight_decay = to->cfg.weight_decay == 0.0f; /* as resolved */
     to->iteration = mp__io_uint(io, from->iteration, 8);
@@ -13414,7 +13480,8 @@ static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
                                 m->layers[li].name, i - m->layers[li].n_state / 2);
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
-        !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
+        !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o) + (o.gradient_accumulation_steps > 0), &slots) ||
+        slots != m->slot_count || c->opt.accumulated >= (uint64_t)(o.gradient_accumulation_steps + !o.gradient_accumulation_steps))
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: optimizer config out of range");
     for (li = 0; li < m->n_layers && c->version >= 4; li++)
         if (c->io.in[c->no_decay + (size_t)li] > 3u)
@@ -13422,7 +13489,7 @@ static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
                             m->layers[li].name);
     c->opt.cfg = o;
     if (o.kind != MP_SGD) { /* Adam's and RMSprop's mean squares v (the last n_params slots): >= 0, not NaN */
-        const unsigned char *v = c->io.in + c->slots + (slots - m->n_params) * 4u;
+        const unsigned char *v = c->io.in + c->slots + ((size_t)mp__slots_per_weight(&o) - 1u) * m->n_params * 4u;
         for (i = 0; i < m->n_params; i++)
             if (!(mp__f32_from_bits((uint32_t)mp__le_get(v + 4u * i, 4)) >= 0.0f))
                 return mp__fail(m, MP_ERR_FORMAT, "corrupt: the optimizer's mean square v of weight %z is negative or "
@@ -13445,7 +13512,7 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
     if (state) mp__io_decode(c->s, in + c->slots, m->slot_count, MP_FLOAT32);
     if (c->copy) { /* a device backend: send them back */
         m->be->copy(m->ctx, m->w, c->w, (m->n_params + m->n_state) * sizeof(float), MP_COPY_TO_BACKEND);
-        if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
+        if (state && m->slot_count) m->be->copy(m->ctx, m->slots_block, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
     mp__loop_move(m, MP__CALL_RESET);

@@ -2166,6 +2166,73 @@ static void test_optimizer_options(void) {
     }
 }
 
+/* Gradient accumulation over 4 steps (Keras 3's
+   gradient_accumulation_steps, _backend_apply_gradients): the weights
+   stay through the first three steps of a window, the fourth applies
+   Adam to (g4 + g1 + g2 + g3) / 4 with t the window's number, with
+   global_clipnorm on the average; each step's own batch (its own
+   gradients). Under loss scaling a step whose gradients hold Inf (a huge
+   input) is dropped from the window: the window then needs one more. */
+static void test_gradient_accumulation(void) {
+    enum { K = 6, N = 4 };
+    const float w0[K] = {0.5f, -0.25f, 1.0f, 0.125f, -0.5f, 0.25f};
+    const float xs[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1e30f}, y[3] = {-0.625f, -1.25015f, 3.003f};
+    int scaled;
+    for (scaled = 0; scaled < 2; scaled++) {
+        mp_optimizer_desc o;
+        mp_model *m;
+        double acc[K] = {0}, s1[K] = {0}, s2[K] = {0}, ref[K];
+        int step, j, in_window = 0, windows = 0, bad = 0, applied;
+        char detail[200] = "";
+        batch b;
+        memset(&o, 0, sizeof o);
+        o.kind = MP_ADAM;
+        o.learning_rate = 0.05f;
+        o.global_clipnorm = 1.0f;
+        o.gradient_accumulation_steps = N;
+        b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!(m = mse_model(mp_dense(3, MP_LINEAR), &o, w0, K))) continue;
+        if (scaled) {
+            mp_compile_desc cd;
+            memset(&cd, 0, sizeof cd);
+            cd.loss = MP_MEAN_SQUARED_ERROR, cd.optimizer = o, cd.loss_scale = MP_LOSS_SCALE_ON;
+            if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        }
+        for (j = 0; j < K; j++) ref[j] = w0[j];
+        for (step = 0; step < 2 * N + 1; step++) {
+            float g[K], after[K];
+            int inf = scaled && step == 2, last;
+            double norm = 0.0;
+            b.x = (float *)&xs[inf ? 4 : step % 4];
+            if (!gradients(m, &b, g, K, NULL) || !OK(mp_apply_gradients(m, &applied), m) ||
+                !OK(mp_model_get_weights(m, after, K), m))
+                goto next;
+            last = !inf && in_window == N - 1;
+            if (!inf) in_window++;
+            if (last) {
+                windows++, in_window = 0;
+                for (j = 0; j < K; j++) acc[j] = (g[j] + acc[j]) / N, norm += acc[j] * acc[j];
+                for (j = 0; j < K; j++) {
+                    double gj = acc[j] * (sqrt(norm) > 1.0 ? 1.0 / sqrt(norm) : 1.0);
+                    ref[j] = keras_step(MP_ADAM, ref[j], gj, 0.05, 0.0, 0, &s1[j], &s2[j], windows);
+                    acc[j] = 0.0;
+                }
+            } else if (!inf) {
+                for (j = 0; j < K; j++) acc[j] += g[j];
+            }
+            if (applied != last && bad++ == 0) snprintf(detail, sizeof detail, "step %d: applied %d", step, applied);
+            for (j = 0; j < K; j++)
+                if (!(fabs(after[j] - ref[j]) <= 1e-5 * fabs(ref[j]) + 1e-7) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "step %d, weight %d: %.9g, want %.9g", step, j, (double)after[j], ref[j]);
+        }
+        if (!CHECK(windows == 2)) fprintf(stderr, "    %d windows\n", windows);
+        check_all(bad, scaled ? "accumulation, a step with Inf dropped" : "accumulation over 4 steps", detail, __FILE__,
+                  __LINE__);
+    next:
+        mp_model_destroy(m);
+    }
+}
+
 /* A global norm that is Inf or NaN: without loss scaling every gradient
    becomes NaN (Keras's clip_by_global_norm: scale + (norm - norm)), so
    every weight does; under loss scaling the step is skipped first (the
@@ -2227,6 +2294,7 @@ static void test_optimizer_options_refused(void) {
     static const struct { const char *field; float clipnorm, clipvalue, global_clipnorm, wd; int no_wd; float target; } bad[] = {
         {"only one of", 1.0f, 1.0f, 0, 0, 0, 0},
         {"only one of", 1.0f, 0, 1.0f, 0, 0, 0},
+        {"gradient_accumulation_steps", 0, 0, 0, 0, 0, 0},
         {"clipnorm", -1.0f, 0, 0, 0, 0, 0},
         {"clipvalue", 0, NAN, 0, 0, 0, 0},
         {"global_clipnorm", 0, 0, INFINITY, 0, 0, 0},
@@ -2252,6 +2320,7 @@ static void test_optimizer_options_refused(void) {
         e.optimizer.global_clipnorm = bad[i].global_clipnorm;
         e.optimizer.weight_decay = bad[i].wd;
         e.optimizer.no_weight_decay = bad[i].no_wd;
+        e.optimizer.gradient_accumulation_steps = strcmp(bad[i].field, "gradient_accumulation_steps") ? 0 : 1;
         if (bad[i].target != 0.0f) {
             e.optimizer.schedule.kind = MP_COSINE_DECAY;
             e.optimizer.schedule.decay_steps = 10;
@@ -2730,6 +2799,7 @@ int main(int argc, char **argv) {
     RUN(test_optimizer_copy());
     RUN(test_optimizer_options());
     RUN(test_global_clipnorm_nonfinite());
+    RUN(test_gradient_accumulation());
     RUN(test_optimizer_options_refused());
     RUN(test_warmup_cosine());
     RUN(test_sum_squares_order());
