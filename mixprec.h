@@ -1280,7 +1280,9 @@ MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
        mp_compute_scaled_gradients(m);                   // tape.gradient(scaled_loss, ...)
        mp_get_unscaled_gradients(m);                     // optimizer.get_unscaled_gradients
        mp_apply_gradients(m, &applied);                  // optimizer.apply_gradients
-   Without loss scaling the scale is 1 and the calls are the same. */
+   Without loss scaling the scale is 1 and the calls are the same. Between
+   the last two, mp_get_gradients and mp_set_gradients read and replace
+   the unscaled gradients. */
 /* A batch of batch->x's n samples through the model (training: Keras's
    training argument); batch->y is not read. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const mp_data *batch, int training);
@@ -1311,6 +1313,17 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
    mp_model_trainable_param_count. Count mismatches here and in get/set
    weights and slots are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
+/* Between mp_get_unscaled_gradients and mp_apply_gradients: replaces the
+   float32 gradients apply reads with src[n] (mp_get_gradients' order and
+   n), for what the optimizer's options do not do (Keras's custom
+   train_step may change the gradients before apply_gradients). Under
+   loss scaling they are checked again, as the LossScaleOptimizer checks
+   what apply is given: an Inf or NaN in src skips the step; with
+   accumulation, clipping and weight decay they go on as before. With a
+   communicator src replaces the ranks' sum: give every rank the same.
+   MP_ERR_STATE out of that order, MP_ERR_SHAPE for another n; a failed
+   call changes nothing. */
+MIXPREC_API mp_status mp_set_gradients(mp_model *m, const float *src, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
 MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n);
@@ -11138,6 +11151,21 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     if ((st = mp__apply(m)) != MP_OK) return st;
     if ((st = mp__read_state(m)) != MP_OK) return st;
     if (applied) *applied = m->applied && (!m->has_loss_scale || !m->seen.found_inf);
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_set_gradients(mp_model *m, const float *src, size_t n) {
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!src) return mp__fail(m, MP_ERR_NULL, "mp_set_gradients needs gradients");
+    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
+    if (n != m->n_params)
+        return mp__fail(m, MP_ERR_SHAPE, "mp_set_gradients: %z gradients, the model has %z trainable weights", n,
+                        m->n_params);
+    m->be->copy(m->ctx, m->g, src, n * sizeof(float), MP_COPY_TO_BACKEND);
+    m->grads_deferred = 0; /* apply reads these float32 ones */
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    if (m->has_loss_scale) m->be->unscale_check(m->ctx, NULL, m->g, MP_FLOAT32, n, NULL, &m->state->found_inf);
     return MP_OK;
 }
 

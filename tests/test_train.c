@@ -2233,6 +2233,56 @@ static void test_gradient_accumulation(void) {
     }
 }
 
+/* mp_set_gradients between unscale and apply: SGD (lr 0.1, weight
+   decay 0.5, clipvalue 0.3) applies the gradients set, not the model's:
+   w -= w 0.5 0.1, then w -= 0.1 clip(g'); under loss scaling a NaN set
+   skips the step, as the LossScaleOptimizer's check of what apply gets.
+   Out of order or of the wrong length it is refused and changes nothing. */
+static void test_set_gradients(void) {
+    enum { K = 6 };
+    const float w0[K] = {0.5f, -0.25f, 1.0f, 0.125f, -0.5f, 0.25f}, x[1] = {2.0f}, y[3] = {1.0f, 2.0f, 3.0f};
+    int scaled;
+    for (scaled = 0; scaled < 2; scaled++) {
+        mp_compile_desc cd;
+        mp_model *m;
+        float g[K], mine[K], after[K], before[K], kept[K];
+        int j, applied, bad = 0;
+        batch b;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_MEAN_SQUARED_ERROR;
+        cd.optimizer.kind = MP_SGD, cd.optimizer.learning_rate = 0.1f;
+        cd.optimizer.weight_decay = 0.5f, cd.optimizer.clipvalue = 0.3f;
+        cd.loss_scale = scaled ? MP_LOSS_SCALE_ON : MP_LOSS_SCALE_NONE;
+        b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!(m = mse_model(mp_dense(3, MP_LINEAR), &cd.optimizer, w0, K))) continue;
+        if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        CHECK(mp_set_gradients(m, mine, K) == MP_ERR_STATE); /* no gradients yet */
+        if (!gradients(m, &b, g, K, NULL)) goto next;
+        for (j = 0; j < K; j++) mine[j] = (float)(j - 2) * 0.125f;
+        CHECK(mp_set_gradients(m, mine, K - 1) == MP_ERR_SHAPE);
+        CHECK(mp_get_gradients(m, kept, K) == MP_OK && memcmp(kept, g, sizeof g) == 0); /* unchanged */
+        if (!OK(mp_set_gradients(m, mine, K), m) || !OK(mp_get_gradients(m, kept, K), m) ||
+            !CHECK(memcmp(kept, mine, sizeof mine) == 0) || !OK(mp_apply_gradients(m, &applied), m) ||
+            !OK(mp_model_get_weights(m, after, K), m))
+            goto next;
+        for (j = 0; j < K; j++) {
+            double w = w0[j], gj = mine[j] > 0.3f ? 0.3f : mine[j] < -0.3f ? -0.3f : mine[j];
+            w -= w * 0.5 * 0.1;
+            bad += !(fabs(after[j] - (w - 0.1 * gj)) <= 1e-6);
+        }
+        if (!check_report(applied && bad == 0, __FILE__, __LINE__, "mp_set_gradients: the step applies what was set"))
+            fprintf(stderr, "    applied %d, %d weights off\n", applied, bad);
+        if (scaled) { /* a NaN set: skipped */
+            mine[1] = NAN;
+            CHECK(mp_model_get_weights(m, before, K) == MP_OK && gradients(m, &b, g, K, NULL));
+            CHECK(mp_set_gradients(m, mine, K) == MP_OK && mp_apply_gradients(m, &applied) == MP_OK && !applied);
+            CHECK(mp_model_get_weights(m, after, K) == MP_OK && memcmp(before, after, sizeof after) == 0);
+        }
+    next:
+        mp_model_destroy(m);
+    }
+}
+
 /* A global norm that is Inf or NaN: without loss scaling every gradient
    becomes NaN (Keras's clip_by_global_norm: scale + (norm - norm)), so
    every weight does; under loss scaling the step is skipped first (the
@@ -2800,6 +2850,7 @@ int main(int argc, char **argv) {
     RUN(test_optimizer_options());
     RUN(test_global_clipnorm_nonfinite());
     RUN(test_gradient_accumulation());
+    RUN(test_set_gradients());
     RUN(test_optimizer_options_refused());
     RUN(test_warmup_cosine());
     RUN(test_sum_squares_order());
