@@ -132,6 +132,11 @@ TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
       test after the ranks' sum): the same numbers either way.
     - Dynamic loss scaling: 2^15 at start, x2 after 2000 finite steps (only
       to a finite value), /2 (floor 1) and the step skipped on Inf/NaN.
+    - A step, in Keras 3's order: the scaled gradients checked (a bad step
+      skipped: nothing below runs), unscaled, accumulated
+      (gradient_accumulation_steps), clipped (clipnorm, clipvalue or
+      global_clipnorm), the weights decayed (weight_decay, decoupled), then
+      the update (SGD, RMSprop, Adam, AdamW) on the float32 weights.
 
 MEMORY
     Every allocation goes through MIXPREC_MALLOC and is counted:
