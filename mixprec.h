@@ -6968,7 +6968,7 @@ typedef struct mp__squares_args {
 
 static void mp__squares_range(void *args, size_t begin, size_t end, int thread) {
     mp__squares_args *a = (mp__squares_args *)args;
-    float t[MP__RUN];
+    float t[MP__RUN + 8];
     size_t b, i, j, len;
     (void)thread;
     for (b = begin; b < end; b++) {
@@ -6977,9 +6977,13 @@ static void mp__squares_range(void *args, size_t begin, size_t end, int thread) 
         for (i = at; i < stop; i += len) { /* MP__RUN is a multiple of 8: j's lane is the block's */
             len = mp__min(MP__RUN, stop - i);
             mp__load(t, mp__at(a->g, a->gt, i), a->gt, len);
-            for (j = 0; j < len; j++) {
-                double u = (double)(t[j] * a->inv_scale);
-                lane[j % 8] += u * u;
+            if (len % 8) memset(t + len, 0, (8 - len % 8) * sizeof(float)); /* + 0 changes no lane */
+            for (j = 0; j < len; j += 8) { /* eight lanes at once: one vector where there are some */
+                int l;
+                for (l = 0; l < 8; l++) {
+                    double u = (double)(t[j + (size_t)l] * a->inv_scale);
+                    lane[l] += u * u;
+                }
             }
         }
         a->part[b] = mp__sum_squares_lanes(lane);
