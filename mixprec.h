@@ -9878,6 +9878,9 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
         return mp__fail(m, MP_ERR_ARG, "learning-rate schedule: kind %d, initial_learning_rate, decay_steps, "
                         "decay_rate must be positive, alpha in [0, 1]", (int)o->schedule.kind);
     if (o->schedule.kind != MP_LR_CONSTANT) o->learning_rate = mp_lr_schedule_value(&o->schedule, 0);
+    if ((o->clipnorm > 0.0f || o->global_clipnorm > 0.0f) && !m->be->sum_squares)
+        return mp__fail(m, MP_ERR_ARG, "optimizer.clipnorm, global_clipnorm: the %s backend cannot take norms "
+                        "(no sum_squares)", m->be->name);
     return MP_OK;
 }
 
@@ -9899,9 +9902,6 @@ static mp_status mp__compile_prepare(mp_model *m, const mp_compile_desc *desc, m
     mp_status st;
     int i, recarve = !mp__built(m);
     if ((st = mp__resolve_optimizer(m, &desc->optimizer, &c->opt)) != MP_OK) return st;
-    if ((c->opt.clipnorm > 0.0f || c->opt.global_clipnorm > 0.0f) && !m->be->sum_squares)
-        return mp__fail(m, MP_ERR_ARG, "optimizer.clipnorm, global_clipnorm: the %s backend cannot take norms "
-                        "(no sum_squares)", m->be->name);
     if ((bad = mp__loss_scale_resolve(&c->ls, &desc->loss_scale_config)) != NULL)
         return mp__fail(m, MP_ERR_ARG, "loss_scale_config.%s out of range", bad);
     if ((st = mp__amp_pass(m, desc, &c->amp)) != MP_OK) return st; /* decides the layers' dtypes */
@@ -10984,8 +10984,9 @@ static mp_status mp__accumulate(mp_model *m, int *update) {
     }
     for (i = 0; i < m->n_layers; i++) {
         const mp__layer *l = &m->layers[i];
-        float *acc = m->acc + (l->w - m->w), *to = last ? l->g : acc;
-        if (!mp__params(l)) continue;
+        float *acc, *to;
+        if (!mp__params(l)) continue; /* (no w to offset) */
+        acc = m->acc + (l->w - m->w), to = last ? l->g : acc;
         m->be->elementwise(m->ctx, MP_EW_ADD, to, MP_FLOAT32, l->g, MP_FLOAT32, acc, MP_FLOAT32, 0.0f, mp__params(l));
         if (last) m->be->elementwise(m->ctx, MP_EW_SCALE, l->g, MP_FLOAT32, l->g, MP_FLOAT32, NULL, MP_FLOAT32, inv_n,
                                      mp__params(l));

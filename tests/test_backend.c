@@ -366,6 +366,25 @@ static void test_same_training_options(void) {
     test_same_training_with("float32", MP_RMSPROP, &o);
 }
 
+/* A backend without sum_squares (an older table): compile refuses the
+   clipping by norm, naming the backend; the other options train. */
+static void test_no_sum_squares(void) {
+    mp_backend older = remote;
+    mp_compile_desc cd;
+    mp_model *m;
+    older.sum_squares = NULL;
+    if (!(m = conv_net_with(&older, "float32", MP_SGD, NULL))) return;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.global_clipnorm = 1.0f;
+    if (!CHECK(mp_model_compile(m, &cd) == MP_ERR_ARG && strstr(mp_model_error(m), "cannot take norms")))
+        fprintf(stderr, "    %s\n", mp_model_error(m));
+    cd.optimizer.global_clipnorm = 0.0f;
+    cd.optimizer.clipvalue = 1.0f;
+    CHECK(mp_model_compile(m, &cd) == MP_OK);
+    mp_model_destroy(m);
+}
+
 /* What one training step moves. With the data on the device (fit's
    default there): nothing; the data go in once per fit (inputs, labels)
    and the order once per epoch. With host_data: the batch (the input cast
@@ -1671,6 +1690,7 @@ int main(int argc, char **argv) {
     RUN(test_same_training("mixed_bfloat16", MP_SGD));
     RUN(test_same_training("amp", MP_ADAM)); /* layers whose output dtype differs from their compute dtype */
     RUN(test_same_training_options());
+    RUN(test_no_sum_squares());
     RUN(test_step_traffic());
     RUN(test_no_pinned_memory());
     RUN(test_reads());
