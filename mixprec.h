@@ -263,7 +263,8 @@ CONTENTS
     >>cpu backend: elementwise    casts, elementwise ops, strided copies split across threads
     >>cpu backend: losses    the loss rows over a batch
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
-    >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
+    >>cpu backend: optimizers    SGD, RMSprop, Adam(W), vectorised; weight decay,
+                             clipping; the sum of squares for clipping by norm
     >>cpu backend: convolution, pooling, dropout   im2col, col2im, max and average pool, masks
     >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
     >>layers                 each layer's forward and backward, side by side
