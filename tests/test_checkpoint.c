@@ -316,7 +316,7 @@ static void test_resume_custom_loop(void) {
    cosine decay, and accumulation over 4 steps saved mid-window (6 steps:
    the accumulators and the window's count in the file, version 4), under
    a loss scale that skips steps. */
-static void test_resume_options(void) {
+static spec options_spec(void) {
     static const char *const biases[] = {"bias", NULL};
     spec s = base();
     s.opt = MP_ADAMW;
@@ -328,7 +328,32 @@ static void test_resume_options(void) {
     s.schedule.warmup_target = 0.01f;
     s.schedule.warmup_steps = 5;
     s.schedule.decay_steps = 20;
-    resume_custom_loop(s, 4);
+    return s;
+}
+
+static void test_resume_options(void) { resume_custom_loop(options_spec(), 4); }
+
+/* A version-4 file whose weight-decay exclusions name a variable a layer
+   does not have (bit 2) is corrupt. The exclusion bytes, one a layer,
+   come before the slots and the loss-scale state (56 bytes). */
+static void test_corrupt_exclusions(void) {
+    mp_model *a = make(options_spec()), *b = make(options_spec());
+    size_t len, at;
+    unsigned char *bytes;
+    snap before = take(b);
+    custom_steps(a, 0, 2);
+    if ((bytes = save(a, &len)) != NULL) {
+        at = len - 4 - 56 - mp_optimizer_slot_count(a) * 4 - (size_t)mp_model_layer_count(a);
+        CHECK(bytes[at] == 2 && bytes[at + 1] == 0 && bytes[at + 2] == 2); /* the Dense layers' biases; dropout none */
+        bytes[at] = 4;
+        fix_crc(bytes, len);
+        CHECK_ERR(mp_model_load_from_memory(b, bytes, len), MP_ERR_FORMAT, b, "weight-decay exclusions");
+        CHECK(same(b, &before));
+    }
+    free(bytes);
+    free(before.bytes);
+    mp_model_destroy(a);
+    mp_model_destroy(b);
 }
 
 static void test_initial_epoch_args(void) {
@@ -1024,6 +1049,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_fit(MP_RMSPROP));
     RUN(test_resume_custom_loop());
     RUN(test_resume_options());
+    RUN(test_corrupt_exclusions());
     RUN(test_initial_epoch_args());
     RUN(test_truncations());
     RUN(test_corruptions());
