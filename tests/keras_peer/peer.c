@@ -554,19 +554,21 @@ static void test_graphs(FILE *f) {
    float32: each side rounds every operation once in its own order (the
    decay and clip as Keras writes them or as one factor: a few ulps), so
    1e-5; mixed_float16 (its Inf step skipped on both sides) as the graph
-   cases. */
+   cases. A case with a schedule (CosineDecay with a warmup) also has
+   Keras's rate at steps 0 to 19: mp_lr_schedule_value's to 1e-6. */
 static int compare_optimizer(FILE *f) {
     static const char *const biases[] = {"bias", NULL};
     char name[64], policy[32], kind[16];
-    float lr, wd, cn, cv, gcn, w[12], x[8], t[12], want[12], got[12];
-    int acc, steps, step, ok, applied, mixed;
+    float lr, wd, cn, cv, gcn, w[12], x[8], t[12], want[12], got[12], init, target, alpha, rates[20];
+    int acc, steps, step, ok, applied, mixed, warmup, decay;
     double worst = 0.0, tol;
     mp_model_desc md;
     mp_compile_desc cd;
     mp_layer_desc out = mp_activation_layer(MP_LINEAR);
     mp_model *m = NULL;
-    if (fscanf(f, "%63s %31s %15s %f %f %f %f %f %d %d", name, policy, kind, &lr, &wd, &cn, &cv, &gcn, &acc, &steps) != 10 ||
-        !read_floats(f, w, 9))
+    if (fscanf(f, "%63s %31s %15s %f %f %f %f %f %d %d %f %f %d %d %f", name, policy, kind, &lr, &wd, &cn, &cv, &gcn,
+               &acc, &steps, &init, &target, &warmup, &decay, &alpha) != 15 ||
+        (decay && !read_floats(f, rates, 20)) || !read_floats(f, w, 9))
         return 0;
     mixed = strcmp(policy, "float32") != 0;
     tol = mixed ? graph_tolerance(policy) : 1e-5;
@@ -582,6 +584,16 @@ static int compare_optimizer(FILE *f) {
     cd.optimizer.clipvalue = cv;
     cd.optimizer.global_clipnorm = gcn;
     cd.optimizer.gradient_accumulation_steps = acc;
+    if (decay) {
+        mp_lr_schedule *sc = &cd.optimizer.schedule;
+        double off = 0.0;
+        sc->kind = MP_COSINE_DECAY, sc->initial_learning_rate = init, sc->warmup_target = target;
+        sc->warmup_steps = (uint64_t)warmup, sc->decay_steps = (uint64_t)decay, sc->alpha = alpha;
+        for (step = 0; step < 20; step++)
+            off = fmax(off, fabs(mp_lr_schedule_value(sc, (uint64_t)step) - rates[step]) / target);
+        if (!check_report(off <= 1e-6, __FILE__, __LINE__, "CosineDecay with a warmup: Keras 3's rates"))
+            fprintf(stderr, "    %s: off by %.3g of the target\n", name, off);
+    }
     out.dtype = "float32";
     ok = mp_set_global_policy_name(policy) == MP_OK && mp_model_create(&m, &md) == MP_OK &&
          mp_model_add(m, mp_dense(3, MP_LINEAR)) == MP_OK && (!mixed || mp_model_add(m, out) == MP_OK) &&
