@@ -710,9 +710,11 @@ MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
    by global_clipnorm * min(1 / |G|, 1 / global_clipnorm), |G| the norm of
    all of them together), as Keras's _clip_gradients; 0 = off. Norms are
    summed in float64 (in a fixed order: the same bits at any thread count)
-   and taken as float32; a norm that is Inf or NaN makes the gradients it
-   scales NaN, as Keras's clip_by_global_norm does (under loss scaling such
-   a step was already skipped for its Inf/NaN gradient). With a
+   and taken as float32. A global norm that is Inf or NaN makes every
+   gradient NaN, as Keras's clip_by_global_norm does; a variable's Inf norm
+   scales its gradient by 0, a NaN one by NaN, as Keras's _clip_by_norm
+   (under loss scaling such a step was already skipped for its Inf/NaN
+   gradient). With a
    communicator the norm is of the gradients summed over the ranks.
    Gradient accumulation (Keras 3's gradient_accumulation_steps N >= 2):
    one float32 accumulator per trainable weight (after the optimizer's
