@@ -133,6 +133,11 @@ TRAINING RULES (Keras mixed precision, tf_keras's LossScaleOptimizer)
       test after the ranks' sum): the same numbers either way.
     - Dynamic loss scaling: 2^15 at start, x2 after 2000 finite steps (only
       to a finite value), /2 (floor 1) and the step skipped on Inf/NaN.
+    - A step, in Keras 3's order: the scaled gradients checked (a bad step
+      skipped: nothing below runs), unscaled, accumulated
+      (gradient_accumulation_steps), clipped (clipnorm, clipvalue or
+      global_clipnorm), the weights decayed (weight_decay, decoupled), then
+      the update (SGD, RMSprop, Adam, AdamW) on the float32 weights.
 
 MEMORY
     Every allocation goes through MIXPREC_MALLOC and is counted:
@@ -263,7 +268,8 @@ CONTENTS
     >>cpu backend: elementwise    casts, elementwise ops, strided copies split across threads
     >>cpu backend: losses    the loss rows over a batch
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
-    >>cpu backend: optimizers    SGD, RMSprop, Adam, vectorised
+    >>cpu backend: optimizers    SGD, RMSprop, Adam(W), vectorised; weight decay,
+                             clipping; the sum of squares for clipping by norm
     >>cpu backend: convolution, pooling, dropout   im2col, col2im, max and average pool, masks
     >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
     >>layers                 each layer's forward and backward, side by side
@@ -681,6 +687,7 @@ typedef enum mp_optimizer_kind {
     MP_RMSPROP = 0, /* Keras compile()'s default optimizer */
     MP_SGD,
     MP_ADAM,
+    MP_ADAMW,       /* Adam with decoupled weight decay (default 0.004) */
     MP_OPTIMIZER_COUNT
 } mp_optimizer_kind;
 
@@ -692,9 +699,15 @@ typedef enum mp_optimizer_kind {
    CosineDecay: initial_learning_rate * ((1 - alpha) * c + alpha) with
        c = 0.5 (1 + cos(pi * min(step, decay_steps) / decay_steps)); alpha
        (Keras's default 0) is the floor, as a fraction of the initial rate.
-   initial_learning_rate and decay_steps are required (> 0), and decay_rate
-   (> 0) for ExponentialDecay. The schedule is part of the optimizer state a
-   checkpoint holds. */
+       With a warmup_target (> 0; Keras 3's warmup_target and warmup_steps
+       W, which may be 0) the rate first climbs linearly,
+       (warmup_target - initial_learning_rate) * (step / W) +
+       initial_learning_rate, for steps below W, and from W on decays from
+       warmup_target as above, at step - W; initial_learning_rate may then
+       be 0 (a warmup from zero).
+   decay_steps is required (> 0); initial_learning_rate too (> 0) but for
+   a warmup's start, and decay_rate (> 0) for ExponentialDecay. The
+   schedule is part of the optimizer state a checkpoint holds. */
 typedef enum mp_lr_schedule_kind {
     MP_LR_CONSTANT = 0, /* the optimizer's learning_rate */
     MP_EXPONENTIAL_DECAY,
@@ -709,6 +722,8 @@ typedef struct mp_lr_schedule {
     float decay_rate; /* ExponentialDecay */
     int staircase;    /* ExponentialDecay */
     float alpha;      /* CosineDecay: 0 = Keras's 0 */
+    float warmup_target;   /* CosineDecay: the rate the warmup climbs to; 0 = Keras's None: no warmup */
+    uint64_t warmup_steps; /* CosineDecay with a warmup_target */
 } mp_lr_schedule;
 
 /* The schedule's learning rate at an optimizer step; 0 for an invalid schedule. */
@@ -716,7 +731,45 @@ MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
 
 /* Zero means Keras's default. SGD: learning_rate 0.01, momentum 0, nesterov
    off. RMSprop: 0.001, rho 0.9, epsilon 1e-7. Adam: 0.001, beta_1 0.9,
-   beta_2 0.999, epsilon 1e-7. */
+   beta_2 0.999, epsilon 1e-7. AdamW: Adam's, and weight_decay 0.004.
+   Each step, in Keras 3's order (keras/src/optimizers/base_optimizer.py,
+   apply): the gradients unscaled (under loss scaling, once the step's
+   Inf/NaN check passed; a skipped step goes no further), clipped, the
+   weights decayed, then the update.
+   Weight decay (any kind; Keras's base optimizer): decoupled, before the
+   update, w -= w * weight_decay * lr, on every trainable variable but
+   those whose path "LAYER/NAME" (mp_model_weight_info: "dense_1/bias")
+   contains one of the strings of exclude_from_weight_decay, a
+   NULL-terminated array (NULL: none excluded), as Keras's var_names
+   (which are regular expressions; here plain substrings). compile reads
+   the strings; they need not outlive it. no_weight_decay turns the decay
+   off where its default is not 0 (AdamW); weight_decay must then be 0.
+   Clipping: at most one of clipnorm (each variable's gradient scaled by
+   clipnorm / max(|g|, clipnorm), |g| its L2 norm), clipvalue (each value
+   into [-clipvalue, clipvalue]) and global_clipnorm (every gradient scaled
+   by global_clipnorm * min(1 / |G|, 1 / global_clipnorm), |G| the norm of
+   all of them together), as Keras's _clip_gradients; 0 = off. Norms are
+   summed in float64 (in a fixed order: the same bits at any thread count)
+   and taken as float32. A global norm that is Inf or NaN makes every
+   gradient NaN, as Keras's clip_by_global_norm does; a variable's Inf norm
+   scales its gradient by 0, a NaN one by NaN, as Keras's _clip_by_norm
+   (under loss scaling such a step was already skipped for its Inf/NaN
+   gradient). With a
+   communicator the norm is of the gradients summed over the ranks.
+   Gradient accumulation (Keras 3's gradient_accumulation_steps N >= 2):
+   one float32 accumulator per trainable weight (after the optimizer's
+   slots in mp_get_optimizer_slots); each step's unscaled gradients are
+   added to them, and the N-th step averages, (g + accumulated) * (1 / N)
+   (Keras divides by N: the same bits where N is a power of two), then
+   clips, decays and updates as above and zeroes them. Under loss scaling
+   each step is checked and unscaled on its own: a step with Inf or NaN is
+   dropped from the window (its gradients not added; the loss scale halves
+   as ever), so a window holds N finite steps. The iteration count (Adam's
+   t) counts updates; a schedule reads Keras's count of steps, iteration *
+   N + N - 1 at an update. Each step then reads the found-Inf flag back
+   (one small copy, a wait on a device) to know whether it ends a window.
+   A checkpoint holds the accumulators and the window's count: a resume
+   mid-window continues it. */
 typedef struct mp_optimizer_desc {
     mp_optimizer_kind kind;
     float learning_rate;
@@ -726,6 +779,11 @@ typedef struct mp_optimizer_desc {
     float beta_1, beta_2;
     float epsilon;
     mp_lr_schedule schedule; /* zero: the constant learning_rate; else learning_rate is ignored */
+    float weight_decay;      /* >= 0; 0 = the kind's default (AdamW 0.004, others none) */
+    int no_weight_decay;     /* nonzero: no decay, whatever the kind's default */
+    const char *const *exclude_from_weight_decay; /* substrings of variable paths, NULL-terminated */
+    float clipnorm, clipvalue, global_clipnorm;   /* > 0 to clip; at most one */
+    int gradient_accumulation_steps;              /* 0 = none, else >= 2 (Keras 3's) */
 } mp_optimizer_desc;
 
 /* >>loss scaling (Keras LossScaleOptimizer)
@@ -1270,7 +1328,9 @@ MIXPREC_API mp_callback mp_model_checkpoint_callback(mp_model_checkpoint *c);
        mp_compute_scaled_gradients(m);                   // tape.gradient(scaled_loss, ...)
        mp_get_unscaled_gradients(m);                     // optimizer.get_unscaled_gradients
        mp_apply_gradients(m, &applied);                  // optimizer.apply_gradients
-   Without loss scaling the scale is 1 and the calls are the same. */
+   Without loss scaling the scale is 1 and the calls are the same. Between
+   the last two, mp_get_gradients and mp_set_gradients read and replace
+   the unscaled gradients. */
 /* A batch of batch->x's n samples through the model (training: Keras's
    training argument); batch->y is not read. */
 MIXPREC_API mp_status mp_forward(mp_model *m, const mp_data *batch, int training);
@@ -1301,6 +1361,17 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied);
    mp_model_trainable_param_count. Count mismatches here and in get/set
    weights and slots are MP_ERR_SHAPE. */
 MIXPREC_API mp_status mp_get_gradients(const mp_model *m, float *dst, size_t n);
+/* Between mp_get_unscaled_gradients and mp_apply_gradients: replaces the
+   float32 gradients apply reads with src[n] (mp_get_gradients' order and
+   n), for what the optimizer's options do not do (Keras's custom
+   train_step may change the gradients before apply_gradients). Under
+   loss scaling they are checked again, as the LossScaleOptimizer checks
+   what apply is given: an Inf or NaN in src skips the step; with
+   accumulation, clipping and weight decay they go on as before. With a
+   communicator src replaces the ranks' sum: give every rank the same.
+   MP_ERR_STATE out of that order, MP_ERR_SHAPE for another n; a failed
+   call changes nothing. */
+MIXPREC_API mp_status mp_set_gradients(mp_model *m, const float *src, size_t n);
 /* The optimizer's slots (momentum, velocity, ...), for tests and checkpoints. */
 MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m); /* floats */
 MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n);
@@ -1731,8 +1802,13 @@ typedef struct mp_conv_geom {
 } mp_conv_geom;
 
 typedef struct mp_opt_step {
-    mp_optimizer_desc cfg; /* defaults filled in */
+    mp_optimizer_desc cfg; /* defaults filled in; exclude_from_weight_decay NULL (see weight_decay) */
     uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
+    /* for one optimizer_update call, which covers part of one variable: */
+    float weight_decay;    /* this variable's: cfg.weight_decay, or 0 where it is excluded */
+    const double *sum_squares; /* with cfg.clipnorm or cfg.global_clipnorm: the backend's sum of the
+                                  squares its scaling reads (mp__clip_factor), else NULL */
+    uint64_t accumulated;  /* cfg.gradient_accumulation_steps: the steps in the accumulators */
 } mp_opt_step;
 
 typedef enum mp_copy_kind { MP_COPY_TO_BACKEND, MP_COPY_TO_HOST, MP_COPY_WITHIN } mp_copy_kind;
@@ -1909,6 +1985,13 @@ struct mp_backend {
        (a multiple of 4), all three the backend's memory. */
     size_t (*free_memory)(void *ctx);
     void (*gather)(void *ctx, void *dst, const void *src, const uint32_t *idx, size_t rows, size_t row_bytes);
+    /* Clipping by norm (mp_optimizer_desc.clipnorm, global_clipnorm):
+       *sum += the sum of the squares of n gradients in gt, each taken as
+       optimizer_update takes it (widened, times 1 / *scale), each square
+       and the sum in float64, summed in >>rules' order (mp__sum_squares_lanes) so
+       that every backend gives the same bits. sum is the backend's memory.
+       NULL where the backend cannot: compile then refuses those options. */
+    void (*sum_squares)(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale);
 };
 
 /* >>communicator
@@ -2055,6 +2138,44 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
 #if (defined(MIXPREC_IMPLEMENTATION) || defined(MIXPREC_RULES)) && !defined(MIXPREC_RULES_DONE)
 #define MIXPREC_RULES_DONE
 #include <math.h>
+
+/* mp_backend.sum_squares's order: the n values in blocks of
+   MP__SUM_SQUARES_BLOCK; in a block, lane l (0 ... 7) sums the values whose
+   index in the block is l mod 8, in order; a block's sum is
+   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the blocks' sums are
+   added in order to 0, and that total to *sum. */
+enum { MP__SUM_SQUARES_BLOCK = 4096 };
+static MIXPREC_HD inline double mp__sum_squares_lanes(const double l[8]) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* Adam's (and AdamW's) step size with both bias corrections, Keras 3's
+   alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t) at t = the iteration; 0
+   for the other kinds. */
+static MIXPREC_HD inline float mp__adam_alpha(const mp_opt_step *step) {
+    const mp_optimizer_desc *o = &step->cfg;
+    float t = (float)step->iteration;
+    if (o->kind != MP_ADAM && o->kind != MP_ADAMW) return 0.0f;
+    return o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
+}
+
+/* The factor clipping by norm multiplies the unscaled gradients by, from
+   the sum of their squares (Keras 3, keras/src/optimizers/base_optimizer.py:
+   _clip_by_norm and clip_by_global_norm, taken as one factor each):
+   global_clipnorm c: c * min(1 / norm, 1 / c) + (norm - norm), NaN for a
+   norm of Inf or NaN; clipnorm c: c / max(norm, c), 1 where norm <= c, 0
+   for an Inf norm, NaN for a NaN one. norm is the float32 square root. */
+static MIXPREC_HD inline float mp__clip_factor(const mp_optimizer_desc *o, double sum_squares) {
+    float norm = (float)sqrt(sum_squares), c, a, b;
+    if (o->global_clipnorm > 0.0f) {
+        c = o->global_clipnorm;
+        a = 1.0f / norm;
+        b = 1.0f / c;
+        return c * (a < b ? a : b) + (norm - norm);
+    }
+    c = o->clipnorm;
+    return norm > c ? c / norm : norm <= c ? 1.0f : norm; /* NaN: NaN */
+}
 
 /* The casts' rounding, integer code (>>conversion builds on it), so that a
    device's casts give the library's bits, NaN sign and payload included. */
@@ -6844,6 +6965,8 @@ typedef __m512 mp__vf;
 #define mp__vsub _mm512_sub_ps
 #define mp__vmul _mm512_mul_ps
 #define mp__vdiv _mm512_div_ps
+#define mp__vmin _mm512_min_ps
+#define mp__vmax _mm512_max_ps
 /* the masked form: g++'s _mm512_sqrt_ps trips -Wmaybe-uninitialized in C++ */
 #define mp__vsqrt(v) _mm512_maskz_sqrt_ps((__mmask16)0xFFFF, v)
 #elif defined(MP__SIMD_X86)
@@ -6856,6 +6979,8 @@ typedef __m256 mp__vf;
 #define mp__vsub _mm256_sub_ps
 #define mp__vmul _mm256_mul_ps
 #define mp__vdiv _mm256_div_ps
+#define mp__vmin _mm256_min_ps
+#define mp__vmax _mm256_max_ps
 #define mp__vsqrt _mm256_sqrt_ps
 #else
 #define MP__VW 1
@@ -6867,6 +6992,9 @@ static float mp__vadd(float a, float b) { return a + b; }
 static float mp__vsub(float a, float b) { return a - b; }
 static float mp__vmul(float a, float b) { return a * b; }
 static float mp__vdiv(float a, float b) { return a / b; }
+/* min and max as x86's minps and maxps: b where either is NaN */
+static float mp__vmin(float a, float b) { return a < b ? a : b; }
+static float mp__vmax(float a, float b) { return a > b ? a : b; }
 static float mp__vsqrt(float a) { return sqrtf(a); }
 #endif
 
@@ -6926,6 +7054,9 @@ typedef struct mp__opt_args {
     const mp_optimizer_desc *o;
     float alpha;     /* Adam's step size with both bias corrections */
     float inv_scale; /* the unscale's factor */
+    float clip;      /* clipping by norm's factor (mp__clip_factor), where clips */
+    int clips;
+    float decay;     /* this variable's weight decay, or 0 */
     float *w, *s1, *s2;
     const void *g;
     mp_dtype gt;
@@ -6936,14 +7067,20 @@ typedef struct mp__opt_args {
 
 /* MP__VW weights at w, s1, s2 and their gradients g, each unscaled first
    (unscale_check's one multiply, so its bits: by 1 where there is no
-   scale, which changes no number); the new weights, also returned. Written
-   once over the vector operations P##f, P##ld, P##add, ...: mp__v's, and
-   mp__x's below. */
+   scale, which changes no number), then clipped and the weights decayed
+   (Keras 3's order: the clip a multiply or a min and max in registers, the
+   decay w - (w * wd) * lr); the new weights, also returned. Written once
+   over the vector operations P##f, P##ld, P##add, ...: mp__v's, and
+   mp__x's below. The clamp's operands are in the order that keeps a NaN
+   gradient NaN. */
 #define MP__OPT_BLOCK(name, P)                                                                              \
     static mp__vf name(const mp__opt_args *a, mp__vf g, float *w, float *s1, float *s2) {                   \
         const mp_optimizer_desc *o = a->o;                                                                  \
-        P##f gv = P##mul(g, P##set(a->inv_scale)), lr_g = P##mul(P##set(o->learning_rate), gv);             \
-        P##f wv = P##ld(w);                                                                                 \
+        P##f gv = P##mul(g, P##set(a->inv_scale)), lr_g, wv = P##ld(w);                                     \
+        if (a->clips) gv = P##mul(gv, P##set(a->clip));                                                     \
+        if (o->clipvalue > 0.0f) gv = P##min(P##set(o->clipvalue), P##max(P##set(-o->clipvalue), gv));     \
+        if (a->decay != 0.0f) wv = P##sub(wv, P##mul(P##mul(wv, P##set(a->decay)), P##set(o->learning_rate))); \
+        lr_g = P##mul(P##set(o->learning_rate), gv);                                                        \
         if (o->kind == MP_SGD && o->momentum == 0.0f) {                                                     \
             wv = P##sub(wv, lr_g);                                                                          \
         } else if (o->kind == MP_SGD) { /* m = momentum m - lr g; w += m, or nesterov: w += momentum m - lr g */ \
@@ -7021,6 +7158,8 @@ typedef __m512 mp__xf;
 #define mp__xset mp__vset
 #define mp__xadd mp__vadd
 #define mp__xsub mp__vsub
+#define mp__xmin mp__vmin
+#define mp__xmax mp__vmax
 static __m512 mp__xmul(__m512 a, __m512 b) {
     return mp__below(a, MP__BELOW_2_60) | mp__below(b, MP__BELOW_2_60) ? mp__in_f64(a, b, 0) : _mm512_mul_ps(a, b);
 }
@@ -7034,6 +7173,8 @@ MP__OPT_BLOCK(mp__opt_block_x, mp__x)
 #undef mp__xset
 #undef mp__xadd
 #undef mp__xsub
+#undef mp__xmin
+#undef mp__xmax
 #endif
 
 static mp__vf mp__opt_block(const mp__opt_args *a, mp__vf g, float *w, float *s1, float *s2) {
@@ -7097,12 +7238,14 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
                                      const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
                                      const int *found_inf) {
     const mp_optimizer_desc *o = &step->cfg;
-    float t = (float)step->iteration;
     mp__opt_args a;
     if (found_inf && *found_inf) return; /* the skipped step (LossScaleOptimizer) */
     a.o = o;
-    a.alpha = o->kind == MP_ADAM ? o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t)) : 0.0f;
+    a.alpha = mp__adam_alpha(step);
     a.inv_scale = mp__unscale_factor(scale);
+    a.clips = step->sum_squares != NULL;
+    a.clip = a.clips ? mp__clip_factor(o, *step->sum_squares) : 1.0f;
+    a.decay = step->weight_decay;
     a.w = w;
     a.g = g;
     a.gt = gt;
@@ -7112,6 +7255,59 @@ static void mp__cpu_optimizer_update(void *ctx, const mp_opt_step *step, float *
     a.wt = wt;
     a.n = n;
     mp__parallel_range(mp__pool_of(ctx), n, mp__opt_range, &a);
+}
+
+/* Clipping by norm's sum of squares (mp_backend.sum_squares) in >>rules'
+   order: the blocks of a round split across the threads, each block's sum
+   kept apart, then the round's added in order, so the bits are the same at
+   any thread count. */
+enum { MP__SUM_ROUND = 256 }; /* blocks */
+typedef struct mp__squares_args {
+    const void *g;
+    mp_dtype gt;
+    float inv_scale;
+    size_t n;                   /* the round's values */
+    double part[MP__SUM_ROUND]; /* each block's sum */
+} mp__squares_args;
+
+static void mp__squares_range(void *args, size_t begin, size_t end, int thread) {
+    mp__squares_args *a = (mp__squares_args *)args;
+    float t[MP__RUN + 8];
+    size_t b, i, j, len;
+    (void)thread;
+    for (b = begin; b < end; b++) {
+        double lane[8] = {0};
+        size_t at = b * MP__SUM_SQUARES_BLOCK, stop = mp__min(at + MP__SUM_SQUARES_BLOCK, a->n);
+        for (i = at; i < stop; i += len) { /* MP__RUN is a multiple of 8: j's lane is the block's */
+            len = mp__min(MP__RUN, stop - i);
+            mp__load(t, mp__at(a->g, a->gt, i), a->gt, len);
+            if (len % 8) memset(t + len, 0, (8 - len % 8) * sizeof(float)); /* + 0 changes no lane */
+            for (j = 0; j < len; j += 8) { /* eight lanes at once: one vector where there are some */
+                int l;
+                for (l = 0; l < 8; l++) {
+                    double u = (double)(t[j + (size_t)l] * a->inv_scale);
+                    lane[l] += u * u;
+                }
+            }
+        }
+        a->part[b] = mp__sum_squares_lanes(lane);
+    }
+}
+
+static void mp__cpu_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+    mp__squares_args a;
+    double total = 0.0;
+    size_t at, b, blocks, round = (size_t)MP__SUM_ROUND * MP__SUM_SQUARES_BLOCK;
+    a.gt = gt;
+    a.inv_scale = mp__unscale_factor(scale);
+    for (at = 0; at < n; at += round) {
+        a.g = mp__at(g, gt, at);
+        a.n = mp__min(round, n - at);
+        blocks = (a.n + MP__SUM_SQUARES_BLOCK - 1) / MP__SUM_SQUARES_BLOCK;
+        mp__parallel_items(mp__pool_of(ctx), blocks, MP__SUM_SQUARES_BLOCK, mp__squares_range, &a);
+        for (b = 0; b < blocks; b++) total += a.part[b];
+    }
+    *sum += total;
 }
 
 /* >>cpu backend: convolution, pooling, dropout (NHWC; Keras's channels_last), images in groups */
@@ -8046,6 +8242,7 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(host_wait) NULL,
     MP_OP(free_memory) NULL, /* no data on a device */
     MP_OP(gather) NULL,
+    MP_OP(sum_squares) mp__cpu_sum_squares,
 };
 
 MIXPREC_API const mp_backend *mp_cpu_backend(void) { return &mp__cpu_backend; }
@@ -8098,6 +8295,7 @@ typedef struct mp__layer {
     void *work;               /* MultiHeadAttention, dt: q, k, v, the heads' output, the probabilities
                                  (forward to backward); stats holds its float32 logits */
     void *scratch;            /* MultiHeadAttention, dt: their gradients (backward only) */
+    unsigned no_decay;        /* bit k: weight decay skips its k-th trainable variable (mp__mark_no_decay) */
 } mp__layer;
 enum { MP__FROM_INPUT = -1 };
 
@@ -8115,6 +8313,7 @@ typedef struct mp__step_state {
     float share;
     float collective[4];
     float step_scale; /* the loss scale the step's deferred gradients are unscaled by (mp__deferred) */
+    double sum_squares; /* clipping by norm's (mp_backend.sum_squares) */
 } mp__step_state;
 
 /* fit on a device backend logs each step's metrics on the device and
@@ -8169,8 +8368,8 @@ struct mp_model {
     int compiled;
     mp_compile_desc compile;
     mp_opt_step opt;
-    void *slots_block;
-    float *s1, *s2;
+    void *slots_block;        /* the slots, then the accumulators */
+    float *s1, *s2, *acc;     /* each NULL where the optimizer has none */
     size_t slot_count;
     int has_loss_scale;
     struct mp__amp *amp; /* the automatic mixed precision pass's result, or NULL */
@@ -8203,6 +8402,7 @@ struct mp_model {
     int grads_ready;      /* mp_get_gradients has something to give */
     int grads_deferred;   /* 16-bit layers' float32 gradients not written yet (mp__deferred) */
     int as_summed;        /* fit's steps update as the ranks' sum lands (mp__agree_as_summed) */
+    int applied;          /* the last apply updated (not only accumulated) */
     /* diagnostics and errors */
     int tensor_core_warned;
     struct mp__numerics *num; /* diagnostics (>>numerics diagnostics); NULL when off */
@@ -8218,6 +8418,9 @@ static mp_status mp__numerics_unscaled(mp_model *m);
 static void mp__numerics_free(struct mp__numerics *nu);
 
 static mp_status mp__fail(mp_model *m, mp_status st, const char *fmt, ...);
+enum { MP__LAYER_WEIGHTS = 8 }; /* the most weights a layer kind has: MultiHeadAttention's */
+static int mp__layer_weights(const mp__layer *l, mp_weight_info out[MP__LAYER_WEIGHTS]); /* >>model: queries */
+static size_t mp__weight_size(const mp_weight_info *w);
 
 /* The custom loop's transitions, in one place: a call needs the model in
    stage `need` (or a later one, where or_later) and moves it to `next`.
@@ -9073,19 +9276,31 @@ MIXPREC_API mp_layer_desc mp_reshape(const int *target_shape) {
 static int mp__schedule_valid(const mp_lr_schedule *s) {
     if ((unsigned)s->kind >= (unsigned)MP_LR_SCHEDULE_COUNT) return 0;
     if (s->kind == MP_LR_CONSTANT) return 1;
+    if (s->kind == MP_COSINE_DECAY && s->warmup_target != 0.0f) /* a warmup may start from 0 */
+        return s->warmup_target > 0.0f && s->warmup_target <= FLT_MAX && s->initial_learning_rate >= 0.0f &&
+               s->initial_learning_rate <= FLT_MAX && s->decay_steps > 0 && s->alpha >= 0.0f && s->alpha <= 1.0f;
     return s->initial_learning_rate > 0.0f && s->initial_learning_rate <= FLT_MAX && s->decay_steps > 0 &&
+           s->warmup_steps == 0 && s->warmup_target == 0.0f &&
            (s->kind != MP_EXPONENTIAL_DECAY || (s->decay_rate > 0.0f && s->decay_rate <= FLT_MAX)) &&
            (s->kind != MP_COSINE_DECAY || (s->alpha >= 0.0f && s->alpha <= 1.0f));
 }
 
 MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step) {
-    float p;
+    float p, from;
     if (!s || !mp__schedule_valid(s)) return 0.0f;
     if (s->kind == MP_LR_CONSTANT) return s->initial_learning_rate;
+    from = s->initial_learning_rate;
+    if (s->kind == MP_COSINE_DECAY && s->warmup_target > 0.0f) { /* Keras 3's _warmup_function, then decay */
+        if (step < s->warmup_steps)
+            return (s->warmup_target - s->initial_learning_rate) * ((float)step / (float)s->warmup_steps) +
+                   s->initial_learning_rate;
+        step -= s->warmup_steps;
+        from = s->warmup_target;
+    }
     p = (float)step / (float)s->decay_steps;
-    if (s->kind == MP_EXPONENTIAL_DECAY) return s->initial_learning_rate * powf(s->decay_rate, s->staircase ? floorf(p) : p);
+    if (s->kind == MP_EXPONENTIAL_DECAY) return from * powf(s->decay_rate, s->staircase ? floorf(p) : p);
     p = p < 1.0f ? p : 1.0f; /* CosineDecay: flat at alpha past decay_steps */
-    return s->initial_learning_rate * ((1.0f - s->alpha) * (0.5f * (1.0f + cosf(3.14159265f * p))) + s->alpha);
+    return from * ((1.0f - s->alpha) * (0.5f * (1.0f + cosf(3.14159265f * p))) + s->alpha);
 }
 
 /* >>loss scaling (Keras LossScaleOptimizer; see the declaration) */
@@ -10292,7 +10507,7 @@ MIXPREC_API mp_status mp_model_build(mp_model *m) {
 }
 
 static int mp__slots_per_weight(const mp_optimizer_desc *o) {
-    if (o->kind == MP_ADAM) return 2;
+    if (o->kind == MP_ADAM || o->kind == MP_ADAMW) return 2;
     if (o->kind == MP_RMSPROP) return 1;
     return o->momentum != 0.0f;
 }
@@ -10309,18 +10524,33 @@ static mp_status mp__resolve_optimizer(mp_model *m, const mp_optimizer_desc *in,
     if (o->beta_1 == 0.0f) o->beta_1 = 0.9f;
     if (o->beta_2 == 0.0f) o->beta_2 = 0.999f;
     if (o->epsilon == 0.0f) o->epsilon = 1e-7f;
+    if (o->weight_decay == 0.0f && !o->no_weight_decay && o->kind == MP_ADAMW) o->weight_decay = 0.004f;
     bad = !(o->learning_rate > 0.0f && o->learning_rate <= FLT_MAX) ? "learning_rate (finite, > 0)"
           : !(o->momentum >= 0.0f && o->momentum < 1.0f)              ? "momentum (in [0, 1))"
           : !(o->rho > 0.0f && o->rho < 1.0f)                         ? "rho (in (0, 1))"
           : !(o->beta_1 > 0.0f && o->beta_1 < 1.0f)                   ? "beta_1 (in (0, 1))"
           : !(o->beta_2 > 0.0f && o->beta_2 < 1.0f)                   ? "beta_2 (in (0, 1))"
           : !(o->epsilon > 0.0f && o->epsilon <= FLT_MAX)             ? "epsilon (finite, > 0)"
+          : !(o->weight_decay >= 0.0f && o->weight_decay <= FLT_MAX)  ? "weight_decay (finite, >= 0)"
+          : o->no_weight_decay && o->weight_decay != 0.0f             ? "weight_decay (0 with no_weight_decay)"
+          : !(o->clipnorm >= 0.0f && o->clipnorm <= FLT_MAX)          ? "clipnorm (finite, >= 0)"
+          : !(o->clipvalue >= 0.0f && o->clipvalue <= FLT_MAX)        ? "clipvalue (finite, >= 0)"
+          : !(o->global_clipnorm >= 0.0f && o->global_clipnorm <= FLT_MAX) ? "global_clipnorm (finite, >= 0)"
                                                                       : NULL;
+    if (!bad && (o->gradient_accumulation_steps < 0 || o->gradient_accumulation_steps == 1))
+        bad = "gradient_accumulation_steps (0, or >= 2)";
     if (bad) return mp__fail(m, MP_ERR_ARG, "optimizer.%s out of range", bad);
+    if ((o->clipnorm > 0.0f) + (o->clipvalue > 0.0f) + (o->global_clipnorm > 0.0f) > 1)
+        return mp__fail(m, MP_ERR_ARG, "only one of optimizer.clipnorm, clipvalue and global_clipnorm can be set, "
+                        "as in Keras");
+    o->no_weight_decay = o->weight_decay == 0.0f; /* resolved: resolving again keeps it */
     if (!mp__schedule_valid(&o->schedule))
         return mp__fail(m, MP_ERR_ARG, "learning-rate schedule: kind %d, initial_learning_rate, decay_steps, "
                         "decay_rate must be positive, alpha in [0, 1]", (int)o->schedule.kind);
     if (o->schedule.kind != MP_LR_CONSTANT) o->learning_rate = mp_lr_schedule_value(&o->schedule, 0);
+    if ((o->clipnorm > 0.0f || o->global_clipnorm > 0.0f) && !m->be->sum_squares)
+        return mp__fail(m, MP_ERR_ARG, "optimizer.clipnorm, global_clipnorm: the %s backend cannot take norms "
+                        "(no sum_squares)", m->be->name);
     return MP_OK;
 }
 
@@ -10352,7 +10582,8 @@ static mp_status mp__compile_prepare(mp_model *m, const mp_compile_desc *desc, m
         c->retype |= dt != m->layers[i].dt || yt != m->layers[i].yt;
     }
     if (recarve && (st = mp__alloc_params(m, c->amp, &c->params, &c->params_bytes)) != MP_OK) return st;
-    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt), &c->slot_count) ||
+    if (!mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&c->opt) + (c->opt.gradient_accumulation_steps > 0),
+                    &c->slot_count) ||
         c->slot_count > SIZE_MAX / sizeof(float))
         return mp__fail(m, MP_ERR_SIZE, "optimizer slots");
     if (c->slot_count && !(c->slots = m->be->alloc(m->ctx, c->slot_count * sizeof(float))))
@@ -10367,9 +10598,36 @@ static void mp__compile_discard(mp_model *m, mp__compiled *c) {
     mp__free(c->amp);
 }
 
+/* Which trainable variables weight decay skips: bit k of a layer's
+   no_decay for its k-th (mp__layer_var: kernel or gamma, then bias or
+   beta; MultiHeadAttention's eight), where its
+   path "LAYER/NAME" contains one of the strings of `exclude`
+   (mp_optimizer_desc.exclude_from_weight_decay). */
+static void mp__mark_no_decay(mp_model *m, const char *const *exclude) {
+    mp_weight_info w[MP__LAYER_WEIGHTS];
+    char path[64]; /* a layer's name (32) and a weight's */
+    int i, k, n;
+    size_t e;
+    for (i = 0; i < m->n_layers; i++) {
+        mp__layer *l = &m->layers[i];
+        l->no_decay = 0;
+        n = mp__layer_weights(l, w);
+        for (k = 0; k < n && exclude; k++) {
+            mp__text t;
+            t.buf = path, t.cap = sizeof path, t.len = 0;
+            mp__put(&t, l->name);
+            mp__put(&t, "/");
+            mp__put(&t, w[k].name);
+            for (e = 0; exclude[e]; e++)
+                if (w[k].trainable && strstr(path, exclude[e])) l->no_decay |= 1u << k;
+        }
+    }
+}
+
 /* The prepared state becomes the model's; nothing here can fail. */
 static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const mp__compiled *c) {
     const char *policy_name = mp_policy_name(m->policy);
+    int per;
     mp__amp_retype(m, c->amp);
     mp__free(m->amp);
     m->amp = c->amp;
@@ -10383,11 +10641,16 @@ static void mp__compile_commit(mp_model *m, const mp_compile_desc *desc, const m
     m->slots_block = c->slots;
     m->slots_bytes = c->slot_count * sizeof(float);
     m->slot_count = c->slot_count;
-    m->s1 = (float *)c->slots;
-    m->s2 = c->slot_count > m->n_params ? m->s1 + m->n_params : NULL;
+    per = mp__slots_per_weight(&c->opt);
+    m->s1 = per >= 1 ? (float *)c->slots : NULL;
+    m->s2 = per == 2 ? (float *)c->slots + m->n_params : NULL;
+    m->acc = c->opt.gradient_accumulation_steps ? (float *)c->slots + (size_t)per * m->n_params : NULL;
     m->compile = *desc;
     m->opt.cfg = c->opt;
     m->opt.iteration = 0;
+    m->opt.accumulated = 0;
+    mp__mark_no_decay(m, c->opt.exclude_from_weight_decay);
+    m->opt.cfg.exclude_from_weight_decay = NULL; /* read; the caller's strings need not outlive compile */
     /* Keras wraps the optimizer by itself only under mixed_float16, and
        TensorFlow's graph rewrite under float16 */
     m->has_loss_scale = desc->loss_scale == MP_LOSS_SCALE_ON ||
@@ -11324,7 +11587,7 @@ static int mp__deferred(const mp_model *m, const mp__layer *l) { return m->grads
 /* The one-process unscale-and-check: in place, or the check alone where deferred. */
 static void mp__unscale_local(mp_model *m) {
     int i;
-    m->grads_deferred = !m->num;
+    m->grads_deferred = !m->num && !m->acc; /* accumulation adds the float32 gradients */
     m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
     if (m->grads_deferred && m->has_loss_scale)
         m->be->copy(m->ctx, &m->state->step_scale, mp__scale(m), sizeof(float), MP_COPY_WITHIN);
@@ -11350,42 +11613,95 @@ static void mp__write_deferred(const mp_model *m) {
     }
 }
 
-/* The update of layer l's weights [from, to), writing their copy at wc
-   (NULL: none): from `sum` (theirs, summed over the ranks and scaled, in
-   st), or where sum is NULL from the layer's own float32 gradients, or
-   its scaled ones in the compute dtype where those are deferred
-   (mp__deferred). Without loss scaling the step is applied whatever it
-   holds, as Keras; with it, the backend decides from its found-Inf flag
-   (nothing is read back). */
-static void mp__update_part(mp_model *m, const mp__layer *l, size_t from, size_t to, void *wc, const void *sum,
-                            mp_dtype st) {
-    size_t off = (size_t)(l->w - m->w) + from;
-    int deferred = !sum && mp__deferred(m, l), scaled = sum || deferred;
-    const void *g = sum ? sum : deferred ? mp__at(l->gc, l->wt, from) : (const void *)(l->g + from);
-    if (from < to)
-        m->be->optimizer_update(m->ctx, &m->opt, l->w + from, g, sum ? st : deferred ? l->wt : MP_FLOAT32,
-                                scaled ? mp__scale(m) : NULL, m->s1 ? m->s1 + off : NULL, m->s2 ? m->s2 + off : NULL,
-                                to - from, wc, l->wt, m->has_loss_scale ? &m->state->found_inf : NULL);
+/* Where the update of layer l's weights from `from` reads their
+   gradients (*g, in *gt, unscaled by *scale): `sum` (theirs, summed over
+   the ranks and scaled, in st), or where sum is NULL the layer's own
+   float32 gradients, or its scaled ones in the compute dtype where those
+   are deferred (mp__deferred). */
+static void mp__grad_source(mp_model *m, const mp__layer *l, size_t from, const void *sum, mp_dtype st,
+                            const void **g, mp_dtype *gt, const float **scale) {
+    int deferred = !sum && mp__deferred(m, l);
+    *g = sum ? sum : deferred ? mp__at(l->gc, l->wt, from) : (const void *)(l->g + from);
+    *gt = sum ? st : deferred ? l->wt : MP_FLOAT32;
+    *scale = sum || deferred ? mp__scale(m) : NULL;
 }
 
-/* The update of the weights [lo, hi) (g's layout), a layer at a time (each
-   writes its own dtype's copy; where the copy pads the bias apart,
-   mp__copy_run, the bias on its own); sum NULL or [lo, hi)'s summed
-   gradients (mp__update_part). */
+/* The gradients' sum of squares for clipping by norm: layer l's [from,
+   to) added to the backend's sum. */
+static void mp__sum_squares(mp_model *m, const mp__layer *l, size_t from, size_t to) {
+    const void *g;
+    mp_dtype gt;
+    const float *scale;
+    mp__grad_source(m, l, from, NULL, MP_FLOAT32, &g, &gt, &scale);
+    m->be->sum_squares(m->ctx, &m->state->sum_squares, g, gt, to - from, scale);
+}
+
+/* A layer's trainable variables, Keras's (what clipnorm clips and weight
+   decay excludes one by one): the k-th weight of mp__layer_weights is its
+   weights [*first, *end), starting at *copy in its copy wc (the bias or
+   beta after a kernel or gamma may lie apart there, mp__copy_run); 0 past
+   the last. */
+static int mp__layer_var(const mp__layer *l, int k, size_t *first, size_t *end, size_t *copy) {
+    mp_weight_info w[MP__LAYER_WEIGHTS];
+    int i, n = mp__layer_weights(l, w);
+    if (k >= n || !w[k].trainable) return 0;
+    for (*first = 0, i = 0; i < k; i++) *first += mp__weight_size(&w[i]);
+    *end = *first + mp__weight_size(&w[k]);
+    *copy = l->n_bias && *first == l->n_kernel ? l->bias_at : *first;
+    return 1;
+}
+
+static int mp__layer_var_count(const mp__layer *l) {
+    size_t first, end, copy;
+    int k = 0;
+    while (mp__layer_var(l, k, &first, &end, &copy)) k++;
+    return k;
+}
+
+/* The update of layer l's weights [from, to), part of its k-th variable,
+   writing their copy at wc (NULL: none), from the gradients
+   mp__grad_source names. Without loss scaling the step is applied
+   whatever it holds, as Keras; with it, the backend decides from its
+   found-Inf flag (nothing is read back). The variable's weight decay and
+   the clipping's sum of squares go with the step. */
+static void mp__update_part(mp_model *m, const mp__layer *l, int k, size_t from, size_t to, void *wc,
+                            const void *sum, mp_dtype st) {
+    size_t off = (size_t)(l->w - m->w) + from;
+    mp_opt_step step = m->opt;
+    const void *g;
+    mp_dtype gt;
+    const float *scale;
+    mp__grad_source(m, l, from, sum, st, &g, &gt, &scale);
+    step.weight_decay = l->no_decay >> k & 1u ? 0.0f : m->opt.cfg.weight_decay;
+    step.sum_squares = m->opt.cfg.clipnorm > 0.0f || m->opt.cfg.global_clipnorm > 0.0f ? &m->state->sum_squares : NULL;
+    m->be->optimizer_update(m->ctx, &step, l->w + from, g, gt, scale, m->s1 ? m->s1 + off : NULL,
+                            m->s2 ? m->s2 + off : NULL, to - from, wc, l->wt,
+                            m->has_loss_scale ? &m->state->found_inf : NULL);
+}
+
+/* The update of the weights [lo, hi) (g's layout), a variable at a time
+   (each writes its own part of its layer's copy in its dtype); sum NULL
+   or [lo, hi)'s summed gradients (mp__grad_source). With clipnorm each
+   whole variable's sum of squares is taken first (sum is then NULL: norms
+   are not taken piece by piece, mp__can_update_as_summed). */
 static void mp__update_span(mp_model *m, const void *sum, mp_dtype st, size_t lo, size_t hi) {
-    int i;
+    int i, k;
     for (i = 0; i < m->n_layers; i++) {
         mp__layer *l = &m->layers[i];
         void *wc = l->wc != l->w && m->casts_fresh ? l->wc : NULL;
-        size_t a, from, to, run, cut;
+        size_t a, from, to, v0, v1, at, f, t;
         if (!mp__layer_span(m, l, lo, hi, &a, &from, &to)) continue;
-        run = wc ? mp__copy_run(l) : mp__params(l);
-        cut = from > run ? from : mp__min(run, to);
-        mp__update_part(m, l, from, cut, wc ? mp__at_mut(wc, l->wt, from) : NULL,
-                        sum ? mp__at(sum, st, a + from - lo) : NULL, st);
-        if (cut < to)
-            mp__update_part(m, l, cut, to, wc ? mp__at_mut(wc, l->wt, l->bias_at + cut - run) : NULL,
-                            sum ? mp__at(sum, st, a + cut - lo) : NULL, st);
+        for (k = 0; mp__layer_var(l, k, &v0, &v1, &at); k++) {
+            f = from > v0 ? from : v0;
+            t = to < v1 ? to : v1;
+            if (f >= t) continue;
+            if (m->opt.cfg.clipnorm > 0.0f) {
+                m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
+                mp__sum_squares(m, l, v0, v1);
+            }
+            mp__update_part(m, l, k, f, t, wc ? mp__at_mut(wc, l->wt, at + f - v0) : NULL,
+                            sum ? mp__at(sum, st, a + f - lo) : NULL, st);
+        }
     }
 }
 
@@ -11403,11 +11719,55 @@ static void mp__end_update(mp_model *m) {
     mp__loop_move(m, MP__CALL_APPLY);
 }
 
-/* Queues the step's update. */
-static void mp__apply(mp_model *m) {
-    mp__begin_update(m);
-    mp__update_span(m, NULL, MP_FLOAT32, 0, m->n_params);
+/* Gradient accumulation (mp_optimizer_desc.gradient_accumulation_steps
+   N): whether this step updates. A step with Inf or NaN under loss
+   scaling is dropped (the flag read back); a finite one adds its float32
+   gradients g to the accumulators, or, as the N-th, leaves g = (g + acc)
+   * (1 / N) for the update and zeroes them. */
+static mp_status mp__accumulate(mp_model *m, int *update) {
+    float inv_n = 1.0f / (float)m->opt.cfg.gradient_accumulation_steps;
+    int flag = 0, last = m->opt.accumulated + 1 >= (uint64_t)m->opt.cfg.gradient_accumulation_steps, i;
+    mp_status st;
+    *update = 0;
+    if (m->has_loss_scale) {
+        m->be->copy(m->ctx, &flag, &m->state->found_inf, sizeof flag, MP_COPY_TO_HOST);
+        if ((st = mp__sync(m)) != MP_OK) return st;
+        if (flag) return MP_OK;
+    }
+    for (i = 0; i < m->n_layers; i++) {
+        const mp__layer *l = &m->layers[i];
+        float *acc, *to;
+        if (!mp__params(l)) continue; /* (no w to offset) */
+        acc = m->acc + (l->w - m->w), to = last ? l->g : acc;
+        m->be->elementwise(m->ctx, MP_EW_ADD, to, MP_FLOAT32, l->g, MP_FLOAT32, acc, MP_FLOAT32, 0.0f, mp__params(l));
+        if (last) m->be->elementwise(m->ctx, MP_EW_SCALE, l->g, MP_FLOAT32, l->g, MP_FLOAT32, NULL, MP_FLOAT32, inv_n,
+                                     mp__params(l));
+    }
+    if (last) m->be->zero(m->ctx, m->acc, m->n_params * sizeof(float));
+    m->opt.accumulated = last ? 0 : m->opt.accumulated + 1;
+    *update = last;
+    return MP_OK;
+}
+
+/* Queues the step's update: with global_clipnorm, first the sum of the
+   squares of every gradient. With accumulation, a step that only
+   accumulates moves the loss scale alone. */
+static mp_status mp__apply(mp_model *m) {
+    int i, update = 1;
+    mp_status st;
+    if (m->acc && (st = mp__accumulate(m, &update)) != MP_OK) return st;
+    if (update) {
+        mp__begin_update(m);
+        if (m->opt.cfg.global_clipnorm > 0.0f) {
+            m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
+            for (i = 0; i < m->n_layers; i++)
+                if (mp__params(&m->layers[i])) mp__sum_squares(m, &m->layers[i], 0, mp__params(&m->layers[i]));
+        }
+        mp__update_span(m, NULL, MP_FLOAT32, 0, m->n_params);
+    }
+    m->applied = update;
     mp__end_update(m);
+    return MP_OK;
 }
 
 /* Whether any rank's gradients hold Inf or NaN, as the check of their
@@ -11454,7 +11814,8 @@ static mp_status mp__found_inf_anywhere(mp_model *m, size_t batch) {
    (mp__update_as_summed). */
 static int mp__can_update_as_summed(const mp_model *m) {
     int i;
-    if (m->desc.comm->device_memory || m->num) return 0;
+    if (m->desc.comm->device_memory || m->num || m->acc) return 0; /* accumulation adds the sum */
+    if (m->opt.cfg.clipnorm > 0.0f || m->opt.cfg.global_clipnorm > 0.0f) return 0; /* a norm needs the whole sum */
     if (!m->has_loss_scale) return 1;
     if (m->ranks >= 1 << 14 || m->seen.ls.config.min_scale < 1.0f) return 0;
     for (i = 0; i < m->n_layers; i++)
@@ -11549,15 +11910,34 @@ MIXPREC_API mp_status mp_apply_gradients(mp_model *m, int *applied) {
     mp_status st;
     if (!m) return MP_ERR_NULL;
     if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
-    mp__apply(m);
+    if ((st = mp__apply(m)) != MP_OK) return st;
     if ((st = mp__read_state(m)) != MP_OK) return st;
-    if (applied) *applied = !m->has_loss_scale || !m->seen.found_inf;
+    if (applied) *applied = m->applied && (!m->has_loss_scale || !m->seen.found_inf);
+    return MP_OK;
+}
+
+MIXPREC_API mp_status mp_set_gradients(mp_model *m, const float *src, size_t n) {
+    mp_status st;
+    if (!m) return MP_ERR_NULL;
+    if (!src) return mp__fail(m, MP_ERR_NULL, "mp_set_gradients needs gradients");
+    if ((st = mp__loop_check(m, MP__CALL_APPLY)) != MP_OK) return st;
+    if (n != m->n_params)
+        return mp__fail(m, MP_ERR_SHAPE, "mp_set_gradients: %z gradients, the model has %z trainable weights", n,
+                        m->n_params);
+    m->be->copy(m->ctx, m->g, src, n * sizeof(float), MP_COPY_TO_BACKEND);
+    m->grads_deferred = 0; /* apply reads these float32 ones */
+    m->be->zero(m->ctx, &m->state->found_inf, sizeof(int));
+    if (m->has_loss_scale) m->be->unscale_check(m->ctx, NULL, m->g, MP_FLOAT32, n, NULL, &m->state->found_inf);
     return MP_OK;
 }
 
 MIXPREC_API float mp_model_learning_rate(const mp_model *m) {
     if (!m || !m->compiled) return 0.0f;
     if (m->opt.cfg.schedule.kind == MP_LR_CONSTANT) return m->opt.cfg.learning_rate;
+    if (m->acc) { /* Keras's count of steps at the next update: N per update, this one the N-th */
+        uint64_t n = (uint64_t)m->opt.cfg.gradient_accumulation_steps;
+        return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration * n + n - 1);
+    }
     return mp_lr_schedule_value(&m->opt.cfg.schedule, m->opt.iteration);
 }
 
@@ -11897,8 +12277,7 @@ static mp_status mp__train_step(mp_model *m, size_t batch, size_t global) {
     }
     if (mp__update_as_summed(m)) return mp__sum_into_update(m, batch, global);
     if ((st = mp__unscale_gradients(m, batch, global)) != MP_OK) return st;
-    mp__apply(m);
-    return MP_OK;
+    return mp__apply(m);
 }
 
 /* The logged steps' metrics and the step state, read; added in step order
@@ -12658,7 +13037,6 @@ MIXPREC_API mp_status mp_model_set_weights(mp_model *m, const float *src, size_t
 /* A layer's weights in get_weights' order, their names and Keras shapes
    (sizes and offsets not yet filled); returns how many (at most
    MP__LAYER_WEIGHTS). */
-enum { MP__LAYER_WEIGHTS = 8 };
 static int mp__layer_weights(const mp__layer *l, mp_weight_info out[MP__LAYER_WEIGHTS]) {
     static const char *const norm[4] = {"gamma", "beta", "moving_mean", "moving_variance"};
     static const char *const mha[MP__LAYER_WEIGHTS] = {"query/kernel", "query/bias", "key/kernel", "key/bias",
@@ -12705,6 +13083,13 @@ static int mp__layer_weights(const mp__layer *l, mp_weight_info out[MP__LAYER_WE
     }
 }
 
+static size_t mp__weight_size(const mp_weight_info *w) {
+    size_t size = 1;
+    int r;
+    for (r = 0; r < w->rank; r++) size *= (size_t)w->shape[r];
+    return size;
+}
+
 MIXPREC_API int mp_model_weight_count(const mp_model *m) {
     mp_weight_info w[MP__LAYER_WEIGHTS];
     int i, n = 0;
@@ -12715,7 +13100,7 @@ MIXPREC_API int mp_model_weight_count(const mp_model *m) {
 MIXPREC_API mp_status mp_model_weight_info(const mp_model *m, int index, mp_weight_info *out) {
     mp_weight_info w[MP__LAYER_WEIGHTS];
     size_t at = 0, grad_at = 0;
-    int i, k, n, r;
+    int i, k, n;
     if (!m || !out) return MP_ERR_NULL;
     for (i = 0; i < m->n_layers && index >= 0; i++) {
         memset(w, 0, sizeof w);
@@ -12723,8 +13108,7 @@ MIXPREC_API mp_status mp_model_weight_info(const mp_model *m, int index, mp_weig
         for (k = 0; k < n; k++) {
             w[k].layer = m->layers[i].name;
             w[k].layer_index = i;
-            w[k].size = (size_t)w[k].shape[0];
-            for (r = 1; r < w[k].rank; r++) w[k].size *= (size_t)w[k].shape[r];
+            w[k].size = mp__weight_size(&w[k]);
             w[k].offset = at;
             w[k].gradient_offset = w[k].trainable ? grad_at : 0;
             at += w[k].size;
@@ -12752,7 +13136,7 @@ MIXPREC_API size_t mp_optimizer_slot_count(const mp_model *m) { return m ? m->sl
 MIXPREC_API mp_status mp_get_optimizer_slots(const mp_model *m, float *dst, size_t n) {
     if (!m || (!dst && n)) return MP_ERR_NULL;
     if (n != m->slot_count) return MP_ERR_SHAPE;
-    m->be->copy(m->ctx, dst, m->s1, n * sizeof(float), MP_COPY_TO_HOST);
+    m->be->copy(m->ctx, dst, m->slots_block, n * sizeof(float), MP_COPY_TO_HOST);
     return m->be->sync(m->ctx) == MP_OK ? MP_OK : MP_ERR_BACKEND;
 }
 
@@ -13582,7 +13966,10 @@ MIXPREC_API mp_status mp_model_tensor_core_advice(const mp_model *m, int batch_s
    state aside (of the arrays, only where they start); checks the state's
    ranges; and only then copies it into the model. */
 enum {
-    MP__CKPT_VERSION = 3,        /* 3: each layer's inputs and state count; the state after the weights */
+    MP__CKPT_VERSION = 4,        /* 4: weight decay, clipping, a warmup, after the schedule; each layer's
+                                    variables weight decay skips. Written only for a model that uses
+                                    them (mp__ckpt_version) */
+    MP__CKPT_GRAPH_VERSION = 3,  /* 3: each layer's inputs and state count; the state after the weights */
     MP__CKPT_CHAIN_VERSION = 2,  /* 2: the learning-rate schedule after epsilon; still written for a
                                     chain of layers without state, whose bytes it keeps as they were */
     MP__CKPT_OLDEST_VERSION = 1, /* still read: a constant learning rate */
@@ -13672,7 +14059,7 @@ typedef struct mp__ckpt {
     uint64_t got;         /* the last value mp__differs read */
     mp_opt_step opt;      /* the state read aside */
     mp_loss_scale ls;
-    size_t weights, state, slots, rngs; /* where the arrays start */
+    size_t weights, state, slots, rngs, no_decay; /* where the arrays start */
     float *w, *s;         /* the weights and slots where the host reads and writes them */
     float *copy;          /* their host copy, for a device backend */
 } mp__ckpt;
@@ -13684,7 +14071,7 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     size_t nw = m->n_params + m->n_state, n = nw + m->slot_count; /* built: no overflow */
     if (!m->be->device_memory) {
         c->w = m->w;
-        c->s = m->s1;
+        c->s = (float *)m->slots_block;
         return MP_OK;
     }
     if (n > SIZE_MAX / sizeof(float) || !(c->copy = (float *)mp__alloc(n * sizeof(float))))
@@ -13693,7 +14080,7 @@ static mp_status mp__ckpt_view(mp_model *m, mp__ckpt *c, int fetch) {
     c->s = c->copy + nw;
     if (!fetch) return MP_OK;
     m->be->copy(m->ctx, c->w, m->w, nw * sizeof(float), MP_COPY_TO_HOST);
-    if (m->slot_count) m->be->copy(m->ctx, c->s, m->s1, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
+    if (m->slot_count) m->be->copy(m->ctx, c->s, m->slots_block, m->slot_count * sizeof(float), MP_COPY_TO_HOST);
     return mp__sync(m);
 }
 
@@ -13717,7 +14104,12 @@ static const char *mp__ckpt_policy_name(uint64_t compute, uint64_t variable) {
 
 /* The version a model is written in: the oldest that holds it. */
 static uint32_t mp__ckpt_version(const mp_model *m) {
-    return mp__is_chain(m) && !m->n_state ? MP__CKPT_CHAIN_VERSION : MP__CKPT_VERSION;
+    const mp_optimizer_desc *o = &m->opt.cfg;
+    if (m->compiled && (o->weight_decay != 0.0f || o->clipnorm != 0.0f || o->clipvalue != 0.0f ||
+                        o->global_clipnorm != 0.0f || o->schedule.warmup_target != 0.0f ||
+                        o->gradient_accumulation_steps != 0))
+        return MP__CKPT_VERSION;
+    return mp__is_chain(m) && !m->n_state ? MP__CKPT_CHAIN_VERSION : MP__CKPT_GRAPH_VERSION;
 }
 
 /* Reading or writing a field that version 3 added: before it, the file
@@ -13828,11 +14220,22 @@ static void mp__io_optimizer(mp__io *io, uint32_t version, mp_opt_step *to, cons
         ts->staircase = mp__io_int(io, fs->staircase);
         ts->alpha = mp__io_f32(io, fs->alpha);
     }
+    if (version >= 4) { /* before it: none of these, all 0 */
+        ts->warmup_target = mp__io_f32(io, fs->warmup_target);
+        ts->warmup_steps = mp__io_uint(io, fs->warmup_steps, 8);
+        to->cfg.weight_decay = mp__io_f32(io, from->cfg.weight_decay);
+        to->cfg.clipnorm = mp__io_f32(io, from->cfg.clipnorm);
+        to->cfg.clipvalue = mp__io_f32(io, from->cfg.clipvalue);
+        to->cfg.global_clipnorm = mp__io_f32(io, from->cfg.global_clipnorm);
+        to->cfg.gradient_accumulation_steps = mp__io_int(io, from->cfg.gradient_accumulation_steps);
+        to->accumulated = mp__io_uint(io, from->accumulated, 8);
+    }
+    to->cfg.no_weight_decay = to->cfg.weight_decay == 0.0f; /* as resolved */
     to->iteration = mp__io_uint(io, from->iteration, 8);
 }
 
 static const char *mp__optimizer_type(uint64_t k) {
-    static const char *const names[MP_OPTIMIZER_COUNT] = {"RMSprop", "SGD", "Adam"};
+    static const char *const names[MP_OPTIMIZER_COUNT] = {"RMSprop", "SGD", "Adam", "AdamW"};
     return k < MP_OPTIMIZER_COUNT ? names[k] : "an unknown optimizer";
 }
 
@@ -13875,6 +14278,8 @@ static mp_status mp__ckpt_body(mp_model *m, mp__ckpt *c) {
     for (i = 0; i < m->n_layers; i++) (void)mp__io_uint(io, m->layers[i].rng, 8);
     if (!m->compiled) return MP_OK;
     mp__io_optimizer(io, c->version, &c->opt, &m->opt);
+    c->no_decay = io->pos;
+    for (i = 0; i < m->n_layers && c->version >= 4; i++) (void)mp__io_uint(io, m->layers[i].no_decay, 1);
     c->slots = mp__io_floats(io, c->s, m->slot_count, MP_FLOAT32);
     if (m->has_loss_scale) mp__io_loss_scale(io, &c->ls, &m->seen.ls);
     return MP_OK;
@@ -13896,11 +14301,16 @@ static mp_status mp__ckpt_check(mp_model *m, mp__ckpt *c) {
                                 m->layers[li].name, i - m->layers[li].n_state / 2);
     if (c->kind != 'C' || !m->compiled) return MP_OK;
     if (mp__resolve_optimizer(m, &c->opt.cfg, &o) != MP_OK ||
-        !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o), &slots) || slots != m->slot_count)
+        !mp__mul_ok(m->n_params, (size_t)mp__slots_per_weight(&o) + (o.gradient_accumulation_steps > 0), &slots) ||
+        slots != m->slot_count || c->opt.accumulated >= (uint64_t)(o.gradient_accumulation_steps + !o.gradient_accumulation_steps))
         return mp__fail(m, MP_ERR_FORMAT, "corrupt: optimizer config out of range");
+    for (li = 0; li < m->n_layers && c->version >= 4; li++)
+        if (c->io.in[c->no_decay + (size_t)li] >> mp__layer_var_count(&m->layers[li]))
+            return mp__fail(m, MP_ERR_FORMAT, "corrupt: layer %d (%s): weight-decay exclusions out of range", li,
+                            m->layers[li].name);
     c->opt.cfg = o;
     if (o.kind != MP_SGD) { /* Adam's and RMSprop's mean squares v (the last n_params slots): >= 0, not NaN */
-        const unsigned char *v = c->io.in + c->slots + (slots - m->n_params) * 4u;
+        const unsigned char *v = c->io.in + c->slots + ((size_t)mp__slots_per_weight(&o) - 1u) * m->n_params * 4u;
         for (i = 0; i < m->n_params; i++)
             if (!(mp__f32_from_bits((uint32_t)mp__le_get(v + 4u * i, 4)) >= 0.0f))
                 return mp__fail(m, MP_ERR_FORMAT, "corrupt: the optimizer's mean square v of weight %z is negative or "
@@ -13923,7 +14333,7 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
     if (state) mp__io_decode(c->s, in + c->slots, m->slot_count, MP_FLOAT32);
     if (c->copy) { /* a device backend: send them back */
         m->be->copy(m->ctx, m->w, c->w, (m->n_params + m->n_state) * sizeof(float), MP_COPY_TO_BACKEND);
-        if (state && m->slot_count) m->be->copy(m->ctx, m->s1, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
+        if (state && m->slot_count) m->be->copy(m->ctx, m->slots_block, c->s, m->slot_count * sizeof(float), MP_COPY_TO_BACKEND);
     }
     m->casts_fresh = 0; /* the next forward casts the new weights */
     mp__loop_move(m, MP__CALL_RESET);
@@ -13931,6 +14341,7 @@ static mp_status mp__ckpt_commit(mp_model *m, const mp__ckpt *c) {
         for (i = 0; i < m->n_layers; i++) m->layers[i].rng = mp__le_get(in + c->rngs + 8u * (size_t)i, 8);
     if (state) {
         m->opt = c->opt;
+        for (i = 0; i < m->n_layers; i++) m->layers[i].no_decay = c->version >= 4 ? in[c->no_decay + (size_t)i] : 0u;
         if (m->has_loss_scale) m->seen.ls = c->ls;
         m->be->copy(m->ctx, m->state, &m->seen, sizeof m->seen, MP_COPY_TO_BACKEND);
     }

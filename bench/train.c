@@ -40,7 +40,18 @@
        gcc -std=c99 -O2 -march=native -pthread bench/train.c -o bench_train -lm
        MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python ./bench_train [--quick] [--no-torch]
    One cell: --units U, --batch B and --threads T each keep only that value
-   (a full run takes several minutes; a cell well under one). */
+   (a full run takes several minutes; a cell well under one). --options
+   NAME adds the optimizer's options, what they cost beside none:
+   decay (weight_decay 0.004, in the update's pass), clipvalue (1),
+   clipnorm (1: a sum of squares per variable, then the factor in the
+   update's pass), global_clipnorm (1: one over all the gradients).
+   --update-pass times the passes those options run, alone, on the CPU
+   backend's ops: the update of the 4096-unit model's 20 million weights
+   (RMSprop, its bfloat16 gradients unscaled as read, the bfloat16 copy
+   written) with each option, and the sum of squares of those gradients,
+   on 1 and 2 threads, 5 interleaved rounds, each keeping its best:
+       bench=train_update threads= pass= ms= gb_per_s=
+   (gb_per_s: the bytes the pass must move, over its time). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +83,8 @@ static const int full_units[] = {1024, 4096}, full_batches[] = {128, 8192};
 static const int quick_units[] = {1024}, quick_batches[] = {128};
 static settings S = {full_units, full_batches, COUNT(full_units), COUNT(full_batches), 1.0};
 static int only_units, only_batch, only_threads; /* 0: all */
+static mp_optimizer_desc options;                 /* --options: RMSprop with these */
+static const char *options_name = "none";
 
 typedef struct run {
     int units, batch, threads;
@@ -100,6 +113,7 @@ static mp_model *build_model(const run *r) {
     softmax.dtype = "float32"; /* the guide: Activation('softmax', dtype='float32') */
     check(mp_model_add(m, softmax), m, "add");
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY; /* RMSprop with Keras's defaults */
+    cd.optimizer = options;
     check(mp_model_compile(m, &cd), m, "compile");
     return m;
 }
@@ -356,6 +370,46 @@ static void bench_shape(int units, int batch) {
     free(labels);
 }
 
+/* ---- --update-pass ---------------------------------------------------- */
+static void update_pass(void) {
+    enum { PASSES = 5, ROUNDS = 5 };
+    static const char *const names[PASSES] = {"update", "update_decay", "update_clipvalue", "update_clip_factor",
+                                              "sum_squares"};
+    const mp_backend *cpu = mp_cpu_backend();
+    size_t n = (size_t)INPUTS * 4096 + (size_t)4096 * 4096 + 4096 * CLASSES, i;
+    float *w = (float *)malloc(n * 4), *s1 = (float *)malloc(n * 4), scale = 1024.0f;
+    mp_bf16 *g = (mp_bf16 *)malloc(n * 2), *wc = (mp_bf16 *)malloc(n * 2);
+    double best[2][PASSES], sum = 0.0;
+    int t, p, r;
+    for (i = 0; i < n; i++) w[i] = (float)(i % 1000) * 1e-3f, s1[i] = 1e-6f, g[i] = mp_bf16_from_f32((float)(i % 77) - 38.0f);
+    for (t = 0; t < 2; t++) {
+        void *ctx = NULL;
+        check(cpu->create(&ctx, t + 1, NULL), NULL, "cpu backend");
+        for (p = 0; p < PASSES; p++) best[t][p] = 1e30;
+        for (r = 0; r < ROUNDS; r++)
+            for (p = 0; p < PASSES; p++) {
+                mp_opt_step step;
+                double t0;
+                memset(&step, 0, sizeof step);
+                step.cfg.kind = MP_RMSPROP, step.cfg.learning_rate = 1e-3f, step.cfg.rho = 0.9f;
+                step.cfg.epsilon = 1e-7f, step.iteration = 1;
+                if (p == 1) step.weight_decay = 0.004f;
+                if (p == 2) step.cfg.clipvalue = 1.0f;
+                if (p == 3) step.cfg.global_clipnorm = 1.0f, step.sum_squares = &sum;
+                t0 = now_s();
+                if (p == 4) cpu->sum_squares(ctx, &sum, g, MP_BFLOAT16, n, &scale);
+                else cpu->optimizer_update(ctx, &step, w, g, MP_BFLOAT16, &scale, s1, NULL, n, wc, MP_BFLOAT16, NULL);
+                t0 = now_s() - t0;
+                best[t][p] = t0 < best[t][p] ? t0 : best[t][p];
+            }
+        cpu->destroy(ctx);
+        for (p = 0; p < PASSES; p++) /* update: w, s1 read and written, g read, wc written; squares: g read */
+            printf("bench=train_update threads=%d params=%zu pass=%s ms=%.2f gb_per_s=%.1f\n", t + 1, n, names[p],
+                   best[t][p] * 1e3, (double)n * (p == 4 ? 2.0 : 20.0) / best[t][p] * 1e-9);
+    }
+    free(w), free(s1), free(g), free(wc);
+}
+
 int main(int argc, char **argv) {
     size_t u, b;
     int a, *only;
@@ -370,12 +424,26 @@ int main(int argc, char **argv) {
                                           : strcmp(argv[a], "--threads") == 0 ? &only_threads
                                                                               : NULL) != NULL) {
             *only = atoi(argv[++a]);
+        } else if (strcmp(argv[a], "--update-pass") == 0) {
+            update_pass();
+            return 0;
+        } else if (a + 1 < argc && strcmp(argv[a], "--options") == 0) {
+            options_name = argv[++a];
+            if (strcmp(options_name, "decay") == 0) options.weight_decay = 0.004f;
+            else if (strcmp(options_name, "clipvalue") == 0) options.clipvalue = 1.0f;
+            else if (strcmp(options_name, "clipnorm") == 0) options.clipnorm = 1.0f;
+            else if (strcmp(options_name, "global_clipnorm") == 0) options.global_clipnorm = 1.0f;
+            else if (strcmp(options_name, "none") != 0) a = argc; /* the usage line */
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-torch] [--units U] [--batch B] [--threads T]\n", argv[0]);
+            a = argc;
+        }
+        if (a >= argc) {
+            fprintf(stderr, "usage: %s [--quick] [--no-torch] [--units U] [--batch B] [--threads T] "
+                            "[--options none|decay|clipvalue|clipnorm|global_clipnorm] [--update-pass]\n", argv[0]);
             return 2;
         }
     }
-    printf("bench=train cores=%d min_timing_s=%.2f\n", mp_available_cores(), S.min_s);
+    printf("bench=train cores=%d min_timing_s=%.2f options=%s\n", mp_available_cores(), S.min_s, options_name);
     print_machine("train");
     peer_probe();
     for (u = 0; u < S.n_units; u++)

@@ -566,14 +566,24 @@ static __global__ void mp__k_unscale(float *dst, const void *src, mp_dtype st, s
 static __global__ void mp__k_loss_scale(mp_loss_scale *ls, const int *found_inf) { (void)mp_loss_scale_step(ls, !*found_inf); }
 
 /* mp__opt_block's formulas for one weight, in its order of operations,
-   on the gradient as mp__k_unscale gives it. */
-static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *w, const void *g, mp_dtype gt,
-                                       const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
-                                       const int *found_inf) {
-    float inv = mp__unscale_factor(scale);
+   on the gradient as mp__k_unscale gives it: clipped (by norm, a factor
+   from the sum of squares; by value, the same clamp), the weight decayed,
+   then the update. */
+static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float decay, const double *sum_squares,
+                                       float *w, const void *g, mp_dtype gt, const float *scale, float *s1, float *s2,
+                                       size_t n, void *wc, mp_dtype wt, const int *found_inf) {
+    float inv = mp__unscale_factor(scale), clip;
     if (found_inf && *found_inf) return; /* the skipped step */
+    clip = sum_squares ? mp__clip_factor(&o, *sum_squares) : 1.0f;
     MP__CU_LOOP(i, n) {
-        float gv = mp__ld(g, gt, i) * inv, lr_g = o.learning_rate * gv, wv = w[i];
+        float gv = mp__ld(g, gt, i) * inv, lr_g, wv = w[i];
+        if (sum_squares) gv = gv * clip;
+        if (o.clipvalue > 0.0f) { /* minps/maxps's operand order: a NaN gradient stays NaN */
+            gv = -o.clipvalue > gv ? -o.clipvalue : gv;
+            gv = o.clipvalue < gv ? o.clipvalue : gv;
+        }
+        if (decay != 0.0f) wv = wv - wv * decay * o.learning_rate;
+        lr_g = o.learning_rate * gv;
         if (o.kind == MP_SGD && o.momentum == 0.0f) {
             wv = wv - lr_g;
         } else if (o.kind == MP_SGD) {
@@ -595,6 +605,29 @@ static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float *
         w[i] = wv;
         if (wc) mp__st(wc, wt, i, wv);
     }
+}
+
+/* mp_backend.sum_squares in >>rules' order: a thread per lane of a block
+   of MP__SUM_SQUARES_BLOCK values sums its lane in order into lanes[8 b +
+   l]; then one thread adds the blocks' sums in order (the order is the
+   CPU's, so are the bits). */
+static __global__ void mp__k_square_lanes(double *lanes, const void *g, mp_dtype gt, size_t n, const float *scale) {
+    float inv = mp__unscale_factor(scale);
+    size_t blocks = (n + MP__SUM_SQUARES_BLOCK - 1) / MP__SUM_SQUARES_BLOCK;
+    MP__CU_LOOP(t, blocks * 8) {
+        size_t at = t / 8 * MP__SUM_SQUARES_BLOCK, stop = at + MP__SUM_SQUARES_BLOCK < n ? at + MP__SUM_SQUARES_BLOCK : n;
+        double sum = 0.0;
+        for (size_t i = at + t % 8; i < stop; i += 8) {
+            double u = (double)(mp__ld(g, gt, i) * inv);
+            sum += u * u;
+        }
+        lanes[t] = sum;
+    }
+}
+static __global__ void mp__k_square_total(double *sum, const double *lanes, size_t blocks) {
+    double total = 0.0;
+    for (size_t b = 0; b < blocks; b++) total += mp__sum_squares_lanes(lanes + 8 * b);
+    *sum += total;
 }
 
 static __global__ void mp__k_dropout_mask(unsigned char *mask, size_t n, float rate, uint64_t seed) {
@@ -1525,11 +1558,19 @@ static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w
                                     const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
                                     const int *found_inf) {
     mp__cu *c = mp__cu_of(ctx);
-    const mp_optimizer_desc *o = &step->cfg;
-    float t = (float)step->iteration, alpha = 0.0f;
     if (!mp__cu_live(c)) return;
-    if (o->kind == MP_ADAM) alpha = o->learning_rate * sqrtf(1.0f - powf(o->beta_2, t)) / (1.0f - powf(o->beta_1, t));
-    MP__CU_LAUNCH(c, n, mp__k_optimizer, *o, alpha, w, g, gt, scale, s1, s2, n, wc, wt, found_inf);
+    MP__CU_LAUNCH(c, n, mp__k_optimizer, step->cfg, mp__adam_alpha(step), step->weight_decay, step->sum_squares, w, g,
+                  gt, scale, s1, s2, n, wc, wt, found_inf);
+}
+
+static void mp__cu_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+    mp__cu *c = mp__cu_of(ctx);
+    size_t blocks = (n + MP__SUM_SQUARES_BLOCK - 1) / MP__SUM_SQUARES_BLOCK;
+    double *lanes;
+    if (!n || !mp__cu_live(c)) return;
+    if (!(lanes = (double *)mp__cu_grow(c, &c->rows, blocks * 8 * sizeof(double)))) return;
+    MP__CU_LAUNCH(c, blocks * 8, mp__k_square_lanes, lanes, g, gt, n, scale);
+    MP__CU_LAUNCH1(c, mp__k_square_total, sum, (const double *)lanes, blocks);
 }
 
 static void mp__cu_im2col(void *ctx, void *col, const void *img, size_t images, const mp_conv_geom *g, mp_dtype dt) {
@@ -1802,6 +1843,7 @@ static const mp_backend mp__cu_backend = {
     MP_OP(host_wait) mp__cu_host_wait,
     MP_OP(free_memory) mp__cu_free_memory,
     MP_OP(gather) mp__cu_gather,
+    MP_OP(sum_squares) mp__cu_sum_squares,
 };
 
 /* >>public */

@@ -44,6 +44,7 @@ static void get_state(mp_model *m, model_state *st) {
 static uint64_t rank_seed(int rank) { return 1000u + (uint64_t)rank * 77u; }
 
 static mp_dtype rank_allreduce_dtype; /* mp_model_desc.allreduce_dtype of the next models */
+static mp_optimizer_desc rank_optimizer; /* the next models' optimizer options (Adam, lr 0.01, with these) */
 static int rank_units = 16;           /* the hidden layer's units of the next models */
 static mp_loss_scale_desc rank_loss_scale; /* their loss scale's configuration (zero: Keras's) */
 
@@ -68,7 +69,8 @@ static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const ch
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.metrics = MP_METRIC_ACCURACY;
-    cd.optimizer.kind = MP_ADAM;
+    cd.optimizer = rank_optimizer;
+    cd.optimizer.kind = rank_optimizer.kind == MP_ADAMW ? MP_ADAMW : MP_ADAM;
     cd.optimizer.learning_rate = 0.01f;
     cd.loss_scale_config = rank_loss_scale;
     if (mp_model_compile(m, &cd) != MP_OK) {

@@ -508,8 +508,10 @@ keras_peer() {
         "$MIXPREC_KERAS_PYTHON" tests/keras_peer/amp_paint.py $B/keras_peer_amp.txt
     step "Keras 3: BatchNormalization, LayerNormalization and a residual Add, three policies and float64" \
         "$MIXPREC_KERAS_PYTHON" tests/keras_peer/layers.py $B/keras_peer_layers.txt
-    run "keras_peer: mixprec against Keras 3 (the graph layers too), tf_keras and TensorFlow's AMP" \
-        $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt $B/keras_peer_layers.txt
+    step "Keras 3: AdamW, the clip modes, accumulation, the LossScaleOptimizer with global_clipnorm" \
+        "$MIXPREC_KERAS_PYTHON" tests/keras_peer/optimizers.py $B/keras_peer_opt.txt
+    run "keras_peer: mixprec against Keras 3 (the graph layers and optimizer options too), tf_keras and TensorFlow's AMP" \
+        $B/keras_peer $B/keras_peer.txt $B/keras_peer_amp.txt $B/keras_peer_layers.txt $B/keras_peer_opt.txt
     run "keras_differences: README's facts about Keras 3 and tf_keras" "$MIXPREC_KERAS_PYTHON" tests/keras_peer/differences.py
 }
 if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then par keras_peer

@@ -92,8 +92,13 @@ static void r_loss_scale_update(void *ctx, mp_loss_scale *ls, const int *found_i
 static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, const void *g, mp_dtype gt,
                                const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
                                const int *found_inf) {
-    cpu->optimizer_update(ctx, step, (float *)real(w), real(g), gt, (const float *)real(scale), (float *)real(s1),
+    mp_opt_step local = *step; /* its sum of squares is the backend's memory too */
+    local.sum_squares = (const double *)real(step->sum_squares);
+    cpu->optimizer_update(ctx, &local, (float *)real(w), real(g), gt, (const float *)real(scale), (float *)real(s1),
                           (float *)real(s2), n, real(wc), wt, (const int *)real(found_inf));
+}
+static void r_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+    cpu->sum_squares(ctx, (double *)real(sum), real(g), gt, n, (const float *)real(scale));
 }
 static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->im2col(ctx, real(col), real(img), n, g, dt);
@@ -259,6 +264,7 @@ static const mp_backend remote = {
     MP_OP(host_wait) r_host_wait,
     MP_OP(free_memory) r_free_memory,
     MP_OP(gather) r_gather,
+    MP_OP(sum_squares) r_sum_squares,
 };
 
 static void reset_counts(void) {
@@ -282,8 +288,10 @@ static void make_data(void) {
 }
 
 /* A small conv net with every layer kind: the model code's every path.
-   policy "amp": float32 with automatic mixed precision (float16). */
-static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer_kind opt) {
+   policy "amp": float32 with automatic mixed precision (float16).
+   `options` (may be NULL) the optimizer's, its kind replaced by opt. */
+static mp_model *conv_net_with(const mp_backend *be, const char *policy, mp_optimizer_kind opt,
+                               const mp_optimizer_desc *options) {
     mp_model_desc md;
     mp_compile_desc cd;
     mp_model *m = NULL;
@@ -307,6 +315,7 @@ static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer
     mp_model_add(m, mp_activation_layer(MP_SOFTMAX));
     memset(&cd, 0, sizeof cd);
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    if (options) cd.optimizer = *options;
     cd.optimizer.kind = opt;
     cd.metrics = MP_METRIC_ACCURACY;
     cd.amp.enabled = amp;
@@ -329,8 +338,14 @@ static int same_weights(mp_model *a, mp_model *b) {
 }
 
 /* >>tests */
-static void test_same_training(const char *policy, mp_optimizer_kind opt) {
-    mp_model *a = conv_net(mp_cpu_backend(), policy, opt), *b = conv_net(&remote, policy, opt);
+static mp_model *conv_net(const mp_backend *be, const char *policy, mp_optimizer_kind opt) {
+    return conv_net_with(be, policy, opt, NULL);
+}
+
+/* fit on the CPU and on the remote backend, the same bits; with `options`
+   (may be NULL) the optimizer's. */
+static void test_same_training_with(const char *policy, mp_optimizer_kind opt, const mp_optimizer_desc *options) {
+    mp_model *a = conv_net_with(mp_cpu_backend(), policy, opt, options), *b = conv_net_with(&remote, policy, opt, options);
     mp_fit_desc fd;
     mp_logs ha[2], hb[2];
     if (!a || !b) { mp_model_destroy(a); mp_model_destroy(b); return; }
@@ -353,6 +368,45 @@ static void test_same_training(const char *policy, mp_optimizer_kind opt) {
     CHECK(same_weights(a, b)); /* the same kernels: bit-identical */
     mp_model_destroy(a);
     mp_model_destroy(b);
+}
+
+static void test_same_training(const char *policy, mp_optimizer_kind opt) { test_same_training_with(policy, opt, NULL); }
+
+/* Weight decay (the biases excluded) and each clip mode, through the
+   backend's ops: the sums of squares in the backend's memory. */
+static void test_same_training_options(void) {
+    static const char *const biases[] = {"bias", NULL};
+    mp_optimizer_desc o;
+    memset(&o, 0, sizeof o);
+    o.exclude_from_weight_decay = biases;
+    o.global_clipnorm = 0.5f;
+    test_same_training_with("mixed_float16", MP_ADAMW, &o);
+    o.global_clipnorm = 0.0f;
+    o.clipnorm = 0.25f;
+    o.weight_decay = 0.01f;
+    test_same_training_with("mixed_bfloat16", MP_SGD, &o);
+    o.clipnorm = 0.0f;
+    o.clipvalue = 0.01f;
+    test_same_training_with("float32", MP_RMSPROP, &o);
+}
+
+/* A backend without sum_squares (an older table): compile refuses the
+   clipping by norm, naming the backend; the other options train. */
+static void test_no_sum_squares(void) {
+    mp_backend older = remote;
+    mp_compile_desc cd;
+    mp_model *m;
+    older.sum_squares = NULL;
+    if (!(m = conv_net_with(&older, "float32", MP_SGD, NULL))) return;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.global_clipnorm = 1.0f;
+    if (!CHECK(mp_model_compile(m, &cd) == MP_ERR_ARG && strstr(mp_model_error(m), "cannot take norms")))
+        fprintf(stderr, "    %s\n", mp_model_error(m));
+    cd.optimizer.global_clipnorm = 0.0f;
+    cd.optimizer.clipvalue = 1.0f;
+    CHECK(mp_model_compile(m, &cd) == MP_OK);
+    mp_model_destroy(m);
 }
 
 /* What one training step moves. With the data on the device (fit's
@@ -1723,6 +1777,8 @@ int main(int argc, char **argv) {
     RUN(test_same_training("mixed_float16", MP_ADAM));
     RUN(test_same_training("mixed_bfloat16", MP_SGD));
     RUN(test_same_training("amp", MP_ADAM)); /* layers whose output dtype differs from their compute dtype */
+    RUN(test_same_training_options());
+    RUN(test_no_sum_squares());
     RUN(test_step_traffic());
     RUN(test_no_pinned_memory());
     RUN(test_reads());

@@ -171,6 +171,7 @@ typedef struct setup {
     float validation_split;
     const char *load, *save, *csv; /* paths, or NULL; csv gets the rank's number appended */
     mp_dtype allreduce_dtype;
+    const mp_optimizer_desc *optimizer; /* rank_optimizer's options, or NULL: none */
 } setup;
 
 /* on_epoch_end: the rank's weights' CRC and the epoch's logs */
@@ -193,6 +194,8 @@ static void fit_rank(const mp_communicator *comm, int rank, rank_report *out, co
     const setup *st = (const setup *)arg;
     mp_model *m;
     rank_allreduce_dtype = st->allreduce_dtype;
+    if (st->optimizer) rank_optimizer = *st->optimizer;
+    else memset(&rank_optimizer, 0, sizeof rank_optimizer);
     m = rank_model(comm, rank_seed(rank), st->policy);
     mp_fit_desc fd;
     mp_callback cb;
@@ -316,6 +319,32 @@ static void test_fit_matches_one_process(int size, const char *policy, int n) {
     CHECK(W->report[0].eval.accuracy == one.eval.accuracy);
     CHECK(fabsf(W->report[0].epoch_val[2] - one.epoch_val[2]) < 10.0f * tol);
     CHECK(W->report[0].state.scale == one.state.scale);
+}
+
+/* The optimizer's options over ranks: AdamW with the biases excluded
+   from its decay, then either clipping by the global norm (of the ranks'
+   sum: every rank clips alike) and accumulation over 2 steps, or
+   clipvalue (which fit's step over ranks applies as each piece of the
+   sum lands, mp__sum_into_update): bit-identical ranks, and one process
+   at the same global batch within the summation's tolerance. */
+static void test_options_match_one_process(int size, const char *policy, int by_value) {
+    static const char *const biases[] = {"bias", NULL};
+    mp_optimizer_desc o;
+    setup st = three_epochs(policy, NS);
+    rank_report one;
+    memset(&o, 0, sizeof o);
+    o.kind = MP_ADAMW;
+    o.exclude_from_weight_decay = biases;
+    if (by_value) o.clipvalue = 0.01f;
+    else o.global_clipnorm = 0.05f, o.gradient_accumulation_steps = 2;
+    st.optimizer = &o;
+    run_ranks(1, fit_rank, &st);
+    one = W->report[0];
+    if (!CHECK(one.status == MP_OK && one.epochs_seen == 3)) fprintf(stderr, "    %s\n", one.error);
+    run_ranks(size, fit_rank, &st);
+    check_ranks_agree(size, 3);
+    if (!CHECK(rel_diff(W->report[0].state.w, one.state.w, one.state.nw) < 2e-2f))
+        fprintf(stderr, "    %s: weights differ by %g\n", policy, (double)rel_diff(W->report[0].state.w, one.state.w, one.state.nw));
 }
 
 /* The custom loop: rank 1's batch overflows float16 (a finite float32
@@ -585,6 +614,9 @@ int main(int argc, char **argv) {
     RUN(test_fit_matches_one_process(2, "mixed_float16", NS));
     RUN(test_fit_matches_one_process(3, "mixed_bfloat16", NS));
     RUN(test_fit_matches_one_process(3, "float32", 87)); /* 65 to train: the last global batch, 1 sample for 3 ranks */
+    RUN(test_options_match_one_process(2, "mixed_float16", 0));
+    RUN(test_options_match_one_process(3, "float32", 0));
+    RUN(test_options_match_one_process(2, "mixed_bfloat16", 1));
     RUN(test_inf_on_one_rank(2));
     RUN(test_inf_on_one_rank(3));
     RUN(test_allreduce_16bit(2, "mixed_float16", MP_FLOAT16));

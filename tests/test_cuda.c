@@ -542,8 +542,8 @@ static void test_loss_scaling(void) {
    step unscales as it reads): the same bits as the CPU (the same
    operations, no contraction). */
 static void test_optimizers(void) {
-    mp_optimizer_desc descs[5];
-    size_t n = 1001, d, i, f;
+    mp_optimizer_desc descs[8];
+    size_t n = 9001, d, i, f; /* past two blocks of the sum of squares */
     memset(descs, 0, sizeof descs);
     descs[0].kind = MP_SGD, descs[0].learning_rate = 0.01f;
     descs[1].kind = MP_SGD, descs[1].learning_rate = 0.01f, descs[1].momentum = 0.9f;
@@ -551,6 +551,9 @@ static void test_optimizers(void) {
     descs[3].kind = MP_RMSPROP, descs[3].learning_rate = 0.001f, descs[3].rho = 0.9f, descs[3].epsilon = 1e-7f;
     descs[4].kind = MP_ADAM, descs[4].learning_rate = 0.001f, descs[4].beta_1 = 0.9f, descs[4].beta_2 = 0.999f;
     descs[4].epsilon = 1e-7f;
+    descs[5] = descs[4], descs[5].kind = MP_ADAMW, descs[5].weight_decay = 0.004f; /* decay, then Adam */
+    descs[6] = descs[1], descs[6].clipvalue = 2.0f, descs[6].weight_decay = 0.5f;
+    descs[7] = descs[4], descs[7].global_clipnorm = 1.0f; /* by norm: the sum of squares, then the factor */
     for (d = 0; d < COUNT(descs); d++)
         for (i = 0; i < COUNT(dtypes); i++)
             for (f = 0; f < 3; f++) { /* found_inf: none, clear, set */
@@ -558,19 +561,34 @@ static void test_optimizers(void) {
                 arg *s1 = rand_arg(F32, n, 0.0f, 1e-4f), *s2 = rand_arg(F32, n, 0.0f, 1e-4f);
                 arg *wc = i ? new_arg(n * dsize(dtypes[i])) : NULL, *flag = new_arg(sizeof(int));
                 arg *scale = i ? new_arg(sizeof(float)) : NULL; /* float32 gradients come unscaled */
-                mp_opt_step step;
-                int it;
+                arg *sum = new_arg(sizeof(double));
+                mp_opt_step step, on_gpu;
+                int it, norm = descs[d].global_clipnorm > 0.0f;
                 *(int *)flag->host = f == 2;
                 upload(flag);
                 if (scale) *(float *)scale->host = 1024.0f, upload(scale);
+                memset(&step, 0, sizeof step);
                 step.cfg = descs[d];
+                step.weight_decay = descs[d].weight_decay;
                 for (it = 1; it <= 3; it++) {
                     step.iteration = (uint64_t)it;
+                    step.sum_squares = norm ? (const double *)sum->host : NULL;
+                    on_gpu = step;
+                    on_gpu.sum_squares = norm ? (const double *)sum->dev : NULL;
+                    if (norm) {
+                        *(double *)sum->host = 0.0;
+                        upload(sum);
+                        cpu.be->sum_squares(cpu.ctx, (double *)sum->host, g->host, dtypes[i],
+                                            n, scale ? (const float *)scale->host : NULL);
+                        gpu.be->sum_squares(gpu.ctx, (double *)sum->dev, g->dev, dtypes[i], n,
+                                            scale ? (const float *)scale->dev : NULL);
+                        same_bytes("sum_squares", sum);
+                    }
                     cpu.be->optimizer_update(cpu.ctx, &step, (float *)w->host, g->host, dtypes[i],
                                              scale ? (const float *)scale->host : NULL, (float *)s1->host,
                                              (float *)s2->host, n, wc ? wc->host : NULL, dtypes[i],
                                              f ? (const int *)flag->host : NULL);
-                    gpu.be->optimizer_update(gpu.ctx, &step, (float *)w->dev, g->dev, dtypes[i],
+                    gpu.be->optimizer_update(gpu.ctx, &on_gpu, (float *)w->dev, g->dev, dtypes[i],
                                              scale ? (const float *)scale->dev : NULL, (float *)s1->dev,
                                              (float *)s2->dev, n, wc ? wc->dev : NULL, dtypes[i],
                                              f ? (const int *)flag->dev : NULL);
@@ -854,6 +872,57 @@ static float train_step(mp_model *m, const float *x, const int32_t *labels, int 
     return loss;
 }
 
+/* How many of two models' weights differ by more than atol. */
+static size_t weights_apart(mp_model *a, mp_model *b, float atol) {
+    size_t n = mp_model_param_count(a), i, bad = 0;
+    float *wa = (float *)zalloc(n * sizeof(float)), *wb = (float *)zalloc(n * sizeof(float));
+    tol t = {atol, 0.0f};
+    CHECK(mp_model_get_weights(a, wa, n) == MP_OK && mp_model_get_weights(b, wb, n) == MP_OK);
+    for (i = 0; i < n; i++) bad += !within(wb[i], wa[i], t);
+    free(wa);
+    free(wb);
+    return bad;
+}
+
+/* The optimizer's options in a model on both backends: SGD with momentum,
+   weight decay with the biases excluded and clipping by the global norm
+   (0.5, below the first steps' norms), then clipnorm: the same weights
+   within mixed_float16's rounding, as for the plain optimizer. */
+static void test_options_match_cpu(void) {
+    static const char *const biases[] = {"bias", NULL};
+    float *x = (float *)zalloc(BATCH * INPUTS * sizeof(float));
+    int32_t *labels = (int32_t *)zalloc(BATCH * sizeof(int32_t));
+    int mode;
+    synthetic(x, labels, BATCH, INPUTS);
+    for (mode = 0; mode < 2; mode++) {
+        mp_model *mc = mlp(NULL, "mixed_float16", NULL), *mg = mlp(mp_cuda_backend(), "mixed_float16", NULL);
+        mp_compile_desc cd;
+        size_t bad;
+        int step, applied;
+        if (!CHECK(mc && mg)) return;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+        cd.optimizer.kind = MP_SGD;
+        cd.optimizer.learning_rate = 0.05f;
+        cd.optimizer.momentum = 0.9f;
+        cd.optimizer.weight_decay = 0.01f;
+        cd.optimizer.exclude_from_weight_decay = biases;
+        if (mode) cd.optimizer.clipnorm = 0.25f;
+        else cd.optimizer.global_clipnorm = 0.5f;
+        CHECK(mp_model_compile(mc, &cd) == MP_OK && mp_model_compile(mg, &cd) == MP_OK);
+        for (step = 0; step < 6; step++) {
+            (void)train_step(mc, x, labels, BATCH, &applied);
+            (void)train_step(mg, x, labels, BATCH, &applied);
+        }
+        if (!CHECK((bad = weights_apart(mc, mg, 1e-3f)) == 0))
+            fprintf(stderr, "  %s: %zu weights differ\n", mode ? "clipnorm" : "global_clipnorm", bad);
+        mp_model_destroy(mc);
+        mp_model_destroy(mg);
+    }
+    free(x);
+    free(labels);
+}
+
 /* A few steps on both backends from the same seed: the same losses, and
    weights, within what the policy's rounding lets differ. */
 static void test_mlp_matches_cpu(void) {
@@ -867,7 +936,6 @@ static void test_mlp_matches_cpu(void) {
     for (p = 0; p < COUNT(policies); p++) {
         mp_model *mc = mlp(NULL, policies[p], NULL), *mg = mlp(mp_cuda_backend(), policies[p], NULL);
         size_t n = mp_model_param_count(mc), bad = 0;
-        float *wc = (float *)zalloc(n * sizeof(float)), *wg = (float *)zalloc(n * sizeof(float));
         mp_tensor oc, og;
         int step, applied;
         if (!CHECK(mc && mg)) return;
@@ -879,12 +947,8 @@ static void test_mlp_matches_cpu(void) {
             if (!CHECK(within(lg, lc, t)))
                 fprintf(stderr, "  %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], step, (double)lg, (double)lc);
         }
-        CHECK(mp_model_get_weights(mc, wc, n) == MP_OK && mp_model_get_weights(mg, wg, n) == MP_OK);
-        for (i = 0; i < n; i++) {
-            tol t = {weight_atol[p], 0.0f};
-            bad += !within(wg[i], wc[i], t);
-        }
-        if (!CHECK(bad == 0)) fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
+        if (!CHECK((bad = weights_apart(mc, mg, weight_atol[p])) == 0))
+            fprintf(stderr, "  %s: %zu of %zu weights differ\n", policies[p], bad, n);
         /* the output, read back from the device (inference) */
         CHECK(forward_rows(mc, x, BATCH, 0) == MP_OK && forward_rows(mg, x, BATCH, 0) == MP_OK);
         CHECK(mp_output(mc, &oc) == MP_OK && mp_output(mg, &og) == MP_OK);
@@ -894,8 +958,6 @@ static void test_mlp_matches_cpu(void) {
             bad += !within(((float *)og.data)[i], ((float *)oc.data)[i], t);
         }
         CHECK(bad == 0);
-        free(wc);
-        free(wg);
         mp_model_destroy(mc);
         mp_model_destroy(mg);
     }
@@ -1635,6 +1697,7 @@ int main(int argc, char **argv) {
     RUN(test_norms());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
+    RUN(test_options_match_cpu());
     RUN(test_loss_scale_trajectory());
     RUN(test_rerun_bit_identical());
     RUN(test_conv_model());

@@ -1872,6 +1872,42 @@ static void optimizer_reference(const mp_optimizer_desc *o, float alpha, float i
         }
     }
 }
+/* A float32 model of the one layer d on inputs of one value, compiled
+   for mean squared error with optimizer o, its weights w0[n]; NULL (and
+   the failure reported) if any call fails. */
+static mp_model *mse_model(mp_layer_desc d, const mp_optimizer_desc *o, const float *w0, size_t n) {
+    static const int shape[] = {1, 0};
+    mp_model *m = make_model("float32", shape, &d, 1);
+    mp_compile_desc cd;
+    if (!m) return NULL;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer = *o;
+    if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_set_weights(m, w0, n), m)) return m;
+    mp_model_destroy(m);
+    return NULL;
+}
+
+/* One weight's step by Keras 3's formula for the kind, in double, with
+   Keras's defaults (rho 0.9, beta_1 0.9, beta_2 0.999, epsilon 1e-7); s1
+   and s2 its slots, t the step (1 first). */
+static double keras_step(mp_optimizer_kind kind, double w, double g, double lr, double mu, int nesterov, double *s1,
+                         double *s2, int t) {
+    const double rho = 0.9, beta_1 = 0.9, beta_2 = 0.999, eps = 1e-7;
+    if (kind == MP_SGD && mu == 0.0) return w - lr * g;
+    if (kind == MP_SGD) {
+        *s1 = mu * *s1 - lr * g;
+        return w + (nesterov ? mu * *s1 - lr * g : *s1);
+    }
+    if (kind == MP_RMSPROP) {
+        *s1 = rho * *s1 + (1 - rho) * g * g;
+        return w - lr * g / sqrt(*s1 + eps);
+    }
+    *s1 += (g - *s1) * (1 - beta_1);
+    *s2 += (g * g - *s2) * (1 - beta_2);
+    return w - lr * sqrt(1 - pow(beta_2, t)) / (1 - pow(beta_1, t)) * *s1 / (sqrt(*s2) + eps);
+}
+
 /* Each optimizer, six steps of a custom loop, against Keras 3's formulas
    applied one step at a time in double to the weights the step started
    from, the gradients mp_get_gradients gave and the reference's own slots
@@ -1887,7 +1923,6 @@ static void optimizer_reference(const mp_optimizer_desc *o, float alpha, float i
    must move each weight as the formula does, within 1e-3 of the step. */
 static void test_optimizer_keras_steps(void) {
     enum { K = 3, STEPS = 6 };
-    static const int shape[] = {1, 0};
     static const struct {
         const char *what;
         mp_optimizer_kind kind;
@@ -1905,23 +1940,19 @@ static void test_optimizer_keras_steps(void) {
     const float x[1] = {1.0f}, y[K] = {-0.625f, -0.25015f, 1.003f}; /* gradients 2/3 (w - y) */
     size_t c;
     for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        mp_layer_desc d = without_bias(mp_dense(K, MP_LINEAR));
-        mp_model *m = make_model("float32", shape, &d, 1);
-        mp_compile_desc cd;
+        mp_optimizer_desc o;
+        mp_model *m;
         double s1[K] = {0, 0, 0}, s2[K] = {0, 0, 0};
-        const double rho = 0.9, beta_1 = 0.9, beta_2 = 0.999, eps = 1e-7; /* Keras's defaults */
         int step, j, bad = 0, applied = 0;
         char detail[160] = "";
         batch b;
-        if (!m) continue;
-        memset(&cd, 0, sizeof cd);
-        cd.loss = MP_MEAN_SQUARED_ERROR;
-        cd.optimizer.kind = cases[c].kind;
-        cd.optimizer.learning_rate = cases[c].lr;
-        cd.optimizer.momentum = cases[c].momentum;
-        cd.optimizer.nesterov = cases[c].nesterov;
+        memset(&o, 0, sizeof o);
+        o.kind = cases[c].kind;
+        o.learning_rate = cases[c].lr;
+        o.momentum = cases[c].momentum;
+        o.nesterov = cases[c].nesterov;
         b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
-        if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        if (!(m = mse_model(without_bias(mp_dense(K, MP_LINEAR)), &o, w0, K))) continue;
         for (step = 1; step <= STEPS; step++) {
             float before[K], g[K], after[K];
             double lr = cases[c].lr, mu = cases[c].momentum;
@@ -1929,20 +1960,8 @@ static void test_optimizer_keras_steps(void) {
                 !OK(mp_apply_gradients(m, &applied), m) || !CHECK(applied) || !OK(mp_model_get_weights(m, after, K), m))
                 goto next;
             for (j = 0; j < K; j++) {
-                double w = before[j], gj = g[j], want;
-                if (cases[c].kind == MP_SGD && mu == 0.0) {
-                    want = w - lr * gj;
-                } else if (cases[c].kind == MP_SGD) {
-                    s1[j] = mu * s1[j] - lr * gj;
-                    want = w + (cases[c].nesterov ? mu * s1[j] - lr * gj : s1[j]);
-                } else if (cases[c].kind == MP_RMSPROP) {
-                    s1[j] = rho * s1[j] + (1 - rho) * gj * gj;
-                    want = w - lr * gj / sqrt(s1[j] + eps);
-                } else {
-                    s1[j] += (gj - s1[j]) * (1 - beta_1);
-                    s2[j] += (gj * gj - s2[j]) * (1 - beta_2);
-                    want = w - lr * sqrt(1 - pow(beta_2, step)) / (1 - pow(beta_1, step)) * s1[j] / (sqrt(s2[j]) + eps);
-                }
+                double w = before[j], gj = g[j];
+                double want = keras_step(cases[c].kind, w, gj, lr, mu, cases[c].nesterov, &s1[j], &s2[j], step);
                 if (!(fabs(after[j] - want) <= 1e-3 * fabs(want - w) + 2e-7) && bad++ == 0)
                     snprintf(detail, sizeof detail, "step %d, weight %d (gradient %.3g): %.9g -> %.9g, want %.9g",
                              step, j, gj, w, (double)after[j], want);
@@ -2063,6 +2082,380 @@ static void test_optimizer_copy(void) {
                     free(w), free(s1), free(s2), free(gw), free(g), free(wc_block);
                 }
     cpu->destroy(ctx);
+}
+
+/* The options of Keras 3's base optimizer, six steps of a custom loop
+   against its formulas in double (keras/src/optimizers/base_optimizer.py,
+   apply: clip, then weight decay, then the update): clipnorm scales each
+   variable's gradient by c / max(|g|, c), clipvalue clamps it to
+   [-c, c], global_clipnorm scales every gradient by min(1, c / |G|);
+   decay is w -= w wd lr before the update, on the variables whose path
+   contains none of the excluded strings. A Dense(3) with bias on the
+   input 2: kernel and bias, two variables, their gradients apart. */
+static void test_optimizer_options(void) {
+    enum { K = 6, STEPS = 6 };
+    static const char *const bias_only[] = {"dense/bias", NULL}, *const every[] = {"", NULL};
+    static const struct {
+        const char *what;
+        mp_optimizer_kind kind;
+        float lr, wd;
+        int no_wd;
+        const char *const *exclude;
+        float clipnorm, clipvalue, global_clipnorm;
+    } cases[] = {
+        {"AdamW (Keras's weight_decay 0.004)", MP_ADAMW, 0.05f, 0.0f, 0, NULL, 0, 0, 0},
+        {"AdamW weight_decay 0.5, the bias excluded", MP_ADAMW, 0.05f, 0.5f, 0, bias_only, 0, 0, 0},
+        {"AdamW no_weight_decay", MP_ADAMW, 0.05f, 0.0f, 1, NULL, 0, 0, 0},
+        {"AdamW, every variable excluded", MP_ADAMW, 0.05f, 0.5f, 0, every, 0, 0, 0},
+        {"SGD weight_decay 0.5", MP_SGD, 0.1f, 0.5f, 0, NULL, 0, 0, 0},
+        {"RMSprop weight_decay 0.5", MP_RMSPROP, 1e-2f, 0.5f, 0, NULL, 0, 0, 0},
+        {"SGD clipnorm 0.5", MP_SGD, 0.1f, 0.0f, 0, NULL, 0.5f, 0, 0},
+        {"SGD clipvalue 0.1", MP_SGD, 0.1f, 0.0f, 0, NULL, 0, 0.1f, 0},
+        {"SGD global_clipnorm 0.3", MP_SGD, 0.1f, 0.0f, 0, NULL, 0, 0, 0.3f},
+        {"AdamW global_clipnorm 0.3, the bias excluded", MP_ADAMW, 0.05f, 0.5f, 0, bias_only, 0, 0, 0.3f},
+    };
+    const float w0[K] = {0.5f, -0.25f, 1.0f, 0.125f, -0.5f, 0.25f}; /* kernel (1, 3), then bias */
+    const float x[1] = {2.0f}, y[3] = {-0.625f, -1.25015f, 3.003f};
+    size_t c;
+    for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mp_optimizer_desc o;
+        mp_model *m;
+        double s1[K] = {0}, s2[K] = {0};
+        double wd = cases[c].no_wd ? 0.0 : cases[c].wd != 0.0f ? cases[c].wd : cases[c].kind == MP_ADAMW ? 0.004 : 0.0;
+        int step, j, bad = 0, applied = 0;
+        char detail[200] = "";
+        batch b;
+        memset(&o, 0, sizeof o);
+        o.kind = cases[c].kind;
+        o.learning_rate = cases[c].lr;
+        o.weight_decay = cases[c].wd;
+        o.no_weight_decay = cases[c].no_wd;
+        o.exclude_from_weight_decay = cases[c].exclude;
+        o.clipnorm = cases[c].clipnorm;
+        o.clipvalue = cases[c].clipvalue;
+        o.global_clipnorm = cases[c].global_clipnorm;
+        b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!(m = mse_model(mp_dense(3, MP_LINEAR), &o, w0, K))) continue;
+        for (step = 1; step <= STEPS; step++) {
+            float before[K], g[K], after[K];
+            double lr = cases[c].lr, gc[K], norm[2] = {0, 0}, all;
+            if (!OK(mp_model_get_weights(m, before, K), m) || !gradients(m, &b, g, K, NULL) ||
+                !OK(mp_apply_gradients(m, &applied), m) || !CHECK(applied) || !OK(mp_model_get_weights(m, after, K), m))
+                goto next;
+            for (j = 0; j < K; j++) norm[j / 3] += (double)g[j] * g[j];
+            all = sqrt(norm[0] + norm[1]);
+            for (j = 0; j < K; j++) {
+                double n = sqrt(norm[j / 3]), cn = cases[c].clipnorm, cv = cases[c].clipvalue;
+                double cg = cases[c].global_clipnorm;
+                gc[j] = g[j];
+                if (cn > 0) gc[j] = gc[j] * cn / (n > cn ? n : cn);
+                if (cv > 0) gc[j] = gc[j] < -cv ? -cv : gc[j] > cv ? cv : gc[j];
+                if (cg > 0) gc[j] = gc[j] * (all > cg ? cg / all : 1.0);
+            }
+            for (j = 0; j < K; j++) {
+                double w = before[j], gj = gc[j], want;
+                int excluded = cases[c].exclude && (cases[c].exclude == every || j >= 3);
+                if (!excluded) w -= w * wd * lr;
+                want = keras_step(cases[c].kind, w, gj, lr, 0.0, 0, &s1[j], &s2[j], step);
+                if (!(fabs(after[j] - want) <= 1e-3 * fabs(want - before[j]) + 2e-7) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "step %d, weight %d (gradient %.3g, clipped %.3g): %.9g -> %.9g, "
+                             "want %.9g", step, j, (double)g[j], gj, (double)before[j], (double)after[j], want);
+            }
+        }
+        check_all(bad, cases[c].what, detail, __FILE__, __LINE__);
+    next:
+        mp_model_destroy(m);
+    }
+}
+
+/* Gradient accumulation over 4 steps (Keras 3's
+   gradient_accumulation_steps, _backend_apply_gradients): the weights
+   stay through the first three steps of a window, the fourth applies
+   Adam to (g4 + g1 + g2 + g3) / 4 with t the window's number, with
+   global_clipnorm on the average; each step's own batch (its own
+   gradients). Under loss scaling a step whose gradients hold Inf (a huge
+   input) is dropped from the window: the window then needs one more. */
+static void test_gradient_accumulation(void) {
+    enum { K = 6, N = 4 };
+    const float w0[K] = {0.5f, -0.25f, 1.0f, 0.125f, -0.5f, 0.25f};
+    const float xs[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1e30f}, y[3] = {-0.625f, -1.25015f, 3.003f};
+    int scaled;
+    for (scaled = 0; scaled < 2; scaled++) {
+        mp_optimizer_desc o;
+        mp_model *m;
+        double acc[K] = {0}, s1[K] = {0}, s2[K] = {0}, ref[K];
+        int step, j, in_window = 0, windows = 0, bad = 0, applied;
+        char detail[200] = "";
+        batch b;
+        memset(&o, 0, sizeof o);
+        o.kind = MP_ADAM;
+        o.learning_rate = 0.05f;
+        o.global_clipnorm = 1.0f;
+        o.gradient_accumulation_steps = N;
+        b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!(m = mse_model(mp_dense(3, MP_LINEAR), &o, w0, K))) continue;
+        if (scaled) {
+            mp_compile_desc cd;
+            memset(&cd, 0, sizeof cd);
+            cd.loss = MP_MEAN_SQUARED_ERROR, cd.optimizer = o, cd.loss_scale = MP_LOSS_SCALE_ON;
+            if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        }
+        for (j = 0; j < K; j++) ref[j] = w0[j];
+        for (step = 0; step < 2 * N + 1; step++) {
+            float g[K], after[K];
+            int inf = scaled && step == 2, last;
+            double norm = 0.0;
+            b.x = (float *)&xs[inf ? 4 : step % 4];
+            if (!gradients(m, &b, g, K, NULL) || !OK(mp_apply_gradients(m, &applied), m) ||
+                !OK(mp_model_get_weights(m, after, K), m))
+                goto next;
+            last = !inf && in_window == N - 1;
+            if (!inf) in_window++;
+            if (last) {
+                windows++, in_window = 0;
+                for (j = 0; j < K; j++) acc[j] = (g[j] + acc[j]) / N, norm += acc[j] * acc[j];
+                for (j = 0; j < K; j++) {
+                    double gj = acc[j] * (sqrt(norm) > 1.0 ? 1.0 / sqrt(norm) : 1.0);
+                    ref[j] = keras_step(MP_ADAM, ref[j], gj, 0.05, 0.0, 0, &s1[j], &s2[j], windows);
+                    acc[j] = 0.0;
+                }
+            } else if (!inf) {
+                for (j = 0; j < K; j++) acc[j] += g[j];
+            }
+            if (applied != last && bad++ == 0) snprintf(detail, sizeof detail, "step %d: applied %d", step, applied);
+            for (j = 0; j < K; j++)
+                if (!(fabs(after[j] - ref[j]) <= 1e-5 * fabs(ref[j]) + 1e-7) && bad++ == 0)
+                    snprintf(detail, sizeof detail, "step %d, weight %d: %.9g, want %.9g", step, j, (double)after[j], ref[j]);
+        }
+        if (!CHECK(windows == 2)) fprintf(stderr, "    %d windows\n", windows);
+        check_all(bad, scaled ? "accumulation, a step with Inf dropped" : "accumulation over 4 steps", detail, __FILE__,
+                  __LINE__);
+    next:
+        mp_model_destroy(m);
+    }
+}
+
+/* mp_set_gradients between unscale and apply: SGD (lr 0.1, weight
+   decay 0.5, clipvalue 0.3) applies the gradients set, not the model's:
+   w -= w 0.5 0.1, then w -= 0.1 clip(g'); under loss scaling a NaN set
+   skips the step, as the LossScaleOptimizer's check of what apply gets.
+   Out of order or of the wrong length it is refused and changes nothing. */
+static void test_set_gradients(void) {
+    enum { K = 6 };
+    const float w0[K] = {0.5f, -0.25f, 1.0f, 0.125f, -0.5f, 0.25f}, x[1] = {2.0f}, y[3] = {1.0f, 2.0f, 3.0f};
+    int scaled;
+    for (scaled = 0; scaled < 2; scaled++) {
+        mp_compile_desc cd;
+        mp_model *m;
+        float g[K], mine[K], after[K], before[K], kept[K];
+        int j, applied, bad = 0;
+        batch b;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_MEAN_SQUARED_ERROR;
+        cd.optimizer.kind = MP_SGD, cd.optimizer.learning_rate = 0.1f;
+        cd.optimizer.weight_decay = 0.5f, cd.optimizer.clipvalue = 0.3f;
+        cd.loss_scale = scaled ? MP_LOSS_SCALE_ON : MP_LOSS_SCALE_NONE;
+        b.x = (float *)x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (!(m = mse_model(mp_dense(3, MP_LINEAR), &cd.optimizer, w0, K))) continue;
+        if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_set_weights(m, w0, K), m)) goto next;
+        CHECK(mp_set_gradients(m, mine, K) == MP_ERR_STATE); /* no gradients yet */
+        if (!gradients(m, &b, g, K, NULL)) goto next;
+        for (j = 0; j < K; j++) mine[j] = (float)(j - 2) * 0.125f;
+        CHECK(mp_set_gradients(m, mine, K - 1) == MP_ERR_SHAPE);
+        CHECK(mp_get_gradients(m, kept, K) == MP_OK && memcmp(kept, g, sizeof g) == 0); /* unchanged */
+        if (!OK(mp_set_gradients(m, mine, K), m) || !OK(mp_get_gradients(m, kept, K), m) ||
+            !CHECK(memcmp(kept, mine, sizeof mine) == 0) || !OK(mp_apply_gradients(m, &applied), m) ||
+            !OK(mp_model_get_weights(m, after, K), m))
+            goto next;
+        for (j = 0; j < K; j++) {
+            double w = w0[j], gj = mine[j] > 0.3f ? 0.3f : mine[j] < -0.3f ? -0.3f : mine[j];
+            w -= w * 0.5 * 0.1;
+            bad += !(fabs(after[j] - (w - 0.1 * gj)) <= 1e-6);
+        }
+        if (!check_report(applied && bad == 0, __FILE__, __LINE__, "mp_set_gradients: the step applies what was set"))
+            fprintf(stderr, "    applied %d, %d weights off\n", applied, bad);
+        if (scaled) { /* a NaN set: skipped */
+            mine[1] = NAN;
+            CHECK(mp_model_get_weights(m, before, K) == MP_OK && gradients(m, &b, g, K, NULL));
+            CHECK(mp_set_gradients(m, mine, K) == MP_OK && mp_apply_gradients(m, &applied) == MP_OK && !applied);
+            CHECK(mp_model_get_weights(m, after, K) == MP_OK && memcmp(before, after, sizeof after) == 0);
+        }
+    next:
+        mp_model_destroy(m);
+    }
+}
+
+/* A global norm that is Inf or NaN: without loss scaling every gradient
+   becomes NaN (Keras's clip_by_global_norm: scale + (norm - norm)), so
+   every weight does; under loss scaling the step is skipped first (the
+   LossScaleOptimizer's check) and the finite steps after it clip as
+   before. The Inf comes from a huge input: the kernel's gradient x dy
+   overflows, the bias's does not. */
+static void test_global_clipnorm_nonfinite(void) {
+    static const int shape[] = {1, 0};
+    const float x[1] = {1.0f}, huge_x[1] = {1e30f}, y[3] = {1.0f, 2.0f, 3.0f};
+    int scaled;
+    for (scaled = 0; scaled < 2; scaled++) {
+        mp_layer_desc d = mp_dense(3, MP_LINEAR);
+        mp_model *m = make_model("float32", shape, &d, 1);
+        mp_compile_desc cd;
+        float before[6], after[6], g[6];
+        int j, nan = 0, same, applied = 1;
+        batch b;
+        if (!m) continue;
+        memset(&cd, 0, sizeof cd);
+        cd.loss = MP_MEAN_SQUARED_ERROR;
+        cd.optimizer.kind = MP_SGD;
+        cd.optimizer.global_clipnorm = 1.0f;
+        cd.loss_scale = scaled ? MP_LOSS_SCALE_ON : MP_LOSS_SCALE_NONE;
+        b.x = (float *)huge_x, b.labels = NULL, b.y = (float *)y, b.n = 1, b.loss = MP_MEAN_SQUARED_ERROR;
+        if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_get_weights(m, before, 6), m) && gradients(m, &b, g, 6, NULL) &&
+            OK(mp_apply_gradients(m, &applied), m) && OK(mp_model_get_weights(m, after, 6), m)) {
+            for (j = 0; j < 6; j++) nan += after[j] != after[j];
+            same = memcmp(before, after, sizeof before) == 0;
+            if (!check_report(scaled ? !applied && same : applied && nan == 6, __FILE__, __LINE__,
+                              scaled ? "global_clipnorm: a step with Inf skipped under loss scaling"
+                                     : "global_clipnorm: an Inf norm makes every weight NaN"))
+                fprintf(stderr, "    applied %d, NaN weights %d, unchanged %d\n", applied, nan, same);
+            if (scaled) { /* then finite steps: each clipped to norm 1 at most (SGD, lr 0.01) */
+                int step, ok = 1;
+                b.x = (float *)x;
+                for (step = 0; step < 3 && ok; step++) {
+                    double norm = 0, moved = 0;
+                    ok = OK(mp_model_get_weights(m, before, 6), m) && gradients(m, &b, g, 6, NULL) &&
+                         OK(mp_apply_gradients(m, &applied), m) && OK(mp_model_get_weights(m, after, 6), m) && applied;
+                    for (j = 0; j < 6 && ok; j++) norm += (double)g[j] * g[j];
+                    for (j = 0; j < 6 && ok; j++) {
+                        double want = before[j] - 0.01 * g[j] * (sqrt(norm) > 1.0 ? 1.0 / sqrt(norm) : 1.0);
+                        moved = fabs(after[j] - want) > moved ? fabs(after[j] - want) : moved;
+                    }
+                    ok = ok && moved <= 1e-6;
+                }
+                check_report(ok, __FILE__, __LINE__, "global_clipnorm: finite steps after a skipped one");
+            }
+        }
+        mp_model_destroy(m);
+    }
+}
+
+/* The settings compile refuses, each named, the model as it was: two clip
+   modes, a negative or non-finite value, weight_decay with
+   no_weight_decay, a warmup_target below 0. */
+static void test_optimizer_options_refused(void) {
+    static const int shape[] = {1, 0};
+    static const struct { const char *field; float clipnorm, clipvalue, global_clipnorm, wd; int no_wd; float target; } bad[] = {
+        {"only one of", 1.0f, 1.0f, 0, 0, 0, 0},
+        {"only one of", 1.0f, 0, 1.0f, 0, 0, 0},
+        {"gradient_accumulation_steps", 0, 0, 0, 0, 0, 0},
+        {"clipnorm", -1.0f, 0, 0, 0, 0, 0},
+        {"clipvalue", 0, NAN, 0, 0, 0, 0},
+        {"global_clipnorm", 0, 0, INFINITY, 0, 0, 0},
+        {"weight_decay", 0, 0, 0, -0.1f, 0, 0},
+        {"weight_decay (0 with no_weight_decay)", 0, 0, 0, 0.1f, 1, 0},
+        {"learning-rate schedule", 0, 0, 0, 0, 0, -1.0f},
+    };
+    mp_layer_desc d = mp_dense(3, MP_LINEAR);
+    mp_model *m = make_model("float32", shape, &d, 1);
+    mp_compile_desc cd;
+    size_t i;
+    if (!m) return;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = MP_SGD;
+    cd.optimizer.learning_rate = 0.25f;
+    if (!OK(mp_model_compile(m, &cd), m)) goto out;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mp_compile_desc e = cd;
+        e.optimizer.kind = MP_ADAMW;
+        e.optimizer.clipnorm = bad[i].clipnorm;
+        e.optimizer.clipvalue = bad[i].clipvalue;
+        e.optimizer.global_clipnorm = bad[i].global_clipnorm;
+        e.optimizer.weight_decay = bad[i].wd;
+        e.optimizer.no_weight_decay = bad[i].no_wd;
+        e.optimizer.gradient_accumulation_steps = strcmp(bad[i].field, "gradient_accumulation_steps") ? 0 : 1;
+        if (bad[i].target != 0.0f) {
+            e.optimizer.schedule.kind = MP_COSINE_DECAY;
+            e.optimizer.schedule.decay_steps = 10;
+            e.optimizer.schedule.warmup_target = bad[i].target;
+        }
+        if (!CHECK(mp_model_compile(m, &e) == MP_ERR_ARG && strstr(mp_model_error(m), bad[i].field)))
+            fprintf(stderr, "    case %zu: %s\n", i, mp_model_error(m));
+        CHECK(mp_model_learning_rate(m) == 0.25f); /* still the SGD compile made */
+    }
+out:
+    mp_model_destroy(m);
+}
+
+/* Keras 3's CosineDecay with warmup_target and warmup_steps
+   (keras/src/optimizers/schedules/learning_rate_schedule.py): a line from
+   initial_learning_rate to the target over the warmup, then the cosine
+   from the target, floored at alpha; flat past warmup + decay. */
+static void test_warmup_cosine(void) {
+    mp_lr_schedule s;
+    uint64_t step;
+    int bad = 0;
+    char detail[120] = "";
+    memset(&s, 0, sizeof s);
+    s.kind = MP_COSINE_DECAY;
+    s.initial_learning_rate = 0.0f;
+    s.warmup_target = 1e-3f;
+    s.warmup_steps = 10;
+    s.decay_steps = 100;
+    s.alpha = 0.1f;
+    for (step = 0; step < 130; step++) {
+        double want, p;
+        if (step < 10) {
+            want = 1e-3 * (double)step / 10.0;
+        } else {
+            p = (double)(step - 10) / 100.0;
+            p = p < 1.0 ? p : 1.0;
+            want = 1e-3 * (0.9 * 0.5 * (1.0 + cos(3.14159265358979 * p)) + 0.1);
+        }
+        if (!(fabs(mp_lr_schedule_value(&s, step) - want) <= 1e-6 * want + 1e-12) && bad++ == 0)
+            snprintf(detail, sizeof detail, "step %llu: %.9g, want %.9g", (unsigned long long)step,
+                     (double)mp_lr_schedule_value(&s, step), want);
+    }
+    check_all(bad, "warmup then cosine decay", detail, __FILE__, __LINE__);
+}
+
+/* The sum of squares for clipping by norm: the same bits on 1 and 2
+   threads, and the order the backend table documents, for a length past
+   one round of blocks, in each gradient dtype, unscaled. */
+static void test_sum_squares_order(void) {
+    enum { BLOCK = 4096 };
+    const size_t n = (size_t)256 * BLOCK * 2 + 77;
+    const mp_backend *cpu = mp_cpu_backend();
+    float *g32 = floats(n), scale = 8.0f;
+    void *g = malloc(n * 4), *one = NULL, *two = NULL;
+    size_t i, b, t;
+    if (!CHECK(g32 && g && cpu->create(&one, 1, NULL) == MP_OK && cpu->create(&two, 2, NULL) == MP_OK)) goto out;
+    for (i = 0; i < n; i++) g32[i] = copy_test_value(i, 0) * 64.0f;
+    for (t = 0; t < 3; t++) {
+        mp_dtype gt = t == 0 ? MP_FLOAT32 : t == 1 ? MP_FLOAT16 : MP_BFLOAT16;
+        double a = 0.5, c = 0.5, want = 0.0;
+        float *w = floats(n);
+        CHECK(mp_convert(g, gt, g32, MP_FLOAT32, n, NULL) == MP_OK);
+        CHECK(mp_convert(w, MP_FLOAT32, g, gt, n, NULL) == MP_OK);
+        cpu->sum_squares(one, &a, g, gt, n, &scale);
+        cpu->sum_squares(two, &c, g, gt, n, &scale);
+        for (b = 0; b < n; b += BLOCK) {
+            double lane[8] = {0}, block;
+            for (i = b; i < b + BLOCK && i < n; i++) {
+                double u = (double)(w[i] * (1.0f / scale));
+                lane[(i - b) % 8] += u * u;
+            }
+            block = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+            want += block;
+        }
+        want = 0.5 + want;
+        if (!CHECK(memcmp(&a, &c, sizeof a) == 0 && memcmp(&a, &want, sizeof a) == 0))
+            fprintf(stderr, "    %s: 1 thread %.17g, 2 threads %.17g, the order's %.17g\n", mp_dtype_name(gt), a, c, want);
+        free(w);
+    }
+out:
+    if (one) cpu->destroy(one);
+    if (two) cpu->destroy(two);
+    free(g32), free(g);
 }
 
 /* A tensor of 16 MiB asks Linux for huge pages (mp__advise_huge): the
@@ -2456,6 +2849,13 @@ int main(int argc, char **argv) {
     RUN(test_optimizer_subnormals());
     RUN(test_optimizer_keras_steps());
     RUN(test_optimizer_copy());
+    RUN(test_optimizer_options());
+    RUN(test_global_clipnorm_nonfinite());
+    RUN(test_gradient_accumulation());
+    RUN(test_set_gradients());
+    RUN(test_optimizer_options_refused());
+    RUN(test_warmup_cosine());
+    RUN(test_sum_squares_order());
     RUN(test_activation_memory());
     RUN(test_narrow_layer_workspace());
     RUN(test_model_memory());

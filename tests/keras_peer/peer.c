@@ -9,7 +9,8 @@
    colouring of automatic mixed precision against TensorFlow's (see
    test_amp). With a third, from layers.py, the graph layers
    (BatchNormalization, LayerNormalization, a residual Add) against Keras 3:
-   see compare_graph. tests/matrix.sh runs it when MIXPREC_KERAS_PYTHON
+   see compare_graph. With a fourth, from optimizers.py, the options of
+   Keras 3's optimizers: see compare_optimizer. tests/matrix.sh runs it when MIXPREC_KERAS_PYTHON
    names a python with tensorflow-cpu and tf-keras. */
 #define MIXPREC_IMPLEMENTATION
 #include "../../mixprec.h"
@@ -552,13 +553,96 @@ static void test_graphs(FILE *f) {
     CHECK(compared == graphs);
 }
 
+/* ---- optimizers.py's cases: the options of Keras 3's base optimizer on
+   a Dense(3) with bias (mean squared error, a batch of 4 a step), each
+   step mixprec's custom loop from the same weights and batches: the
+   weights after every step against Keras's, as a fraction of the largest.
+   float32: each side rounds every operation once in its own order (the
+   decay and clip as Keras writes them or as one factor: a few ulps), so
+   1e-5; mixed_float16 (its Inf step skipped on both sides) as the graph
+   cases. A case with a schedule (CosineDecay with a warmup) also has
+   Keras's rate at steps 0 to 19: mp_lr_schedule_value's to 1e-6. */
+static int compare_optimizer(FILE *f) {
+    static const char *const biases[] = {"bias", NULL};
+    char name[64], policy[32], kind[16];
+    float lr, wd, cn, cv, gcn, w[12], x[8], t[12], want[12], got[12], init, target, alpha, rates[20];
+    int acc, steps, step, ok, applied, mixed, warmup, decay;
+    double worst = 0.0, tol;
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_layer_desc out = mp_activation_layer(MP_LINEAR);
+    mp_model *m = NULL;
+    if (fscanf(f, "%63s %31s %15s %f %f %f %f %f %d %d %f %f %d %d %f", name, policy, kind, &lr, &wd, &cn, &cv, &gcn,
+               &acc, &steps, &init, &target, &warmup, &decay, &alpha) != 15 ||
+        (decay && !read_floats(f, rates, 20)) || !read_floats(f, w, 9))
+        return 0;
+    mixed = strcmp(policy, "float32") != 0;
+    tol = mixed ? graph_tolerance(policy) : 1e-5;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 2;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = !strcmp(kind, "adamw") ? MP_ADAMW : !strcmp(kind, "adam") ? MP_ADAM : MP_SGD;
+    cd.optimizer.learning_rate = lr;
+    cd.optimizer.weight_decay = wd;
+    cd.optimizer.exclude_from_weight_decay = biases;
+    cd.optimizer.clipnorm = cn;
+    cd.optimizer.clipvalue = cv;
+    cd.optimizer.global_clipnorm = gcn;
+    cd.optimizer.gradient_accumulation_steps = acc;
+    if (decay) {
+        mp_lr_schedule *sc = &cd.optimizer.schedule;
+        double off = 0.0;
+        sc->kind = MP_COSINE_DECAY, sc->initial_learning_rate = init, sc->warmup_target = target;
+        sc->warmup_steps = (uint64_t)warmup, sc->decay_steps = (uint64_t)decay, sc->alpha = alpha;
+        for (step = 0; step < 20; step++)
+            off = fmax(off, fabs(mp_lr_schedule_value(sc, (uint64_t)step) - rates[step]) / target);
+        if (!check_report(off <= 1e-6, __FILE__, __LINE__, "CosineDecay with a warmup: Keras 3's rates"))
+            fprintf(stderr, "    %s: off by %.3g of the target\n", name, off);
+    }
+    out.dtype = "float32";
+    ok = mp_set_global_policy_name(policy) == MP_OK && mp_model_create(&m, &md) == MP_OK &&
+         mp_model_add(m, mp_dense(3, MP_LINEAR)) == MP_OK && (!mixed || mp_model_add(m, out) == MP_OK) &&
+         mp_model_compile(m, &cd) == MP_OK && mp_model_set_weights(m, w, 9) == MP_OK;
+    mp_set_global_policy_name("float32");
+    for (step = 0; step < steps && ok; step++) {
+        mp_data d;
+        float loss;
+        ok = read_floats(f, x, 8) && read_floats(f, t, 12) && read_floats(f, want, 9);
+        memset(&d, 0, sizeof d);
+        d.x[0] = mp_rows(x, 4, 2);
+        d.y = mp_rows(t, 4, 3);
+        ok = ok && mp_forward(m, &d, 1) == MP_OK && mp_compute_loss(m, &d.y, &loss, NULL) == MP_OK &&
+             mp_compute_scaled_gradients(m) == MP_OK && mp_get_unscaled_gradients(m) == MP_OK &&
+             mp_apply_gradients(m, &applied) == MP_OK && mp_model_get_weights(m, got, 9) == MP_OK;
+        if (ok) worst = fmax(worst, off_by(got, want, 9, largest(want, 9)));
+    }
+    if (!CHECK(ok)) fprintf(stderr, "    %s: %s\n", name, m ? mp_model_error(m) : "no model");
+    else {
+        char what[200];
+        snprintf(what, sizeof what, "%s (%s, %d steps): weights within %.2g of Keras 3's (tolerance %.2g)", name, policy,
+                 steps, worst, tol);
+        check_report(worst <= tol, __FILE__, __LINE__, what);
+        printf("%s\n", what);
+    }
+    mp_model_destroy(m);
+    return ok;
+}
+
+static void test_optimizers(FILE *f) {
+    int cases = 0, i, compared = 0;
+    CHECK(fscanf(f, " optimizers %d", &cases) == 1 && cases > 0);
+    for (i = 0; i < cases; i++) compared += compare_optimizer(f);
+    CHECK(compared == cases);
+}
+
 int main(int argc, char **argv) {
-    FILE *f, *amp = NULL, *layers = NULL;
+    FILE *f, *amp = NULL, *layers = NULL, *opt = NULL;
     check_args(argc, argv);
-    if (argc < 2 || argc > 4 || !(f = fopen(argv[1], "r")) || (argc >= 3 && !(amp = fopen(argv[2], "r"))) ||
-        (argc == 4 && !(layers = fopen(argv[3], "r")))) {
-        fprintf(stderr, "usage: peer FILE [AMP_FILE [LAYERS_FILE]] (paths with a /, from "
-                        "tests/keras_peer/loss_from_logits.py, amp_paint.py, layers.py)\n");
+    if (argc < 2 || argc > 5 || !(f = fopen(argv[1], "r")) || (argc >= 3 && !(amp = fopen(argv[2], "r"))) ||
+        (argc >= 4 && !(layers = fopen(argv[3], "r"))) || (argc == 5 && !(opt = fopen(argv[4], "r")))) {
+        fprintf(stderr, "usage: peer FILE [AMP_FILE [LAYERS_FILE [OPTIMIZERS_FILE]]] (paths with a /, from "
+                        "tests/keras_peer/loss_from_logits.py, amp_paint.py, layers.py, optimizers.py)\n");
         return 2;
     }
     RUN(test_losses(f));
@@ -570,6 +654,10 @@ int main(int argc, char **argv) {
     if (layers) {
         RUN(test_graphs(layers));
         fclose(layers);
+    }
+    if (opt) {
+        RUN(test_optimizers(opt));
+        fclose(opt);
     }
     return check_done("keras_peer");
 }
