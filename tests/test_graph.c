@@ -1101,6 +1101,56 @@ static void test_weight_info_sequences(void) {
     mp_model_destroy(m);
 }
 
+/* The optimizer's variables are Keras's, one per weight_info entry, so
+   MultiHeadAttention's eight are clipped and excluded from weight decay
+   one by one (its biases lie inside its kernel block). SGD, lr 0.1, weight
+   decay 0.5 excluding "bias", clipnorm 1, every gradient set to 1: each
+   kernel becomes w - w 0.5 0.1 - 0.1 / sqrt(size), each bias
+   w - 0.1 / sqrt(size) (one norm over the layer would be sqrt(total)). */
+static void test_attention_variables(void) {
+    static const int shape[] = {4, 6, 0};
+    static const char *const exclude[] = {"bias", NULL};
+    mp_layer_desc layer = mp_multi_head_attention(2, 3, 1);
+    mp_compile_desc cd;
+    mp_model *m;
+    mp_weight_info wi;
+    float x[2 * 4 * 6], y[2 * 4 * 6], *w0 = NULL, *g = NULL, *w1 = NULL, loss;
+    size_t n, nt, j;
+    int i, applied = 0, bad = 0;
+    char detail[200] = "";
+    if (!(m = new_model("float32", shape, &layer, 1))) return;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_MEAN_SQUARED_ERROR;
+    cd.optimizer.kind = MP_SGD, cd.optimizer.learning_rate = 0.1f;
+    cd.optimizer.weight_decay = 0.5f, cd.optimizer.clipnorm = 1.0f;
+    cd.optimizer.exclude_from_weight_decay = exclude;
+    n = mp_model_param_count(m), nt = mp_model_trainable_param_count(m);
+    w0 = zalloc(n * sizeof *w0), g = zalloc(nt * sizeof *g), w1 = zalloc(n * sizeof *w1);
+    fill(x, 48, -1.0f, 1.0f), fill(y, 48, -1.0f, 1.0f);
+    for (j = 0; j < nt; j++) g[j] = 1.0f;
+    if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_get_weights(m, w0, n), m) || !OK(forward_rows(m, x, 2, 1), m) ||
+        !OK(loss_rows(m, NULL, y, 2, &loss, NULL), m) || !OK(mp_compute_scaled_gradients(m), m) ||
+        !OK(mp_get_unscaled_gradients(m), m) || !OK(mp_set_gradients(m, g, nt), m) ||
+        !OK(mp_apply_gradients(m, &applied), m) || !CHECK(applied) || !OK(mp_model_get_weights(m, w1, n), m))
+        goto out;
+    CHECK_EQ(mp_model_weight_count(m), 8);
+    for (i = 0; i < mp_model_weight_count(m) && OK(mp_model_weight_info(m, i, &wi), m); i++) {
+        int is_bias = strstr(wi.name, "bias") != NULL;
+        for (j = wi.offset; j < wi.offset + wi.size; j++) {
+            float w = w0[j], want = is_bias ? w : w - w * 0.5f * 0.1f;
+            want -= 0.1f * (float)(1.0 / sqrt((double)wi.size));
+            if (!(fabsf(w1[j] - want) <= 1e-6f) && bad++ == 0)
+                snprintf(detail, sizeof detail, "%s/%s[%d]: %.9g -> %.9g, want %.9g", wi.layer, wi.name,
+                         (int)(j - wi.offset), (double)w, (double)w1[j], (double)want);
+        }
+    }
+    check_all(bad, "MultiHeadAttention: clipnorm and the weight-decay exclusion per Keras variable", detail, __FILE__,
+              __LINE__);
+out:
+    free(w0), free(g), free(w1);
+    mp_model_destroy(m);
+}
+
 int main(int argc, char **argv) {
     check_args(argc, argv);
     RUN(test_graph_errors());
@@ -1118,6 +1168,7 @@ int main(int argc, char **argv) {
     RUN(test_sequence_errors());
     RUN(test_liveness());
     RUN(test_weight_info());
+    RUN(test_attention_variables());
     RUN(test_weight_info_sequences());
     RUN(test_residual_training());
     return check_done("test_graph");
