@@ -15061,12 +15061,17 @@ MIXPREC_API mp_status mp_safetensors_check(const void *buf, size_t len, char *wh
 /* >>safetensors: the model's weights by name. In the PyTorch layout a
    weight is torch.nn's: Linear's and Conv2d's weight and bias,
    BatchNorm's weight, bias, running_mean, running_var, LayerNorm's weight
-   and bias; mp__st_torch_perm gives the axis order: the file's axis j is
-   Keras's axis perm[j] (Linear (out, in); Conv2d (out, in, kh, kw)). */
+   and bias, Embedding's weight; MultiHeadAttention's projections are named
+   as Linear layers ("query.weight"). mp__st_torch_perm gives the axis
+   order: the file's axis j is Keras's axis perm[j]: a kernel's output axes
+   first, then its input axes (Linear (out, in); Conv2d (out, in, kh, kw);
+   the query, key and value kernels (heads, key_dim, in), the output
+   projection's (out, heads, key_dim): nn.Linear's weight once its first
+   two or last two axes are flattened). */
 static const char *mp__st_torch_name(const char *keras) {
     static const char *const map[][2] = {{"kernel", "weight"},          {"gamma", "weight"},
                                          {"beta", "bias"},              {"moving_mean", "running_mean"},
-                                         {"moving_variance", "running_var"}};
+                                         {"moving_variance", "running_var"}, {"embeddings", "weight"}};
     size_t i;
     for (i = 0; i < sizeof map / sizeof map[0]; i++)
         if (strcmp(keras, map[i][0]) == 0) return map[i][1];
@@ -15074,12 +15079,23 @@ static const char *mp__st_torch_name(const char *keras) {
 }
 
 static void mp__st_torch_perm(const mp_weight_info *w, int *perm) {
-    static const int dense[2] = {1, 0}, conv[4] = {3, 2, 0, 1};
-    int r;
+    static const int dense[2] = {1, 0}, conv[4] = {3, 2, 0, 1}, heads_in[3] = {1, 2, 0}, heads_out[3] = {2, 0, 1};
+    const char *slash = strrchr(w->name, '/'), *last = slash ? slash + 1 : w->name;
+    int r, kernel = strcmp(last, "kernel") == 0, out = strncmp(w->name, "attention_output/", 17) == 0;
     for (r = 0; r < w->rank; r++)
-        perm[r] = w->rank == 2 && strcmp(w->name, "kernel") == 0   ? dense[r]
-                  : w->rank == 4 && strcmp(w->name, "kernel") == 0 ? conv[r]
-                                                                   : r;
+        perm[r] = !kernel           ? r
+                  : w->rank == 2    ? dense[r]
+                  : w->rank == 4    ? conv[r]
+                  : out             ? heads_out[r]
+                                    : heads_in[r];
+}
+
+/* "query/kernel" as "query.weight": the path's separators as torch's */
+static void mp__st_put_torch_name(mp__text *t, const char *keras) {
+    const char *slash = strrchr(keras, '/'), *p;
+    char c[2] = {0, 0};
+    for (p = keras; slash && p <= slash; p++) c[0] = *p == '/' ? '.' : *p, mp__put(t, c);
+    mp__put(t, mp__st_torch_name(slash ? slash + 1 : keras));
 }
 
 /* One weight as the file names and shapes it: name (NUL-terminated), the
@@ -15102,7 +15118,8 @@ static void mp__st_describe(const mp_model *m, int index, int torch, mp__st_weig
     t.len = 0;
     mp__put(&t, s->w.layer);
     mp__put(&t, torch ? "." : "/");
-    mp__put(&t, torch ? mp__st_torch_name(s->w.name) : s->w.name);
+    if (torch) mp__st_put_torch_name(&t, s->w.name);
+    else mp__put(&t, s->w.name);
     for (r = 0; r < s->w.rank; r++) perm[r] = r;
     if (torch) mp__st_torch_perm(&s->w, perm);
     for (r = 0; r < s->w.rank; r++) s->shape[r] = s->w.shape[perm[r]];

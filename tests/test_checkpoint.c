@@ -1138,20 +1138,34 @@ done:
    (Conv2D's rank-4 kernel) in each dtype and layout: loaded into another
    model they give the exported weights (float16/bfloat16: mp_convert's
    rounding; the moving statistics exact), and saved again the same bytes. */
+/* whether b[len] holds the text s */
+static int has_text(const unsigned char *b, size_t len, const char *s) {
+    size_t i, n = strlen(s);
+    for (i = 0; i + n <= len; i++)
+        if (memcmp(b + i, s, n) == 0) return 1;
+    return 0;
+}
+
 static void test_safetensors_round_trip(void) {
-    static const int image[] = {5, 4, 2, 0};
-    mp_layer_desc conv[3];
-    mp_model *src[2], *dst[2];
+    static const int image[] = {5, 4, 2, 0}, tokens[] = {4, 0};
+    mp_layer_desc conv[3], seq[4];
+    mp_model *src[3], *dst[3];
     float *w = NULL, *back = NULL;
     int k, dt, layout;
     conv[0] = mp_conv2d(3, 2, 3, MP_SAME, MP_RELU);
     conv[1] = mp_flatten();
     conv[2] = mp_dense(2, MP_LINEAR);
+    seq[0] = mp_embedding(7, 6);
+    seq[1] = mp_multi_head_attention(2, 3, 1);
+    seq[2] = mp_layer_normalization();
+    seq[3] = mp_dense(7, MP_LINEAR);
     src[0] = graph_model(0, 0);
     dst[0] = graph_model(0, 1); /* compiled: its optimizer state is not touched */
     src[1] = new_model("mixed_float16", image, conv, 3);
     dst[1] = new_model("mixed_float16", image, conv, 3);
-    for (k = 0; k < 2; k++) {
+    src[2] = new_model("mixed_bfloat16", tokens, seq, 4);
+    dst[2] = new_model("mixed_bfloat16", tokens, seq, 4);
+    for (k = 0; k < 3; k++) {
         size_t n, i, bad = 0;
         if (!src[k] || !dst[k]) continue;
         n = mp_model_param_count(src[k]);
@@ -1166,6 +1180,10 @@ static void test_safetensors_round_trip(void) {
                 unsigned char *b = st_save(src[k], (mp_dtype)dt, (mp_weights_layout)layout, &len), *again;
                 if (!b) continue;
                 OK(mp_safetensors_check(b, len, NULL, 0), NULL);
+                if (k == 2 && layout == MP_LAYOUT_PYTORCH) /* nn.Embedding's and nn.Linear's names, (out, in) axes */
+                    CHECK(has_text(b, len, "\"embedding.weight\"") && has_text(b, len, "\"shape\":[7,6]") &&
+                          has_text(b, len, "\"multi_head_attention.query.weight\"") &&
+                          has_text(b, len, "\"shape\":[2,3,6]") && has_text(b, len, "\"shape\":[6,2,3]"));
                 OK(st_load(dst[k], (mp_weights_layout)layout, b, len), dst[k]);
                 OK(mp_model_get_weights(dst[k], back, n), dst[k]);
                 for (bad = 0, i = 0; i < n; i++) {
@@ -1183,7 +1201,7 @@ static void test_safetensors_round_trip(void) {
         free(w); free(back);
         w = back = NULL;
     }
-    for (k = 0; k < 2; k++) { mp_model_destroy(src[k]); mp_model_destroy(dst[k]); }
+    for (k = 0; k < 3; k++) { mp_model_destroy(src[k]); mp_model_destroy(dst[k]); }
 }
 
 /* Each rule, refused by the checker and by a load (MP_ERR_FORMAT, the model
