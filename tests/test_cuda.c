@@ -1108,6 +1108,29 @@ static void test_conv_model(void) {
     free(y);
 }
 
+/* Three training steps of model b (0 the CPU's, 1 the GPU's) on (d, y):
+   each step's loss into loss[b], then its weights into w[b] (the caller
+   frees them); the GPU's losses are compared with the CPU's, which ran
+   first. */
+static void three_steps(mp_model *m[2], int b, const mp_data *d, const mp_array *y, float loss[2][3], float *w[2],
+                        float rtol, const char *what) {
+    size_t nw = mp_model_param_count(m[b]);
+    int s, ok, applied;
+    w[b] = (float *)zalloc(nw * sizeof(float));
+    for (s = 0; s < 3; s++) {
+        ok = mp_forward(m[b], d, 1) == MP_OK && mp_compute_loss(m[b], y, &loss[b][s], NULL) == MP_OK &&
+             mp_compute_scaled_gradients(m[b]) == MP_OK && mp_get_unscaled_gradients(m[b]) == MP_OK &&
+             mp_apply_gradients(m[b], &applied) == MP_OK;
+        if (!CHECK(ok)) fprintf(stderr, "  %s: %s\n", what, mp_model_error(m[b]));
+    }
+    CHECK(mp_model_get_weights(m[b], w[b], nw) == MP_OK);
+    for (s = 0; b == 1 && s < 3; s++) {
+        tol t = {0.0f, rtol};
+        if (!CHECK(within(loss[1][s], loss[0][s], t)))
+            fprintf(stderr, "  %s step %d: loss gpu %.9g cpu %.9g\n", what, s, (double)loss[1][s], (double)loss[0][s]);
+    }
+}
+
 /* A graph on the device: a residual block with BatchNormalization, a
    Concatenate of two branches, AveragePooling2D, LayerNormalization,
    GlobalAveragePooling2D; three SGD steps' losses and the moving
@@ -1123,8 +1146,9 @@ static void test_graph_model(void) {
     for (p = 0; p < COUNT(policies); p++) {
         mp_model *m[2] = {NULL, NULL};
         float loss[2][3], *w[2] = {NULL, NULL};
-        size_t nw = 0;
-        int b, s;
+        mp_data d = data_xy(x, (int)features, NULL, n);
+        mp_array ys = mp_rows(y, n, (int)outs);
+        int b;
         for (b = 0; b < 2; b++) {
             mp_model_desc md;
             mp_compile_desc cd;
@@ -1152,23 +1176,7 @@ static void test_graph_model(void) {
             cd.optimizer.kind = MP_SGD;
             cd.optimizer.learning_rate = 0.05f;
             if (!CHECK(ok && mp_model_compile(m[b], &cd) == MP_OK)) fprintf(stderr, "  graph: %s\n", mp_model_error(m[b]));
-            nw = mp_model_param_count(m[b]); /* the same seed: the same initial weights */
-            w[b] = (float *)zalloc(nw * sizeof(float));
-            for (s = 0; s < 3; s++) {
-                size_t right;
-                int applied;
-                ok = forward_rows(m[b], x, n, 1) == MP_OK && loss_rows(m[b], NULL, y, n, &loss[b][s], &right) == MP_OK &&
-                     mp_compute_scaled_gradients(m[b]) == MP_OK && mp_get_unscaled_gradients(m[b]) == MP_OK &&
-                     mp_apply_gradients(m[b], &applied) == MP_OK;
-                if (!CHECK(ok)) fprintf(stderr, "  graph model: %s\n", mp_model_error(m[b]));
-            }
-            CHECK(mp_model_get_weights(m[b], w[b], nw) == MP_OK);
-        }
-        for (s = 0; s < 3; s++) {
-            tol t = {0.0f, rtol[p]};
-            if (!CHECK(within(loss[1][s], loss[0][s], t)))
-                fprintf(stderr, "  graph %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
-                        (double)loss[0][s]);
+            three_steps(m, b, &d, &ys, loss, w, rtol[p], policies[p]); /* the same seed: the same initial weights */
         }
         { /* BatchNormalization's moving statistics (after the two convolutions' weights and gamma, beta) */
             size_t at = (3 * 3 * 2 * 4 + 4) + (3 * 3 * 4 * 4 + 4) + 8, k;
@@ -1203,7 +1211,7 @@ static void test_sequence_model(void) {
         mp_model *m[2] = {NULL, NULL};
         float loss[2][3], *w[2] = {NULL, NULL};
         size_t nw = 0;
-        int b, s;
+        int b;
         for (b = 0; b < 2; b++) {
             mp_model_desc md;
             mp_compile_desc cd;
@@ -1235,21 +1243,7 @@ static void test_sequence_model(void) {
             cd.optimizer.learning_rate = 0.1f;
             if (!CHECK(ok && mp_model_compile(m[b], &cd) == MP_OK)) fprintf(stderr, "  sequence: %s\n", mp_model_error(m[b]));
             nw = mp_model_param_count(m[b]);
-            w[b] = (float *)zalloc(nw * sizeof(float));
-            for (s = 0; s < 3; s++) {
-                int applied;
-                ok = mp_forward(m[b], &d, 1) == MP_OK && mp_compute_loss(m[b], &y, &loss[b][s], NULL) == MP_OK &&
-                     mp_compute_scaled_gradients(m[b]) == MP_OK && mp_get_unscaled_gradients(m[b]) == MP_OK &&
-                     mp_apply_gradients(m[b], &applied) == MP_OK;
-                if (!CHECK(ok)) fprintf(stderr, "  sequence model: %s\n", mp_model_error(m[b]));
-            }
-            CHECK(mp_model_get_weights(m[b], w[b], nw) == MP_OK);
-        }
-        for (s = 0; s < 3; s++) {
-            tol t = {0.0f, rtol[p]};
-            if (!CHECK(within(loss[1][s], loss[0][s], t)))
-                fprintf(stderr, "  sequence %s step %d: loss gpu %.9g cpu %.9g\n", policies[p], s, (double)loss[1][s],
-                        (double)loss[0][s]);
+            three_steps(m, b, &d, &y, loss, w, rtol[p], policies[p]);
         }
         for (i = 0; i < nw; i++) {
             tol t = {1e-3f, rtol[p]};
