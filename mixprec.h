@@ -7234,37 +7234,86 @@ static void mp__norm_begin(mp__norm_args *a, void *out, mp_dtype outt, const voi
     a->gamma_beta = gamma_beta, a->epsilon = epsilon;
 }
 
+/* A column walk's tiles: where a row fits in a tile (cols <= MP__TILE) a
+   tile holds mp__norm_tile_rows whole rows, which lie contiguous in x, so
+   one load widens them all (a conversion call per row costs more than the
+   math of a narrow row) and the hardware prefetchers follow the walk; a
+   wider row goes a run of MP__TILE columns of one row at a time. The
+   per-column values an element loop reads are laid out as its tile is
+   (mp__norm_spread), so that loop runs over the whole tile. The run
+   functions go in blocks of 16 with a constant trip count, which
+   compilers vectorise, each element's math as >>rules writes it (the
+   result goes through a local block, so no check that the arrays overlap
+   stops the vectoriser). */
+static size_t mp__norm_tile_rows(size_t len, size_t cols) { return len == cols ? MP__TILE / cols : 1; }
+
+/* dst[i] = v[i % len] for i < nr * len: one tile's per-column values. */
+static void mp__norm_spread(float *dst, const float *v, size_t len, size_t nr) {
+    size_t q;
+    for (q = 0; q < nr; q++) memcpy(dst + q * len, v, len * sizeof(float));
+}
+
+/* acc += (x - mean)^2 over a run. */
+static void mp__norm_dev2_run(float *acc, const float *x, const float *mean, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (k = 0; k < 16; k++) d[k] = x[j + k] - mean[j + k];
+        for (k = 0; k < 16; k++) acc[j + k] += d[k] * d[k];
+    }
+    for (; j < n; j++) acc[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
+}
+
+/* sgx += g xhat and sg += g over a run, xhat from per-column mean and rstd. */
+static void mp__norm_grad_run(float *sgx, float *sg, const float *g, const float *x, const float *mean,
+                              const float *rstd, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (k = 0; k < 16; k++) d[k] = g[j + k] * mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]);
+        for (k = 0; k < 16; k++) sgx[j + k] += d[k];
+        memcpy(d, g + j, sizeof d);
+        for (k = 0; k < 16; k++) sg[j + k] += d[k];
+    }
+    for (; j < n; j++) sgx[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), sg[j] += g[j];
+}
+
 /* The column sums of columns [c0, c0 + len) by >>rules' order: s1 (and,
    for MP__NORM_SUM_GRAD, s2) get what each element adds. mean and rstd:
    the columns' (BatchNormalization), or NULL for each row's own from
-   a->stats (LayerNormalization). */
+   a->stats (LayerNormalization). Each part's rows add in row order
+   whatever the tile holds. */
 static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
                               const float *rstd, float *s1, float *s2) {
     float x[MP__TILE], g[MP__TILE], p1[MP__TILE], p2[MP__TILE];
-    size_t r0, r, j, end, es = mp__dtypes[a->dt].size;
-    int ahead = a->rows * a->cols * es >= MP__FAR; /* fetch rows ahead, as the bias gradient */
+    size_t r0, r, q, n, j, end, es = mp__dtypes[a->dt].size, nr = mp__norm_tile_rows(len, a->cols);
+    /* a walk of runs a row apart fetches rows ahead, as the bias gradient */
+    int ahead = nr == 1 && a->rows * a->cols * es >= MP__FAR;
     for (j = 0; j < len; j++) s1[j] = s2[j] = 0.0f;
     for (r0 = 0; r0 < a->rows; r0 = end) {
         end = mp__min(a->rows, r0 + MP__NORM_ROWS);
         for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
-        for (r = r0; r < end; r++) {
+        for (r = r0; r < end; r += n) {
+            n = mp__min(nr, end - r);
             if (ahead && r + MP__ROWS_AHEAD < a->rows) {
                 mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
                 if (what == MP__NORM_SUM_GRAD)
                     mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
             }
-            mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, len);
-            if (what == MP__NORM_SUM_X) {
-                mp__add_run(p1, x, len);
-            } else if (what == MP__NORM_SUM_DEV2) {
-                for (j = 0; j < len; j++) p1[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
-            } else if (mean) {
-                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
-                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), p2[j] += g[j];
-            } else {
-                float m = a->stats[2 * r], rs = a->stats[2 * r + 1];
-                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
-                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], m, rs), p2[j] += g[j];
+            mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
+            if (what == MP__NORM_SUM_GRAD) mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
+            for (q = 0; q < n; q++) {
+                const float *xq = x + q * len, *gq = g + q * len;
+                if (what == MP__NORM_SUM_X) {
+                    mp__add_run(p1, xq, len);
+                } else if (what == MP__NORM_SUM_DEV2) {
+                    mp__norm_dev2_run(p1, xq, mean, len);
+                } else if (mean) {
+                    mp__norm_grad_run(p1, p2, gq, xq, mean, rstd, len);
+                } else {
+                    float m = a->stats[2 * (r + q)], rs = a->stats[2 * (r + q) + 1];
+                    for (j = 0; j < len; j++) p1[j] += gq[j] * mp__norm_xhat(xq[j], m, rs), p2[j] += gq[j];
+                }
             }
         }
         for (j = 0; j < len; j++) s1[j] += p1[j], s2[j] += p2[j];
@@ -7322,21 +7371,34 @@ static void mp__bn_rstd(const mp__norm_args *a, size_t c, size_t len, float *rst
     for (j = 0; j < len; j++) rstd[j] = mp__norm_rstd(a->stats[a->cols + c + j], a->epsilon);
 }
 
+/* t = y(xhat(t)) over a run, the per-column values spread as t. */
+static void mp__bn_y_run(float *t, const float *mean, const float *rstd, const float *gamma, const float *beta, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float y[16];
+        for (k = 0; k < 16; k++) y[k] = mp__norm_y(mp__norm_xhat(t[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
+        memcpy(t + j, y, sizeof y);
+    }
+    for (; j < n; j++) t[j] = mp__norm_y(mp__norm_xhat(t[j], mean[j], rstd[j]), gamma[j], beta[j]);
+}
+
 /* y over rows [r0, r1) from the columns' statistics in a->stats. */
 static void mp__bn_y_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
-    const float *gamma = a->gamma_beta, *beta = a->gamma_beta + a->cols;
-    float rstd[MP__TILE], t[MP__TILE];
-    size_t c, r, j, len, cols = a->cols;
+    float rstd[MP__TILE], t[MP__TILE], m[MP__TILE], rs[MP__TILE], ga[MP__TILE], be[MP__TILE];
+    size_t c, r, n, nr, len, cols = a->cols;
     (void)thread;
     for (c = 0; c < cols; c += len) {
         len = mp__min(MP__TILE, cols - c);
+        nr = mp__norm_tile_rows(len, cols);
         mp__bn_rstd(a, c, len, rstd);
-        for (r = r0; r < r1; r++) {
-            mp__load(t, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
-            for (j = 0; j < len; j++)
-                t[j] = mp__norm_y(mp__norm_xhat(t[j], a->stats[c + j], rstd[j]), gamma[c + j], beta[c + j]);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, len);
+        mp__norm_spread(m, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
+        mp__norm_spread(ga, a->gamma_beta + c, len, nr), mp__norm_spread(be, a->gamma_beta + cols + c, len, nr);
+        for (r = r0; r < r1; r += n) {
+            n = mp__min(nr, r1 - r);
+            mp__load(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
+            mp__bn_y_run(t, m, rs, ga, be, n * len);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, n * len);
         }
     }
 }
@@ -7353,24 +7415,42 @@ static void mp__bn_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     }
 }
 
+/* x = dx(g, xhat(x)) over a run, the per-column values spread as x. */
+static void mp__bn_dx_run(float *x, const float *g, const float *k, const float *mean, const float *rstd, const float *mg,
+                          const float *mgx, size_t n) {
+    size_t j = 0, l;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (l = 0; l < 16; l++)
+            d[l] = mp__norm_dx(k[j + l], g[j + l], mp__norm_xhat(x[j + l], mean[j + l], rstd[j + l]), mg[j + l], mgx[j + l]);
+        memcpy(x + j, d, sizeof d);
+    }
+    for (; j < n; j++) x[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], mean[j], rstd[j]), mg[j], mgx[j]);
+}
+
 /* dx over rows [r0, r1), from the column sums in a->sums. */
 static void mp__bn_dx_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
     float rstd[MP__TILE], k[MP__TILE], mg[MP__TILE], mgx[MP__TILE], x[MP__TILE], g[MP__TILE];
-    size_t c, r, j, len, cols = a->cols;
+    float ks[MP__TILE], ms[MP__TILE], rs[MP__TILE], mgs[MP__TILE], mgxs[MP__TILE];
+    size_t c, r, j, n, nr, len, cols = a->cols;
     (void)thread;
     for (c = 0; c < cols; c += len) {
         len = mp__min(MP__TILE, cols - c);
+        nr = mp__norm_tile_rows(len, cols);
         mp__bn_rstd(a, c, len, rstd);
         for (j = 0; j < len; j++) {
             k[j] = a->gamma_beta[c + j] * rstd[j];
             mgx[j] = mp__norm_mean(a->sums[c + j], a->rows), mg[j] = mp__norm_mean(a->sums[cols + c + j], a->rows);
         }
-        for (r = r0; r < r1; r++) {
-            mp__load(x, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
-            mp__load(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, len);
-            for (j = 0; j < len; j++) x[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], a->stats[c + j], rstd[j]), mg[j], mgx[j]);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, len);
+        mp__norm_spread(ks, k, len, nr), mp__norm_spread(ms, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
+        mp__norm_spread(mgs, mg, len, nr), mp__norm_spread(mgxs, mgx, len, nr);
+        for (r = r0; r < r1; r += n) {
+            n = mp__min(nr, r1 - r);
+            mp__load(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
+            mp__load(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
+            mp__bn_dx_run(x, g, ks, ms, rs, mgs, mgxs, n * len);
+            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, n * len);
         }
     }
 }
