@@ -7253,6 +7253,14 @@ static void mp__norm_spread(float *dst, const float *v, size_t len, size_t nr) {
     for (q = 0; q < nr; q++) memcpy(dst + q * len, v, len * sizeof(float));
 }
 
+/* n values at src as float32: src itself where it is float32 (a copy
+   would cost as much as the pass's math), else widened into tile. */
+static const float *mp__norm_read(float *tile, const void *src, mp_dtype t, size_t n) {
+    if (t == MP_FLOAT32) return (const float *)src;
+    mp__load(tile, src, t, n);
+    return tile;
+}
+
 /* acc += (x - mean)^2 over a run. */
 static void mp__norm_dev2_run(float *acc, const float *x, const float *mean, size_t n) {
     size_t j = 0, k;
@@ -7278,46 +7286,102 @@ static void mp__norm_grad_run(float *sgx, float *sg, const float *g, const float
     for (; j < n; j++) sgx[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), sg[j] += g[j];
 }
 
-/* The column sums of columns [c0, c0 + len) by >>rules' order: s1 (and,
-   for MP__NORM_SUM_GRAD, s2) get what each element adds. mean and rstd:
-   the columns' (BatchNormalization), or NULL for each row's own from
-   a->stats (LayerNormalization). Each part's rows add in row order
-   whatever the tile holds. */
-static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
-                              const float *rstd, float *s1, float *s2) {
-    float x[MP__TILE], g[MP__TILE], p1[MP__TILE], p2[MP__TILE];
-    size_t r0, r, q, n, j, end, es = mp__dtypes[a->dt].size, nr = mp__norm_tile_rows(len, a->cols);
+/* One part's column sums, rows [r0, end) of columns [c0, c0 + len), from
+   +0 in row order (>>rules): p1 (and, for MP__NORM_SUM_GRAD, p2) get what
+   each element adds. mean and rstd: the columns' (BatchNormalization), or
+   NULL for each row's own from a->stats (LayerNormalization). */
+static void mp__norm_part_sums(const mp__norm_args *a, int what, size_t c0, size_t len, size_t r0, size_t end,
+                               const float *mean, const float *rstd, float *p1, float *p2) {
+    float xt[MP__TILE], gt[MP__TILE];
+    const float *x, *g = gt;
+    size_t r, q, n, j, es = mp__dtypes[a->dt].size, nr = mp__norm_tile_rows(len, a->cols);
     /* a walk of runs a row apart fetches rows ahead, as the bias gradient */
     int ahead = nr == 1 && a->rows * a->cols * es >= MP__FAR;
+    for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
+    for (r = r0; r < end; r += n) {
+        n = mp__min(nr, end - r);
+        if (ahead && r + MP__ROWS_AHEAD < a->rows) {
+            mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+            if (what == MP__NORM_SUM_GRAD)
+                mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+        }
+        x = mp__norm_read(xt, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
+        if (what == MP__NORM_SUM_GRAD) g = mp__norm_read(gt, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
+        for (q = 0; q < n; q++) {
+            const float *xq = x + q * len, *gq = g + q * len;
+            if (what == MP__NORM_SUM_X) {
+                mp__add_run(p1, xq, len);
+            } else if (what == MP__NORM_SUM_DEV2) {
+                mp__norm_dev2_run(p1, xq, mean, len);
+            } else if (mean) {
+                mp__norm_grad_run(p1, p2, gq, xq, mean, rstd, len);
+            } else {
+                float m = a->stats[2 * (r + q)], rs = a->stats[2 * (r + q) + 1];
+                for (j = 0; j < len; j++) p1[j] += gq[j] * mp__norm_xhat(xq[j], m, rs), p2[j] += gq[j];
+            }
+        }
+    }
+}
+
+/* The column sums of columns [c0, c0 + len) by >>rules' order, the parts'
+   sums added in part order into s1 and s2 (mp__norm_part_sums says what
+   they sum). */
+static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
+                              const float *rstd, float *s1, float *s2) {
+    float p1[MP__TILE], p2[MP__TILE];
+    size_t r0, j, end;
     for (j = 0; j < len; j++) s1[j] = s2[j] = 0.0f;
     for (r0 = 0; r0 < a->rows; r0 = end) {
         end = mp__min(a->rows, r0 + MP__NORM_ROWS);
-        for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
-        for (r = r0; r < end; r += n) {
-            n = mp__min(nr, end - r);
-            if (ahead && r + MP__ROWS_AHEAD < a->rows) {
-                mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
-                if (what == MP__NORM_SUM_GRAD)
-                    mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
-            }
-            mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
-            if (what == MP__NORM_SUM_GRAD) mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
-            for (q = 0; q < n; q++) {
-                const float *xq = x + q * len, *gq = g + q * len;
-                if (what == MP__NORM_SUM_X) {
-                    mp__add_run(p1, xq, len);
-                } else if (what == MP__NORM_SUM_DEV2) {
-                    mp__norm_dev2_run(p1, xq, mean, len);
-                } else if (mean) {
-                    mp__norm_grad_run(p1, p2, gq, xq, mean, rstd, len);
-                } else {
-                    float m = a->stats[2 * (r + q)], rs = a->stats[2 * (r + q) + 1];
-                    for (j = 0; j < len; j++) p1[j] += gq[j] * mp__norm_xhat(xq[j], m, rs), p2[j] += gq[j];
-                }
-            }
-        }
+        mp__norm_part_sums(a, what, c0, len, r0, end, mean, rstd, p1, p2);
         for (j = 0; j < len; j++) s1[j] += p1[j], s2[j] += p2[j];
     }
+}
+
+/* Column sums split by parts among the threads, for rows that fit a tile
+   (cols <= MP__TILE), where the columns give too few cache lines to split
+   (a narrow convolution's channels): each part's sums go to their own
+   place in `parts` (2 cols floats a part) and are then added in part
+   order, the same bits as one thread's walk; each thread reads whole
+   rows, contiguous. */
+typedef struct mp__norm_part_job {
+    const mp__norm_args *a;
+    int what;
+    const float *mean, *rstd; /* as mp__norm_part_sums takes them */
+    float *parts;
+} mp__norm_part_job;
+
+static void mp__norm_parts_range(void *args, size_t p0, size_t p1, int thread) {
+    const mp__norm_part_job *j = (const mp__norm_part_job *)args;
+    size_t p, cols = j->a->cols;
+    (void)thread;
+    for (p = p0; p < p1; p++)
+        mp__norm_part_sums(j->a, j->what, 0, cols, p * MP__NORM_ROWS, mp__min(j->a->rows, (p + 1) * MP__NORM_ROWS),
+                           j->mean, j->rstd, j->parts + 2 * p * cols, j->parts + (2 * p + 1) * cols);
+}
+
+static size_t mp__norm_part_count(size_t rows) { return (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS; }
+
+static void mp__norm_sums_by_parts(void *ctx, const mp__norm_args *a, int what, const float *mean, const float *rstd,
+                                   float *parts, float *s1, float *s2) {
+    mp__norm_part_job job;
+    size_t p, j, n = mp__norm_part_count(a->rows), cols = a->cols;
+    job.a = a, job.what = what, job.mean = mean, job.rstd = rstd, job.parts = parts;
+    mp__parallel_items(mp__pool_of(ctx), n, MP__NORM_ROWS * cols, mp__norm_parts_range, &job);
+    for (j = 0; j < cols; j++) s1[j] = s2[j] = 0.0f;
+    for (p = 0; p < n; p++)
+        for (j = 0; j < cols; j++) s1[j] += parts[2 * p * cols + j], s2[j] += parts[(2 * p + 1) * cols + j];
+}
+
+/* The parts' place for mp__norm_sums_by_parts, or NULL where the columns
+   split as they are (one thread, rows wider than a tile, rows enough
+   cache lines for every thread) or there is no memory for it: either way
+   the same bits. */
+static float *mp__norm_parts_alloc(void *ctx, const mp__norm_args *a) {
+    int threads = mp_pool_threads(mp__pool_of(ctx));
+    size_t lines = a->cols * mp__dtypes[a->dt].size / 64;
+    if (threads < 2 || a->cols > MP__TILE || lines >= (size_t)threads || a->rows <= MP__NORM_ROWS) return NULL;
+    return (float *)mp__alloc(mp__norm_part_count(a->rows) * 2 * a->cols * sizeof(float));
 }
 
 /* Columns [c0, c1) of a->sums = sum dy xhat [cols] then sum dy [cols];
@@ -7344,25 +7408,42 @@ static float mp__norm_lanes_total(float *acc) {
     return acc[0];
 }
 
+/* BatchNormalization's statistics of columns [c, c + len) from their means
+   and sums of squared deviations, and the moving update. */
+static void mp__bn_stats_put(const mp__norm_args *a, size_t c, size_t len, const float *mean, const float *dev2) {
+    float *stats = a->stats_out;
+    size_t j, cols = a->cols;
+    for (j = 0; j < len; j++) {
+        float var = mp__norm_mean(dev2[j], a->rows);
+        stats[c + j] = mean[j], stats[cols + c + j] = var;
+        a->moving[c + j] = mp__norm_moving(a->moving[c + j], mean[j], a->momentum);
+        a->moving[cols + c + j] = mp__norm_moving(a->moving[cols + c + j], var, a->momentum);
+    }
+}
+
 /* BatchNormalization's batch statistics and moving update, columns [c0, c1). */
 static void mp__bn_stats_cols(void *args, size_t c0, size_t c1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
     float mean[MP__TILE], s1[MP__TILE], s2[MP__TILE];
-    float *stats = a->stats_out;
-    size_t c, j, len, cols = a->cols;
+    size_t c, j, len;
     (void)thread;
     for (c = c0; c < c1; c += len) {
         len = mp__min(MP__TILE, c1 - c);
         mp__norm_col_sums(a, MP__NORM_SUM_X, c, len, NULL, NULL, s1, s2);
         for (j = 0; j < len; j++) mean[j] = mp__norm_mean(s1[j], a->rows);
         mp__norm_col_sums(a, MP__NORM_SUM_DEV2, c, len, mean, NULL, s1, s2);
-        for (j = 0; j < len; j++) {
-            float var = mp__norm_mean(s1[j], a->rows);
-            stats[c + j] = mean[j], stats[cols + c + j] = var;
-            a->moving[c + j] = mp__norm_moving(a->moving[c + j], mean[j], a->momentum);
-            a->moving[cols + c + j] = mp__norm_moving(a->moving[cols + c + j], var, a->momentum);
-        }
+        mp__bn_stats_put(a, c, len, mean, s1);
     }
+}
+
+/* The same, all columns, their sums by parts (mp__norm_sums_by_parts). */
+static void mp__bn_stats_parts(void *ctx, const mp__norm_args *a, float *parts) {
+    float mean[MP__TILE], s1[MP__TILE], s2[MP__TILE];
+    size_t j;
+    mp__norm_sums_by_parts(ctx, a, MP__NORM_SUM_X, NULL, NULL, parts, s1, s2);
+    for (j = 0; j < a->cols; j++) mean[j] = mp__norm_mean(s1[j], a->rows);
+    mp__norm_sums_by_parts(ctx, a, MP__NORM_SUM_DEV2, mean, NULL, parts, s1, s2);
+    mp__bn_stats_put(a, 0, a->cols, mean, s1);
 }
 
 /* rstd[0, len) of columns [c, c + len) from the variances in a->stats. */
@@ -7371,15 +7452,23 @@ static void mp__bn_rstd(const mp__norm_args *a, size_t c, size_t len, float *rst
     for (j = 0; j < len; j++) rstd[j] = mp__norm_rstd(a->stats[a->cols + c + j], a->epsilon);
 }
 
-/* t = y(xhat(t)) over a run, the per-column values spread as t. */
-static void mp__bn_y_run(float *t, const float *mean, const float *rstd, const float *gamma, const float *beta, size_t n) {
+/* out = y(xhat(x)) over a run (out may be x), the per-column values spread as x. */
+static void mp__bn_y_run(float *out, const float *x, const float *mean, const float *rstd, const float *gamma,
+                         const float *beta, size_t n) {
     size_t j = 0, k;
     for (; j + 16 <= n; j += 16) {
         float y[16];
-        for (k = 0; k < 16; k++) y[k] = mp__norm_y(mp__norm_xhat(t[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
-        memcpy(t + j, y, sizeof y);
+        for (k = 0; k < 16; k++) y[k] = mp__norm_y(mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
+        memcpy(out + j, y, sizeof y);
     }
-    for (; j < n; j++) t[j] = mp__norm_y(mp__norm_xhat(t[j], mean[j], rstd[j]), gamma[j], beta[j]);
+    for (; j < n; j++) out[j] = mp__norm_y(mp__norm_xhat(x[j], mean[j], rstd[j]), gamma[j], beta[j]);
+}
+
+/* Where a row pass writes a tile: out itself where it is float32, else t
+   (then narrowed into out by mp__norm_write). */
+static float *mp__norm_dest(float *t, void *out, mp_dtype outt) { return outt == MP_FLOAT32 ? (float *)out : t; }
+static void mp__norm_write(void *out, mp_dtype outt, const float *t, size_t n) {
+    if (outt != MP_FLOAT32) mp__store(out, outt, t, n);
 }
 
 /* y over rows [r0, r1) from the columns' statistics in a->stats. */
@@ -7395,10 +7484,11 @@ static void mp__bn_y_rows(void *args, size_t r0, size_t r1, int thread) {
         mp__norm_spread(m, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
         mp__norm_spread(ga, a->gamma_beta + c, len, nr), mp__norm_spread(be, a->gamma_beta + cols + c, len, nr);
         for (r = r0; r < r1; r += n) {
+            void *out = mp__at_mut(a->out, a->outt, r * cols + c);
             n = mp__min(nr, r1 - r);
-            mp__load(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
-            mp__bn_y_run(t, m, rs, ga, be, n * len);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, n * len);
+            mp__bn_y_run(mp__norm_dest(t, out, a->outt), mp__norm_read(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len),
+                         m, rs, ga, be, n * len);
+            mp__norm_write(out, a->outt, t, n * len);
         }
     }
 }
@@ -7415,17 +7505,18 @@ static void mp__bn_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     }
 }
 
-/* x = dx(g, xhat(x)) over a run, the per-column values spread as x. */
-static void mp__bn_dx_run(float *x, const float *g, const float *k, const float *mean, const float *rstd, const float *mg,
-                          const float *mgx, size_t n) {
+/* out = dx(g, xhat(x)) over a run (out may be x or g), the per-column
+   values spread as x. */
+static void mp__bn_dx_run(float *out, const float *x, const float *g, const float *k, const float *mean, const float *rstd,
+                          const float *mg, const float *mgx, size_t n) {
     size_t j = 0, l;
     for (; j + 16 <= n; j += 16) {
         float d[16];
         for (l = 0; l < 16; l++)
             d[l] = mp__norm_dx(k[j + l], g[j + l], mp__norm_xhat(x[j + l], mean[j + l], rstd[j + l]), mg[j + l], mgx[j + l]);
-        memcpy(x + j, d, sizeof d);
+        memcpy(out + j, d, sizeof d);
     }
-    for (; j < n; j++) x[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], mean[j], rstd[j]), mg[j], mgx[j]);
+    for (; j < n; j++) out[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], mean[j], rstd[j]), mg[j], mgx[j]);
 }
 
 /* dx over rows [r0, r1), from the column sums in a->sums. */
@@ -7446,11 +7537,13 @@ static void mp__bn_dx_rows(void *args, size_t r0, size_t r1, int thread) {
         mp__norm_spread(ks, k, len, nr), mp__norm_spread(ms, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
         mp__norm_spread(mgs, mg, len, nr), mp__norm_spread(mgxs, mgx, len, nr);
         for (r = r0; r < r1; r += n) {
+            void *out = mp__at_mut(a->out, a->outt, r * cols + c);
+            const float *xr, *gr;
             n = mp__min(nr, r1 - r);
-            mp__load(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
-            mp__load(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
-            mp__bn_dx_run(x, g, ks, ms, rs, mgs, mgxs, n * len);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, n * len);
+            xr = mp__norm_read(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
+            gr = mp__norm_read(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
+            mp__bn_dx_run(mp__norm_dest(x, out, a->outt), xr, gr, ks, ms, rs, mgs, mgxs, n * len);
+            mp__norm_write(out, a->outt, x, n * len);
         }
     }
 }
@@ -7471,8 +7564,11 @@ static void mp__cpu_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, m
     mp__norm_begin(&a, y, yt, x, NULL, dt, rows, cols, gamma_beta, epsilon);
     a.stats = training ? stats : moving;
     if (training) {
+        float *parts = mp__norm_parts_alloc(ctx, &a);
         a.stats_out = stats, a.moving = moving, a.momentum = momentum;
-        mp__norm_cols(ctx, &a, mp__bn_stats_cols);
+        if (parts) mp__bn_stats_parts(ctx, &a, parts);
+        else mp__norm_cols(ctx, &a, mp__bn_stats_cols);
+        mp__free(parts);
     }
     mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_y_rows, &a);
 }
@@ -7481,10 +7577,18 @@ static void mp__cpu_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const
                                         size_t rows, size_t cols, const float *gamma_beta, const float *stats,
                                         float epsilon, float *dgamma_beta) {
     mp__norm_args a;
+    float rstd[MP__TILE], *parts;
     if (!rows || !cols) return;
     mp__norm_begin(&a, dx, dxt, x, dy, dt, rows, cols, gamma_beta, epsilon);
     a.stats = stats, a.sums = dgamma_beta;
-    mp__norm_cols(ctx, &a, mp__bn_grad_cols);
+    parts = mp__norm_parts_alloc(ctx, &a);
+    if (parts) {
+        mp__bn_rstd(&a, 0, cols, rstd);
+        mp__norm_sums_by_parts(ctx, &a, MP__NORM_SUM_GRAD, stats, rstd, parts, dgamma_beta, dgamma_beta + cols);
+    } else {
+        mp__norm_cols(ctx, &a, mp__bn_grad_cols);
+    }
+    mp__free(parts);
     if (dx) mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_dx_rows, &a);
 }
 
