@@ -5271,7 +5271,20 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
 #if defined(MP__SIMD_AVX512) && defined(__FMA__)
     size_t q;
     MP__TILE_ZERO;
-    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+    /* A tile whose columns inside C are 16 or fewer (a product 16 wide: a
+       narrow convolution's filters or channels) sums its first 16 alone,
+       the same sums, and leaves the others +0: half the products and B
+       loads of the whole tile. */
+    if (d->cols <= 16) {
+        for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+            __m512 b0 = _mm512_loadu_ps(b);
+            mp__fetch_next(d, q);
+#define MP__FMA(r, lo, hi) lo = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b0, lo)
+            MP__TILE_EACH(MP__FMA);
+#undef MP__FMA
+        }
+    }
+    for (q = 0; d->cols > 16 && q < kc; q++, a += MP__MR, b += MP__NR) {
         __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), av;
         mp__fetch_next(d, q);
 #define MP__FMA(r, lo, hi) \
@@ -5318,7 +5331,16 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
                             const mp__tile_dest *d) {
     size_t q;
     MP__TILE_ZERO;
-    for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
+    if (d->cols <= 16) { /* a narrow tile (mp__kernel) */
+        for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+            mp__fetch_next(d, q);
+#define MP__DOT(r, lo, hi) lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_set1_epi32((int)a[r]), b0)
+            MP__TILE_EACH(MP__DOT);
+#undef MP__DOT
+        }
+    }
+    for (q = 0; d->cols > 16 && q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32), av;
         mp__fetch_next(d, q);
 #define MP__DOT(r, lo, hi)                                   \
