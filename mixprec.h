@@ -4974,15 +4974,36 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
    they are, in pairs along q (even q in the low half), [depth][width]
    pairs a panel, depth >= ceil(qc/2) (AMX's tiles take whole 16-pair
    steps); a missing q or row is 0. */
-static const uint16_t mp__zero_run[MP__NR > MP__MR ? MP__NR : MP__MR] = {0}; /* the row after the last */
+enum { MP__PACK_SPAN = MP__PACK_PANELS * MP__MR }; /* the values of a pair of rows in a step of A's panels */
+static const uint16_t mp__zero_run[(int)MP__NR > (int)MP__PACK_SPAN ? (int)MP__NR : (int)MP__PACK_SPAN] = {0}; /* the row after the last */
 
 /* One pair of rows, lo and hi, of one panel: w values, zeros up to width. */
 MP__HOT void mp__pack_pair_row(uint32_t *dst, size_t width, const uint16_t *lo, const uint16_t *hi, size_t w) {
     size_t r;
     if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
-    else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
     else mp__interleave(dst, lo, hi, w);
     for (r = w; r < width; r++) dst[r] = 0;
+}
+
+/* A step of A's panels (MR = 12 values each): the pair of rows across all
+   of them interleaved at once, in blocks of 16 that compilers vectorise,
+   into `pairs`, then each panel's part copied: a panel at a time went 4
+   values a vector, and packing the transposed column matrix of a
+   convolution's weight gradient (k-major, MR panels over its patch) was
+   a large part of the narrow ResNet's mixed_bfloat16 step
+   (bench/convnet --model resnet). */
+static void mp__pack_pair_step(uint32_t *panels, size_t depth, const uint16_t *lo, const uint16_t *hi, size_t span) {
+    uint32_t pairs[MP__PACK_SPAN];
+    size_t r = 0, k, g;
+    for (; r + 16 <= span; r += 16)
+        for (k = 0; k < 16; k++) pairs[r + k] = (uint32_t)lo[r + k] | (uint32_t)hi[r + k] << 16;
+    mp__interleave(pairs + r, lo + r, hi + r, span - r);
+    for (g = 0; g < span; g += MP__MR) {
+        size_t w = mp__min(MP__MR, span - g);
+        uint32_t *dst = panels + g * depth;
+        if (w == MP__MR) memcpy(dst, pairs + g, MP__MR * sizeof(uint32_t)); /* a constant size: moves in line */
+        for (k = 0; w < MP__MR && k < MP__MR; k++) dst[k] = k < w ? pairs[g + k] : 0;
+    }
 }
 
 /* Rows q and q + 1 of the source are runs (X(q, r) at x[q * ld + r]). */
@@ -4999,6 +5020,10 @@ static void mp__pack_pair_runs(uint32_t *out, size_t width, const uint16_t *x, s
             if (ahead && 2 * (p + MP__PACK_AHEAD) + 1 < qc) {
                 mp__prefetch_bytes(lo + 2 * MP__PACK_AHEAD * ld, span * sizeof(uint16_t));
                 mp__prefetch_bytes(lo + (2 * MP__PACK_AHEAD + 1) * ld, span * sizeof(uint16_t));
+            }
+            if (width == MP__MR) {
+                mp__pack_pair_step(panels + p * width, depth, lo, second ? lo + ld : mp__zero_run, span);
+                continue;
             }
             for (g = 0; g < span; g += width)
                 mp__pack_pair_row(panels + g * depth + p * width, width, lo + g, second ? lo + ld + g : mp__zero_run,
