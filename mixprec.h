@@ -4183,6 +4183,16 @@ typedef struct mp__rows_op {
     mp_activation act;
 } mp__rows_op;
 
+/* The runs a row kernel goes over for rows [r0, r1) of cols: each row
+   (per = cols), or, where every element's result is its own (no bias, no
+   softmax), the rows as one run (per = their elements): a tile then
+   holds many narrow rows (a narrow convolution's channels), where a
+   conversion call per row cost more than the row's math. */
+static void mp__row_runs(size_t r0, size_t r1, size_t cols, int elementwise, size_t *per, size_t *runs) {
+    *per = elementwise ? (r1 - r0) * cols : cols;
+    *runs = elementwise ? 1 : r1 - r0;
+}
+
 static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__rows_op *op = (const mp__rows_op *)args;
     const void *x = op->a, *bias = op->b;
@@ -4191,14 +4201,15 @@ static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
     mp_activation act = op->act;
     mp_dtype dt = op->dt;
     float t[MP__TILE], b[MP__TILE];
-    size_t r, i, len;
+    size_t r, i, len, per, runs;
     (void)thread;
-    for (r = r0; r < r1; r++) {
-        const void *xr = mp__at(x, dt, r * cols);
-        void *yr = mp__at_mut(y, dt, r * cols);
+    mp__row_runs(r0, r1, cols, !bias && act != MP_SOFTMAX, &per, &runs);
+    for (r = 0; r < runs; r++) {
+        const void *xr = mp__at(x, dt, r0 * cols + r * per);
+        void *yr = mp__at_mut(y, dt, r0 * cols + r * per);
         if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
-        for (i = 0; i < cols; i += len) {
-            len = mp__min(MP__TILE, cols - i);
+        for (i = 0; i < per; i += len) {
+            len = mp__min(MP__TILE, per - i);
             mp__load_biased(t, b, xr, bias, i, len, dt);
             mp__act_run(act, t, len);
             mp__store(mp__at_mut(yr, dt, i), dt, t, len);
@@ -4214,20 +4225,21 @@ static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) 
     mp_activation act = op->act;
     mp_dtype dxt = op->outt, dt = op->dt;
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
-    size_t r, i, j, len;
+    size_t r, i, j, len, per, runs;
     (void)thread;
-    for (r = r0; r < r1; r++) {
-        size_t base = r * cols;
+    mp__row_runs(r0, r1, cols, act != MP_SOFTMAX, &per, &runs);
+    for (r = 0; r < runs; r++) {
+        size_t base = r0 * cols + r * per;
         float dot = 0.0f; /* softmax: sum(dy * y) over the row */
         if (act == MP_SOFTMAX)
-            for (i = 0; i < cols; i += len) {
-                len = mp__min(MP__TILE, cols - i);
+            for (i = 0; i < per; i += len) {
+                len = mp__min(MP__TILE, per - i);
                 mp__load(g, mp__at(dy, dt, base + i), dt, len);
                 mp__load(o, mp__at(y, dt, base + i), dt, len);
                 for (j = 0; j < len; j++) dot += g[j] * o[j];
             }
-        for (i = 0; i < cols; i += len) {
-            len = mp__min(MP__TILE, cols - i);
+        for (i = 0; i < per; i += len) {
+            len = mp__min(MP__TILE, per - i);
             mp__load(g, mp__at(dy, dt, base + i), dt, len);
             if (act != MP_LINEAR) mp__load(o, mp__at(y, dt, base + i), dt, len);
             if (act == MP_GELU) mp__load(in, mp__at(x, dt, base + i), dt, len);
