@@ -4997,26 +4997,30 @@ MP__HOT void mp__pack_pair_row(uint32_t *dst, size_t width, const uint16_t *lo, 
     for (r = w; r < width; r++) dst[r] = 0;
 }
 
-/* A step of A's panels (MR = 12 values each): the pair of rows across all
-   of them interleaved at once, in blocks of 16 that compilers vectorise,
-   into `pairs`, then each panel's part copied: a panel at a time went 4
-   values a vector, and packing the transposed column matrix of a
-   convolution's weight gradient (k-major, MR panels over its patch) was
-   a large part of the narrow ResNet's mixed_bfloat16 step
-   (bench/convnet --model resnet). */
+/* A step of A's panels (MR = 12 values each), the pair of rows lo and hi
+   across all of them: each panel's values widened to 32 bits, hi shifted
+   over lo, under masks (0 past span), one store a panel. A panel at a
+   time through the generic interleave went 4 values a vector, and packing
+   the transposed column matrix of a convolution's weight gradient
+   (k-major, MR panels over its patch) was a large part of the narrow
+   ResNet's mixed_bfloat16 step (bench/convnet --model resnet). (g++'s
+   false positive on `_mm512_undefined`: mp__transpose16.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 static void mp__pack_pair_step(uint32_t *panels, size_t depth, const uint16_t *lo, const uint16_t *hi, size_t span) {
-    uint32_t pairs[MP__PACK_SPAN];
-    size_t r = 0, k, g;
-    for (; r + 16 <= span; r += 16)
-        for (k = 0; k < 16; k++) pairs[r + k] = (uint32_t)lo[r + k] | (uint32_t)hi[r + k] << 16;
-    mp__interleave(pairs + r, lo + r, hi + r, span - r);
+    size_t g;
     for (g = 0; g < span; g += MP__MR) {
-        size_t w = mp__min(MP__MR, span - g);
-        uint32_t *dst = panels + g * depth;
-        if (w == MP__MR) memcpy(dst, pairs + g, MP__MR * sizeof(uint32_t)); /* a constant size: moves in line */
-        for (k = 0; w < MP__MR && k < MP__MR; k++) dst[k] = k < w ? pairs[g + k] : 0;
+        __mmask16 k = (__mmask16)mp__z_tail(mp__min(MP__MR, span - g));
+        __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, lo + g));
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, hi + g));
+        _mm512_mask_storeu_epi32(panels + g * depth, (__mmask16)mp__z_tail(MP__MR), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
     }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 /* Rows q and q + 1 of the source are runs (X(q, r) at x[q * ld + r]). */
 static void mp__pack_pair_runs(uint32_t *out, size_t width, const uint16_t *x, size_t ld, size_t r0, size_t rc,
