@@ -6917,13 +6917,21 @@ static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
         unsigned char *out = (unsigned char *)a->col + i * mp__col_elems(g) * es;
         const unsigned char *img = (const unsigned char *)mp__at(a->img, a->dt, i * mp__img_elems(g));
         for (oy = 0; oy < g->oh; oy++)
-            for (ox = 0; ox < g->ow; ox++)
+            for (ox = 0; ox < g->ow; ox++) {
+                int iy = oy * g->sh - g->pt, ix = ox * g->sw - g->pl;
+                if (iy >= 0 && ix >= 0 && iy + g->kh <= g->h && ix + g->kw <= g->w) { /* the window inside the image: KH whole runs, no bounds or padding a row */
+                    const unsigned char *from = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * px;
+                    for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px)
+                        memcpy(out, from + (size_t)ky * (size_t)g->w * px, (size_t)g->kw * px);
+                    continue;
+                }
                 for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px) {
                     at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1); /* padding only where there is some */
                     if (kx0 > 0) memset(out, 0, (size_t)kx0 * px);
                     if (kx1 > kx0) memcpy(out + (size_t)kx0 * px, img + at * px, (size_t)(kx1 - kx0) * px);
                     if (kx1 < g->kw) memset(out + (size_t)kx1 * px, 0, (size_t)(g->kw - kx1) * px);
                 }
+            }
     }
 }
 
