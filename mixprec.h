@@ -4987,7 +4987,8 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
    pairs a panel, depth >= ceil(qc/2) (AMX's tiles take whole 16-pair
    steps); a missing q or row is 0. */
 enum { MP__PACK_SPAN = MP__PACK_PANELS * MP__MR }; /* the values of a pair of rows in a step of A's panels */
-static const uint16_t mp__zero_run[(int)MP__NR > (int)MP__PACK_SPAN ? (int)MP__NR : (int)MP__PACK_SPAN] = {0}; /* the row after the last */
+/* the row after the last */
+static const uint16_t mp__zero_run[(int)MP__NR > (int)MP__PACK_SPAN ? (int)MP__NR : (int)MP__PACK_SPAN] = {0};
 
 /* One pair of rows, lo and hi, of one panel: w values, zeros up to width. */
 MP__HOT void mp__pack_pair_row(uint32_t *dst, size_t width, const uint16_t *lo, const uint16_t *hi, size_t w) {
@@ -5015,7 +5016,8 @@ static void mp__pack_pair_step(uint32_t *panels, size_t depth, const uint16_t *l
         __mmask16 k = (__mmask16)mp__z_tail(mp__min(MP__MR, span - g));
         __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, lo + g));
         __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, hi + g));
-        _mm512_mask_storeu_epi32(panels + g * depth, (__mmask16)mp__z_tail(MP__MR), _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+        _mm512_mask_storeu_epi32(panels + g * depth, (__mmask16)mp__z_tail(MP__MR),
+                                 _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
     }
 }
 #if defined(__GNUC__) && !defined(__clang__)
@@ -6919,7 +6921,8 @@ static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
         for (oy = 0; oy < g->oh; oy++)
             for (ox = 0; ox < g->ow; ox++) {
                 int iy = oy * g->sh - g->pt, ix = ox * g->sw - g->pl;
-                if (iy >= 0 && ix >= 0 && iy + g->kh <= g->h && ix + g->kw <= g->w) { /* the window inside the image: KH whole runs, no bounds or padding a row */
+                /* the window inside the image: KH whole runs, no bounds or padding a row */
+                if (iy >= 0 && ix >= 0 && iy + g->kh <= g->h && ix + g->kw <= g->w) {
                     const unsigned char *from = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * px;
                     for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px)
                         memcpy(out, from + (size_t)ky * (size_t)g->w * px, (size_t)g->kw * px);
@@ -7529,7 +7532,8 @@ static void mp__bn_y_run(float *out, const float *x, const float *mean, const fl
     size_t j = 0, k;
     for (; j + 16 <= n; j += 16) {
         float y[16];
-        for (k = 0; k < 16; k++) y[k] = mp__norm_y(mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
+        for (k = 0; k < 16; k++)
+            y[k] = mp__norm_y(mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
         memcpy(out + j, y, sizeof y);
     }
     for (; j < n; j++) out[j] = mp__norm_y(mp__norm_xhat(x[j], mean[j], rstd[j]), gamma[j], beta[j]);
