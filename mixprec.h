@@ -4605,6 +4605,16 @@ typedef struct mp__rows_op {
     mp_activation act;
 } mp__rows_op;
 
+/* The runs a row kernel goes over for rows [r0, r1) of cols: each row
+   (per = cols), or, where every element's result is its own (no bias, no
+   softmax), the rows as one run (per = their elements): a tile then
+   holds many narrow rows (a narrow convolution's channels), where a
+   conversion call per row cost more than the row's math. */
+static void mp__row_runs(size_t r0, size_t r1, size_t cols, int elementwise, size_t *per, size_t *runs) {
+    *per = elementwise ? (r1 - r0) * cols : cols;
+    *runs = elementwise ? 1 : r1 - r0;
+}
+
 static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__rows_op *op = (const mp__rows_op *)args;
     const void *x = op->a, *bias = op->b;
@@ -4613,14 +4623,15 @@ static void mp__bias_act_rows(void *args, size_t r0, size_t r1, int thread) {
     mp_activation act = op->act;
     mp_dtype dt = op->dt;
     float t[MP__TILE], b[MP__TILE];
-    size_t r, i, len;
+    size_t r, i, len, per, runs;
     (void)thread;
-    for (r = r0; r < r1; r++) {
-        const void *xr = mp__at(x, dt, r * cols);
-        void *yr = mp__at_mut(y, dt, r * cols);
+    mp__row_runs(r0, r1, cols, !bias && act != MP_SOFTMAX, &per, &runs);
+    for (r = 0; r < runs; r++) {
+        const void *xr = mp__at(x, dt, r0 * cols + r * per);
+        void *yr = mp__at_mut(y, dt, r0 * cols + r * per);
         if (act == MP_SOFTMAX) { mp__softmax_row(yr, xr, bias, cols, dt); continue; }
-        for (i = 0; i < cols; i += len) {
-            len = mp__min(MP__TILE, cols - i);
+        for (i = 0; i < per; i += len) {
+            len = mp__min(MP__TILE, per - i);
             mp__load_biased(t, b, xr, bias, i, len, dt);
             mp__act_run(act, t, len);
             mp__store(mp__at_mut(yr, dt, i), dt, t, len);
@@ -4636,20 +4647,21 @@ static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) 
     mp_activation act = op->act;
     mp_dtype dxt = op->outt, dt = op->dt;
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
-    size_t r, i, j, len;
+    size_t r, i, j, len, per, runs;
     (void)thread;
-    for (r = r0; r < r1; r++) {
-        size_t base = r * cols;
+    mp__row_runs(r0, r1, cols, act != MP_SOFTMAX, &per, &runs);
+    for (r = 0; r < runs; r++) {
+        size_t base = r0 * cols + r * per;
         float dot = 0.0f; /* softmax: sum(dy * y) over the row */
         if (act == MP_SOFTMAX)
-            for (i = 0; i < cols; i += len) {
-                len = mp__min(MP__TILE, cols - i);
+            for (i = 0; i < per; i += len) {
+                len = mp__min(MP__TILE, per - i);
                 mp__load(g, mp__at(dy, dt, base + i), dt, len);
                 mp__load(o, mp__at(y, dt, base + i), dt, len);
                 for (j = 0; j < len; j++) dot += g[j] * o[j];
             }
-        for (i = 0; i < cols; i += len) {
-            len = mp__min(MP__TILE, cols - i);
+        for (i = 0; i < per; i += len) {
+            len = mp__min(MP__TILE, per - i);
             mp__load(g, mp__at(dy, dt, base + i), dt, len);
             if (act != MP_LINEAR) mp__load(o, mp__at(y, dt, base + i), dt, len);
             if (mp__act_reads_input(act)) mp__load(in, mp__at(x, dt, base + i), dt, len);
@@ -5396,16 +5408,43 @@ MP__HOT void mp__interleave(uint32_t *dst, const uint16_t *lo, const uint16_t *h
    they are, in pairs along q (even q in the low half), [depth][width]
    pairs a panel, depth >= ceil(qc/2) (AMX's tiles take whole 16-pair
    steps); a missing q or row is 0. */
-static const uint16_t mp__zero_run[MP__NR > MP__MR ? MP__NR : MP__MR] = {0}; /* the row after the last */
+enum { MP__PACK_SPAN = MP__PACK_PANELS * MP__MR }; /* the values of a pair of rows in a step of A's panels */
+/* the row after the last */
+static const uint16_t mp__zero_run[(int)MP__NR > (int)MP__PACK_SPAN ? (int)MP__NR : (int)MP__PACK_SPAN] = {0};
 
 /* One pair of rows, lo and hi, of one panel: w values, zeros up to width. */
 MP__HOT void mp__pack_pair_row(uint32_t *dst, size_t width, const uint16_t *lo, const uint16_t *hi, size_t w) {
     size_t r;
     if (w == MP__NR) mp__interleave(dst, lo, hi, MP__NR);
-    else if (w == MP__MR) mp__interleave(dst, lo, hi, MP__MR);
     else mp__interleave(dst, lo, hi, w);
     for (r = w; r < width; r++) dst[r] = 0;
 }
+
+/* A step of A's panels (MR = 12 values each), the pair of rows lo and hi
+   across all of them: each panel's values widened to 32 bits, hi shifted
+   over lo, under masks (0 past span), one store a panel. A panel at a
+   time through the generic interleave went 4 values a vector, and packing
+   the transposed column matrix of a convolution's weight gradient
+   (k-major, MR panels over its patch) was a large part of the narrow
+   ResNet's mixed_bfloat16 step (bench/convnet --model resnet). (g++'s
+   false positive on `_mm512_undefined`: mp__transpose16.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+static void mp__pack_pair_step(uint32_t *panels, size_t depth, const uint16_t *lo, const uint16_t *hi, size_t span) {
+    size_t g;
+    for (g = 0; g < span; g += MP__MR) {
+        __mmask16 k = (__mmask16)mp__z_tail(mp__min(MP__MR, span - g));
+        __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, lo + g));
+        __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, hi + g));
+        _mm512_mask_storeu_epi32(panels + g * depth, (__mmask16)mp__z_tail(MP__MR),
+                                 _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 /* Rows q and q + 1 of the source are runs (X(q, r) at x[q * ld + r]). */
 static void mp__pack_pair_runs(uint32_t *out, size_t width, const uint16_t *x, size_t ld, size_t r0, size_t rc,
@@ -5421,6 +5460,10 @@ static void mp__pack_pair_runs(uint32_t *out, size_t width, const uint16_t *x, s
             if (ahead && 2 * (p + MP__PACK_AHEAD) + 1 < qc) {
                 mp__prefetch_bytes(lo + 2 * MP__PACK_AHEAD * ld, span * sizeof(uint16_t));
                 mp__prefetch_bytes(lo + (2 * MP__PACK_AHEAD + 1) * ld, span * sizeof(uint16_t));
+            }
+            if (width == MP__MR) {
+                mp__pack_pair_step(panels + p * width, depth, lo, second ? lo + ld : mp__zero_run, span);
+                continue;
             }
             for (g = 0; g < span; g += width)
                 mp__pack_pair_row(panels + g * depth + p * width, width, lo + g, second ? lo + ld + g : mp__zero_run,
@@ -5693,7 +5736,20 @@ static void mp__kernel(size_t kc, const float *a, const float *b, float *c, size
 #if defined(MP__SIMD_AVX512) && defined(__FMA__)
     size_t q;
     MP__TILE_ZERO;
-    for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+    /* A tile whose columns inside C are 16 or fewer (a product 16 wide: a
+       narrow convolution's filters or channels) sums its first 16 alone,
+       the same sums, and leaves the others +0: half the products and B
+       loads of the whole tile. */
+    if (d->cols <= 16) {
+        for (q = 0; q < kc; q++, a += MP__MR, b += MP__NR) {
+            __m512 b0 = _mm512_loadu_ps(b);
+            mp__fetch_next(d, q);
+#define MP__FMA(r, lo, hi) lo = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), b0, lo)
+            MP__TILE_EACH(MP__FMA);
+#undef MP__FMA
+        }
+    }
+    for (q = 0; d->cols > 16 && q < kc; q++, a += MP__MR, b += MP__NR) {
         __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), av;
         mp__fetch_next(d, q);
 #define MP__FMA(r, lo, hi) \
@@ -5740,7 +5796,16 @@ static void mp__kernel_bf16(size_t pairs, const uint32_t *a, const uint16_t *b, 
                             const mp__tile_dest *d) {
     size_t q;
     MP__TILE_ZERO;
-    for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
+    if (d->cols <= 16) { /* a narrow tile (mp__kernel) */
+        for (q = 0; q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
+            __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+            mp__fetch_next(d, q);
+#define MP__DOT(r, lo, hi) lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_set1_epi32((int)a[r]), b0)
+            MP__TILE_EACH(MP__DOT);
+#undef MP__DOT
+        }
+    }
+    for (q = 0; d->cols > 16 && q < pairs; q++, a += MP__MR, b += 2 * MP__NR) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 32), av;
         mp__fetch_next(d, q);
 #define MP__DOT(r, lo, hi)                                   \
@@ -7351,13 +7416,22 @@ static void mp__im2col_range(void *args, size_t begin, size_t end, int thread) {
         unsigned char *out = (unsigned char *)a->col + i * mp__col_elems(g) * es;
         const unsigned char *img = (const unsigned char *)mp__at(a->img, a->dt, i * mp__img_elems(g));
         for (oy = 0; oy < g->oh; oy++)
-            for (ox = 0; ox < g->ow; ox++)
+            for (ox = 0; ox < g->ow; ox++) {
+                int iy = oy * g->sh - g->pt, ix = ox * g->sw - g->pl;
+                /* the window inside the image: KH whole runs, no bounds or padding a row */
+                if (iy >= 0 && ix >= 0 && iy + g->kh <= g->h && ix + g->kw <= g->w) {
+                    const unsigned char *from = img + ((size_t)iy * (size_t)g->w + (size_t)ix) * px;
+                    for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px)
+                        memcpy(out, from + (size_t)ky * (size_t)g->w * px, (size_t)g->kw * px);
+                    continue;
+                }
                 for (ky = 0; ky < g->kh; ky++, out += (size_t)g->kw * px) {
                     at = mp__kernel_run(g, oy, ox, ky, &kx0, &kx1); /* padding only where there is some */
                     if (kx0 > 0) memset(out, 0, (size_t)kx0 * px);
                     if (kx1 > kx0) memcpy(out + (size_t)kx0 * px, img + at * px, (size_t)(kx1 - kx0) * px);
                     if (kx1 < g->kw) memset(out + (size_t)kx1 * px, 0, (size_t)(g->kw - kx1) * px);
                 }
+            }
     }
 }
 
@@ -7731,41 +7805,154 @@ static void mp__norm_begin(mp__norm_args *a, void *out, mp_dtype outt, const voi
     a->gamma_beta = gamma_beta, a->epsilon = epsilon;
 }
 
-/* The column sums of columns [c0, c0 + len) by >>rules' order: s1 (and,
-   for MP__NORM_SUM_GRAD, s2) get what each element adds. mean and rstd:
-   the columns' (BatchNormalization), or NULL for each row's own from
-   a->stats (LayerNormalization). */
+/* A column walk's tiles: where a row fits in a tile (cols <= MP__TILE) a
+   tile holds mp__norm_tile_rows whole rows, which lie contiguous in x, so
+   one load widens them all (a conversion call per row costs more than the
+   math of a narrow row) and the hardware prefetchers follow the walk; a
+   wider row goes a run of MP__TILE columns of one row at a time. The
+   per-column values an element loop reads are laid out as its tile is
+   (mp__norm_spread), so that loop runs over the whole tile. The run
+   functions go in blocks of 16 with a constant trip count, which
+   compilers vectorise, each element's math as >>rules writes it (the
+   result goes through a local block, so no check that the arrays overlap
+   stops the vectoriser). */
+static size_t mp__norm_tile_rows(size_t len, size_t cols) { return len == cols ? MP__TILE / cols : 1; }
+
+/* dst[i] = v[i % len] for i < nr * len: one tile's per-column values. */
+static void mp__norm_spread(float *dst, const float *v, size_t len, size_t nr) {
+    size_t q;
+    for (q = 0; q < nr; q++) memcpy(dst + q * len, v, len * sizeof(float));
+}
+
+/* n values at src as float32: src itself where it is float32 (a copy
+   would cost as much as the pass's math), else widened into tile. */
+static const float *mp__norm_read(float *tile, const void *src, mp_dtype t, size_t n) {
+    if (t == MP_FLOAT32) return (const float *)src;
+    mp__load(tile, src, t, n);
+    return tile;
+}
+
+/* acc += (x - mean)^2 over a run. */
+static void mp__norm_dev2_run(float *acc, const float *x, const float *mean, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (k = 0; k < 16; k++) d[k] = x[j + k] - mean[j + k];
+        for (k = 0; k < 16; k++) acc[j + k] += d[k] * d[k];
+    }
+    for (; j < n; j++) acc[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
+}
+
+/* sgx += g xhat and sg += g over a run, xhat from per-column mean and rstd. */
+static void mp__norm_grad_run(float *sgx, float *sg, const float *g, const float *x, const float *mean,
+                              const float *rstd, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (k = 0; k < 16; k++) d[k] = g[j + k] * mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]);
+        for (k = 0; k < 16; k++) sgx[j + k] += d[k];
+        memcpy(d, g + j, sizeof d);
+        for (k = 0; k < 16; k++) sg[j + k] += d[k];
+    }
+    for (; j < n; j++) sgx[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), sg[j] += g[j];
+}
+
+/* One part's column sums, rows [r0, end) of columns [c0, c0 + len), from
+   +0 in row order (>>rules): p1 (and, for MP__NORM_SUM_GRAD, p2) get what
+   each element adds. mean and rstd: the columns' (BatchNormalization), or
+   NULL for each row's own from a->stats (LayerNormalization). */
+static void mp__norm_part_sums(const mp__norm_args *a, int what, size_t c0, size_t len, size_t r0, size_t end,
+                               const float *mean, const float *rstd, float *p1, float *p2) {
+    float xt[MP__TILE], gt[MP__TILE];
+    const float *x, *g = gt;
+    size_t r, q, n, j, es = mp__dtypes[a->dt].size, nr = mp__norm_tile_rows(len, a->cols);
+    /* a walk of runs a row apart fetches rows ahead, as the bias gradient */
+    int ahead = nr == 1 && a->rows * a->cols * es >= MP__FAR;
+    for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
+    for (r = r0; r < end; r += n) {
+        n = mp__min(nr, end - r);
+        if (ahead && r + MP__ROWS_AHEAD < a->rows) {
+            mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+            if (what == MP__NORM_SUM_GRAD)
+                mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
+        }
+        x = mp__norm_read(xt, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
+        if (what == MP__NORM_SUM_GRAD) g = mp__norm_read(gt, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
+        for (q = 0; q < n; q++) {
+            const float *xq = x + q * len, *gq = g + q * len;
+            if (what == MP__NORM_SUM_X) {
+                mp__add_run(p1, xq, len);
+            } else if (what == MP__NORM_SUM_DEV2) {
+                mp__norm_dev2_run(p1, xq, mean, len);
+            } else if (mean) {
+                mp__norm_grad_run(p1, p2, gq, xq, mean, rstd, len);
+            } else {
+                float m = a->stats[2 * (r + q)], rs = a->stats[2 * (r + q) + 1];
+                for (j = 0; j < len; j++) p1[j] += gq[j] * mp__norm_xhat(xq[j], m, rs), p2[j] += gq[j];
+            }
+        }
+    }
+}
+
+/* The column sums of columns [c0, c0 + len) by >>rules' order, the parts'
+   sums added in part order into s1 and s2 (mp__norm_part_sums says what
+   they sum). */
 static void mp__norm_col_sums(const mp__norm_args *a, int what, size_t c0, size_t len, const float *mean,
                               const float *rstd, float *s1, float *s2) {
-    float x[MP__TILE], g[MP__TILE], p1[MP__TILE], p2[MP__TILE];
-    size_t r0, r, j, end, es = mp__dtypes[a->dt].size;
-    int ahead = a->rows * a->cols * es >= MP__FAR; /* fetch rows ahead, as the bias gradient */
+    float p1[MP__TILE], p2[MP__TILE];
+    size_t r0, j, end;
     for (j = 0; j < len; j++) s1[j] = s2[j] = 0.0f;
     for (r0 = 0; r0 < a->rows; r0 = end) {
         end = mp__min(a->rows, r0 + MP__NORM_ROWS);
-        for (j = 0; j < len; j++) p1[j] = p2[j] = 0.0f;
-        for (r = r0; r < end; r++) {
-            if (ahead && r + MP__ROWS_AHEAD < a->rows) {
-                mp__prefetch_bytes(mp__at(a->x, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
-                if (what == MP__NORM_SUM_GRAD)
-                    mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
-            }
-            mp__load(x, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, len);
-            if (what == MP__NORM_SUM_X) {
-                mp__add_run(p1, x, len);
-            } else if (what == MP__NORM_SUM_DEV2) {
-                for (j = 0; j < len; j++) p1[j] += (x[j] - mean[j]) * (x[j] - mean[j]);
-            } else if (mean) {
-                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
-                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], mean[j], rstd[j]), p2[j] += g[j];
-            } else {
-                float m = a->stats[2 * r], rs = a->stats[2 * r + 1];
-                mp__load(g, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, len);
-                for (j = 0; j < len; j++) p1[j] += g[j] * mp__norm_xhat(x[j], m, rs), p2[j] += g[j];
-            }
-        }
+        mp__norm_part_sums(a, what, c0, len, r0, end, mean, rstd, p1, p2);
         for (j = 0; j < len; j++) s1[j] += p1[j], s2[j] += p2[j];
     }
+}
+
+/* Column sums split by parts among the threads, for rows that fit a tile
+   (cols <= MP__TILE), where the columns give too few cache lines to split
+   (a narrow convolution's channels): each part's sums go to their own
+   place in `parts` (2 cols floats a part) and are then added in part
+   order, the same bits as one thread's walk; each thread reads whole
+   rows, contiguous. */
+typedef struct mp__norm_part_job {
+    const mp__norm_args *a;
+    int what;
+    const float *mean, *rstd; /* as mp__norm_part_sums takes them */
+    float *parts;
+} mp__norm_part_job;
+
+static void mp__norm_parts_range(void *args, size_t p0, size_t p1, int thread) {
+    const mp__norm_part_job *j = (const mp__norm_part_job *)args;
+    size_t p, cols = j->a->cols;
+    (void)thread;
+    for (p = p0; p < p1; p++)
+        mp__norm_part_sums(j->a, j->what, 0, cols, p * MP__NORM_ROWS, mp__min(j->a->rows, (p + 1) * MP__NORM_ROWS),
+                           j->mean, j->rstd, j->parts + 2 * p * cols, j->parts + (2 * p + 1) * cols);
+}
+
+static size_t mp__norm_part_count(size_t rows) { return (rows + MP__NORM_ROWS - 1) / MP__NORM_ROWS; }
+
+static void mp__norm_sums_by_parts(void *ctx, const mp__norm_args *a, int what, const float *mean, const float *rstd,
+                                   float *parts, float *s1, float *s2) {
+    mp__norm_part_job job;
+    size_t p, j, n = mp__norm_part_count(a->rows), cols = a->cols;
+    job.a = a, job.what = what, job.mean = mean, job.rstd = rstd, job.parts = parts;
+    mp__parallel_items(mp__pool_of(ctx), n, MP__NORM_ROWS * cols, mp__norm_parts_range, &job);
+    for (j = 0; j < cols; j++) s1[j] = s2[j] = 0.0f;
+    for (p = 0; p < n; p++)
+        for (j = 0; j < cols; j++) s1[j] += parts[2 * p * cols + j], s2[j] += parts[(2 * p + 1) * cols + j];
+}
+
+/* The parts' place for mp__norm_sums_by_parts, or NULL where the columns
+   split as they are (one thread, rows wider than a tile, rows enough
+   cache lines for every thread) or there is no memory for it: either way
+   the same bits. */
+static float *mp__norm_parts_alloc(void *ctx, const mp__norm_args *a) {
+    int threads = mp_pool_threads(mp__pool_of(ctx));
+    size_t lines = a->cols * mp__dtypes[a->dt].size / 64;
+    if (threads < 2 || a->cols > MP__TILE || lines >= (size_t)threads || a->rows <= MP__NORM_ROWS) return NULL;
+    return (float *)mp__alloc(mp__norm_part_count(a->rows) * 2 * a->cols * sizeof(float));
 }
 
 /* Columns [c0, c1) of a->sums = sum dy xhat [cols] then sum dy [cols];
@@ -7792,25 +7979,42 @@ static float mp__norm_lanes_total(float *acc) {
     return acc[0];
 }
 
+/* BatchNormalization's statistics of columns [c, c + len) from their means
+   and sums of squared deviations, and the moving update. */
+static void mp__bn_stats_put(const mp__norm_args *a, size_t c, size_t len, const float *mean, const float *dev2) {
+    float *stats = a->stats_out;
+    size_t j, cols = a->cols;
+    for (j = 0; j < len; j++) {
+        float var = mp__norm_mean(dev2[j], a->rows);
+        stats[c + j] = mean[j], stats[cols + c + j] = var;
+        a->moving[c + j] = mp__norm_moving(a->moving[c + j], mean[j], a->momentum);
+        a->moving[cols + c + j] = mp__norm_moving(a->moving[cols + c + j], var, a->momentum);
+    }
+}
+
 /* BatchNormalization's batch statistics and moving update, columns [c0, c1). */
 static void mp__bn_stats_cols(void *args, size_t c0, size_t c1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
     float mean[MP__TILE], s1[MP__TILE], s2[MP__TILE];
-    float *stats = a->stats_out;
-    size_t c, j, len, cols = a->cols;
+    size_t c, j, len;
     (void)thread;
     for (c = c0; c < c1; c += len) {
         len = mp__min(MP__TILE, c1 - c);
         mp__norm_col_sums(a, MP__NORM_SUM_X, c, len, NULL, NULL, s1, s2);
         for (j = 0; j < len; j++) mean[j] = mp__norm_mean(s1[j], a->rows);
         mp__norm_col_sums(a, MP__NORM_SUM_DEV2, c, len, mean, NULL, s1, s2);
-        for (j = 0; j < len; j++) {
-            float var = mp__norm_mean(s1[j], a->rows);
-            stats[c + j] = mean[j], stats[cols + c + j] = var;
-            a->moving[c + j] = mp__norm_moving(a->moving[c + j], mean[j], a->momentum);
-            a->moving[cols + c + j] = mp__norm_moving(a->moving[cols + c + j], var, a->momentum);
-        }
+        mp__bn_stats_put(a, c, len, mean, s1);
     }
+}
+
+/* The same, all columns, their sums by parts (mp__norm_sums_by_parts). */
+static void mp__bn_stats_parts(void *ctx, const mp__norm_args *a, float *parts) {
+    float mean[MP__TILE], s1[MP__TILE], s2[MP__TILE];
+    size_t j;
+    mp__norm_sums_by_parts(ctx, a, MP__NORM_SUM_X, NULL, NULL, parts, s1, s2);
+    for (j = 0; j < a->cols; j++) mean[j] = mp__norm_mean(s1[j], a->rows);
+    mp__norm_sums_by_parts(ctx, a, MP__NORM_SUM_DEV2, mean, NULL, parts, s1, s2);
+    mp__bn_stats_put(a, 0, a->cols, mean, s1);
 }
 
 /* rstd[0, len) of columns [c, c + len) from the variances in a->stats. */
@@ -7819,21 +8023,44 @@ static void mp__bn_rstd(const mp__norm_args *a, size_t c, size_t len, float *rst
     for (j = 0; j < len; j++) rstd[j] = mp__norm_rstd(a->stats[a->cols + c + j], a->epsilon);
 }
 
+/* out = y(xhat(x)) over a run (out may be x), the per-column values spread as x. */
+static void mp__bn_y_run(float *out, const float *x, const float *mean, const float *rstd, const float *gamma,
+                         const float *beta, size_t n) {
+    size_t j = 0, k;
+    for (; j + 16 <= n; j += 16) {
+        float y[16];
+        for (k = 0; k < 16; k++)
+            y[k] = mp__norm_y(mp__norm_xhat(x[j + k], mean[j + k], rstd[j + k]), gamma[j + k], beta[j + k]);
+        memcpy(out + j, y, sizeof y);
+    }
+    for (; j < n; j++) out[j] = mp__norm_y(mp__norm_xhat(x[j], mean[j], rstd[j]), gamma[j], beta[j]);
+}
+
+/* Where a row pass writes a tile: out itself where it is float32, else t
+   (then narrowed into out by mp__norm_write). */
+static float *mp__norm_dest(float *t, void *out, mp_dtype outt) { return outt == MP_FLOAT32 ? (float *)out : t; }
+static void mp__norm_write(void *out, mp_dtype outt, const float *t, size_t n) {
+    if (outt != MP_FLOAT32) mp__store(out, outt, t, n);
+}
+
 /* y over rows [r0, r1) from the columns' statistics in a->stats. */
 static void mp__bn_y_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
-    const float *gamma = a->gamma_beta, *beta = a->gamma_beta + a->cols;
-    float rstd[MP__TILE], t[MP__TILE];
-    size_t c, r, j, len, cols = a->cols;
+    float rstd[MP__TILE], t[MP__TILE], m[MP__TILE], rs[MP__TILE], ga[MP__TILE], be[MP__TILE];
+    size_t c, r, n, nr, len, cols = a->cols;
     (void)thread;
     for (c = 0; c < cols; c += len) {
         len = mp__min(MP__TILE, cols - c);
+        nr = mp__norm_tile_rows(len, cols);
         mp__bn_rstd(a, c, len, rstd);
-        for (r = r0; r < r1; r++) {
-            mp__load(t, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
-            for (j = 0; j < len; j++)
-                t[j] = mp__norm_y(mp__norm_xhat(t[j], a->stats[c + j], rstd[j]), gamma[c + j], beta[c + j]);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, t, len);
+        mp__norm_spread(m, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
+        mp__norm_spread(ga, a->gamma_beta + c, len, nr), mp__norm_spread(be, a->gamma_beta + cols + c, len, nr);
+        for (r = r0; r < r1; r += n) {
+            void *out = mp__at_mut(a->out, a->outt, r * cols + c);
+            n = mp__min(nr, r1 - r);
+            mp__bn_y_run(mp__norm_dest(t, out, a->outt), mp__norm_read(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len),
+                         m, rs, ga, be, n * len);
+            mp__norm_write(out, a->outt, t, n * len);
         }
     }
 }
@@ -7850,24 +8077,45 @@ static void mp__bn_grad_cols(void *args, size_t c0, size_t c1, int thread) {
     }
 }
 
+/* out = dx(g, xhat(x)) over a run (out may be x or g), the per-column
+   values spread as x. */
+static void mp__bn_dx_run(float *out, const float *x, const float *g, const float *k, const float *mean, const float *rstd,
+                          const float *mg, const float *mgx, size_t n) {
+    size_t j = 0, l;
+    for (; j + 16 <= n; j += 16) {
+        float d[16];
+        for (l = 0; l < 16; l++)
+            d[l] = mp__norm_dx(k[j + l], g[j + l], mp__norm_xhat(x[j + l], mean[j + l], rstd[j + l]), mg[j + l], mgx[j + l]);
+        memcpy(out + j, d, sizeof d);
+    }
+    for (; j < n; j++) out[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], mean[j], rstd[j]), mg[j], mgx[j]);
+}
+
 /* dx over rows [r0, r1), from the column sums in a->sums. */
 static void mp__bn_dx_rows(void *args, size_t r0, size_t r1, int thread) {
     const mp__norm_args *a = (const mp__norm_args *)args;
     float rstd[MP__TILE], k[MP__TILE], mg[MP__TILE], mgx[MP__TILE], x[MP__TILE], g[MP__TILE];
-    size_t c, r, j, len, cols = a->cols;
+    float ks[MP__TILE], ms[MP__TILE], rs[MP__TILE], mgs[MP__TILE], mgxs[MP__TILE];
+    size_t c, r, j, n, nr, len, cols = a->cols;
     (void)thread;
     for (c = 0; c < cols; c += len) {
         len = mp__min(MP__TILE, cols - c);
+        nr = mp__norm_tile_rows(len, cols);
         mp__bn_rstd(a, c, len, rstd);
         for (j = 0; j < len; j++) {
             k[j] = a->gamma_beta[c + j] * rstd[j];
             mgx[j] = mp__norm_mean(a->sums[c + j], a->rows), mg[j] = mp__norm_mean(a->sums[cols + c + j], a->rows);
         }
-        for (r = r0; r < r1; r++) {
-            mp__load(x, mp__at(a->x, a->dt, r * cols + c), a->dt, len);
-            mp__load(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, len);
-            for (j = 0; j < len; j++) x[j] = mp__norm_dx(k[j], g[j], mp__norm_xhat(x[j], a->stats[c + j], rstd[j]), mg[j], mgx[j]);
-            mp__store(mp__at_mut(a->out, a->outt, r * cols + c), a->outt, x, len);
+        mp__norm_spread(ks, k, len, nr), mp__norm_spread(ms, a->stats + c, len, nr), mp__norm_spread(rs, rstd, len, nr);
+        mp__norm_spread(mgs, mg, len, nr), mp__norm_spread(mgxs, mgx, len, nr);
+        for (r = r0; r < r1; r += n) {
+            void *out = mp__at_mut(a->out, a->outt, r * cols + c);
+            const float *xr, *gr;
+            n = mp__min(nr, r1 - r);
+            xr = mp__norm_read(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
+            gr = mp__norm_read(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
+            mp__bn_dx_run(mp__norm_dest(x, out, a->outt), xr, gr, ks, ms, rs, mgs, mgxs, n * len);
+            mp__norm_write(out, a->outt, x, n * len);
         }
     }
 }
@@ -7888,8 +8136,11 @@ static void mp__cpu_batch_norm(void *ctx, void *y, mp_dtype yt, const void *x, m
     mp__norm_begin(&a, y, yt, x, NULL, dt, rows, cols, gamma_beta, epsilon);
     a.stats = training ? stats : moving;
     if (training) {
+        float *parts = mp__norm_parts_alloc(ctx, &a);
         a.stats_out = stats, a.moving = moving, a.momentum = momentum;
-        mp__norm_cols(ctx, &a, mp__bn_stats_cols);
+        if (parts) mp__bn_stats_parts(ctx, &a, parts);
+        else mp__norm_cols(ctx, &a, mp__bn_stats_cols);
+        mp__free(parts);
     }
     mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_y_rows, &a);
 }
@@ -7898,10 +8149,18 @@ static void mp__cpu_batch_norm_backward(void *ctx, void *dx, mp_dtype dxt, const
                                         size_t rows, size_t cols, const float *gamma_beta, const float *stats,
                                         float epsilon, float *dgamma_beta) {
     mp__norm_args a;
+    float rstd[MP__TILE], *parts;
     if (!rows || !cols) return;
     mp__norm_begin(&a, dx, dxt, x, dy, dt, rows, cols, gamma_beta, epsilon);
     a.stats = stats, a.sums = dgamma_beta;
-    mp__norm_cols(ctx, &a, mp__bn_grad_cols);
+    parts = mp__norm_parts_alloc(ctx, &a);
+    if (parts) {
+        mp__bn_rstd(&a, 0, cols, rstd);
+        mp__norm_sums_by_parts(ctx, &a, MP__NORM_SUM_GRAD, stats, rstd, parts, dgamma_beta, dgamma_beta + cols);
+    } else {
+        mp__norm_cols(ctx, &a, mp__bn_grad_cols);
+    }
+    mp__free(parts);
     if (dx) mp__parallel_items(mp__pool_of(ctx), rows, cols, mp__bn_dx_rows, &a);
 }
 
