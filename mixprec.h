@@ -8058,27 +8058,150 @@ static void mp__cpu_embedding_backward(void *ctx, float *dtable, size_t vocab, c
 }
 
 /* Attention by sequences (batch x heads): each thread takes whole
-   sequences, every row of one by >>rules' rows in order. */
+   sequences. A sequence whose operands fit the thread's GEMM workspace
+   runs on float32 copies of them, widened and rounded in bulk
+   (mp__load, mp__store), its products as vector-times-matrix blocks
+   that compilers vectorise (mp__vecmat, mp__rank1); every sum has
+   >>rules' terms in >>rules' order, so the bits are those of
+   mp__attention_row and the device backends. A longer one runs >>rules'
+   rows as they are. bench/attention.c times both directions. */
 typedef struct mp__attention_args {
     mp__attention_geom g;
+    mp_pool *pool;
     void *att, *p, *dq, *dk, *dv;
     float *s;
     const void *q, *k, *v, *datt, *pin;
 } mp__attention_args;
 
+enum { MP__VEC = 16 }; /* the blocks' width: a constant trip count that compilers vectorise */
+
+/* y[j] = sum_r x[r] m[r ld + j] for j < cols, r = 0 ... rows - 1 in order
+   from 0: a block of MP__VEC columns in local sums, then the rest. */
+static void mp__vecmat(float *y, const float *x, const float *m, size_t rows, size_t cols, size_t ld) {
+    size_t j = 0, r, k;
+    for (; j + MP__VEC <= cols; j += MP__VEC) {
+        float acc[MP__VEC] = {0.0f};
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < MP__VEC; k++) acc[k] += x[r] * m[r * ld + j + k];
+        memcpy(y + j, acc, sizeof acc);
+    }
+    for (; j < cols; j++) {
+        float acc = 0.0f;
+        for (r = 0; r < rows; r++) acc += x[r] * m[r * ld + j];
+        y[j] = acc;
+    }
+}
+
+/* m[r ld + c] += a[r] x[c] for r < rows, c < cols: one more term of each
+   of m's sums. x is copied a block at a time, so no overlap check stops
+   the vectoriser (as mp__add_run). */
+static void mp__rank1(float *m, size_t ld, const float *a, size_t rows, const float *x, size_t cols) {
+    size_t c = 0, r, k;
+    for (; c + MP__VEC <= cols; c += MP__VEC) {
+        float b[MP__VEC];
+        memcpy(b, x + c, sizeof b);
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < MP__VEC; k++) m[r * ld + c + k] += a[r] * b[k];
+    }
+    for (; c < cols; c++)
+        for (r = 0; r < rows; r++) m[r * ld + c] += a[r] * x[c];
+}
+
+/* Rows [0, t) of sequence n's head in `from` (dt) as float32: to[j d + c]
+   (as they are) or, transposed, to[c t + j]; row is d floats of scratch. */
+static void mp__attention_widen(float *to, float *row, const mp__attention_geom *g, const void *from, size_t n,
+                                int transposed) {
+    size_t j, c;
+    for (j = 0; j < g->t; j++) {
+        const void *src = mp__at(from, g->dt, mp__attention_at(g, n, j, 0));
+        if (!transposed) { mp__load(to + j * g->d, src, g->dt, g->d); continue; }
+        mp__load(row, src, g->dt, g->d);
+        for (c = 0; c < g->d; c++) to[c * g->t + j] = row[c];
+    }
+}
+
+/* The workspace floats a thread needs for one sequence: forward, k^T and
+   v (2 t d) and rows of d, t and d; backward, k, v^T, dk and dv (4 t d)
+   and rows of d, d, t and d. */
+static size_t mp__attention_ws_floats(const mp__attention_geom *g) { return 4 * g->t * g->d + g->t + 3 * g->d; }
+static int mp__attention_fits(const mp__attention_geom *g) {
+    size_t fixed = (size_t)MP__A_FLOATS + (size_t)MP__MC * MP__NC + MP__TMP;
+    return g->d <= fixed / 8 && g->t <= fixed / 8 / (g->d + 1) && mp__attention_ws_floats(g) <= fixed;
+}
+
+/* Sequence n, forward: mp__attention_row's arithmetic on widened rows. */
+static void mp__attention_seq(const mp__attention_args *a, size_t n, float *ws) {
+    const mp__attention_geom *g = &a->g;
+    size_t t = g->t, d = g->d, i, j;
+    float *kt = ws, *v = kt + t * d, *qi = v + t * d, *pi = qi + d, *out = pi + t;
+    mp__attention_widen(kt, out, g, a->k, n, 1);
+    mp__attention_widen(v, out, g, a->v, n, 0);
+    for (i = 0; i < t; i++) {
+        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
+        float *si = a->s + (n * t + i) * t, mx = -INFINITY, sum = 0.0f;
+        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
+        mp__vecmat(si, qi, kt, d, keys, t);
+        for (j = 0; j < keys; j++) {
+            si[j] = si[j] * g->scale;
+            mx = si[j] > mx ? si[j] : mx;
+        }
+        for (j = 0; j < keys; j++) sum += expf(si[j] - mx);
+        for (j = 0; j < t; j++) pi[j] = j < keys ? expf(si[j] - mx) / sum : 0.0f;
+        mp__store(mp__at_mut(a->p, g->dt, (n * t + i) * t), g->dt, pi, t);
+        mp__load(pi, mp__at(a->p, g->dt, (n * t + i) * t), g->dt, keys); /* as rounded */
+        mp__vecmat(out, pi, v, keys, d, d);
+        mp__store(mp__at_mut(a->att, g->dt, at), g->dt, out, d);
+    }
+}
+
+/* Sequence n, backward: mp__attention_dq_row's arithmetic row by row, and
+   each row's terms of mp__attention_dkv_row's sums added as it ends (row
+   i's after row i - 1's: >>rules' order). */
+static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float *ws) {
+    const mp__attention_geom *g = &a->g;
+    size_t t = g->t, d = g->d, i, j;
+    float *k = ws, *vt = k + t * d, *dk = vt + t * d, *dv = dk + t * d, *di = dv + t * d, *qi = di + d, *pi = qi + d,
+          *out = pi + t;
+    mp__attention_widen(k, out, g, a->k, n, 0);
+    mp__attention_widen(vt, out, g, a->v, n, 1);
+    memset(dk, 0, 2 * t * d * sizeof(float));
+    for (i = 0; i < t; i++) {
+        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
+        float *si = a->s + (n * t + i) * t, dot = 0.0f;
+        mp__load(di, mp__at(a->datt, g->dt, at), g->dt, d);
+        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
+        mp__load(pi, mp__at(a->pin, g->dt, (n * t + i) * t), g->dt, keys);
+        mp__vecmat(si, di, vt, d, keys, t);
+        for (j = 0; j < keys; j++) dot += pi[j] * si[j];
+        for (j = 0; j < keys; j++) si[j] = pi[j] * (si[j] - dot) * g->scale;
+        for (j = keys; j < t; j++) si[j] = 0.0f;
+        mp__vecmat(out, si, k, keys, d, d);
+        mp__store(mp__at_mut(a->dq, g->dt, at), g->dt, out, d);
+        mp__rank1(dk, d, si, keys, qi, d);
+        mp__rank1(dv, d, pi, keys, di, d);
+    }
+    for (j = 0; j < t; j++) {
+        size_t at = mp__attention_at(g, n, j, 0);
+        mp__store(mp__at_mut(a->dk, g->dt, at), g->dt, dk + j * d, d);
+        mp__store(mp__at_mut(a->dv, g->dt, at), g->dt, dv + j * d, d);
+    }
+}
+
 static void mp__attention_seqs(void *args, size_t n0, size_t n1, int thread) {
     const mp__attention_args *a = (const mp__attention_args *)args;
     size_t n, i;
-    (void)thread;
     for (n = n0; n < n1; n++)
-        for (i = 0; i < a->g.t; i++) mp__attention_row(&a->g, a->att, a->p, a->s, a->q, a->k, a->v, n, i);
+        if (mp__attention_fits(&a->g))
+            mp__attention_seq(a, n, a->pool->ws[thread].a);
+        else
+            for (i = 0; i < a->g.t; i++) mp__attention_row(&a->g, a->att, a->p, a->s, a->q, a->k, a->v, n, i);
 }
 
 static void mp__attention_grad_seqs(void *args, size_t n0, size_t n1, int thread) {
     const mp__attention_args *a = (const mp__attention_args *)args;
     size_t n, i;
-    (void)thread;
     for (n = n0; n < n1; n++) {
+        if (mp__attention_fits(&a->g)) { mp__attention_grad_seq(a, n, a->pool->ws[thread].a); continue; }
         for (i = 0; i < a->g.t; i++) mp__attention_dq_row(&a->g, a->dq, a->s, a->datt, a->k, a->v, a->pin, n, i);
         for (i = 0; i < a->g.t; i++) mp__attention_dkv_row(&a->g, a->dk, a->dv, a->s, a->datt, a->q, a->pin, n, i);
     }
@@ -8089,6 +8212,7 @@ static void mp__cpu_attention(void *ctx, void *att, void *p, float *s, const voi
     mp__attention_args a;
     memset(&a, 0, sizeof a);
     a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.pool = mp__pool_of(ctx);
     a.att = att, a.p = p, a.s = s, a.q = q, a.k = k, a.v = v;
     mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_seqs, &a);
 }
@@ -8099,6 +8223,7 @@ static void mp__cpu_attention_backward(void *ctx, void *dq, void *dk, void *dv, 
     mp__attention_args a;
     memset(&a, 0, sizeof a);
     a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.pool = mp__pool_of(ctx);
     a.dq = dq, a.dk = dk, a.dv = dv, a.s = s, a.datt = datt, a.q = q, a.k = k, a.v = v, a.pin = p;
     mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_grad_seqs, &a);
 }
