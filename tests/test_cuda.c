@@ -789,6 +789,30 @@ static void test_norms(void) {
             }
 }
 
+/* GELU's tanh form, the bits on both sides: it calls no library
+   function (>>rules' mp__tanh_gelu is IEEE 754's +, -, *, / alone), and
+   the CPU's vector rows give the scalar's bits. */
+static void test_gelu_tanh(void) {
+    size_t i, o, rows = 33, cols = 70, n = rows * cols;
+    for (i = 0; i < COUNT(dtypes); i++) {
+        mp_dtype dt = dtypes[i];
+        arg *x = rand_arg(dt, n, -6.0f, 6.0f), *b = rand_arg(dt, cols, -1.0f, 1.0f), *y = new_arg(n * dsize(dt));
+        arg *dy = rand_arg(dt, n, -1.0f, 1.0f);
+        cpu.be->bias_act(cpu.ctx, y->host, x->host, b->host, rows, cols, MP_GELU_APPROXIMATE, dt);
+        gpu.be->bias_act(gpu.ctx, y->dev, x->dev, b->dev, rows, cols, MP_GELU_APPROXIMATE, dt);
+        same_bytes("bias_act, GELU's tanh form", y);
+        for (o = 0; o < COUNT(dtypes); o++) {
+            arg *dx = new_arg(n * dsize(dtypes[o]));
+            cpu.be->act_backward(cpu.ctx, dx->host, dtypes[o], dy->host, y->host, x->host, rows, cols,
+                                 MP_GELU_APPROXIMATE, dt);
+            gpu.be->act_backward(gpu.ctx, dx->dev, dtypes[o], dy->dev, y->dev, x->dev, rows, cols, MP_GELU_APPROXIMATE,
+                                 dt);
+            same_bytes("act_backward, GELU's tanh form", dx);
+        }
+        free_args();
+    }
+}
+
 /* Attention on the CPU (widened rows, blocked products) against the
    device's >>rules rows: the same bits, at widths on both sides of the
    CPU's blocks of 16 and causal or not. */
@@ -1731,6 +1755,7 @@ int main(int argc, char **argv) {
     RUN(test_graph_ops());
     RUN(test_norms());
     RUN(test_attention());
+    RUN(test_gelu_tanh());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
     RUN(test_options_match_cpu());
