@@ -4558,11 +4558,14 @@ static void mp__tanh_gelu_run_scalar(float *t, const float *u, size_t n) {
     for (i = 0; i < n; i++) t[i] = mp__tanh_gelu(u[i]);
 }
 
+#if defined(MP__SIMD_X86)
+/* mp__tanh_gelu's Horner coefficients, highest degree first. */
+static const float mp__tanh_gelu_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
+                                            1.66666667e-1f, 0.5f,           1.0f,           1.0f};
+#endif
 #ifdef MP__SIMD_AVX512
 static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
-    static const float c[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
-                               1.66666667e-1f, 0.5f,           1.0f,           1.0f};
     size_t i = 0;
     int j;
     for (; i + 16 <= n; i += 16) {
@@ -4573,8 +4576,8 @@ static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
         k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), magic), magic);
         r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
         r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
-        p = _mm512_set1_ps(c[0]);
-        for (j = 1; j < 8; j++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[j]));
+        p = _mm512_set1_ps(mp__tanh_gelu_poly[0]);
+        for (j = 1; j < 8; j++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(mp__tanh_gelu_poly[j]));
         p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
                                  _mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23)));
         m = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(p, one)));
@@ -4585,8 +4588,6 @@ static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
 #elif defined(MP__SIMD_X86)
 static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), magic = _mm256_set1_ps(12582912.0f);
-    static const float c[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
-                               1.66666667e-1f, 0.5f,           1.0f,           1.0f};
     size_t i = 0;
     int j;
     for (; i + 8 <= n; i += 8) {
@@ -4596,8 +4597,8 @@ static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
         k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), magic), magic);
         r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
         r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
-        p = _mm256_set1_ps(c[0]);
-        for (j = 1; j < 8; j++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[j]));
+        p = _mm256_set1_ps(mp__tanh_gelu_poly[0]);
+        for (j = 1; j < 8; j++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(mp__tanh_gelu_poly[j]));
         p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(
                                  _mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23)));
         m = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(p, one)));
