@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     size_t n = batch * t * heads * dim, tt = batch * heads * t * t;
     float scale = 1.0f / sqrtf((float)dim);
     check(be->create(&ctx, threads, NULL), NULL, "create");
+    print_machine("attention");
     for (d = 0; d < 3; d++) {
         mp_dtype dt = (mp_dtype)d;
         void *q = rand_values(be, ctx, dt, n), *k = rand_values(be, ctx, dt, n), *v = rand_values(be, ctx, dt, n);
@@ -84,5 +85,6 @@ int main(int argc, char **argv) {
         be->free(ctx, s);
     }
     be->destroy(ctx);
+    print_machine("attention"); /* the load at the end too */
     return 0;
 }
