@@ -8199,14 +8199,17 @@ typedef struct mp__attention_args {
 enum { MP__VEC = 16 }; /* the blocks' width: a constant trip count that compilers vectorise */
 
 /* y[j] = sum_r x[r] m[r ld + j] for j < cols, r = 0 ... rows - 1 in order
-   from 0: a block of MP__VEC columns in local sums, then the rest. */
+   from 0: a block of MP__VEC columns in local sums, then the rest. A last
+   part block within ld is summed whole and only its first columns kept
+   (the causal rows' keys end anywhere), so m's rows must have ld set
+   values; past ld, column by column. */
 static void mp__vecmat(float *y, const float *x, const float *m, size_t rows, size_t cols, size_t ld) {
     size_t j = 0, r, k;
-    for (; j + MP__VEC <= cols; j += MP__VEC) {
+    for (; j < cols && j + MP__VEC <= ld; j += MP__VEC) {
         float acc[MP__VEC] = {0.0f};
         for (r = 0; r < rows; r++)
             for (k = 0; k < MP__VEC; k++) acc[k] += x[r] * m[r * ld + j + k];
-        memcpy(y + j, acc, sizeof acc);
+        memcpy(y + j, acc, mp__min(MP__VEC, cols - j) * sizeof(float));
     }
     for (; j < cols; j++) {
         float acc = 0.0f;

@@ -7,7 +7,7 @@
 
      bench_attention [--threads N] [--reps N] [--quick]
        --batch B --heads H --time T --dim D   attention's shape (16 4 64 16)
-       --gelu N                                GELU's elements (1 << 20) */
+       --gelu N                                GELU's elements, rows of 1024 (1 << 20) */
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #define BENCH_NAME "bench_attention"
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     int threads = arg_int(argc, argv, "--threads", 1), reps = arg_int(argc, argv, "--reps", quick ? 2 : 5);
     size_t batch = (size_t)arg_int(argc, argv, "--batch", 16), heads = (size_t)arg_int(argc, argv, "--heads", 4);
     size_t t = (size_t)arg_int(argc, argv, "--time", 64), dim = (size_t)arg_int(argc, argv, "--dim", 16);
-    size_t gelu = (size_t)arg_int(argc, argv, "--gelu", quick ? 1 << 16 : 1 << 20);
+    size_t gelu = (size_t)arg_int(argc, argv, "--gelu", quick ? 1 << 16 : 1 << 20) / 1024 * 1024;
     size_t n = batch * t * heads * dim, tt = batch * heads * t * t;
     float scale = 1.0f / sqrtf((float)dim);
     check(be->create(&ctx, threads, NULL), NULL, "create");
@@ -66,9 +66,9 @@ int main(int argc, char **argv) {
             t1 = now_s();
             be->attention_backward(ctx, dq, dk, dv, s, datt, q, k, v, p, dt, batch, t, heads, dim, scale, 1);
             t2 = now_s();
-            be->bias_act(ctx, y, x, NULL, 1, gelu, MP_GELU_APPROXIMATE, dt);
+            be->bias_act(ctx, y, x, NULL, gelu / 1024, 1024, MP_GELU_APPROXIMATE, dt);
             t3 = now_s();
-            be->act_backward(ctx, dy, dt, dy, y, x, 1, gelu, MP_GELU_APPROXIMATE, dt);
+            be->act_backward(ctx, dy, dt, dy, y, x, gelu / 1024, 1024, MP_GELU_APPROXIMATE, dt);
             t4 = now_s();
             best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
             best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
