@@ -2253,13 +2253,52 @@ static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (u
 #endif
 MP__ROUND_EACH_BEGIN;
 
+/* tanh for GELU's tanh form, the same bits on every backend and SIMD
+   width: tanh|u| = 1 - 2 / (e^(2|u|) + 1), e^x = 2^k e^r with k = x / ln 2
+   rounded to nearest (by adding and subtracting 1.5 2^23) and r = x - k
+   ln 2 (Cody and Waite's two-part ln 2), e^r by its Taylor polynomial of
+   degree 7 (|r| <= ln(2) / 2: remainder below 2^-27). 2|u| is clamped at
+   20, where the result is 1 in float32 (as is tanh from 9.1 on). Only
+   IEEE 754's correctly rounded +, -, *, / and an exact scaling by 2^k, so
+   the vector rows (mp__tanh_gelu_run_*) compute it lane by lane alike.
+   Within 2^-22 of tanh in float64 (an absolute bound: GELU adds it to 1;
+   test_backend sweeps it); tanh(-0) is +0, tanh(NaN) +-1 (GELU's own
+   factors of x carry a NaN). */
+static MIXPREC_HD inline float mp__tanh_gelu(float u) {
+    float a = u < 0.0f ? -u : u, x = a * 2.0f, k, r, p, m;
+    x = x < 20.0f ? x : 20.0f;
+    k = x * 1.44269504f + 12582912.0f;
+    k = k - 12582912.0f;
+    r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    p = 1.98412698e-4f;
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    m = 1.0f - 2.0f / (p * (float)(1u << (unsigned)k) + 1.0f);
+    return u < 0.0f ? -m : m;
+}
+
+/* GELU's tanh form (GPT-2's, Keras's approximate=True): gelu(x) = 0.5 x
+   (1 + t), t = tanh(u), u = sqrt(2 / pi) (x + 0.044715 x^3); its
+   derivative as llm.c's gelu_backward: 0.5 (1 + t) + 0.5 x (1 - t^2) u'. */
+static MIXPREC_HD inline float mp__gelu_tanh_arg(float x) { return 0.7978845608f * (x + 0.044715f * x * x * x); }
+static MIXPREC_HD inline float mp__gelu_tanh_of(float x, float t) { return 0.5f * x * (1.0f + t); }
+static MIXPREC_HD inline float mp__gelu_tanh_grad(float x, float t) {
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 0.134145f * x * x);
+}
+
 static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
     switch (a) {
     case MP_RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
     case MP_SIGMOID: return 1.0f / (1.0f + expf(-v));
     case MP_TANH: return tanhf(v);
     case MP_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678f));
-    case MP_GELU_APPROXIMATE: return 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+    case MP_GELU_APPROXIMATE: return mp__gelu_tanh_of(v, mp__tanh_gelu(mp__gelu_tanh_arg(v)));
     default: return v;
     }
 }
@@ -2268,19 +2307,14 @@ static MIXPREC_HD inline float mp__act(mp_activation a, float v) {
    their output: the input is kept for these (a Dense layer's z). */
 static MIXPREC_HD inline int mp__act_reads_input(mp_activation a) { return a == MP_GELU || a == MP_GELU_APPROXIMATE; }
 
-/* d act / d x, from the output y (or the input x for the gelus). The tanh
-   form's, as llm.c's gelu_backward: 0.5 (1 + t) + 0.5 x (1 - t^2) u',
-   t = tanh(u), u = sqrt(2 / pi) (x + 0.044715 x^3). */
+/* d act / d x, from the output y (or the input x for the gelus). */
 static MIXPREC_HD inline float mp__act_grad(mp_activation a, float y, float x) {
-    float t;
     switch (a) {
     case MP_RELU: return y > 0.0f ? 1.0f : 0.0f;
     case MP_SIGMOID: return y * (1.0f - y);
     case MP_TANH: return 1.0f - y * y;
     case MP_GELU: return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
-    case MP_GELU_APPROXIMATE:
-        t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608f * (1.0f + 0.134145f * x * x);
+    case MP_GELU_APPROXIMATE: return mp__gelu_tanh_grad(x, mp__tanh_gelu(mp__gelu_tanh_arg(x)));
     default: return 1.0f;
     }
 }
@@ -4516,12 +4550,99 @@ static void mp__prefetch_bytes(const void *p, size_t bytes) {
 enum { MP__ROWS_AHEAD = 8 };
 
 /* >>cpu backend: activations (float32 math; Keras's definitions are in >>rules) */
+/* t[i] = mp__tanh_gelu(u[i]) for i < n, a vector of lanes at a time: the
+   scalar's operations in its order, lane by lane (the tail by the scalar),
+   so every row gives its bits. bench/attention.c times GELU through them. */
+static void mp__tanh_gelu_run_scalar(float *t, const float *u, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) t[i] = mp__tanh_gelu(u[i]);
+}
+
+#if defined(MP__SIMD_X86)
+/* mp__tanh_gelu's Horner coefficients, highest degree first. */
+static const float mp__tanh_gelu_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
+                                            1.66666667e-1f, 0.5f,           1.0f,           1.0f};
+#endif
+#ifdef MP__SIMD_AVX512
+static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
+    size_t i = 0;
+    int j;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(u + i), x, k, r, p, m;
+        __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
+        x = _mm512_mul_ps(_mm512_mask_sub_ps(v, neg, zero, v), _mm512_set1_ps(2.0f));
+        x = _mm512_min_ps(x, _mm512_set1_ps(20.0f)); /* x < 20 ? x : 20, NaN -> 20 */
+        k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), magic), magic);
+        r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
+        r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
+        p = _mm512_set1_ps(mp__tanh_gelu_poly[0]);
+        for (j = 1; j < 8; j++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(mp__tanh_gelu_poly[j]));
+        p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                 _mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23)));
+        m = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(p, one)));
+        _mm512_storeu_ps(t + i, _mm512_mask_sub_ps(m, neg, zero, m));
+    }
+    mp__tanh_gelu_run_scalar(t + i, u + i, n - i);
+}
+#elif defined(MP__SIMD_X86)
+static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), magic = _mm256_set1_ps(12582912.0f);
+    size_t i = 0;
+    int j;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(u + i), neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ), x, k, r, p, m;
+        x = _mm256_mul_ps(_mm256_blendv_ps(v, _mm256_sub_ps(zero, v), neg), _mm256_set1_ps(2.0f));
+        x = _mm256_min_ps(x, _mm256_set1_ps(20.0f)); /* x < 20 ? x : 20, NaN -> 20 */
+        k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), magic), magic);
+        r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
+        r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
+        p = _mm256_set1_ps(mp__tanh_gelu_poly[0]);
+        for (j = 1; j < 8; j++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(mp__tanh_gelu_poly[j]));
+        p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                 _mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23)));
+        m = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(p, one)));
+        _mm256_storeu_ps(t + i, _mm256_blendv_ps(m, _mm256_sub_ps(zero, m), neg));
+    }
+    mp__tanh_gelu_run_scalar(t + i, u + i, n - i);
+}
+#endif
+
+/* Which row runs (as >>bulk casts: dispatch): the widest the build has. */
+#if defined(MP__SIMD_AVX512)
+static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_avx512;
+#elif defined(MP__SIMD_X86)
+static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_avx2;
+#else
+static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_scalar;
+#endif
+
+/* GELU's tanh form over a run of x, forward (out = gelu(x); out may be
+   x) or backward (out *= gelu'(x)): >>rules' arithmetic with the tanh in
+   vector rows, MP__VEC_RUN values at a time. */
+enum { MP__VEC_RUN = 64 };
+static void mp__gelu_tanh_run(float *out, const float *x, int backward, size_t n) {
+    float u[MP__VEC_RUN], t[MP__VEC_RUN];
+    size_t i, k, len;
+    for (i = 0; i < n; i += len) {
+        len = mp__min(MP__VEC_RUN, n - i);
+        for (k = 0; k < len; k++) u[k] = mp__gelu_tanh_arg(x[i + k]);
+        mp__tanh_gelu_run(t, u, len);
+        if (backward)
+            for (k = 0; k < len; k++) out[i + k] *= mp__gelu_tanh_grad(x[i + k], t[k]);
+        else
+            for (k = 0; k < len; k++) out[i + k] = mp__gelu_tanh_of(x[i + k], t[k]);
+    }
+}
+
 /* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
    in blocks of 16 with a constant trip count, which compilers vectorise;
-   the rest are dominated by exp, erf and tanh. */
+   GELU's tanh form in vector rows (mp__gelu_tanh_run); the rest are
+   dominated by exp, erf and tanh. */
 static void mp__act_run(mp_activation a, float *v, size_t n) {
     size_t j = 0, k;
     if (a == MP_LINEAR) return;
+    if (a == MP_GELU_APPROXIMATE) { mp__gelu_tanh_run(v, v, 0, n); return; }
     if (a == MP_RELU)
         for (; j + 16 <= n; j += 16)
             for (k = 0; k < 16; k++) v[j + k] = v[j + k] < 0.0f ? 0.0f : v[j + k];
@@ -4549,7 +4670,9 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
         for (; j + 16 <= n; j += 16) /* vectorised, as in mp__act_run: branches on signs mispredict */
             for (k = 0; k < 16; k++) g[j + k] = y[j + k] > 0.0f ? g[j + k] : 0.0f;
         for (; j < n; j++) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
-    } else
+    } else if (a == MP_GELU_APPROXIMATE && x)
+        mp__gelu_tanh_run(g, x, 1, n);
+    else
         for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
 }
 
@@ -8317,27 +8440,153 @@ static void mp__cpu_embedding_backward(void *ctx, float *dtable, size_t vocab, c
 }
 
 /* Attention by sequences (batch x heads): each thread takes whole
-   sequences, every row of one by >>rules' rows in order. */
+   sequences. A sequence whose operands fit the thread's GEMM workspace
+   runs on float32 copies of them, widened and rounded in bulk
+   (mp__load, mp__store), its products as vector-times-matrix blocks
+   that compilers vectorise (mp__vecmat, mp__rank1); every sum has
+   >>rules' terms in >>rules' order, so the bits are those of
+   mp__attention_row and the device backends. A longer one runs >>rules'
+   rows as they are. bench/attention.c times both directions. */
 typedef struct mp__attention_args {
     mp__attention_geom g;
+    mp_pool *pool;
     void *att, *p, *dq, *dk, *dv;
     float *s;
     const void *q, *k, *v, *datt, *pin;
 } mp__attention_args;
 
+enum { MP__VEC = 16 }; /* the blocks' width: a constant trip count that compilers vectorise */
+
+/* y[j] = sum_r x[r] m[r ld + j] for j < cols, r = 0 ... rows - 1 in order
+   from 0: a block of MP__VEC columns in local sums, then the rest. A last
+   part block within ld is summed whole and only its first columns kept
+   (the causal rows' keys end anywhere), so m's rows must have ld set
+   values; past ld, column by column. */
+static void mp__vecmat(float *y, const float *x, const float *m, size_t rows, size_t cols, size_t ld) {
+    size_t j = 0, r, k;
+    for (; j < cols && j + MP__VEC <= ld; j += MP__VEC) {
+        float acc[MP__VEC] = {0.0f};
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < MP__VEC; k++) acc[k] += x[r] * m[r * ld + j + k];
+        memcpy(y + j, acc, mp__min(MP__VEC, cols - j) * sizeof(float));
+    }
+    for (; j < cols; j++) {
+        float acc = 0.0f;
+        for (r = 0; r < rows; r++) acc += x[r] * m[r * ld + j];
+        y[j] = acc;
+    }
+}
+
+/* m[r ld + c] += a[r] x[c] for r < rows, c < cols: one more term of each
+   of m's sums. x is copied a block at a time, so no overlap check stops
+   the vectoriser (as mp__add_run). */
+static void mp__rank1(float *m, size_t ld, const float *a, size_t rows, const float *x, size_t cols) {
+    size_t c = 0, r, k;
+    for (; c + MP__VEC <= cols; c += MP__VEC) {
+        float b[MP__VEC];
+        memcpy(b, x + c, sizeof b);
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < MP__VEC; k++) m[r * ld + c + k] += a[r] * b[k];
+    }
+    for (; c < cols; c++)
+        for (r = 0; r < rows; r++) m[r * ld + c] += a[r] * x[c];
+}
+
+/* Rows [0, t) of sequence n's head in `from` (dt) as float32: to[j d + c]
+   (as they are) or, transposed, to[c t + j]; row is d floats of scratch. */
+static void mp__attention_widen(float *to, float *row, const mp__attention_geom *g, const void *from, size_t n,
+                                int transposed) {
+    size_t j, c;
+    for (j = 0; j < g->t; j++) {
+        const void *src = mp__at(from, g->dt, mp__attention_at(g, n, j, 0));
+        if (!transposed) { mp__load(to + j * g->d, src, g->dt, g->d); continue; }
+        mp__load(row, src, g->dt, g->d);
+        for (c = 0; c < g->d; c++) to[c * g->t + j] = row[c];
+    }
+}
+
+/* The workspace floats a thread needs for one sequence: forward, k^T and
+   v (2 t d) and rows of d, t and d; backward, k, v^T, dk and dv (4 t d)
+   and rows of d, d, t and d. */
+static size_t mp__attention_ws_floats(const mp__attention_geom *g) { return 4 * g->t * g->d + g->t + 3 * g->d; }
+static int mp__attention_fits(const mp__attention_geom *g) {
+    size_t fixed = (size_t)MP__A_FLOATS + (size_t)MP__MC * MP__NC + MP__TMP;
+    return g->d <= fixed / 8 && g->t <= fixed / 8 / (g->d + 1) && mp__attention_ws_floats(g) <= fixed;
+}
+
+/* Sequence n, forward: mp__attention_row's arithmetic on widened rows. */
+static void mp__attention_seq(const mp__attention_args *a, size_t n, float *ws) {
+    const mp__attention_geom *g = &a->g;
+    size_t t = g->t, d = g->d, i, j;
+    float *kt = ws, *v = kt + t * d, *qi = v + t * d, *pi = qi + d, *out = pi + t;
+    mp__attention_widen(kt, out, g, a->k, n, 1);
+    mp__attention_widen(v, out, g, a->v, n, 0);
+    for (i = 0; i < t; i++) {
+        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
+        float *si = a->s + (n * t + i) * t, mx = -INFINITY, sum = 0.0f;
+        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
+        mp__vecmat(si, qi, kt, d, keys, t);
+        for (j = 0; j < keys; j++) {
+            si[j] = si[j] * g->scale;
+            mx = si[j] > mx ? si[j] : mx;
+        }
+        for (j = 0; j < keys; j++) sum += expf(si[j] - mx);
+        for (j = 0; j < t; j++) pi[j] = j < keys ? expf(si[j] - mx) / sum : 0.0f;
+        mp__store(mp__at_mut(a->p, g->dt, (n * t + i) * t), g->dt, pi, t);
+        mp__load(pi, mp__at(a->p, g->dt, (n * t + i) * t), g->dt, keys); /* as rounded */
+        mp__vecmat(out, pi, v, keys, d, d);
+        mp__store(mp__at_mut(a->att, g->dt, at), g->dt, out, d);
+    }
+}
+
+/* Sequence n, backward: mp__attention_dq_row's arithmetic row by row, and
+   each row's terms of mp__attention_dkv_row's sums added as it ends (row
+   i's after row i - 1's: >>rules' order). */
+static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float *ws) {
+    const mp__attention_geom *g = &a->g;
+    size_t t = g->t, d = g->d, i, j;
+    float *k = ws, *vt = k + t * d, *dk = vt + t * d, *dv = dk + t * d, *di = dv + t * d, *qi = di + d, *pi = qi + d,
+          *out = pi + t;
+    mp__attention_widen(k, out, g, a->k, n, 0);
+    mp__attention_widen(vt, out, g, a->v, n, 1);
+    memset(dk, 0, 2 * t * d * sizeof(float));
+    for (i = 0; i < t; i++) {
+        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
+        float *si = a->s + (n * t + i) * t, dot = 0.0f;
+        mp__load(di, mp__at(a->datt, g->dt, at), g->dt, d);
+        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
+        mp__load(pi, mp__at(a->pin, g->dt, (n * t + i) * t), g->dt, keys);
+        mp__vecmat(si, di, vt, d, keys, t);
+        for (j = 0; j < keys; j++) dot += pi[j] * si[j];
+        for (j = 0; j < keys; j++) si[j] = pi[j] * (si[j] - dot) * g->scale;
+        for (j = keys; j < t; j++) si[j] = 0.0f;
+        mp__vecmat(out, si, k, keys, d, d);
+        mp__store(mp__at_mut(a->dq, g->dt, at), g->dt, out, d);
+        mp__rank1(dk, d, si, keys, qi, d);
+        mp__rank1(dv, d, pi, keys, di, d);
+    }
+    for (j = 0; j < t; j++) {
+        size_t at = mp__attention_at(g, n, j, 0);
+        mp__store(mp__at_mut(a->dk, g->dt, at), g->dt, dk + j * d, d);
+        mp__store(mp__at_mut(a->dv, g->dt, at), g->dt, dv + j * d, d);
+    }
+}
+
 static void mp__attention_seqs(void *args, size_t n0, size_t n1, int thread) {
     const mp__attention_args *a = (const mp__attention_args *)args;
     size_t n, i;
-    (void)thread;
     for (n = n0; n < n1; n++)
-        for (i = 0; i < a->g.t; i++) mp__attention_row(&a->g, a->att, a->p, a->s, a->q, a->k, a->v, n, i);
+        if (mp__attention_fits(&a->g))
+            mp__attention_seq(a, n, a->pool->ws[thread].a);
+        else
+            for (i = 0; i < a->g.t; i++) mp__attention_row(&a->g, a->att, a->p, a->s, a->q, a->k, a->v, n, i);
 }
 
 static void mp__attention_grad_seqs(void *args, size_t n0, size_t n1, int thread) {
     const mp__attention_args *a = (const mp__attention_args *)args;
     size_t n, i;
-    (void)thread;
     for (n = n0; n < n1; n++) {
+        if (mp__attention_fits(&a->g)) { mp__attention_grad_seq(a, n, a->pool->ws[thread].a); continue; }
         for (i = 0; i < a->g.t; i++) mp__attention_dq_row(&a->g, a->dq, a->s, a->datt, a->k, a->v, a->pin, n, i);
         for (i = 0; i < a->g.t; i++) mp__attention_dkv_row(&a->g, a->dk, a->dv, a->s, a->datt, a->q, a->pin, n, i);
     }
@@ -8348,6 +8597,7 @@ static void mp__cpu_attention(void *ctx, void *att, void *p, float *s, const voi
     mp__attention_args a;
     memset(&a, 0, sizeof a);
     a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.pool = mp__pool_of(ctx);
     a.att = att, a.p = p, a.s = s, a.q = q, a.k = k, a.v = v;
     mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_seqs, &a);
 }
@@ -8358,6 +8608,7 @@ static void mp__cpu_attention_backward(void *ctx, void *dq, void *dk, void *dv, 
     mp__attention_args a;
     memset(&a, 0, sizeof a);
     a.g = mp__attention_geom_of(dt, t, heads, d, scale, causal);
+    a.pool = mp__pool_of(ctx);
     a.dq = dq, a.dk = dk, a.dv = dv, a.s = s, a.datt = datt, a.q = q, a.k = k, a.v = v, a.pin = p;
     mp__parallel_items(mp__pool_of(ctx), batch * heads, t * t * d, mp__attention_grad_seqs, &a);
 }

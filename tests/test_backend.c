@@ -1768,6 +1768,49 @@ static void test_norm_finite_differences(void) {
     cpu->destroy(ctx);
 }
 
+/* GELU's tanh (>>rules' mp__tanh_gelu): within 2^-22 of tanh in float64
+   over every 64th float32 from 2^-20 to 12 and their negatives (odd, 1
+   past the clamp), the build's vector row (mp__tanh_gelu_run) giving the
+   scalar's bits, and GELU's runs (mp__act_run, mp__act_grad_run) mp__act's and
+   mp__act_grad's bits, tails included. */
+static void test_gelu_tanh(void) {
+    enum { RUN_LEN = 4096 };
+    static const float specials[] = {0.0f, -0.0f, 9.5f, 10.0f, 11.0f, 1e30f, INFINITY, -INFINITY};
+    static float u[RUN_LEN], t[RUN_LEN], g[RUN_LEN], v[RUN_LEN];
+    uint32_t b = 0x35800000u; /* 2^-20 */
+    double worst = 0.0;
+    size_t n = 0, i, bad = 0;
+    int done = 0;
+    while (!done) {
+        for (n = 0; n < RUN_LEN && !done; n += 2, b += 64) {
+            memcpy(&u[n], &b, 4);
+            done = u[n] > 12.0f;
+            u[n + 1] = -u[n];
+        }
+        for (i = 0; i < n; i++) {
+            double e = fabs((double)mp__tanh_gelu(u[i]) - tanh((double)u[i]));
+            worst = e > worst ? e : worst;
+        }
+        mp__tanh_gelu_run_scalar(t, u, n);
+        for (i = 0; i < n; i += 2) bad += t[i + 1] != -t[i] || (u[i] > 10.0f && t[i] != 1.0f);
+        mp__tanh_gelu_run(g, u, n);
+        bad += memcmp(g, t, n * sizeof(float)) != 0;
+    }
+    if (!CHECK(worst <= 0x1p-22 && bad == 0)) fprintf(stderr, "  tanh for GELU: worst %g, %zu bad\n", worst, bad);
+    for (i = 0; i < sizeof specials / sizeof specials[0]; i++)
+        CHECK(mp__tanh_gelu(specials[i]) == (specials[i] < 0.0f ? -1.0f : specials[i] > 9.0f ? 1.0f : 0.0f));
+    for (n = 1; n <= 200; n += 33) { /* GELU's runs, lengths past and short of the rows' widths */
+        for (i = 0; i < n; i++) v[i] = u[i] = (float)i / 8.0f - 12.0f, g[i] = t[i] = 1.0f - (float)i / 100.0f;
+        mp__act_run(MP_GELU_APPROXIMATE, v, n);
+        mp__act_grad_run(MP_GELU_APPROXIMATE, g, v, u, n);
+        for (i = 0; i < n; i++) {
+            bad += v[i] != mp__act(MP_GELU_APPROXIMATE, u[i]);
+            bad += g[i] != t[i] * mp__act_grad(MP_GELU_APPROXIMATE, v[i], u[i]);
+        }
+    }
+    if (!CHECK(bad == 0)) fprintf(stderr, "  GELU runs: %zu values differ from mp__act's\n", bad);
+}
+
 int main(int argc, char **argv) {
     size_t start = mp_get_memory_info().current;
     check_args(argc, argv);
@@ -1800,6 +1843,7 @@ int main(int argc, char **argv) {
     RUN(test_norm_values());
     RUN(test_norm_finite_differences());
     RUN(test_norm_order());
+    RUN(test_gelu_tanh());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());

@@ -789,6 +789,65 @@ static void test_norms(void) {
             }
 }
 
+/* GELU's tanh form, the bits on both sides: it calls no library
+   function (>>rules' mp__tanh_gelu is IEEE 754's +, -, *, / alone), and
+   the CPU's vector rows give the scalar's bits. */
+static void test_gelu_tanh(void) {
+    size_t i, o, rows = 33, cols = 70, n = rows * cols;
+    for (i = 0; i < COUNT(dtypes); i++) {
+        mp_dtype dt = dtypes[i];
+        arg *x = rand_arg(dt, n, -6.0f, 6.0f), *b = rand_arg(dt, cols, -1.0f, 1.0f), *y = new_arg(n * dsize(dt));
+        arg *dy = rand_arg(dt, n, -1.0f, 1.0f);
+        cpu.be->bias_act(cpu.ctx, y->host, x->host, b->host, rows, cols, MP_GELU_APPROXIMATE, dt);
+        gpu.be->bias_act(gpu.ctx, y->dev, x->dev, b->dev, rows, cols, MP_GELU_APPROXIMATE, dt);
+        same_bytes("bias_act, GELU's tanh form", y);
+        for (o = 0; o < COUNT(dtypes); o++) {
+            arg *dx = new_arg(n * dsize(dtypes[o]));
+            cpu.be->act_backward(cpu.ctx, dx->host, dtypes[o], dy->host, y->host, x->host, rows, cols,
+                                 MP_GELU_APPROXIMATE, dt);
+            gpu.be->act_backward(gpu.ctx, dx->dev, dtypes[o], dy->dev, y->dev, x->dev, rows, cols, MP_GELU_APPROXIMATE,
+                                 dt);
+            same_bytes("act_backward, GELU's tanh form", dx);
+        }
+        free_args();
+    }
+}
+
+/* Attention on the CPU (widened rows, blocked products) against the
+   device's >>rules rows: the same bits, at widths on both sides of the
+   CPU's blocks of 16 and causal or not. */
+static void test_attention(void) {
+    static const size_t shapes[][2] = {{1, 4}, {5, 16}, {37, 17}, {20, 3}}; /* t, d */
+    size_t s, i;
+    int causal;
+    for (s = 0; s < COUNT(shapes); s++)
+        for (i = 0; i < COUNT(dtypes); i++)
+            for (causal = 0; causal <= 1; causal++) {
+                size_t t = shapes[s][0], d = shapes[s][1], batch = 2, heads = 3, n = batch * t * heads * d;
+                size_t tt = batch * heads * t * t;
+                mp_dtype dt = dtypes[i];
+                float scale = 1.0f / sqrtf((float)d);
+                arg *q = rand_arg(dt, n, -2.0f, 2.0f), *k = rand_arg(dt, n, -2.0f, 2.0f), *v = rand_arg(dt, n, -1.0f, 1.0f);
+                arg *datt = rand_arg(dt, n, -1.0f, 1.0f), *att = rand_arg(dt, n, 0.0f, 1.0f), *p = rand_arg(dt, tt, 0.0f, 1.0f);
+                arg *sc = rand_arg(F32, tt, 0.0f, 1.0f), *dq = rand_arg(dt, n, 0.0f, 1.0f), *dk = rand_arg(dt, n, 0.0f, 1.0f);
+                arg *dv = rand_arg(dt, n, 0.0f, 1.0f);
+                cpu.be->attention(cpu.ctx, att->host, p->host, (float *)sc->host, q->host, k->host, v->host, dt, batch, t,
+                                  heads, d, scale, causal);
+                gpu.be->attention(gpu.ctx, att->dev, p->dev, (float *)sc->dev, q->dev, k->dev, v->dev, dt, batch, t, heads, d,
+                                  scale, causal);
+                same_bytes("attention", att);
+                same_bytes("attention's probabilities", p);
+                cpu.be->attention_backward(cpu.ctx, dq->host, dk->host, dv->host, (float *)sc->host, datt->host, q->host,
+                                           k->host, v->host, p->host, dt, batch, t, heads, d, scale, causal);
+                gpu.be->attention_backward(gpu.ctx, dq->dev, dk->dev, dv->dev, (float *)sc->dev, datt->dev, q->dev, k->dev,
+                                           v->dev, p->dev, dt, batch, t, heads, d, scale, causal);
+                same_bytes("attention_backward's dq", dq);
+                same_bytes("attention_backward's dk", dk);
+                same_bytes("attention_backward's dv", dv);
+                free_args();
+            }
+}
+
 /* The context's own accounting: blocks come and go, the peak stays. */
 static void test_memory(void) {
     mp_backend_memory a, b, c;
@@ -1689,6 +1748,8 @@ int main(int argc, char **argv) {
     RUN(test_dropout());
     RUN(test_graph_ops());
     RUN(test_norms());
+    RUN(test_attention());
+    RUN(test_gelu_tanh());
     RUN(test_memory());
     RUN(test_mlp_matches_cpu());
     RUN(test_options_match_cpu());
