@@ -336,7 +336,9 @@ static void test_bias_grad(void) {
             size_t cols = 70;
             mp_dtype dt = dtypes[i];
             arg *dy = rand_arg(dt, rows[r] * cols, -1.0f, 1.0f), *db = new_arg(cols * dsize(dt));
-            tol more = {1e-5f, 1e-5f}, t = rows[r] <= 256 ? EXACT : dt == F32 ? more : tol_rounded(dt);
+            /* past 256 rows the device adds parts in another order: 1000 values in [-1, 1] whose partial
+               sums reach about 30, each addition rounding by up to 2^-24 of them */
+            tol more = {1e-4f, 1e-5f}, t = rows[r] <= 256 ? EXACT : dt == F32 ? more : tol_rounded(dt);
             cpu.be->bias_grad(cpu.ctx, db->host, dy->host, rows[r], cols, dt);
             gpu.be->bias_grad(gpu.ctx, db->dev, dy->dev, rows[r], cols, dt);
             agree(rows[r] <= 256 ? "bias_grad (one part: the CPU's order)" : "bias_grad (parts)", db, dt, cols, t);
