@@ -58,7 +58,7 @@ deps:
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h examples/resnet_model.h mixprec.h | $(B)
+$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h examples/resnet_model.h examples/gpt_model.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
 $(B)/mnist_mpi: examples/mnist_mpi.c examples/example.h examples/fashion_mnist.h mixprec.h mpi/mixprec_mpi.h | $(B)
