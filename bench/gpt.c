@@ -24,6 +24,8 @@
    2 warm-up steps. One key=value line per run and ratio:
        bench=gpt impl=mixprec|torch round=R policy=P threads=T ms_per_step= tokens_per_s=
        bench=gpt round=R policy=P threads=T ratio=mixprec_over_torch value=
+       bench=gpt impl=mixprec model=gpt2_124M policy=P batch=4 context=64 threads=T ms_per_step= peak_bytes=
+         (with --gpt2 or MIXPREC_LLMC_DIR: mixprec at GPT-2 124M's shape, llm.c's CPU setting)
        bench=gpt impl=llmc available=1 model=gpt2_124M batch=4 context=64 ms_per_step=
          (or available=0 reason=...)
    Without torch: a bench=torch available=0 line, and mixprec's lines alone.
@@ -31,7 +33,7 @@
    Build and run: `make bench` (`make bench-quick`: 1 round, shorter timings), or
        gcc -std=c99 -O2 -march=native -pthread bench/gpt.c -o bench_gpt -lm
        MIXPREC_TORCH_PYTHON=/path/to/venv/bin/python MIXPREC_LLMC_DIR=/path/to/llm.c ./bench_gpt
-           [--rounds R] [--min-seconds S] [--threads T] [--no-torch] */
+           [--rounds R] [--min-seconds S] [--threads T] [--no-torch] [--gpt2] */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,17 +59,26 @@ static const char *const policies[2] = {"float32", "mixed_bfloat16"};
 static double min_s = 1.0;
 static int only_threads; /* 0: both */
 
-static mp_model *build_model(const char *policy, int threads) {
+/* A GPT's shape: the benchmark's small one, or GPT-2 124M's at llm.c's CPU
+   batch and context (its vocabulary unpadded, the logits' Dense its own
+   weights where GPT-2 ties them to the token embedding). */
+typedef struct shape {
+    int vocab, context, layers, heads, channels, batch;
+} shape;
+static const shape small = {VOCAB, CONTEXT, LAYERS, HEADS, CHANNELS, BATCH};
+static const shape gpt2 = {50257, 64, 12, 12, 768, 4};
+
+static mp_model *build_model(const shape *g, const char *policy, int threads) {
     mp_model_desc md;
     mp_compile_desc cd;
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
     memset(&cd, 0, sizeof cd);
-    md.input_shape[0] = CONTEXT;
+    md.input_shape[0] = g->context;
     md.threads = threads;
     check(mp_set_global_policy_name(policy), NULL, policy);
     check(mp_model_create(&m, &md), NULL, "mp_model_create");
-    check(gpt_layers(m, VOCAB, CONTEXT, LAYERS, HEADS, CHANNELS), m, "gpt_layers");
+    check(gpt_layers(m, g->vocab, g->context, g->layers, g->heads, g->channels), m, "gpt_layers");
     cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
     cd.from_logits = 1;
     cd.optimizer.kind = MP_ADAMW; /* Keras's defaults */
@@ -75,14 +86,14 @@ static mp_model *build_model(const char *policy, int threads) {
     return m;
 }
 
-/* One training step on (BATCH, CONTEXT) tokens and their targets. */
-static void step(mp_model *m, int32_t *x, int32_t *y) {
-    int shape = CONTEXT, applied;
+/* One training step on (batch, context) tokens and their targets. */
+static void step(const shape *g, mp_model *m, int32_t *x, int32_t *y) {
+    int applied;
     float loss;
     mp_data d;
-    mp_array labels = mp_array_i32(y, BATCH, 1, &shape);
+    mp_array labels = mp_array_i32(y, (size_t)g->batch, 1, &g->context);
     memset(&d, 0, sizeof d);
-    d.x[0] = mp_array_i32(x, BATCH, 1, &shape);
+    d.x[0] = mp_array_i32(x, (size_t)g->batch, 1, &g->context);
     check(mp_forward(m, &d, 1), m, "mp_forward");
     check(mp_compute_loss(m, &labels, &loss, NULL), m, "mp_compute_loss");
     check(mp_compute_scaled_gradients(m), m, "mp_compute_scaled_gradients");
@@ -92,16 +103,16 @@ static void step(mp_model *m, int32_t *x, int32_t *y) {
 
 /* Seconds a step: the best of 3 timings of >= min_s / 3 each, after 2
    warm-up steps, as torch_cpu.py's timed(). */
-static double time_steps(mp_model *m, int32_t *x, int32_t *y) {
+static double time_steps(const shape *g, mp_model *m, int32_t *x, int32_t *y) {
     double best = 1e30;
     int rep;
-    step(m, x, y);
-    step(m, x, y);
+    step(g, m, x, y);
+    step(g, m, x, y);
     for (rep = 0; rep < 3; rep++) {
         double t0 = now_s(), s;
         long steps = 0;
         do {
-            step(m, x, y);
+            step(g, m, x, y);
             steps++;
         } while (steps < 2 || now_s() - t0 < min_s / 3);
         s = (now_s() - t0) / (double)steps;
@@ -126,8 +137,8 @@ static void round_at(int round, int threads, int32_t *x, int32_t *y) {
     char args[160];
     int p;
     for (p = 0; p < 2; p++) {
-        mp_model *m = build_model(policies[p], threads);
-        double s = time_steps(m, x, y);
+        mp_model *m = build_model(&small, policies[p], threads);
+        double s = time_steps(&small, m, x, y);
         mp_model_destroy(m);
         mine[p] = BATCH * CONTEXT / s;
         printf("bench=gpt impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f tokens_per_s=%.0f\n", round,
@@ -145,6 +156,30 @@ static void round_at(int round, int threads, int32_t *x, int32_t *y) {
             printf("bench=gpt round=%d policy=%s threads=%d ratio=mixprec_over_torch value=%.3f\n", round, policies[p],
                    threads, mine[p] / torch[p]);
     fflush(stdout);
+}
+
+/* mixprec at GPT-2 124M's shape, llm.c's CPU setting: each policy's step
+   time (the best of 3 steps after 1 warm-up) and the model's peak bytes. */
+static void gpt2_steps(int32_t *x, int32_t *y) {
+    int p, threads = only_threads ? only_threads : N_THREADS;
+    for (p = 0; p < 2; p++) {
+        mp_model *m;
+        double best = 1e30;
+        int k;
+        mp_reset_peak_memory();
+        m = build_model(&gpt2, policies[p], threads);
+        step(&gpt2, m, x, y);
+        for (k = 0; k < 3; k++) {
+            double t0 = now_s();
+            step(&gpt2, m, x, y);
+            if (now_s() - t0 < best) best = now_s() - t0;
+        }
+        mp_model_destroy(m);
+        printf("bench=gpt impl=mixprec model=gpt2_124M policy=%s batch=%d context=%d threads=%d ms_per_step=%.1f "
+               "peak_bytes=%zu\n",
+               policies[p], gpt2.batch, gpt2.context, threads, best * 1e3, mp_get_memory_info().peak);
+        fflush(stdout);
+    }
 }
 
 /* llm.c's train_gpt2.c from $MIXPREC_LLMC_DIR, built and run there as it
@@ -188,15 +223,17 @@ int main(int argc, char **argv) {
     int32_t *x = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     int32_t *y = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     unsigned long long s = 0x9E3779B97F4A7C15ull;
-    int a, rounds = 3, round, t, i;
+    int a, rounds = 3, round, t, i, with_gpt2 = 0;
     for (a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--no-torch") == 0) peer_enabled = 0;
         else if (strcmp(argv[a], "--quick") == 0) rounds = 1, min_s = 0.3;
+        else if (strcmp(argv[a], "--gpt2") == 0) with_gpt2 = 1;
         else if (a + 1 < argc && strcmp(argv[a], "--rounds") == 0) rounds = atoi(argv[++a]);
         else if (a + 1 < argc && strcmp(argv[a], "--min-seconds") == 0) min_s = atof(argv[++a]);
         else if (a + 1 < argc && strcmp(argv[a], "--threads") == 0) only_threads = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--threads T] [--no-torch]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--rounds R] [--min-seconds S] [--threads T] [--no-torch] [--gpt2]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -208,7 +245,8 @@ int main(int argc, char **argv) {
            mp_available_cores(), VOCAB, CONTEXT, LAYERS, HEADS, CHANNELS, BATCH, rounds, min_s);
     print_machine("gpt");
     peer_probe();
-    for (i = 0; i < BATCH * CONTEXT; i++) { /* xorshift64 tokens: the speed does not depend on them */
+    for (i = 0; i < BATCH * CONTEXT; i++) { /* xorshift64 tokens (below every vocabulary here; --gpt2 reads the
+                                                first 4 x 64): the speed does not depend on them */
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         x[i] = (int32_t)(s % VOCAB);
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -217,6 +255,7 @@ int main(int argc, char **argv) {
     for (round = 0; round < rounds; round++)
         for (t = 1; t <= N_THREADS; t++)
             if (!only_threads || t == only_threads) round_at(round, t, x, y);
+    if (with_gpt2 || (getenv("MIXPREC_LLMC_DIR") && *getenv("MIXPREC_LLMC_DIR"))) gpt2_steps(x, y); /* llm.c's peer */
     llmc();
     print_machine("gpt"); /* the load at the end too */
     free(x);
