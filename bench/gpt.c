@@ -24,6 +24,9 @@
    2 warm-up steps. One key=value line per run and ratio:
        bench=gpt impl=mixprec|torch round=R policy=P threads=T ms_per_step= tokens_per_s=
        bench=gpt round=R policy=P threads=T ratio=mixprec_over_torch value=
+   and after the rounds each side's best over them:
+       bench=gpt impl=I policy=P threads=T best_of_rounds=N tokens_per_s=
+       bench=gpt policy=P threads=T ratio=mixprec_over_torch_best value=
        bench=gpt impl=mixprec model=gpt2_124M policy=P batch=4 context=64 threads=T ms_per_step= peak_bytes=
          (with --gpt2 or MIXPREC_LLMC_DIR: mixprec at GPT-2 124M's shape, llm.c's CPU setting)
        bench=gpt impl=llmc available=1 model=gpt2_124M batch=4 context=64 ms_per_step=
@@ -132,8 +135,11 @@ static void peer_line(const char *line, void *ctx) {
     }
 }
 
-static void round_at(int round, int threads, int32_t *x, int32_t *y) {
-    double mine[2], torch[2] = {0, 0};
+/* tokens/s: [impl: mixprec, torch][threads][policy] in one round */
+typedef double rates[2][N_THREADS + 1][2];
+
+static void round_at(int round, int threads, int32_t *x, int32_t *y, rates r) {
+    double *mine = r[0][threads], *torch = r[1][threads];
     char args[160];
     int p;
     for (p = 0; p < 2; p++) {
@@ -223,7 +229,8 @@ int main(int argc, char **argv) {
     int32_t *x = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     int32_t *y = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     unsigned long long s = 0x9E3779B97F4A7C15ull;
-    int a, rounds = 3, round, t, i, with_gpt2 = 0;
+    static rates r[MAX_ROUNDS];
+    int a, rounds = 3, round, t, i, p, with_gpt2 = 0;
     for (a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--no-torch") == 0) peer_enabled = 0;
         else if (strcmp(argv[a], "--quick") == 0) rounds = 1, min_s = 0.3;
@@ -254,7 +261,21 @@ int main(int argc, char **argv) {
     }
     for (round = 0; round < rounds; round++)
         for (t = 1; t <= N_THREADS; t++)
-            if (!only_threads || t == only_threads) round_at(round, t, x, y);
+            if (!only_threads || t == only_threads) round_at(round, t, x, y, r[round]);
+    for (t = 1; t <= N_THREADS; t++) /* each side's best over the rounds */
+        for (p = 0; p < 2; p++) {
+            double best[2] = {0, 0};
+            for (i = 0; i < 2; i++) {
+                for (round = 0; round < rounds; round++)
+                    if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
+                if (best[i] > 0)
+                    printf("bench=gpt impl=%s policy=%s threads=%d best_of_rounds=%d tokens_per_s=%.0f\n",
+                           i ? "torch" : "mixprec", policies[p], t, rounds, best[i]);
+            }
+            if (best[1] > 0)
+                printf("bench=gpt policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", policies[p], t,
+                       best[0] / best[1]);
+        }
     if (with_gpt2 || (getenv("MIXPREC_LLMC_DIR") && *getenv("MIXPREC_LLMC_DIR"))) gpt2_steps(x, y); /* llm.c's peer */
     llmc();
     print_machine("gpt"); /* the load at the end too */
