@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/torch_cpu.py - the PyTorch peer of bench/train.c, bench/convnet.c
+"""bench/torch_cpu.py - the PyTorch peer of bench/train.c, bench/convnet.c, bench/gpt.c
 and bench/gemm.c on the CPU, run by them between their own runs (one job
 per process, so that OMP_WAIT_POLICY, which OpenMP reads once, can differ
 between jobs):
