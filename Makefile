@@ -17,7 +17,7 @@ EXAMPLES = $(B)/overflow $(B)/mnist_mlp $(B)/custom_loop $(B)/conv_memory $(B)/n
 MPICC   ?= $(shell command -v mpicc 2>/dev/null)
 EXAMPLES += $(if $(MPICC),$(B)/mnist_mpi)
 BENCHES  = $(B)/bench_convert_gcc $(B)/bench_convert_clang $(B)/bench_gemm $(B)/bench_train $(B)/bench_convnet \
-           $(B)/bench_attention
+           $(B)/bench_attention $(B)/bench_gpt
 # The GEMM and training benchmarks: gcc, as the issue's figures were taken.
 BENCH_CC ?= gcc
 # OpenBLAS, the GEMM benchmark's reference column: there when a program that
@@ -59,7 +59,7 @@ deps:
 $(B):
 	mkdir -p $(B)
 
-$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h examples/resnet_model.h mixprec.h | $(B)
+$(B)/%: examples/%.c examples/example.h examples/summary.h examples/fashion_mnist.h examples/resnet_model.h examples/gpt_model.h mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) $< -o $@ -lm
 
 $(B)/mnist_mpi: examples/mnist_mpi.c examples/example.h examples/fashion_mnist.h mixprec.h mpi/mixprec_mpi.h | $(B)
@@ -101,6 +101,7 @@ demo: $(EXAMPLES)
 	./$(B)/numerics
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
 	./$(B)/resnet --width 8 --train-limit 3000 --bn-momentum 0.9
+	./$(B)/tiny_gpt --steps 80 --layers 2 --sample 80
 	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 # The matrix runs its builds and tests as parallel jobs, one per CPU;
@@ -179,6 +180,9 @@ $(B)/bench_gemm: bench/gemm.c bench/bench.h mixprec.h | $(B)
 $(B)/bench_train: bench/train.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
 
+$(B)/bench_gpt: bench/gpt.c bench/bench.h examples/gpt_model.h mixprec.h | $(B)
+	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
+
 $(B)/bench_convnet: bench/convnet.c bench/bench.h mixprec.h | $(B)
 	$(BENCH_CC) $(WARN) -O2 $(ARCH) -pthread $< -o $@ -lm
 
@@ -207,7 +211,7 @@ bench: bench-build
 bench-quick: bench-build
 	@bash -c 'set -o pipefail; { $(B)/bench_convert_gcc --n 1048576 --reps 2 && $(B)/bench_gemm --quick && \
 	    $(B)/bench_train --quick && $(B)/bench_convnet --quick && $(B)/bench_convnet --quick --model resnet && \
-	    $(B)/bench_attention --quick; } | \
+	    $(B)/bench_attention --quick && $(B)/bench_gpt --quick; } | \
 	    $(BENCH_TABLE) "make bench-quick"'
 
 # The CUDA backend (cuda/): nvcc from PATH or /usr/local/cuda, CUDA 12 or

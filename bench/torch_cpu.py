@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/torch_cpu.py - the PyTorch peer of bench/train.c, bench/convnet.c
+"""bench/torch_cpu.py - the PyTorch peer of bench/train.c, bench/convnet.c, bench/gpt.c
 and bench/gemm.c on the CPU, run by them between their own runs (one job
 per process, so that OMP_WAIT_POLICY, which OpenMP reads once, can differ
 between jobs):
@@ -19,6 +19,13 @@ between jobs):
         random 28x28x1 images, Adam with Keras's defaults (eps 1e-7),
         float32 and bfloat16 autocast as train's. One line per policy,
         tagged with R.
+    gpt --batch B --context T --layers L --heads H --channels C --vocab V --threads T [--min-seconds S] [--round R]
+        bench/gpt.c's GPT (examples/gpt_model.h: nn.Embedding and a learned
+        position table, pre-LayerNorm blocks with epsilon 1e-5, causal
+        scaled_dot_product_attention, GELU tanh MLP of 4C, a final
+        LayerNorm, Linear logits) on random tokens, AdamW with Keras's
+        defaults (lr 1e-3, weight decay 0.004, eps 1e-7), float32 and
+        bfloat16 autocast as train's. One line per policy, tagged with R.
     gemm --m M --n N --k K --trans-a A --trans-b B --threads T [--min-seconds S]
         torch.mm on op(A) and op(B) (transposed views where A or B is),
         float32 and bfloat16 in and out. One line per dtype.
@@ -132,6 +139,50 @@ def convnet(torch, args, head):
               f"ms_per_step={s * 1e3:.2f} images_per_s={args.batch / s:.0f}", flush=True)
 
 
+def gpt_model(torch, args):
+    nn, F = torch.nn, torch.nn.functional
+    c, h = args.channels, args.heads
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(c, eps=1e-5), nn.LayerNorm(c, eps=1e-5)
+            self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+            self.fc, self.fc_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+            q, k, v = (z.view(b, t, h, c // h).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(args.vocab, c), nn.Embedding(args.context, c)
+            self.blocks = nn.Sequential(*[Block() for _ in range(args.layers)])
+            self.ln_f, self.head = nn.LayerNorm(c, eps=1e-5), nn.Linear(c, args.vocab)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1])
+            return self.head(self.ln_f(self.blocks(self.wte(idx) + self.wpe(pos))))
+
+    return GPT()
+
+
+def gpt(torch, args, head):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, args.vocab, (args.batch, args.context), generator=gen)
+    y = torch.randint(0, args.vocab, (args.batch * args.context,), generator=gen)
+    make_opt = lambda params: torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-7, weight_decay=0.004)
+    make_model = lambda: torch.nn.Sequential(gpt_model(torch, args), torch.nn.Flatten(0, 1))  # (B*T, V) logits
+    for policy, s in policies_timed(torch, make_model, make_opt, x, y, args.min_seconds):
+        print(f"bench=gpt impl=torch round={args.round} policy={policy} {head} "
+              f"ms_per_step={s * 1e3:.2f} tokens_per_s={args.batch * args.context / s:.0f}", flush=True)
+
+
 def gemm(torch, args, head):
     m, n, k = args.m, args.n, args.k
     gen = torch.Generator().manual_seed(0)
@@ -147,7 +198,7 @@ def gemm(torch, args, head):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("job", choices=("probe", "train", "convnet", "gemm"))
+    ap.add_argument("job", choices=("probe", "train", "convnet", "gpt", "gemm"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", choices=("convnet", "resnet"), default="convnet")
     ap.add_argument("--min-seconds", type=float, default=1.0)
@@ -158,6 +209,8 @@ def main():
     ap.add_argument("--trans-a", type=int, default=0)
     ap.add_argument("--trans-b", type=int, default=0)
     ap.add_argument("--round", type=int, default=0)
+    for name, default in (("context", 128), ("layers", 4), ("heads", 4), ("channels", 128), ("vocab", 256)):
+        ap.add_argument(f"--{name}", type=int, default=default)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")  # torch without numpy warns on import
     try:
@@ -173,7 +226,7 @@ def main():
     torch.set_num_threads(args.threads)
     wait = os.environ.get("OMP_WAIT_POLICY", "default").lower()
     head = f"threads={args.threads} omp_wait_policy={wait}"
-    {"train": train, "convnet": convnet, "gemm": gemm}[args.job](torch, args, head)
+    {"train": train, "convnet": convnet, "gpt": gpt, "gemm": gemm}[args.job](torch, args, head)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ static inline int flag_backend(int argc, char **argv, int i) {
 /* Weights in and out as safetensors files (mixprec.h's >>safetensors), so
    that what one example trains PyTorch can serve, or the reverse:
    --save-weights PATH   the trained weights, after the test
-   --load-weights PATH   weights to start from (--epochs 0: only evaluate them)
+   --load-weights PATH   weights to start from (--epochs 0, tiny_gpt's --steps 0: only evaluate them)
    --weights-layout keras|pytorch   names and kernel shapes (keras)
    --weights-dtype float32|float16|bfloat16   what --save-weights stores (float32) */
 typedef struct ex_weights {
@@ -118,10 +118,11 @@ static inline void ex_save_weights(mp_model *m) {
     printf("saved the weights to %s\n", ex_weights_flags.save);
 }
 
-/* --epochs 0 evaluates loaded weights; --save-weights writes one model's. */
-static inline void ex_check_weights_flags(int epochs, int models) {
-    if (epochs == 0 && !ex_weights_flags.load) {
-        fprintf(stderr, "--epochs 0 evaluates the weights of --load-weights: give it\n");
+/* `flag` 0 (--epochs, --steps: how long to train) evaluates loaded
+   weights; --save-weights writes one model's. */
+static inline void ex_check_weights_flags(const char *flag, int length, int models) {
+    if (length == 0 && !ex_weights_flags.load) {
+        fprintf(stderr, "%s 0 evaluates the weights of --load-weights: give it\n", flag);
         exit(2);
     }
     if (ex_weights_flags.save && models != 1) {

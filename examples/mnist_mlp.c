@@ -98,7 +98,7 @@ static config parse_args(int argc, char **argv) {
         c.policies[c.n_policies++] = strcmp(c.amp, "float16") == 0 ? "amp_float16" : "amp_bfloat16";
     }
     if (c.n_policies == 0) usage(argv[0]);
-    ex_check_weights_flags(c.epochs, c.n_policies);
+    ex_check_weights_flags("--epochs", c.epochs, c.n_policies);
     return c;
 }
 

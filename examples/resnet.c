@@ -77,7 +77,7 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
         else usage(argv[0]);
     }
-    ex_check_weights_flags(c.epochs, c.n_policies);
+    ex_check_weights_flags("--epochs", c.epochs, c.n_policies);
     return c;
 }
 

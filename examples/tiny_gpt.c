@@ -1,18 +1,32 @@
 /* tiny_gpt.c - a character-level GPT (the block of llm.c's train_gpt2.c:
    LayerNormalization, causal MultiHeadAttention, a residual Add,
    LayerNormalization, Dense(4C, tanh gelu), Dense(C), a residual Add; a
-   final LayerNormalization and the logits) built with the functional API
+   final LayerNormalization and the logits; examples/gpt_model.h) built
+   with the functional API
    and trained with the custom loop under float32, mixed_float16 and
    mixed_bfloat16 from the same initial weights, on the text of Debian's
    fortunes package (`make data`) or, where it is missing, a synthetic text.
 
        make data && make build/tiny_gpt && ./build/tiny_gpt
 
+   Trained as GPTs are (llm.c's train_gpt2.cu and train_gpt2.py, GPT-2's
+   recipe): AdamW (weight_decay 0.1) decaying only the matrices of the
+   matrix products, biases, LayerNormalization's gamma and beta and the
+   embeddings excluded; global_clipnorm 1.0 on the unscaled gradients; the
+   learning rate climbing linearly from 0 over the first tenth of the steps,
+   then cosine decay to 0 (Keras 3's CosineDecay with warmup_target); and
+   gradient accumulation (--accumulate N: each optimizer step averages N
+   batches, an effective batch N times larger).
+
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
-          --steps N (200)  --batch-size N (16)  --context N (64)
-          --layers N (2)  --heads N (4)  --channels N (64)
-          --learning-rate R (Adam's; 3e-3)  --data FILE (build/fortunes.txt)
+          --steps N (optimizer steps, 200; 0 with --load-weights: evaluate)
+          --batch-size N (8)  --accumulate N (batches per step, 1)
+          --context N (64)  --layers N (4)  --heads N (4)  --channels N (64)
+          --learning-rate R (the peak, 3e-3)  --data FILE (build/fortunes.txt)
           --seed N (1337)  --sample N (characters generated, 200)
+          --save-weights PATH, --load-weights PATH, --weights-layout
+          keras|pytorch, --weights-dtype float32|float16|bfloat16
+          (examples/example.h)
 
    Each policy ends with one line (peak_bytes: what mixprec allocated for
    the model at most, its weights, optimizer slots and activations):
@@ -21,6 +35,7 @@
 #define MIXPREC_IMPLEMENTATION
 #include "../mixprec.h"
 #include "example.h"
+#include "gpt_model.h"
 
 #include <math.h>
 #include <time.h>
@@ -30,7 +45,7 @@
 typedef struct config {
     const char *policies[MAX_POLICIES];
     int n_policies;
-    int steps, batch, context, layers, heads, channels, sample;
+    int steps, batch, accumulate, context, layers, heads, channels, sample;
     float learning_rate;
     const char *data;
     uint64_t seed;
@@ -39,8 +54,9 @@ typedef struct config {
 static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--steps N] [--batch-size N]\n"
-            "       [--context N] [--layers N] [--heads N] [--channels N] [--learning-rate R] [--data FILE]\n"
-            "       [--seed N] [--sample N]\n",
+            "       [--accumulate N] [--context N] [--layers N] [--heads N] [--channels N] [--learning-rate R]\n"
+            "       [--data FILE] [--seed N] [--sample N] [--save-weights PATH] [--load-weights PATH]\n"
+            "       [--weights-layout keras|pytorch] [--weights-dtype float32|float16|bfloat16]\n",
             prog);
     exit(2);
 }
@@ -53,7 +69,8 @@ static config parse_args(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     for (i = 0; i < MAX_POLICIES; i++) c.policies[i] = all[i];
     c.n_policies = MAX_POLICIES;
-    c.steps = 200, c.batch = 16, c.context = 64, c.layers = 2, c.heads = 4, c.channels = 64, c.sample = 200;
+    c.steps = 200, c.batch = 8, c.accumulate = 1, c.context = 64, c.layers = 4, c.heads = 4, c.channels = 64;
+    c.sample = 200;
     c.learning_rate = 3e-3f;
     c.data = "build/fortunes.txt";
     c.seed = 1337;
@@ -66,8 +83,9 @@ static config parse_args(int argc, char **argv) {
             c.n_policies = 1;
         } else if (strcmp(f, "--policy") == 0) {
             c.n_policies = MAX_POLICIES;
-        } else if (strcmp(f, "--steps") == 0) c.steps = (int)flag_long(argc, argv, i, 1);
+        } else if (strcmp(f, "--steps") == 0) c.steps = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(f, "--batch-size") == 0) c.batch = (int)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--accumulate") == 0) c.accumulate = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(f, "--context") == 0) c.context = (int)flag_long(argc, argv, i, 2);
         else if (strcmp(f, "--layers") == 0) c.layers = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(f, "--heads") == 0) c.heads = (int)flag_long(argc, argv, i, 1);
@@ -76,8 +94,9 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(f, "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
         else if (strcmp(f, "--data") == 0) c.data = argv[i + 1];
         else if (strcmp(f, "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
-        else usage(argv[0]);
+        else if (!flag_weights(argc, argv, i)) usage(argv[0]);
     }
+    ex_check_weights_flags("--steps", c.steps, c.n_policies);
     if (c.channels % c.heads != 0) {
         fprintf(stderr, "--channels %d is not a multiple of --heads %d\n", c.channels, c.heads);
         exit(2);
@@ -106,38 +125,15 @@ static void load_text(const config *c, mp_tokens *t, int *synthetic) {
     }
 }
 
-/* The GPT, llm.c's block (pre-LayerNormalization, epsilon 1e-5) through
-   mp_model_call; the logits leave through a float32 linear Activation, as
-   the mixed precision guide's outputs do. */
+/* The GPT of gpt_model.h, from the seed. */
 static mp_model *build_gpt(const config *c, int vocab) {
     mp_model_desc md;
     mp_model *m = NULL;
-    mp_layer_desc ln = mp_layer_normalization(), out = mp_activation_layer(MP_LINEAR);
-    int tok, pos, x, a, r, f, in[2], l;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = c->context;
     md.seed = c->seed;
-    ln.epsilon = 1e-5f;
-    out.dtype = "float32";
     CHECK(mp_model_create(&m, &md), NULL);
-    CHECK(mp_model_call(m, mp_embedding(vocab, c->channels), NULL, 0, &tok), m);
-    CHECK(mp_model_call(m, mp_position_embedding(c->context), &tok, 1, &pos), m);
-    in[0] = tok, in[1] = pos;
-    CHECK(mp_model_call(m, mp_add(), in, 2, &x), m);
-    for (l = 0; l < c->layers; l++) {
-        CHECK(mp_model_call(m, ln, &x, 1, NULL), m);
-        CHECK(mp_model_call(m, mp_multi_head_attention(c->heads, c->channels / c->heads, 1), NULL, 0, &a), m);
-        in[0] = x, in[1] = a;
-        CHECK(mp_model_call(m, mp_add(), in, 2, &r), m);
-        CHECK(mp_model_call(m, ln, &r, 1, NULL), m);
-        CHECK(mp_model_add(m, mp_dense(4 * c->channels, MP_GELU_APPROXIMATE)), m);
-        CHECK(mp_model_call(m, mp_dense(c->channels, MP_LINEAR), NULL, 0, &f), m);
-        in[0] = r, in[1] = f;
-        CHECK(mp_model_call(m, mp_add(), in, 2, &x), m);
-    }
-    CHECK(mp_model_add(m, ln), m);
-    CHECK(mp_model_add(m, mp_dense(vocab, MP_LINEAR)), m);
-    CHECK(mp_model_add(m, out), m);
+    CHECK(gpt_layers(m, vocab, c->context, c->layers, c->heads, c->channels), m);
     return m;
 }
 
@@ -213,16 +209,41 @@ static void print_sample(const config *c, mp_model *m, const mp_tokens *t, size_
     free(p);
 }
 
+/* GPT's optimizer (see the top): AdamW, decay on the matrices only (the
+   paths "LAYER/NAME" of mp_model_weight_info containing these strings are
+   excluded: Dense's and MultiHeadAttention's biases, LayerNormalization's
+   gamma and beta, both embeddings), the global norm clipped to 1, warmup
+   then cosine decay. The schedule counts Keras's steps, batches, so its
+   lengths are in batches: `accumulate` per optimizer step. */
+static void compile_gpt(const config *c, mp_model *m) {
+    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
+    mp_compile_desc cd;
+    uint64_t batches = (uint64_t)c->steps * (uint64_t)c->accumulate, warmup = batches / 10;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.optimizer.kind = MP_ADAMW;
+    cd.optimizer.weight_decay = 0.1f;
+    cd.optimizer.exclude_from_weight_decay = no_decay;
+    cd.optimizer.global_clipnorm = 1.0f;
+    cd.optimizer.gradient_accumulation_steps = c->accumulate > 1 ? c->accumulate : 0;
+    cd.optimizer.schedule.kind = MP_COSINE_DECAY;
+    cd.optimizer.schedule.initial_learning_rate = 0.0f;
+    cd.optimizer.schedule.warmup_target = c->learning_rate;
+    cd.optimizer.schedule.warmup_steps = warmup;
+    cd.optimizer.schedule.decay_steps = batches > warmup ? batches - warmup : 1;
+    CHECK(mp_model_compile(m, &cd), m);
+}
+
 static result run_policy(const config *c, const mp_tokens *t, size_t split, const char *policy, float **initial) {
     int32_t *x = malloc((size_t)c->batch * (size_t)c->context * sizeof(int32_t));
     int32_t *y = malloc((size_t)c->batch * (size_t)c->context * sizeof(int32_t));
-    mp_compile_desc cd;
     mp_model *m;
     result r;
     uint64_t rng = c->seed;
     double start, trained = 0.0;
     float loss = 0.0f, running = 0.0f;
-    int step, shape = c->context;
+    int step = 0, batch = 0, shape = c->context, every = c->steps < 10 ? 1 : c->steps / 10;
     size_t n, baseline;
     if (!x || !y) exit(1);
     printf("\n=== policy %s ===\n", policy);
@@ -238,13 +259,12 @@ static result run_policy(const config *c, const mp_tokens *t, size_t split, cons
         CHECK(mp_model_get_weights(m, *initial, n), m);
     }
     CHECK(mp_model_set_weights(m, *initial, n), m);
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
-    cd.optimizer.kind = MP_ADAM;
-    cd.optimizer.learning_rate = c->learning_rate;
-    CHECK(mp_model_compile(m, &cd), m);
-    for (step = 1; step <= c->steps; step++) {
+    ex_load_weights(m);
+    compile_gpt(c, m);
+    /* Optimizer steps of `accumulate` batches each; a batch whose float16
+       gradients overflow is dropped and another taken. Only the step itself
+       is timed: not the batch's preparation nor the progress line. */
+    while (step < c->steps) {
         mp_data d;
         mp_array labels = mp_array_i32(y, (size_t)c->batch, 1, &shape);
         int applied;
@@ -258,18 +278,22 @@ static result run_policy(const config *c, const mp_tokens *t, size_t split, cons
         CHECK(mp_get_unscaled_gradients(m), m);
         CHECK(mp_apply_gradients(m, &applied), m);
         trained += now() - start;
-        running = step == 1 ? loss : 0.9f * running + 0.1f * loss;
-        if (step % 50 == 0 || step == c->steps)
-            printf("step %d/%d - loss: %.4f - %.1fms/step - loss scale: %g\n", step, c->steps, (double)running,
-                   1e3 * trained / step, (double)mp_current_loss_scale(m));
+        running = batch++ == 0 ? loss : 0.95f * running + 0.05f * loss;
+        if (!applied) continue;
+        step++;
+        if (step % every == 0 || step == c->steps)
+            printf("%d/%d - %.0fs %.0fms/step - loss: %.4f - learning_rate: %.2e - loss_scale: %g\n", step,
+                   c->steps, trained, 1e3 * trained / step, (double)running, (double)mp_model_learning_rate(m),
+                   (double)mp_current_loss_scale(m));
     }
     r.policy = policy;
     r.val_loss = validation_loss(c, m, t, split, x, y, 8);
-    r.tokens_per_s = (float)((double)c->steps * c->batch * c->context / trained);
+    r.tokens_per_s = trained > 0.0 ? (float)((double)batch * c->batch * c->context / trained) : 0.0f;
     r.peak_bytes = mp_get_memory_info().peak - baseline;
     r.loss_scale = mp_current_loss_scale(m);
     r.skipped = mp_model_loss_scale(m) ? mp_model_loss_scale(m)->skipped_steps : 0;
     print_sample(c, m, t, split, &rng);
+    ex_save_weights(m);
     printf("result policy=%s val_loss=%.4f tokens_per_s=%.0f peak_bytes=%zu loss_scale=%g skipped_steps=%llu\n", policy,
            (double)r.val_loss, (double)r.tokens_per_s, r.peak_bytes, (double)r.loss_scale,
            (unsigned long long)r.skipped);

@@ -1,0 +1,54 @@
+/* gpt_model.h - the GPT of examples/tiny_gpt.c, for it and for bench/gpt.c,
+   built with the functional API as llm.c's train_gpt2.c lays it out:
+
+       input (context) token ids
+       Embedding(vocab, channels) + a learned position embedding
+       layers blocks, pre-LayerNormalization (epsilon 1e-5, GPT-2's):
+           x -> LayerNormalization -> causal MultiHeadAttention (heads,
+                channels / heads each) -> Add(x) = r
+           r -> LayerNormalization -> Dense(4 channels, tanh gelu)
+                -> Dense(channels) -> Add(r)
+       LayerNormalization - Dense(vocab) logits - a float32 linear
+       Activation (where the mixed precision guide keeps the output)
+
+   Include after mixprec.h. Its calls return statuses; the first failure
+   stops the build and is returned (mp_model_error says which layer). */
+#ifndef GPT_MODEL_H
+#define GPT_MODEL_H
+
+/* A layer called on n inputs (the functional API's ids; in NULL: the
+   previous layer's output), its output id in *out; nothing once *st is an
+   error. */
+static inline void gpt_call(mp_model *m, mp_layer_desc layer, const int *in, int n, int *out, mp_status *st) {
+    if (*st == MP_OK) *st = mp_model_call(m, layer, in, n, out);
+}
+
+/* The GPT's layers into m (created with input_shape[0] = context). */
+static inline mp_status gpt_layers(mp_model *m, int vocab, int context, int layers, int heads, int channels) {
+    mp_layer_desc ln = mp_layer_normalization(), out = mp_activation_layer(MP_LINEAR);
+    mp_status st = MP_OK;
+    int tok = 0, pos = 0, x = 0, a = 0, r = 0, f = 0, in[2], l;
+    ln.epsilon = 1e-5f;
+    out.dtype = "float32";
+    gpt_call(m, mp_embedding(vocab, channels), NULL, 0, &tok, &st);
+    gpt_call(m, mp_position_embedding(context), &tok, 1, &pos, &st);
+    in[0] = tok, in[1] = pos;
+    gpt_call(m, mp_add(), in, 2, &x, &st);
+    for (l = 0; l < layers; l++) {
+        gpt_call(m, ln, &x, 1, NULL, &st);
+        gpt_call(m, mp_multi_head_attention(heads, channels / heads, 1), NULL, 0, &a, &st);
+        in[0] = x, in[1] = a;
+        gpt_call(m, mp_add(), in, 2, &r, &st);
+        gpt_call(m, ln, &r, 1, NULL, &st);
+        gpt_call(m, mp_dense(4 * channels, MP_GELU_APPROXIMATE), NULL, 0, NULL, &st);
+        gpt_call(m, mp_dense(channels, MP_LINEAR), NULL, 0, &f, &st);
+        in[0] = r, in[1] = f;
+        gpt_call(m, mp_add(), in, 2, &x, &st);
+    }
+    gpt_call(m, ln, NULL, 0, NULL, &st);
+    gpt_call(m, mp_dense(vocab, MP_LINEAR), NULL, 0, NULL, &st);
+    gpt_call(m, out, NULL, 0, NULL, &st);
+    return st;
+}
+
+#endif /* GPT_MODEL_H */
