@@ -4564,6 +4564,13 @@ static const float mp__tanh_gelu_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33
                                             1.66666667e-1f, 0.5f,           1.0f,           1.0f};
 #endif
 #ifdef MP__SIMD_AVX512
+/* g++ takes the `_mm512_undefined_*` inside these intrinsics for uses of
+   uninitialised values (a false positive, in C++ only), as in the casts. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
     size_t i = 0;
@@ -4585,6 +4592,9 @@ static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
     }
     mp__tanh_gelu_run_scalar(t + i, u + i, n - i);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #elif defined(MP__SIMD_X86)
 static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), magic = _mm256_set1_ps(12582912.0f);
