@@ -1796,7 +1796,7 @@ static void test_gelu_tanh(void) {
         mp__tanh_gelu_run(g, u, n);
         bad += memcmp(g, t, n * sizeof(float)) != 0;
     }
-    if (!CHECK(worst <= 0x1p-22 && bad == 0)) fprintf(stderr, "  tanh for GELU: worst %g, %zu bad\n", worst, bad);
+    if (!CHECK(worst <= ldexp(1.0, -22) && bad == 0)) fprintf(stderr, "  tanh for GELU: worst %g, %zu bad\n", worst, bad);
     for (i = 0; i < sizeof specials / sizeof specials[0]; i++)
         CHECK(mp__tanh_gelu(specials[i]) == (specials[i] < 0.0f ? -1.0f : specials[i] > 9.0f ? 1.0f : 0.0f));
     for (n = 1; n <= 200; n += 33) { /* GELU's runs, lengths past and short of the rows' widths */
