@@ -1125,7 +1125,7 @@ static void test_attention_variables(void) {
     cd.optimizer.weight_decay = 0.5f, cd.optimizer.clipnorm = 1.0f;
     cd.optimizer.exclude_from_weight_decay = exclude;
     n = mp_model_param_count(m), nt = mp_model_trainable_param_count(m);
-    w0 = zalloc(n * sizeof *w0), g = zalloc(nt * sizeof *g), w1 = zalloc(n * sizeof *w1);
+    w0 = (float *)zalloc(n * sizeof *w0), g = (float *)zalloc(nt * sizeof *g), w1 = (float *)zalloc(n * sizeof *w1);
     fill(x, 48, -1.0f, 1.0f), fill(y, 48, -1.0f, 1.0f);
     for (j = 0; j < nt; j++) g[j] = 1.0f;
     if (!OK(mp_model_compile(m, &cd), m) || !OK(mp_model_get_weights(m, w0, n), m) || !OK(forward_rows(m, x, 2, 1), m) ||
