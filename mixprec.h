@@ -749,8 +749,7 @@ MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
    into [-clipvalue, clipvalue]) and global_clipnorm (every gradient scaled
    by global_clipnorm * min(1 / |G|, 1 / global_clipnorm), |G| the norm of
    all of them together), as Keras's _clip_gradients; 0 = off. Norms are
-   summed in float64 (in a fixed order: the same bits at any thread count)
-   and taken as float32. A global norm that is Inf or NaN makes every
+   summed in float32 in a fixed order (the same bits at any thread count). A global norm that is Inf or NaN makes every
    gradient NaN, as Keras's clip_by_global_norm does; a variable's Inf norm
    scales its gradient by 0, a NaN one by NaN, as Keras's _clip_by_norm
    (under loss scaling such a step was already skipped for its Inf/NaN
@@ -1806,7 +1805,7 @@ typedef struct mp_opt_step {
     uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
     /* for one optimizer_update call, which covers part of one variable: */
     float weight_decay;    /* this variable's: cfg.weight_decay, or 0 where it is excluded */
-    const double *sum_squares; /* with cfg.clipnorm or cfg.global_clipnorm: the backend's sum of the
+    const float *sum_squares; /* with cfg.clipnorm or cfg.global_clipnorm: the backend's sum of the
                                   squares its scaling reads (mp__clip_factor), else NULL */
     uint64_t accumulated;  /* cfg.gradient_accumulation_steps: the steps in the accumulators */
 } mp_opt_step;
@@ -1988,10 +1987,10 @@ struct mp_backend {
     /* Clipping by norm (mp_optimizer_desc.clipnorm, global_clipnorm):
        *sum += the sum of the squares of n gradients in gt, each taken as
        optimizer_update takes it (widened, times 1 / *scale), each square
-       and the sum in float64, summed in >>rules' order (mp__sum_squares_lanes) so
+       and the sum in float32, summed in >>rules' order (mp__sum_squares_lanes) so
        that every backend gives the same bits. sum is the backend's memory.
        NULL where the backend cannot: compile then refuses those options. */
-    void (*sum_squares)(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale);
+    void (*sum_squares)(void *ctx, float *sum, const void *g, mp_dtype gt, size_t n, const float *scale);
 };
 
 /* >>communicator
@@ -2145,7 +2144,7 @@ static MIXPREC_HD inline float mp_dropout_draw(uint64_t seed, size_t i) {
    ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the blocks' sums are
    added in order to 0, and that total to *sum. */
 enum { MP__SUM_SQUARES_BLOCK = 4096 };
-static MIXPREC_HD inline double mp__sum_squares_lanes(const double l[8]) {
+static MIXPREC_HD inline float mp__sum_squares_lanes(const float l[8]) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
@@ -2165,8 +2164,8 @@ static MIXPREC_HD inline float mp__adam_alpha(const mp_opt_step *step) {
    global_clipnorm c: c * min(1 / norm, 1 / c) + (norm - norm), NaN for a
    norm of Inf or NaN; clipnorm c: c / max(norm, c), 1 where norm <= c, 0
    for an Inf norm, NaN for a NaN one. norm is the float32 square root. */
-static MIXPREC_HD inline float mp__clip_factor(const mp_optimizer_desc *o, double sum_squares) {
-    float norm = (float)sqrt(sum_squares), c, a, b;
+static MIXPREC_HD inline float mp__clip_factor(const mp_optimizer_desc *o, float sum_squares) {
+    float norm = sqrtf(sum_squares), c, a, b;
     if (o->global_clipnorm > 0.0f) {
         c = o->global_clipnorm;
         a = 1.0f / norm;
@@ -7465,7 +7464,7 @@ typedef struct mp__squares_args {
     mp_dtype gt;
     float inv_scale;
     size_t n;                   /* the round's values */
-    double part[MP__SUM_ROUND]; /* each block's sum */
+    float part[MP__SUM_ROUND]; /* each block's sum */
 } mp__squares_args;
 
 static void mp__squares_range(void *args, size_t begin, size_t end, int thread) {
@@ -7474,7 +7473,7 @@ static void mp__squares_range(void *args, size_t begin, size_t end, int thread) 
     size_t b, i, j, len;
     (void)thread;
     for (b = begin; b < end; b++) {
-        double lane[8] = {0};
+        float lane[8] = {0};
         size_t at = b * MP__SUM_SQUARES_BLOCK, stop = mp__min(at + MP__SUM_SQUARES_BLOCK, a->n);
         for (i = at; i < stop; i += len) { /* MP__RUN is a multiple of 8: j's lane is the block's */
             len = mp__min(MP__RUN, stop - i);
@@ -7483,7 +7482,7 @@ static void mp__squares_range(void *args, size_t begin, size_t end, int thread) 
             for (j = 0; j < len; j += 8) { /* eight lanes at once: one vector where there are some */
                 int l;
                 for (l = 0; l < 8; l++) {
-                    double u = (double)(t[j + (size_t)l] * a->inv_scale);
+                    float u = t[j + (size_t)l] * a->inv_scale;
                     lane[l] += u * u;
                 }
             }
@@ -7492,9 +7491,9 @@ static void mp__squares_range(void *args, size_t begin, size_t end, int thread) 
     }
 }
 
-static void mp__cpu_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+static void mp__cpu_sum_squares(void *ctx, float *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
     mp__squares_args a;
-    double total = 0.0;
+    float total = 0.0f;
     size_t at, b, blocks, round = (size_t)MP__SUM_ROUND * MP__SUM_SQUARES_BLOCK;
     a.gt = gt;
     a.inv_scale = mp__unscale_factor(scale);
@@ -8833,7 +8832,7 @@ typedef struct mp__step_state {
     float share;
     float collective[4];
     float step_scale; /* the loss scale the step's deferred gradients are unscaled by (mp__deferred) */
-    double sum_squares; /* clipping by norm's (mp_backend.sum_squares) */
+    float sum_squares; /* clipping by norm's (mp_backend.sum_squares) */
 } mp__step_state;
 
 /* fit on a device backend logs each step's metrics on the device and
@@ -12216,7 +12215,7 @@ static void mp__update_span(mp_model *m, const void *sum, mp_dtype st, size_t lo
             t = to < v1 ? to : v1;
             if (f >= t) continue;
             if (m->opt.cfg.clipnorm > 0.0f) {
-                m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
+                m->be->zero(m->ctx, &m->state->sum_squares, sizeof(float));
                 mp__sum_squares(m, l, v0, v1);
             }
             mp__update_part(m, l, k, f, t, wc ? mp__at_mut(wc, l->wt, at + f - v0) : NULL,
@@ -12279,7 +12278,7 @@ static mp_status mp__apply(mp_model *m) {
     if (update) {
         mp__begin_update(m);
         if (m->opt.cfg.global_clipnorm > 0.0f) {
-            m->be->zero(m->ctx, &m->state->sum_squares, sizeof(double));
+            m->be->zero(m->ctx, &m->state->sum_squares, sizeof(float));
             for (i = 0; i < m->n_layers; i++)
                 if (mp__params(&m->layers[i])) mp__sum_squares(m, &m->layers[i], 0, mp__params(&m->layers[i]));
         }

@@ -569,7 +569,7 @@ static __global__ void mp__k_loss_scale(mp_loss_scale *ls, const int *found_inf)
    on the gradient as mp__k_unscale gives it: clipped (by norm, a factor
    from the sum of squares; by value, the same clamp), the weight decayed,
    then the update. */
-static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float decay, const double *sum_squares,
+static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float decay, const float *sum_squares,
                                        float *w, const void *g, mp_dtype gt, const float *scale, float *s1, float *s2,
                                        size_t n, void *wc, mp_dtype wt, const int *found_inf) {
     float inv = mp__unscale_factor(scale), clip;
@@ -611,21 +611,21 @@ static __global__ void mp__k_optimizer(mp_optimizer_desc o, float alpha, float d
    of MP__SUM_SQUARES_BLOCK values sums its lane in order into lanes[8 b +
    l]; then one thread adds the blocks' sums in order (the order is the
    CPU's, so are the bits). */
-static __global__ void mp__k_square_lanes(double *lanes, const void *g, mp_dtype gt, size_t n, const float *scale) {
+static __global__ void mp__k_square_lanes(float *lanes, const void *g, mp_dtype gt, size_t n, const float *scale) {
     float inv = mp__unscale_factor(scale);
     size_t blocks = (n + MP__SUM_SQUARES_BLOCK - 1) / MP__SUM_SQUARES_BLOCK;
     MP__CU_LOOP(t, blocks * 8) {
         size_t at = t / 8 * MP__SUM_SQUARES_BLOCK, stop = at + MP__SUM_SQUARES_BLOCK < n ? at + MP__SUM_SQUARES_BLOCK : n;
-        double sum = 0.0;
+        float sum = 0.0f;
         for (size_t i = at + t % 8; i < stop; i += 8) {
-            double u = (double)(mp__ld(g, gt, i) * inv);
+            float u = mp__ld(g, gt, i) * inv;
             sum += u * u;
         }
         lanes[t] = sum;
     }
 }
-static __global__ void mp__k_square_total(double *sum, const double *lanes, size_t blocks) {
-    double total = 0.0;
+static __global__ void mp__k_square_total(float *sum, const float *lanes, size_t blocks) {
+    float total = 0.0f;
     for (size_t b = 0; b < blocks; b++) total += mp__sum_squares_lanes(lanes + 8 * b);
     *sum += total;
 }
@@ -1563,14 +1563,14 @@ static void mp__cu_optimizer_update(void *ctx, const mp_opt_step *step, float *w
                   gt, scale, s1, s2, n, wc, wt, found_inf);
 }
 
-static void mp__cu_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+static void mp__cu_sum_squares(void *ctx, float *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
     mp__cu *c = mp__cu_of(ctx);
     size_t blocks = (n + MP__SUM_SQUARES_BLOCK - 1) / MP__SUM_SQUARES_BLOCK;
-    double *lanes;
+    float *lanes;
     if (!n || !mp__cu_live(c)) return;
-    if (!(lanes = (double *)mp__cu_grow(c, &c->rows, blocks * 8 * sizeof(double)))) return;
+    if (!(lanes = (float *)mp__cu_grow(c, &c->rows, blocks * 8 * sizeof(float)))) return;
     MP__CU_LAUNCH(c, blocks * 8, mp__k_square_lanes, lanes, g, gt, n, scale);
-    MP__CU_LAUNCH1(c, mp__k_square_total, sum, (const double *)lanes, blocks);
+    MP__CU_LAUNCH1(c, mp__k_square_total, sum, (const float *)lanes, blocks);
 }
 
 static void mp__cu_im2col(void *ctx, void *col, const void *img, size_t images, const mp_conv_geom *g, mp_dtype dt) {

@@ -93,12 +93,12 @@ static void r_optimizer_update(void *ctx, const mp_opt_step *step, float *w, con
                                const float *scale, float *s1, float *s2, size_t n, void *wc, mp_dtype wt,
                                const int *found_inf) {
     mp_opt_step local = *step; /* its sum of squares is the backend's memory too */
-    local.sum_squares = (const double *)real(step->sum_squares);
+    local.sum_squares = (const float *)real(step->sum_squares);
     cpu->optimizer_update(ctx, &local, (float *)real(w), real(g), gt, (const float *)real(scale), (float *)real(s1),
                           (float *)real(s2), n, real(wc), wt, (const int *)real(found_inf));
 }
-static void r_sum_squares(void *ctx, double *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
-    cpu->sum_squares(ctx, (double *)real(sum), real(g), gt, n, (const float *)real(scale));
+static void r_sum_squares(void *ctx, float *sum, const void *g, mp_dtype gt, size_t n, const float *scale) {
+    cpu->sum_squares(ctx, (float *)real(sum), real(g), gt, n, (const float *)real(scale));
 }
 static void r_im2col(void *ctx, void *col, const void *img, size_t n, const mp_conv_geom *g, mp_dtype dt) {
     cpu->im2col(ctx, real(col), real(img), n, g, dt);

@@ -563,7 +563,7 @@ static void test_optimizers(void) {
                 arg *s1 = rand_arg(F32, n, 0.0f, 1e-4f), *s2 = rand_arg(F32, n, 0.0f, 1e-4f);
                 arg *wc = i ? new_arg(n * dsize(dtypes[i])) : NULL, *flag = new_arg(sizeof(int));
                 arg *scale = i ? new_arg(sizeof(float)) : NULL; /* float32 gradients come unscaled */
-                arg *sum = new_arg(sizeof(double));
+                arg *sum = new_arg(sizeof(float));
                 mp_opt_step step, on_gpu;
                 int it, norm = descs[d].global_clipnorm > 0.0f;
                 *(int *)flag->host = f == 2;
@@ -574,15 +574,15 @@ static void test_optimizers(void) {
                 step.weight_decay = descs[d].weight_decay;
                 for (it = 1; it <= 3; it++) {
                     step.iteration = (uint64_t)it;
-                    step.sum_squares = norm ? (const double *)sum->host : NULL;
+                    step.sum_squares = norm ? (const float *)sum->host : NULL;
                     on_gpu = step;
-                    on_gpu.sum_squares = norm ? (const double *)sum->dev : NULL;
+                    on_gpu.sum_squares = norm ? (const float *)sum->dev : NULL;
                     if (norm) {
-                        *(double *)sum->host = 0.0;
+                        *(float *)sum->host = 0.0f;
                         upload(sum);
-                        cpu.be->sum_squares(cpu.ctx, (double *)sum->host, g->host, dtypes[i],
+                        cpu.be->sum_squares(cpu.ctx, (float *)sum->host, g->host, dtypes[i],
                                             n, scale ? (const float *)scale->host : NULL);
-                        gpu.be->sum_squares(gpu.ctx, (double *)sum->dev, g->dev, dtypes[i], n,
+                        gpu.be->sum_squares(gpu.ctx, (float *)sum->dev, g->dev, dtypes[i], n,
                                             scale ? (const float *)scale->dev : NULL);
                         same_bytes("sum_squares", sum);
                     }

@@ -2432,24 +2432,24 @@ static void test_sum_squares_order(void) {
     for (i = 0; i < n; i++) g32[i] = copy_test_value(i, 0) * 64.0f;
     for (t = 0; t < 3; t++) {
         mp_dtype gt = t == 0 ? MP_FLOAT32 : t == 1 ? MP_FLOAT16 : MP_BFLOAT16;
-        double a = 0.5, c = 0.5, want = 0.0;
+        float a = 0.5f, c = 0.5f, want = 0.0f;
         float *w = floats(n);
         CHECK(mp_convert(g, gt, g32, MP_FLOAT32, n, NULL) == MP_OK);
         CHECK(mp_convert(w, MP_FLOAT32, g, gt, n, NULL) == MP_OK);
         cpu->sum_squares(one, &a, g, gt, n, &scale);
         cpu->sum_squares(two, &c, g, gt, n, &scale);
         for (b = 0; b < n; b += BLOCK) {
-            double lane[8] = {0}, block;
+            float lane[8] = {0}, block;
             for (i = b; i < b + BLOCK && i < n; i++) {
-                double u = (double)(w[i] * (1.0f / scale));
+                float u = w[i] * (1.0f / scale);
                 lane[(i - b) % 8] += u * u;
             }
             block = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
             want += block;
         }
-        want = 0.5 + want;
+        want = 0.5f + want;
         if (!CHECK(memcmp(&a, &c, sizeof a) == 0 && memcmp(&a, &want, sizeof a) == 0))
-            fprintf(stderr, "    %s: 1 thread %.17g, 2 threads %.17g, the order's %.17g\n", mp_dtype_name(gt), a, c, want);
+            fprintf(stderr, "    %s: 1 thread %.17g, 2 threads %.17g, the order's %.17g\n", mp_dtype_name(gt), (double)a, (double)c, (double)want);
         free(w);
     }
 out:
