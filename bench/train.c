@@ -379,7 +379,8 @@ static void update_pass(void) {
     size_t n = (size_t)INPUTS * 4096 + (size_t)4096 * 4096 + 4096 * CLASSES, i;
     float *w = (float *)malloc(n * 4), *s1 = (float *)malloc(n * 4), scale = 1024.0f;
     mp_bf16 *g = (mp_bf16 *)malloc(n * 2), *wc = (mp_bf16 *)malloc(n * 2);
-    double best[2][PASSES], sum = 0.0;
+    double best[2][PASSES];
+    float sum = 0.0f;
     int t, p, r;
     for (i = 0; i < n; i++) w[i] = (float)(i % 1000) * 1e-3f, s1[i] = 1e-6f, g[i] = mp_bf16_from_f32((float)(i % 77) - 38.0f);
     for (t = 0; t < 2; t++) {
