@@ -148,6 +148,32 @@ static inline void peer_probe(void) {
 }
 
 /* The value of `key=` in line, or -1. */
+/* The benchmarks beside PyTorch (convnet, gpt) time both sides on 1 and 2
+   threads under two policies: a round's rates[impl: mixprec, torch]
+   [threads][policy], per second. After the rounds, each side's best over
+   them and their ratio, a line each. */
+enum { PEER_THREADS = 2 };
+typedef double peer_rates[2][PEER_THREADS + 1][2];
+static inline void peer_print_best(const char *bench, const char *unit, const char *const policies[2],
+                                   peer_rates *r, int rounds) {
+    static const char *const impls[2] = {"mixprec", "torch"};
+    int t, p, i, round;
+    for (t = 1; t <= PEER_THREADS; t++)
+        for (p = 0; p < 2; p++) {
+            double best[2] = {0, 0};
+            for (i = 0; i < 2; i++) {
+                for (round = 0; round < rounds; round++)
+                    if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
+                if (best[i] > 0)
+                    printf("bench=%s impl=%s policy=%s threads=%d best_of_rounds=%d %s=%.0f\n", bench, impls[i],
+                           policies[p], t, rounds, unit, best[i]);
+            }
+            if (best[1] > 0)
+                printf("bench=%s policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", bench, policies[p],
+                       t, best[0] / best[1]);
+        }
+}
+
 static inline double peer_value(const char *line, const char *key) {
     char pat[64];
     const char *at;

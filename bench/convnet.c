@@ -56,7 +56,7 @@
 #define INPUTS (SIDE * SIDE)
 #define CLASSES 10
 #define BATCH 128
-#define N_THREADS 2
+#define N_THREADS PEER_THREADS
 #define MAX_ROUNDS 20
 
 static const char *const policies[2] = {"float32", "mixed_bfloat16"};
@@ -119,7 +119,6 @@ static double time_steps(mp_model *m, const float *x, const int32_t *labels) {
 }
 
 /* images/s: [impl][threads][policy] in one round */
-typedef double rates[2][N_THREADS + 1][2];
 
 static void peer_line(const char *line, void *ctx) {
     double *rate = (double *)ctx, v = peer_value(line, "images_per_s");
@@ -146,7 +145,7 @@ static void activation_lines(const mp_model *m, int p) {
         printf("bench=%s ratio=activations_bf16_over_f32 value=%.3f\n", model_name, (double)bytes[1] / (double)bytes[0]);
 }
 
-static void round_at(int round, int threads, const float *x, const int32_t *labels, rates r) {
+static void round_at(int round, int threads, const float *x, const int32_t *labels, peer_rates r) {
     char args[128];
     int p;
     for (p = 0; p < 2; p++) {
@@ -172,7 +171,7 @@ static void round_at(int round, int threads, const float *x, const int32_t *labe
 }
 
 int main(int argc, char **argv) {
-    static rates r[MAX_ROUNDS];
+    static peer_rates r[MAX_ROUNDS];
     float *x = (float *)xmalloc((size_t)BATCH * INPUTS * sizeof(float));
     int32_t *labels = (int32_t *)xmalloc(BATCH * sizeof(int32_t));
     int a, rounds = 3, round, t, p, i;
@@ -209,20 +208,7 @@ int main(int argc, char **argv) {
                     printf("bench=%s impl=%s round=%d policy=%s ratio=threads_2_over_1 value=%.3f\n", model_name, impls[i],
                            round, policies[p], r[round][i][2][p] / r[round][i][1][p]);
     }
-    for (t = 1; t <= N_THREADS; t++)
-        for (p = 0; p < 2; p++) {
-            double best[2] = {0, 0};
-            for (i = 0; i < 2; i++) {
-                for (round = 0; round < rounds; round++)
-                    if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
-                if (best[i] > 0)
-                    printf("bench=%s impl=%s policy=%s threads=%d best_of_rounds=%d images_per_s=%.0f\n", model_name, impls[i],
-                           policies[p], t, rounds, best[i]);
-            }
-            if (best[1] > 0)
-                printf("bench=%s policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", model_name, policies[p], t,
-                       best[0] / best[1]);
-        }
+    peer_print_best(model_name, "images_per_s", policies, r, rounds); /* each side's best over the rounds */
     print_machine(model_name); /* the load at the end too */
     free(x);
     free(labels);

@@ -55,7 +55,7 @@
 #define HEADS 4
 #define CHANNELS 128
 #define BATCH 8
-#define N_THREADS 2
+#define N_THREADS PEER_THREADS
 #define MAX_ROUNDS 20
 
 static const char *const policies[2] = {"float32", "mixed_bfloat16"};
@@ -136,9 +136,8 @@ static void peer_line(const char *line, void *ctx) {
 }
 
 /* tokens/s: [impl: mixprec, torch][threads][policy] in one round */
-typedef double rates[2][N_THREADS + 1][2];
 
-static void round_at(int round, int threads, int32_t *x, int32_t *y, rates r) {
+static void round_at(int round, int threads, int32_t *x, int32_t *y, peer_rates r) {
     double *mine = r[0][threads], *torch = r[1][threads];
     char args[160];
     int p;
@@ -229,8 +228,8 @@ int main(int argc, char **argv) {
     int32_t *x = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     int32_t *y = (int32_t *)xmalloc((size_t)BATCH * CONTEXT * sizeof(int32_t));
     unsigned long long s = 0x9E3779B97F4A7C15ull;
-    static rates r[MAX_ROUNDS];
-    int a, rounds = 3, round, t, i, p, with_gpt2 = 0;
+    static peer_rates r[MAX_ROUNDS];
+    int a, rounds = 3, round, t, i, with_gpt2 = 0;
     for (a = 1; a < argc; a++) {
         if (strcmp(argv[a], "--no-torch") == 0) peer_enabled = 0;
         else if (strcmp(argv[a], "--quick") == 0) rounds = 1, min_s = 0.3;
@@ -262,20 +261,7 @@ int main(int argc, char **argv) {
     for (round = 0; round < rounds; round++)
         for (t = 1; t <= N_THREADS; t++)
             if (!only_threads || t == only_threads) round_at(round, t, x, y, r[round]);
-    for (t = 1; t <= N_THREADS; t++) /* each side's best over the rounds */
-        for (p = 0; p < 2; p++) {
-            double best[2] = {0, 0};
-            for (i = 0; i < 2; i++) {
-                for (round = 0; round < rounds; round++)
-                    if (r[round][i][t][p] > best[i]) best[i] = r[round][i][t][p];
-                if (best[i] > 0)
-                    printf("bench=gpt impl=%s policy=%s threads=%d best_of_rounds=%d tokens_per_s=%.0f\n",
-                           i ? "torch" : "mixprec", policies[p], t, rounds, best[i]);
-            }
-            if (best[1] > 0)
-                printf("bench=gpt policy=%s threads=%d ratio=mixprec_over_torch_best value=%.3f\n", policies[p], t,
-                       best[0] / best[1]);
-        }
+    peer_print_best("gpt", "tokens_per_s", policies, r, rounds); /* each side's best over the rounds */
     if (with_gpt2 || (getenv("MIXPREC_LLMC_DIR") && *getenv("MIXPREC_LLMC_DIR"))) gpt2_steps(x, y); /* llm.c's peer */
     llmc();
     print_machine("gpt"); /* the load at the end too */

@@ -104,6 +104,32 @@ static inline int flag_weights(int argc, char **argv, int i) {
     return 1;
 }
 
+/* --policy NAME|all: the dtype policies an example trains under, one
+   after another from the same initial weights; all three by default. */
+enum { EX_POLICIES = 3 };
+typedef struct ex_policies {
+    const char *name[EX_POLICIES];
+    int count;
+} ex_policies;
+
+static inline void ex_all_policies(ex_policies *p) {
+    static const char *const all[EX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
+    int k;
+    for (k = 0; k < EX_POLICIES; k++) p->name[k] = all[k];
+    p->count = EX_POLICIES;
+}
+
+/* 1 when argv[i] is --policy with a known policy or all (its value taken),
+   else 0 (the caller's usage then names the choices). */
+static inline int flag_policy(int argc, char **argv, int i, ex_policies *p) {
+    mp_policy known;
+    if (strcmp(argv[i], "--policy") != 0 || i + 1 >= argc) return 0;
+    if (strcmp(argv[i + 1], "all") == 0) ex_all_policies(p);
+    else if (mp_policy_from_name(argv[i + 1], &known) != MP_OK) return 0;
+    else p->name[0] = argv[i + 1], p->count = 1;
+    return 1;
+}
+
 /* --load-weights into m (built): a file refused stops the example with
    the library's message. */
 static inline void ex_load_weights(mp_model *m) {

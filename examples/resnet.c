@@ -22,11 +22,8 @@
 #include "fashion_mnist.h"
 #include "resnet_model.h"
 
-#define MAX_POLICIES 3
-
 typedef struct config {
-    const char *policies[MAX_POLICIES];
-    int n_policies;
+    ex_policies policies;
     int width, epochs, batch_size;
     float learning_rate, momentum;
     const char *data_dir;
@@ -45,13 +42,10 @@ static void usage(const char *prog) {
 }
 
 static config parse_args(int argc, char **argv) {
-    static const char *const all[MAX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
     config c;
-    mp_policy p;
     int i;
     memset(&c, 0, sizeof c);
-    for (i = 0; i < MAX_POLICIES; i++) c.policies[i] = all[i];
-    c.n_policies = MAX_POLICIES;
+    ex_all_policies(&c.policies);
     c.width = 16;
     c.epochs = 1;
     c.batch_size = 32; /* Keras's default */
@@ -61,12 +55,7 @@ static config parse_args(int argc, char **argv) {
     c.seed = 1337;
     for (i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) usage(argv[0]);
-        if (strcmp(argv[i], "--policy") == 0 && strcmp(argv[i + 1], "all") != 0) {
-            if (mp_policy_from_name(argv[i + 1], &p) != MP_OK) usage(argv[0]);
-            c.policies[0] = argv[i + 1];
-            c.n_policies = 1;
-        } else if (strcmp(argv[i], "--policy") == 0) {
-        } else if (flag_backend(argc, argv, i) || flag_weights(argc, argv, i)) {
+        if (flag_policy(argc, argv, i, &c.policies) || flag_backend(argc, argv, i) || flag_weights(argc, argv, i)) {
         } else if (strcmp(argv[i], "--width") == 0) c.width = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(argv[i], "--epochs") == 0) c.epochs = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(argv[i], "--batch-size") == 0) c.batch_size = (int)flag_long(argc, argv, i, 1);
@@ -77,7 +66,7 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(argv[i], "--train-limit") == 0) c.train_limit = (size_t)flag_long(argc, argv, i, 0);
         else usage(argv[0]);
     }
-    ex_check_weights_flags("--epochs", c.epochs, c.n_policies);
+    ex_check_weights_flags("--epochs", c.epochs, c.policies.count);
     return c;
 }
 
@@ -150,7 +139,7 @@ static void as_images(mp_data *d) {
 
 int main(int argc, char **argv) {
     config c = parse_args(argc, argv);
-    fm_result results[MAX_POLICIES];
+    fm_result results[EX_POLICIES];
     char accuracies[256];
     float *initial = NULL;
     size_t n_initial = 0, len = 0;
@@ -161,10 +150,10 @@ int main(int argc, char **argv) {
     as_images(&d.test);
     printf("training on %zu images, testing on %zu; width %d, batch %d, %d epoch(s)\n", d.train.x[0].n,
            d.test.x[0].n, c.width, c.batch_size, c.epochs);
-    for (i = 0; i < c.n_policies; i++) results[i] = run_policy(&c, &d, c.policies[i], &initial, &n_initial);
-    fm_print_table(results, c.n_policies);
+    for (i = 0; i < c.policies.count; i++) results[i] = run_policy(&c, &d, c.policies.name[i], &initial, &n_initial);
+    fm_print_table(results, c.policies.count);
     accuracies[0] = '\0';
-    for (i = 0; i < c.n_policies && len < sizeof accuracies; i++)
+    for (i = 0; i < c.policies.count && len < sizeof accuracies; i++)
         len += (size_t)snprintf(accuracies + len, sizeof accuracies - len, "%s%s %.4f", i ? ", " : "",
                                 results[i].policy, (double)results[i].test_accuracy);
     ex_summary("resnet", "a ResNet with BatchNormalization and residual Adds, test accuracy on %s: %s",

@@ -40,11 +40,8 @@
 #include <math.h>
 #include <time.h>
 
-#define MAX_POLICIES 3
-
 typedef struct config {
-    const char *policies[MAX_POLICIES];
-    int n_policies;
+    ex_policies policies;
     int steps, batch, accumulate, context, layers, heads, channels, sample;
     float learning_rate;
     const char *data;
@@ -62,13 +59,10 @@ static void usage(const char *prog) {
 }
 
 static config parse_args(int argc, char **argv) {
-    static const char *const all[MAX_POLICIES] = {"float32", "mixed_float16", "mixed_bfloat16"};
     config c;
-    mp_policy p;
     int i;
     memset(&c, 0, sizeof c);
-    for (i = 0; i < MAX_POLICIES; i++) c.policies[i] = all[i];
-    c.n_policies = MAX_POLICIES;
+    ex_all_policies(&c.policies);
     c.steps = 200, c.batch = 8, c.accumulate = 1, c.context = 64, c.layers = 4, c.heads = 4, c.channels = 64;
     c.sample = 200;
     c.learning_rate = 3e-3f;
@@ -77,13 +71,8 @@ static config parse_args(int argc, char **argv) {
     for (i = 1; i < argc; i += 2) {
         const char *f = argv[i];
         if (i + 1 >= argc) usage(argv[0]);
-        if (strcmp(f, "--policy") == 0 && strcmp(argv[i + 1], "all") != 0) {
-            if (mp_policy_from_name(argv[i + 1], &p) != MP_OK) usage(argv[0]);
-            c.policies[0] = argv[i + 1];
-            c.n_policies = 1;
-        } else if (strcmp(f, "--policy") == 0) {
-            c.n_policies = MAX_POLICIES;
-        } else if (strcmp(f, "--steps") == 0) c.steps = (int)flag_long(argc, argv, i, 0);
+        if (flag_policy(argc, argv, i, &c.policies)) continue;
+        if (strcmp(f, "--steps") == 0) c.steps = (int)flag_long(argc, argv, i, 0);
         else if (strcmp(f, "--batch-size") == 0) c.batch = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(f, "--accumulate") == 0) c.accumulate = (int)flag_long(argc, argv, i, 1);
         else if (strcmp(f, "--context") == 0) c.context = (int)flag_long(argc, argv, i, 2);
@@ -96,7 +85,7 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(f, "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
         else if (!flag_weights(argc, argv, i)) usage(argv[0]);
     }
-    ex_check_weights_flags("--steps", c.steps, c.n_policies);
+    ex_check_weights_flags("--steps", c.steps, c.policies.count);
     if (c.channels % c.heads != 0) {
         fprintf(stderr, "--channels %d is not a multiple of --heads %d\n", c.channels, c.heads);
         exit(2);
@@ -305,7 +294,7 @@ static result run_policy(const config *c, const mp_tokens *t, size_t split, cons
 
 int main(int argc, char **argv) {
     config c = parse_args(argc, argv);
-    result results[MAX_POLICIES];
+    result results[EX_POLICIES];
     float *initial = NULL;
     mp_tokens t;
     char line[256];
@@ -322,9 +311,9 @@ int main(int argc, char **argv) {
            "%d channels\n",
            t.count, synthetic ? "synthetic" : c.data, t.vocab_size, log((double)t.vocab_size), c.context, c.batch,
            c.layers, c.heads, c.channels);
-    for (i = 0; i < c.n_policies; i++) results[i] = run_policy(&c, &t, split, c.policies[i], &initial);
+    for (i = 0; i < c.policies.count; i++) results[i] = run_policy(&c, &t, split, c.policies.name[i], &initial);
     line[0] = '\0';
-    for (i = 0; i < c.n_policies && len < sizeof line; i++)
+    for (i = 0; i < c.policies.count && len < sizeof line; i++)
         len += (size_t)snprintf(line + len, sizeof line - len, "%s%s %.3f", i ? ", " : "", results[i].policy,
                                 (double)results[i].val_loss);
     ex_summary("tiny_gpt", "a character-level GPT on %s, validation loss (ln V = %.3f): %s",
