@@ -148,6 +148,27 @@ static inline void peer_probe(void) {
 }
 
 /* The value of `key=` in line, or -1. */
+/* Seconds a training step takes: the best of 3 timings of at least
+   min_s / 3 each, after 2 warm-up steps (the first allocates the
+   activations), as torch_cpu.py's timed(). */
+static inline double best_step_seconds(void (*step)(void *ctx), void *ctx, double min_s) {
+    double best = 1e30;
+    int rep;
+    step(ctx);
+    step(ctx);
+    for (rep = 0; rep < 3; rep++) {
+        double t0 = now_s(), s;
+        long steps = 0;
+        do {
+            step(ctx);
+            steps++;
+        } while (steps < 2 || now_s() - t0 < min_s / 3);
+        s = (now_s() - t0) / (double)steps;
+        if (s < best) best = s;
+    }
+    return best;
+}
+
 /* The benchmarks beside PyTorch (convnet, gpt) time both sides on 1 and 2
    threads under two policies: a round's rates[impl: mixprec, torch]
    [threads][policy], per second. After the rounds, each side's best over

@@ -97,28 +97,16 @@ static mp_model *build_model(const char *policy, int threads) {
     return m;
 }
 
-/* Seconds a step: the best of 3 timings of >= min_s / 3 each, after 2
-   warm-up steps (the first allocates the activations), as torch_cpu.py's
-   timed(). */
-static double time_steps(mp_model *m, const float *x, const int32_t *labels) {
-    double best = 1e30;
-    int rep;
-    bench_step(m, x, INPUTS, labels, BATCH);
-    bench_step(m, x, INPUTS, labels, BATCH);
-    for (rep = 0; rep < 3; rep++) {
-        double t0 = now_s(), s;
-        long steps = 0;
-        do {
-            bench_step(m, x, INPUTS, labels, BATCH);
-            steps++;
-        } while (steps < 2 || now_s() - t0 < min_s / 3);
-        s = (now_s() - t0) / (double)steps;
-        if (s < best) best = s;
-    }
-    return best;
+/* One step of the model, as best_step_seconds times it. */
+typedef struct timed {
+    mp_model *m;
+    const float *x;
+    const int32_t *labels;
+} timed;
+static void timed_step(void *ctx) {
+    timed *t = (timed *)ctx;
+    bench_step(t->m, t->x, INPUTS, t->labels, BATCH);
 }
-
-/* images/s: [impl][threads][policy] in one round */
 
 static void peer_line(const char *line, void *ctx) {
     double *rate = (double *)ctx, v = peer_value(line, "images_per_s");
@@ -149,11 +137,13 @@ static void round_at(int round, int threads, const float *x, const int32_t *labe
     char args[128];
     int p;
     for (p = 0; p < 2; p++) {
-        mp_model *m = build_model(policies[p], threads);
-        double s = time_steps(m, x, labels);
+        timed t;
+        double s;
+        t.m = build_model(policies[p], threads), t.x = x, t.labels = labels;
+        s = best_step_seconds(timed_step, &t, min_s);
         if (round == 0 && threads == (only_threads ? only_threads : 1) && strcmp(model_name, "resnet") == 0)
-            activation_lines(m, p);
-        mp_model_destroy(m);
+            activation_lines(t.m, p);
+        mp_model_destroy(t.m);
         r[0][threads][p] = BATCH / s;
         printf("bench=%s impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f images_per_s=%.0f\n", model_name, round,
                policies[p], threads, s * 1e3, BATCH / s);

@@ -104,24 +104,14 @@ static void step(const shape *g, mp_model *m, int32_t *x, int32_t *y) {
     check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
 }
 
-/* Seconds a step: the best of 3 timings of >= min_s / 3 each, after 2
-   warm-up steps, as torch_cpu.py's timed(). */
-static double time_steps(const shape *g, mp_model *m, int32_t *x, int32_t *y) {
-    double best = 1e30;
-    int rep;
-    step(g, m, x, y);
-    step(g, m, x, y);
-    for (rep = 0; rep < 3; rep++) {
-        double t0 = now_s(), s;
-        long steps = 0;
-        do {
-            step(g, m, x, y);
-            steps++;
-        } while (steps < 2 || now_s() - t0 < min_s / 3);
-        s = (now_s() - t0) / (double)steps;
-        if (s < best) best = s;
-    }
-    return best;
+/* One step of the small GPT, as best_step_seconds times it. */
+typedef struct timed {
+    mp_model *m;
+    int32_t *x, *y;
+} timed;
+static void timed_step(void *ctx) {
+    timed *t = (timed *)ctx;
+    step(&small, t->m, t->x, t->y);
 }
 
 static void peer_line(const char *line, void *ctx) {
@@ -135,16 +125,16 @@ static void peer_line(const char *line, void *ctx) {
     }
 }
 
-/* tokens/s: [impl: mixprec, torch][threads][policy] in one round */
-
 static void round_at(int round, int threads, int32_t *x, int32_t *y, peer_rates r) {
     double *mine = r[0][threads], *torch = r[1][threads];
     char args[160];
     int p;
     for (p = 0; p < 2; p++) {
-        mp_model *m = build_model(&small, policies[p], threads);
-        double s = time_steps(&small, m, x, y);
-        mp_model_destroy(m);
+        timed t;
+        double s;
+        t.m = build_model(&small, policies[p], threads), t.x = x, t.y = y;
+        s = best_step_seconds(timed_step, &t, min_s);
+        mp_model_destroy(t.m);
         mine[p] = BATCH * CONTEXT / s;
         printf("bench=gpt impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f tokens_per_s=%.0f\n", round,
                policies[p], threads, s * 1e3, mine[p]);
