@@ -4524,6 +4524,7 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
     else mp__rows[t][MP_FLOAT32](dst, src, n, NULL, mp__ranges_of[t]);
 }
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
+static size_t mp__max(size_t a, size_t b) { return a > b ? a : b; }
 
 /* A walk that reads a run from each of many rows, a row's stride apart,
    crosses a 4 KiB page every row or two, where the hardware prefetchers
@@ -8451,11 +8452,12 @@ static void mp__cpu_embedding_backward(void *ctx, float *dtable, size_t vocab, c
 /* Attention by sequences (batch x heads): each thread takes whole
    sequences. A sequence whose operands fit the thread's GEMM workspace
    runs on float32 copies of them, widened and rounded in bulk
-   (mp__load, mp__store), its products as vector-times-matrix blocks
-   that compilers vectorise (mp__vecmat, mp__rank1); every sum has
-   >>rules' terms in >>rules' order, so the bits are those of
-   mp__attention_row and the device backends. A longer one runs >>rules'
-   rows as they are. bench/attention.c times both directions. */
+   (mp__load, mp__store), its products in blocks of MP__AROWS rows
+   (mp__rows_product: each row of the right operand is read once for four
+   rows of the result); every sum has >>rules' terms in >>rules' order,
+   so the bits are those of mp__attention_row and the device backends. A
+   longer one runs >>rules' rows as they are. bench/attention.c times both
+   directions. */
 typedef struct mp__attention_args {
     mp__attention_geom g;
     mp_pool *pool;
@@ -8464,41 +8466,86 @@ typedef struct mp__attention_args {
     const void *q, *k, *v, *datt, *pin;
 } mp__attention_args;
 
-enum { MP__VEC = 16 }; /* the blocks' width: a constant trip count that compilers vectorise */
+enum {
+    MP__VEC = 16,  /* the columns' blocks: a constant trip count that compilers vectorise */
+    MP__AROWS = 4, /* the rows' blocks: four sums share each load of the right operand */
+};
 
-/* y[j] = sum_r x[r] m[r ld + j] for j < cols, r = 0 ... rows - 1 in order
-   from 0: a block of MP__VEC columns in local sums, then the rest. A last
-   part block within ld is summed whole and only its first columns kept
-   (the causal rows' keys end anywhere), so m's rows must have ld set
-   values; past ld, column by column. */
-static void mp__vecmat(float *y, const float *x, const float *m, size_t rows, size_t cols, size_t ld) {
-    size_t j = 0, r, k;
-    for (; j < cols && j + MP__VEC <= ld; j += MP__VEC) {
-        float acc[MP__VEC] = {0.0f};
-        for (r = 0; r < rows; r++)
-            for (k = 0; k < MP__VEC; k++) acc[k] += x[r] * m[r * ld + j + k];
-        memcpy(y + j, acc, mp__min(MP__VEC, cols - j) * sizeof(float));
-    }
-    for (; j < cols; j++) {
-        float acc = 0.0f;
-        for (r = 0; r < rows; r++) acc += x[r] * m[r * ld + j];
-        y[j] = acc;
-    }
+/* One operand of a block product: element (r, k) at a[r ar + k ak], and
+   row r's terms k in [lo[r], hi[r]) (the causal rows' keys). */
+typedef struct mp__rows_operand {
+    const float *a;
+    size_t ar, ak, lo[MP__AROWS], hi[MP__AROWS];
+} mp__rows_operand;
+
+/* acc[r][0, MP__VEC) += a(r, k) b[k ldb, + MP__VEC) for the rows r < rows
+   whose terms include k: one term more of each sum (product rounded, then
+   added: >>rules' arithmetic, no fused multiply-add). */
+static void mp__rows_term(float acc[MP__AROWS][MP__VEC], const mp__rows_operand *x, size_t rows, size_t k,
+                          const float *bk) {
+    size_t r, c;
+    for (r = 0; r < rows; r++)
+        if (k >= x->lo[r] && k < x->hi[r]) {
+            float ar = x->a[r * x->ar + k * x->ak];
+            for (c = 0; c < MP__VEC; c++) acc[r][c] += ar * bk[c];
+        }
 }
 
-/* m[r ld + c] += a[r] x[c] for r < rows, c < cols: one more term of each
-   of m's sums. x is copied a block at a time, so no overlap check stops
-   the vectoriser (as mp__add_run). */
-static void mp__rank1(float *m, size_t ld, const float *a, size_t rows, const float *x, size_t cols) {
-    size_t c = 0, r, k;
-    for (; c + MP__VEC <= cols; c += MP__VEC) {
-        float b[MP__VEC];
-        memcpy(b, x + c, sizeof b);
-        for (r = 0; r < rows; r++)
-            for (k = 0; k < MP__VEC; k++) m[r * ld + c + k] += a[r] * b[k];
+/* c[r ldc + j] = sum over k of a(r, k) b[k ldb + j] for r < rows (at most
+   MP__AROWS) and j < n, each row's terms in ascending k from a float32 0
+   (>>rules' order). Columns run in blocks of MP__VEC (a last part block
+   within ldb is summed whole and only its first columns kept); past ldb,
+   column by column. The terms every row has run four rows at a time
+   without a test; the rest (the causal rows' ragged ends) one by one. */
+static void mp__rows_product(float *c, size_t ldc, const mp__rows_operand *x, size_t rows, const float *b,
+                             size_t ldb, size_t n) {
+    size_t first = x->lo[0], last = x->hi[0], all0 = x->lo[0], all1 = x->hi[0], j = 0, k, r, i;
+    for (r = 1; r < rows; r++) {
+        first = mp__min(first, x->lo[r]), last = mp__max(last, x->hi[r]);
+        all0 = mp__max(all0, x->lo[r]), all1 = mp__min(all1, x->hi[r]);
     }
-    for (; c < cols; c++)
-        for (r = 0; r < rows; r++) m[r * ld + c] += a[r] * x[c];
+    if (rows < MP__AROWS || all1 < all0) all0 = all1 = first; /* no run of terms every row has */
+    for (; j < n && j + MP__VEC <= ldb; j += MP__VEC) {
+        float acc[MP__AROWS][MP__VEC] = {{0.0f}};
+        for (k = first; k < all0; k++) mp__rows_term(acc, x, rows, k, b + k * ldb + j);
+        for (; k < all1; k++) {
+            const float *bk = b + k * ldb + j, *ak = x->a + k * x->ak;
+            float a0 = ak[0], a1 = ak[x->ar], a2 = ak[2 * x->ar], a3 = ak[3 * x->ar];
+            for (i = 0; i < MP__VEC; i++) {
+                acc[0][i] += a0 * bk[i];
+                acc[1][i] += a1 * bk[i];
+                acc[2][i] += a2 * bk[i];
+                acc[3][i] += a3 * bk[i];
+            }
+        }
+        for (; k < last; k++) mp__rows_term(acc, x, rows, k, b + k * ldb + j);
+        for (r = 0; r < rows; r++) memcpy(c + r * ldc + j, acc[r], mp__min(MP__VEC, n - j) * sizeof(float));
+    }
+    for (; j < n; j++)
+        for (r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (k = x->lo[r]; k < x->hi[r]; k++) acc += x->a[r * x->ar + k * x->ak] * b[k * ldb + j];
+            c[r * ldc + j] = acc;
+        }
+}
+
+/* Which terms each row of an operand's block has: all `terms`; a query
+   row's keys (causal: those up to the row); a key row's queries (causal:
+   those from the row on). */
+typedef enum mp__rows_mask { MP__TERMS_ALL, MP__TERMS_KEYS, MP__TERMS_QUERIES } mp__rows_mask;
+
+/* The block of rows [r0, r0 + rows) of an operand whose block starts at a
+   (element (r, k) at a[r ar + k ak]). */
+static mp__rows_operand mp__rows_of(const mp__attention_geom *g, const float *a, size_t ar, size_t ak, size_t r0,
+                                   size_t rows, size_t terms, mp__rows_mask mask) {
+    mp__rows_operand x;
+    size_t r;
+    x.a = a, x.ar = ar, x.ak = ak;
+    for (r = 0; r < rows; r++) {
+        x.lo[r] = mask == MP__TERMS_QUERIES && g->causal ? r0 + r : 0;
+        x.hi[r] = mask == MP__TERMS_KEYS ? mp__attention_keys(g, r0 + r) : terms;
+    }
+    return x;
 }
 
 /* Rows [0, t) of sequence n's head in `from` (dt) as float32: to[j d + c]
@@ -8514,70 +8561,99 @@ static void mp__attention_widen(float *to, float *row, const mp__attention_geom 
     }
 }
 
-/* The workspace floats a thread needs for one sequence: forward, k^T and
-   v (2 t d) and rows of d, t and d; backward, k, v^T, dk and dv (4 t d)
-   and rows of d, d, t and d. */
-static size_t mp__attention_ws_floats(const mp__attention_geom *g) { return 4 * g->t * g->d + g->t + 3 * g->d; }
+/* Rows of a block (rows x d floats in `from`) rounded into sequence n's
+   head rows [r0, r0 + rows) of `to` (dt). */
+static void mp__attention_put(void *to, const mp__attention_geom *g, const float *from, size_t n, size_t r0,
+                              size_t rows) {
+    size_t r;
+    for (r = 0; r < rows; r++)
+        mp__store(mp__at_mut(to, g->dt, mp__attention_at(g, n, r0 + r, 0)), g->dt, from + r * g->d, g->d);
+}
+
+/* The workspace floats a thread needs for one sequence: four t x d
+   operands and a block's rows of t and of d. */
+static size_t mp__attention_ws_floats(const mp__attention_geom *g) {
+    return 4 * g->t * g->d + MP__AROWS * (g->t + g->d);
+}
 static int mp__attention_fits(const mp__attention_geom *g) {
     size_t fixed = (size_t)MP__A_FLOATS + (size_t)MP__MC * MP__NC + MP__TMP;
     return g->d <= fixed / 8 && g->t <= fixed / 8 / (g->d + 1) && mp__attention_ws_floats(g) <= fixed;
 }
 
-/* Sequence n, forward: mp__attention_row's arithmetic on widened rows. */
+/* Sequence n, forward: mp__attention_row's arithmetic on widened rows, a
+   block of MP__AROWS query rows at a time. */
 static void mp__attention_seq(const mp__attention_args *a, size_t n, float *ws) {
     const mp__attention_geom *g = &a->g;
-    size_t t = g->t, d = g->d, i, j;
-    float *kt = ws, *v = kt + t * d, *qi = v + t * d, *pi = qi + d, *out = pi + t;
+    size_t t = g->t, d = g->d, i0, i, j, rows;
+    float *q = ws, *kt = q + t * d, *v = kt + t * d, *pb = v + t * d, *out = pb + MP__AROWS * t;
+    mp__attention_widen(q, out, g, a->q, n, 0);
     mp__attention_widen(kt, out, g, a->k, n, 1);
     mp__attention_widen(v, out, g, a->v, n, 0);
-    for (i = 0; i < t; i++) {
-        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
-        float *si = a->s + (n * t + i) * t, mx = -INFINITY, sum = 0.0f;
-        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
-        mp__vecmat(si, qi, kt, d, keys, t);
-        for (j = 0; j < keys; j++) {
-            si[j] = si[j] * g->scale;
-            mx = si[j] > mx ? si[j] : mx;
+    for (i0 = 0; i0 < t; i0 += rows) {
+        float *s0 = a->s + (n * t + i0) * t;
+        mp__rows_operand x;
+        rows = mp__min(MP__AROWS, t - i0);
+        x = mp__rows_of(g, q + i0 * d, d, 1, i0, rows, d, MP__TERMS_ALL);
+        mp__rows_product(s0, t, &x, rows, kt, t, mp__attention_keys(g, i0 + rows - 1));
+        for (i = 0; i < rows; i++) {
+            size_t keys = mp__attention_keys(g, i0 + i);
+            float *si = s0 + i * t, *pi = pb + i * t, mx = -INFINITY, sum = 0.0f;
+            void *prow = mp__at_mut(a->p, g->dt, (n * t + i0 + i) * t);
+            for (j = 0; j < keys; j++) {
+                si[j] = si[j] * g->scale;
+                mx = si[j] > mx ? si[j] : mx;
+            }
+            for (j = 0; j < keys; j++) sum += pi[j] = expf(si[j] - mx); /* each exponential once */
+            for (j = 0; j < t; j++) pi[j] = j < keys ? pi[j] / sum : 0.0f;
+            mp__store(prow, g->dt, pi, t);
+            mp__load(pi, prow, g->dt, keys); /* as rounded */
         }
-        for (j = 0; j < keys; j++) sum += expf(si[j] - mx);
-        for (j = 0; j < t; j++) pi[j] = j < keys ? expf(si[j] - mx) / sum : 0.0f;
-        mp__store(mp__at_mut(a->p, g->dt, (n * t + i) * t), g->dt, pi, t);
-        mp__load(pi, mp__at(a->p, g->dt, (n * t + i) * t), g->dt, keys); /* as rounded */
-        mp__vecmat(out, pi, v, keys, d, d);
-        mp__store(mp__at_mut(a->att, g->dt, at), g->dt, out, d);
+        x = mp__rows_of(g, pb, t, 1, i0, rows, t, MP__TERMS_KEYS);
+        mp__rows_product(out, d, &x, rows, v, d, d);
+        mp__attention_put(a->att, g, out, n, i0, rows);
     }
 }
 
-/* Sequence n, backward: mp__attention_dq_row's arithmetic row by row, and
-   each row's terms of mp__attention_dkv_row's sums added as it ends (row
-   i's after row i - 1's: >>rules' order). */
+/* Sequence n, backward, >>rules' sums in blocks of MP__AROWS rows: the
+   probabilities widened into s first, dv = p^T datt from them; then per
+   query row dp = datt v^T and ds = p (dp - p . dp) scale over p's row in
+   s, dq = ds k; last dk = ds^T q. */
 static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float *ws) {
     const mp__attention_geom *g = &a->g;
-    size_t t = g->t, d = g->d, i, j;
-    float *k = ws, *vt = k + t * d, *dk = vt + t * d, *dv = dk + t * d, *di = dv + t * d, *qi = di + d, *pi = qi + d,
-          *out = pi + t;
+    size_t t = g->t, d = g->d, r0, i, j, rows;
+    float *k = ws, *vt = k + t * d, *q = vt + t * d, *datt = q + t * d, *dp = datt + t * d, *out = dp + MP__AROWS * t;
+    float *s = a->s + n * t * t;
+    mp__rows_operand x;
     mp__attention_widen(k, out, g, a->k, n, 0);
     mp__attention_widen(vt, out, g, a->v, n, 1);
-    memset(dk, 0, 2 * t * d * sizeof(float));
-    for (i = 0; i < t; i++) {
-        size_t keys = mp__attention_keys(g, i), at = mp__attention_at(g, n, i, 0);
-        float *si = a->s + (n * t + i) * t, dot = 0.0f;
-        mp__load(di, mp__at(a->datt, g->dt, at), g->dt, d);
-        mp__load(qi, mp__at(a->q, g->dt, at), g->dt, d);
-        mp__load(pi, mp__at(a->pin, g->dt, (n * t + i) * t), g->dt, keys);
-        mp__vecmat(si, di, vt, d, keys, t);
-        for (j = 0; j < keys; j++) dot += pi[j] * si[j];
-        for (j = 0; j < keys; j++) si[j] = pi[j] * (si[j] - dot) * g->scale;
-        for (j = keys; j < t; j++) si[j] = 0.0f;
-        mp__vecmat(out, si, k, keys, d, d);
-        mp__store(mp__at_mut(a->dq, g->dt, at), g->dt, out, d);
-        mp__rank1(dk, d, si, keys, qi, d);
-        mp__rank1(dv, d, pi, keys, di, d);
+    mp__attention_widen(q, out, g, a->q, n, 0);
+    mp__attention_widen(datt, out, g, a->datt, n, 0);
+    mp__load(s, mp__at(a->pin, g->dt, n * t * t), g->dt, t * t);
+    for (r0 = 0; r0 < t; r0 += rows) { /* dv_j = sum_i p_ij datt_i */
+        rows = mp__min(MP__AROWS, t - r0);
+        x = mp__rows_of(g, s + r0, 1, t, r0, rows, t, MP__TERMS_QUERIES);
+        mp__rows_product(out, d, &x, rows, datt, d, d);
+        mp__attention_put(a->dv, g, out, n, r0, rows);
     }
-    for (j = 0; j < t; j++) {
-        size_t at = mp__attention_at(g, n, j, 0);
-        mp__store(mp__at_mut(a->dk, g->dt, at), g->dt, dk + j * d, d);
-        mp__store(mp__at_mut(a->dv, g->dt, at), g->dt, dv + j * d, d);
+    for (r0 = 0; r0 < t; r0 += rows) { /* ds and dq, a block of query rows */
+        rows = mp__min(MP__AROWS, t - r0);
+        x = mp__rows_of(g, datt + r0 * d, d, 1, r0, rows, d, MP__TERMS_ALL);
+        mp__rows_product(dp, t, &x, rows, vt, t, mp__attention_keys(g, r0 + rows - 1));
+        for (i = 0; i < rows; i++) {
+            size_t keys = mp__attention_keys(g, r0 + i);
+            float *si = s + (r0 + i) * t, *dpi = dp + i * t, dot = 0.0f;
+            for (j = 0; j < keys; j++) dot += si[j] * dpi[j];
+            for (j = 0; j < keys; j++) si[j] = si[j] * (dpi[j] - dot) * g->scale;
+        }
+        x = mp__rows_of(g, s + r0 * t, t, 1, r0, rows, t, MP__TERMS_KEYS);
+        mp__rows_product(out, d, &x, rows, k, d, d);
+        mp__attention_put(a->dq, g, out, n, r0, rows);
+    }
+    for (r0 = 0; r0 < t; r0 += rows) { /* dk_j = sum_i ds_ij q_i */
+        rows = mp__min(MP__AROWS, t - r0);
+        x = mp__rows_of(g, s + r0, 1, t, r0, rows, t, MP__TERMS_QUERIES);
+        mp__rows_product(out, d, &x, rows, q, d, d);
+        mp__attention_put(a->dk, g, out, n, r0, rows);
     }
 }
 

@@ -819,7 +819,7 @@ static void test_gelu_tanh(void) {
    device's >>rules rows: the same bits, at widths on both sides of the
    CPU's blocks of 16 and causal or not. */
 static void test_attention(void) {
-    static const size_t shapes[][2] = {{1, 4}, {5, 16}, {37, 17}, {20, 3}}; /* t, d */
+    static const size_t shapes[][2] = {{1, 4}, {5, 16}, {37, 17}, {20, 3}, {66, 32}}; /* t, d */
     size_t s, i;
     int causal;
     for (s = 0; s < COUNT(shapes); s++)
