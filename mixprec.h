@@ -4629,19 +4629,26 @@ static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tan
 
 /* GELU's tanh form over a run of x, forward (out = gelu(x); out may be
    x) or backward (out *= gelu'(x)): >>rules' arithmetic with the tanh in
-   vector rows, MP__VEC_RUN values at a time. */
+   vector rows, MP__VEC_RUN values at a time. Each block is copied in
+   (a last part block padded with zeros) and out again, so every loop has
+   a constant trip count and no overlap check: compilers vectorise them. */
 enum { MP__VEC_RUN = 64 };
 static void mp__gelu_tanh_run(float *out, const float *x, int backward, size_t n) {
-    float u[MP__VEC_RUN], t[MP__VEC_RUN];
+    float xs[MP__VEC_RUN], u[MP__VEC_RUN], t[MP__VEC_RUN], o[MP__VEC_RUN];
     size_t i, k, len;
     for (i = 0; i < n; i += len) {
         len = mp__min(MP__VEC_RUN, n - i);
-        for (k = 0; k < len; k++) u[k] = mp__gelu_tanh_arg(x[i + k]);
-        mp__tanh_gelu_run(t, u, len);
-        if (backward)
-            for (k = 0; k < len; k++) out[i + k] *= mp__gelu_tanh_grad(x[i + k], t[k]);
-        else
-            for (k = 0; k < len; k++) out[i + k] = mp__gelu_tanh_of(x[i + k], t[k]);
+        memset(xs, 0, sizeof xs);
+        memcpy(xs, x + i, len * sizeof(float));
+        for (k = 0; k < MP__VEC_RUN; k++) u[k] = mp__gelu_tanh_arg(xs[k]);
+        mp__tanh_gelu_run(t, u, MP__VEC_RUN);
+        if (backward) {
+            memcpy(o, out + i, len * sizeof(float));
+            for (k = 0; k < MP__VEC_RUN; k++) o[k] *= mp__gelu_tanh_grad(xs[k], t[k]);
+        } else {
+            for (k = 0; k < MP__VEC_RUN; k++) o[k] = mp__gelu_tanh_of(xs[k], t[k]);
+        }
+        memcpy(out + i, o, len * sizeof(float));
     }
 }
 
