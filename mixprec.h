@@ -2232,7 +2232,12 @@ static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (u
 /* Every float operation rounds on its own, as written: C++ and GNU modes
    let compilers fuse a*b+c into one FMA, which would make the kernels' bits
    depend on the build (the GEMM asks for FMA through intrinsics). nvcc
-   builds device code with --fmad=false instead. Each use ends in a
+   builds device code with --fmad=false instead. GCC's -O2 vectorises only
+   loops it needs no scalar epilogue for (-fvect-cost-model=very-cheap),
+   which leaves scalar the kernels' loops over a tile's run or a row's
+   columns, whose lengths are known only at run time: the implementation
+   asks for the cheap model, which adds the epilogue (vectorising keeps
+   every rounding: no sum is reordered without -ffast-math). Each use ends in a
    declaration of an empty struct and a semicolon, so that tools that do not
    expand macros (Universal Ctags, editors) read it as a statement and still
    see the functions after it. */
@@ -2244,7 +2249,8 @@ static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (u
 #define MP__ROUND_EACH_END _Pragma("float_control(pop)") struct mp__round_each
 #elif defined(__GNUC__)
 #define MP__ROUND_EACH_BEGIN \
-    _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")") struct mp__round_each
+    _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\", \"vect-cost-model=cheap\")") \
+        struct mp__round_each
 #define MP__ROUND_EACH_END _Pragma("GCC pop_options") struct mp__round_each
 #else
 #define MP__ROUND_EACH_BEGIN struct mp__round_each
