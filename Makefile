@@ -92,7 +92,7 @@ data:
 # Each example adds a line on what it showed to $(B)/demo_summary.txt (see
 # ex_summary in examples/summary.h); the demo ends with them.
 demo: export MIXPREC_DEMO_SUMMARY = $(B)/demo_summary.txt
-demo: $(EXAMPLES)
+demo: data $(EXAMPLES)
 	@rm -f $(B)/demo_summary.txt
 	./$(B)/overflow
 	./$(B)/mnist_mlp --units 256 --epochs 2 --batch-size 128
@@ -101,7 +101,7 @@ demo: $(EXAMPLES)
 	./$(B)/numerics
 	./$(B)/callbacks --units 128 --epochs 3 --checkpoint $(B)/best.mpc
 	./$(B)/resnet --width 8 --train-limit 3000 --bn-momentum 0.9
-	./$(B)/tiny_gpt --steps 80 --layers 2 --sample 80
+	./$(B)/tiny_gpt --steps 80 --layers 2 --context 64 --channels 64 --sample 80
 	@echo; echo "== What the demo showed"; cat $(B)/demo_summary.txt
 
 # The matrix runs its builds and tests as parallel jobs, one per CPU;

@@ -19,11 +19,16 @@
    batches, an effective batch N times larger).
 
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
-          --steps N (optimizer steps, 200; 0 with --load-weights: evaluate)
+          --steps N (optimizer steps, 300; 0 with --load-weights: evaluate)
           --batch-size N (8)  --accumulate N (batches per step, 1)
-          --context N (64)  --layers N (4)  --heads N (4)  --channels N (64)
+          --context N (128)  --layers N (4)  --heads N (4)  --channels N (128)
           --learning-rate R (the peak, 3e-3)  --data FILE (build/fortunes.txt)
           --seed N (1337)  --sample N (characters generated, 200)
+          --initial-scale S (mixed_float16's first loss scale: 2^24, not
+          Keras's 2^15, so that the run shows the dynamic scale falling,
+          skipping a few steps, to where the float16 gradients fit)
+          --growth-interval N (finite steps before the scale doubles: 2000,
+          Keras's dynamic_growth_steps)
           --save-weights PATH, --load-weights PATH, --weights-layout
           keras|pytorch, --weights-dtype float32|float16|bfloat16
           (examples/example.h)
@@ -42,8 +47,8 @@
 
 typedef struct config {
     ex_policies policies;
-    int steps, batch, accumulate, context, layers, heads, channels, sample;
-    float learning_rate;
+    int steps, batch, accumulate, context, layers, heads, channels, sample, growth_interval;
+    float learning_rate, initial_scale;
     const char *data;
     uint64_t seed;
 } config;
@@ -52,7 +57,8 @@ static void usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--policy float32|mixed_float16|mixed_bfloat16|all] [--steps N] [--batch-size N]\n"
             "       [--accumulate N] [--context N] [--layers N] [--heads N] [--channels N] [--learning-rate R]\n"
-            "       [--data FILE] [--seed N] [--sample N] [--save-weights PATH] [--load-weights PATH]\n"
+            "       [--data FILE] [--seed N] [--sample N] [--initial-scale S] [--growth-interval N]\n"
+            "       [--save-weights PATH] [--load-weights PATH]\n"
             "       [--weights-layout keras|pytorch] [--weights-dtype float32|float16|bfloat16]\n",
             prog);
     exit(2);
@@ -63,7 +69,8 @@ static config parse_args(int argc, char **argv) {
     int i;
     memset(&c, 0, sizeof c);
     ex_all_policies(&c.policies);
-    c.steps = 200, c.batch = 8, c.accumulate = 1, c.context = 64, c.layers = 4, c.heads = 4, c.channels = 64;
+    c.steps = 300, c.batch = 8, c.accumulate = 1, c.context = 128, c.layers = 4, c.heads = 4, c.channels = 128;
+    c.initial_scale = 16777216.0f; /* 2^24, above where this GPT's float16 gradients fit: the run shows the scale settle */
     c.sample = 200;
     c.learning_rate = 3e-3f;
     c.data = "build/fortunes.txt";
@@ -83,6 +90,8 @@ static config parse_args(int argc, char **argv) {
         else if (strcmp(f, "--seed") == 0) c.seed = (uint64_t)flag_long(argc, argv, i, 0);
         else if (strcmp(f, "--data") == 0) c.data = argv[i + 1];
         else if (strcmp(f, "--learning-rate") == 0) c.learning_rate = (float)atof(argv[i + 1]);
+        else if (strcmp(f, "--initial-scale") == 0) c.initial_scale = (float)flag_long(argc, argv, i, 1);
+        else if (strcmp(f, "--growth-interval") == 0) c.growth_interval = (int)flag_long(argc, argv, i, 1);
         else if (!flag_weights(argc, argv, i)) usage(argv[0]);
     }
     ex_check_weights_flags("--steps", c.steps, c.policies.count);
@@ -221,6 +230,8 @@ static void compile_gpt(const config *c, mp_model *m) {
     cd.optimizer.schedule.warmup_target = c->learning_rate;
     cd.optimizer.schedule.warmup_steps = warmup;
     cd.optimizer.schedule.decay_steps = batches > warmup ? batches - warmup : 1;
+    cd.loss_scale_config.initial_scale = c->initial_scale;
+    cd.loss_scale_config.growth_interval = c->growth_interval;
     CHECK(mp_model_compile(m, &cd), m);
 }
 
