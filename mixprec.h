@@ -8532,7 +8532,9 @@ static void mp__rows_product(float *c, size_t ldc, const mp__rows_operand *x, si
             }
         }
         for (; k < last; k++) mp__rows_term(acc, x, rows, k, b + k * ldb + j);
-        for (r = 0; r < rows; r++) memcpy(c + r * ldc + j, acc[r], mp__min(MP__VEC, n - j) * sizeof(float));
+        for (r = 0; r < rows; r++) /* a whole block's copy a constant size: a vector store, not rep movs */
+            if (n - j >= MP__VEC) memcpy(c + r * ldc + j, acc[r], sizeof acc[r]);
+            else memcpy(c + r * ldc + j, acc[r], (n - j) * sizeof(float));
     }
     for (; j < n; j++)
         for (r = 0; r < rows; r++) {
@@ -8628,23 +8630,25 @@ static void mp__attention_seq(const mp__attention_args *a, size_t n, float *ws) 
 }
 
 /* Sequence n, backward, >>rules' sums in blocks of MP__AROWS rows: the
-   probabilities widened into s first, dv = p^T datt from them; then per
-   query row dp = datt v^T and ds = p (dp - p . dp) scale over p's row in
-   s, dq = ds k; last dk = ds^T q. */
+   probabilities widened into s first (float32's read where they are),
+   dv = p^T datt from them; then per query row dp = datt v^T and ds =
+   p (dp - p . dp) scale into s, dq = ds k; last dk = ds^T q. */
 static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float *ws) {
     const mp__attention_geom *g = &a->g;
     size_t t = g->t, d = g->d, r0, i, j, rows;
     float *k = ws, *vt = k + t * d, *q = vt + t * d, *datt = q + t * d, *dp = datt + t * d, *out = dp + MP__AROWS * t;
     float *s = a->s + n * t * t;
+    const float *p = s; /* float32 probabilities: read where they are, ds written beside them */
     mp__rows_operand x;
     mp__attention_widen(k, out, g, a->k, n, 0);
     mp__attention_widen(vt, out, g, a->v, n, 1);
     mp__attention_widen(q, out, g, a->q, n, 0);
     mp__attention_widen(datt, out, g, a->datt, n, 0);
-    mp__load(s, mp__at(a->pin, g->dt, n * t * t), g->dt, t * t);
+    if (g->dt == MP_FLOAT32) p = (const float *)a->pin + n * t * t;
+    else mp__load(s, mp__at(a->pin, g->dt, n * t * t), g->dt, t * t);
     for (r0 = 0; r0 < t; r0 += rows) { /* dv_j = sum_i p_ij datt_i */
         rows = mp__min(MP__AROWS, t - r0);
-        x = mp__rows_of(g, s + r0, 1, t, r0, rows, t, MP__TERMS_QUERIES);
+        x = mp__rows_of(g, p + r0, 1, t, r0, rows, t, MP__TERMS_QUERIES);
         mp__rows_product(out, d, &x, rows, datt, d, d);
         mp__attention_put(a->dv, g, out, n, r0, rows);
     }
@@ -8654,9 +8658,10 @@ static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float 
         mp__rows_product(dp, t, &x, rows, vt, t, mp__attention_keys(g, r0 + rows - 1));
         for (i = 0; i < rows; i++) {
             size_t keys = mp__attention_keys(g, r0 + i);
+            const float *pi = p + (r0 + i) * t;
             float *si = s + (r0 + i) * t, *dpi = dp + i * t, dot = 0.0f;
-            for (j = 0; j < keys; j++) dot += si[j] * dpi[j];
-            for (j = 0; j < keys; j++) si[j] = si[j] * (dpi[j] - dot) * g->scale;
+            for (j = 0; j < keys; j++) dot += pi[j] * dpi[j];
+            for (j = 0; j < keys; j++) si[j] = pi[j] * (dpi[j] - dot) * g->scale;
         }
         x = mp__rows_of(g, s + r0 * t, t, 1, r0, rows, t, MP__TERMS_KEYS);
         mp__rows_product(out, d, &x, rows, k, d, d);
