@@ -2258,21 +2258,20 @@ static MIXPREC_HD inline uint32_t mp__f32_bits_from_bf16(uint16_t h) { return (u
 #endif
 MP__ROUND_EACH_BEGIN;
 
-/* tanh for GELU's tanh form, the same bits on every backend and SIMD
-   width: tanh|u| = 1 - 2 / (e^(2|u|) + 1), e^x = 2^k e^r with k = x / ln 2
-   rounded to nearest (by adding and subtracting 1.5 2^23) and r = x - k
-   ln 2 (Cody and Waite's two-part ln 2), e^r by its Taylor polynomial of
-   degree 7 (|r| <= ln(2) / 2: remainder below 2^-27). 2|u| is clamped at
-   20, where the result is 1 in float32 (as is tanh from 9.1 on). Only
-   IEEE 754's correctly rounded +, -, *, / and an exact scaling by 2^k, so
-   the vector rows (mp__tanh_gelu_run_*) compute it lane by lane alike.
-   Within 2^-22 of tanh in float64 (an absolute bound: GELU adds it to 1;
-   test_backend sweeps it); tanh(-0) is +0, tanh(NaN) +-1 (GELU's own
-   factors of x carry a NaN). */
-static MIXPREC_HD inline float mp__tanh_gelu(float u) {
-    float a = u < 0.0f ? -u : u, x = a * 2.0f, k, r, p, m;
-    x = x < 20.0f ? x : 20.0f;
-    k = x * 1.44269504f + 12582912.0f;
+typedef union mp__f32_word { uint32_t u; float f; } mp__f32_word;
+
+/* e^x for -87 <= x <= 88 (2^k normal), the same bits on every backend and
+   SIMD width, where libm's expf and CUDA's differ in the last bits: e^x =
+   2^k e^r with k = x / ln 2 rounded to nearest (by adding and subtracting
+   1.5 2^23) and r = x - k ln 2 (Cody and Waite's two-part ln 2), e^r by its
+   Taylor polynomial of degree 7 (|r| <= ln(2) / 2: remainder below
+   2^-27), 2^k written into the exponent's bits. Only IEEE 754's correctly
+   rounded +, - and *, so the vector rows (mp__exp_taylor_avx512, _avx2)
+   compute it lane by lane alike. Within 2 ulp of e^x (test_backend sweeps
+   it). */
+static MIXPREC_HD inline float mp__exp_taylor(float x) {
+    float k = x * 1.44269504f + 12582912.0f, r, p;
+    mp__f32_word two_k;
     k = k - 12582912.0f;
     r = x - k * 0.693359375f;
     r = r - k * -2.12194440e-4f;
@@ -2284,8 +2283,27 @@ static MIXPREC_HD inline float mp__tanh_gelu(float u) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    m = 1.0f - 2.0f / (p * (float)(1u << (unsigned)k) + 1.0f);
+    two_k.u = (uint32_t)((int)k + 127) << 23;
+    return p * two_k.f;
+}
+
+/* tanh for GELU's tanh form: tanh|u| = 1 - 2 / (e^(2|u|) + 1), 2|u|
+   clamped at 20, where the result is 1 in float32 (as is tanh from 9.1
+   on). Within 2^-22 of tanh in float64 (an absolute bound: GELU adds it to
+   1; test_backend sweeps it); tanh(-0) is +0, tanh(NaN) +-1 (GELU's own
+   factors of x carry a NaN). */
+static MIXPREC_HD inline float mp__tanh_gelu(float u) {
+    float a = u < 0.0f ? -u : u, x = a * 2.0f, m;
+    x = x < 20.0f ? x : 20.0f;
+    m = 1.0f - 2.0f / (mp__exp_taylor(x) + 1.0f);
     return u < 0.0f ? -m : m;
+}
+
+/* The softmax's exponential of x = a logit minus the row's largest (x <=
+   0, or NaN where the row holds an Inf or a NaN): 0 below -87 (e^x under
+   float32's least normal, next to the largest term's 1), NaN kept. */
+static MIXPREC_HD inline float mp__softmax_exp(float x) {
+    return x != x ? x : x < -87.0f ? 0.0f : mp__exp_taylor(x);
 }
 
 /* GELU's tanh form (GPT-2's, Keras's approximate=True): gelu(x) = 0.5 x
@@ -2479,7 +2497,6 @@ static MIXPREC_HD inline float mp__norm_dx(float k, float g, float xhat, float m
 
 /* Element i of a buffer of dtype t, as float32 (exact), and v stored
    rounded once: the casts' own integer rounding, on any backend. */
-typedef union mp__f32_word { uint32_t u; float f; } mp__f32_word;
 static MIXPREC_HD inline float mp__elem(const void *p, mp_dtype t, size_t i) {
     mp__f32_word w;
     if (t == MP_FLOAT32) return ((const float *)p)[i];
@@ -2508,8 +2525,9 @@ static MIXPREC_HD inline size_t mp__embedding_index(const float *ids, size_t per
    (of n = batch x heads) and one row at a time: row i of sequence n reads
    rows (n / heads) t + j of q, k and v, head (n % heads)'s d columns;
    p and s hold t x t values a sequence. Every sum is in float32, in index
-   order; causal keeps j <= i (the masked probabilities are 0, as Keras's
-   -1e9 or -3e4 bias gives after the float32 softmax). */
+   order, the exponentials mp__softmax_exp's; causal keeps j <= i (the
+   masked probabilities are 0, as Keras's -1e9 or -3e4 bias gives after the
+   float32 softmax). */
 typedef struct mp__attention_geom {
     size_t t, heads, d, stride; /* positions; heads; a head's width; a row's values (heads d) */
     float scale;                /* 1 / sqrt(key_dim) */
@@ -2543,8 +2561,8 @@ static MIXPREC_HD inline void mp__attention_row(const mp__attention_geom *g, voi
         s[pr + j] = dot * g->scale;
         mx = s[pr + j] > mx ? s[pr + j] : mx;
     }
-    for (j = 0; j < keys; j++) sum += expf(s[pr + j] - mx);
-    for (j = 0; j < g->t; j++) mp__elem_set(p, g->dt, pr + j, j < keys ? expf(s[pr + j] - mx) / sum : 0.0f);
+    for (j = 0; j < keys; j++) sum += mp__softmax_exp(s[pr + j] - mx);
+    for (j = 0; j < g->t; j++) mp__elem_set(p, g->dt, pr + j, j < keys ? mp__softmax_exp(s[pr + j] - mx) / sum : 0.0f);
     for (c = 0; c < g->d; c++) {
         float acc = 0.0f;
         for (j = 0; j < keys; j++) acc += mp__elem(p, g->dt, pr + j) * mp__elem(v, g->dt, k0 + j * g->stride + c);
@@ -4564,10 +4582,15 @@ static void mp__tanh_gelu_run_scalar(float *t, const float *u, size_t n) {
     for (i = 0; i < n; i++) t[i] = mp__tanh_gelu(u[i]);
 }
 
+static void mp__softmax_exp_run_scalar(float *e, const float *x, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) e[i] = mp__softmax_exp(x[i]);
+}
+
 #if defined(MP__SIMD_X86)
-/* mp__tanh_gelu's Horner coefficients, highest degree first. */
-static const float mp__tanh_gelu_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
-                                            1.66666667e-1f, 0.5f,           1.0f,           1.0f};
+/* mp__exp_taylor's Horner coefficients, highest degree first. */
+static const float mp__exp_taylor_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
+                                             1.66666667e-1f, 0.5f,           1.0f,           1.0f};
 #endif
 #ifdef MP__SIMD_AVX512
 /* g++ takes the `_mm512_undefined_*` inside these intrinsics for uses of
@@ -4577,60 +4600,94 @@ static const float mp__tanh_gelu_poly[8] = {1.98412698e-4f, 1.38888889e-3f, 8.33
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
-    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f), magic = _mm512_set1_ps(12582912.0f);
-    size_t i = 0;
+/* mp__exp_taylor in 16 lanes, its operations in its order. */
+static __m512 mp__exp_taylor_avx512(__m512 x) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), magic), magic), r, p;
     int j;
+    r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
+    p = _mm512_set1_ps(mp__exp_taylor_poly[0]);
+    for (j = 1; j < 8; j++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(mp__exp_taylor_poly[j]));
+    return _mm512_mul_ps(
+        p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23)));
+}
+static void mp__tanh_gelu_run_avx512(float *t, const float *u, size_t n) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(u + i), x, k, r, p, m;
+        __m512 v = _mm512_loadu_ps(u + i), x, m;
         __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
         x = _mm512_mul_ps(_mm512_mask_sub_ps(v, neg, zero, v), _mm512_set1_ps(2.0f));
         x = _mm512_min_ps(x, _mm512_set1_ps(20.0f)); /* x < 20 ? x : 20, NaN -> 20 */
-        k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), magic), magic);
-        r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
-        r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
-        p = _mm512_set1_ps(mp__tanh_gelu_poly[0]);
-        for (j = 1; j < 8; j++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(mp__tanh_gelu_poly[j]));
-        p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                 _mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23)));
-        m = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(p, one)));
+        m = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(mp__exp_taylor_avx512(x), one)));
         _mm512_storeu_ps(t + i, _mm512_mask_sub_ps(m, neg, zero, m));
     }
     mp__tanh_gelu_run_scalar(t + i, u + i, n - i);
+}
+static void mp__softmax_exp_run_avx512(float *e, const float *x, size_t n) {
+    const __m512 low = _mm512_set1_ps(-87.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i), r;
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), tiny = _mm512_cmp_ps_mask(v, low, _CMP_LT_OQ);
+        r = mp__exp_taylor_avx512(_mm512_max_ps(v, low)); /* the lanes that take 0 or NaN below computed at -87 */
+        r = _mm512_mask_mov_ps(_mm512_mask_mov_ps(r, tiny, _mm512_setzero_ps()), nan, v);
+        _mm512_storeu_ps(e + i, r);
+    }
+    mp__softmax_exp_run_scalar(e + i, x + i, n - i);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #elif defined(MP__SIMD_X86)
-static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
-    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f), magic = _mm256_set1_ps(12582912.0f);
-    size_t i = 0;
+static __m256 mp__exp_taylor_avx2(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), magic), magic), r, p;
     int j;
+    r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
+    p = _mm256_set1_ps(mp__exp_taylor_poly[0]);
+    for (j = 1; j < 8; j++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(mp__exp_taylor_poly[j]));
+    return _mm256_mul_ps(
+        p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23)));
+}
+static void mp__tanh_gelu_run_avx2(float *t, const float *u, size_t n) {
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(u + i), neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ), x, k, r, p, m;
+        __m256 v = _mm256_loadu_ps(u + i), neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ), x, m;
         x = _mm256_mul_ps(_mm256_blendv_ps(v, _mm256_sub_ps(zero, v), neg), _mm256_set1_ps(2.0f));
         x = _mm256_min_ps(x, _mm256_set1_ps(20.0f)); /* x < 20 ? x : 20, NaN -> 20 */
-        k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), magic), magic);
-        r = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
-        r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
-        p = _mm256_set1_ps(mp__tanh_gelu_poly[0]);
-        for (j = 1; j < 8; j++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(mp__tanh_gelu_poly[j]));
-        p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(
-                                 _mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23)));
-        m = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(p, one)));
+        m = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(mp__exp_taylor_avx2(x), one)));
         _mm256_storeu_ps(t + i, _mm256_blendv_ps(m, _mm256_sub_ps(zero, m), neg));
     }
     mp__tanh_gelu_run_scalar(t + i, u + i, n - i);
 }
+static void mp__softmax_exp_run_avx2(float *e, const float *x, size_t n) {
+    const __m256 low = _mm256_set1_ps(-87.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i), r;
+        __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q), tiny = _mm256_cmp_ps(v, low, _CMP_LT_OQ);
+        r = mp__exp_taylor_avx2(_mm256_max_ps(v, low)); /* the lanes that take 0 or NaN below computed at -87 */
+        r = _mm256_blendv_ps(_mm256_blendv_ps(r, _mm256_setzero_ps(), tiny), v, nan);
+        _mm256_storeu_ps(e + i, r);
+    }
+    mp__softmax_exp_run_scalar(e + i, x + i, n - i);
+}
 #endif
 
-/* Which row runs (as >>bulk casts: dispatch): the widest the build has. */
+/* Which rows run (as >>bulk casts: dispatch): the widest the build has. */
 #if defined(MP__SIMD_AVX512)
 static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_avx512;
+static void (*const mp__softmax_exp_run)(float *, const float *, size_t) = mp__softmax_exp_run_avx512;
 #elif defined(MP__SIMD_X86)
 static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_avx2;
+static void (*const mp__softmax_exp_run)(float *, const float *, size_t) = mp__softmax_exp_run_avx2;
 #else
 static void (*const mp__tanh_gelu_run)(float *, const float *, size_t) = mp__tanh_gelu_run_scalar;
+static void (*const mp__softmax_exp_run)(float *, const float *, size_t) = mp__softmax_exp_run_scalar;
 #endif
 
 /* GELU's tanh form over a run of x, forward (out = gelu(x); out may be
@@ -8618,7 +8675,9 @@ static void mp__attention_seq(const mp__attention_args *a, size_t n, float *ws) 
                 si[j] = si[j] * g->scale;
                 mx = si[j] > mx ? si[j] : mx;
             }
-            for (j = 0; j < keys; j++) sum += pi[j] = expf(si[j] - mx); /* each exponential once */
+            for (j = 0; j < keys; j++) si[j] = si[j] - mx;
+            mp__softmax_exp_run(pi, si, keys); /* each exponential once, in vector rows */
+            for (j = 0; j < keys; j++) sum += pi[j];
             for (j = 0; j < t; j++) pi[j] = j < keys ? pi[j] / sum : 0.0f;
             mp__store(prow, g->dt, pi, t);
             mp__load(pi, prow, g->dt, keys); /* as rounded */

@@ -1773,6 +1773,42 @@ static void test_norm_finite_differences(void) {
    past the clamp), the build's vector row (mp__tanh_gelu_run) giving the
    scalar's bits, and GELU's runs (mp__act_run, mp__act_grad_run) mp__act's and
    mp__act_grad's bits, tails included. */
+/* The softmax's exponential (>>rules' mp__softmax_exp, mp__exp_taylor):
+   within 2 ulp of e^x in float64 over [-87, 0] (every 2^12th float32),
+   the build's vector row giving the scalar's bits at every length, and
+   the ends: 0 below -87 and at -Inf, NaN kept, e^0 = 1. */
+static void test_softmax_exp(void) {
+    enum { RUN_LEN = 4099 };
+    static const float specials[] = {0.0f, -0.0f, -87.5f, -1e30f, -INFINITY};
+    static float x[RUN_LEN], e[RUN_LEN], v[RUN_LEN];
+    uint32_t b = 0x80000000u; /* -0, then every 4096th float down to -87 */
+    double worst = 0.0;
+    size_t n, i, bad = 0;
+    float nan = NAN;
+    while (b < 0xC2AE0000u) { /* -87 */
+        for (n = 0; n < RUN_LEN && b < 0xC2AE0000u; n++, b += 4096) memcpy(&x[n], &b, 4);
+        for (i = 0; i < n; i++) {
+            double want = exp((double)x[i]), ulp = ldexp(1.0, ilogb(want) - 23);
+            double err = fabs((double)mp__softmax_exp(x[i]) - want) / ulp;
+            worst = err > worst ? err : worst;
+        }
+        mp__softmax_exp_run_scalar(e, x, n);
+        mp__softmax_exp_run(v, x, n);
+        bad += memcmp(e, v, n * sizeof(float)) != 0;
+    }
+    if (!CHECK(worst <= 2.0 && bad == 0)) fprintf(stderr, "  softmax exp: worst %g ulp, %zu runs differ\n", worst, bad);
+    for (i = 0; i < sizeof specials / sizeof specials[0]; i++)
+        CHECK(mp__softmax_exp(specials[i]) == (specials[i] == 0.0f ? 1.0f : 0.0f));
+    CHECK(mp__softmax_exp(nan) != mp__softmax_exp(nan));
+    for (n = 1; n <= 40; n += 13) { /* the rows' tails and specials in vector lanes */
+        for (i = 0; i < n; i++) x[i] = i % 5 == 0 ? -INFINITY : i % 7 == 0 ? nan : -0.37f * (float)i;
+        mp__softmax_exp_run_scalar(e, x, n);
+        mp__softmax_exp_run(v, x, n);
+        for (i = 0; i < n; i++) bad += !(e[i] == v[i] || (e[i] != e[i] && v[i] != v[i]));
+    }
+    if (!CHECK(bad == 0)) fprintf(stderr, "  softmax exp rows: %zu values differ\n", bad);
+}
+
 static void test_gelu_tanh(void) {
     enum { RUN_LEN = 4096 };
     static const float specials[] = {0.0f, -0.0f, 9.5f, 10.0f, 11.0f, 1e30f, INFINITY, -INFINITY};
@@ -1844,6 +1880,7 @@ int main(int argc, char **argv) {
     RUN(test_norm_finite_differences());
     RUN(test_norm_order());
     RUN(test_gelu_tanh());
+    RUN(test_softmax_exp());
     RUN(test_diagnostics());
     RUN(test_checkpoint());
     RUN(test_amp_output());
