@@ -327,7 +327,11 @@ static void llmc(double mixprec_s) {
         printf("bench=gpt impl=llmc available=0 reason=MIXPREC_LLMC_DIR_unset\n");
         return;
     }
-    if (strchr(dir, '\'') || strlen(dir) > 2048 || !has_file(dir, "train_gpt2.c")) {
+    if (strchr(dir, '\'') || strlen(dir) > 2048) { /* it goes into a shell command, quoted */
+        printf("bench=gpt impl=llmc available=0 reason=\"MIXPREC_LLMC_DIR has a quote or is too long\"\n");
+        return;
+    }
+    if (!has_file(dir, "train_gpt2.c")) {
         printf("bench=gpt impl=llmc available=0 reason=\"no train_gpt2.c in MIXPREC_LLMC_DIR\"\n");
         return;
     }
