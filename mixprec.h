@@ -4715,7 +4715,8 @@ static void mp__gelu_tanh_run(float *out, const float *x, int backward, size_t n
     }
 }
 
-/* v = act(v), and g *= act'(y, x), over runs. ReLU, the common case, goes
+/* v = act(v), and g *= act'(y, x), over runs (y NULL for the gelus, which
+   read x alone; x NULL for the rest). ReLU, the common case, goes
    in blocks of 16 with a constant trip count, which compilers vectorise;
    GELU's tanh form in vector rows (mp__gelu_tanh_run); the rest are
    dominated by exp, erf and tanh. */
@@ -4753,7 +4754,7 @@ static void mp__act_grad_run(mp_activation a, float *g, const float *y, const fl
     } else if (a == MP_GELU_APPROXIMATE && x)
         mp__gelu_tanh_run(g, x, 1, n);
     else
-        for (; j < n; j++) g[j] *= mp__act_grad(a, y[j], x ? x[j] : 0.0f);
+        for (; j < n; j++) g[j] *= mp__act_grad(a, y ? y[j] : 0.0f, x ? x[j] : 0.0f);
 }
 
 /* ReLU's gradient on acc[0 .. n), the gradient at y[at ..] (in t) of a
@@ -4851,6 +4852,7 @@ static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) 
     mp_dtype dxt = op->outt, dt = op->dt;
     float g[MP__TILE], o[MP__TILE], in[MP__TILE];
     size_t r, i, j, len, per, runs;
+    int reads_x = mp__act_reads_input(act); /* the gelus: their gradient reads x alone, not y */
     (void)thread;
     mp__row_runs(r0, r1, cols, act != MP_SOFTMAX, &per, &runs);
     for (r = 0; r < runs; r++) {
@@ -4866,12 +4868,12 @@ static void mp__act_backward_rows(void *args, size_t r0, size_t r1, int thread) 
         for (i = 0; i < per; i += len) {
             len = mp__min(MP__TILE, per - i);
             mp__load(g, mp__at(dy, dt, base + i), dt, len);
-            if (act != MP_LINEAR) mp__load(o, mp__at(y, dt, base + i), dt, len);
-            if (mp__act_reads_input(act)) mp__load(in, mp__at(x, dt, base + i), dt, len);
+            if (act != MP_LINEAR && !reads_x) mp__load(o, mp__at(y, dt, base + i), dt, len);
+            if (reads_x) mp__load(in, mp__at(x, dt, base + i), dt, len);
             if (act == MP_SOFTMAX)
                 for (j = 0; j < len; j++) g[j] = o[j] * (g[j] - dot);
             else
-                mp__act_grad_run(act, g, o, mp__act_reads_input(act) ? in : NULL, len);
+                mp__act_grad_run(act, g, reads_x ? NULL : o, reads_x ? in : NULL, len);
             mp__store(mp__at_mut(dx, dxt, base + i), dxt, g, len);
         }
     }
