@@ -517,7 +517,7 @@ keras_peer() {
 if [ -n "${MIXPREC_KERAS_PYTHON:-}" ] && [ -x "$MIXPREC_KERAS_PYTHON" ]; then par keras_peer
 else par skip "keras_peer" "MIXPREC_KERAS_PYTHON does not name a python with tensorflow-cpu and tf-keras"; fi
 
-section "== against PyTorch: safetensors both ways (optional: never in CI's default path)"
+section "== against PyTorch: safetensors both ways, the GPT's gradients and AdamW steps (optional: never in CI's default path)"
 # MIXPREC_TORCH_PYTHON: a python with torch and safetensors, outside the
 # repository, as the benchmarks' PyTorch peer (python3 -m venv DIR;
 # DIR/bin/pip install torch safetensors)
@@ -525,6 +525,8 @@ torch_peer() {
     step "build torch_peer" gcc $WARN -O2 -pthread tests/torch_peer/peer.c -o $B/torch_peer -lm
     run "torch_interop: mixprec's safetensors in PyTorch and PyTorch's in mixprec, the same predictions and bytes" \
         "$MIXPREC_TORCH_PYTHON" tests/torch_peer/interop.py $B/torch_peer $B/torch_interop
+    run "torch_gpt: the GPT's logits, loss and every gradient as PyTorch's from the same weights and tokens, and ten AdamW steps' losses" \
+        "$MIXPREC_TORCH_PYTHON" tests/torch_peer/gpt.py $B/torch_peer $B/torch_gpt
 }
 if [ -n "${MIXPREC_TORCH_PYTHON:-}" ] && [ -x "$MIXPREC_TORCH_PYTHON" ] &&
     "$MIXPREC_TORCH_PYTHON" -c 'import torch, safetensors' >/dev/null 2>&1; then par torch_peer

@@ -18,13 +18,12 @@ Python `safetensors` package (the reference implementation) and torch:
 
     python interop.py BUILD/torch_peer WORKDIR
 
-tests/matrix.sh runs it where MIXPREC_TORCH_PYTHON names a python with
-torch and safetensors. The relative error of a prediction is
+tests/matrix.sh runs it, and then gpt.py (the GPT's logits, gradients and
+AdamW steps against PyTorch's), where MIXPREC_TORCH_PYTHON names a python
+with torch and safetensors. The relative error of a prediction is
 max |mixprec - torch| / max |torch| over its classes, the largest over the
 inputs. It needs no numpy: tensors go to the package through TensorSpec."""
-import os
 import subprocess
-import sys
 
 import torch
 import torch.nn as nn
@@ -33,28 +32,11 @@ import safetensors
 from safetensors import TensorSpec, safe_open
 from safetensors.torch import load_file
 
+from peer_files import check, done, path, peer, values, work
+
 N, UNITS, WIDTH, CLASSES = 16, 256, 8, 10  # as tests/torch_peer/peer.c
 TOL = 1e-5
-peer, work = sys.argv[1], os.path.abspath(sys.argv[2])
-os.makedirs(work, exist_ok=True)
-passed = failed = 0
 torch.manual_seed(0)
-torch.set_num_threads(1)
-
-
-def check(ok, what):
-    global passed, failed
-    passed, failed = passed + bool(ok), failed + (not ok)
-    print(("ok    " if ok else "FAIL  ") + what)
-
-
-def path(name):
-    return os.path.join(work, name)
-
-
-def floats(name):
-    with open(path(name), "rb") as f:
-        return torch.frombuffer(bytearray(f.read()), dtype=torch.float32).clone()
 
 
 def rel_err(a, b):
@@ -127,7 +109,7 @@ class ResNet(nn.Module):
 
 
 def inputs(name):
-    x = floats("x.f32").reshape(N, 28 * 28)
+    x = values("x.f32").reshape(N, 28 * 28)
     return x if name == "mlp" else x.reshape(N, 28, 28, 1).permute(0, 3, 1, 2).contiguous()
 
 
@@ -178,7 +160,7 @@ for name in ("mlp", "resnet"):
     missing = set(model.state_dict()) - set(f32)
     check(all(k.endswith("num_batches_tracked") for k in missing) and set(f32) <= set(model.state_dict()),
           "%s: every tensor of mixprec's file is a weight of the torch.nn network, each weight in it" % name)
-    err = rel_err(predict(model, name), floats(name + "_pred.f32"))
+    err = rel_err(predict(model, name), values(name + "_pred.f32"))
     check(err <= TOL, "%s: float32 export, PyTorch's predictions against mixprec's: relative error %.2e" % (name, err))
 
     bf16 = load_file(path(name + "_bf16.safetensors"))
@@ -189,9 +171,9 @@ for name in ("mlp", "resnet"):
           "(moving statistics F32)" % name)
     model.load_state_dict(as_float32(bf16), strict=name == "mlp")
     got = predict(model, name)
-    err = rel_err(got, floats(name + "_bf16_pred.f32"))
+    err = rel_err(got, values(name + "_bf16_pred.f32"))
     check(err <= TOL, "%s: bfloat16 export, PyTorch's predictions against mixprec's from the same file: relative "
-          "error %.2e (bfloat16's rounding moved them by %.2e)" % (name, err, rel_err(got, floats(name + "_pred.f32"))))
+          "error %.2e (bfloat16's rounding moved them by %.2e)" % (name, err, rel_err(got, values(name + "_pred.f32"))))
 
 keras = load_file(path("mlp_keras.safetensors"))
 f32 = load_file(path("mlp_f32.safetensors"))
@@ -223,7 +205,7 @@ for name in ("mlp", "resnet"):
     save(model.state_dict(), "torch_%s.safetensors" % name, meta)
 subprocess.run([peer, "import", work + "/"], check=True)
 for name in ("mlp", "resnet"):
-    err = rel_err(floats("mixprec_%s_pred.f32" % name), want[name])
+    err = rel_err(values("mixprec_%s_pred.f32" % name), want[name])
     check(err <= TOL, "%s: PyTorch-trained state dict, mixprec's predictions against PyTorch's: relative error %.2e"
           % (name, err))
 
@@ -235,5 +217,4 @@ with open(path("torch_mlp.safetensors"), "rb") as a, open(path("mlp_again.safete
     check(a.read() == b.read(), "torch_mlp.safetensors (PyTorch's, written by the Python package): loaded and saved "
           "again by mixprec, byte-identical")
 
-print("torch_interop: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+done("torch_interop")
