@@ -33,7 +33,6 @@
 #include "check.h"
 #include "helpers.h"
 #include "data_parallel.h"
-#include "../examples/gpt_model.h"
 
 /* ======================================================================== */
 /* The communicator: forked ranks over one shared mapping */
@@ -549,51 +548,6 @@ static void test_batch_norm_per_replica(int size) {
 /* The GPT over ranks: Embedding, PositionEmbedding, LayerNormalization,
    causal MultiHeadAttention, the tanh GELU and a loss over (batch, time) */
 
-#define GV 11 /* vocabulary */
-#define GT 6  /* context */
-#define GN 32 /* sequences */
-static int32_t gpt_ids[GN * GT], gpt_next[GN * GT];
-
-/* Token ids and their successors (+2 mod GV): the same in every process. */
-static void make_gpt_data(void) {
-    int i;
-    for (i = 0; i < GN * GT; i++) {
-        gpt_ids[i] = (int32_t)((i * 5 + i / GT) % GV);
-        gpt_next[i] = (gpt_ids[i] + 2) % GV;
-    }
-}
-
-/* gpt_layers' GPT (1 block, 2 heads, 8 channels) under mixed_float16,
-   compiled as examples/tiny_gpt.c's compile_gpt: logits, AdamW with the
-   biases, norms and embeddings out of its decay, the global norm clipped. */
-static mp_model *gpt_model(const mp_communicator *comm, uint64_t seed) {
-    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
-    mp_model_desc md;
-    mp_compile_desc cd;
-    mp_model *m = NULL;
-    memset(&md, 0, sizeof md);
-    md.input_shape[0] = GT;
-    md.seed = seed;
-    md.threads = 1;
-    md.comm = comm;
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
-    cd.metrics = MP_METRIC_ACCURACY;
-    cd.optimizer.kind = MP_ADAMW;
-    cd.optimizer.learning_rate = 0.01f;
-    cd.optimizer.weight_decay = 0.1f;
-    cd.optimizer.exclude_from_weight_decay = no_decay;
-    cd.optimizer.global_clipnorm = 1.0f;
-    mp_set_global_policy_name("mixed_float16");
-    if (mp_model_create(&m, &md) != MP_OK) return NULL;
-    if (gpt_layers(m, GV, GT, 1, 2, 8) != MP_OK || mp_model_compile(m, &cd) != MP_OK) {
-        mp_model_destroy(m);
-        return NULL;
-    }
-    return m;
-}
-
 /* A custom-loop step on the first global batch of 8, each rank its slice,
    where the last rank's token table is 1e30 (finite in float32, Inf once
    cast to float16): that rank's gradients are NaN, the others' finite, and
@@ -627,28 +581,17 @@ static void poisoned_step(mp_model *m, int rank, int size, rank_report *out) {
     out->status = mp_model_set_weights(m, w, n);
 }
 
-/* One rank: the poisoned step, then fit (3 epochs of the GN sequences at
-   global batch 8, a quarter to validate) and evaluate, the report. */
+/* One rank: the poisoned step, then fit (gpt_fit) and evaluate, the report. */
 static void gpt_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
     mp_model *m = gpt_model(comm, rank_seed(rank));
-    mp_fit_desc fd;
     mp_callback cb;
-    int shape = GT;
+    mp_fit_desc fd = gpt_fit(&cb);
     (void)arg;
-    if (!m) { out->status = MP_ERR_STATE; return; }
-    poisoned_step(m, rank, W->size, out);
-    memset(&fd, 0, sizeof fd);
     memset(&cb, 0, sizeof cb);
-    fd.data.x[0] = mp_array_i32(gpt_ids, GN, 1, &shape);
-    fd.data.y = mp_array_i32(gpt_next, GN, 1, &shape);
-    fd.batch_size = 8;
-    fd.epochs = 3;
-    fd.validation_split = 0.25f;
-    fd.verbose = MP_VERBOSE_SILENT;
     cb.on_epoch_end = epoch_report;
     cb.user = out;
-    fd.callbacks = &cb;
-    fd.callback_count = 1;
+    if (!m) { out->status = MP_ERR_STATE; return; }
+    poisoned_step(m, rank, W->size, out);
     if (out->status == MP_OK) out->status = mp_model_fit(m, &fd);
     if (out->status == MP_OK) out->status = mp_model_evaluate(m, &fd.data, 8, &out->eval);
     snprintf(out->error, sizeof out->error, "%s", mp_model_error(m));
