@@ -130,7 +130,7 @@ print-tests:
 $(B)/mixprec.o: tests/header_only.c mixprec.h | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread -c $< -o $@
 
-$(B)/test_%: tests/test_%.c tests/*.h mixprec.h $(B)/mixprec.o | $(B)
+$(B)/test_%: tests/test_%.c tests/*.h examples/gpt_model.h mixprec.h $(B)/mixprec.o | $(B)
 	$(CC) $(WARN) $(CFLAGS) $(ARCH) -pthread $(if $(shell grep -l '^\#ifndef TEST_LINKS_MIXPREC' $<),\
 	    -DTEST_LINKS_MIXPREC $< $(B)/mixprec.o,$<) -o $@ -lm
 

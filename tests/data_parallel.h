@@ -1,10 +1,11 @@
 /* data_parallel.h - what test_comm.c (forked ranks, a shared-memory
-   communicator) and test_mpi.c (Open MPI) share: the data set, the model
-   each rank builds, the state every rank must hold alike, a CRC of bytes
-   and a relative difference. Include after
-   mixprec.h and helpers.h. */
+   communicator) and test_mpi.c (Open MPI) share: the data sets, the models
+   each rank builds (an MLP, and examples/gpt_model.h's GPT), the state
+   every rank must hold alike, a CRC of bytes and a relative difference.
+   Include after mixprec.h and helpers.h. */
 #ifndef MIXPREC_TEST_DATA_PARALLEL_H
 #define MIXPREC_TEST_DATA_PARALLEL_H
+#include "../examples/gpt_model.h"
 
 #define NS 96 /* samples: NF features, 3 classes */
 #define NF 6
@@ -78,6 +79,68 @@ static mp_model *rank_model(const mp_communicator *comm, uint64_t seed, const ch
         return NULL;
     }
     return m;
+}
+
+#define GV 11 /* vocabulary */
+#define GT 6  /* context */
+#define GN 32 /* sequences */
+static int32_t gpt_ids[GN * GT], gpt_next[GN * GT];
+
+/* Token ids and their successors (+2 mod GV): the same in every process. */
+static void make_gpt_data(void) {
+    int i;
+    for (i = 0; i < GN * GT; i++) {
+        gpt_ids[i] = (int32_t)((i * 5 + i / GT) % GV);
+        gpt_next[i] = (gpt_ids[i] + 2) % GV;
+    }
+}
+
+/* gpt_layers' GPT (1 block, 2 heads, 8 channels) under mixed_float16,
+   compiled as examples/tiny_gpt.c's compile_gpt: logits, AdamW with the
+   biases, norms and embeddings out of its decay, the global norm clipped. */
+static mp_model *gpt_model(const mp_communicator *comm, uint64_t seed) {
+    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = GT;
+    md.seed = seed;
+    md.threads = 1;
+    md.comm = comm;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.metrics = MP_METRIC_ACCURACY;
+    cd.optimizer.kind = MP_ADAMW;
+    cd.optimizer.learning_rate = 0.01f;
+    cd.optimizer.weight_decay = 0.1f;
+    cd.optimizer.exclude_from_weight_decay = no_decay;
+    cd.optimizer.global_clipnorm = 1.0f;
+    mp_set_global_policy_name("mixed_float16");
+    if (mp_model_create(&m, &md) != MP_OK) return NULL;
+    if (gpt_layers(m, GV, GT, 1, 2, 8) != MP_OK || mp_model_compile(m, &cd) != MP_OK) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* fit of the GPT: 3 epochs of the GN sequences at global batch 8, a
+   quarter to validate, silent, cb called. */
+static mp_fit_desc gpt_fit(mp_callback *cb) {
+    mp_fit_desc fd;
+    int shape = GT;
+    memset(&fd, 0, sizeof fd);
+    fd.data.x[0] = mp_array_i32(gpt_ids, GN, 1, &shape);
+    fd.data.y = mp_array_i32(gpt_next, GN, 1, &shape);
+    fd.batch_size = 8;
+    fd.epochs = 3;
+    fd.validation_split = 0.25f;
+    fd.verbose = MP_VERBOSE_SILENT;
+    fd.callbacks = cb;
+    fd.callback_count = 1;
+    return fd;
 }
 
 static uint32_t crc_of(const void *p, size_t bytes) { /* zlib's CRC-32 */

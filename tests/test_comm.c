@@ -544,6 +544,106 @@ static void test_batch_norm_per_replica(int size) {
     }
 }
 
+/* ======================================================================== */
+/* The GPT over ranks: Embedding, PositionEmbedding, LayerNormalization,
+   causal MultiHeadAttention, the tanh GELU and a loss over (batch, time) */
+
+/* A custom-loop step on the first global batch of 8, each rank its slice,
+   where the last rank's token table is 1e30 (finite in float32, Inf once
+   cast to float16): that rank's gradients are NaN, the others' finite, and
+   every rank must skip the step alike (out->applied 0, out->unchanged 1:
+   weights and slots as set). One process poisons its own table, so it
+   skips the same step. Then the table as before. */
+static void poisoned_step(mp_model *m, int rank, int size, rank_report *out) {
+    float w[MAXW], set[MAXW], s[MAXW];
+    size_t n = mp_model_param_count(m), ns = mp_optimizer_slot_count(m), i, at = (size_t)rank * (8 / (size_t)size) * GT;
+    int shape = GT;
+    float loss = 0.0f;
+    mp_weight_info table;
+    mp_data d;
+    mp_array y = mp_array_i32(gpt_next + at, 8 / (size_t)size, 1, &shape);
+    memset(&d, 0, sizeof d);
+    d.x[0] = mp_array_i32(gpt_ids + at, 8 / (size_t)size, 1, &shape);
+    if (n > MAXW || ns > MAXW || (out->status = mp_model_weight_info(m, 0, &table)) != MP_OK) return;
+    mp_model_get_weights(m, w, n);
+    mp_get_optimizer_slots(m, s, ns);
+    memcpy(set, w, n * sizeof(float));
+    if (rank == size - 1)
+        for (i = 0; i < table.size; i++) set[table.offset + i] = 1e30f;
+    if ((out->status = mp_model_set_weights(m, set, n)) != MP_OK || (out->status = mp_forward(m, &d, 1)) != MP_OK ||
+        (out->status = mp_compute_loss(m, &y, &loss, NULL)) != MP_OK ||
+        (out->status = mp_compute_scaled_gradients(m)) != MP_OK ||
+        (out->status = mp_get_unscaled_gradients(m)) != MP_OK ||
+        (out->status = mp_apply_gradients(m, &out->applied)) != MP_OK)
+        return;
+    get_state(m, &out->state);
+    out->unchanged = strcmp(table.name, "embeddings") == 0 && same_bits(out->state.w, set, n) && same_bits(out->state.s, s, ns);
+    out->status = mp_model_set_weights(m, w, n);
+}
+
+/* One rank: the poisoned step, then fit (gpt_fit) and evaluate, the report. */
+static void gpt_rank(const mp_communicator *comm, int rank, rank_report *out, const void *arg) {
+    mp_model *m = gpt_model(comm, rank_seed(rank));
+    mp_callback cb;
+    mp_fit_desc fd = gpt_fit(&cb);
+    (void)arg;
+    memset(&cb, 0, sizeof cb);
+    cb.on_epoch_end = epoch_report;
+    cb.user = out;
+    if (!m) { out->status = MP_ERR_STATE; return; }
+    poisoned_step(m, rank, W->size, out);
+    if (out->status == MP_OK) out->status = mp_model_fit(m, &fd);
+    if (out->status == MP_OK) out->status = mp_model_evaluate(m, &fd.data, 8, &out->eval);
+    snprintf(out->error, sizeof out->error, "%s", mp_model_error(m));
+    get_state(m, &out->state);
+    mp_model_destroy(m);
+}
+
+/* rel_diff of two GPTs' weights but the attention's key bias: its
+   gradient is zero but for rounding (softmax gives the same for every key
+   shifted alike), and Adam scales that rounding up to steps of the
+   learning rate, in one process or on ranks alike. */
+static float gpt_diff(const float *a, const float *b, size_t n) {
+    static float x[MAXW], y[MAXW];
+    mp_model *m = gpt_model(NULL, rank_seed(0));
+    mp_weight_info wi;
+    int k, found = 0;
+    memcpy(x, a, n * sizeof(float));
+    memcpy(y, b, n * sizeof(float));
+    for (k = 0; m && k < mp_model_weight_count(m); k++)
+        if (mp_model_weight_info(m, k, &wi) == MP_OK && strcmp(wi.name, "key/bias") == 0 && wi.offset + wi.size <= n) {
+            memset(x + wi.offset, 0, wi.size * sizeof(float));
+            memset(y + wi.offset, 0, wi.size * sizeof(float));
+            found = 1;
+        }
+    mp_model_destroy(m);
+    return found ? rel_diff(x, y, n) : 1.0f;
+}
+
+/* The GPT on 2 ranks, each its slice of every batch: weights, slots,
+   loss scale and skipped steps the same bits on both after every epoch,
+   the step where one rank's gradients overflow skipped by both. Against
+   one process at the same global batch: the same scale and skips, and
+   the weights within float16 rounding (the summed gradients round in
+   other places). */
+static void test_gpt(void) {
+    rank_report one;
+    float d;
+    int r;
+    run_ranks(1, gpt_rank, NULL);
+    one = W->report[0];
+    if (!CHECK(one.status == MP_OK && one.epochs_seen == 3)) fprintf(stderr, "    %s\n", one.error);
+    CHECK(one.applied == 0 && one.unchanged == 1);
+    run_ranks(2, gpt_rank, NULL);
+    check_ranks_agree(2, 3);
+    for (r = 0; r < 2; r++) CHECK(W->report[r].applied == 0 && W->report[r].unchanged == 1);
+    CHECK(one.state.skipped >= 1 && W->report[0].state.skipped == one.state.skipped);
+    CHECK(W->report[0].state.scale == one.state.scale);
+    if (!CHECK((d = gpt_diff(W->report[0].state.w, one.state.w, one.state.nw)) < 1e-3f))
+        fprintf(stderr, "    weights differ by %g\n", (double)d);
+    CHECK(fabsf(W->report[0].eval.loss - one.eval.loss) < 1e-2f);
+}
+
 static void test_failing_all_reduce(void) {
     setup st;
     int r;
@@ -607,6 +707,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     make_data();
+    make_gpt_data();
     RUN(test_bad_table());
     RUN(test_initial_weights(2));
     RUN(test_initial_weights(3));
@@ -624,6 +725,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_on_other_sizes(dir));
     RUN(test_rank0_writes(dir));
     RUN(test_batch_norm_per_replica(2));
+    RUN(test_gpt());
     RUN(test_failing_all_reduce());
     RUN(test_sum_buffer(2, "mixed_float16", MP_FLOAT32, NS));
     RUN(test_sum_buffer(3, "float32", MP_FLOAT32, 87));

@@ -11,7 +11,8 @@
                   the ranks' shared memory, a piece at a time, against
                   MPI's own (the same bits on 2 ranks); fit, which
                   updates from each piece of the sum, against the custom
-                  loop, which sums into g first (the same bits)
+                  loop, which sums into g first (the same bits); the
+                  GPT of examples/gpt_model.h: the same bits on every rank
      save DIR     (2 ranks) fit 2 epochs, rank 0's ModelCheckpoint writes
                   DIR/dp.mpc (only rank 0 writes its CSV log), then to 4
                   epochs: DIR/whole.bin has the final weights and scale;
@@ -276,6 +277,26 @@ static void test_diagnostics_on_rank_0(void) {
     mp_model_destroy(m);
 }
 
+/* The GPT (data_parallel.h) under mixed_float16, fit by gpt_fit: the
+   same weights, slots and logs on every rank after every epoch, the same
+   loss scale and skipped steps. */
+static void test_gpt(void) {
+    mp_model *m = gpt_model(&C.table, rank_seed(C.rank));
+    mp_callback cb;
+    mp_fit_desc fd = gpt_fit(&cb);
+    model_state st;
+    if (!m) {
+        fprintf(stderr, "test_mpi: rank %d cannot make its GPT\n", C.rank);
+        mp_mpi_abort(&C, 2);
+    }
+    memset(&cb, 0, sizeof cb);
+    cb.on_epoch_end = epoch_check;
+    OK(mp_model_fit(m, &fd), m);
+    get_state(m, &st);
+    CHECK(same_on_all(&st.scale, sizeof st.scale) && same_on_all(&st.skipped, sizeof st.skipped));
+    mp_model_destroy(m);
+}
+
 static void train(void) {
     RUN(test_initial_weights());
     RUN(test_ranks_match_one_process("float32", MP_FLOAT32));
@@ -292,6 +313,7 @@ static void train(void) {
     RUN(test_fit_is_the_custom_loop("float32", MP_FLOAT32, 0.0f, 1));
     RUN(test_fit_is_the_custom_loop("mixed_float16", MP_FLOAT32, 0.5f, 0));
     RUN(test_diagnostics_on_rank_0());
+    RUN(test_gpt());
 }
 
 static void path_in(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
@@ -410,6 +432,7 @@ int main(int argc, char **argv) {
     }
     (void)check_args, (void)check_done; /* the mode is no test name; the tally is the ranks' sum */
     make_data();
+    make_gpt_data();
     if (strcmp(mode, "train") == 0) train();
     else if (strcmp(mode, "save") == 0) save(dir);
     else if (strcmp(mode, "resume") == 0) resume(dir);
