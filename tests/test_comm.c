@@ -481,8 +481,6 @@ static void test_rank0_writes(const char *dir) {
     remove(path);
 }
 
-/* A failing all-reduce: MP_ERR_COMM naming the collective and the
-   communicator's own message. */
 /* A residual graph with BatchNormalization on each rank: the gradients
    (gamma's and beta's too) are summed, so the trainable weights stay
    bit-identical; each rank's moving statistics are its own batches'
@@ -644,6 +642,8 @@ static void test_gpt(void) {
     CHECK(fabsf(W->report[0].eval.loss - one.eval.loss) < 1e-2f);
 }
 
+/* A failing all-reduce: MP_ERR_COMM naming the collective and the
+   communicator's own message. */
 static void test_failing_all_reduce(void) {
     setup st;
     int r;
