@@ -5029,8 +5029,8 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
                     not in place, no C += or pre-                                2), test_relu_grad
                     activation (mp__swap_dims)
    in place         AVX-512 FMA build, A B, n <= 16:     mp__kernel_in_place,    test_narrow_in_place
-                    float32, or bfloat16 on AMX          mp__kernel_in_place_amx
-                    (mp__in_place)
+                    float32, or bfloat16 on AMX or       mp__kernel_in_place_amx,
+                    vdpbf16ps (mp__in_place)             mp__kernel_in_place_bf16
    sums in C        float32 C, K > KC, the epilogue in   mp__kernel (float32)    test_sums_in_c_threads
                     the kernels, C <= IN_C_FLOATS
                     (mp__sums_in_c)
@@ -6186,7 +6186,8 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 
 /* A narrow product with float32 operands, or bfloat16 ones on AMX, as
    they lie, op(A) = A and op(B) = B, n <= 16 (a 10-class layer's
-   forward): every element of A feeds one tile, so packing A (a transpose,
+   forward, a 16-filter convolution's columns): every element of A feeds
+   one tile, so packing A (a transpose,
    about three copies, of an A that comes from memory at a batch of 8192)
    cost more than its sums. Here each float32 tile of MR rows broadcasts
    its values straight from A's rows, MR runs the hardware prefetchers
@@ -6199,9 +6200,9 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
     int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR;
-    int amx = g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16 && g->m >= 16 && mp__amx_usable() &&
-              mp__narrow_pairs_floats(g->k) <= mp__panel_floats(g->m, g->k, g->n);
-    return !g->trans_a && !g->trans_b && g->n <= 16 && g->k > 0 && (f32 || amx);
+    int bf16 = mp__gemm_bf16(g) && mp__narrow_pairs_floats(g->k) <= mp__panel_floats(g->m, g->k, g->n);
+    int amx = bf16 && g->m >= 16 && mp__amx_usable(), pairs = bf16 && g->m >= MP__MR && !mp__amx_usable();
+    return !g->trans_a && !g->trans_b && g->n <= 16 && g->k > 0 && (f32 || amx || pairs);
 #else
     (void)g;
     return 0;
@@ -6238,6 +6239,54 @@ static void mp__kernel_in_place(const mp_gemm_args *g, size_t i0, __m512 *t) {
     MP__TILE_EACH(MP__SAVE);
 #undef MP__SAVE
 }
+
+#ifdef MP__BF16_DOT
+/* mp__kernel_in_place for bfloat16 A and B on vdpbf16ps (where AMX does
+   not run): each step broadcasts a pair of K's values, q and q + 1 (q in
+   the low half: x86 is little-endian), straight from each of A's MR rows
+   against a row of B's pairs (b: mp__pack_amx_narrow_b's 16 columns,
+   packed once), over all of K a slice of 2 KC values at a time, each from
+   +0 added to the sums before it; an odd K's last value goes alone, the
+   other half 0, as the packs pad it. These are mp__kernel_bf16's narrow
+   tile's operations on the same pairs in the same order, without the
+   transposing pack of A that the 16-filter convolutions' columns (and
+   their input gradients' columns of dy) paid for every use of each value
+   (bench/convnet.c --model resnet). */
+MP__HOT int mp__pair_at(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return (int)v;
+}
+static void mp__kernel_in_place_bf16(const mp_gemm_args *g, const uint32_t *b, size_t i0, __m512 *t) {
+    size_t lda = g->k, p0, q, kc;
+    const uint16_t *a0 = (const uint16_t *)g->a + i0 * lda, *a3 = a0 + 3 * lda, *a6 = a3 + 3 * lda, *a9 = a6 + 3 * lda;
+    __m512bh b0;
+    MP__TILE_ZERO;
+#define MP__ROW(r) (((r) < 3 ? a0 : (r) < 6 ? a3 : (r) < 9 ? a6 : a9) + (r) % 3 * lda)
+#define MP__DOT(r, s, sums) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_set1_epi32(mp__pair_at(MP__ROW(r))), b0)
+#define MP__DOT_LAST(r, s, sums) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_set1_epi32((int)*MP__ROW(r)), b0)
+    for (p0 = 0; p0 < g->k; p0 += kc) {
+        kc = mp__min(2 * MP__KC, g->k - p0);
+        for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += 16) {
+            b0 = (__m512bh)_mm512_loadu_si512(b);
+            MP__TILE_EACH(MP__DOT);
+        }
+        if (q < kc) { /* the last slice's (2 KC is even) */
+            b0 = (__m512bh)_mm512_loadu_si512(b);
+            MP__TILE_EACH(MP__DOT_LAST);
+        }
+#define MP__ADD_SLICE(r, s, sums) sums = _mm512_add_ps(s, sums), s = z_
+        MP__TILE_EACH(MP__ADD_SLICE);
+#undef MP__ADD_SLICE
+    }
+#undef MP__ROW
+#undef MP__DOT
+#undef MP__DOT_LAST
+#define MP__SAVE(r, s, sums) t[2 * r] = sums, t[2 * r + 1] = z_
+    MP__TILE_EACH(MP__SAVE);
+#undef MP__SAVE
+}
+#endif
 
 #ifdef MP__AMX
 /* One step of 32 values of K for up to four groups of 16 rows of A (the
@@ -6299,8 +6348,11 @@ static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, co
     _tile_stored(2, sums + 512, 64);
     _tile_stored(3, sums + 768, 64);
 }
+#endif
 
-/* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
+#ifdef MP__BF16_DOT
+/* B (k x n bfloat16, n <= 16) as AMX B tiles (and as vdpbf16ps's in-place
+   tile reads it), `depth` pairs of rows:
    pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K: the
    layout mp__pack_pairs gives at width 16, a row of pairs a vector where
    its part rows took half of 128 x 10 x 1024's time on 1 thread. (g++'s
@@ -6321,7 +6373,9 @@ static void mp__pack_amx_narrow_b(uint32_t *out, const uint16_t *b, size_t k, si
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+#endif
 
+#ifdef MP__AMX
 /* Rows m0 .. m1 of a bfloat16 in-place product on AMX, on to d (set up
    by mp__gemm_in_place; d->g NULL where the epilogue cannot run in the
    kernels): B's pairs packed once (each thread its own), then up to 64
@@ -6367,15 +6421,23 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
 #ifdef MP__AMX
-    if (g->at == MP_BFLOAT16) {
+    if (g->at == MP_BFLOAT16 && mp__amx_usable()) {
         mp__gemm_in_place_amx(g, ws, m0, m1, &d);
         return;
     }
 #endif
+#ifdef MP__BF16_DOT
+    if (g->at == MP_BFLOAT16) /* B's pairs packed once (each thread its own) */
+        mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, mp__narrow_pairs_floats(g->k) / 16);
+#endif
     for (i0 = m0; i0 < m1; i0 += MP__MR) {
         top = mp__min(i0, g->m - MP__MR);
         d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
-        mp__kernel_in_place(g, top, t);
+#ifdef MP__BF16_DOT
+        if (g->at == MP_BFLOAT16) mp__kernel_in_place_bf16(g, (const uint32_t *)ws->b, top, t);
+        else
+#endif
+            mp__kernel_in_place(g, top, t);
         if (fused) {
             mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
             continue;
