@@ -5127,6 +5127,11 @@ enum {
        not from L1: C is written once, while it is in cache, which the deep
        products of a float32 training step gain by (bench/gemm.c). */
     MP__SHALLOW = 64,
+    /* The widest bfloat16 product that vdpbf16ps runs in place
+       (mp__in_place): two tiles of columns, each value of A broadcast
+       twice from its row, cost less than packing A once (bench/convnet.c
+       --model resnet's 64-filter convolutions). */
+    MP__IN_PLACE_N = 2 * MP__NR,
     MP__AMX_PAIRS = 16, /* an AMX tile's depth in bfloat16 pairs: 32 values of K */
     /* The rows of an AMX block, at most, where its B panel is more than half
        of L2 (AMX_FAR bytes, of 2 MiB; the block's A and its float32 sums
@@ -6200,9 +6205,11 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
     int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR;
-    int bf16 = mp__gemm_bf16(g) && mp__narrow_pairs_floats(g->k) <= mp__panel_floats(g->m, g->k, g->n);
-    int amx = bf16 && g->m >= 16 && mp__amx_usable(), pairs = bf16 && g->m >= MP__MR && !mp__amx_usable();
-    return !g->trans_a && !g->trans_b && g->n <= 16 && g->k > 0 && (f32 || amx || pairs);
+    int amx = mp__gemm_bf16(g) && g->n <= 16 && g->m >= 16 && mp__amx_usable() &&
+              mp__narrow_pairs_floats(g->k) <= mp__panel_floats(g->m, g->k, g->n);
+    int pairs = mp__gemm_bf16(g) && !mp__amx_usable() && g->m >= MP__MR && g->n <= MP__IN_PLACE_N &&
+                (g->k + 1) / 2 * mp__round_up(g->n, MP__NR) <= mp__panel_floats(g->m, g->k, g->n);
+    return !g->trans_a && !g->trans_b && g->k > 0 && ((f32 && g->n <= 16) || amx || pairs);
 #else
     (void)g;
     return 0;
@@ -6242,49 +6249,78 @@ static void mp__kernel_in_place(const mp_gemm_args *g, size_t i0, __m512 *t) {
 
 #ifdef MP__BF16_DOT
 /* mp__kernel_in_place for bfloat16 A and B on vdpbf16ps (where AMX does
-   not run): each step broadcasts a pair of K's values, q and q + 1 (q in
-   the low half: x86 is little-endian), straight from each of A's MR rows
-   against a row of B's pairs (b: mp__pack_amx_narrow_b's 16 columns,
-   packed once), over all of K a slice of 2 KC values at a time, each from
-   +0 added to the sums before it; an odd K's last value goes alone, the
-   other half 0, as the packs pad it. These are mp__kernel_bf16's narrow
-   tile's operations on the same pairs in the same order, without the
-   transposing pack of A that the 16-filter convolutions' columns (and
-   their input gradients' columns of dy) paid for every use of each value
+   not run), a tile of `cols` <= NR columns: each step broadcasts a pair of
+   K's values, q and q + 1 (q in the low half: x86 is little-endian),
+   straight from each of A's MR rows against a row of the tile's B panel
+   (b: `width` pairs a row, packed once for all of K), over all of K a slice
+   of 2 KC values at a time, each from +0, the first into t and each after
+   it added to t (mp__tile_finish adds the +0 the packed tiles' first slice
+   adds, so a zero's sign comes out as theirs); an odd K's last value goes
+   alone, the other half 0, as the packs pad it.
+   These are mp__kernel_bf16's operations on the same pairs in the same
+   order (its narrow tile's up to 16 columns), without the transposing pack
+   of A that the convolutions' columns of 16, 32 and 64 filters (and their
+   input gradients' columns of dy) paid for one or two uses of each value
    (bench/convnet.c --model resnet). */
 MP__HOT int mp__pair_at(const uint16_t *p) {
     uint32_t v;
     memcpy(&v, p, sizeof v);
     return (int)v;
 }
-static void mp__kernel_in_place_bf16(const mp_gemm_args *g, const uint32_t *b, size_t i0, __m512 *t) {
+static void mp__kernel_in_place_bf16(const mp_gemm_args *g, const uint32_t *b, size_t width, size_t i0, size_t cols,
+                                     __m512 *t) {
     size_t lda = g->k, p0, q, kc;
     const uint16_t *a0 = (const uint16_t *)g->a + i0 * lda, *a3 = a0 + 3 * lda, *a6 = a3 + 3 * lda, *a9 = a6 + 3 * lda;
-    __m512bh b0;
+    __m512bh b0, b1, av;
     MP__TILE_ZERO;
 #define MP__ROW(r) (((r) < 3 ? a0 : (r) < 6 ? a3 : (r) < 9 ? a6 : a9) + (r) % 3 * lda)
-#define MP__DOT(r, s, sums) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_set1_epi32(mp__pair_at(MP__ROW(r))), b0)
-#define MP__DOT_LAST(r, s, sums) s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_set1_epi32((int)*MP__ROW(r)), b0)
+#define MP__PAIR(r) mp__pair_at(MP__ROW(r))
+#define MP__LAST(r) ((int)*MP__ROW(r))
+#define MP__DOT_NARROW(r, lo, hi) lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_set1_epi32(MP__VALUE(r)), b0)
+#define MP__DOT_WIDE(r, lo, hi)                                \
+    av = (__m512bh)_mm512_set1_epi32(MP__VALUE(r));            \
+    lo = _mm512_dpbf16_ps(lo, av, b0), hi = _mm512_dpbf16_ps(hi, av, b1)
+#define MP__SAVE_SLICE(r, lo, hi) t[2 * r] = lo, t[2 * r + 1] = hi, lo = hi = z_
+#define MP__ADD_SLICE(r, lo, hi) \
+    t[2 * r] = _mm512_add_ps(lo, t[2 * r]), t[2 * r + 1] = _mm512_add_ps(hi, t[2 * r + 1]), lo = hi = z_
     for (p0 = 0; p0 < g->k; p0 += kc) {
         kc = mp__min(2 * MP__KC, g->k - p0);
-        for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += 16) {
-            b0 = (__m512bh)_mm512_loadu_si512(b);
-            MP__TILE_EACH(MP__DOT);
-        }
+#define MP__VALUE MP__PAIR
+        if (cols <= 16)
+            for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += width) {
+                b0 = (__m512bh)_mm512_loadu_si512(b);
+                MP__TILE_EACH(MP__DOT_NARROW);
+            }
+        else
+            for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += width) {
+                b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+                MP__TILE_EACH(MP__DOT_WIDE);
+            }
+#undef MP__VALUE
+#define MP__VALUE MP__LAST
         if (q < kc) { /* the last slice's (2 KC is even) */
             b0 = (__m512bh)_mm512_loadu_si512(b);
-            MP__TILE_EACH(MP__DOT_LAST);
+            if (cols <= 16) {
+                MP__TILE_EACH(MP__DOT_NARROW);
+            } else {
+                b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+                MP__TILE_EACH(MP__DOT_WIDE);
+            }
         }
-#define MP__ADD_SLICE(r, s, sums) sums = _mm512_add_ps(s, sums), s = z_
-        MP__TILE_EACH(MP__ADD_SLICE);
-#undef MP__ADD_SLICE
+#undef MP__VALUE
+        if (p0 == 0) {
+            MP__TILE_EACH(MP__SAVE_SLICE);
+        } else {
+            MP__TILE_EACH(MP__ADD_SLICE);
+        }
     }
 #undef MP__ROW
-#undef MP__DOT
-#undef MP__DOT_LAST
-#define MP__SAVE(r, s, sums) t[2 * r] = sums, t[2 * r + 1] = z_
-    MP__TILE_EACH(MP__SAVE);
-#undef MP__SAVE
+#undef MP__PAIR
+#undef MP__LAST
+#undef MP__DOT_NARROW
+#undef MP__DOT_WIDE
+#undef MP__SAVE_SLICE
+#undef MP__ADD_SLICE
 }
 #endif
 
@@ -6413,9 +6449,9 @@ static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t
    thread's rows), and only the tile's rows inside [m0, m1) go on. */
 static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
     __m512 t[2 * MP__MR];
-    float bias[MP__NR];
+    float bias[MP__IN_PLACE_N];
     int fused = mp__tile_fusable(g);
-    size_t i0, r, top;
+    size_t i0, r, top, jr, pairs = (g->k + 1) / 2, width = g->n <= 16 ? 16 : MP__NR;
     mp__tile_dest d;
     if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
@@ -6427,24 +6463,31 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
     }
 #endif
 #ifdef MP__BF16_DOT
-    if (g->at == MP_BFLOAT16) /* B's pairs packed once (each thread its own) */
-        mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, mp__narrow_pairs_floats(g->k) / 16);
+    /* B's pairs packed once (each thread its own): 16 columns, or panels of NR */
+    if (g->at == MP_BFLOAT16 && width == 16) mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, pairs);
+    else if (g->at == MP_BFLOAT16) mp__pack_pairs((uint32_t *)ws->b, MP__NR, 0, g->b, g->n, 0, g->n, 0, g->k, pairs);
+#else
+    (void)pairs, (void)width;
 #endif
-    for (i0 = m0; i0 < m1; i0 += MP__MR) {
-        top = mp__min(i0, g->m - MP__MR);
-        d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
+    for (i0 = m0; i0 < m1; i0 += MP__MR)
+        for (jr = 0; jr < g->n; jr += MP__NR) { /* float32: n <= 16, one tile */
+            top = mp__min(i0, g->m - MP__MR);
+            d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
+            d.col = jr, d.cols = mp__min(MP__NR, g->n - jr), d.bias = fused && g->bias ? bias + jr : NULL;
 #ifdef MP__BF16_DOT
-        if (g->at == MP_BFLOAT16) mp__kernel_in_place_bf16(g, (const uint32_t *)ws->b, top, t);
-        else
+            if (g->at == MP_BFLOAT16)
+                mp__kernel_in_place_bf16(g, (const uint32_t *)ws->b + jr * pairs, width, top, d.cols, t);
+            else
 #endif
-            mp__kernel_in_place(g, top, t);
-        if (fused) {
-            mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
-            continue;
+                mp__kernel_in_place(g, top, t);
+            if (fused) {
+                mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
+                continue;
+            }
+            mp__tile_finish(t, ws->c, MP__NR, &d); /* all MR rows into the block */
+            for (r = i0 - top; r < i0 - top + d.rows; r++)
+                mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, top + r, jr, d.cols);
         }
-        mp__tile_finish(t, ws->c, MP__NR, &d); /* all MR rows into the block */
-        for (r = i0 - top; r < i0 - top + d.rows; r++) mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, top + r, 0, g->n);
-    }
 }
 #endif
 
