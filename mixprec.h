@@ -6191,13 +6191,14 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 
 /* A narrow product with float32 operands, or bfloat16 ones on AMX, as
    they lie, op(A) = A and op(B) = B, n <= 16 (a 10-class layer's
-   forward, a 16-filter convolution's columns): every element of A feeds
-   one tile, so packing A (a transpose,
+   forward): every element of A feeds one tile, so packing A (a transpose,
    about three copies, of an A that comes from memory at a batch of 8192)
    cost more than its sums. Here each float32 tile of MR rows broadcasts
    its values straight from A's rows, MR runs the hardware prefetchers
    follow, against B's rows under a mask, and AMX loads its A tiles from
-   A's rows (16 at a time) against B's pairs, packed once; the sums are the
+   A's rows (16 at a time) against B's pairs, packed once; vdpbf16ps's
+   tiles broadcast A's pairs from its rows likewise, for n up to
+   MP__IN_PLACE_N (mp__kernel_in_place_bf16); the sums are the
    packed kernels' (and their transpose's, mp__swap_dims). Against the
    transpose, the 10-class forward (8192 x 10 x 1024 and 128 x 10 x 1024)
    takes about half the time in float32 and less still in bfloat16 on AMX,
