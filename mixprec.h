@@ -5102,8 +5102,9 @@ static mp_pool *mp__pool_of(void *ctx) { return ((mp__cpu *)ctx)->pool; }
                     not in place, no C += or pre-                                2), test_relu_grad
                     activation (mp__swap_dims)
    in place         AVX-512 FMA build, A B, n <= 16:     mp__kernel_in_place,    test_narrow_in_place
-                    float32, or bfloat16 on AMX          mp__kernel_in_place_amx
-                    (mp__in_place)
+                    bfloat16 on AMX; n <= 64: float32,   mp__kernel_in_place_amx,
+                    bfloat16 on vdpbf16ps (mp__in_place) mp__kernel_in_place_bf16,
+                                                         mp__kernel_in_place_wide
    sums in C        float32 C, K > KC, the epilogue in   mp__kernel (float32)    test_sums_in_c_threads
                     the kernels, C <= IN_C_FLOATS
                     (mp__sums_in_c)
@@ -5200,6 +5201,11 @@ enum {
        not from L1: C is written once, while it is in cache, which the deep
        products of a float32 training step gain by (bench/gemm.c). */
     MP__SHALLOW = 64,
+    /* The widest float32 product, and bfloat16 one on vdpbf16ps, that runs
+       in place (mp__in_place): two tiles of columns, each value of A
+       broadcast twice from its row, cost less than packing A once
+       (bench/convnet.c --model resnet's 64-filter convolutions). */
+    MP__IN_PLACE_N = 2 * MP__NR,
     MP__AMX_PAIRS = 16, /* an AMX tile's depth in bfloat16 pairs: 32 values of K */
     /* The rows of an AMX block, at most, where its B panel is more than half
        of L2 (AMX_FAR bytes, of 2 MiB; the block's A and its float32 sums
@@ -6259,22 +6265,26 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 
 /* A narrow product with float32 operands, or bfloat16 ones on AMX, as
    they lie, op(A) = A and op(B) = B, n <= 16 (a 10-class layer's
-   forward): every element of A feeds one tile, so packing A (a transpose,
+   forward; float32 up to MP__IN_PLACE_N, mp__kernel_in_place_wide): every element of A feeds one tile, so packing A (a transpose,
    about three copies, of an A that comes from memory at a batch of 8192)
    cost more than its sums. Here each float32 tile of MR rows broadcasts
    its values straight from A's rows, MR runs the hardware prefetchers
    follow, against B's rows under a mask, and AMX loads its A tiles from
-   A's rows (16 at a time) against B's pairs, packed once; the sums are the
+   A's rows (16 at a time) against B's pairs, packed once; vdpbf16ps's
+   tiles broadcast A's pairs from its rows likewise, for n up to
+   MP__IN_PLACE_N (mp__kernel_in_place_bf16); the sums are the
    packed kernels' (and their transpose's, mp__swap_dims). Against the
    transpose, the 10-class forward (8192 x 10 x 1024 and 128 x 10 x 1024)
    takes about half the time in float32 and less still in bfloat16 on AMX,
    on 1 and 2 threads (bench/gemm.c's MLP step rows). */
 static int mp__in_place(const mp_gemm_args *g) {
 #ifdef MP__TILE_FUSED
-    int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR;
-    int amx = g->at == MP_BFLOAT16 && g->bt == MP_BFLOAT16 && g->m >= 16 && mp__amx_usable() &&
+    int f32 = g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->m >= MP__MR && g->n <= MP__IN_PLACE_N;
+    int amx = mp__gemm_bf16(g) && g->n <= 16 && g->m >= 16 && mp__amx_usable() &&
               mp__narrow_pairs_floats(g->k) <= mp__panel_floats(g->m, g->k, g->n);
-    return !g->trans_a && !g->trans_b && g->n <= 16 && g->k > 0 && (f32 || amx);
+    int pairs = mp__gemm_bf16(g) && !mp__amx_usable() && g->m >= MP__MR && g->n <= MP__IN_PLACE_N &&
+                (g->k + 1) / 2 * mp__round_up(g->n, MP__NR) <= mp__panel_floats(g->m, g->k, g->n);
+    return !g->trans_a && !g->trans_b && g->k > 0 && (f32 || amx || pairs);
 #else
     (void)g;
     return 0;
@@ -6311,6 +6321,118 @@ static void mp__kernel_in_place(const mp_gemm_args *g, size_t i0, __m512 *t) {
     MP__TILE_EACH(MP__SAVE);
 #undef MP__SAVE
 }
+
+/* The end of an in-place tile's K slice whose sums are both halves of each
+   row: into t (the first slice's) or added to t, the accumulators back to
+   +0. */
+#define MP__T_SAVE(r, lo, hi) t[2 * r] = lo, t[2 * r + 1] = hi, lo = hi = z_
+#define MP__T_ADD(r, lo, hi) \
+    t[2 * r] = _mm512_add_ps(lo, t[2 * r]), t[2 * r + 1] = _mm512_add_ps(hi, t[2 * r + 1]), lo = hi = z_
+#define MP__SLICE_INTO_T(first)         \
+    do {                                \
+        if (first) {                    \
+            MP__TILE_EACH(MP__T_SAVE);  \
+        } else {                        \
+            MP__TILE_EACH(MP__T_ADD);   \
+        }                               \
+    } while (0)
+
+/* The same for the tile of `cols` <= NR columns from column j0 of a product
+   up to MP__IN_PLACE_N wide: both halves of each row, B's rows under two
+   masks, each slice from +0, the first into t and each after it added to
+   t (mp__tile_finish adds the +0 the packed tiles' first slice adds, so a
+   zero's sign comes out as theirs): mp__kernel's wide tile's operations in
+   its order, without the transposing pack of A that the convolutions' columns
+   of 32 and 64 filters (and their input gradients' columns of dy) paid for
+   one or two uses of each value (bench/convnet.c --model resnet). */
+static void mp__kernel_in_place_wide(const mp_gemm_args *g, size_t i0, size_t j0, size_t cols, __m512 *t) {
+    size_t lda = g->k, ldb = g->n, p0, q;
+    const float *a0 = (const float *)g->a + i0 * lda, *a3 = a0 + 3 * lda, *a6 = a3 + 3 * lda, *a9 = a6 + 3 * lda;
+    const float *b = (const float *)g->b + j0;
+    __mmask16 k0 = (__mmask16)mp__z_tail(mp__min(cols, 16)), k1 = (__mmask16)(cols > 16 ? mp__z_tail(cols - 16) : 0);
+    __m512 b0, b1, av;
+    MP__TILE_ZERO;
+    for (p0 = 0; p0 < g->k; p0 += MP__KC) {
+        size_t kc = mp__min(MP__KC, g->k - p0);
+        for (q = 0; q < kc; q++, a0++, a3++, a6++, a9++, b += ldb) {
+            b0 = _mm512_maskz_loadu_ps(k0, b), b1 = _mm512_maskz_loadu_ps(k1, b + 16);
+#define MP__FMA(r, lo, hi)                                                          \
+    av = _mm512_set1_ps(((r) < 3 ? a0 : (r) < 6 ? a3 : (r) < 9 ? a6 : a9)[(r) % 3 * lda]); \
+    lo = _mm512_fmadd_ps(av, b0, lo), hi = _mm512_fmadd_ps(av, b1, hi)
+            MP__TILE_EACH(MP__FMA);
+#undef MP__FMA
+        }
+        MP__SLICE_INTO_T(p0 == 0);
+    }
+}
+
+#ifdef MP__BF16_DOT
+/* mp__kernel_in_place for bfloat16 A and B on vdpbf16ps (where AMX does
+   not run), a tile of `cols` <= NR columns: each step broadcasts a pair of
+   K's values, q and q + 1 (q in the low half: x86 is little-endian),
+   straight from each of A's MR rows against a row of the tile's B panel
+   (b: `width` pairs a row, packed once for all of K), over all of K a slice
+   of 2 KC values at a time, each from +0, the first into t and each after
+   it added to t (mp__tile_finish adds the +0 the packed tiles' first slice
+   adds, so a zero's sign comes out as theirs); an odd K's last value goes
+   alone, the other half 0, as the packs pad it.
+   These are mp__kernel_bf16's operations on the same pairs in the same
+   order (its narrow tile's up to 16 columns), without the transposing pack
+   of A that the convolutions' columns of 16, 32 and 64 filters (and their
+   input gradients' columns of dy) paid for one or two uses of each value
+   (bench/convnet.c --model resnet). */
+MP__HOT int mp__pair_at(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return (int)v;
+}
+static void mp__kernel_in_place_bf16(const mp_gemm_args *g, const uint32_t *b, size_t width, size_t i0, size_t cols,
+                                     __m512 *t) {
+    size_t lda = g->k, p0, q, kc;
+    const uint16_t *a0 = (const uint16_t *)g->a + i0 * lda, *a3 = a0 + 3 * lda, *a6 = a3 + 3 * lda, *a9 = a6 + 3 * lda;
+    __m512bh b0, b1, av;
+    MP__TILE_ZERO;
+#define MP__ROW(r) (((r) < 3 ? a0 : (r) < 6 ? a3 : (r) < 9 ? a6 : a9) + (r) % 3 * lda)
+#define MP__PAIR(r) mp__pair_at(MP__ROW(r))
+#define MP__LAST(r) ((int)*MP__ROW(r))
+#define MP__DOT_NARROW(r, lo, hi) lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_set1_epi32(MP__VALUE(r)), b0)
+#define MP__DOT_WIDE(r, lo, hi)                                \
+    av = (__m512bh)_mm512_set1_epi32(MP__VALUE(r));            \
+    lo = _mm512_dpbf16_ps(lo, av, b0), hi = _mm512_dpbf16_ps(hi, av, b1)
+    for (p0 = 0; p0 < g->k; p0 += kc) {
+        kc = mp__min(2 * MP__KC, g->k - p0);
+#define MP__VALUE MP__PAIR
+        if (cols <= 16)
+            for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += width) {
+                b0 = (__m512bh)_mm512_loadu_si512(b);
+                MP__TILE_EACH(MP__DOT_NARROW);
+            }
+        else
+            for (q = 0; q + 1 < kc; q += 2, a0 += 2, a3 += 2, a6 += 2, a9 += 2, b += width) {
+                b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+                MP__TILE_EACH(MP__DOT_WIDE);
+            }
+#undef MP__VALUE
+#define MP__VALUE MP__LAST
+        if (q < kc) { /* the last slice's (2 KC is even) */
+            b0 = (__m512bh)_mm512_loadu_si512(b);
+            if (cols <= 16) {
+                MP__TILE_EACH(MP__DOT_NARROW);
+            } else {
+                b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+                MP__TILE_EACH(MP__DOT_WIDE);
+            }
+        }
+#undef MP__VALUE
+        MP__SLICE_INTO_T(p0 == 0);
+    }
+#undef MP__ROW
+#undef MP__PAIR
+#undef MP__LAST
+#undef MP__DOT_NARROW
+#undef MP__DOT_WIDE
+}
+#endif
 
 #ifdef MP__AMX
 /* One step of 32 values of K for up to four groups of 16 rows of A (the
@@ -6372,8 +6494,11 @@ static void mp__kernel_in_place_amx(const mp_gemm_args *g, const uint32_t *b, co
     _tile_stored(2, sums + 512, 64);
     _tile_stored(3, sums + 768, 64);
 }
+#endif
 
-/* B (k x n bfloat16, n <= 16) as AMX B tiles, `depth` pairs of rows:
+#ifdef MP__BF16_DOT
+/* B (k x n bfloat16, n <= 16) as AMX B tiles (and as vdpbf16ps's in-place
+   tile reads it), `depth` pairs of rows:
    pair p is B[2p][j] | B[2p + 1][j] << 16 in word j, 0 past n and K: the
    layout mp__pack_pairs gives at width 16, a row of pairs a vector where
    its part rows took half of 128 x 10 x 1024's time on 1 thread. (g++'s
@@ -6394,7 +6519,9 @@ static void mp__pack_amx_narrow_b(uint32_t *out, const uint16_t *b, size_t k, si
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+#endif
 
+#ifdef MP__AMX
 /* Rows m0 .. m1 of a bfloat16 in-place product on AMX, on to d (set up
    by mp__gemm_in_place; d->g NULL where the epilogue cannot run in the
    kernels): B's pairs packed once (each thread its own), then up to 64
@@ -6432,30 +6559,48 @@ static void mp__gemm_in_place_amx(const mp_gemm_args *g, mp__gemm_ws *ws, size_t
    thread's rows), and only the tile's rows inside [m0, m1) go on. */
 static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0, size_t m1) {
     __m512 t[2 * MP__MR];
-    float bias[MP__NR];
+    float bias[MP__IN_PLACE_N];
     int fused = mp__tile_fusable(g);
-    size_t i0, r, top;
+    size_t i0, r, top, jr, pairs = (g->k + 1) / 2, width = g->n <= 16 ? 16 : MP__NR;
     mp__tile_dest d;
     if (fused && g->bias) mp__panel_bias(g, bias, 0, g->n);
     d.first = 1, d.g = fused ? g : NULL, d.bias = fused && g->bias ? bias : NULL;
     d.col = 0, d.cols = g->n, d.in_c = 0, d.next = NULL;
 #ifdef MP__AMX
-    if (g->at == MP_BFLOAT16) {
+    if (g->at == MP_BFLOAT16 && mp__amx_usable()) {
         mp__gemm_in_place_amx(g, ws, m0, m1, &d);
         return;
     }
 #endif
-    for (i0 = m0; i0 < m1; i0 += MP__MR) {
-        top = mp__min(i0, g->m - MP__MR);
-        d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
-        mp__kernel_in_place(g, top, t);
-        if (fused) {
-            mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
-            continue;
+#ifdef MP__BF16_DOT
+    /* B's pairs packed once (each thread its own): 16 columns, or panels of NR */
+    if (g->at == MP_BFLOAT16 && width == 16) mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, pairs);
+    else if (g->at == MP_BFLOAT16) mp__pack_pairs((uint32_t *)ws->b, MP__NR, 0, g->b, g->n, 0, g->n, 0, g->k, pairs);
+#else
+    (void)pairs, (void)width;
+#endif
+    for (i0 = m0; i0 < m1; i0 += MP__MR)
+        for (jr = 0; jr < g->n; jr += MP__NR) {
+            top = mp__min(i0, g->m - MP__MR);
+            d.row = i0, d.rows = mp__min(MP__MR, m1 - i0);
+            d.col = jr, d.cols = mp__min(MP__NR, g->n - jr), d.bias = fused && g->bias ? bias + jr : NULL;
+#ifdef MP__BF16_DOT
+            if (g->at == MP_BFLOAT16)
+                mp__kernel_in_place_bf16(g, (const uint32_t *)ws->b + jr * pairs, width, top, d.cols, t);
+            else
+#endif
+            if (g->n > 16)
+                mp__kernel_in_place_wide(g, top, jr, d.cols, t);
+            else
+                mp__kernel_in_place(g, top, t);
+            if (fused) {
+                mp__tile_finish(t + 2 * (i0 - top), ws->c, MP__NR, &d);
+                continue;
+            }
+            mp__tile_finish(t, ws->c, MP__NR, &d); /* all MR rows into the block */
+            for (r = i0 - top; r < i0 - top + d.rows; r++)
+                mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, top + r, jr, d.cols);
         }
-        mp__tile_finish(t, ws->c, MP__NR, &d); /* all MR rows into the block */
-        for (r = i0 - top; r < i0 - top + d.rows; r++) mp__epilogue(g, ws->c + r * MP__NR, ws->tmp, top + r, 0, g->n);
-    }
 }
 #endif
 

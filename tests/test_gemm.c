@@ -360,19 +360,21 @@ static void test_long_k(void) {
         }
 }
 
-/* A narrow product, A B with n <= 16 (a 10-class layer's forward), whose
-   tiles may read A and B where they lie (mp__in_place: float32 operands in
-   AVX-512 builds, bfloat16 ones on AMX), against its transpose B^T A^T,
+/* A narrow product, A B with n <= 16 (a 10-class layer's forward), or up
+   to 64 in bfloat16 (a convolution's filters), whose tiles may read A and
+   B where they lie (mp__in_place: float32 operands in AVX-512 builds,
+   bfloat16 ones on AMX or vdpbf16ps), against its transpose B^T A^T,
    which never does: every element must have the same bits, -0, subnormals
    and infinities included (any NaN matches any NaN: which NaN a sum of two
    keeps depends on the order of its operands). k crosses one, two and five
    256-deep slices and ends mid AMX step, m ends mid tile and mid group of
-   AMX's four, and C takes each dtype (float16 through the separate
-   epilogue). */
+   AMX's four, n ends mid tile of 16 and of 32 (two tiles: 40, 64), and C
+   takes each dtype (float16 through the separate epilogue). */
 static int same_or_both_nan(float x, float y) { return x != x ? y != y : memcmp(&x, &y, sizeof x) == 0; }
 static void test_narrow_in_place(void) {
     static const size_t shapes[][3] = {{1, 1, 1},      {13, 10, 257}, {100, 16, 784}, {25, 3, 1030},
-                                       {12, 10, 256}, {70, 10, 64},  {16, 10, 33}};
+                                       {12, 10, 256}, {70, 10, 64},  {16, 10, 33},
+                                       {13, 32, 257}, {40, 64, 130}, {25, 40, 1031}};
     static const float special[] = {-0.0f, 0.0f, 1e-40f, -3e-45f};
     static const mp_dtype operands[] = {MP_FLOAT32, MP_BFLOAT16};
     size_t s, i, j, o;
