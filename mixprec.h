@@ -9757,6 +9757,7 @@ typedef struct mp__mha {
     size_t kernel[4], bias[4];       /* offsets in the weights: query, key, value, attention_output */
     void *qkv[3], *att, *p;          /* in work */
     void *dqkv[3], *datt;            /* in scratch */
+    float *s;                        /* the backward's float32 t x t a sequence, in scratch */
     float scale;
 } mp__mha;
 
@@ -9787,19 +9788,23 @@ static mp__mha mp__mha_of(const mp__layer *l, size_t batch) {
     h.att = l->work ? (unsigned char *)l->work + 3 * n * es : NULL;
     h.p = l->work ? (unsigned char *)l->work + 4 * n * es : NULL;
     h.datt = l->scratch ? (unsigned char *)l->scratch + 3 * n * es : NULL;
+    h.s = l->scratch ? (float *)(void *)((unsigned char *)l->scratch + 4 * n * es) : NULL;
     return h;
 }
 
-/* The bytes of work and scratch, and the float32 logits (stats), for batch. */
+/* The bytes of work and scratch, and the float32 logits (stats), for batch.
+   The logits are the forward's alone (the backward recomputes from the
+   probabilities in work): the backward's float32 t x t go in its scratch,
+   so neither outlives its pass. */
 static void mp__mha_sizes(const mp__layer *l, size_t batch, size_t *work, size_t *scratch, size_t *logits, int *overflow) {
     size_t t = (size_t)l->in_shape[0], hd = (size_t)l->desc.num_heads * (size_t)l->desc.key_dim, es = mp__dtypes[l->dt].size;
     size_t act = 0, probs = 0;
     *logits = 0;
     if (!mp__mul_ok(batch * t, hd * es, &act) || !mp__mul_ok(batch * (size_t)l->desc.num_heads, t * t, &probs) ||
-        !mp__mul_ok(probs, sizeof(float), logits) || act > SIZE_MAX / 5 - probs * es)
+        !mp__mul_ok(probs, sizeof(float), logits) || act > SIZE_MAX / 5 - probs * es || *logits > SIZE_MAX - 4 * act)
         *overflow = 1;
     *work = 4 * act + probs * es;
-    *scratch = 4 * act;
+    *scratch = 4 * act + *logits;
 }
 
 /* The bias of part j as the product's epilogue reads it (see mp__bias). */
@@ -9842,7 +9847,7 @@ static void mp__mha_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, 
     mp__mha_grads(m, l, &h, 3, h.att, dz, h.hd, h.c);
     g = mp__product(0, 1, h.rows, h.hd, h.c, dz, mp__at(l->wc, l->dt, h.kernel[3]), l->dt, h.datt, l->dt);
     m->be->gemm(m->ctx, &g); /* datt = dz W_o^T */
-    m->be->attention_backward(m->ctx, h.dqkv[0], h.dqkv[1], h.dqkv[2], l->stats, h.datt, h.qkv[0], h.qkv[1], h.qkv[2],
+    m->be->attention_backward(m->ctx, h.dqkv[0], h.dqkv[1], h.dqkv[2], h.s, h.datt, h.qkv[0], h.qkv[1], h.qkv[2],
                               h.p, l->dt, batch, h.t, h.heads, h.d, h.scale, l->desc.use_causal_mask != 0);
     for (j = 0; j < 3; j++) {
         mp__mha_grads(m, l, &h, j, x, h.dqkv[j], h.c, h.hd);
@@ -11642,7 +11647,7 @@ static void mp__want_layer(mp_model *m, mp__buffer *b, int *count, size_t batch,
         mp__mha_sizes(l, batch, &work, &scratch, &logits, overflow);
         mp__want(b, count, &l->work, 1, work, fwd, 2 * n, overflow);
         mp__want(b, count, &l->scratch, 1, scratch, bwd, bwd, overflow);
-        mp__want(b, count, (void **)&l->stats, 1, logits, fwd, 2 * n, overflow);
+        mp__want(b, count, (void **)&l->stats, 1, logits, fwd, fwd, overflow);
         return;
     }
     mp__want(b, count, (void **)&l->stats,

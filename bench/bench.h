@@ -169,6 +169,21 @@ static inline double best_step_seconds(void (*step)(void *ctx), void *ctx, doubl
     return best;
 }
 
+/* The activation block's bytes of policies[p]'s model after a step, and
+   (p 1) mixed_bfloat16's over float32's (policies {"float32",
+   "mixed_bfloat16"}):
+       bench=B impl=mixprec policy=P activation_bytes=
+       bench=B ratio=activations_bf16_over_f32 value= */
+static inline void activation_lines(const char *bench, const char *const policies[2], const mp_model *m, int p) {
+    static size_t bytes[2];
+    mp_model_memory mm;
+    check(mp_model_memory_info(m, &mm), m, "mp_model_memory_info");
+    bytes[p] = mm.activations;
+    printf("bench=%s impl=mixprec policy=%s activation_bytes=%zu\n", bench, policies[p], bytes[p]);
+    if (p == 1 && bytes[0])
+        printf("bench=%s ratio=activations_bf16_over_f32 value=%.3f\n", bench, (double)bytes[1] / (double)bytes[0]);
+}
+
 /* The benchmarks beside PyTorch (convnet, gpt) time both sides on 1 and 2
    threads under two policies: a round's rates[impl: mixprec, torch]
    [threads][policy], per second. After the rounds, each side's best over

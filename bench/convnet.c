@@ -121,18 +121,6 @@ static void peer_line(const char *line, void *ctx) {
     }
 }
 
-/* The activation block's bytes of each policy after a step, and their
-   ratio (the first round's first thread count: the same at every count). */
-static void activation_lines(const mp_model *m, int p) {
-    static size_t bytes[2];
-    mp_model_memory mm;
-    check(mp_model_memory_info(m, &mm), m, "mp_model_memory_info");
-    bytes[p] = mm.activations;
-    printf("bench=%s impl=mixprec policy=%s activation_bytes=%zu\n", model_name, policies[p], bytes[p]);
-    if (p == 1 && bytes[0])
-        printf("bench=%s ratio=activations_bf16_over_f32 value=%.3f\n", model_name, (double)bytes[1] / (double)bytes[0]);
-}
-
 static void round_at(int round, int threads, const float *x, const int32_t *labels, peer_rates r) {
     char args[128];
     int p;
@@ -142,7 +130,7 @@ static void round_at(int round, int threads, const float *x, const int32_t *labe
         t.m = build_model(policies[p], threads), t.x = x, t.labels = labels;
         s = best_step_seconds(timed_step, &t, min_s);
         if (round == 0 && threads == (only_threads ? only_threads : 1) && strcmp(model_name, "resnet") == 0)
-            activation_lines(t.m, p);
+            activation_lines(model_name, policies, t.m, p);
         mp_model_destroy(t.m);
         r[0][threads][p] = BATCH / s;
         printf("bench=%s impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f images_per_s=%.0f\n", model_name, round,

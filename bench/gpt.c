@@ -26,11 +26,14 @@
    the best of 3 timings of at least a third of --min-seconds each, after
    2 warm-up steps. One key=value line per run and ratio:
        bench=gpt impl=mixprec|torch round=R policy=P threads=T ms_per_step= tokens_per_s=
+       bench=gpt impl=mixprec policy=P activation_bytes=    (after a step, each policy)
+       bench=gpt ratio=activations_bf16_over_f32 value=
        bench=gpt round=R policy=P threads=T ratio=mixprec_over_torch value=
    and after the rounds each side's best over them:
        bench=gpt impl=I policy=P threads=T best_of_rounds=N tokens_per_s=
        bench=gpt policy=P threads=T ratio=mixprec_over_torch_best value=
        bench=gpt impl=mixprec model=gpt2_124M policy=P batch=4 context=64 threads=T ms_per_step= peak_bytes=
+       bench=gpt model=gpt2_124M impl=mixprec policy=P activation_bytes=, and their ratio as above
          (with --gpt2 or MIXPREC_LLMC_DIR: mixprec at GPT-2 124M's shape, llm.c's CPU setting)
        bench=gpt impl=llmc available=1 model=gpt2_124M policy=float32 batch=4 context=64 threads=T
            inputs=checkout|random ms_per_step=
@@ -145,6 +148,7 @@ static void round_at(int round, int threads, int32_t *x, int32_t *y, peer_rates 
         double s;
         t.m = build_model(&small, policies[p], threads), t.x = x, t.y = y;
         s = best_step_seconds(timed_step, &t, min_s);
+        if (round == 0 && threads == (only_threads ? only_threads : 1)) activation_lines("gpt", policies, t.m, p);
         mp_model_destroy(t.m);
         mine[p] = BATCH * CONTEXT / s;
         printf("bench=gpt impl=mixprec round=%d policy=%s threads=%d ms_per_step=%.2f tokens_per_s=%.0f\n", round,
@@ -166,7 +170,8 @@ static void round_at(int round, int threads, int32_t *x, int32_t *y, peer_rates 
 
 /* mixprec at GPT-2 124M's shape, llm.c's CPU setting: each policy's step
    time (the best of GPT2_TIMED_STEPS steps after 1 warm-up, as llmc()
-   takes llm.c's) and the model's peak bytes. Returns float32's seconds. */
+   takes llm.c's), its activation bytes and the model's peak bytes.
+   Returns float32's seconds. */
 static double gpt2_steps(int32_t *x, int32_t *y) {
     int p, threads = only_threads ? only_threads : N_THREADS;
     double float32_s = 0.0;
@@ -182,6 +187,7 @@ static double gpt2_steps(int32_t *x, int32_t *y) {
             step(&gpt2, m, x, y);
             if ((s = now_s() - t0) < best) best = s;
         }
+        activation_lines("gpt model=gpt2_124M", policies, m, p);
         mp_model_destroy(m);
         if (p == 0) float32_s = best;
         printf("bench=gpt impl=mixprec model=gpt2_124M policy=%s batch=%d context=%d threads=%d ms_per_step=%.1f "
