@@ -8,8 +8,14 @@
                 channels / heads each) -> Add(x) = r
            r -> LayerNormalization -> Dense(4 channels, tanh gelu)
                 -> Dense(channels) -> Add(r)
-       LayerNormalization - Dense(vocab) logits - a float32 linear
-       Activation (where the mixed precision guide keeps the output)
+       LayerNormalization - Dense(vocab) logits, in the compute dtype
+
+   The logits stay in the compute dtype, as llm.c's bfloat16 build keeps
+   them: the loss (from_logits) widens them and takes the softmax and the
+   crossentropy in float32, as Keras's losses cast y_pred to float32. A
+   float32 output layer (the mixed precision guide's advice for a softmax
+   output) would hold float32 copies of the largest tensors of a GPT, the
+   (batch, time, vocabulary) logits and their gradient.
 
    Include after mixprec.h. Its calls return statuses; the first failure
    stops the build and is returned (mp_model_error says which layer). */
@@ -25,11 +31,10 @@ static inline void gpt_call(mp_model *m, mp_layer_desc layer, const int *in, int
 
 /* The GPT's layers into m (created with input_shape[0] = context). */
 static inline mp_status gpt_layers(mp_model *m, int vocab, int context, int layers, int heads, int channels) {
-    mp_layer_desc ln = mp_layer_normalization(), out = mp_activation_layer(MP_LINEAR);
+    mp_layer_desc ln = mp_layer_normalization();
     mp_status st = MP_OK;
     int tok = 0, pos = 0, x = 0, a = 0, r = 0, f = 0, in[2], l;
     ln.epsilon = 1e-5f;
-    out.dtype = "float32";
     gpt_call(m, mp_embedding(vocab, channels), NULL, 0, &tok, &st);
     gpt_call(m, mp_position_embedding(context), &tok, 1, &pos, &st);
     in[0] = tok, in[1] = pos;
@@ -47,7 +52,6 @@ static inline mp_status gpt_layers(mp_model *m, int vocab, int context, int laye
     }
     gpt_call(m, ln, NULL, 0, NULL, &st);
     gpt_call(m, mp_dense(vocab, MP_LINEAR), NULL, 0, NULL, &st);
-    gpt_call(m, out, NULL, 0, NULL, &st);
     return st;
 }
 

@@ -19,7 +19,7 @@
    batches, an effective batch N times larger).
 
    Flags: --policy float32|mixed_float16|mixed_bfloat16|all (all)
-          --steps N (optimizer steps, 300; 0 with --load-weights: evaluate)
+          --steps N (optimizer steps, 1000; 0 with --load-weights: evaluate)
           --batch-size N (8)  --accumulate N (batches per step, 1)
           --context N (128)  --layers N (4)  --heads N (4)  --channels N (128)
           --learning-rate R (the peak, 3e-3)  --data FILE (build/fortunes.txt)
@@ -69,8 +69,8 @@ static config parse_args(int argc, char **argv) {
     int i;
     memset(&c, 0, sizeof c);
     ex_all_policies(&c.policies);
-    c.steps = 300, c.batch = 8, c.accumulate = 1, c.context = 128, c.layers = 4, c.heads = 4, c.channels = 128;
-    c.initial_scale = 16777216.0f; /* 2^24, above where this GPT's float16 gradients fit: the run shows the scale settle */
+    c.steps = 1000, c.batch = 8, c.accumulate = 1, c.context = 128, c.layers = 4, c.heads = 4, c.channels = 128;
+    c.initial_scale = 16777216.0f; /* 2^24: above where this GPT's float16 gradients fit, so the scale settles */
     c.sample = 200;
     c.learning_rate = 3e-3f;
     c.data = "build/fortunes.txt";
@@ -190,13 +190,16 @@ static void print_sample(const config *c, mp_model *m, const mp_tokens *t, size_
     for (i = 0; i < c->sample; i++) {
         mp_data d;
         mp_tensor out;
+        const char *last;
         float mx = -INFINITY, sum = 0.0f, u;
         memset(&d, 0, sizeof d);
         d.x[0] = mp_array_i32(window, 1, 1, &shape);
         CHECK(mp_forward(m, &d, 0), m);
-        CHECK(mp_output(m, &out), m); /* float32 logits (1, T, V) */
-        for (j = 0; j < v; j++) mx = fmaxf(mx, ((const float *)out.data)[(size_t)(c->context - 1) * (size_t)v + (size_t)j]);
-        for (j = 0; j < v; j++) sum += p[j] = expf(((const float *)out.data)[(size_t)(c->context - 1) * (size_t)v + (size_t)j] - mx);
+        CHECK(mp_output(m, &out), m); /* the logits (1, T, V) in the compute dtype */
+        last = (const char *)out.data + (size_t)(c->context - 1) * (size_t)v * mp_dtype_size(out.dtype);
+        CHECK(mp_convert(p, MP_FLOAT32, last, out.dtype, (size_t)v, NULL), m); /* the last position's, widened */
+        for (j = 0; j < v; j++) mx = fmaxf(mx, p[j]);
+        for (j = 0; j < v; j++) sum += p[j] = expf(p[j] - mx);
         for (u = ex_uniform(rng) * sum, j = 0; j + 1 < v && (u -= p[j]) > 0.0f; j++) {}
         putchar(t->bytes[j]);
         memmove(window, window + 1, (size_t)(c->context - 1) * sizeof(int32_t));
