@@ -32,6 +32,7 @@ static void *t_malloc(size_t n) {
 #include "check.h"
 #include "helpers.h"
 #include "forge.h"
+#include "../examples/gpt_model.h"
 
 /* ======================================================================== */
 /* Helpers */
@@ -332,6 +333,100 @@ static spec options_spec(void) {
 }
 
 static void test_resume_options(void) { resume_custom_loop(options_spec(), 4); }
+
+/* The tiny GPT (examples/gpt_model.h) resumes mid-run bit for bit, as
+   llm.c's CUDA test checks: mixed_float16 from a loss scale of 2^19 (its
+   first steps overflow and skip), AdamW with the matrices alone decayed,
+   global_clipnorm 1, warmup then cosine decay, and accumulation over 2
+   batches saved mid-window (5 of 12 batches). The checkpoint's bytes
+   hold the weights, slots, accumulators, schedule and loss scale; the
+   predictions also see the float16 copies of the weights. */
+enum { RG_V = 11, RG_T = 6, RG_B = 4 };
+static mp_model *resume_gpt(void) {
+    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = RG_T;
+    md.seed = 5;
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.optimizer.kind = MP_ADAMW;
+    cd.optimizer.weight_decay = 0.1f;
+    cd.optimizer.exclude_from_weight_decay = no_decay;
+    cd.optimizer.global_clipnorm = 1.0f;
+    cd.optimizer.gradient_accumulation_steps = 2;
+    cd.optimizer.schedule.kind = MP_COSINE_DECAY;
+    cd.optimizer.schedule.warmup_target = 0.01f;
+    cd.optimizer.schedule.warmup_steps = 3;
+    cd.optimizer.schedule.decay_steps = 20;
+    cd.loss_scale_config.initial_scale = 524288.0f; /* 2^19 */
+    if (!OK(mp_set_global_policy_name("mixed_float16"), NULL) || !OK(mp_model_create(&m, &md), m) ||
+        !OK(gpt_layers(m, RG_V, RG_T, 1, 2, 8), m) || !OK(mp_model_compile(m, &cd), m)) {
+        mp_set_global_policy_name("float32");
+        mp_model_destroy(m);
+        return NULL;
+    }
+    mp_set_global_policy_name("float32");
+    return m;
+}
+
+/* Batches [first, first + count) of a fixed token stream, custom-loop steps. */
+static void gpt_steps(mp_model *m, int first, int count) {
+    int32_t x[RG_B * RG_T], y[RG_B * RG_T];
+    int i, j, shape = RG_T, applied;
+    float loss;
+    for (i = first; i < first + count; i++) {
+        mp_data d;
+        mp_array labels = mp_array_i32(y, RG_B, 1, &shape);
+        memset(&d, 0, sizeof d);
+        for (j = 0; j < RG_B * RG_T; j++) {
+            x[j] = (int32_t)((i * 7 + j * 3 + j / RG_T) % RG_V);
+            y[j] = (x[j] * 2 + 1) % RG_V;
+        }
+        d.x[0] = mp_array_i32(x, RG_B, 1, &shape);
+        if (!OK(mp_forward(m, &d, 1), m) || !OK(mp_compute_loss(m, &labels, &loss, NULL), m) ||
+            !OK(mp_compute_scaled_gradients(m), m) || !OK(mp_get_unscaled_gradients(m), m) ||
+            !OK(mp_apply_gradients(m, &applied), m))
+            return;
+    }
+}
+
+static void gpt_predictions(mp_model *m, float *pred, size_t n) {
+    int32_t x[RG_T];
+    int j, shape = RG_T;
+    mp_data d;
+    memset(&d, 0, sizeof d);
+    for (j = 0; j < RG_T; j++) x[j] = (int32_t)(j * 5 % RG_V);
+    d.x[0] = mp_array_i32(x, 1, 1, &shape);
+    if (!OK(mp_model_predict(m, &d, 1, pred, n), m)) memset(pred, 0xFF, n * sizeof(float));
+}
+
+static void test_resume_gpt(void) {
+    mp_model *a = resume_gpt(), *b = resume_gpt(), *c = resume_gpt();
+    unsigned char *ba = NULL, *bb = NULL, *bc = NULL;
+    size_t la = 0, lb = 0, lc = 0;
+    static float pa[RG_T * RG_V], pc[RG_T * RG_V];
+    if (!a || !b || !c) goto done;
+    gpt_steps(a, 0, 12);
+    gpt_steps(b, 0, 5);
+    if (!(bb = save(b, &lb)) || !OK(mp_model_load_from_memory(c, bb, lb), c)) goto done;
+    gpt_steps(c, 5, 7);
+    ba = save(a, &la);
+    bc = save(c, &lc);
+    gpt_predictions(a, pa, RG_T * RG_V);
+    gpt_predictions(c, pc, RG_T * RG_V);
+    CHECK(ba && bc && la == lc && memcmp(ba, bc, la) == 0);
+    CHECK(memcmp(pa, pc, sizeof pa) == 0);
+    CHECK(!(la == lb && memcmp(ba, bb, la) == 0)); /* the second half did train */
+    CHECK(mp_model_loss_scale(a) && mp_model_loss_scale(a)->skipped_steps > 0 &&
+          mp_model_loss_scale(a)->skipped_steps < 4); /* a few skipped, the rest trained */
+done:
+    free(ba); free(bb); free(bc);
+    mp_model_destroy(a); mp_model_destroy(b); mp_model_destroy(c);
+}
 
 /* A version-4 file whose weight-decay exclusions name a variable a layer
    does not have (bit 2) is corrupt. The exclusion bytes, one a layer,
@@ -1415,6 +1510,7 @@ int main(int argc, char **argv) {
     RUN(test_resume_fit(MP_ADAM));
     RUN(test_resume_fit(MP_RMSPROP));
     RUN(test_resume_custom_loop());
+    RUN(test_resume_gpt());
     RUN(test_resume_options());
     RUN(test_corrupt_exclusions());
     RUN(test_initial_epoch_args());
