@@ -21,6 +21,7 @@
    stops the build and is returned (mp_model_error says which layer). */
 #ifndef GPT_MODEL_H
 #define GPT_MODEL_H
+#include <string.h>
 
 /* A layer called on n inputs (the functional API's ids; in NULL: the
    previous layer's output), its output id in *out; nothing once *st is an
@@ -53,6 +54,26 @@ static inline mp_status gpt_layers(mp_model *m, int vocab, int context, int laye
     gpt_call(m, ln, NULL, 0, NULL, &st);
     gpt_call(m, mp_dense(vocab, MP_LINEAR), NULL, 0, NULL, &st);
     return st;
+}
+
+/* GPT-2's training recipe as llm.c's train_gpt2.py has it, in compile
+   settings: sparse categorical crossentropy on the logits; AdamW with
+   weight_decay 0.1 on the matrices of the products alone (the weights
+   whose "LAYER/NAME" paths hold these names are excluded: Dense's and
+   MultiHeadAttention's biases, LayerNormalization's gamma and beta, both
+   embeddings); the global norm clipped to 1 (on the unscaled gradients).
+   The caller sets the learning rate or its schedule. */
+static inline mp_compile_desc gpt_recipe(void) {
+    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
+    mp_compile_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.from_logits = 1;
+    cd.optimizer.kind = MP_ADAMW;
+    cd.optimizer.weight_decay = 0.1f;
+    cd.optimizer.exclude_from_weight_decay = no_decay;
+    cd.optimizer.global_clipnorm = 1.0f;
+    return cd;
 }
 
 #endif /* GPT_MODEL_H */

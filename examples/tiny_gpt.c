@@ -210,23 +210,14 @@ static void print_sample(const config *c, mp_model *m, const mp_tokens *t, size_
     free(p);
 }
 
-/* GPT's optimizer (see the top): AdamW, decay on the matrices only (the
-   paths "LAYER/NAME" of mp_model_weight_info containing these strings are
-   excluded: Dense's and MultiHeadAttention's biases, LayerNormalization's
-   gamma and beta, both embeddings), the global norm clipped to 1, warmup
-   then cosine decay. The schedule counts Keras's steps, batches, so its
-   lengths are in batches: `accumulate` per optimizer step. */
+/* GPT's optimizer (see the top): gpt_model.h's recipe (AdamW decaying
+   the matrices alone, the global norm clipped to 1), then warmup and
+   cosine decay, accumulation and the loss scale's settings. The schedule
+   counts Keras's steps, batches, so its lengths are in batches:
+   `accumulate` per optimizer step. */
 static void compile_gpt(const config *c, mp_model *m) {
-    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
-    mp_compile_desc cd;
+    mp_compile_desc cd = gpt_recipe();
     uint64_t batches = (uint64_t)c->steps * (uint64_t)c->accumulate, warmup = batches / 10;
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
-    cd.optimizer.kind = MP_ADAMW;
-    cd.optimizer.weight_decay = 0.1f;
-    cd.optimizer.exclude_from_weight_decay = no_decay;
-    cd.optimizer.global_clipnorm = 1.0f;
     cd.optimizer.gradient_accumulation_steps = c->accumulate > 1 ? c->accumulate : 0;
     cd.optimizer.schedule.kind = MP_COSINE_DECAY;
     cd.optimizer.schedule.initial_learning_rate = 0.0f;

@@ -96,27 +96,19 @@ static void make_gpt_data(void) {
 }
 
 /* gpt_layers' GPT (1 block, 2 heads, 8 channels) under mixed_float16,
-   compiled as examples/tiny_gpt.c's compile_gpt: logits, AdamW with the
-   biases, norms and embeddings out of its decay, the global norm clipped. */
+   compiled with gpt_model.h's recipe (logits, AdamW with the biases, norms
+   and embeddings out of its decay, the global norm clipped). */
 static mp_model *gpt_model(const mp_communicator *comm, uint64_t seed) {
-    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
     mp_model_desc md;
-    mp_compile_desc cd;
+    mp_compile_desc cd = gpt_recipe();
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
     md.input_shape[0] = GT;
     md.seed = seed;
     md.threads = 1;
     md.comm = comm;
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
     cd.metrics = MP_METRIC_ACCURACY;
-    cd.optimizer.kind = MP_ADAMW;
     cd.optimizer.learning_rate = 0.01f;
-    cd.optimizer.weight_decay = 0.1f;
-    cd.optimizer.exclude_from_weight_decay = no_decay;
-    cd.optimizer.global_clipnorm = 1.0f;
     mp_set_global_policy_name("mixed_float16");
     if (mp_model_create(&m, &md) != MP_OK) return NULL;
     if (gpt_layers(m, GV, GT, 1, 2, 8) != MP_OK || mp_model_compile(m, &cd) != MP_OK) {

@@ -336,27 +336,20 @@ static void test_resume_options(void) { resume_custom_loop(options_spec(), 4); }
 
 /* The tiny GPT (examples/gpt_model.h) resumes mid-run bit for bit, as
    llm.c's CUDA test checks: mixed_float16 from a loss scale of 2^19 (its
-   first steps overflow and skip), AdamW with the matrices alone decayed,
-   global_clipnorm 1, warmup then cosine decay, and accumulation over 2
-   batches saved mid-window (5 of 12 batches). The checkpoint's bytes
-   hold the weights, slots, accumulators, schedule and loss scale; the
-   predictions also see the float16 copies of the weights. */
+   first steps overflow and skip), gpt_model.h's recipe (AdamW with the
+   matrices alone decayed, global_clipnorm 1), warmup then cosine decay,
+   and accumulation over 2 batches saved mid-window (5 of 12 batches).
+   The checkpoint's bytes hold the weights, slots, accumulators, schedule
+   and loss scale; the predictions also see the float16 copies of the
+   weights. */
 enum { RG_V = 11, RG_T = 6, RG_B = 4 };
 static mp_model *resume_gpt(void) {
-    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
     mp_model_desc md;
-    mp_compile_desc cd;
+    mp_compile_desc cd = gpt_recipe();
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
-    memset(&cd, 0, sizeof cd);
     md.input_shape[0] = RG_T;
     md.seed = 5;
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
-    cd.optimizer.kind = MP_ADAMW;
-    cd.optimizer.weight_decay = 0.1f;
-    cd.optimizer.exclude_from_weight_decay = no_decay;
-    cd.optimizer.global_clipnorm = 1.0f;
     cd.optimizer.gradient_accumulation_steps = 2;
     cd.optimizer.schedule.kind = MP_COSINE_DECAY;
     cd.optimizer.schedule.warmup_target = 0.01f;

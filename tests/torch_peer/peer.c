@@ -176,9 +176,8 @@ static void test_import(void) {
    weight_decay 0.1 except on the biases, gamma, beta and embeddings,
    global_clipnorm 1). */
 static mp_model *gpt(void) {
-    static const char *const no_decay[] = {"bias", "gamma", "beta", "embeddings", NULL};
     mp_model_desc md;
-    mp_compile_desc cd;
+    mp_compile_desc cd = gpt_recipe();
     mp_model *m = NULL;
     memset(&md, 0, sizeof md);
     md.seed = 7;
@@ -188,14 +187,7 @@ static mp_model *gpt(void) {
     need(mp_model_create(&m, &md), NULL);
     need(gpt_layers(m, VOCAB, CONTEXT, LAYERS, HEADS, CHANNELS), m);
     need(mp_model_build(m), m);
-    memset(&cd, 0, sizeof cd);
-    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
-    cd.from_logits = 1;
-    cd.optimizer.kind = MP_ADAMW;
     cd.optimizer.learning_rate = 1e-3f;
-    cd.optimizer.weight_decay = 0.1f;
-    cd.optimizer.exclude_from_weight_decay = no_decay;
-    cd.optimizer.global_clipnorm = 1.0f;
     need(mp_model_compile(m, &cd), m);
     return m;
 }
