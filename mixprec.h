@@ -749,12 +749,12 @@ MIXPREC_API float mp_lr_schedule_value(const mp_lr_schedule *s, uint64_t step);
    into [-clipvalue, clipvalue]) and global_clipnorm (every gradient scaled
    by global_clipnorm * min(1 / |G|, 1 / global_clipnorm), |G| the norm of
    all of them together), as Keras's _clip_gradients; 0 = off. Norms are
-   summed in float32 in a fixed order (the same bits at any thread count). A global norm that is Inf or NaN makes every
-   gradient NaN, as Keras's clip_by_global_norm does; a variable's Inf norm
-   scales its gradient by 0, a NaN one by NaN, as Keras's _clip_by_norm
-   (under loss scaling such a step was already skipped for its Inf/NaN
-   gradient). With a
-   communicator the norm is of the gradients summed over the ranks.
+   summed in float32 in a fixed order (the same bits at any thread count).
+   A global norm that is Inf or NaN makes every gradient NaN, as Keras's
+   clip_by_global_norm does; a variable's Inf norm scales its gradient by
+   0, a NaN one by NaN, as Keras's _clip_by_norm (under loss scaling such a
+   step was already skipped for its Inf/NaN gradient). With a communicator
+   the norm is of the gradients summed over the ranks.
    Gradient accumulation (Keras 3's gradient_accumulation_steps N >= 2):
    one float32 accumulator per trainable weight (after the optimizer's
    slots in mp_get_optimizer_slots); each step's unscaled gradients are
@@ -4547,6 +4547,13 @@ static void mp__store(void *dst, mp_dtype t, const float *src, size_t n) {
     if (t == MP_FLOAT32) memmove(dst, src, n * sizeof(float));
     else mp__rows[t][MP_FLOAT32](dst, src, n, NULL, mp__ranges_of[t]);
 }
+/* n values at src as float32 to read: src itself where it is float32 (a
+   copy would cost as much as a pass's math), else widened into tile. */
+static const float *mp__read_f32(float *tile, const void *src, mp_dtype t, size_t n) {
+    if (t == MP_FLOAT32) return (const float *)src;
+    mp__load(tile, src, t, n);
+    return tile;
+}
 static size_t mp__min(size_t a, size_t b) { return a < b ? a : b; }
 static size_t mp__max(size_t a, size_t b) { return a > b ? a : b; }
 
@@ -4701,8 +4708,8 @@ static void mp__gelu_tanh_run(float *out, const float *x, int backward, size_t n
     size_t i, k, len;
     for (i = 0; i < n; i += len) {
         len = mp__min(MP__VEC_RUN, n - i);
-        memset(xs, 0, sizeof xs);
         memcpy(xs, x + i, len * sizeof(float));
+        if (len < MP__VEC_RUN) memset(xs + len, 0, (MP__VEC_RUN - len) * sizeof(float));
         for (k = 0; k < MP__VEC_RUN; k++) u[k] = mp__gelu_tanh_arg(xs[k]);
         mp__tanh_gelu_run(t, u, MP__VEC_RUN);
         if (backward) {
@@ -6265,9 +6272,10 @@ static size_t mp__narrow_pairs_floats(size_t k) { return mp__round_up((k + 1) / 
 
 /* A narrow product with float32 operands, or bfloat16 ones on AMX, as
    they lie, op(A) = A and op(B) = B, n <= 16 (a 10-class layer's
-   forward; float32 up to MP__IN_PLACE_N, mp__kernel_in_place_wide): every element of A feeds one tile, so packing A (a transpose,
-   about three copies, of an A that comes from memory at a batch of 8192)
-   cost more than its sums. Here each float32 tile of MR rows broadcasts
+   forward; float32 up to MP__IN_PLACE_N, mp__kernel_in_place_wide): every
+   element of A feeds one tile, so packing A (a transpose, about three
+   copies, of an A that comes from memory at a batch of 8192) cost more
+   than its sums. Here each float32 tile of MR rows broadcasts
    its values straight from A's rows, MR runs the hardware prefetchers
    follow, against B's rows under a mask, and AMX loads its A tiles from
    A's rows (16 at a time) against B's pairs, packed once; vdpbf16ps's
@@ -6574,8 +6582,10 @@ static void mp__gemm_in_place(const mp_gemm_args *g, mp__gemm_ws *ws, size_t m0,
 #endif
 #ifdef MP__BF16_DOT
     /* B's pairs packed once (each thread its own): 16 columns, or panels of NR */
-    if (g->at == MP_BFLOAT16 && width == 16) mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, pairs);
-    else if (g->at == MP_BFLOAT16) mp__pack_pairs((uint32_t *)ws->b, MP__NR, 0, g->b, g->n, 0, g->n, 0, g->k, pairs);
+    if (g->at == MP_BFLOAT16 && width == 16)
+        mp__pack_amx_narrow_b((uint32_t *)ws->b, (const uint16_t *)g->b, g->k, g->n, pairs);
+    else if (g->at == MP_BFLOAT16)
+        mp__pack_pairs((uint32_t *)ws->b, MP__NR, 0, g->b, g->n, 0, g->n, 0, g->k, pairs);
 #else
     (void)pairs, (void)width;
 #endif
@@ -8174,14 +8184,6 @@ static void mp__norm_spread(float *dst, const float *v, size_t len, size_t nr) {
     for (q = 0; q < nr; q++) memcpy(dst + q * len, v, len * sizeof(float));
 }
 
-/* n values at src as float32: src itself where it is float32 (a copy
-   would cost as much as the pass's math), else widened into tile. */
-static const float *mp__norm_read(float *tile, const void *src, mp_dtype t, size_t n) {
-    if (t == MP_FLOAT32) return (const float *)src;
-    mp__load(tile, src, t, n);
-    return tile;
-}
-
 /* acc += (x - mean)^2 over a run. */
 static void mp__norm_dev2_run(float *acc, const float *x, const float *mean, size_t n) {
     size_t j = 0, k;
@@ -8226,8 +8228,8 @@ static void mp__norm_part_sums(const mp__norm_args *a, int what, size_t c0, size
             if (what == MP__NORM_SUM_GRAD)
                 mp__prefetch_bytes(mp__at(a->dy, a->dt, (r + MP__ROWS_AHEAD) * a->cols + c0), len * es);
         }
-        x = mp__norm_read(xt, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
-        if (what == MP__NORM_SUM_GRAD) g = mp__norm_read(gt, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
+        x = mp__read_f32(xt, mp__at(a->x, a->dt, r * a->cols + c0), a->dt, n * len);
+        if (what == MP__NORM_SUM_GRAD) g = mp__read_f32(gt, mp__at(a->dy, a->dt, r * a->cols + c0), a->dt, n * len);
         for (q = 0; q < n; q++) {
             const float *xq = x + q * len, *gq = g + q * len;
             if (what == MP__NORM_SUM_X) {
@@ -8408,8 +8410,8 @@ static void mp__bn_y_rows(void *args, size_t r0, size_t r1, int thread) {
         for (r = r0; r < r1; r += n) {
             void *out = mp__at_mut(a->out, a->outt, r * cols + c);
             n = mp__min(nr, r1 - r);
-            mp__bn_y_run(mp__norm_dest(t, out, a->outt), mp__norm_read(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len),
-                         m, rs, ga, be, n * len);
+            mp__bn_y_run(mp__norm_dest(t, out, a->outt),
+                         mp__read_f32(t, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len), m, rs, ga, be, n * len);
             mp__norm_write(out, a->outt, t, n * len);
         }
     }
@@ -8462,8 +8464,8 @@ static void mp__bn_dx_rows(void *args, size_t r0, size_t r1, int thread) {
             void *out = mp__at_mut(a->out, a->outt, r * cols + c);
             const float *xr, *gr;
             n = mp__min(nr, r1 - r);
-            xr = mp__norm_read(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
-            gr = mp__norm_read(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
+            xr = mp__read_f32(x, mp__at(a->x, a->dt, r * cols + c), a->dt, n * len);
+            gr = mp__read_f32(g, mp__at(a->dy, a->dt, r * cols + c), a->dt, n * len);
             mp__bn_dx_run(mp__norm_dest(x, out, a->outt), xr, gr, ks, ms, rs, mgs, mgxs, n * len);
             mp__norm_write(out, a->outt, x, n * len);
         }
@@ -8844,14 +8846,13 @@ static void mp__attention_grad_seq(const mp__attention_args *a, size_t n, float 
     size_t t = g->t, d = g->d, r0, i, j, rows;
     float *k = ws, *vt = k + t * d, *q = vt + t * d, *datt = q + t * d, *dp = datt + t * d, *out = dp + MP__AROWS * t;
     float *s = a->s + n * t * t;
-    const float *p = s; /* float32 probabilities: read where they are, ds written beside them */
+    const float *p;
     mp__rows_operand x;
     mp__attention_widen(k, out, g, a->k, n, 0);
     mp__attention_widen(vt, out, g, a->v, n, 1);
     mp__attention_widen(q, out, g, a->q, n, 0);
     mp__attention_widen(datt, out, g, a->datt, n, 0);
-    if (g->dt == MP_FLOAT32) p = (const float *)a->pin + n * t * t;
-    else mp__load(s, mp__at(a->pin, g->dt, n * t * t), g->dt, t * t);
+    p = mp__read_f32(s, mp__at(a->pin, g->dt, n * t * t), g->dt, t * t); /* ds goes into s, beside float32's p */
     for (r0 = 0; r0 < t; r0 += rows) { /* dv_j = sum_i p_ij datt_i */
         rows = mp__min(MP__AROWS, t - r0);
         x = mp__rows_of(g, p + r0, 1, t, r0, rows, t, MP__TERMS_QUERIES);

@@ -23,10 +23,7 @@ static void *rand_values(const mp_backend *be, void *ctx, mp_dtype dt, size_t n)
     float *f = (float *)xmalloc(n * sizeof(float));
     void *p = be->alloc(ctx, n * es);
     if (!p) { fprintf(stderr, "%s: cannot allocate %zu bytes\n", BENCH_NAME, n * es); exit(1); }
-    for (i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        f[i] = (float)(s >> 40) / (float)(1ull << 24) * 4.0f - 2.0f;
-    }
+    for (i = 0; i < n; i++) f[i] = (float)(xorshift64(&s) >> 40) / (float)(1ull << 24) * 4.0f - 2.0f;
     check(mp_convert(p, dt, f, MP_FLOAT32, n, NULL), NULL, "mp_convert");
     free(f);
     return p;

@@ -54,19 +54,20 @@ static inline void bench_step(mp_model *m, const float *x, size_t inputs, const 
     check(mp_apply_gradients(m, &applied), m, "mp_apply_gradients");
 }
 
+/* The next value of a xorshift64 stream (Marsaglia's 13, 7, 17): the
+   benchmarks' synthetic data, the same every run. */
+static inline unsigned long long xorshift64(unsigned long long *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
 /* Synthetic data: batch rows of `inputs` pixels in [0, 1) and labels
-   below `classes` (xorshift64, the same every run: only the speed matters). */
+   below `classes` (only the speed matters). */
 static inline void bench_synthetic(float *x, size_t inputs, int32_t *labels, int classes, int batch) {
     unsigned long long s = 0x9E3779B97F4A7C15ull;
     size_t i;
-    for (i = 0; i < (size_t)batch * inputs; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x[i] = (float)(s >> 40) * 0x1p-24f;
-    }
-    for (i = 0; i < (size_t)batch; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        labels[i] = (int32_t)(s % (unsigned long long)classes);
-    }
+    for (i = 0; i < (size_t)batch * inputs; i++) x[i] = (float)(xorshift64(&s) >> 40) * 0x1p-24f;
+    for (i = 0; i < (size_t)batch; i++) labels[i] = (int32_t)(xorshift64(&s) % (unsigned long long)classes);
 }
 
 /* The machine, on one line: the CPU model and its AVX-512 and bfloat16
@@ -147,7 +148,6 @@ static inline void peer_probe(void) {
     }
 }
 
-/* The value of `key=` in line, or -1. */
 /* Seconds a training step takes: the best of 3 timings of at least
    min_s / 3 each, after 2 warm-up steps (the first allocates the
    activations), as torch_cpu.py's timed(). */
@@ -210,6 +210,7 @@ static inline void peer_print_best(const char *bench, const char *unit, const ch
         }
 }
 
+/* The value of `key=` in line, or -1. */
 static inline double peer_value(const char *line, const char *key) {
     char pat[64];
     const char *at;

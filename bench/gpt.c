@@ -210,10 +210,7 @@ static double gpt2_steps(int32_t *x, int32_t *y) {
 #define LLMC_TOKENS 32768 /* each token file's: any count above B x T + 1 = 257 will do */
 
 /* 24 bits of a xorshift64 as a float in (0, 1]. */
-static float uniform01(unsigned long long *s) {
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (float)((*s >> 40) + 1) * 0x1p-24f;
-}
+static float uniform01(unsigned long long *s) { return (float)((xorshift64(s) >> 40) + 1) * 0x1p-24f; }
 
 /* A normal(0, std) draw (Box-Muller). */
 static float normal(unsigned long long *s, float std) {
@@ -291,10 +288,7 @@ static const char *write_llmc_inputs(void) {
     FILE *f = fopen("build/fortunes.txt", "rb");
     size_t n = f ? fread(text, 1, sizeof text, f) : 0, i;
     if (f) fclose(f);
-    for (i = 0; i < 2 * LLMC_TOKENS; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        tokens[i] = n == sizeof text ? text[i] : (uint16_t)(s % 50257);
-    }
+    for (i = 0; i < 2 * LLMC_TOKENS; i++) tokens[i] = n == sizeof text ? text[i] : (uint16_t)(xorshift64(&s) % 50257);
     for (i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
         if (mkdir(dirs[i], 0777) != 0 && errno != EEXIST) return "cannot_create_" LLMC_WORK;
     if (!write_llmc_tokens(LLMC_WORK "/dev/data/tinyshakespeare/tiny_shakespeare_train.bin", tokens, LLMC_TOKENS) ||
@@ -411,10 +405,8 @@ int main(int argc, char **argv) {
     peer_probe();
     for (i = 0; i < BATCH * CONTEXT; i++) { /* xorshift64 tokens (below every vocabulary here; --gpt2 reads the
                                                 first 4 x 64): the speed does not depend on them */
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        x[i] = (int32_t)(s % VOCAB);
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        y[i] = (int32_t)(s % VOCAB);
+        x[i] = (int32_t)(xorshift64(&s) % VOCAB);
+        y[i] = (int32_t)(xorshift64(&s) % VOCAB);
     }
     for (round = 0; round < rounds; round++)
         for (t = 1; t <= N_THREADS; t++)
