@@ -1800,6 +1800,9 @@ typedef struct mp_conv_geom {
     int oh, ow;         /* output image */
 } mp_conv_geom;
 
+/* The runs a weight gradient's groups are summed in (mp_backend.conv_gemm). */
+enum { MP_CONV_PARTS = 4 };
+
 typedef struct mp_opt_step {
     mp_optimizer_desc cfg; /* defaults filled in; exclude_from_weight_decay NULL (see weight_decay) */
     uint64_t iteration;    /* 1 for the first step (Adam's bias correction) */
@@ -1893,6 +1896,20 @@ struct mp_backend {
        tap: dst[((ky KW + kx) F + f) C + c] = src[(((KH-1-ky) KW + KW-1-kx)
        C + c) F + f]; a copy of dt values. */
     void (*conv_flip)(void *ctx, void *dst, const void *src, const mp_conv_geom *g, size_t filters, mp_dtype dt);
+    /* Optional (NULL: the model makes a group's columns by im2col and
+       multiplies them by gemm, one group after another): the product g
+       whose op(A) is the columns of `images` NHWC images (g->a, in g->at,
+       geometry geom), made and multiplied `group` images at a time, each
+       group by one thread. trans_a 0: C [images OH OW, n] = cols B, with
+       gemm's epilogue. trans_a 1 (C float32, no epilogue): C (+)= cols^T
+       B, the groups summed in MP_CONV_PARTS runs of consecutive groups
+       (fewer where there are fewer groups), each run's sum from +0 but the
+       first's, which goes on C, then the runs added to C in order: the bits
+       do not depend on the threads. scratch: a block of `group` images'
+       columns for each of threads(ctx) threads, each rounded up to 64
+       bytes, then MP_CONV_PARTS - 1 float32 C's. */
+    void (*conv_gemm)(void *ctx, const mp_gemm_args *g, const mp_conv_geom *geom, size_t images, size_t group,
+                      void *scratch);
     void (*max_pool)(void *ctx, void *y, const void *x, size_t n, const mp_conv_geom *g, mp_dtype dt);
     void (*max_pool_backward)(void *ctx, void *dx, mp_dtype dxt, const void *dy, const void *x, size_t n,
                               const mp_conv_geom *g, mp_dtype dt);
@@ -6983,10 +7000,43 @@ static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
 }
 #endif
 
+/* g's job: g itself, or its transpose C^T = op(B)^T op(A)^T (built in *t)
+   where that pads less, orig's epilogue writing C. */
+static void mp__gemm_job_of(mp__gemm_job *job, mp_gemm_args *t, mp_pool *pool, const mp_gemm_args *g) {
+    job->g = g;
+    job->orig = NULL;
+    job->pool = pool;
+    job->apart = mp__amx_apart(g); /* not where the product runs as its transpose */
+    if (!g->accumulate && !g->z && !mp__in_place(g) && mp__swap_dims(g->m, g->n)) {
+        *t = *g;
+        t->trans_a = !g->trans_b, t->trans_b = !g->trans_a;
+        t->m = g->n, t->n = g->m;
+        t->a = g->b, t->at = g->bt;
+        t->b = g->a, t->bt = g->at;
+        t->bias = NULL, t->act = MP_LINEAR, t->relu_y = NULL; /* orig's epilogue does them */
+        job->g = t;
+        job->orig = g;
+    }
+}
+
+/* g on thread t alone, in its workspace, from inside a pool task (a
+   convolution's group, mp__cpu_conv_gemm): mp__gemm_run's bits, which are
+   the same on any number of threads. */
+static void mp__gemm_alone(mp_pool *pool, int t, const mp_gemm_args *g) {
+    mp__gemm_job job;
+    mp_gemm_args swapped;
+    if (g->m == 0 || g->n == 0) return;
+#ifdef MIXPREC_USE_CBLAS
+    if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[t].tmp); return; }
+#endif
+    mp__gemm_job_of(&job, &swapped, pool, g);
+    mp__gemm_region(job.g, job.orig, &pool->ws[t], 0, job.g->m, 0, job.g->n, job.apart);
+}
+
 static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__gemm_job job;
     mp__split_job split;
-    mp_gemm_args t;
+    mp_gemm_args swapped;
     int threads = g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads;
     if (g->m == 0 || g->n == 0) return;
 #ifdef MIXPREC_USE_CBLAS
@@ -6999,21 +7049,7 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
         mp__pool_run(pool, mp__merge_task, &split, pool->threads);
         return;
     }
-    job.g = g;
-    job.orig = NULL;
-    job.pool = pool;
-    job.apart = mp__amx_apart(g); /* not where the product runs as its transpose */
-    if (!g->accumulate && !g->z && !mp__in_place(g) && mp__swap_dims(g->m, g->n)) {
-        /* C^T = op(B)^T op(A)^T, C written by orig */
-        t = *g;
-        t.trans_a = !g->trans_b, t.trans_b = !g->trans_a;
-        t.m = g->n, t.n = g->m;
-        t.a = g->b, t.at = g->bt;
-        t.b = g->a, t.bt = g->at;
-        t.bias = NULL, t.act = MP_LINEAR, t.relu_y = NULL; /* orig's epilogue does them */
-        job.g = &t;
-        job.orig = g;
-    }
+    mp__gemm_job_of(&job, &swapped, pool, g);
     mp__pool_run(pool, mp__gemm_task, &job, threads);
 }
 
@@ -7849,6 +7885,108 @@ static void mp__cpu_col2im(void *ctx, float *img, const float *col, size_t n, co
     memset(&a, 0, sizeof a);
     a.fimg = img, a.fcol = col, a.g = g;
     mp__parallel_items(mp__pool_of(ctx), n, mp__col_elems(g), mp__col2im_range, &a);
+}
+
+/* Conv2D's products a group of images at a time (mp_backend.conv_gemm):
+   each thread makes its groups' columns in its own block and multiplies
+   them at once, while they are in its cache, by its own product
+   (mp__gemm_alone): one pass of the pool per product rather than two per
+   group (im2col's and gemm's), whose barriers took a third of a 2-thread
+   ResNet step at batch 128 (bench/convnet.c --model resnet). A group's
+   rows are the same whichever thread makes them; a weight gradient's
+   runs of groups (MP_CONV_PARTS) are summed apart and added in order. */
+typedef struct mp__conv_job {
+    const mp_gemm_args *g;
+    const mp_conv_geom *geom;
+    mp_pool *pool;
+    size_t images, group, groups, parts;
+    unsigned char *cols; /* thread t's columns at cols + t * col_bytes */
+    size_t col_bytes;
+    float *sums;         /* runs 1, 2, ... of a weight gradient, m n floats each */
+} mp__conv_job;
+
+static size_t mp__conv_col_bytes(const mp_conv_geom *geom, size_t group, mp_dtype dt) {
+    return mp__round_up(group * mp__col_elems(geom) * mp__dtypes[dt].size, 64);
+}
+
+/* The part of g (mp_backend.conv_gemm's) that the `rows` column rows from
+   row0 on make, cols those columns: C's rows (trans_a 0), or their
+   cols^T B (trans_a 1, C as g's). */
+static mp_gemm_args mp__group_product(const mp_gemm_args *g, const void *cols, size_t row0, size_t rows) {
+    mp_gemm_args p = *g;
+    p.a = cols;
+    if (g->trans_a) {
+        p.k = rows;
+        p.b = mp__at(g->b, g->bt, row0 * g->n);
+        return p;
+    }
+    p.m = rows;
+    p.c = mp__at_mut(g->c, g->ct, row0 * g->n);
+    p.z = g->z ? mp__at_mut(g->z, g->ct, row0 * g->n) : NULL;
+    p.relu_y = g->relu_y ? mp__at(g->relu_y, g->ct, row0 * g->n) : NULL;
+    return p;
+}
+
+/* Group i's columns made by thread t, then its product: C's rows of the
+   group (trans_a 0), or its cols^T B onto c (trans_a 1). */
+static void mp__conv_group_product(const mp__conv_job *job, int t, size_t i, float *c, int accumulate) {
+    const mp_gemm_args *g = job->g;
+    size_t first = i * job->group, n = mp__min(job->group, job->images - first);
+    size_t pixels = (size_t)job->geom->oh * (size_t)job->geom->ow;
+    mp__conv_args a;
+    mp_gemm_args p;
+    memset(&a, 0, sizeof a);
+    a.col = job->cols + (size_t)t * job->col_bytes, a.img = mp__at(g->a, g->at, first * mp__img_elems(job->geom));
+    a.g = job->geom, a.dt = g->at;
+    mp__im2col_range(&a, 0, n, t);
+    p = mp__group_product(g, a.col, first * pixels, n * pixels);
+    if (g->trans_a) p.c = c, p.accumulate = accumulate;
+    mp__gemm_alone(job->pool, t, &p);
+}
+
+/* [*i0, *i1): the share of `count` items of thread t of T, in order. */
+static void mp__share(size_t count, int t, int threads, size_t *i0, size_t *i1) {
+    *i0 = count * (size_t)t / (size_t)threads;
+    *i1 = count * (size_t)(t + 1) / (size_t)threads;
+}
+
+static void mp__conv_task(void *ctx, int t, int threads) {
+    const mp__conv_job *job = (const mp__conv_job *)ctx;
+    const mp_gemm_args *g = job->g;
+    size_t i, i0, i1, p, p0, p1;
+    if (!g->trans_a) {
+        mp__share(job->groups, t, threads, &i0, &i1);
+        for (i = i0; i < i1; i++) mp__conv_group_product(job, t, i, NULL, 0);
+        return;
+    }
+    mp__share(job->parts, t, threads, &p0, &p1);
+    for (p = p0; p < p1; p++) {
+        float *c = p ? job->sums + (p - 1) * g->m * g->n : (float *)g->c;
+        mp__share(job->groups, (int)p, (int)job->parts, &i0, &i1);
+        for (i = i0; i < i1; i++) mp__conv_group_product(job, t, i, c, i > i0 || (p == 0 && g->accumulate));
+    }
+}
+
+/* C += runs 1, 2, ... in order, a range of C's values a thread. */
+static void mp__conv_sum_range(void *args, size_t begin, size_t end, int thread) {
+    const mp__conv_job *job = (const mp__conv_job *)args;
+    size_t p, mn = job->g->m * job->g->n;
+    (void)thread;
+    for (p = 1; p < job->parts; p++) mp__add_run((float *)job->g->c + begin, job->sums + (p - 1) * mn + begin, end - begin);
+}
+
+static void mp__cpu_conv_gemm(void *ctx, const mp_gemm_args *g, const mp_conv_geom *geom, size_t images, size_t group,
+                              void *scratch) {
+    mp_pool *pool = mp__pool_of(ctx);
+    mp__conv_job job;
+    job.g = g, job.geom = geom, job.pool = pool;
+    job.images = images, job.group = group, job.groups = (images + group - 1) / group;
+    job.parts = g->trans_a ? mp__min(job.groups, (size_t)MP_CONV_PARTS) : 1;
+    job.cols = (unsigned char *)scratch;
+    job.col_bytes = mp__conv_col_bytes(geom, group, g->at);
+    job.sums = (float *)(job.cols + (size_t)mp_pool_threads(pool) * job.col_bytes);
+    mp__pool_run(pool, mp__conv_task, &job, mp_pool_threads(pool));
+    if (job.parts > 1) mp__parallel_range(pool, g->m * g->n, mp__conv_sum_range, &job);
 }
 
 /* Max pooling with strides equal to the pool (Keras's default), valid
@@ -9041,6 +9179,7 @@ static const mp_backend mp__cpu_backend = {
     MP_OP(im2col) mp__cpu_im2col,
     MP_OP(col2im) mp__cpu_col2im,
     MP_OP(conv_flip) mp__cpu_conv_flip,
+    MP_OP(conv_gemm) mp__cpu_conv_gemm,
     MP_OP(max_pool) mp__cpu_max_pool,
     MP_OP(max_pool_backward) mp__cpu_max_pool_backward,
     MP_OP(dropout_mask) mp__cpu_dropout_mask,
@@ -9376,13 +9515,15 @@ static mp_gemm_args mp__product(int trans_a, int trans_b, size_t m, size_t n, si
     return g;
 }
 
-/* The forward product of Dense or Conv2D with its epilogue: + bias, the
-   activation (softmax, which needs whole rows, runs after); the caller
-   points g.z at where gelu's pre-activation is kept. */
-static void mp__linear_forward(mp_model *m, const mp__layer *l, mp_gemm_args g) {
+/* The forward product of Dense or Conv2D, y = x W, with its epilogue: +
+   bias, the activation (softmax, which needs whole rows, runs after), and
+   gelu's pre-activation kept in z. */
+static mp_gemm_args mp__linear_product(const mp__layer *l, size_t rows, size_t n, size_t k, const void *x) {
+    mp_gemm_args g = mp__product(0, 0, rows, n, k, x, l->wc, l->dt, l->y, l->yt);
+    g.z = l->z;
     g.bias = mp__bias(l, &g.biast);
     g.act = l->desc.activation == MP_SOFTMAX ? MP_LINEAR : l->desc.activation;
-    m->be->gemm(m->ctx, &g);
+    return g;
 }
 
 static void mp__softmax_after(mp_model *m, const mp__layer *l, size_t rows, size_t cols) {
@@ -9397,9 +9538,8 @@ static size_t mp__dense_rows(const mp__layer *l, size_t batch) { return batch * 
 static void mp__dense_forward(mp_model *m, mp__layer *l, size_t batch) {
     const void *x = mp__layer_input(m, l, 0, batch);
     size_t rows = mp__dense_rows(l, batch), units = (size_t)l->desc.units;
-    mp_gemm_args g = mp__product(0, 0, rows, units, mp__last_axis(l), x, l->wc, l->dt, l->y, l->yt);
-    g.z = l->z;
-    mp__linear_forward(m, l, g);
+    mp_gemm_args g = mp__linear_product(l, rows, units, mp__last_axis(l), x);
+    m->be->gemm(m->ctx, &g);
     mp__softmax_after(m, l, rows, units);
 }
 
@@ -9476,7 +9616,7 @@ static int mp__pointwise(const mp__layer *l) {
 
 static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
     size_t patches = 0, per = 0; /* an image's columns in float32 (the planner refuses what overflows) */
-    if (m->be->device_memory) return batch;
+    if (m->be->device_memory || mp__pointwise(l)) return batch;
     if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
         !mp__mul_ok(patches, sizeof(float), &per))
         return 1;
@@ -9500,54 +9640,67 @@ static mp_conv_geom mp__flipped_geom(const mp__layer *l) {
     return t;
 }
 
-static const void *mp__columns(mp_model *m, const mp__layer *l, const void *x, size_t images) {
-    if (mp__pointwise(l)) return x;
-    m->be->im2col(m->ctx, m->col, x, images, &l->geom, l->dt);
-    return m->col;
+/* mp_backend.conv_gemm's scratch for a layer whose group's columns take
+   *bytes: a block of them for each thread, then the runs' C's; 0 where
+   the size overflows. */
+static int mp__conv_scratch(mp_model *m, const mp__layer *l, size_t *bytes) {
+    size_t cols = 0, sums = 0;
+    if (*bytes > SIZE_MAX - 63 || !mp__mul_ok((size_t)m->be->threads(m->ctx), mp__round_up(*bytes, 64), &cols) ||
+        !mp__mul_ok((size_t)MP_CONV_PARTS - 1, l->n_kernel * sizeof(float), &sums) || cols > SIZE_MAX - sums)
+        return 0;
+    *bytes = cols + sums;
+    return 1;
+}
+
+/* The product g whose op(A) is the columns of `images` images of
+   geometry geom (g->a the images), a group of images at a time: by the
+   backend's conv_gemm where it has one, else each group's im2col and then
+   its product (a device's group is the whole batch). A 1x1 stride-1
+   kernel's columns are its input: one product. */
+static void mp__conv_product(mp_model *m, const mp__layer *l, const mp_gemm_args *g, const mp_conv_geom *geom,
+                             size_t images) {
+    size_t group = mp__conv_group(m, l, images), pixels = (size_t)geom->oh * (size_t)geom->ow, i;
+    if (mp__pointwise(l)) {
+        m->be->gemm(m->ctx, g);
+        return;
+    }
+    if (m->be->conv_gemm) {
+        m->be->conv_gemm(m->ctx, g, geom, images, group, m->col);
+        return;
+    }
+    for (i = 0; i < images; i += group) {
+        size_t n = mp__min(group, images - i);
+        mp_gemm_args p;
+        m->be->im2col(m->ctx, m->col, mp__at(g->a, g->at, i * mp__img_elems(geom)), n, geom, g->at);
+        p = mp__group_product(g, m->col, i * pixels, n * pixels);
+        p.accumulate = g->accumulate || (g->trans_a && i > 0);
+        m->be->gemm(m->ctx, &p);
+    }
 }
 
 static void mp__conv_forward(mp_model *m, mp__layer *l, size_t batch) {
-    const void *x = mp__layer_input(m, l, 0, batch);
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
-    size_t group = mp__conv_group(m, l, batch), i;
-    for (i = 0; i < batch; i += group) {
-        size_t n = mp__min(group, batch - i);
-        mp_gemm_args g = mp__product(0, 0, n * pixels, f, patch, mp__columns(m, l, mp__at(x, l->dt, i * l->in_size), n),
-                                      l->wc, l->dt, mp__at_mut(l->y, l->yt, i * l->out_size), l->yt);
-        g.z = l->z ? mp__at_mut(l->z, l->yt, i * l->out_size) : NULL;
-        mp__linear_forward(m, l, g);
-    }
+    mp_gemm_args g = mp__linear_product(l, batch * pixels, f, patch, mp__layer_input(m, l, 0, batch));
+    mp__conv_product(m, l, &g, &l->geom, batch);
     mp__softmax_after(m, l, batch * pixels, f);
 }
 
 static void mp__conv_backward(mp_model *m, mp__layer *l, size_t batch, void *dy, void *const *dx) {
     size_t pixels = (size_t)l->geom.oh * (size_t)l->geom.ow, f = (size_t)l->desc.filters, patch = l->n_kernel / f;
     size_t group = mp__conv_group(m, l, batch), i;
+    mp_gemm_args dw;
     dy = mp__dz(m, l, dy, batch * pixels, f);
     if (l->n_bias) m->be->bias_grad(m->ctx, mp__at_mut(l->gc, l->dt, l->n_kernel), dy, batch * pixels, f, l->dt);
-    /* dW [patch, F] = sum over the groups of col^T dy, in float32 (in g), rounded once into gc */
-    for (i = 0; i < batch; i += group) {
-        size_t n = mp__min(group, batch - i);
-        const void *cols = mp__columns(m, l, mp__at(mp__saved_input(l, 0), l->dt, i * l->in_size), n);
-        mp_gemm_args dw = mp__product(1, 0, patch, f, n * pixels, cols, mp__at(dy, l->dt, i * l->out_size), l->dt, l->g,
-                                      MP_FLOAT32);
-        dw.accumulate = i > 0;
-        m->be->gemm(m->ctx, &dw);
-    }
+    /* dW [patch, F] = cols^T dy over the batch, in float32 (in g), rounded once into gc */
+    dw = mp__product(1, 0, patch, f, batch * pixels, mp__saved_input(l, 0), dy, l->dt, l->g, MP_FLOAT32);
+    mp__conv_product(m, l, &dw, &l->geom, batch);
     m->be->cast(m->ctx, l->gc, l->dt, l->g, MP_FLOAT32, l->n_kernel, NULL);
-    if (dx[0] && mp__conv_by_flip(l)) {
+    if (dx[0] && mp__conv_by_flip(l)) { /* dx [B*H*W, C] = im2col(dy) [B*H*W, KH*KW*F] W' [KH*KW*F, C] */
         mp_conv_geom t = mp__flipped_geom(l);
+        size_t c = (size_t)l->geom.c;
+        mp_gemm_args g = mp__product(0, 0, batch * l->in_size / c, c, patch / c * f, dy, m->wflip, l->dt, dx[0], l->xt[0]);
         m->be->conv_flip(m->ctx, m->wflip, l->wc, &l->geom, f, l->dt);
-        for (i = 0; i < batch; i += group) { /* dx [G*H*W, C] = im2col(dy) [G*H*W, KH*KW*F] W' [KH*KW*F, C] */
-            size_t n = mp__min(group, batch - i);
-            m->be->im2col(m->ctx, m->col, mp__at(dy, l->dt, i * l->out_size), n, &t, l->dt);
-            {
-                size_t c = (size_t)l->geom.c;
-                mp_gemm_args g = mp__product(0, 0, n * l->in_size / c, c, patch / c * f, m->col, m->wflip, l->dt,
-                                             mp__at_mut(dx[0], l->xt[0], i * l->in_size), l->xt[0]);
-                m->be->gemm(m->ctx, &g);
-            }
-        }
+        mp__conv_product(m, l, &g, &t, batch);
         return;
     }
     for (i = 0; dx[0] && i < batch; i += group) { /* dcol = dy W^T, folded back onto the images */
@@ -11716,17 +11869,18 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__bu
                 !mp__mul_ok(patches, sizeof(float), &fbytes) || !mp__mul_ok(group, fbytes, &dcol_bytes) ||
                 !mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
                 a->overflow = 1;
-            if (mp__conv_by_flip(l)) { /* dy's columns: H*W rows of KH*KW*F a sample, and the flipped kernel */
-                size_t rows = l->in_size / (size_t)l->geom.c, per = 0;
-                if (!mp__mul_ok(rows, l->n_kernel / (size_t)l->geom.c * es, &per) || !mp__mul_ok(group, per, &col_bytes))
+            if (mp__conv_by_flip(l)) { /* dy's columns too: H*W rows of KH*KW*F a sample, and the flipped kernel */
+                size_t rows = l->in_size / (size_t)l->geom.c, per = 0, dy_bytes = 0;
+                if (!mp__mul_ok(rows, l->n_kernel / (size_t)l->geom.c * es, &per) || !mp__mul_ok(group, per, &dy_bytes))
                     a->overflow = 1;
-                if (col_bytes > col) col = col_bytes;
+                if (dy_bytes > col_bytes) col_bytes = dy_bytes;
                 if (l->n_kernel * es > wflip) wflip = l->n_kernel * es;
-                continue;
+            } else {
+                if (dcol_bytes > dcol) dcol = dcol_bytes;
+                if (img_bytes > img) img = img_bytes;
             }
+            if (m->be->conv_gemm && !mp__conv_scratch(m, l, &col_bytes)) a->overflow = 1;
             if (col_bytes > col) col = col_bytes;
-            if (dcol_bytes > dcol) dcol = dcol_bytes;
-            if (img_bytes > img) img = img_bytes;
         }
     }
     region = mp__place(b, count, order, near);

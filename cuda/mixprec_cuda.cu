@@ -1822,6 +1822,7 @@ static const mp_backend mp__cu_backend = {
     MP_OP(im2col) mp__cu_im2col,
     MP_OP(col2im) mp__cu_col2im,
     MP_OP(conv_flip) mp__cu_conv_flip,
+    MP_OP(conv_gemm) NULL,
     MP_OP(max_pool) mp__cu_max_pool,
     MP_OP(max_pool_backward) mp__cu_max_pool_backward,
     MP_OP(dropout_mask) mp__cu_dropout_mask,

@@ -243,6 +243,7 @@ static const mp_backend remote = {
     MP_OP(im2col) r_im2col,
     MP_OP(col2im) r_col2im,
     MP_OP(conv_flip) r_conv_flip,
+    MP_OP(conv_gemm) NULL,
     MP_OP(max_pool) r_max_pool,
     MP_OP(max_pool_backward) r_max_pool_backward,
     MP_OP(dropout_mask) r_dropout_mask,

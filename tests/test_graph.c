@@ -1017,6 +1017,70 @@ static void test_residual_training(void) {
     free(x);
 }
 
+/* 7. Convolutions over several groups of images (columns past the group's
+   cache: 32 x 32 images, groups of 3 images and of 1), their weight
+   gradients in runs of groups (MP_CONV_PARTS, more groups than runs): the
+   same weights bit for bit at 1, 2 and 3 threads, in float32 and
+   mixed_bfloat16. Each kind of Conv2D: a 3x3 that halves the channels (its
+   input gradient by the flipped kernel reads dy's columns, narrower than
+   x's), strides 2 (folded back by col2im), 1x1. */
+static mp_model *grouped_convs(const char *policy, int threads) {
+    mp_model_desc md;
+    mp_model *m = NULL;
+    mp_layer_desc strided = mp_conv2d(8, 3, 3, MP_SAME, MP_RELU);
+    int ok;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 32, md.input_shape[1] = 32, md.input_shape[2] = 8;
+    md.threads = threads;
+    md.seed = 9;
+    strided.strides[0] = strided.strides[1] = 2;
+    ok = OK(mp_set_global_policy_name(policy), NULL) && OK(mp_model_create(&m, &md), m);
+    ok = ok && OK(mp_model_add(m, mp_conv2d(16, 3, 3, MP_SAME, MP_RELU)), m);
+    ok = ok && OK(mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_TANH)), m);
+    ok = ok && OK(mp_model_add(m, strided), m);
+    ok = ok && OK(mp_model_add(m, mp_conv2d(6, 1, 1, MP_VALID, MP_RELU)), m);
+    ok = ok && OK(mp_model_add(m, mp_global_average_pooling2d()), m) && OK(mp_model_add(m, mp_dense(2, MP_SOFTMAX)), m);
+    mp_set_global_policy_name("float32");
+    if (!ok) {
+        mp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void test_conv_groups_threads(void) {
+    enum { N = 16, PIXELS = 32 * 32 * 8 };
+    static const int image[3] = {32, 32, 8};
+    static const char *const policies[2] = {"float32", "mixed_bfloat16"};
+    float *x = floats((size_t)N * PIXELS);
+    int32_t labels[N];
+    int i, p, t;
+    for (i = 0; i < N * PIXELS; i++) x[i] = uniform(-1.0f, 1.0f);
+    for (i = 0; i < N; i++) labels[i] = (int32_t)(i % 2);
+    for (p = 0; p < 2; p++) {
+        float *w[3] = {NULL, NULL, NULL};
+        size_t params = 0;
+        for (t = 0; t < 3; t++) {
+            mp_model *m = grouped_convs(policies[p], t + 1);
+            mp_compile_desc cd;
+            mp_fit_desc fd = silent_fit(x, PIXELS, labels, N, N, 2);
+            if (!m) break;
+            memset(&cd, 0, sizeof cd);
+            cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+            cd.optimizer.kind = MP_ADAM;
+            fd.data.x[0] = mp_array_f32(x, N, 3, image);
+            if (OK(mp_model_compile(m, &cd), m) && OK(mp_model_fit(m, &fd), m)) w[t] = weights_of(m);
+            params = mp_model_param_count(m);
+            mp_model_destroy(m);
+        }
+        for (t = 1; t < 3; t++)
+            if (!CHECK(w[0] && w[t] && memcmp(w[0], w[t], params * sizeof(float)) == 0))
+                fprintf(stderr, "    %s: %d threads' weights differ from 1 thread's\n", policies[p], t + 1);
+        for (t = 0; t < 3; t++) free(w[t]);
+    }
+    free(x);
+}
+
 /* mp_model_weight_info: Keras 3's model.weights, one entry per variable
    in get_weights' order, with its path parts, Keras shape and offsets
    (trainable offsets skip the moving statistics). */
@@ -1171,5 +1235,6 @@ int main(int argc, char **argv) {
     RUN(test_attention_variables());
     RUN(test_weight_info_sequences());
     RUN(test_residual_training());
+    RUN(test_conv_groups_threads());
     return check_done("test_graph");
 }
