@@ -270,7 +270,8 @@ CONTENTS
     >>cpu backend: loss scaling  scale, unscale-and-check, the state machine
     >>cpu backend: optimizers    SGD, RMSprop, Adam(W), vectorised; weight decay,
                              clipping; the sum of squares for clipping by norm
-    >>cpu backend: convolution, pooling, dropout   im2col, col2im, max and average pool, masks
+    >>cpu backend: convolution, pooling, dropout   im2col, col2im, a thread's groups of
+                             images (conv_gemm), max and average pool, masks
     >>cpu backend: the operations table   memory, copies, sync; mp_cpu_backend
     >>layers                 each layer's forward and backward, side by side
     >>layers: descriptions   mp_dense, mp_conv2d, ... and activation names
@@ -9606,7 +9607,8 @@ static void mp__activation_backward(mp_model *m, mp__layer *l, size_t batch, voi
    batch, one im2col and one product per layer and direction (a handful of
    launches whatever the batch); on the host as many images as keep their
    columns in cache (MP__CONV_CACHE bytes; the same groups at any thread
-   count). A 1x1 stride-1 kernel reads the NHWC batch as its own columns.
+   count), each thread making and multiplying whole groups (conv_gemm). A
+   1x1 stride-1 kernel reads the NHWC batch as its own columns.
    y [G*OH*OW, F] = col [G*OH*OW, KH*KW*C] W [KH*KW*C, F] */
 enum { MP__CONV_CACHE = 1 << 20 };
 static int mp__pointwise(const mp__layer *l) {

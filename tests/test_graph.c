@@ -1081,6 +1081,36 @@ static void test_conv_groups_threads(void) {
     free(x);
 }
 
+/* A 3x3 convolution with more input channels than filters, alone: its
+   forward columns (KH KW C a pixel) are wider than its output gradient's
+   (KH KW F), and its scratch must hold both. Under the sanitizers a block
+   sized for the narrower one is written past. */
+static void test_conv_fewer_filters(void) {
+    enum { N = 4, PIXELS = 32 * 32 * 16 };
+    static const int image[3] = {32, 32, 16};
+    float *x = floats((size_t)N * PIXELS);
+    int32_t labels[N] = {0, 1, 0, 1};
+    mp_model_desc md;
+    mp_compile_desc cd;
+    mp_model *m = NULL;
+    mp_fit_desc fd = silent_fit(x, PIXELS, labels, N, N, 1);
+    int i;
+    for (i = 0; i < N * PIXELS; i++) x[i] = uniform(-1.0f, 1.0f);
+    memset(&md, 0, sizeof md);
+    memset(&cd, 0, sizeof cd);
+    md.input_shape[0] = 32, md.input_shape[1] = 32, md.input_shape[2] = 16;
+    md.threads = 1;
+    cd.loss = MP_SPARSE_CATEGORICAL_CROSSENTROPY;
+    cd.optimizer.kind = MP_ADAM;
+    fd.data.x[0] = mp_array_f32(x, N, 3, image);
+    if (OK(mp_model_create(&m, &md), m) && OK(mp_model_add(m, mp_conv2d(4, 3, 3, MP_SAME, MP_RELU)), m) &&
+        OK(mp_model_add(m, mp_global_average_pooling2d()), m) && OK(mp_model_add(m, mp_dense(2, MP_SOFTMAX)), m) &&
+        OK(mp_model_compile(m, &cd), m))
+        OK(mp_model_fit(m, &fd), m);
+    mp_model_destroy(m);
+    free(x);
+}
+
 /* mp_model_weight_info: Keras 3's model.weights, one entry per variable
    in get_weights' order, with its path parts, Keras shape and offsets
    (trainable offsets skip the moving statistics). */
@@ -1236,5 +1266,6 @@ int main(int argc, char **argv) {
     RUN(test_weight_info_sequences());
     RUN(test_residual_training());
     RUN(test_conv_groups_threads());
+    RUN(test_conv_fewer_filters());
     return check_done("test_graph");
 }
