@@ -9616,21 +9616,29 @@ static int mp__pointwise(const mp__layer *l) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1;
 }
 
-static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
-    size_t patches = 0, per = 0; /* an image's columns in float32 (the planner refuses what overflows) */
-    if (m->be->device_memory || mp__pointwise(l)) return batch;
-    if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
-        !mp__mul_ok(patches, sizeof(float), &per))
-        return 1;
-    return MP__CONV_CACHE / per > 1 ? mp__min(batch, MP__CONV_CACHE / per) : 1;
-}
-
 /* A stride-1 convolution's input gradient is a convolution of dy with the
    kernel flipped (conv_flip): dx = im2col(dy) W', one product rounded once
    into dx's dtype. The other way, dy W^T folded back onto the image
    (col2im), writes and reads a float32 column matrix KH*KW times the
    image, then casts it (bench/convnet --model resnet). Strided ones fold. */
 static int mp__conv_by_flip(const mp__layer *l) { return l->geom.sh == 1 && l->geom.sw == 1 && !mp__pointwise(l); }
+
+/* Whether the layer's backward pass makes dy's columns: a flipped
+   convolution whose input is another layer's (the model's input has no
+   gradient). */
+static int mp__flips_dy(const mp__layer *l) { return mp__conv_by_flip(l) && l->in[0] != MP__FROM_INPUT; }
+
+/* The images a group holds: as many as keep their widest columns (x's, or
+   dy's where mp__flips_dy) within MP__CONV_CACHE bytes in float32. */
+static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
+    size_t patches = 0, per = 0, dy_patches = 0; /* the planner refuses what overflows */
+    if (m->be->device_memory || mp__pointwise(l)) return batch;
+    if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
+        (mp__flips_dy(l) && !mp__mul_ok(l->in_size / (size_t)l->geom.c, l->n_kernel / (size_t)l->geom.c, &dy_patches)) ||
+        !mp__mul_ok(mp__max(patches, dy_patches), sizeof(float), &per))
+        return 1;
+    return MP__CONV_CACHE / per > 1 ? mp__min(batch, MP__CONV_CACHE / per) : 1;
+}
 
 /* dy's geometry as the flipped convolution reads it: dy's image, the same
    kernel, the padding that gives back the input's size. */
@@ -11871,13 +11879,13 @@ static void mp__plan_activations(mp_model *m, mp__arena *a, size_t batch, mp__bu
                 !mp__mul_ok(patches, sizeof(float), &fbytes) || !mp__mul_ok(group, fbytes, &dcol_bytes) ||
                 !mp__mul_ok(group, patches * es, &col_bytes) || !mp__mul_ok(group, l->in_size * sizeof(float), &img_bytes))
                 a->overflow = 1;
-            if (mp__conv_by_flip(l)) { /* dy's columns too: H*W rows of KH*KW*F a sample, and the flipped kernel */
+            if (mp__flips_dy(l)) { /* dy's columns too: H*W rows of KH*KW*F a sample, and the flipped kernel */
                 size_t rows = l->in_size / (size_t)l->geom.c, per = 0, dy_bytes = 0;
                 if (!mp__mul_ok(rows, l->n_kernel / (size_t)l->geom.c * es, &per) || !mp__mul_ok(group, per, &dy_bytes))
                     a->overflow = 1;
                 if (dy_bytes > col_bytes) col_bytes = dy_bytes;
                 if (l->n_kernel * es > wflip) wflip = l->n_kernel * es;
-            } else {
+            } else if (!mp__conv_by_flip(l) && l->in[0] != MP__FROM_INPUT) { /* dx folded back by col2im */
                 if (dcol_bytes > dcol) dcol = dcol_bytes;
                 if (img_bytes > img) img = img_bytes;
             }
@@ -11925,7 +11933,7 @@ static mp_status mp__reserve_products(mp_model *m, size_t batch) {
         if ((st = m->be->gemm_reserve(m->ctx, rows, f, patch)) == MP_OK &&      /* y = x W */
             (st = m->be->gemm_reserve(m->ctx, patch, f, rows)) == MP_OK)        /* dW = x^T dy */
             st = m->be->gemm_reserve(m->ctx, rows, patch, f);                   /* dx = dy W^T */
-        if (st == MP_OK && l->desc.kind == MP_CONV2D && mp__conv_by_flip(l)) { /* dx = im2col(dy) W' */
+        if (st == MP_OK && l->desc.kind == MP_CONV2D && mp__flips_dy(l)) { /* dx = im2col(dy) W' */
             size_t c = (size_t)l->geom.c, in_rows = 0;
             if (!mp__mul_ok(mp__conv_group(m, l, batch), l->in_size / c, &in_rows)) return MP_ERR_SIZE;
             st = m->be->gemm_reserve(m->ctx, in_rows, c, patch / c * f);
