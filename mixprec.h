@@ -9632,7 +9632,7 @@ static int mp__flips_dy(const mp__layer *l) { return mp__conv_by_flip(l) && l->i
    dy's where mp__flips_dy) within MP__CONV_CACHE bytes in float32. */
 static size_t mp__conv_group(const mp_model *m, const mp__layer *l, size_t batch) {
     size_t patches = 0, per = 0, dy_patches = 0; /* the planner refuses what overflows */
-    if (m->be->device_memory || mp__pointwise(l)) return batch;
+    if (m->be->device_memory) return batch;
     if (!mp__mul_ok((size_t)l->geom.oh * (size_t)l->geom.ow, l->n_kernel / (size_t)l->desc.filters, &patches) ||
         (mp__flips_dy(l) && !mp__mul_ok(l->in_size / (size_t)l->geom.c, l->n_kernel / (size_t)l->geom.c, &dy_patches)) ||
         !mp__mul_ok(mp__max(patches, dy_patches), sizeof(float), &per))
@@ -9666,23 +9666,23 @@ static int mp__conv_scratch(mp_model *m, const mp__layer *l, size_t *bytes) {
    geometry geom (g->a the images), a group of images at a time: by the
    backend's conv_gemm where it has one, else each group's im2col and then
    its product (a device's group is the whole batch). A 1x1 stride-1
-   kernel's columns are its input: one product. */
+   kernel's columns are its input, each group's product read there. */
 static void mp__conv_product(mp_model *m, const mp__layer *l, const mp_gemm_args *g, const mp_conv_geom *geom,
                              size_t images) {
     size_t group = mp__conv_group(m, l, images), pixels = (size_t)geom->oh * (size_t)geom->ow, i;
-    if (mp__pointwise(l)) {
-        m->be->gemm(m->ctx, g);
-        return;
-    }
-    if (m->be->conv_gemm) {
+    if (m->be->conv_gemm && !mp__pointwise(l)) {
         m->be->conv_gemm(m->ctx, g, geom, images, group, m->col);
         return;
     }
     for (i = 0; i < images; i += group) {
         size_t n = mp__min(group, images - i);
+        const void *cols = mp__at(g->a, g->at, i * mp__img_elems(geom));
         mp_gemm_args p;
-        m->be->im2col(m->ctx, m->col, mp__at(g->a, g->at, i * mp__img_elems(geom)), n, geom, g->at);
-        p = mp__group_product(g, m->col, i * pixels, n * pixels);
+        if (!mp__pointwise(l)) {
+            m->be->im2col(m->ctx, m->col, cols, n, geom, g->at);
+            cols = m->col;
+        }
+        p = mp__group_product(g, cols, i * pixels, n * pixels);
         p.accumulate = g->accumulate || (g->trans_a && i > 0);
         m->be->gemm(m->ctx, &p);
     }
