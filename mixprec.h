@@ -6984,22 +6984,30 @@ static void mp__merge_task(void *ctx, int t, int threads) {
     }
 }
 
+/* With MIXPREC_USE_CBLAS, a float32 x float32 -> float32 product by
+   cblas_sgemm, then its epilogue in place: 1 where it ran so, 0 where the
+   kernels must. */
+static int mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
 #ifdef MIXPREC_USE_CBLAS
-static void mp__gemm_cblas(const mp_gemm_args *g, float *tmp) {
     size_t r, j0;
+    if (g->at != MP_FLOAT32 || g->bt != MP_FLOAT32 || g->ct != MP_FLOAT32) return 0;
     cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
                 (int)g->m, (int)g->n, (int)g->k, 1.0f, (const float *)g->a, (int)(g->trans_a ? g->m : g->k),
                 (const float *)g->b, (int)(g->trans_b ? g->k : g->n), g->accumulate ? 1.0f : 0.0f, (float *)g->c,
                 (int)g->n);
-    if (!g->bias && !g->z && g->act == MP_LINEAR && !g->relu_y) return;
+    if (!g->bias && !g->z && g->act == MP_LINEAR && !g->relu_y) return 1;
     for (r = 0; r < g->m; r++) /* the epilogue in place, the accumulation done */
         for (j0 = 0; j0 < g->n; j0 += MP__NC) {
             mp_gemm_args e = *g;
             e.accumulate = 0;
             mp__epilogue(&e, (float *)g->c + r * g->n + j0, tmp, r, j0, mp__min(MP__NC, g->n - j0));
         }
-}
+    return 1;
+#else
+    (void)g, (void)tmp;
+    return 0;
 #endif
+}
 
 /* g's job: g itself, or its transpose C^T = op(B)^T op(A)^T (built in *t)
    where that pads less, orig's epilogue writing C. */
@@ -7026,10 +7034,7 @@ static void mp__gemm_job_of(mp__gemm_job *job, mp_gemm_args *t, mp_pool *pool, c
 static void mp__gemm_alone(mp_pool *pool, int t, const mp_gemm_args *g) {
     mp__gemm_job job;
     mp_gemm_args swapped;
-    if (g->m == 0 || g->n == 0) return;
-#ifdef MIXPREC_USE_CBLAS
-    if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[t].tmp); return; }
-#endif
+    if (g->m == 0 || g->n == 0 || mp__gemm_cblas(g, pool->ws[t].tmp)) return;
     mp__gemm_job_of(&job, &swapped, pool, g);
     mp__gemm_region(job.g, job.orig, &pool->ws[t], 0, job.g->m, 0, job.g->n, job.apart);
 }
@@ -7039,10 +7044,7 @@ static void mp__gemm_run(mp_pool *pool, const mp_gemm_args *g) {
     mp__split_job split;
     mp_gemm_args swapped;
     int threads = g->m * g->n * g->k < MP__GEMM_PARALLEL ? 1 : pool->threads;
-    if (g->m == 0 || g->n == 0) return;
-#ifdef MIXPREC_USE_CBLAS
-    if (g->at == MP_FLOAT32 && g->bt == MP_FLOAT32 && g->ct == MP_FLOAT32) { mp__gemm_cblas(g, pool->ws[0].tmp); return; }
-#endif
+    if (g->m == 0 || g->n == 0 || mp__gemm_cblas(g, pool->ws[0].tmp)) return;
     if (threads > 1 && mp__split_k(g, pool, &split.s)) {
         split.g = g;
         split.pool = pool;
@@ -7945,10 +7947,10 @@ static void mp__conv_group_product(const mp__conv_job *job, int t, size_t i, flo
     mp__gemm_alone(job->pool, t, &p);
 }
 
-/* [*i0, *i1): the share of `count` items of thread t of T, in order. */
-static void mp__share(size_t count, int t, int threads, size_t *i0, size_t *i1) {
-    *i0 = count * (size_t)t / (size_t)threads;
-    *i1 = count * (size_t)(t + 1) / (size_t)threads;
+/* [*i0, *i1): share k of `shares` even shares of `count` items, in order. */
+static void mp__share(size_t count, size_t k, size_t shares, size_t *i0, size_t *i1) {
+    *i0 = count * k / shares;
+    *i1 = count * (k + 1) / shares;
 }
 
 static void mp__conv_task(void *ctx, int t, int threads) {
@@ -7956,14 +7958,14 @@ static void mp__conv_task(void *ctx, int t, int threads) {
     const mp_gemm_args *g = job->g;
     size_t i, i0, i1, p, p0, p1;
     if (!g->trans_a) {
-        mp__share(job->groups, t, threads, &i0, &i1);
+        mp__share(job->groups, (size_t)t, (size_t)threads, &i0, &i1);
         for (i = i0; i < i1; i++) mp__conv_group_product(job, t, i, NULL, 0);
         return;
     }
-    mp__share(job->parts, t, threads, &p0, &p1);
+    mp__share(job->parts, (size_t)t, (size_t)threads, &p0, &p1);
     for (p = p0; p < p1; p++) {
         float *c = p ? job->sums + (p - 1) * g->m * g->n : (float *)g->c;
-        mp__share(job->groups, (int)p, (int)job->parts, &i0, &i1);
+        mp__share(job->groups, p, job->parts, &i0, &i1);
         for (i = i0; i < i1; i++) mp__conv_group_product(job, t, i, c, i > i0 || (p == 0 && g->accumulate));
     }
 }
